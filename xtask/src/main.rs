@@ -1,0 +1,72 @@
+//! `cargo xtask`: Bonfire's workspace automation.
+//!
+//! Everything CI and developers run lives here as plain Rust rather than in
+//! shell scripts, so the same entry points work on every machine
+//! (`.ci/run` is a thin wrapper around `cargo xtask test`). The alias is defined
+//! in `.cargo/config.toml`.
+//!
+//! Each subcommand is table-driven: adding a test step, a benchmark target, a
+//! GPU test suite or a GPU feature build is a one-line change in the matching
+//! module.
+
+mod bench;
+mod gpu;
+mod process;
+mod test;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+use crate::process::Failure;
+
+#[derive(Parser)]
+#[command(
+    name = "cargo xtask",
+    bin_name = "cargo xtask",
+    about = "Bonfire workspace automation",
+    version
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the CI gate: fmt check, clippy with -D warnings, then the whole test suite.
+    Test {
+        /// Skip the fmt and clippy steps and only run the tests (for quick local iterations).
+        #[arg(long)]
+        skip_lint: bool,
+    },
+    /// Run a benchmark suite, passing any extra arguments on to the bench binary.
+    Bench {
+        /// Which suite to run (see `bench::BENCH_TARGETS`; e.g. `comm`).
+        target: String,
+        /// Extra arguments forwarded after `--` to the benchmark binary.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        extra_args: Vec<String>,
+    },
+    /// Run the GPU test suites if an NVIDIA GPU is present; skip cleanly otherwise.
+    TestMultiGpu,
+    /// Type-check the GPU feature builds without needing a GPU or its toolkit.
+    CheckGpu,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Test { skip_lint } => test::run(skip_lint),
+        Command::Bench { target, extra_args } => bench::run(&target, &extra_args),
+        Command::TestMultiGpu => gpu::test_multi_gpu(),
+        Command::CheckGpu => gpu::check_gpu(),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(Failure { message, exit_code }) => {
+            eprintln!("error: {message}");
+            ExitCode::from(exit_code)
+        }
+    }
+}

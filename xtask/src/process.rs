@@ -1,0 +1,90 @@
+//! Running child processes with inherited stdio and turning their exit status
+//! into an error that names what failed.
+
+use std::ffi::OsStr;
+use std::fmt;
+use std::process::Command;
+
+/// Why an xtask subcommand failed, and the exit code `cargo xtask` should end with.
+///
+/// The exit code of a failed child process is propagated so that callers (CI,
+/// scripts) see the same status the underlying tool reported.
+#[derive(Debug)]
+pub struct Failure {
+    pub message: String,
+    pub exit_code: u8,
+}
+
+impl Failure {
+    /// A failure caused by how xtask was invoked (unknown target, ...): exit code 2, like clap.
+    pub fn usage(message: impl Into<String>) -> Self {
+        Self {
+            message: message.into(),
+            exit_code: 2,
+        }
+    }
+}
+
+pub type Result<T = ()> = std::result::Result<T, Failure>;
+
+/// The cargo binary to invoke: the one running us (`$CARGO`, set by `cargo run`)
+/// so that toolchain overrides are respected, falling back to `cargo` on PATH.
+pub fn cargo() -> Command {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    Command::new(cargo)
+}
+
+/// Runs `command` to completion with inherited stdio.
+///
+/// Succeeds only if the process exits with status 0; otherwise the returned
+/// failure carries the child's exit code (1 if it was killed by a signal).
+pub fn run(mut command: Command) -> Result {
+    let shown = CommandLine(&command).to_string();
+    println!("$ {shown}");
+    let status = command.status().map_err(|err| Failure {
+        message: format!("could not start `{shown}`: {err}"),
+        exit_code: 1,
+    })?;
+    if status.success() {
+        return Ok(());
+    }
+    let exit_code = status
+        .code()
+        .and_then(|code| u8::try_from(code).ok())
+        .filter(|&code| code != 0)
+        .unwrap_or(1);
+    Err(Failure {
+        message: format!("`{shown}` failed ({status})"),
+        exit_code,
+    })
+}
+
+/// Displays a command the way a user would type it, including environment overrides.
+struct CommandLine<'a>(&'a Command);
+
+impl fmt::Display for CommandLine<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (key, value) in self.0.get_envs() {
+            if let Some(value) = value {
+                write!(f, "{}={} ", key.to_string_lossy(), value.to_string_lossy())?;
+            }
+        }
+        // Show `cargo` rather than the absolute path from `$CARGO`.
+        let program = self.0.get_program();
+        let program = std::path::Path::new(program).file_stem().unwrap_or(program);
+        write!(f, "{}", program.to_string_lossy())?;
+        for arg in self.0.get_args() {
+            write!(f, " {}", quote(arg))?;
+        }
+        Ok(())
+    }
+}
+
+fn quote(arg: &OsStr) -> String {
+    let arg = arg.to_string_lossy();
+    if arg.is_empty() || arg.contains(char::is_whitespace) {
+        format!("'{arg}'")
+    } else {
+        arg.into_owned()
+    }
+}

@@ -1,0 +1,129 @@
+//! `cargo xtask test`: the CI gate.
+//!
+//! The gate is an ordered list of [`Step`]s that fails fast: the first failing
+//! step stops the run and is named in the error, so a red CI log points straight
+//! at the cause. New steps are added to [`steps`].
+
+use crate::process::{self, Failure, Result};
+
+/// What a step reports when it did not fail.
+enum Outcome {
+    Passed,
+    /// The step could not run in this environment (a tool is missing, ...).
+    /// The reason should say how to enable it.
+    #[expect(dead_code, reason = "first constructed by the planned MPI step")]
+    Skipped {
+        reason: String,
+    },
+}
+
+/// One stage of the gate.
+struct Step {
+    /// Short name used in the banner (`==> fmt`) and in the summary.
+    name: &'static str,
+    /// Lint steps are left out by `--skip-lint`.
+    is_lint: bool,
+    run: fn() -> Result<Outcome>,
+}
+
+/// The gate, in the order it runs. Cheap checks first so they fail fast.
+fn steps() -> Vec<Step> {
+    vec![
+        Step {
+            name: "fmt",
+            is_lint: true,
+            run: fmt,
+        },
+        Step {
+            name: "clippy",
+            is_lint: true,
+            run: clippy,
+        },
+        Step {
+            name: "test",
+            is_lint: false,
+            run: test_suite,
+        },
+        // ---------------------------------------------------------------------
+        // MPI step goes here (planned, not implemented yet): run the MPI
+        // conformance suite under `mpirun` when `mpirun` is on PATH; otherwise
+        // return `Outcome::Skipped` with a reason saying how to enable it
+        // (install openmpi-bin + libopenmpi-dev, see `.ci/run`).
+        // ---------------------------------------------------------------------
+    ]
+}
+
+pub fn run(skip_lint: bool) -> Result {
+    let steps: Vec<Step> = steps()
+        .into_iter()
+        .filter(|step| !(skip_lint && step.is_lint))
+        .collect();
+
+    let mut passed = Vec::new();
+    let mut skipped = Vec::new();
+    for step in &steps {
+        println!("==> {}", step.name);
+        match (step.run)() {
+            Ok(Outcome::Passed) => passed.push(step.name),
+            Ok(Outcome::Skipped { reason }) => {
+                println!("    skipped: {reason}");
+                skipped.push(step.name);
+            }
+            Err(failure) => {
+                println!("xtask test: FAILED at step `{}`", step.name);
+                return Err(Failure {
+                    message: format!("step `{}` failed: {}", step.name, failure.message),
+                    exit_code: failure.exit_code,
+                });
+            }
+        }
+    }
+
+    let mut summary = format!("xtask test: OK — passed: {}", list(&passed));
+    if !skipped.is_empty() {
+        summary.push_str(&format!("; skipped: {}", list(&skipped)));
+    }
+    if skip_lint {
+        summary.push_str(" (lint skipped by --skip-lint)");
+    }
+    println!("{summary}");
+    Ok(())
+}
+
+fn list(names: &[&str]) -> String {
+    if names.is_empty() {
+        "none".to_owned()
+    } else {
+        names.join(", ")
+    }
+}
+
+fn fmt() -> Result<Outcome> {
+    let mut command = process::cargo();
+    command.args(["fmt", "--all", "--", "--check"]);
+    process::run(command)?;
+    Ok(Outcome::Passed)
+}
+
+fn clippy() -> Result<Outcome> {
+    let mut command = process::cargo();
+    command.args([
+        "clippy",
+        "--workspace",
+        "--all-targets",
+        "--",
+        "-D",
+        "warnings",
+    ]);
+    process::run(command)?;
+    Ok(Outcome::Passed)
+}
+
+/// Runs every test, doc test included. `--no-fail-fast` so one run reports all
+/// failing test binaries rather than only the first.
+fn test_suite() -> Result<Outcome> {
+    let mut command = process::cargo();
+    command.args(["test", "--workspace", "--no-fail-fast"]);
+    process::run(command)?;
+    Ok(Outcome::Passed)
+}
