@@ -1,0 +1,38 @@
+//! Bonfire: distributed training for the [Burn](https://burn.dev) deep-learning
+//! framework (Burn 0.22.1).
+//!
+//! This crate is the facade: it re-exports Bonfire's layered crates under one
+//! name so that applications depend on `bonfire` alone. Each layer depends only
+//! on the layers below it:
+//!
+//! - [`comm`] (`bonfire-comm`): process groups and collectives (all-reduce,
+//!   broadcast, ...) over in-process threads, MPI or NCCL, with timeouts,
+//!   mismatch detection and a flight recorder so a broken job fails loudly
+//!   instead of hanging.
+//! - `bonfire-dtensor` (planned): differentiable collectives as a Burn backend
+//!   extension, device meshes, distributed tensors and tensor parallelism.
+//! - `bonfire-ddp`, `bonfire-zero`, `bonfire-pipeline` (planned): data
+//!   parallelism, sharded optimizer state, and pipeline parallelism.
+//!
+//! See `docs/architecture.md` in the repository for the full picture.
+//!
+//! # Example
+//!
+//! Four ranks, each a thread, sum their rank numbers (0 + 1 + 2 + 3 = 6):
+//!
+//! ```rust
+//! use bonfire::prelude::*;
+//! let sums = launch(4, |pg: ProcessGroup| {
+//!     let mut v = vec![pg.rank() as f32; 3];
+//!     pg.all_reduce(&mut v, ReduceOp::Sum).unwrap();
+//!     v
+//! }).unwrap();
+//! assert!(sums.iter().all(|v| v == &vec![6.0; 3]));
+//! ```
+
+pub use bonfire_comm as comm;
+
+/// The names almost every Bonfire program needs, for `use bonfire::prelude::*;`.
+pub mod prelude {
+    pub use bonfire_comm::{CommError, ProcessGroup, ReduceOp, launch};
+}
