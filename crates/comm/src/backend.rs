@@ -1,0 +1,95 @@
+//! The trait a transport implements to become a process-group backend.
+//!
+//! A backend moves bytes and meets its peers; everything else — argument checks, sequence
+//! numbers, fingerprints, the flight recorder, async work and the typed API — lives once in
+//! [`ProcessGroup`](crate::ProcessGroup). A backend must:
+//! - compare the caller's [`Fingerprint`] with every peer's before moving data, and return
+//!   [`CallContext::mismatch`] on every rank when they differ;
+//! - give up after [`CallContext::timeout`] naming the ranks that did not arrive
+//!   ([`CallContext::timeout_error`]) and abort the group so peers fail fast too;
+//! - turn a peer's failure into [`CallContext::peer_failed`] rather than waiting forever.
+
+use crate::{BufMut, BufRef, Collective, CommError, Fingerprint, FlightRecorder, Result};
+use std::time::Duration;
+
+/// What a backend needs to know about the call it is running, and helpers to build errors
+/// that carry the group name and the flight recorder.
+pub struct CallContext<'a> {
+    pub fingerprint: Fingerprint,
+    pub timeout: Duration,
+    pub group: &'a str,
+    pub rank: usize,
+    pub recorder: &'a FlightRecorder,
+}
+
+impl CallContext<'_> {
+    fn dump(&self) -> String {
+        self.recorder
+            .dump(&format!("rank {} on group `{}`", self.rank, self.group))
+    }
+
+    /// Ranks `missing` did not reach this call within `waited`.
+    pub fn timeout_error(&self, missing: Vec<usize>, waited: Duration) -> CommError {
+        CommError::Timeout {
+            group: self.group.to_string(),
+            rank: self.rank,
+            fingerprint: self.fingerprint,
+            waited,
+            missing,
+            recorder: self.dump(),
+        }
+    }
+
+    /// Rank `peer` described this call as `remote`.
+    pub fn mismatch(&self, peer: usize, remote: Fingerprint) -> CommError {
+        CommError::Mismatch {
+            group: self.group.to_string(),
+            rank: self.rank,
+            local: self.fingerprint,
+            peer,
+            remote,
+            recorder: self.dump(),
+        }
+    }
+
+    /// Rank `peer` failed (panicked, exited, aborted) while this call needed it.
+    pub fn peer_failed(&self, peer: usize, reason: impl Into<String>) -> CommError {
+        CommError::PeerFailed {
+            group: self.group.to_string(),
+            rank: self.rank,
+            peer,
+            fingerprint: self.fingerprint,
+            reason: reason.into(),
+        }
+    }
+
+    /// The group was aborted earlier.
+    pub fn aborted(&self, reason: impl Into<String>) -> CommError {
+        CommError::Aborted {
+            group: self.group.to_string(),
+            reason: reason.into(),
+        }
+    }
+}
+
+/// A transport for one rank's membership in one group.
+pub trait Backend: Send + Sync + 'static {
+    /// Short backend name (`"threads"`, `"mpi"`, `"nccl"`).
+    fn name(&self) -> &'static str;
+    /// This rank's index in the group.
+    fn rank(&self) -> usize;
+    /// Number of ranks in the group.
+    fn size(&self) -> usize;
+    /// Runs a validated collective.
+    fn collective(&self, call: Collective<'_>, ctx: &CallContext<'_>) -> Result<()>;
+    /// Sends `buf` to group rank `dst`; `ctx.fingerprint` carries the tag and channel sequence.
+    fn send(&self, buf: BufRef<'_>, dst: usize, ctx: &CallContext<'_>) -> Result<()>;
+    /// Receives into `buf` from group rank `src`; the sender's fingerprint must match.
+    fn recv(&self, buf: BufMut<'_>, src: usize, ctx: &CallContext<'_>) -> Result<()>;
+    /// Creates the backend of a sub-group of the (validated, distinct, containing this rank)
+    /// group ranks `ranks`, numbered in the given order. Every member calls this with the same
+    /// list, in the same order relative to its other `new_group` calls.
+    fn new_group(&self, ranks: &[usize]) -> Result<Box<dyn Backend>>;
+    /// The world rank of every group rank (for messages that must name processes).
+    fn world_ranks(&self) -> Vec<usize>;
+}

@@ -1,0 +1,188 @@
+//! The state one in-process group shares between its member threads.
+
+use super::barrier::{Barrier, WaitError};
+use super::world::{RankStatus, WorldState};
+use crate::backend::CallContext;
+use crate::{CommError, Fingerprint};
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+/// What a member publishes about the call it entered: its fingerprint and where its buffers
+/// are. Peers read the buffers directly between the two barriers of the call.
+#[derive(Clone, Copy)]
+pub(crate) struct Slot {
+    pub fp: Fingerprint,
+    pub send: *const u8,
+    pub recv: *mut u8,
+    /// Uneven all-to-all counts (pointers into the caller's slices; `counts_len` entries).
+    pub send_counts: *const usize,
+    pub recv_counts: *const usize,
+}
+
+// SAFETY: the pointers are only dereferenced by peers while the owner is blocked inside the
+// call that published them (between the entry and completion barriers).
+unsafe impl Send for Slot {}
+
+impl Slot {
+    pub(crate) const EMPTY: Slot = Slot {
+        fp: Fingerprint {
+            seq: 0,
+            op: crate::OpKind::Barrier,
+            dtype: crate::DType::U8,
+            count: 0,
+            layout: 0,
+            root: None,
+            reduce_op: None,
+            tag: None,
+        },
+        send: std::ptr::null(),
+        recv: std::ptr::null_mut(),
+        send_counts: std::ptr::null(),
+        recv_counts: std::ptr::null(),
+    };
+}
+
+/// A point-to-point message waiting for its receiver.
+pub(crate) struct Message {
+    pub fp: Fingerprint,
+    pub data: Vec<u8>,
+}
+
+#[derive(Default)]
+pub(crate) struct Mailbox {
+    /// Queues keyed by (source, destination, tag), in group ranks.
+    pub queues: HashMap<(usize, usize, u64), VecDeque<Message>>,
+    /// Buffers of delivered messages, reused by later sends.
+    pub pool: Vec<Vec<u8>>,
+}
+
+/// How many delivered message buffers are kept for reuse.
+pub(crate) const POOL_LIMIT: usize = 16;
+
+pub(crate) struct GroupShared {
+    pub world: Arc<WorldState>,
+    /// World rank of each member.
+    pub members: Vec<usize>,
+    pub slots: Vec<Mutex<Slot>>,
+    pub entry: Barrier,
+    aborted: Mutex<Option<String>>,
+    pub mailbox: Mutex<Mailbox>,
+    pub mail: Condvar,
+}
+
+impl GroupShared {
+    pub(crate) fn new(world: Arc<WorldState>, members: Vec<usize>) -> Self {
+        let n = members.len();
+        Self {
+            entry: Barrier::new(n, world.spin),
+            world,
+            slots: (0..n).map(|_| Mutex::new(Slot::EMPTY)).collect(),
+            members,
+            aborted: Mutex::new(None),
+            mailbox: Mutex::new(Mailbox::default()),
+            mail: Condvar::new(),
+        }
+    }
+
+    pub(crate) fn size(&self) -> usize {
+        self.members.len()
+    }
+
+    /// Wakes every waiter of this group so that it re-checks peers and the abort flag.
+    pub(crate) fn alert(&self) {
+        self.entry.alert();
+        let _mailbox = self.mailbox.lock().unwrap_or_else(|e| e.into_inner());
+        self.mail.notify_all();
+    }
+
+    pub(crate) fn aborted(&self) -> Option<String> {
+        self.aborted
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Marks the group unusable (first reason wins) and wakes every waiter.
+    pub(crate) fn abort(&self, reason: String) {
+        {
+            let mut aborted = self.aborted.lock().unwrap_or_else(|e| e.into_inner());
+            if aborted.is_none() {
+                *aborted = Some(reason);
+            }
+        }
+        self.alert();
+    }
+
+    /// The error for the first of `members` that will never arrive, if any.
+    pub(crate) fn failed_peer(
+        &self,
+        members: &[usize],
+        ctx: &CallContext<'_>,
+    ) -> Option<CommError> {
+        members.iter().find_map(|&m| {
+            let world_rank = self.members[m];
+            (self.world.status(world_rank) != RankStatus::Running)
+                .then(|| ctx.peer_failed(m, self.world.reason(world_rank)))
+        })
+    }
+
+    /// Waits at the entry barrier of a call as member `me`: every member has published its
+    /// slot once this returns `Ok`. On timeout, failure or abort the arrival is withdrawn,
+    /// the group is aborted and the error returned.
+    pub(crate) fn enter(&self, me: usize, ctx: &CallContext<'_>) -> Result<(), CommError> {
+        if let Some(reason) = self.aborted() {
+            return Err(ctx.aborted(reason));
+        }
+        let started = Instant::now();
+        let deadline = started + ctx.timeout;
+        let waited = self.entry.wait(me, Some(deadline), |barrier| {
+            if let Some(reason) = self.aborted() {
+                return Err(ctx.aborted(reason));
+            }
+            match self.failed_peer(&barrier.behind(me), ctx) {
+                Some(e) => Err(e),
+                None => Ok(()),
+            }
+        });
+        match waited {
+            Ok(()) => Ok(()),
+            Err(WaitError::Stopped(e)) => {
+                if !matches!(e, CommError::Aborted { .. }) {
+                    self.abort(format!("rank {me} stopped in {}: {e}", ctx.fingerprint));
+                }
+                Err(e)
+            }
+            Err(WaitError::Timeout { missing }) => {
+                let e = ctx.timeout_error(missing.clone(), started.elapsed());
+                self.abort(format!(
+                    "rank {me} timed out in {} waiting for ranks {missing:?}",
+                    ctx.fingerprint
+                ));
+                Err(e)
+            }
+        }
+    }
+
+    /// Waits at the completion barrier: peers may still be reading this member's buffers, and
+    /// that work is bounded, so there is no deadline; only a peer that died stops the wait.
+    pub(crate) fn complete(&self, me: usize, ctx: &CallContext<'_>) -> Result<(), CommError> {
+        let waited = self.entry.wait(me, None, |barrier| {
+            match self.failed_peer(&barrier.behind(me), ctx) {
+                Some(e) => Err(e),
+                None => Ok(()),
+            }
+        });
+        match waited {
+            Ok(()) => Ok(()),
+            Err(WaitError::Stopped(e)) => {
+                self.abort(format!("rank {me} lost a peer in {}: {e}", ctx.fingerprint));
+                Err(e)
+            }
+            Err(WaitError::Timeout { .. }) => unreachable!("no deadline was given"),
+        }
+    }
+
+    /// How long a sleeping receiver naps before re-checking peers and deadlines.
+    pub(crate) const MAIL_POLL: Duration = Duration::from_millis(20);
+}
