@@ -79,7 +79,10 @@ impl Fingerprint {
 
 impl fmt::Display for Fingerprint {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "#{} {} {}x{}", self.seq, self.op, self.count, self.dtype)?;
+        write!(f, "#{} {}", self.seq, self.op)?;
+        if self.op != OpKind::Barrier {
+            write!(f, " {}x{}", self.count, self.dtype)?;
+        }
         if self.layout != 0 {
             write!(f, " layout={:016x}", self.layout)?;
         }

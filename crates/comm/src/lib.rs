@@ -47,6 +47,7 @@ mod dtype;
 mod error;
 mod fingerprint;
 mod group;
+mod memops;
 mod recorder;
 pub mod reduce;
 pub mod testing;

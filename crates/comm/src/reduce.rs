@@ -6,6 +6,7 @@
 //! is what the shared-memory backend does to halve its memory traffic.
 
 use crate::dtype::{DType, Element};
+use crate::memops::copy_bytes;
 use half::{bf16, f16};
 use std::fmt;
 
@@ -49,7 +50,10 @@ const BLOCK: usize = 1024;
 /// The type in which an element is accumulated (f32 for the 16-bit floats, so that a
 /// reduction over many ranks rounds once).
 trait Accumulate: Element {
-    type Acc: Copy + Default;
+    type Acc: bytemuck::Pod + Default;
+    /// True when `Acc` is `Self` and conversions are identities (the block can be written
+    /// out without a conversion pass).
+    const ACC_IS_SELF: bool;
     fn to_acc(self) -> Self::Acc;
     fn from_acc(acc: Self::Acc) -> Self;
     fn add(a: Self::Acc, b: Self::Acc) -> Self::Acc;
@@ -63,6 +67,7 @@ macro_rules! accumulate_float {
     ($t:ty) => {
         impl Accumulate for $t {
             type Acc = $t;
+            const ACC_IS_SELF: bool = true;
             #[inline(always)]
             fn to_acc(self) -> $t {
                 self
@@ -101,6 +106,7 @@ macro_rules! accumulate_int {
     ($t:ty) => {
         impl Accumulate for $t {
             type Acc = $t;
+            const ACC_IS_SELF: bool = true;
             #[inline(always)]
             fn to_acc(self) -> $t {
                 self
@@ -140,6 +146,7 @@ macro_rules! accumulate_half {
     ($t:ty) => {
         impl Accumulate for $t {
             type Acc = f32;
+            const ACC_IS_SELF: bool = false;
             #[inline(always)]
             fn to_acc(self) -> f32 {
                 self.to_f32()
@@ -185,36 +192,67 @@ fn combine_block<T: Accumulate>(
     }
 }
 
-/// Reduces `len` elements from `n_src` sources into `n_dst` destinations.
+#[inline(always)]
+fn combine_pair<T: Accumulate>(
+    acc: &mut [T::Acc],
+    x: &[T],
+    y: &[T],
+    f: impl Fn(T::Acc, T::Acc) -> T::Acc,
+) {
+    for ((a, x), y) in acc.iter_mut().zip(x).zip(y) {
+        *a = f(x.to_acc(), y.to_acc());
+    }
+}
+
+/// Where a reduction reads and writes: `n_src` sources and `n_dst` destinations of the
+/// same length, given as functions of their index so that callers need not allocate.
+pub struct Operands<'a> {
+    pub n_src: usize,
+    pub src: &'a dyn Fn(usize) -> *const u8,
+    pub n_dst: usize,
+    pub dst: &'a dyn Fn(usize) -> *mut u8,
+    /// Write destinations with streaming stores (large buffers); call
+    /// `memops::fence` afterwards.
+    pub stream: bool,
+}
+
+/// Reduces `len` elements from every source into every destination.
 ///
 /// # Safety
-/// Every `src(k)` must be valid for reading and every `dst(k)` for writing `len` elements of
-/// `T`; no other thread may write the sources or touch the destinations meanwhile. A
+/// Every source must be valid for reading and every destination for writing `len` elements
+/// of `T`; no other thread may write the sources or touch the destinations meanwhile. A
 /// destination may alias a source.
 unsafe fn reduce_typed<T: Accumulate>(
     op: ReduceOp,
     avg_divisor: usize,
     len: usize,
-    n_src: usize,
-    src: &dyn Fn(usize) -> *const u8,
-    n_dst: usize,
-    dst: &dyn Fn(usize) -> *mut u8,
+    io: &Operands<'_>,
 ) {
-    assert!(n_src >= 1);
+    assert!(io.n_src >= 1);
     let mut acc = [T::Acc::default(); BLOCK];
     let mut out = [T::zeroed(); BLOCK];
     let mut start = 0;
     while start < len {
         let m = BLOCK.min(len - start);
         let acc = &mut acc[..m];
-        let out = &mut out[..m];
         // SAFETY: the caller guarantees each source is readable for `len` elements.
-        let block =
-            |k: usize| unsafe { std::slice::from_raw_parts((src(k) as *const T).add(start), m) };
-        for (a, s) in acc.iter_mut().zip(block(0)) {
-            *a = s.to_acc();
+        let block = |k: usize| unsafe {
+            std::slice::from_raw_parts(((io.src)(k) as *const T).add(start), m)
+        };
+        if io.n_src == 1 {
+            for (a, s) in acc.iter_mut().zip(block(0)) {
+                *a = s.to_acc();
+            }
+        } else {
+            let (x, y) = (block(0), block(1));
+            match op {
+                ReduceOp::Sum | ReduceOp::Avg => combine_pair::<T>(acc, x, y, T::add),
+                ReduceOp::Product => combine_pair::<T>(acc, x, y, T::mul),
+                ReduceOp::Max => combine_pair::<T>(acc, x, y, T::max),
+                ReduceOp::Min => combine_pair::<T>(acc, x, y, T::min),
+            }
         }
-        for k in 1..n_src {
+        for k in 2..io.n_src {
             let s = block(k);
             match op {
                 ReduceOp::Sum | ReduceOp::Avg => combine_block::<T>(acc, s, T::add),
@@ -223,53 +261,61 @@ unsafe fn reduce_typed<T: Accumulate>(
                 ReduceOp::Min => combine_block::<T>(acc, s, T::min),
             }
         }
-        if op == ReduceOp::Avg {
-            for (o, a) in out.iter_mut().zip(acc.iter()) {
-                *o = T::from_acc(T::div(*a, avg_divisor));
-            }
+        let bytes: &[u8] = if T::ACC_IS_SELF && op != ReduceOp::Avg {
+            bytemuck::cast_slice(acc)
         } else {
-            for (o, a) in out.iter_mut().zip(acc.iter()) {
-                *o = T::from_acc(*a);
+            let out = &mut out[..m];
+            if op == ReduceOp::Avg {
+                for (o, a) in out.iter_mut().zip(acc.iter()) {
+                    *o = T::from_acc(T::div(*a, avg_divisor));
+                }
+            } else {
+                for (o, a) in out.iter_mut().zip(acc.iter()) {
+                    *o = T::from_acc(*a);
+                }
             }
-        }
-        for k in 0..n_dst {
-            // SAFETY: the caller guarantees each destination is writable for `len` elements,
-            // and `out` is a local buffer, so the ranges cannot overlap.
+            bytemuck::cast_slice(out)
+        };
+        let offset = start * std::mem::size_of::<T>();
+        for k in 0..io.n_dst {
+            // SAFETY: the caller guarantees each destination is writable for `len` elements;
+            // `bytes` is a local buffer, so the ranges cannot overlap.
             unsafe {
-                std::ptr::copy_nonoverlapping(out.as_ptr(), (dst(k) as *mut T).add(start), m);
-            }
+                copy_bytes(
+                    (io.dst)(k).add(offset),
+                    bytes.as_ptr(),
+                    bytes.len(),
+                    io.stream,
+                )
+            };
         }
         start += m;
     }
 }
 
-/// Type-erased reduction: combines `len` elements of `dtype` from `n_src` sources with `op`
-/// and writes the result to each of `n_dst` destinations. `Avg` divides by `avg_divisor`.
+/// Type-erased reduction: combines `len` elements of `dtype` from every source with `op` and
+/// writes the result to every destination. `Avg` divides by `avg_divisor`.
 ///
 /// # Safety
-/// See the typed kernel: sources readable, destinations writable for `len` elements, no
+/// See [`Operands`]: sources readable, destinations writable for `len` elements, no
 /// concurrent writers; a destination may alias a source.
-#[allow(clippy::too_many_arguments)]
 pub unsafe fn reduce_raw(
     dtype: DType,
     op: ReduceOp,
     avg_divisor: usize,
     len: usize,
-    n_src: usize,
-    src: &dyn Fn(usize) -> *const u8,
-    n_dst: usize,
-    dst: &dyn Fn(usize) -> *mut u8,
+    io: &Operands<'_>,
 ) {
     // SAFETY: forwarded from the caller.
     unsafe {
         match dtype {
-            DType::F32 => reduce_typed::<f32>(op, avg_divisor, len, n_src, src, n_dst, dst),
-            DType::F64 => reduce_typed::<f64>(op, avg_divisor, len, n_src, src, n_dst, dst),
-            DType::F16 => reduce_typed::<f16>(op, avg_divisor, len, n_src, src, n_dst, dst),
-            DType::BF16 => reduce_typed::<bf16>(op, avg_divisor, len, n_src, src, n_dst, dst),
-            DType::I32 => reduce_typed::<i32>(op, avg_divisor, len, n_src, src, n_dst, dst),
-            DType::I64 => reduce_typed::<i64>(op, avg_divisor, len, n_src, src, n_dst, dst),
-            DType::U8 => reduce_typed::<u8>(op, avg_divisor, len, n_src, src, n_dst, dst),
+            DType::F32 => reduce_typed::<f32>(op, avg_divisor, len, io),
+            DType::F64 => reduce_typed::<f64>(op, avg_divisor, len, io),
+            DType::F16 => reduce_typed::<f16>(op, avg_divisor, len, io),
+            DType::BF16 => reduce_typed::<bf16>(op, avg_divisor, len, io),
+            DType::I32 => reduce_typed::<i32>(op, avg_divisor, len, io),
+            DType::I64 => reduce_typed::<i64>(op, avg_divisor, len, io),
+            DType::U8 => reduce_typed::<u8>(op, avg_divisor, len, io),
         }
     }
 }
@@ -289,19 +335,15 @@ pub fn reduce_into(op: ReduceOp, acc: &mut crate::BufMut<'_>, other: crate::BufR
     let dtype = acc.dtype();
     let a = acc.bytes_mut().as_mut_ptr();
     let b = other.bytes().as_ptr();
+    let io = Operands {
+        n_src: 2,
+        src: &|k| if k == 0 { a as *const u8 } else { b },
+        n_dst: 1,
+        dst: &|_| a,
+        stream: false,
+    };
     // SAFETY: both buffers hold `len` elements; `acc` is exclusively borrowed.
-    unsafe {
-        reduce_raw(
-            dtype,
-            op,
-            1,
-            len,
-            2,
-            &|k| if k == 0 { a as *const u8 } else { b },
-            1,
-            &|_| a,
-        );
-    }
+    unsafe { reduce_raw(dtype, op, 1, len, &io) }
 }
 
 /// Divides every element by `n` (the last step of an `Avg` built from `Sum`s).
@@ -309,19 +351,15 @@ pub fn finish_avg(buf: &mut crate::BufMut<'_>, n: usize) {
     let len = buf.len();
     let dtype = buf.dtype();
     let a = buf.bytes_mut().as_mut_ptr();
+    let io = Operands {
+        n_src: 1,
+        src: &|_| a as *const u8,
+        n_dst: 1,
+        dst: &|_| a,
+        stream: false,
+    };
     // SAFETY: one source that is also the destination, `len` elements, exclusively borrowed.
-    unsafe {
-        reduce_raw(
-            dtype,
-            ReduceOp::Avg,
-            n,
-            len,
-            1,
-            &|_| a as *const u8,
-            1,
-            &|_| a,
-        )
-    }
+    unsafe { reduce_raw(dtype, ReduceOp::Avg, n, len, &io) }
 }
 
 #[cfg(test)]

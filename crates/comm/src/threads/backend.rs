@@ -13,13 +13,18 @@
 use super::shared::{GroupShared, Message, POOL_LIMIT, Slot};
 use crate::backend::{Backend, CallContext};
 use crate::collective::{Collective, offsets_into};
-use crate::reduce::reduce_raw;
+use crate::memops::{copy_bytes, fence};
+use crate::reduce::{Operands, reduce_raw};
 use crate::{BufMut, BufRef, CommError, DType, Result};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 /// Chunks handed to different ranks start on separate cache lines.
 const CACHE_LINE: usize = 64;
+
+/// When the buffers of all ranks together exceed this, writes bypass the cache (see
+/// `memops`): half of a typical last-level cache.
+const STREAM_THRESHOLD: usize = 16 << 20;
 
 pub(crate) struct ThreadBackend {
     pub(crate) shared: Arc<GroupShared>,
@@ -73,20 +78,20 @@ fn chunk(len: usize, n: usize, r: usize, dtype: DType) -> std::ops::Range<usize>
 /// # Safety
 /// Both ranges must be valid and not overlap, and no other thread may write them meanwhile.
 unsafe fn copy(
-    src: *const u8,
-    src_off: usize,
-    dst: *mut u8,
-    dst_off: usize,
+    (src, src_off): (*const u8, usize),
+    (dst, dst_off): (*mut u8, usize),
     len: usize,
     size: usize,
+    stream: bool,
 ) {
     if len > 0 {
         // SAFETY: forwarded from the caller.
         unsafe {
-            std::ptr::copy_nonoverlapping(
-                src.add(src_off * size),
+            copy_bytes(
                 dst.add(dst_off * size),
+                src.add(src_off * size),
                 len * size,
+                stream,
             )
         }
     }
@@ -303,79 +308,111 @@ impl ThreadBackend {
         size: usize,
     ) {
         let dtype = call.dtype();
+        let mine = slots[me].recv;
         // SAFETY (whole body): see the function contract; ranges come from validated lengths.
         unsafe {
             match call {
                 Collective::AllReduce { buf, op } => {
                     let r = chunk(buf.len(), n, me, dtype);
                     let at = |k: usize| slots[k].recv.add(r.start * size);
-                    reduce_raw(dtype, *op, n, r.len(), n, &|k| at(k), n, &at);
+                    let io = Operands {
+                        n_src: n,
+                        src: &|k| at(k),
+                        n_dst: n,
+                        dst: &at,
+                        stream: buf.bytes().len() * n >= STREAM_THRESHOLD,
+                    };
+                    reduce_raw(dtype, *op, n, r.len(), &io);
                 }
                 Collective::Reduce { buf, op, root } => {
                     let r = chunk(buf.len(), n, me, dtype);
                     let at = |k: usize| slots[k].recv.add(r.start * size);
-                    reduce_raw(dtype, *op, n, r.len(), n, &|k| at(k), 1, &|_| at(*root));
+                    let io = Operands {
+                        n_src: n,
+                        src: &|k| at(k),
+                        n_dst: 1,
+                        dst: &|_| at(*root),
+                        stream: buf.bytes().len() * n >= STREAM_THRESHOLD,
+                    };
+                    reduce_raw(dtype, *op, n, r.len(), &io);
                 }
                 Collective::Broadcast { buf, root } => {
                     if me != *root {
-                        copy(slots[*root].recv, 0, slots[me].recv, 0, buf.len(), size);
+                        let stream = buf.bytes().len() * n >= STREAM_THRESHOLD;
+                        copy((slots[*root].recv, 0), (mine, 0), buf.len(), size, stream);
                     }
                 }
-                Collective::AllGather { send, counts, .. } => match counts {
-                    None => {
-                        for (k, slot) in slots.iter().enumerate() {
-                            copy(
-                                slot.send,
-                                0,
-                                slots[me].recv,
-                                k * send.len(),
-                                send.len(),
-                                size,
-                            );
+                Collective::AllGather { send, recv, counts } => {
+                    let stream = recv.bytes().len() * n >= STREAM_THRESHOLD;
+                    match counts {
+                        None => {
+                            for (k, slot) in slots.iter().enumerate() {
+                                let len = send.len();
+                                copy((slot.send, 0), (mine, k * len), len, size, stream);
+                            }
+                        }
+                        Some(counts) => {
+                            offsets_into(counts, offsets);
+                            for (k, slot) in slots.iter().enumerate() {
+                                copy((slot.send, 0), (mine, offsets[k]), counts[k], size, stream);
+                            }
                         }
                     }
-                    Some(counts) => {
-                        offsets_into(counts, offsets);
-                        for (k, slot) in slots.iter().enumerate() {
-                            copy(slot.send, 0, slots[me].recv, offsets[k], counts[k], size);
-                        }
-                    }
-                },
+                }
                 Collective::ReduceScatter {
-                    recv, op, counts, ..
+                    send,
+                    recv,
+                    op,
+                    counts,
                 } => {
                     let start = match counts {
                         None => me * recv.len(),
                         Some(counts) => counts[..me].iter().sum(),
                     };
                     let src = |k: usize| slots[k].send.add(start * size);
-                    reduce_raw(dtype, *op, n, recv.len(), n, &src, 1, &|_| slots[me].recv);
+                    let io = Operands {
+                        n_src: n,
+                        src: &src,
+                        n_dst: 1,
+                        dst: &|_| mine,
+                        stream: send.bytes().len() * n >= STREAM_THRESHOLD,
+                    };
+                    reduce_raw(dtype, *op, n, recv.len(), &io);
                 }
-                Collective::AllToAll { send, counts, .. } => match counts {
-                    None => {
-                        let piece = send.len() / n;
-                        for (k, slot) in slots.iter().enumerate() {
-                            copy(
-                                slot.send,
-                                me * piece,
-                                slots[me].recv,
-                                k * piece,
-                                piece,
-                                size,
-                            );
+                Collective::AllToAll { send, counts, .. } => {
+                    let stream = send.bytes().len() * n >= STREAM_THRESHOLD;
+                    match counts {
+                        None => {
+                            let piece = send.len() / n;
+                            for (k, slot) in slots.iter().enumerate() {
+                                copy(
+                                    (slot.send, me * piece),
+                                    (mine, k * piece),
+                                    piece,
+                                    size,
+                                    stream,
+                                );
+                            }
+                        }
+                        Some(c) => {
+                            offsets_into(c.recv, offsets);
+                            for (k, slot) in slots.iter().enumerate() {
+                                let sender_counts = std::slice::from_raw_parts(slot.send_counts, n);
+                                let from: usize = sender_counts[..me].iter().sum();
+                                copy(
+                                    (slot.send, from),
+                                    (mine, offsets[k]),
+                                    c.recv[k],
+                                    size,
+                                    stream,
+                                );
+                            }
                         }
                     }
-                    Some(c) => {
-                        offsets_into(c.recv, offsets);
-                        for (k, slot) in slots.iter().enumerate() {
-                            let sender_counts = std::slice::from_raw_parts(slot.send_counts, n);
-                            let from: usize = sender_counts[..me].iter().sum();
-                            copy(slot.send, from, slots[me].recv, offsets[k], c.recv[k], size);
-                        }
-                    }
-                },
+                }
                 Collective::Barrier => {}
             }
         }
+        fence();
     }
 }

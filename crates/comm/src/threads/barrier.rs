@@ -15,8 +15,12 @@ use std::time::{Duration, Instant};
 const COUNT_MASK: u64 = 0xffff_ffff;
 const GENERATION: u64 = 1 << 32;
 
-/// How long a waiter spins before sleeping, when spinning is allowed.
-const SPIN_FOR: Duration = Duration::from_micros(50);
+/// How long a waiter busy-spins, when spinning is allowed (every rank has a core).
+const SPIN_FOR: Duration = Duration::from_micros(20);
+/// How long it then keeps polling while yielding its core to any other runnable thread,
+/// before sleeping. Waking a sleeping thread costs tens of microseconds, which would dominate
+/// collectives of a few MiB; yielding keeps the core available to computation.
+const YIELD_FOR: Duration = Duration::from_millis(2);
 /// How often a sleeping waiter wakes to re-check deadlines and peers.
 const POLL: Duration = Duration::from_millis(20);
 
@@ -101,8 +105,15 @@ impl Barrier {
                     return Ok(());
                 }
                 i = i.wrapping_add(1);
-                if i % 64 == 0 && start.elapsed() > SPIN_FOR {
-                    break;
+                if i % 64 == 0 {
+                    let spun = start.elapsed();
+                    if spun > SPIN_FOR + YIELD_FOR {
+                        break;
+                    }
+                    if spun > SPIN_FOR {
+                        std::thread::yield_now();
+                        continue;
+                    }
                 }
                 std::hint::spin_loop();
             }
