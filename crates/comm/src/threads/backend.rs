@@ -225,7 +225,7 @@ impl Backend for ThreadBackend {
             if let Some(reason) = self.shared.aborted() {
                 return Err(ctx.aborted(reason));
             }
-            if let Some(e) = self.shared.failed_peer(&[src], ctx) {
+            if let Some(e) = self.shared.failed_peer(std::iter::once(src), ctx) {
                 return Err(e);
             }
             let now = Instant::now();

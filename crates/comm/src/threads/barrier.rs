@@ -63,12 +63,11 @@ impl Barrier {
         self.wake.notify_all();
     }
 
-    /// Member indices that have entered fewer barriers than `me`.
-    pub(crate) fn behind(&self, me: usize) -> Vec<usize> {
+    /// Member indices that have entered fewer barriers than `me` (without allocating: this
+    /// runs on every wake-up of a waiter).
+    pub(crate) fn behind(&self, me: usize) -> impl Iterator<Item = usize> + '_ {
         let mine = self.entered[me].load(Ordering::SeqCst);
-        (0..self.size)
-            .filter(|&m| self.entered[m].load(Ordering::SeqCst) < mine)
-            .collect()
+        (0..self.size).filter(move |&m| self.entered[m].load(Ordering::SeqCst) < mine)
     }
 
     /// Arrives as member `me` and waits for every member.
@@ -134,7 +133,7 @@ impl Barrier {
             let mut nap = POLL;
             if let Some(deadline) = deadline {
                 if now >= deadline {
-                    let missing = self.behind(me);
+                    let missing = self.behind(me).collect();
                     break self
                         .withdraw(generation)
                         .map_or(Ok(()), |()| Err(WaitError::Timeout { missing }));

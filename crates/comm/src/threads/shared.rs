@@ -117,10 +117,10 @@ impl GroupShared {
     /// The error for the first of `members` that will never arrive, if any.
     pub(crate) fn failed_peer(
         &self,
-        members: &[usize],
+        mut members: impl Iterator<Item = usize>,
         ctx: &CallContext<'_>,
     ) -> Option<CommError> {
-        members.iter().find_map(|&m| {
+        members.find_map(|m| {
             let world_rank = self.members[m];
             (self.world.status(world_rank) != RankStatus::Running)
                 .then(|| ctx.peer_failed(m, self.world.reason(world_rank)))
@@ -140,7 +140,7 @@ impl GroupShared {
             if let Some(reason) = self.aborted() {
                 return Err(ctx.aborted(reason));
             }
-            match self.failed_peer(&barrier.behind(me), ctx) {
+            match self.failed_peer(barrier.behind(me), ctx) {
                 Some(e) => Err(e),
                 None => Ok(()),
             }
@@ -168,7 +168,7 @@ impl GroupShared {
     /// that work is bounded, so there is no deadline; only a peer that died stops the wait.
     pub(crate) fn complete(&self, me: usize, ctx: &CallContext<'_>) -> Result<(), CommError> {
         let waited = self.entry.wait(me, None, |barrier| {
-            match self.failed_peer(&barrier.behind(me), ctx) {
+            match self.failed_peer(barrier.behind(me), ctx) {
                 Some(e) => Err(e),
                 None => Ok(()),
             }
