@@ -33,7 +33,7 @@ impl CallContext<'_> {
         CommError::Timeout {
             group: self.group.to_string(),
             rank: self.rank,
-            fingerprint: self.fingerprint,
+            fingerprint: Box::new(self.fingerprint),
             waited,
             missing,
             recorder: self.dump(),
@@ -45,9 +45,9 @@ impl CallContext<'_> {
         CommError::Mismatch {
             group: self.group.to_string(),
             rank: self.rank,
-            local: self.fingerprint,
+            local: Box::new(self.fingerprint),
             peer,
-            remote,
+            remote: Box::new(remote),
             recorder: self.dump(),
         }
     }
@@ -58,7 +58,7 @@ impl CallContext<'_> {
             group: self.group.to_string(),
             rank: self.rank,
             peer,
-            fingerprint: self.fingerprint,
+            fingerprint: Box::new(self.fingerprint),
             reason: reason.into(),
         }
     }

@@ -35,7 +35,7 @@ pub enum CommError {
     Timeout {
         group: String,
         rank: usize,
-        fingerprint: Fingerprint,
+        fingerprint: Box<Fingerprint>,
         waited: Duration,
         missing: Vec<usize>,
         recorder: String,
@@ -49,9 +49,9 @@ pub enum CommError {
     Mismatch {
         group: String,
         rank: usize,
-        local: Fingerprint,
+        local: Box<Fingerprint>,
         peer: usize,
-        remote: Fingerprint,
+        remote: Box<Fingerprint>,
         recorder: String,
     },
 
@@ -77,7 +77,7 @@ pub enum CommError {
         group: String,
         rank: usize,
         peer: usize,
-        fingerprint: Fingerprint,
+        fingerprint: Box<Fingerprint>,
         reason: String,
     },
 

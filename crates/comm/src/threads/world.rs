@@ -16,13 +16,16 @@ pub(crate) enum RankStatus {
     Failed = 2,
 }
 
+/// Identifies a group: its members' world ranks and its creation index for that list.
+type GroupKey = (Vec<usize>, u64);
+
 pub(crate) struct WorldState {
     /// Whether waiters may spin: only when every rank thread can have a core of its own.
     pub(crate) spin: bool,
     status: Vec<AtomicU8>,
     reasons: Mutex<Vec<Option<String>>>,
     /// Shared state of every group, keyed by its world ranks and the creation index.
-    registry: Mutex<HashMap<(Vec<usize>, u64), Weak<GroupShared>>>,
+    registry: Mutex<HashMap<GroupKey, Weak<GroupShared>>>,
     /// How many groups each world rank created with a given member list.
     created: Mutex<HashMap<(usize, Vec<usize>), u64>>,
 }
