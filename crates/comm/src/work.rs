@@ -96,9 +96,10 @@ impl<T> Completer<T> {
 type Job = Box<dyn FnOnce() + Send>;
 
 thread_local! {
-    /// Set on communication threads so that a blocking call made from a queued job does not
-    /// wait for the queue it is part of.
-    static ON_COMM_THREAD: Cell<bool> = const { Cell::new(false) };
+    /// On a communication thread, the address of its executor's queue counter, so that a
+    /// blocking call made from a queued job does not wait for the queue it is part of (but
+    /// still waits for other groups' queues).
+    static CURRENT_QUEUE: Cell<usize> = const { Cell::new(0) };
 }
 
 /// A lazily started background thread that runs jobs in submission order.
@@ -148,12 +149,17 @@ impl Executor {
         work
     }
 
+    fn queue_id(&self) -> usize {
+        Arc::as_ptr(&self.pending) as usize
+    }
+
     fn spawn(&self) -> mpsc::Sender<Job> {
         let (tx, rx) = mpsc::channel::<Job>();
+        let queue = self.queue_id();
         std::thread::Builder::new()
             .name(self.name.clone())
             .spawn(move || {
-                ON_COMM_THREAD.with(|f| f.set(true));
+                CURRENT_QUEUE.with(|q| q.set(queue));
                 while let Ok(job) = rx.recv() {
                     job();
                 }
@@ -162,9 +168,9 @@ impl Executor {
         tx
     }
 
-    /// Waits until every queued job has finished (no-op on the communication thread itself).
+    /// Waits until every queued job has finished (no-op on this executor's own thread).
     pub(crate) fn drain(&self) {
-        if ON_COMM_THREAD.with(|f| f.get()) {
+        if CURRENT_QUEUE.with(|q| q.get()) == self.queue_id() {
             return;
         }
         let (count, cv) = &*self.pending;
