@@ -48,6 +48,8 @@ mod error;
 mod fingerprint;
 mod group;
 mod memops;
+#[cfg(feature = "mpi")]
+pub mod mpi;
 mod recorder;
 pub mod reduce;
 pub mod testing;
