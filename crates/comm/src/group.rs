@@ -176,10 +176,6 @@ impl ProcessGroup {
     /// Waits for queued asynchronous collectives first, so the order is preserved.
     pub fn collective(&self, call: Collective<'_>) -> Result<()> {
         self.inner.collectives.drain();
-        self.run_collective(call)
-    }
-
-    fn run_collective(&self, call: Collective<'_>) -> Result<()> {
         call.validate(self.rank(), self.size())
             .map_err(|m| self.invalid(call.kind(), m))?;
         let seq = self.inner.seq.fetch_add(1, Ordering::Relaxed);

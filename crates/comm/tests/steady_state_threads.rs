@@ -86,10 +86,16 @@ fn warm_collectives_and_messages_allocate_nothing() {
         .timeout(Duration::from_secs(30))
         .launch(|pg| {
             let mut buffers = Buffers::new(n);
-            // Warm up: the first calls create channel entries and pooled message buffers.
+            // Warm up: the first calls create channel entries and pooled message buffers. The
+            // message pool grows to the largest number of messages ever in flight at once, so
+            // reach that peak (every rank's message in flight) before counting.
             for _ in 0..3 {
                 buffers.round(&pg);
             }
+            let (me, n) = (pg.rank(), pg.size());
+            pg.send(&[1.0f64; 256], (me + 1) % n, 2).unwrap();
+            pg.barrier().unwrap();
+            pg.recv(&mut buffers.message, (me + n - 1) % n, 2).unwrap();
             COUNTING.with(|c| c.set(true));
             let mut allocations = 0;
             for _ in 0..50 {
