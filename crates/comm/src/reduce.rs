@@ -229,8 +229,39 @@ unsafe fn reduce_typed<T: Accumulate>(
     io: &Operands<'_>,
 ) {
     assert!(io.n_src >= 1);
-    let mut acc = [T::Acc::default(); BLOCK];
-    let mut out = [T::zeroed(); BLOCK];
+    SCRATCH.with(|scratch| {
+        let mut scratch = scratch.borrow_mut();
+        let (acc, out) = scratch.split_at_mut(BLOCK);
+        // SAFETY: forwarded from the caller.
+        unsafe { reduce_blocks::<T>(op, avg_divisor, len, io, cast_block(acc), cast_block(out)) }
+    })
+}
+
+/// Views a block of the per-thread scratch as `BLOCK` elements of `E` (at most 8 bytes each,
+/// aligned to 8 bytes).
+fn cast_block<E: bytemuck::Pod>(words: &mut [u64]) -> &mut [E] {
+    &mut bytemuck::cast_slice_mut::<u64, E>(words)[..BLOCK]
+}
+
+thread_local! {
+    /// Two blocks of scratch per thread (accumulator and converted output), so a reduction
+    /// neither allocates nor zeroes 8 KiB of stack per call — that memset used to dominate
+    /// small all-reduces.
+    static SCRATCH: std::cell::RefCell<Vec<u64>> = std::cell::RefCell::new(vec![0; 2 * BLOCK]);
+}
+
+/// The block loop of [`reduce_typed`], on caller-provided scratch blocks.
+///
+/// # Safety
+/// As [`reduce_typed`].
+unsafe fn reduce_blocks<T: Accumulate>(
+    op: ReduceOp,
+    avg_divisor: usize,
+    len: usize,
+    io: &Operands<'_>,
+    acc: &mut [T::Acc],
+    out: &mut [T],
+) {
     let mut start = 0;
     while start < len {
         let m = BLOCK.min(len - start);
