@@ -30,7 +30,21 @@ const BENCH_TARGETS: &[BenchTarget] = &[
 ];
 
 /// Runs `cargo bench -p <package> --bench <bench> -- <extra_args>`.
+///
+/// `--backend mpi` (comm only) runs the MPI benchmark under `mpirun` instead; `--backend
+/// threads` is the default.
 pub fn run(target_name: &str, extra_args: &[String]) -> Result {
+    let (backend, extra_args) = crate::mpi::take_backend(extra_args);
+    let extra_args = &extra_args[..];
+    match (target_name, backend.as_deref()) {
+        (_, None | Some("threads")) => {}
+        ("comm", Some("mpi")) => return crate::mpi::bench(extra_args),
+        (_, Some(other)) => {
+            return Err(Failure::usage(format!(
+                "unknown backend `{other}` for bench target `{target_name}` (known: threads, mpi for comm)"
+            )));
+        }
+    }
     let Some(target) = BENCH_TARGETS
         .iter()
         .find(|target| target.name == target_name)

@@ -11,6 +11,7 @@
 
 mod bench;
 mod gpu;
+mod mpi;
 mod process;
 mod test;
 

@@ -11,7 +11,6 @@ enum Outcome {
     Passed,
     /// The step could not run in this environment (a tool is missing, ...).
     /// The reason should say how to enable it.
-    #[expect(dead_code, reason = "first constructed by the planned MPI step")]
     Skipped {
         reason: String,
     },
@@ -44,12 +43,11 @@ fn steps() -> Vec<Step> {
             is_lint: false,
             run: test_suite,
         },
-        // ---------------------------------------------------------------------
-        // MPI step goes here (planned, not implemented yet): run the MPI
-        // conformance suite under `mpirun` when `mpirun` is on PATH; otherwise
-        // return `Outcome::Skipped` with a reason saying how to enable it
-        // (install openmpi-bin + libopenmpi-dev, see `.ci/run`).
-        // ---------------------------------------------------------------------
+        Step {
+            name: "mpi",
+            is_lint: false,
+            run: mpi,
+        },
     ]
 }
 
@@ -126,4 +124,16 @@ fn test_suite() -> Result<Outcome> {
     command.args(["test", "--workspace", "--no-fail-fast"]);
     process::run(command)?;
     Ok(Outcome::Passed)
+}
+
+/// The MPI conformance suite (2 and 4 processes) and the cross-process failure scenarios,
+/// when `mpirun` is available; skipped with instructions otherwise.
+fn mpi() -> Result<Outcome> {
+    if crate::mpi::test_step()? {
+        Ok(Outcome::Passed)
+    } else {
+        Ok(Outcome::Skipped {
+            reason: crate::mpi::HOW_TO_ENABLE.to_string(),
+        })
+    }
 }

@@ -55,6 +55,7 @@ pub mod reduce;
 pub mod testing;
 pub mod threads;
 mod work;
+pub mod world;
 
 pub use backend::{Backend, CallContext};
 pub use collective::{AllToAllCounts, Collective, Counts, even_piece, offsets_into};
@@ -67,3 +68,4 @@ pub use recorder::{CallRecord, CallState, FlightRecorder, RECORDER_CAPACITY};
 pub use reduce::ReduceOp;
 pub use threads::{LaunchError, RankFailure, ThreadWorld, launch};
 pub use work::Work;
+pub use world::{LaunchEnv, Launcher, World};

@@ -358,11 +358,15 @@ fn extras(pg: &ProcessGroup) -> Check {
 fn conformance(world: &MpiWorld) -> Check {
     let pg = world.group();
     let started = Instant::now();
+    // The suite every backend passes, then MPI-specific checks (ring path, tags ≥ 32768...).
+    let checks = bonfire_comm::testing::conformance::run_all(pg)
+        .map_err(|e| format!("shared conformance suite: {e}"))?;
     all_dtypes(pg)?;
     extras(pg)?;
     if pg.rank() == 0 {
         println!(
-            "mpi conformance: {} ranks OK in {:.2}s ({}; MPI_THREAD_MULTIPLE: {})",
+            "mpi conformance: {} ranks OK ({checks} shared checks + MPI checks) in {:.2}s \
+             ({}; MPI_THREAD_MULTIPLE: {})",
             pg.size(),
             started.elapsed().as_secs_f64(),
             world.library_version(),
@@ -370,6 +374,13 @@ fn conformance(world: &MpiWorld) -> Check {
         );
     }
     Ok(())
+}
+
+/// Panics with the error's message (Display, which carries both views and the recorder).
+fn must(r: Result<(), CommError>, what: &str) {
+    if let Err(e) = r {
+        panic!("{what}: {e}");
+    }
 }
 
 fn main() {
@@ -411,7 +422,7 @@ fn main() {
                     Err(e) => e.to_string(),
                 }
             );
-            r.expect("a peer exited early");
+            must(r, "a peer exited early");
         }
         "fail-mismatch" => {
             pg.barrier().unwrap();
@@ -420,13 +431,13 @@ fn main() {
             } else {
                 pg.all_reduce(&mut [1.0f32; 3], ReduceOp::Sum)
             };
-            r.expect("collectives must match");
+            must(r, "collectives must match");
         }
         "fail-timeout" => {
             pg.set_timeout(Duration::from_secs(2));
             if me != last {
                 let r = pg.barrier();
-                r.expect("a peer never arrived");
+                must(r, "a peer never arrived");
             } else {
                 std::thread::sleep(Duration::from_secs(60));
             }
