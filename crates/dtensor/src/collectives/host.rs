@@ -1,0 +1,196 @@
+//! The forward of every collective, on host memory.
+//!
+//! A tensor's data is moved out of the backend ([`TensorData`] takes the allocation when no
+//! other handle shares it), reduced in place when the call allows it (all-reduce,
+//! broadcast, reduce, recv: no copy at all on Flex) or written into one fresh buffer
+//! otherwise, and moved back in. Collectives along a dimension other than the outermost
+//! (non-trivial leading dims) pack or unpack the pieces in rank order with one extra copy.
+
+use super::{CollectiveKind, CollectiveSpec};
+use crate::debug::{CommOp, record};
+use bonfire_comm::{CommError, Element as CommElement, ProcessGroup, bf16, f16};
+use burn::tensor::{DType, Element as BurnElement, TensorData};
+use std::borrow::Cow;
+
+/// Runs the communicating part of `spec` on `data` and returns the output data.
+pub(crate) fn execute(data: TensorData, spec: &CollectiveSpec) -> TensorData {
+    match data.dtype() {
+        DType::F32 => typed::<f32>(data, spec),
+        DType::F64 => typed::<f64>(data, spec),
+        DType::F16 => typed::<f16>(data, spec),
+        DType::BF16 => typed::<bf16>(data, spec),
+        other => {
+            panic!("bonfire-dtensor: collectives support f32, f64, f16 and bf16, not {other:?}")
+        }
+    }
+}
+
+fn check(result: Result<(), CommError>, what: &str) {
+    if let Err(e) = result {
+        panic!("bonfire-dtensor: {what} failed: {e}");
+    }
+}
+
+/// `(pre, post)`: the products of the dims before and after `dim`.
+fn outer_inner(shape: &[usize], dim: usize) -> (usize, usize) {
+    (
+        shape[..dim].iter().product(),
+        shape[dim + 1..].iter().product(),
+    )
+}
+
+/// Reorders `[pre, sum(sizes), post]` into consecutive pieces `[pre, sizes[r], post]`.
+fn pack<'a, T: Copy>(src: &'a [T], pre: usize, sizes: &[usize], post: usize) -> Cow<'a, [T]> {
+    if pre == 1 {
+        return Cow::Borrowed(src);
+    }
+    let total: usize = sizes.iter().sum();
+    let mut out = Vec::with_capacity(src.len());
+    let mut offset = 0;
+    for &s in sizes {
+        for p in 0..pre {
+            let start = (p * total + offset) * post;
+            out.extend_from_slice(&src[start..start + s * post]);
+        }
+        offset += s;
+    }
+    Cow::Owned(out)
+}
+
+/// The inverse of [`pack`]: consecutive pieces `[pre, sizes[r], post]` into
+/// `[pre, sum(sizes), post]`.
+fn unpack<T: Copy>(src: Vec<T>, pre: usize, sizes: &[usize], post: usize, zero: T) -> Vec<T> {
+    if pre == 1 {
+        return src;
+    }
+    let total: usize = sizes.iter().sum();
+    let mut out = vec![zero; src.len()];
+    let mut read = 0;
+    let mut offset = 0;
+    for &s in sizes {
+        for p in 0..pre {
+            let start = (p * total + offset) * post;
+            out[start..start + s * post].copy_from_slice(&src[read..read + s * post]);
+            read += s * post;
+        }
+        offset += s;
+    }
+    out
+}
+
+fn all_equal(v: &[usize]) -> bool {
+    v.windows(2).all(|w| w[0] == w[1])
+}
+
+fn typed<T>(mut data: TensorData, spec: &CollectiveSpec) -> TensorData
+where
+    T: CommElement + BurnElement + Copy,
+{
+    let pg: &ProcessGroup = &spec.group;
+    let me = pg.rank();
+    let shape: Vec<usize> = data.shape().iter().copied().collect();
+    let out_shape = spec.output_shape(&shape);
+    let zero = T::from_f64(0.0);
+    match &spec.kind {
+        CollectiveKind::AllReduce { op } | CollectiveKind::ReduceFromGroup { op } => {
+            record(CommOp::AllReduce);
+            check(pg.all_reduce(slice_mut::<T>(&mut data), *op), "all_reduce");
+            data
+        }
+        CollectiveKind::Broadcast { root } => {
+            record(CommOp::Broadcast);
+            check(pg.broadcast(slice_mut::<T>(&mut data), *root), "broadcast");
+            data
+        }
+        CollectiveKind::Reduce { op, root } => {
+            record(CommOp::Reduce);
+            let buf = slice_mut::<T>(&mut data);
+            check(pg.reduce(buf, *op, *root), "reduce");
+            if me != *root {
+                buf.fill(zero);
+            }
+            data
+        }
+        CollectiveKind::AllGather { dim, sizes } | CollectiveKind::Gather { dim, sizes } => {
+            record(CommOp::AllGather);
+            let (pre, post) = outer_inner(&shape, *dim);
+            let send = slice::<T>(&data);
+            let mut recv = vec![zero; pre * post * sizes.iter().sum::<usize>()];
+            if all_equal(sizes) {
+                check(pg.all_gather(send, &mut recv), "all_gather");
+            } else {
+                let counts: Vec<usize> = sizes.iter().map(|s| pre * s * post).collect();
+                check(pg.all_gather_uneven(send, &mut recv, &counts), "all_gather");
+            }
+            TensorData::new(unpack(recv, pre, sizes, post, zero), out_shape)
+        }
+        CollectiveKind::ReduceScatter { dim, sizes, op } => {
+            record(CommOp::ReduceScatter);
+            let (pre, post) = outer_inner(&shape, *dim);
+            let send = pack(slice::<T>(&data), pre, sizes, post);
+            let mut recv = vec![zero; pre * sizes[me] * post];
+            if all_equal(sizes) {
+                check(pg.reduce_scatter(&send, &mut recv, *op), "reduce_scatter");
+            } else {
+                let counts: Vec<usize> = sizes.iter().map(|s| pre * s * post).collect();
+                check(
+                    pg.reduce_scatter_uneven(&send, &mut recv, &counts, *op),
+                    "reduce_scatter",
+                );
+            }
+            TensorData::new(recv, out_shape)
+        }
+        CollectiveKind::AllToAll {
+            split_dim,
+            split_sizes,
+            cat_dim,
+            cat_sizes,
+        } => {
+            record(CommOp::AllToAll);
+            let (pre_s, post_s) = outer_inner(&shape, *split_dim);
+            let send = pack(slice::<T>(&data), pre_s, split_sizes, post_s);
+            let send_counts: Vec<usize> = split_sizes.iter().map(|s| pre_s * s * post_s).collect();
+            // The piece from rank r: the output shape with `cat_sizes[r]` along `cat_dim`.
+            let (pre_c, post_c) = outer_inner(&out_shape, *cat_dim);
+            let recv_counts: Vec<usize> = cat_sizes.iter().map(|s| pre_c * s * post_c).collect();
+            let mut recv = vec![zero; recv_counts.iter().sum()];
+            // Decide from the sizes, which every rank of the group shares, so that all ranks
+            // make the same (even or uneven) call.
+            if all_equal(split_sizes) && all_equal(cat_sizes) {
+                check(pg.all_to_all(&send, &mut recv), "all_to_all");
+            } else {
+                check(
+                    pg.all_to_all_uneven(&send, &send_counts, &mut recv, &recv_counts),
+                    "all_to_all",
+                );
+            }
+            TensorData::new(unpack(recv, pre_c, cat_sizes, post_c, zero), out_shape)
+        }
+        CollectiveKind::Send { dst, tag } => {
+            record(CommOp::Send);
+            check(pg.send(slice::<T>(&data), *dst, *tag), "send");
+            TensorData::new(vec![zero], out_shape)
+        }
+        CollectiveKind::Recv { src, tag } => {
+            record(CommOp::Recv);
+            check(pg.recv(slice_mut::<T>(&mut data), *src, *tag), "recv");
+            data
+        }
+        CollectiveKind::CopyToGroup
+        | CollectiveKind::Pad { .. }
+        | CollectiveKind::Split { .. }
+        | CollectiveKind::Partition { .. } => {
+            unreachable!("{:?} does not communicate in forward", spec.kind)
+        }
+    }
+}
+
+fn slice<T: BurnElement>(data: &TensorData) -> &[T] {
+    data.as_slice::<T>()
+        .expect("bonfire-dtensor: tensor data is not host-readable")
+}
+
+fn slice_mut<T: BurnElement>(data: &mut TensorData) -> &mut [T] {
+    data.as_mut_slice::<T>()
+        .expect("bonfire-dtensor: tensor data is not host-writable")
+}

@@ -1,0 +1,253 @@
+//! Differentiable collectives on Burn tensors.
+//!
+//! Every collective is one Burn backend-extension operation ([`CollectiveBackend`]) whose
+//! argument, a [`CollectiveSpec`], says which call to make on which [`ProcessGroup`]. The
+//! concrete backends (`Flex`, and `Cube` behind the `cuda` feature) run the forward; the
+//! `Autodiff` implementation records a backward step that runs the *dual* collective on the
+//! gradient ([`CollectiveSpec::dual`]). Most users call the functions of [`functional`]
+//! (re-exported at the crate root) instead of building specs.
+//!
+//! Semantics of the gradients: the functional collectives are differentiated as ordinary
+//! functions of every rank's local tensors, with the loss being the **sum of the ranks'
+//! losses** (the convention of `torch.distributed.nn.functional`). The two Megatron
+//! mappings and [`functional::split`] / [`functional::gather`] instead treat the tensor
+//! around them as one replicated logical tensor — their backward is not the adjoint of the
+//! forward but the conjugate collective, which is what tensor parallelism needs.
+
+mod autodiff;
+pub mod functional;
+mod host;
+mod ops;
+
+pub use ops::CollectiveBackend;
+
+use bonfire_comm::{ProcessGroup, ReduceOp};
+
+/// Tag bit added to the tag of a differentiable send/recv for the gradient that flows back.
+pub const BACKWARD_TAG_BIT: u64 = 1 << 63;
+
+/// What a collective operation does. Sizes are per rank of the group, in elements along `dim`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum CollectiveKind {
+    /// Every rank gets the reduction (`Sum` or `Avg` are differentiable; `Max`, `Min` and
+    /// `Product` run only on tensors that do not require gradients).
+    AllReduce { op: ReduceOp },
+    /// Every rank gets `root`'s tensor. Backward: reduce (sum) of the gradients to `root`.
+    Broadcast { root: usize },
+    /// `root` gets the reduction; the other ranks get **zeros** (so that the output is a
+    /// well-defined function of the inputs). Backward: broadcast of `root`'s gradient.
+    Reduce { op: ReduceOp, root: usize },
+    /// Concatenation along `dim` of every rank's tensor; rank `r` contributes `sizes[r]`.
+    /// Backward: reduce-scatter (sum).
+    AllGather { dim: usize, sizes: Vec<usize> },
+    /// The input (of `sum(sizes)` along `dim`) is split in rank order; rank `r` gets the
+    /// reduction of every rank's piece `r`. Backward: all-gather.
+    ReduceScatter {
+        dim: usize,
+        sizes: Vec<usize>,
+        op: ReduceOp,
+    },
+    /// The input is split along `split_dim` into pieces of `split_sizes`; piece `s` goes to
+    /// rank `s`; the pieces received are concatenated along `cat_dim`, the one from rank `r`
+    /// having `cat_sizes[r]` elements along it. Backward: the inverse all-to-all.
+    AllToAll {
+        split_dim: usize,
+        split_sizes: Vec<usize>,
+        cat_dim: usize,
+        cat_sizes: Vec<usize>,
+    },
+    /// Sends the tensor to `dst`; the output is a one-element zero "token" to add to the
+    /// loss. Backward: receives the gradient of the tensor from `dst`.
+    Send { dst: usize, tag: u64 },
+    /// Receives a tensor of the input's shape from `src` (the input is only a template).
+    /// Backward: sends the gradient back to `src`.
+    Recv { src: usize, tag: u64 },
+    /// Megatron's `f`: identity forward, all-reduce (sum) backward.
+    CopyToGroup,
+    /// Megatron's `g`: all-reduce forward, identity backward (divided by the group size
+    /// for `Avg`).
+    ReduceFromGroup { op: ReduceOp },
+    /// Keeps this rank's chunk along `dim` (no communication). Backward: all-gather.
+    Split { dim: usize, sizes: Vec<usize> },
+    /// All-gather along `dim`. Backward: keeps this rank's chunk of the gradient (no
+    /// communication).
+    Gather { dim: usize, sizes: Vec<usize> },
+    /// Places the tensor at `offset` along `dim` in zeros of length `len` along it (no
+    /// communication; `Shard` → `Partial`). Backward: keeps the matching slice.
+    Pad {
+        dim: usize,
+        offset: usize,
+        len: usize,
+    },
+    /// Turns a replicated tensor into a partial one (no communication): for `Sum`, `keep`
+    /// ranks keep the value and the others become zeros; for `Avg` every rank keeps it.
+    /// Backward: identity (`Sum`) or multiplied by the group size (`Avg`).
+    Partition { op: ReduceOp, keep: bool },
+}
+
+impl CollectiveKind {
+    /// Whether the forward of this kind exchanges data.
+    pub fn communicates(&self) -> bool {
+        !matches!(
+            self,
+            CollectiveKind::CopyToGroup
+                | CollectiveKind::Split { .. }
+                | CollectiveKind::Pad { .. }
+                | CollectiveKind::Partition { .. }
+        )
+    }
+}
+
+/// One differentiable collective: what to do, on which group, and whether autodiff may
+/// recompute it in backward instead of keeping its output.
+#[derive(Debug, Clone)]
+pub struct CollectiveSpec {
+    pub group: ProcessGroup,
+    pub kind: CollectiveKind,
+    /// Mark the output recomputable: under Burn's Balanced gradient-checkpointing strategy
+    /// (`Device::flex().autodiff().gradient_checkpointing()`) an operation that needs this
+    /// output in backward gets it by re-running the collective there (e.g. re-gathering a
+    /// ZeRO-3 parameter) rather than keeping it alive since forward.
+    pub recompute: bool,
+}
+
+impl CollectiveSpec {
+    /// A spec on `group` (not recomputable).
+    pub fn new(group: &ProcessGroup, kind: CollectiveKind) -> Self {
+        Self {
+            group: group.clone(),
+            kind,
+            recompute: false,
+        }
+    }
+
+    /// The same spec, marked recomputable.
+    pub fn recomputable(mut self) -> Self {
+        self.recompute = true;
+        self
+    }
+
+    /// Whether this collective has a correct gradient.
+    pub fn is_differentiable(&self) -> bool {
+        let linear = |op: &ReduceOp| matches!(op, ReduceOp::Sum | ReduceOp::Avg);
+        match &self.kind {
+            CollectiveKind::AllReduce { op }
+            | CollectiveKind::Reduce { op, .. }
+            | CollectiveKind::ReduceScatter { op, .. }
+            | CollectiveKind::ReduceFromGroup { op }
+            | CollectiveKind::Partition { op, .. } => linear(op),
+            _ => true,
+        }
+    }
+
+    /// The collective applied to the gradient in backward, and the factor the result is
+    /// multiplied by afterwards (`1/size` for the averaging forms). `None` means identity.
+    pub fn dual(&self) -> (Option<CollectiveKind>, f64) {
+        use CollectiveKind::*;
+        let size = self.group.size() as f64;
+        let avg = |op: &ReduceOp| {
+            if *op == ReduceOp::Avg {
+                1.0 / size
+            } else {
+                1.0
+            }
+        };
+        match &self.kind {
+            AllReduce { op } => (Some(AllReduce { op: *op }), 1.0),
+            Broadcast { root } => (
+                Some(Reduce {
+                    op: ReduceOp::Sum,
+                    root: *root,
+                }),
+                1.0,
+            ),
+            Reduce { op, root } => (Some(Broadcast { root: *root }), avg(op)),
+            AllGather { dim, sizes } => (
+                Some(ReduceScatter {
+                    dim: *dim,
+                    sizes: sizes.clone(),
+                    op: ReduceOp::Sum,
+                }),
+                1.0,
+            ),
+            ReduceScatter { dim, sizes, op } => (
+                Some(AllGather {
+                    dim: *dim,
+                    sizes: sizes.clone(),
+                }),
+                avg(op),
+            ),
+            AllToAll {
+                split_dim,
+                split_sizes,
+                cat_dim,
+                cat_sizes,
+            } => (
+                Some(AllToAll {
+                    split_dim: *cat_dim,
+                    split_sizes: cat_sizes.clone(),
+                    cat_dim: *split_dim,
+                    cat_sizes: split_sizes.clone(),
+                }),
+                1.0,
+            ),
+            Send { dst, tag } => (
+                Some(Recv {
+                    src: *dst,
+                    tag: tag ^ BACKWARD_TAG_BIT,
+                }),
+                1.0,
+            ),
+            Recv { src, tag } => (
+                Some(Send {
+                    dst: *src,
+                    tag: tag ^ BACKWARD_TAG_BIT,
+                }),
+                1.0,
+            ),
+            CopyToGroup => (Some(AllReduce { op: ReduceOp::Sum }), 1.0),
+            ReduceFromGroup { op } => (None, avg(op)),
+            Split { dim, sizes } => (
+                Some(AllGather {
+                    dim: *dim,
+                    sizes: sizes.clone(),
+                }),
+                1.0,
+            ),
+            Gather { dim, sizes } => (
+                Some(Split {
+                    dim: *dim,
+                    sizes: sizes.clone(),
+                }),
+                1.0,
+            ),
+            Partition { op, .. } => (None, if *op == ReduceOp::Avg { size } else { 1.0 }),
+            // Pad's backward is a local slice, done by the autodiff step itself.
+            Pad { .. } => (None, 1.0),
+        }
+    }
+
+    /// The output shape for an input of shape `input` (validated by the functional API).
+    pub fn output_shape(&self, input: &[usize]) -> Vec<usize> {
+        use CollectiveKind::*;
+        let me = self.group.rank();
+        let mut out = input.to_vec();
+        match &self.kind {
+            AllGather { dim, sizes } | Gather { dim, sizes } => out[*dim] = sizes.iter().sum(),
+            ReduceScatter { dim, sizes, .. } | Split { dim, sizes } => out[*dim] = sizes[me],
+            AllToAll {
+                split_dim,
+                split_sizes,
+                cat_dim,
+                cat_sizes,
+            } => {
+                out[*split_dim] = split_sizes[me];
+                out[*cat_dim] = cat_sizes.iter().sum();
+            }
+            Pad { dim, len, .. } => out[*dim] = *len,
+            Send { .. } => out = vec![1],
+            _ => {}
+        }
+        out
+    }
+}

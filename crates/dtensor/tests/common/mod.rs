@@ -1,0 +1,53 @@
+//! Helpers shared by the integration tests.
+#![allow(dead_code)]
+
+use bonfire_comm::{ProcessGroup, ThreadWorld};
+use burn::tensor::{Device, Tensor, TensorData};
+use std::time::Duration;
+
+/// An autodiff CPU device (each rank thread makes its own leaves on it).
+pub fn dev() -> Device {
+    Device::flex().autodiff()
+}
+
+/// Runs `f` on `n` rank threads with a short timeout, panicking with every rank's failure.
+pub fn world<R: Send>(n: usize, f: impl Fn(ProcessGroup) -> R + Sync) -> Vec<R> {
+    ThreadWorld::new(n)
+        .timeout(Duration::from_secs(20))
+        .launch(f)
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// Small integer-valued data (exact in f32 under sums), different for each `seed`.
+pub fn values(seed: usize, n: usize) -> Vec<f32> {
+    (0..n)
+        .map(|i| (((i * 7 + seed * 13 + 3) % 11) as f32) - 5.0)
+        .collect()
+}
+
+/// A tensor of integer-valued data for `seed`.
+pub fn tensor<const D: usize>(seed: usize, shape: [usize; D], device: &Device) -> Tensor<D> {
+    let n = shape.iter().product();
+    Tensor::from_data(TensorData::new(values(seed, n), shape), device)
+}
+
+/// A tracked leaf of integer-valued data for `seed`.
+pub fn leaf<const D: usize>(seed: usize, shape: [usize; D]) -> Tensor<D> {
+    tensor(seed, shape, &dev()).require_grad()
+}
+
+/// The tensor's values.
+pub fn vec_of<const D: usize>(t: Tensor<D>) -> Vec<f32> {
+    t.into_data().try_to_vec::<f32>().unwrap()
+}
+
+/// Asserts two float slices are equal within a small tolerance.
+pub fn assert_close(a: &[f32], b: &[f32], what: &str) {
+    assert_eq!(a.len(), b.len(), "{what}: lengths differ: {a:?} vs {b:?}");
+    for (x, y) in a.iter().zip(b) {
+        assert!(
+            (x - y).abs() <= 1e-4 * (1.0 + y.abs()),
+            "{what}: {a:?} != {b:?}"
+        );
+    }
+}
