@@ -9,8 +9,9 @@
 //!   broadcast, ...) over in-process threads, MPI or NCCL, with timeouts,
 //!   mismatch detection and a flight recorder so a broken job fails loudly
 //!   instead of hanging.
-//! - `bonfire-dtensor` (planned): differentiable collectives as a Burn backend
-//!   extension, device meshes, distributed tensors and tensor parallelism.
+//! - [`dtensor`] (`bonfire-dtensor`): differentiable collectives as a Burn backend
+//!   extension, device meshes, distributed tensors (`DTensor` with `Shard`,
+//!   `Replicate` and `Partial` placements) and redistribution between placements.
 //! - `bonfire-ddp`, `bonfire-zero`, `bonfire-pipeline` (planned): data
 //!   parallelism, sharded optimizer state, and pipeline parallelism.
 //!
@@ -31,8 +32,10 @@
 //! ```
 
 pub use bonfire_comm as comm;
+pub use bonfire_dtensor as dtensor;
 
 /// The names almost every Bonfire program needs, for `use bonfire::prelude::*;`.
 pub mod prelude {
     pub use bonfire_comm::{CommError, ProcessGroup, ReduceOp, launch};
+    pub use bonfire_dtensor::{DTensor, DeviceMesh, Placement, distribute_tensor};
 }

@@ -66,7 +66,7 @@
 //!
 //!     let loss = (replicated.to_local() * 2.0).sum();
 //!     let grads = loss.backward();
-//!     full.grad(&grads).unwrap().into_data().to_vec::<f32>().unwrap()
+//!     full.grad(&grads).unwrap().into_data().try_to_vec::<f32>().unwrap()
 //! })
 //! .unwrap();
 //! // The gradient of the logical program (2 · Σ x) on every rank.
