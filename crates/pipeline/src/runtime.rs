@@ -1,0 +1,236 @@
+//! The runtime: executes a checked [`Schedule`] on one rank.
+//!
+//! The runtime owns the control flow — walking the rank's action list, moving activations
+//! and gradients between stages (over `bonfire-comm` send/recv, or locally when two
+//! consecutive stages share a rank) and timing every action — and delegates the arithmetic to
+//! a [`StageCompute`]: [`crate::BurnStage`] for Burn modules, or anything else (the benchmark's
+//! sleeping stages). Each message is a fixed-size shape header then the data, tagged by
+//! (micro-batch, destination stage, activation or gradient), so any schedule that passed
+//! [`check`] pairs them correctly.
+
+use crate::check::{CheckError, check};
+use crate::schedule::{Action, Schedule};
+use crate::timeline::RankTimeline;
+use bonfire_comm::{CommError, ProcessGroup};
+use std::collections::HashMap;
+use std::time::Instant;
+
+/// Largest tensor rank a message header carries.
+pub const MAX_DIMS: usize = 7;
+
+/// An activation or gradient crossing a stage boundary, as host data.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Activation {
+    /// Tensor shape.
+    pub shape: Vec<usize>,
+    /// Row-major values.
+    pub data: Vec<f32>,
+}
+
+impl Activation {
+    /// A new activation; `data.len()` must be the product of `shape`.
+    pub fn new(shape: Vec<usize>, data: Vec<f32>) -> Self {
+        debug_assert_eq!(shape.iter().product::<usize>(), data.len());
+        Self { shape, data }
+    }
+}
+
+/// What can go wrong while running a pipeline step.
+#[derive(Debug, thiserror::Error)]
+pub enum PipelineError {
+    /// The schedule was rejected by the static checker.
+    #[error(transparent)]
+    Schedule(#[from] CheckError),
+    /// A send or receive failed (timeout, peer failure, mismatch).
+    #[error("communication failed: {0}")]
+    Comm(#[from] CommError),
+    /// The process group and the schedule disagree, or the stage misbehaved.
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// The per-stage arithmetic the runtime drives.
+///
+/// For every call, `chunk` is the rank-local chunk and the runtime guarantees the order the
+/// schedule was checked for (a backward after its forward, a weight step after its input
+/// step). `input` is `None` exactly on the first stage (which reads its own data), `forward`
+/// returns `None` exactly on the last stage (which computes the loss), `grad_output` is `None`
+/// exactly on the last stage, and the backward steps return `None` exactly on the first stage.
+pub trait StageCompute {
+    /// Forward of micro-batch `mb` through `chunk`.
+    fn forward(
+        &mut self,
+        mb: usize,
+        chunk: usize,
+        input: Option<Activation>,
+    ) -> Result<Option<Activation>, PipelineError>;
+
+    /// Full backward: accumulates the weight gradients, returns the input gradient.
+    fn backward(
+        &mut self,
+        mb: usize,
+        chunk: usize,
+        grad_output: Option<Activation>,
+    ) -> Result<Option<Activation>, PipelineError>;
+
+    /// Zero-bubble "B": returns the input gradient; the weight part waits for
+    /// [`StageCompute::backward_weight`].
+    fn backward_input(
+        &mut self,
+        mb: usize,
+        chunk: usize,
+        grad_output: Option<Activation>,
+    ) -> Result<Option<Activation>, PipelineError>;
+
+    /// Zero-bubble "W": accumulates the weight gradients of (`mb`, `chunk`).
+    fn backward_weight(&mut self, mb: usize, chunk: usize) -> Result<(), PipelineError>;
+}
+
+fn tag(mb: usize, dst_stage: usize, stages: usize, grad: bool, part: u64) -> u64 {
+    (((mb * stages + dst_stage) as u64 * 2 + grad as u64) * 2) + part
+}
+
+fn send(pg: &ProcessGroup, a: &Activation, to: usize, base: u64) -> Result<(), PipelineError> {
+    if a.shape.len() > MAX_DIMS {
+        return Err(PipelineError::Invalid(format!(
+            "activations of rank {} exceed the {MAX_DIMS} dimensions a message carries",
+            a.shape.len()
+        )));
+    }
+    let mut header = [0i64; MAX_DIMS + 1];
+    header[0] = a.shape.len() as i64;
+    for (h, &d) in header[1..].iter_mut().zip(&a.shape) {
+        *h = d as i64;
+    }
+    pg.send(&header, to, base)?;
+    pg.send(&a.data, to, base + 1)?;
+    Ok(())
+}
+
+fn recv(pg: &ProcessGroup, from: usize, base: u64) -> Result<Activation, PipelineError> {
+    let mut header = [0i64; MAX_DIMS + 1];
+    pg.recv(&mut header, from, base)?;
+    let shape: Vec<usize> = header[1..=header[0] as usize]
+        .iter()
+        .map(|&d| d as usize)
+        .collect();
+    let mut data = vec![0f32; shape.iter().product()];
+    pg.recv(&mut data, from, base + 1)?;
+    Ok(Activation { shape, data })
+}
+
+/// Checks `schedule`, then runs this rank's part of it on `pg` (whose rank and size must match
+/// the schedule's ranks), returning the rank's timeline. The checker's verdict is the
+/// guarantee that the run cannot deadlock.
+pub fn run_schedule<C: StageCompute + ?Sized>(
+    pg: &ProcessGroup,
+    schedule: &Schedule,
+    compute: &mut C,
+) -> Result<RankTimeline, PipelineError> {
+    check(schedule)?;
+    run_unchecked(pg, schedule, compute)
+}
+
+/// [`run_schedule`] without the static check (for a schedule already checked).
+pub fn run_unchecked<C: StageCompute + ?Sized>(
+    pg: &ProcessGroup,
+    schedule: &Schedule,
+    compute: &mut C,
+) -> Result<RankTimeline, PipelineError> {
+    if pg.size() != schedule.ranks() {
+        return Err(PipelineError::Invalid(format!(
+            "schedule `{}` is for {} ranks, the pipeline group has {}",
+            schedule.name,
+            schedule.ranks(),
+            pg.size()
+        )));
+    }
+    let rank = pg.rank();
+    let pl = schedule.placement;
+    let stages = pl.stages();
+    let mut timeline = RankTimeline::start(rank);
+    let mut inputs: HashMap<(usize, usize), Activation> = HashMap::new();
+    let mut outputs: HashMap<(usize, usize), Activation> = HashMap::new();
+    let mut grad_outputs: HashMap<(usize, usize), Activation> = HashMap::new();
+    let mut grad_inputs: HashMap<(usize, usize), Activation> = HashMap::new();
+    let missing = |what: &str, a: &Action| {
+        PipelineError::Invalid(format!("rank {rank}: {a} found no {what}"))
+    };
+    for action in &schedule.actions[rank] {
+        let start = Instant::now();
+        let (mb, chunk) = (action.mb(), action.chunk());
+        let s = pl.stage(rank, chunk);
+        match *action {
+            Action::Forward { .. } => {
+                let input = if s == 0 {
+                    None
+                } else {
+                    Some(
+                        inputs
+                            .remove(&(mb, chunk))
+                            .ok_or_else(|| missing("input", action))?,
+                    )
+                };
+                let out = compute.forward(mb, chunk, input)?;
+                if s + 1 < stages {
+                    let out = out.ok_or_else(|| missing("output from the stage", action))?;
+                    let (next_rank, next_chunk) = pl.locate(s + 1);
+                    if next_rank == rank {
+                        inputs.insert((mb, next_chunk), out);
+                    } else {
+                        outputs.insert((mb, chunk), out);
+                    }
+                }
+            }
+            Action::Backward { .. } | Action::BackwardInput { .. } => {
+                let grad = if s + 1 == stages {
+                    None
+                } else {
+                    Some(
+                        grad_outputs
+                            .remove(&(mb, chunk))
+                            .ok_or_else(|| missing("output gradient", action))?,
+                    )
+                };
+                let gin = if matches!(action, Action::Backward { .. }) {
+                    compute.backward(mb, chunk, grad)?
+                } else {
+                    compute.backward_input(mb, chunk, grad)?
+                };
+                if s > 0 {
+                    let gin =
+                        gin.ok_or_else(|| missing("input gradient from the stage", action))?;
+                    let (prev_rank, prev_chunk) = pl.locate(s - 1);
+                    if prev_rank == rank {
+                        grad_outputs.insert((mb, prev_chunk), gin);
+                    } else {
+                        grad_inputs.insert((mb, chunk), gin);
+                    }
+                }
+            }
+            Action::BackwardWeight { .. } => compute.backward_weight(mb, chunk)?,
+            Action::SendActivation { to, .. } => {
+                let out = outputs
+                    .remove(&(mb, chunk))
+                    .ok_or_else(|| missing("activation to send", action))?;
+                send(pg, &out, to, tag(mb, s + 1, stages, false, 0))?;
+            }
+            Action::RecvActivation { from, .. } => {
+                let a = recv(pg, from, tag(mb, s, stages, false, 0))?;
+                inputs.insert((mb, chunk), a);
+            }
+            Action::SendGrad { to, .. } => {
+                let g = grad_inputs
+                    .remove(&(mb, chunk))
+                    .ok_or_else(|| missing("gradient to send", action))?;
+                send(pg, &g, to, tag(mb, s - 1, stages, true, 0))?;
+            }
+            Action::RecvGrad { from, .. } => {
+                let g = recv(pg, from, tag(mb, s, stages, true, 0))?;
+                grad_outputs.insert((mb, chunk), g);
+            }
+        }
+        timeline.record(*action, start, Instant::now());
+    }
+    Ok(timeline)
+}

@@ -1,0 +1,55 @@
+//! Interleaved 1F1B (Megatron-LM, PTD-P): each rank holds `v` chunks placed round robin, so
+//! stage `s` is chunk `s / p` of rank `s % p`; the bubble shrinks by `v`.
+
+use super::greedy::{megatron_backward, megatron_forward};
+use super::{Action, BackwardKind, Costs, Placement, Policy, Schedule, list_schedule};
+use crate::check::check;
+
+/// Interleaved 1F1B with `chunks` (`v`) chunks per rank, Megatron's order: forwards go
+/// through micro-batches in groups of `p`, chunk by chunk (a last group may be smaller);
+/// backwards likewise, deepest chunk first; rank `r` warms up with `2(p − r − 1) + (v − 1)p`
+/// forwards, then strictly alternates one forward and one backward, then drains. Bubble
+/// `(p−1)/(v·m+p−1)`. Should that order not pass the checker (it always does for `m`
+/// divisible by `p`), the list scheduler with the same priorities is used instead.
+pub fn interleaved(ranks: usize, chunks: usize, microbatches: usize) -> Schedule {
+    let placement = Placement::Looped { ranks, chunks };
+    let (p, v, m) = (ranks, chunks, microbatches);
+    let mut forwards = Vec::with_capacity(m * v);
+    let mut backwards = Vec::with_capacity(m * v);
+    for g0 in (0..m).step_by(p) {
+        for c in 0..v {
+            for mb in g0..(g0 + p).min(m) {
+                forwards.push(Action::Forward { mb, chunk: c });
+                backwards.push(Action::Backward {
+                    mb,
+                    chunk: v - 1 - c,
+                });
+            }
+        }
+    }
+    let total = m * v;
+    let order = (0..p)
+        .map(|r| {
+            let warmup = (2 * (p - r - 1) + (v - 1) * p).min(total);
+            let mut list = forwards[..warmup].to_vec();
+            for i in 0..total - warmup {
+                list.push(forwards[warmup + i]);
+                list.push(backwards[i]);
+            }
+            list.extend_from_slice(&backwards[total - warmup..]);
+            list
+        })
+        .collect();
+    let schedule = Schedule::from_compute_order("interleaved", placement, m, order);
+    if check(&schedule).is_ok() {
+        return schedule;
+    }
+    let policy = Policy {
+        backward: BackwardKind::Full,
+        backward_first: true,
+        in_flight: (0..p).map(|r| 2 * (p - r - 1) + (v - 1) * p + 1).collect(),
+        forward_key: megatron_forward,
+        backward_key: megatron_backward,
+    };
+    list_schedule("interleaved", placement, m, &policy, Costs::default())
+}

@@ -1,0 +1,458 @@
+//! Schedules as data: a per-rank list of [`Action`]s.
+//!
+//! A pipeline of `S = p·v` *stages* is spread over `p` ranks, `v` *chunks* (virtual stages)
+//! per rank, by a [`Placement`]. A [`Schedule`] says, for every rank, in which order it runs
+//! the forward and backward of each (micro-batch, chunk) and when it sends or receives
+//! activations and gradients. The generators ([`gpipe`], [`one_f_one_b`], [`interleaved`],
+//! [`zero_bubble`]) build schedules; [`crate::check`] verifies any schedule (generated or
+//! hand-made) before [`crate::runtime`] executes it.
+
+mod gpipe;
+mod greedy;
+mod interleaved;
+mod one_f_one_b;
+mod zero_bubble;
+
+pub use gpipe::gpipe;
+pub use greedy::{Costs, Policy, list_schedule};
+pub use interleaved::interleaved;
+pub use one_f_one_b::one_f_one_b;
+pub use zero_bubble::{zb_h1, zb_v};
+
+use std::fmt;
+
+/// One step of one rank's program. `chunk` is the rank-local chunk index (`0..v`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Action {
+    /// Forward of micro-batch `mb` through local chunk `chunk`.
+    Forward { mb: usize, chunk: usize },
+    /// Full backward (input and weight gradients) of `mb` through `chunk`.
+    Backward { mb: usize, chunk: usize },
+    /// Zero-bubble "B": the gradient with respect to the chunk's input (what the previous
+    /// stage waits for).
+    BackwardInput { mb: usize, chunk: usize },
+    /// Zero-bubble "W": the gradient with respect to the chunk's weights (nobody waits).
+    BackwardWeight { mb: usize, chunk: usize },
+    /// Send the output activation of (`mb`, `chunk`) to rank `to`.
+    SendActivation { mb: usize, chunk: usize, to: usize },
+    /// Receive the input activation of (`mb`, `chunk`) from rank `from`.
+    RecvActivation {
+        mb: usize,
+        chunk: usize,
+        from: usize,
+    },
+    /// Send the gradient with respect to the input of (`mb`, `chunk`) to rank `to`.
+    SendGrad { mb: usize, chunk: usize, to: usize },
+    /// Receive the gradient with respect to the output of (`mb`, `chunk`) from rank `from`.
+    RecvGrad {
+        mb: usize,
+        chunk: usize,
+        from: usize,
+    },
+}
+
+impl Action {
+    /// The micro-batch this action works on.
+    pub fn mb(&self) -> usize {
+        match *self {
+            Action::Forward { mb, .. }
+            | Action::Backward { mb, .. }
+            | Action::BackwardInput { mb, .. }
+            | Action::BackwardWeight { mb, .. }
+            | Action::SendActivation { mb, .. }
+            | Action::RecvActivation { mb, .. }
+            | Action::SendGrad { mb, .. }
+            | Action::RecvGrad { mb, .. } => mb,
+        }
+    }
+
+    /// The rank-local chunk this action works on.
+    pub fn chunk(&self) -> usize {
+        match *self {
+            Action::Forward { chunk, .. }
+            | Action::Backward { chunk, .. }
+            | Action::BackwardInput { chunk, .. }
+            | Action::BackwardWeight { chunk, .. }
+            | Action::SendActivation { chunk, .. }
+            | Action::RecvActivation { chunk, .. }
+            | Action::SendGrad { chunk, .. }
+            | Action::RecvGrad { chunk, .. } => chunk,
+        }
+    }
+
+    /// Whether this is computation (forward or some backward), as opposed to communication.
+    pub fn is_compute(&self) -> bool {
+        matches!(
+            self,
+            Action::Forward { .. }
+                | Action::Backward { .. }
+                | Action::BackwardInput { .. }
+                | Action::BackwardWeight { .. }
+        )
+    }
+
+    /// A short label: `F3.1` is the forward of micro-batch 3 on chunk 1.
+    pub fn label(&self) -> String {
+        let (k, mb, c) = match *self {
+            Action::Forward { mb, chunk } => ("F", mb, chunk),
+            Action::Backward { mb, chunk } => ("B", mb, chunk),
+            Action::BackwardInput { mb, chunk } => ("Bi", mb, chunk),
+            Action::BackwardWeight { mb, chunk } => ("W", mb, chunk),
+            Action::SendActivation { mb, chunk, .. } => ("sa", mb, chunk),
+            Action::RecvActivation { mb, chunk, .. } => ("ra", mb, chunk),
+            Action::SendGrad { mb, chunk, .. } => ("sg", mb, chunk),
+            Action::RecvGrad { mb, chunk, .. } => ("rg", mb, chunk),
+        };
+        format!("{k}{mb}.{c}")
+    }
+}
+
+impl fmt::Display for Action {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            Action::Forward { mb, chunk } => write!(f, "Forward(mb={mb}, chunk={chunk})"),
+            Action::Backward { mb, chunk } => write!(f, "Backward(mb={mb}, chunk={chunk})"),
+            Action::BackwardInput { mb, chunk } => {
+                write!(f, "BackwardInput(mb={mb}, chunk={chunk})")
+            }
+            Action::BackwardWeight { mb, chunk } => {
+                write!(f, "BackwardWeight(mb={mb}, chunk={chunk})")
+            }
+            Action::SendActivation { mb, chunk, to } => {
+                write!(f, "SendActivation(mb={mb}, chunk={chunk}, to={to})")
+            }
+            Action::RecvActivation { mb, chunk, from } => {
+                write!(f, "RecvActivation(mb={mb}, chunk={chunk}, from={from})")
+            }
+            Action::SendGrad { mb, chunk, to } => {
+                write!(f, "SendGrad(mb={mb}, chunk={chunk}, to={to})")
+            }
+            Action::RecvGrad { mb, chunk, from } => {
+                write!(f, "RecvGrad(mb={mb}, chunk={chunk}, from={from})")
+            }
+        }
+    }
+}
+
+/// Where the `p·v` stages live: which rank and local chunk runs global stage `s`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Placement {
+    /// Round robin (Megatron interleaving): stage `s` is chunk `s / p` of rank `s % p`.
+    /// With `v = 1` this is the plain pipeline, stage `s` on rank `s`.
+    Looped { ranks: usize, chunks: usize },
+    /// V shape (ZB-V, two chunks): stage `s < p` on rank `s` (chunk 0), stage `s ≥ p` on rank
+    /// `2p − 1 − s` (chunk 1); the last stage shares rank 0 with the first.
+    VShape { ranks: usize },
+}
+
+impl Placement {
+    /// Number of ranks `p`.
+    pub fn ranks(&self) -> usize {
+        match *self {
+            Placement::Looped { ranks, .. } | Placement::VShape { ranks } => ranks,
+        }
+    }
+    /// Chunks per rank `v`.
+    pub fn chunks(&self) -> usize {
+        match *self {
+            Placement::Looped { chunks, .. } => chunks,
+            Placement::VShape { .. } => 2,
+        }
+    }
+    /// Number of stages `p·v`.
+    pub fn stages(&self) -> usize {
+        self.ranks() * self.chunks()
+    }
+    /// The global stage run by `rank`'s local `chunk`.
+    pub fn stage(&self, rank: usize, chunk: usize) -> usize {
+        match *self {
+            Placement::Looped { ranks, .. } => chunk * ranks + rank,
+            Placement::VShape { ranks } => {
+                if chunk == 0 {
+                    rank
+                } else {
+                    2 * ranks - 1 - rank
+                }
+            }
+        }
+    }
+    /// The (rank, local chunk) running global stage `stage`.
+    pub fn locate(&self, stage: usize) -> (usize, usize) {
+        match *self {
+            Placement::Looped { ranks, .. } => (stage % ranks, stage / ranks),
+            Placement::VShape { ranks } => {
+                if stage < ranks {
+                    (stage, 0)
+                } else {
+                    (2 * ranks - 1 - stage, 1)
+                }
+            }
+        }
+    }
+}
+
+/// Which backward the schedule uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BackwardKind {
+    /// One [`Action::Backward`] per (micro-batch, chunk).
+    Full,
+    /// [`Action::BackwardInput`] then [`Action::BackwardWeight`] (zero-bubble schedules).
+    Split,
+}
+
+/// A complete pipeline schedule: one action list per rank.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Schedule {
+    /// Name for reports (`gpipe`, `1f1b`, `interleaved`, `zb-h1`, `zb-v`, or anything).
+    pub name: String,
+    /// How stages map to ranks.
+    pub placement: Placement,
+    /// Number of micro-batches per step.
+    pub microbatches: usize,
+    /// `actions[r]` is rank `r`'s program.
+    pub actions: Vec<Vec<Action>>,
+}
+
+impl Schedule {
+    /// Number of ranks.
+    pub fn ranks(&self) -> usize {
+        self.placement.ranks()
+    }
+    /// Number of global stages.
+    pub fn stages(&self) -> usize {
+        self.placement.stages()
+    }
+    /// Whether `rank`'s `chunk` is the first stage (it reads the micro-batch's data).
+    pub fn is_first(&self, rank: usize, chunk: usize) -> bool {
+        self.placement.stage(rank, chunk) == 0
+    }
+    /// Whether `rank`'s `chunk` is the last stage (it computes the loss).
+    pub fn is_last(&self, rank: usize, chunk: usize) -> bool {
+        self.placement.stage(rank, chunk) + 1 == self.stages()
+    }
+
+    /// Builds a schedule from per-rank *compute* orders (forward / backward actions only),
+    /// inserting the communication: a receive right before a compute action whose input
+    /// lives on another rank, a send right after one whose output goes to another rank.
+    /// Stages on the same rank hand data over locally, with no action.
+    pub fn from_compute_order(
+        name: impl Into<String>,
+        placement: Placement,
+        microbatches: usize,
+        compute: Vec<Vec<Action>>,
+    ) -> Self {
+        let stages = placement.stages();
+        let mut actions = Vec::with_capacity(compute.len());
+        for (rank, order) in compute.into_iter().enumerate() {
+            let mut list = Vec::with_capacity(order.len() * 2);
+            for a in order {
+                let (mb, chunk) = (a.mb(), a.chunk());
+                let s = placement.stage(rank, chunk);
+                match a {
+                    Action::Forward { .. } => {
+                        if s > 0 {
+                            let (from, _) = placement.locate(s - 1);
+                            if from != rank {
+                                list.push(Action::RecvActivation { mb, chunk, from });
+                            }
+                        }
+                        list.push(a);
+                        if s + 1 < stages {
+                            let (to, _) = placement.locate(s + 1);
+                            if to != rank {
+                                list.push(Action::SendActivation { mb, chunk, to });
+                            }
+                        }
+                    }
+                    Action::Backward { .. } | Action::BackwardInput { .. } => {
+                        if s + 1 < stages {
+                            let (from, _) = placement.locate(s + 1);
+                            if from != rank {
+                                list.push(Action::RecvGrad { mb, chunk, from });
+                            }
+                        }
+                        list.push(a);
+                        if s > 0 {
+                            let (to, _) = placement.locate(s - 1);
+                            if to != rank {
+                                list.push(Action::SendGrad { mb, chunk, to });
+                            }
+                        }
+                    }
+                    _ => list.push(a),
+                }
+            }
+            actions.push(list);
+        }
+        Schedule {
+            name: name.into(),
+            placement,
+            microbatches,
+            actions,
+        }
+    }
+
+    /// The schedule as text, one line per rank (compute actions only unless `all`).
+    pub fn render(&self, all: bool) -> String {
+        let mut out = String::new();
+        for (r, list) in self.actions.iter().enumerate() {
+            out.push_str(&format!("rank {r}:"));
+            for a in list.iter().filter(|a| all || a.is_compute()) {
+                out.push(' ');
+                out.push_str(&a.label());
+            }
+            out.push('\n');
+        }
+        out
+    }
+}
+
+/// The schedules the crate generates, by name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ScheduleKind {
+    /// All forwards, then all backwards.
+    GPipe,
+    /// One forward, one backward (PipeDream-flush).
+    OneFOneB,
+    /// Interleaved 1F1B with `v` chunks per rank.
+    Interleaved { chunks: usize },
+    /// Zero-bubble ZB-H1 (1F1B memory, B/W split).
+    ZbH1,
+    /// Zero-bubble ZB-V (V-shaped placement, two chunks per rank, B/W split).
+    ZbV,
+}
+
+impl ScheduleKind {
+    /// Parses `gpipe`, `1f1b`, `interleaved` (2 chunks), `interleaved:V`, `zb` / `zb-h1`, `zb-v`.
+    pub fn parse(s: &str) -> Option<Self> {
+        let s = s.to_ascii_lowercase();
+        Some(match s.as_str() {
+            "gpipe" => Self::GPipe,
+            "1f1b" => Self::OneFOneB,
+            "interleaved" => Self::Interleaved { chunks: 2 },
+            "zb" | "zb-h1" | "zbh1" => Self::ZbH1,
+            "zb-v" | "zbv" => Self::ZbV,
+            other => {
+                let v = other.strip_prefix("interleaved:")?.parse().ok()?;
+                if v == 0 {
+                    return None;
+                }
+                Self::Interleaved { chunks: v }
+            }
+        })
+    }
+
+    /// Chunks per rank this kind places.
+    pub fn chunks(&self) -> usize {
+        match *self {
+            Self::GPipe | Self::OneFOneB | Self::ZbH1 => 1,
+            Self::Interleaved { chunks } => chunks,
+            Self::ZbV => 2,
+        }
+    }
+
+    /// Generates the schedule for `ranks` ranks and `microbatches` micro-batches.
+    pub fn generate(&self, ranks: usize, microbatches: usize) -> Schedule {
+        match *self {
+            Self::GPipe => gpipe(ranks, microbatches),
+            Self::OneFOneB => one_f_one_b(ranks, microbatches),
+            Self::Interleaved { chunks } => interleaved(ranks, chunks, microbatches),
+            Self::ZbH1 => zb_h1(ranks, microbatches),
+            Self::ZbV => zb_v(ranks, microbatches),
+        }
+    }
+
+    /// The bubble fraction theory predicts when F, B (input part) and W take equal time
+    /// (full backward = 2 F): `(p−1)/(m+p−1)` for GPipe and 1F1B, `(p−1)/(v·m+p−1)` for
+    /// interleaving, `(p−1)/(3m+p−1)` for ZB-H1 (its bubble is a third of 1F1B's), and `None`
+    /// for ZB-V (no closed form here).
+    pub fn theory_bubble(&self, ranks: usize, microbatches: usize) -> Option<f64> {
+        let (p, m) = (ranks as f64, microbatches as f64);
+        match *self {
+            Self::GPipe | Self::OneFOneB => Some((p - 1.0) / (m + p - 1.0)),
+            Self::Interleaved { chunks } => Some((p - 1.0) / (chunks as f64 * m + p - 1.0)),
+            Self::ZbH1 => Some((p - 1.0) / (3.0 * m + p - 1.0)),
+            Self::ZbV => None,
+        }
+    }
+
+    /// Short name used in reports.
+    pub fn name(&self) -> String {
+        match *self {
+            Self::GPipe => "gpipe".into(),
+            Self::OneFOneB => "1f1b".into(),
+            Self::Interleaved { chunks } => format!("interleaved:{chunks}"),
+            Self::ZbH1 => "zb-h1".into(),
+            Self::ZbV => "zb-v".into(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::check::check;
+    use crate::timeline::Timeline;
+
+    const KINDS: [ScheduleKind; 6] = [
+        ScheduleKind::GPipe,
+        ScheduleKind::OneFOneB,
+        ScheduleKind::Interleaved { chunks: 2 },
+        ScheduleKind::Interleaved { chunks: 3 },
+        ScheduleKind::ZbH1,
+        ScheduleKind::ZbV,
+    ];
+
+    #[test]
+    fn generated_schedules_pass_the_checker() {
+        for kind in KINDS {
+            for p in [1, 2, 3, 4] {
+                for m in [1, 2, 3, 4, 5, 8] {
+                    let s = kind.generate(p, m);
+                    if let Err(e) = check(&s) {
+                        panic!("{} p={p} m={m}: {e}\n{}", kind.name(), s.render(true));
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn simulated_bubbles_match_theory() {
+        for kind in KINDS {
+            for p in [2, 4] {
+                for m in [4, 8, 16] {
+                    let s = kind.generate(p, m);
+                    let t = Timeline::simulate(&s, Costs::default()).unwrap();
+                    let bubble = t.bubble();
+                    let theory = kind.theory_bubble(p, m);
+                    println!(
+                        "{} p={p} m={m} sim={bubble:.4} theory={theory:?}",
+                        kind.name()
+                    );
+                    if let Some(theory) = theory {
+                        assert!(
+                            (bubble - theory).abs() < 1e-9,
+                            "{} p={p} m={m}: simulated {bubble} theory {theory}\n{}",
+                            kind.name(),
+                            s.render(false)
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn textbook_1f1b_order() {
+        let s = one_f_one_b(4, 8);
+        assert_eq!(
+            s.render(false).lines().next().unwrap(),
+            "rank 0: F0.0 F1.0 F2.0 F3.0 B0.0 F4.0 B1.0 F5.0 B2.0 F6.0 B3.0 F7.0 B4.0 B5.0 B6.0 B7.0"
+        );
+        assert_eq!(
+            s.render(false).lines().nth(3).unwrap(),
+            "rank 3: F0.0 B0.0 F1.0 B1.0 F2.0 B2.0 F3.0 B3.0 F4.0 B4.0 F5.0 B5.0 F6.0 B6.0 F7.0 B7.0"
+        );
+    }
+}

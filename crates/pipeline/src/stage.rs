@@ -1,0 +1,350 @@
+//! Stages of Burn modules: splitting a model (a sequence of blocks) into stages, and
+//! [`BurnStage`], the [`StageCompute`] that runs a rank's chunks with Burn's autodiff.
+//!
+//! Activations cross stage boundaries as host data. The receiving stage turns its input into
+//! a fresh `require_grad` leaf, so each (micro-batch, chunk) is its own autodiff graph; after
+//! the next stage's backward, the gradient of its input comes back and the sender
+//! back-propagates `sum(output ⊙ grad_output)`, whose gradient with respect to `output` is
+//! exactly `grad_output`. Weight gradients are accumulated over micro-batches; the optimizer
+//! steps once per batch.
+//!
+//! ## Zero-bubble B/W split
+//! Burn 0.22.1's autodiff computes every gradient of a graph in one `backward()`; it cannot
+//! compute the input gradient alone and the weight gradients later. [`BurnStage`] therefore
+//! runs the whole backward in [`StageCompute::backward_input`] (so the input gradient leaves
+//! early, which is what unblocks the previous stage) and defers only the *accumulation* of the
+//! weight gradients to [`StageCompute::backward_weight`]. The schedule's order is honoured and
+//! the numbers are exact, but the weight-gradient arithmetic is not moved into the bubbles. A
+//! stage with hand-written backward (the benchmark's matmul stage) separates them for real.
+
+use crate::runtime::{Activation, PipelineError, StageCompute};
+use crate::schedule::Schedule;
+use burn::module::Module;
+use burn::optim::{GradientsAccumulator, GradientsParams};
+use burn::tensor::{Device, Tensor, TensorData};
+use std::collections::HashMap;
+
+/// A block of a pipelined model: maps an activation to an activation of the same rank `D`.
+/// Use an enum of your block types (embedding, transformer block, head) if they differ.
+pub trait Block<const D: usize>: Module {
+    /// The block's forward.
+    fn forward(&self, x: Tensor<D>) -> Tensor<D>;
+}
+
+/// Runs a chunk (a sequence of blocks).
+pub fn forward_chunk<M: Block<D>, const D: usize>(blocks: &[M], x: Tensor<D>) -> Tensor<D> {
+    blocks.iter().fold(x, |x, b| b.forward(x))
+}
+
+/// Splits `blocks` before each index of `points` (strictly increasing, in `1..len`):
+/// `split_at(b, &[2, 5])` gives `b[0..2]`, `b[2..5]`, `b[5..]`.
+pub fn split_at<M>(blocks: Vec<M>, points: &[usize]) -> Result<Vec<Vec<M>>, PipelineError> {
+    let n = blocks.len();
+    let mut prev = 0;
+    for &p in points {
+        if p <= prev || p >= n {
+            return Err(PipelineError::Invalid(format!(
+                "split points {points:?} must increase strictly within 1..{n}"
+            )));
+        }
+        prev = p;
+    }
+    let mut stages = Vec::with_capacity(points.len() + 1);
+    let mut rest = blocks;
+    for &p in points.iter().rev() {
+        let tail = rest.split_off(p);
+        stages.push(tail);
+    }
+    stages.push(rest);
+    stages.reverse();
+    Ok(stages)
+}
+
+/// Split points that cut `sizes` (a cost per block, e.g. its parameter count) into `stages`
+/// contiguous non-empty runs minimizing the largest run's total.
+pub fn balance(sizes: &[usize], stages: usize) -> Result<Vec<usize>, PipelineError> {
+    let n = sizes.len();
+    if stages == 0 || stages > n {
+        return Err(PipelineError::Invalid(format!(
+            "cannot split {n} blocks into {stages} non-empty stages"
+        )));
+    }
+    let prefix: Vec<usize> = std::iter::once(0)
+        .chain(sizes.iter().scan(0, |acc, &s| {
+            *acc += s;
+            Some(*acc)
+        }))
+        .collect();
+    // best[k][i]: smallest max-run over splitting the first i blocks into k runs.
+    let inf = usize::MAX;
+    let mut best = vec![vec![inf; n + 1]; stages + 1];
+    let mut cut = vec![vec![0usize; n + 1]; stages + 1];
+    best[0][0] = 0;
+    for k in 1..=stages {
+        for i in k..=n {
+            for j in (k - 1)..i {
+                if best[k - 1][j] == inf {
+                    continue;
+                }
+                let cost = best[k - 1][j].max(prefix[i] - prefix[j]);
+                if cost < best[k][i] {
+                    best[k][i] = cost;
+                    cut[k][i] = j;
+                }
+            }
+        }
+    }
+    let mut points = Vec::with_capacity(stages - 1);
+    let mut i = n;
+    for k in (2..=stages).rev() {
+        i = cut[k][i];
+        points.push(i);
+    }
+    points.reverse();
+    Ok(points)
+}
+
+/// Splits `blocks` into `stages` stages balanced by parameter count.
+pub fn split_balanced<M: Module>(
+    blocks: Vec<M>,
+    stages: usize,
+) -> Result<Vec<Vec<M>>, PipelineError> {
+    let sizes: Vec<usize> = blocks.iter().map(|b| b.num_params()).collect();
+    let points = balance(&sizes, stages)?;
+    split_at(blocks, &points)
+}
+
+/// The chunks `rank` holds under `schedule`'s placement, in local chunk order, taken from
+/// all the stages (`stages.len()` must be the schedule's stage count).
+pub fn chunks_for_rank<M: Clone>(
+    stages: &[Vec<M>],
+    schedule: &Schedule,
+    rank: usize,
+) -> Result<Vec<Vec<M>>, PipelineError> {
+    if stages.len() != schedule.stages() {
+        return Err(PipelineError::Invalid(format!(
+            "{} stages given, schedule `{}` has {}",
+            stages.len(),
+            schedule.name,
+            schedule.stages()
+        )));
+    }
+    Ok((0..schedule.placement.chunks())
+        .map(|c| stages[schedule.placement.stage(rank, c)].clone())
+        .collect())
+}
+
+/// Splits a batch along dimension 0 into `m` micro-batches whose sizes differ by at most one
+/// (the first ones larger), like `torch.tensor_split`.
+pub fn split_batch<const D: usize>(batch: Tensor<D>, m: usize) -> Vec<Tensor<D>> {
+    microbatch_sizes(batch.dims()[0], m)
+        .into_iter()
+        .scan(0, |start, len| {
+            let piece = batch.clone().narrow(0, *start, len);
+            *start += len;
+            Some(piece)
+        })
+        .collect()
+}
+
+/// Rows per micro-batch when `rows` are split `m` ways (sizes differ by at most one).
+pub fn microbatch_sizes(rows: usize, m: usize) -> Vec<usize> {
+    (0..m)
+        .map(|i| rows / m + usize::from(i < rows % m))
+        .collect()
+}
+
+/// Loss weights that make the sum of per-micro-batch mean losses equal the mean over the
+/// whole batch: `rows_i / rows` (all `1/m` when `m` divides the batch).
+pub fn microbatch_weights(rows: usize, m: usize) -> Vec<f32> {
+    microbatch_sizes(rows, m)
+        .into_iter()
+        .map(|n| n as f32 / rows as f32)
+        .collect()
+}
+
+/// The loss of one micro-batch on the last stage: `(micro-batch, output) -> mean loss` as a
+/// one-element tensor.
+pub type LossFn<'a, const D: usize> = Box<dyn FnMut(usize, Tensor<D>) -> Tensor<1> + 'a>;
+
+enum Saved<const D: usize> {
+    Output(Tensor<D>),
+    Loss(Tensor<1>),
+}
+
+/// Runs a rank's chunks of Burn blocks under the pipeline runtime, for one batch.
+pub struct BurnStage<'a, M: Block<D>, const D: usize> {
+    chunks: Vec<Vec<M>>,
+    first: Vec<bool>,
+    last: Vec<bool>,
+    device: Device,
+    inputs: Vec<Tensor<D>>,
+    loss: Option<LossFn<'a, D>>,
+    weights: Vec<f32>,
+    saved: HashMap<(usize, usize), (Option<Tensor<D>>, Saved<D>)>,
+    pending: HashMap<(usize, usize), GradientsParams>,
+    grads: GradientsAccumulator<Vec<M>>,
+    loss_total: f64,
+}
+
+impl<'a, M: Block<D>, const D: usize> BurnStage<'a, M, D> {
+    /// `chunks`: this rank's chunks (see [`chunks_for_rank`]) on `device` (autodiff);
+    /// `rank`: this rank in the pipeline group; `weights[mb]`: the loss weight of each
+    /// micro-batch (see [`microbatch_weights`]).
+    pub fn new(
+        chunks: Vec<Vec<M>>,
+        schedule: &Schedule,
+        rank: usize,
+        device: Device,
+        weights: Vec<f32>,
+    ) -> Self {
+        let v = chunks.len();
+        Self {
+            first: (0..v).map(|c| schedule.is_first(rank, c)).collect(),
+            last: (0..v).map(|c| schedule.is_last(rank, c)).collect(),
+            chunks,
+            device,
+            inputs: Vec::new(),
+            loss: None,
+            weights,
+            saved: HashMap::new(),
+            pending: HashMap::new(),
+            grads: GradientsAccumulator::new(),
+            loss_total: 0.0,
+        }
+    }
+
+    /// The micro-batches' inputs (needed on the rank holding the first stage).
+    pub fn with_inputs(mut self, inputs: Vec<Tensor<D>>) -> Self {
+        self.inputs = inputs;
+        self
+    }
+
+    /// The loss (needed on the rank holding the last stage).
+    pub fn with_loss(mut self, loss: impl FnMut(usize, Tensor<D>) -> Tensor<1> + 'a) -> Self {
+        self.loss = Some(Box::new(loss));
+        self
+    }
+
+    /// The chunks, the accumulated gradients (sum over micro-batches of the gradients of
+    /// `weight[mb] · loss[mb]`) and, on the last stage, the batch loss `Σ weight[mb]·loss[mb]`.
+    pub fn finish(mut self) -> (Vec<Vec<M>>, GradientsParams, Option<f64>) {
+        let loss = self.last.iter().any(|&l| l).then_some(self.loss_total);
+        (self.chunks, self.grads.grads(), loss)
+    }
+
+    fn to_tensor(&self, a: Activation) -> Tensor<D> {
+        Tensor::from_data(TensorData::new(a.data, a.shape), &self.device)
+    }
+
+    fn to_host(t: Tensor<D>) -> Result<Activation, PipelineError> {
+        let shape = t.dims().to_vec();
+        let data = t
+            .into_data()
+            .try_into_vec::<f32>()
+            .map_err(|e| PipelineError::Invalid(format!("activation is not f32: {e:?}")))?;
+        Ok(Activation { shape, data })
+    }
+
+    fn run_backward(
+        &mut self,
+        mb: usize,
+        chunk: usize,
+        grad_output: Option<Activation>,
+    ) -> Result<(Option<Activation>, GradientsParams), PipelineError> {
+        let (input, saved) = self.saved.remove(&(mb, chunk)).ok_or_else(|| {
+            PipelineError::Invalid(format!(
+                "backward of (mb={mb}, chunk={chunk}) before its forward"
+            ))
+        })?;
+        let root: Tensor<1> = match (saved, grad_output) {
+            (Saved::Loss(loss), _) => loss,
+            (Saved::Output(out), Some(g)) => (out * self.to_tensor(g)).sum(),
+            (Saved::Output(_), None) => {
+                return Err(PipelineError::Invalid(format!(
+                    "backward of (mb={mb}, chunk={chunk}) got no output gradient"
+                )));
+            }
+        };
+        let mut grads = root.backward();
+        let grad_input = match input {
+            Some(x) => {
+                let dims = x.dims();
+                let g = x
+                    .grad_remove(&mut grads)
+                    .unwrap_or_else(|| Tensor::zeros(dims, &self.device));
+                Some(Self::to_host(g)?)
+            }
+            None => None,
+        };
+        let params = GradientsParams::from_grads(grads, &self.chunks[chunk]);
+        Ok((grad_input, params))
+    }
+}
+
+impl<M: Block<D>, const D: usize> StageCompute for BurnStage<'_, M, D> {
+    fn forward(
+        &mut self,
+        mb: usize,
+        chunk: usize,
+        input: Option<Activation>,
+    ) -> Result<Option<Activation>, PipelineError> {
+        let x = match input {
+            None => self.inputs.get(mb).cloned().ok_or_else(|| {
+                PipelineError::Invalid(format!("no input for micro-batch {mb} on the first stage"))
+            })?,
+            Some(a) => self.to_tensor(a).require_grad(),
+        };
+        let leaf = (!self.first[chunk]).then(|| x.clone());
+        let out = forward_chunk(&self.chunks[chunk], x);
+        if self.last[chunk] {
+            let weight = *self.weights.get(mb).ok_or_else(|| {
+                PipelineError::Invalid(format!("no loss weight for micro-batch {mb}"))
+            })?;
+            let loss_fn = self.loss.as_mut().ok_or_else(|| {
+                PipelineError::Invalid("the last stage needs a loss (with_loss)".into())
+            })?;
+            let loss = loss_fn(mb, out).mul_scalar(weight);
+            let value: f32 = loss.clone().into_scalar();
+            self.loss_total += f64::from(value);
+            self.saved.insert((mb, chunk), (leaf, Saved::Loss(loss)));
+            Ok(None)
+        } else {
+            let host = Self::to_host(out.clone())?;
+            self.saved.insert((mb, chunk), (leaf, Saved::Output(out)));
+            Ok(Some(host))
+        }
+    }
+
+    fn backward(
+        &mut self,
+        mb: usize,
+        chunk: usize,
+        grad_output: Option<Activation>,
+    ) -> Result<Option<Activation>, PipelineError> {
+        let (grad_input, params) = self.run_backward(mb, chunk, grad_output)?;
+        self.grads.accumulate(&self.chunks[chunk], params);
+        Ok(grad_input)
+    }
+
+    fn backward_input(
+        &mut self,
+        mb: usize,
+        chunk: usize,
+        grad_output: Option<Activation>,
+    ) -> Result<Option<Activation>, PipelineError> {
+        let (grad_input, params) = self.run_backward(mb, chunk, grad_output)?;
+        self.pending.insert((mb, chunk), params);
+        Ok(grad_input)
+    }
+
+    fn backward_weight(&mut self, mb: usize, chunk: usize) -> Result<(), PipelineError> {
+        let params = self.pending.remove(&(mb, chunk)).ok_or_else(|| {
+            PipelineError::Invalid(format!(
+                "BackwardWeight(mb={mb}, chunk={chunk}) before its BackwardInput"
+            ))
+        })?;
+        self.grads.accumulate(&self.chunks[chunk], params);
+        Ok(())
+    }
+}

@@ -1,0 +1,264 @@
+//! A small model, single-device training and pipelined training, shared by the parity tests.
+#![allow(dead_code)]
+
+use bonfire_comm::{ProcessGroup, ReduceOp, ThreadWorld};
+use bonfire_pipeline::{
+    Block, BurnStage, Mesh2d, Schedule, all_reduce_grads, chunks_for_rank, forward_chunk,
+    microbatch_weights, run_schedule, split_balanced, split_batch,
+};
+use burn::module::{Module, Param};
+use burn::nn::Linear;
+use burn::optim::{GradientsParams, SgdConfig};
+use burn::tensor::{Device, Tensor, TensorData, activation::gelu};
+use std::time::Duration;
+
+pub const WIDTH: usize = 8;
+pub const BLOCKS: usize = 8;
+pub const ROWS: usize = 8;
+pub const STEPS: usize = 3;
+pub const LR: f64 = 0.5;
+
+/// Linear + GELU.
+#[derive(Module, Debug)]
+pub struct Mlp {
+    pub linear: Linear,
+}
+
+impl Block<2> for Mlp {
+    fn forward(&self, x: Tensor<2>) -> Tensor<2> {
+        gelu(self.linear.forward(x))
+    }
+}
+
+pub fn dev() -> Device {
+    Device::flex().autodiff()
+}
+
+/// Deterministic pseudo-random values in [-scale, scale].
+pub fn values(seed: u64, n: usize, scale: f32) -> Vec<f32> {
+    let mut state = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    (0..n)
+        .map(|_| {
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((state >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
+        })
+        .collect()
+}
+
+/// The model: the same values on every call (each rank thread builds its own leaves).
+pub fn model(device: &Device) -> Vec<Mlp> {
+    let scale = 2.6 / (WIDTH as f32).sqrt();
+    (0..BLOCKS)
+        .map(|i| {
+            let w = TensorData::new(values(100 + i as u64, WIDTH * WIDTH, scale), [WIDTH, WIDTH]);
+            let b = TensorData::new(values(200 + i as u64, WIDTH, 0.1), [WIDTH]);
+            Mlp {
+                linear: Linear {
+                    weight: Param::from_tensor(Tensor::from_data(w, device)),
+                    bias: Some(Param::from_tensor(Tensor::from_data(b, device))),
+                },
+            }
+        })
+        .collect()
+}
+
+/// Step `step`'s batch: input and target, `rows × WIDTH`.
+pub fn batch(step: usize, rows: usize, device: &Device) -> (Tensor<2>, Tensor<2>) {
+    let x = values(1000 + step as u64, rows * WIDTH, 1.0);
+    let y = values(2000 + step as u64, rows * WIDTH, 0.5);
+    (
+        Tensor::from_data(TensorData::new(x, [rows, WIDTH]), device),
+        Tensor::from_data(TensorData::new(y, [rows, WIDTH]), device),
+    )
+}
+
+pub fn mse(out: Tensor<2>, target: Tensor<2>) -> Tensor<1> {
+    (out - target).powi_scalar(2).mean()
+}
+
+/// A block's parameters as host vectors (weight, bias).
+pub fn params_of(block: &Mlp) -> Vec<Vec<f32>> {
+    let w = block
+        .linear
+        .weight
+        .val()
+        .into_data()
+        .try_to_vec::<f32>()
+        .unwrap();
+    let b = block.linear.bias.as_ref().unwrap().val();
+    vec![w, b.into_data().try_to_vec::<f32>().unwrap()]
+}
+
+/// What a training run produced: the loss of each step, every block's final parameters.
+#[derive(Debug, Clone)]
+pub struct Outcome {
+    pub losses: Vec<f64>,
+    pub params: Vec<Vec<Vec<f32>>>,
+}
+
+/// Single-device training on the full batch.
+pub fn reference() -> Outcome {
+    let device = dev();
+    let mut blocks = model(&device);
+    let mut optim = SgdConfig::new().init();
+    let mut losses = Vec::new();
+    for step in 0..STEPS {
+        let (x, y) = batch(step, ROWS, &device);
+        let loss = mse(forward_chunk(&blocks, x), y);
+        losses.push(f64::from(loss.clone().into_scalar::<f32>()));
+        let grads = GradientsParams::from_grads(loss.backward(), &blocks);
+        blocks = optim.step(LR, blocks, grads);
+    }
+    Outcome {
+        losses,
+        params: blocks.iter().map(params_of).collect(),
+    }
+}
+
+fn world<R: Send>(n: usize, f: impl Fn(ProcessGroup) -> R + Sync) -> Vec<R> {
+    ThreadWorld::new(n)
+        .timeout(Duration::from_secs(60))
+        .launch(f)
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// One rank's result: losses (on the last stage's rank), (stage, params) for its chunks.
+type RankOut = (Vec<Option<f64>>, Vec<(usize, Vec<Vec<Vec<f32>>>)>);
+
+fn train_rank(
+    pp: &ProcessGroup,
+    dp: Option<&ProcessGroup>,
+    schedule: &Schedule,
+    rows: std::ops::Range<usize>,
+) -> RankOut {
+    let device = dev();
+    let rank = pp.rank();
+    let stages = split_balanced(model(&device), schedule.stages()).unwrap();
+    let mut chunks = chunks_for_rank(&stages, schedule, rank).unwrap();
+    drop(stages);
+    let m = schedule.microbatches;
+    let n = rows.len();
+    let mut optim = SgdConfig::new().init();
+    let mut losses = Vec::new();
+    for step in 0..STEPS {
+        let (x, y) = batch(step, ROWS, &device);
+        let (x, y) = (x.narrow(0, rows.start, n), y.narrow(0, rows.start, n));
+        let targets = split_batch(y, m);
+        let mut stage = BurnStage::new(
+            chunks,
+            schedule,
+            rank,
+            device.clone(),
+            microbatch_weights(n, m),
+        )
+        .with_inputs(split_batch(x, m))
+        .with_loss(move |mb, out| mse(out, targets[mb].clone()));
+        run_schedule(pp, schedule, &mut stage).unwrap_or_else(|e| panic!("rank {rank}: {e}"));
+        let (c, mut grads, mut loss) = stage.finish();
+        if let Some(dp) = dp {
+            grads = all_reduce_grads(dp, &c, grads, ReduceOp::Avg).unwrap();
+            if let Some(l) = loss.as_mut() {
+                let mut buf = [*l];
+                dp.all_reduce(&mut buf, ReduceOp::Avg).unwrap();
+                *l = buf[0];
+            }
+        }
+        losses.push(loss);
+        chunks = optim.step(LR, c, grads);
+    }
+    let params = chunks
+        .iter()
+        .enumerate()
+        .map(|(c, blocks)| {
+            (
+                schedule.placement.stage(rank, c),
+                blocks.iter().map(params_of).collect(),
+            )
+        })
+        .collect();
+    (losses, params)
+}
+
+fn collect(results: Vec<RankOut>, blocks_per_stage: usize) -> Outcome {
+    let mut losses = vec![None; STEPS];
+    let mut params = vec![Vec::new(); BLOCKS];
+    for (rank_losses, stages) in results {
+        for (i, l) in rank_losses.into_iter().enumerate() {
+            if let Some(l) = l {
+                losses[i] = Some(l);
+            }
+        }
+        for (stage, blocks) in stages {
+            for (j, p) in blocks.into_iter().enumerate() {
+                params[stage * blocks_per_stage + j] = p;
+            }
+        }
+    }
+    Outcome {
+        losses: losses
+            .into_iter()
+            .map(|l| l.expect("no loss reported"))
+            .collect(),
+        params,
+    }
+}
+
+/// Pipelined training with `schedule` on its ranks.
+pub fn pipelined(schedule: &Schedule) -> Outcome {
+    let results = world(schedule.ranks(), |pg| {
+        train_rank(&pg, None, schedule, 0..ROWS)
+    });
+    collect(results, BLOCKS / schedule.stages())
+}
+
+/// `dp` replicas of the pipeline on a `dp × pp` mesh; replica `d` trains on its rows.
+pub fn pipelined_dp(schedule: &Schedule, dp: usize) -> Outcome {
+    let pp = schedule.ranks();
+    let results = world(dp * pp, |world| {
+        let mesh = Mesh2d::new(&world, dp, pp).unwrap();
+        let per = ROWS / dp;
+        let rows = mesh.dp_rank * per..(mesh.dp_rank + 1) * per;
+        let out = train_rank(&mesh.pp_group, Some(&mesh.dp_group), schedule, rows);
+        (mesh.dp_rank, out)
+    });
+    // Replicas must agree; keep replica 0's view after checking.
+    let (zero, others): (Vec<_>, Vec<_>) = results.into_iter().partition(|(d, _)| *d == 0);
+    let a = collect(
+        zero.into_iter().map(|(_, o)| o).collect(),
+        BLOCKS / schedule.stages(),
+    );
+    let b = collect(
+        others
+            .into_iter()
+            .filter(|(d, _)| *d == 1)
+            .map(|(_, o)| o)
+            .collect(),
+        BLOCKS / schedule.stages(),
+    );
+    assert_close(&a, &b, "replica 0 vs replica 1");
+    a
+}
+
+/// |a − b| ≤ 1e-5·|b| + 1e-6 for every loss and parameter.
+pub fn assert_close(got: &Outcome, want: &Outcome, what: &str) {
+    let close = |a: f64, b: f64| (a - b).abs() <= 1e-5 * b.abs() + 1e-6;
+    for (i, (a, b)) in got.losses.iter().zip(&want.losses).enumerate() {
+        assert!(close(*a, *b), "{what}: loss at step {i}: {a} vs {b}");
+    }
+    assert_eq!(got.params.len(), want.params.len());
+    for (blk, (pa, pb)) in got.params.iter().zip(&want.params).enumerate() {
+        for (t, (ta, tb)) in pa.iter().zip(pb).enumerate() {
+            assert_eq!(ta.len(), tb.len(), "{what}: block {blk} tensor {t} length");
+            for (k, (a, b)) in ta.iter().zip(tb).enumerate() {
+                assert!(
+                    close(f64::from(*a), f64::from(*b)),
+                    "{what}: block {blk} tensor {t}[{k}]: {a} vs {b}"
+                );
+            }
+        }
+    }
+}
