@@ -12,8 +12,10 @@
 //! - [`dtensor`] (`bonfire-dtensor`): differentiable collectives as a Burn backend
 //!   extension, device meshes, distributed tensors (`DTensor` with `Shard`,
 //!   `Replicate` and `Partial` placements) and redistribution between placements.
-//! - `bonfire-ddp`, `bonfire-zero`, `bonfire-pipeline` (planned): data
-//!   parallelism, sharded optimizer state, and pipeline parallelism.
+//! - [`ddp`] (`bonfire-ddp`): data parallelism — `DistributedDataParallel` with
+//!   bucketed gradient all-reduce overlapped with backward.
+//! - `bonfire-zero`, `bonfire-pipeline` (planned): sharded optimizer state and
+//!   pipeline parallelism.
 //!
 //! See `docs/architecture.md` in the repository for the full picture.
 //!
@@ -32,6 +34,7 @@
 //! ```
 
 pub use bonfire_comm as comm;
+pub use bonfire_ddp as ddp;
 pub use bonfire_dtensor as dtensor;
 
 /// The names almost every Bonfire program needs, for `use bonfire::prelude::*;`.

@@ -1,0 +1,91 @@
+//! [`DdpConfig`]: how DDP groups, reduces and synchronizes gradients.
+
+use crate::compress::Compression;
+
+/// What to do with a parameter that got no gradient in a step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum UnusedParams {
+    /// Contribute zeros to the average (PyTorch's `find_unused_parameters=True`).
+    #[default]
+    Zero,
+    /// Fail the step on every rank with an error naming the parameters (costs one small
+    /// extra all-reduce per step so that every rank agrees, and nothing hangs).
+    Error,
+}
+
+/// When ranks synchronize.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SyncMode {
+    /// Average gradients at every step (classic DDP).
+    #[default]
+    EveryStep,
+    /// Local SGD: each rank steps on its own gradients and parameters are averaged every
+    /// `every` steps. Less communication, slightly different optimization.
+    Periodic { every: u64 },
+}
+
+/// Configuration of [`crate::DistributedDataParallel`], builder style.
+#[derive(Debug, Clone)]
+pub struct DdpConfig {
+    /// Bucket capacity in bytes (of f32 gradients). Default 25 MiB, like PyTorch.
+    pub bucket_bytes: usize,
+    /// Start each bucket's all-reduce during backward as soon as it is complete (needs a
+    /// model that calls [`crate::anchor`]); `false` reduces everything after backward.
+    pub overlap: bool,
+    pub unused: UnusedParams,
+    pub sync: SyncMode,
+    pub compression: Compression,
+    /// Record per-step timings (forward, backward, each bucket) for traces.
+    pub record_timings: bool,
+}
+
+impl Default for DdpConfig {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl DdpConfig {
+    /// The defaults: 25 MiB buckets, overlap on, unused parameters contribute zero, sync
+    /// every step, no compression.
+    pub fn new() -> Self {
+        Self {
+            bucket_bytes: 25 << 20,
+            overlap: true,
+            unused: UnusedParams::Zero,
+            sync: SyncMode::EveryStep,
+            compression: Compression::None,
+            record_timings: false,
+        }
+    }
+    /// Bucket capacity in MiB.
+    pub fn with_bucket_mb(mut self, mib: f64) -> Self {
+        self.bucket_bytes = ((mib * (1 << 20) as f64) as usize).max(4);
+        self
+    }
+    /// Bucket capacity in bytes.
+    pub fn with_bucket_bytes(mut self, bytes: usize) -> Self {
+        self.bucket_bytes = bytes.max(4);
+        self
+    }
+    pub fn with_overlap(mut self, overlap: bool) -> Self {
+        self.overlap = overlap;
+        self
+    }
+    pub fn with_unused(mut self, unused: UnusedParams) -> Self {
+        self.unused = unused;
+        self
+    }
+    pub fn with_sync(mut self, sync: SyncMode) -> Self {
+        self.sync = sync;
+        self
+    }
+    pub fn with_compression(mut self, compression: Compression) -> Self {
+        self.compression = compression;
+        self
+    }
+    pub fn with_record_timings(mut self, record: bool) -> Self {
+        self.record_timings = record;
+        self
+    }
+}

@@ -1,0 +1,30 @@
+//! [`DdpError`].
+
+use bonfire_comm::CommError;
+
+/// Why a DDP call failed. Every variant is raised on every rank alike (ranks agree before
+/// failing), so no rank is left waiting in a collective.
+#[derive(Debug, thiserror::Error)]
+pub enum DdpError {
+    #[error("bonfire-ddp: communication failed: {0}")]
+    Comm(#[from] CommError),
+    /// Ranks hold different parameter sets or shapes.
+    #[error("bonfire-ddp: ranks disagree on the model's parameters: {0}")]
+    ParamMismatch(String),
+    /// Parameters got no gradient and [`crate::UnusedParams::Error`] was chosen.
+    #[error(
+        "bonfire-ddp: these parameters got no gradient on some rank this step: {}; \
+         use UnusedParams::Zero to let them contribute zeros",
+        .0.join(", ")
+    )]
+    UnusedParams(Vec<String>),
+    /// A parameter's gradient arrived after its bucket had been sent.
+    #[error(
+        "bonfire-ddp: parameter `{0}` got gradient from outside the module it was anchored \
+         with, after its bucket was already reduced; anchor every module that uses it"
+    )]
+    LateGradient(String),
+    /// API misuse (no backward before step, ...).
+    #[error("bonfire-ddp: {0}")]
+    Usage(String),
+}

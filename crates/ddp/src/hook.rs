@@ -1,0 +1,93 @@
+//! The gradient hook: an identity op on a parameter whose backward hands the parameter's
+//! finished gradient to a closure instead of storing it.
+//!
+//! Why two inputs: Burn runs backward deepest node first. A hook on a parameter alone is a
+//! shallow node (depth 1) and would fire at the very end of backward, too late to overlap
+//! anything. Giving the hook a second, *anchor* input — the layer's input activation — puts
+//! it right below the layer in the graph, so it fires as soon as that layer's backward is done
+//! while the earlier layers still compute. The anchor only positions the node: no gradient
+//! flows to it through the hook.
+
+use burn::backend::Autodiff;
+use burn::backend::autodiff::checkpoint::base::Checkpointer;
+use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
+use burn::backend::autodiff::grads::Gradients;
+use burn::backend::autodiff::ops::{Backward, Ops};
+use burn::backend::tensor::FloatTensor;
+use burn::backend::{Backend, Dispatch, Flex, backend_extension};
+use burn::tensor::{Tensor, TensorData};
+use std::sync::Arc;
+
+/// The closure a [`GradHookBackend::grad_hook`] calls with the finished gradient (host data).
+#[derive(Clone)]
+pub struct GradHook(pub Arc<dyn Fn(TensorData) + Send + Sync>);
+
+impl std::fmt::Debug for GradHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("GradHook")
+    }
+}
+
+/// Burn backends that support DDP's gradient hooks (`Flex` and `Autodiff<B>`).
+#[backend_extension(Autodiff, Flex)]
+pub trait GradHookBackend: Backend {
+    /// Returns `weight` unchanged; in backward, passes its gradient to `hook` (and stores
+    /// none). `anchor` places the node in the graph (see the module docs).
+    fn grad_hook(
+        weight: FloatTensor<Self>,
+        anchor: FloatTensor<Self>,
+        hook: GradHook,
+    ) -> FloatTensor<Self>;
+}
+
+impl GradHookBackend for Flex {
+    fn grad_hook(
+        weight: FloatTensor<Self>,
+        _anchor: FloatTensor<Self>,
+        _hook: GradHook,
+    ) -> FloatTensor<Self> {
+        weight
+    }
+}
+
+#[derive(Debug)]
+struct HookBackward {
+    hook: GradHook,
+}
+
+impl<B: Backend> Backward<B, 2> for HookBackward {
+    type State = ();
+
+    fn backward(self, ops: Ops<(), 2>, grads: &mut Gradients, _checkpointer: &mut Checkpointer) {
+        let grad = grads.consume::<B>(&ops.node);
+        let data = burn::tensor::read_sync(B::float_into_data(grad))
+            .expect("bonfire-ddp: could not read a gradient back to the host");
+        (self.hook.0)(data);
+    }
+}
+
+impl<B: GradHookBackend, C: CheckpointStrategy> GradHookBackend for Autodiff<B, C> {
+    fn grad_hook(
+        weight: FloatTensor<Self>,
+        anchor: FloatTensor<Self>,
+        hook: GradHook,
+    ) -> FloatTensor<Self> {
+        let prep = HookBackward { hook }.prepare::<C>([weight.node(), anchor.node()]);
+        drop(anchor);
+        prep.compute_bound().stateless(weight.into_primitive())
+    }
+}
+
+/// `weight`, with `hook` called on its gradient in backward right after the consumers of
+/// `anchor` (see the module docs).
+pub fn hooked<const D: usize, const A: usize>(
+    weight: Tensor<D>,
+    anchor: &Tensor<A>,
+    hook: GradHook,
+) -> Tensor<D> {
+    Tensor::from_dispatch(<Dispatch as GradHookBackend>::grad_hook(
+        weight.into_dispatch(),
+        anchor.clone().into_dispatch(),
+        hook,
+    ))
+}

@@ -1,0 +1,58 @@
+//! Causal multi-head self-attention with separate `q`, `k`, `v`, `o` projections.
+
+use crate::layers::Linear;
+use burn::module::Module;
+use burn::tensor::activation::softmax;
+use burn::tensor::{Device, Tensor, TensorData};
+
+#[derive(Module, Debug)]
+pub struct Attention {
+    pub q: Linear,
+    pub k: Linear,
+    pub v: Linear,
+    pub o: Linear,
+    n_heads: usize,
+}
+
+impl Attention {
+    pub fn new(d: usize, n_heads: usize, device: &Device) -> Self {
+        Self {
+            q: Linear::new(d, d, true, device),
+            k: Linear::new(d, d, true, device),
+            v: Linear::new(d, d, true, device),
+            o: Linear::new(d, d, true, device),
+            n_heads,
+        }
+    }
+
+    /// `x` `[B, T, d]` → `[B, T, d]`; head j uses features j·d/h .. (j+1)·d/h.
+    pub fn forward(&self, x: Tensor<3>) -> Tensor<3> {
+        let [b, t, d] = x.dims();
+        let h = self.n_heads;
+        let dh = d / h;
+        let split = |y: Tensor<3>| y.reshape([b, t, h, dh]).swap_dims(1, 2); // [B, h, T, dh]
+        let q = split(self.q.forward(x.clone()));
+        let k = split(self.k.forward(x.clone()));
+        let v = split(self.v.forward(x));
+        let scores = q.matmul(k.swap_dims(2, 3)) / (dh as f64).sqrt();
+        let mask = causal_mask(t, &scores.device());
+        let scores = scores + mask.unsqueeze::<4>();
+        let attn = softmax(scores, 3);
+        let y = attn.matmul(v).swap_dims(1, 2).reshape([b, t, d]);
+        self.o.forward(y)
+    }
+}
+
+/// `[T, T]`: 0 where key ≤ query, −∞ where key > query (excluded from the softmax).
+fn causal_mask(t: usize, device: &Device) -> Tensor<2> {
+    let values: Vec<f32> = (0..t * t)
+        .map(|i| {
+            if i % t > i / t {
+                f32::NEG_INFINITY
+            } else {
+                0.0
+            }
+        })
+        .collect();
+    Tensor::from_data(TensorData::new(values, [t, t]), device)
+}

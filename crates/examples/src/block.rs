@@ -1,0 +1,57 @@
+//! A pre-norm transformer block: `x + Attn(LN1(x))`, then `x + MLP(LN2(x))`.
+
+use crate::attention::Attention;
+use crate::layers::{LayerNorm, Linear};
+use burn::module::Module;
+use burn::tensor::activation::gelu;
+use burn::tensor::{Device, Tensor};
+
+/// `fc2(GELU(fc1(x)))` with the exact (erf) GELU.
+#[derive(Module, Debug)]
+pub struct Mlp {
+    pub fc1: Linear,
+    pub fc2: Linear,
+}
+
+impl Mlp {
+    pub fn new(d: usize, d_ff: usize, device: &Device) -> Self {
+        Self {
+            fc1: Linear::new(d, d_ff, true, device),
+            fc2: Linear::new(d_ff, d, true, device),
+        }
+    }
+    pub fn forward(&self, x: Tensor<3>) -> Tensor<3> {
+        self.fc2.forward(gelu(self.fc1.forward(x)))
+    }
+}
+
+#[derive(Module, Debug)]
+pub struct Block {
+    pub ln1: LayerNorm,
+    pub attn: Attention,
+    pub ln2: LayerNorm,
+    pub mlp: Mlp,
+}
+
+impl Block {
+    pub fn new(d: usize, n_heads: usize, d_ff: usize, device: &Device) -> Self {
+        Self {
+            ln1: LayerNorm::new(d, device),
+            attn: Attention::new(d, n_heads, device),
+            ln2: LayerNorm::new(d, device),
+            mlp: Mlp::new(d, d_ff, device),
+        }
+    }
+
+    /// The block; its two halves are anchored separately for DDP (see
+    /// [`bonfire_ddp::anchor`]) so that gradients of the MLP leave while attention's
+    /// backward still runs.
+    pub fn forward(&self, x: Tensor<3>) -> Tensor<3> {
+        let ln1 = bonfire_ddp::anchor(&self.ln1, &x);
+        let attn = bonfire_ddp::anchor(&self.attn, &x);
+        let x = x.clone() + attn.forward(ln1.forward(x));
+        let ln2 = bonfire_ddp::anchor(&self.ln2, &x);
+        let mlp = bonfire_ddp::anchor(&self.mlp, &x);
+        x.clone() + mlp.forward(ln2.forward(x))
+    }
+}

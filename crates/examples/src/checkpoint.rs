@@ -1,0 +1,47 @@
+//! Loading and saving the GPT's parameters as safetensors in PyTorch layout, through
+//! burn-store. The model stores its parameters in PyTorch's layout under the contract's
+//! names already (see [`crate::layers`]), so files map one to one with no adapter.
+
+use crate::gpt::Gpt;
+use burn_store::{ModuleSnapshot, SafetensorsStore};
+use std::path::Path;
+
+/// Writes every parameter of `model` to `path` (f32, PyTorch names and layout).
+pub fn save(model: &Gpt, path: impl AsRef<Path>) -> Result<(), String> {
+    let path = path.as_ref();
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    }
+    let mut store = SafetensorsStore::from_file(path).overwrite(true);
+    model
+        .save_into(&mut store)
+        .map_err(|e| format!("cannot save {}: {e}", path.display()))
+}
+
+/// Loads every parameter of `model` from `path`; fails, naming them, if the file lacks
+/// parameters, has extra tensors, or has a shape the model does not.
+pub fn load(mut model: Gpt, path: impl AsRef<Path>) -> Result<Gpt, String> {
+    let path = path.as_ref();
+    let mut store = SafetensorsStore::from_file(path).allow_partial(true);
+    let result = model
+        .load_from(&mut store)
+        .map_err(|e| format!("cannot load {}: {e}", path.display()))?;
+    let mut problems = Vec::new();
+    if !result.missing.is_empty() {
+        let names: Vec<&str> = result.missing.iter().map(|(n, _)| n.as_str()).collect();
+        problems.push(format!("missing parameters: {}", names.join(", ")));
+    }
+    if !result.unused.is_empty() {
+        problems.push(format!("unexpected tensors: {}", result.unused.join(", ")));
+    }
+    if !result.errors.is_empty() {
+        let errs: Vec<String> = result.errors.iter().map(|e| format!("{e:?}")).collect();
+        problems.push(format!("errors: {}", errs.join("; ")));
+    }
+    if problems.is_empty() {
+        Ok(model)
+    } else {
+        Err(format!("{}: {}", path.display(), problems.join("; ")))
+    }
+}

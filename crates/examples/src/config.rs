@@ -1,0 +1,80 @@
+//! [`GptConfig`]: the model's sizes, as in the parity contract's `cfg.json`.
+
+use serde::{Deserialize, Serialize};
+
+/// Sizes of the GPT decoder (`cfg.json` of the parity harness).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GptConfig {
+    pub vocab_size: usize,
+    pub d_model: usize,
+    pub n_heads: usize,
+    pub n_layers: usize,
+    pub max_seq_len: usize,
+    pub d_ff: usize,
+}
+
+impl GptConfig {
+    /// A tiny model for tests: vocab 32, d 16, 2 heads, 2 layers, seq 8, d_ff 32.
+    pub fn tiny() -> Self {
+        Self {
+            vocab_size: 32,
+            d_model: 16,
+            n_heads: 2,
+            n_layers: 2,
+            max_seq_len: 8,
+            d_ff: 32,
+        }
+    }
+
+    /// The benchmark size: vocab 4096, d 256, 8 heads, 4 layers, seq 128, d_ff 1024.
+    pub fn bench() -> Self {
+        Self {
+            vocab_size: 4096,
+            d_model: 256,
+            n_heads: 8,
+            n_layers: 4,
+            max_seq_len: 128,
+            d_ff: 1024,
+        }
+    }
+
+    /// Reads a `cfg.json`.
+    pub fn load(path: impl AsRef<std::path::Path>) -> Result<Self, String> {
+        let path = path.as_ref();
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("cannot read config {}: {e}", path.display()))?;
+        let cfg: Self = serde_json::from_str(&text)
+            .map_err(|e| format!("invalid config {}: {e}", path.display()))?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Checks the sizes are usable (heads divide the width, nothing is zero).
+    pub fn validate(&self) -> Result<(), String> {
+        let sizes = [
+            self.vocab_size,
+            self.d_model,
+            self.n_heads,
+            self.n_layers,
+            self.max_seq_len,
+            self.d_ff,
+        ];
+        if sizes.contains(&0) {
+            return Err(format!("every size must be positive: {self:?}"));
+        }
+        if self.d_model % self.n_heads != 0 {
+            return Err(format!(
+                "d_model {} is not divisible by n_heads {}",
+                self.d_model, self.n_heads
+            ));
+        }
+        Ok(())
+    }
+
+    /// Number of parameters.
+    pub fn num_params(&self) -> usize {
+        let (v, d, t, f) = (self.vocab_size, self.d_model, self.max_seq_len, self.d_ff);
+        let block = 4 * d + 4 * (d * d + d) + (f * d + f) + (d * f + d);
+        v * d + t * d + self.n_layers * block + 2 * d + v * d
+    }
+}

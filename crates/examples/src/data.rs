@@ -1,0 +1,99 @@
+//! Token batches: the harness's `batch.safetensors` (`input_ids`, `targets`, int64
+//! `[S, B, T']`) and their per-rank row slices.
+
+use crate::config::GptConfig;
+use crate::tensor_file::{self, HostTensor};
+use burn::tensor::{Device, Int, Tensor, TensorData};
+use std::path::Path;
+
+/// `S` steps of `B × T'` token ids and targets.
+#[derive(Debug, Clone)]
+pub struct Batches {
+    pub input_ids: Vec<i64>,
+    pub targets: Vec<i64>,
+    pub steps_: usize,
+    pub batch: usize,
+    pub seq: usize,
+}
+
+impl Batches {
+    /// Wraps `[S, B, T]` row-major ids and targets.
+    pub fn new(input_ids: Vec<i64>, targets: Vec<i64>, shape: [usize; 3]) -> Self {
+        let [steps_, batch, seq] = shape;
+        assert_eq!(input_ids.len(), steps_ * batch * seq);
+        assert_eq!(targets.len(), input_ids.len());
+        Self {
+            input_ids,
+            targets,
+            steps_,
+            batch,
+            seq,
+        }
+    }
+
+    pub fn steps(&self) -> usize {
+        self.steps_
+    }
+
+    /// Rows `first .. first + n` of step `s`, as `[n, T]` int tensors.
+    pub fn rows(
+        &self,
+        s: usize,
+        first: usize,
+        n: usize,
+        device: &Device,
+    ) -> (Tensor<2, Int>, Tensor<2, Int>) {
+        let start = (s * self.batch + first) * self.seq;
+        let end = start + n * self.seq;
+        let make = |v: &[i64]| {
+            Tensor::<2, Int>::from_data(
+                TensorData::new(v[start..end].to_vec(), [n, self.seq]),
+                device,
+            )
+        };
+        (make(&self.input_ids), make(&self.targets))
+    }
+}
+
+/// Reads and validates a harness data file against `cfg`.
+pub fn load_batches(path: impl AsRef<Path>, cfg: &GptConfig) -> Result<Batches, String> {
+    let path = path.as_ref();
+    let mut tensors = tensor_file::read(path)?;
+    let mut take = |name: &str| match tensors.remove(name) {
+        Some(HostTensor::I64 { shape, data }) if shape.len() == 3 => Ok((shape, data)),
+        Some(t) => Err(format!(
+            "{}: `{name}` must be int64 [S, B, T'], found {:?}",
+            path.display(),
+            t.shape()
+        )),
+        None => Err(format!("{}: no tensor `{name}`", path.display())),
+    };
+    let (shape, ids) = take("input_ids")?;
+    let (tshape, targets) = take("targets")?;
+    if shape != tshape {
+        return Err(format!(
+            "{}: input_ids {shape:?} and targets {tshape:?} differ in shape",
+            path.display()
+        ));
+    }
+    if shape[2] > cfg.max_seq_len {
+        return Err(format!(
+            "{}: sequence length {} exceeds max_seq_len {}",
+            path.display(),
+            shape[2],
+            cfg.max_seq_len
+        ));
+    }
+    let bad = ids
+        .iter()
+        .chain(&targets)
+        .find(|&&t| t < 0 || t as usize >= cfg.vocab_size);
+    if let Some(t) = bad {
+        return Err(format!(
+            "{}: token {t} is outside the vocabulary 0..{}",
+            path.display(),
+            cfg.vocab_size
+        ));
+    }
+    Ok(Batches::new(ids, targets, [shape[0], shape[1], shape[2]]))
+}

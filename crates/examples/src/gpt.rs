@@ -1,0 +1,65 @@
+//! [`Gpt`]: the reference decoder of the parity contract.
+
+use crate::block::Block;
+use crate::config::GptConfig;
+use crate::layers::{Embedding, LayerNorm, Linear};
+use burn::module::Module;
+use burn::tensor::activation::log_softmax;
+use burn::tensor::{Device, Int, Tensor};
+
+/// A GPT-style decoder. Parameter paths are the contract's names (`tok_emb.weight`,
+/// `blocks.0.attn.q.weight`, ..., `head.weight`) in PyTorch layout.
+#[derive(Module, Debug)]
+pub struct Gpt {
+    pub tok_emb: Embedding,
+    pub pos_emb: Embedding,
+    pub blocks: Vec<Block>,
+    pub ln_f: LayerNorm,
+    pub head: Linear,
+}
+
+impl Gpt {
+    /// A freshly initialized model (GPT-2 style: N(0, 0.02) weights, zero biases, unit norms).
+    pub fn new(cfg: &GptConfig, device: &Device) -> Self {
+        let d = cfg.d_model;
+        Self {
+            tok_emb: Embedding::new(cfg.vocab_size, d, device),
+            pos_emb: Embedding::new(cfg.max_seq_len, d, device),
+            blocks: (0..cfg.n_layers)
+                .map(|_| Block::new(d, cfg.n_heads, cfg.d_ff, device))
+                .collect(),
+            ln_f: LayerNorm::new(d, device),
+            head: Linear::new(d, cfg.vocab_size, false, device),
+        }
+    }
+
+    /// Logits `[B, T, V]` for token ids `[B, T]`.
+    pub fn forward(&self, ids: Tensor<2, Int>) -> Tensor<3> {
+        let [_, t] = ids.dims();
+        let mut x = self.tok_emb.forward(ids) + self.pos_emb.first_rows(t).unsqueeze::<3>();
+        for block in &self.blocks {
+            x = block.forward(x);
+        }
+        let ln_f = bonfire_ddp::anchor(&self.ln_f, &x);
+        let head = bonfire_ddp::anchor(&self.head, &x);
+        head.forward(ln_f.forward(x))
+    }
+
+    /// Mean cross-entropy over all `B·T` positions.
+    pub fn loss(&self, ids: Tensor<2, Int>, targets: Tensor<2, Int>) -> Tensor<1> {
+        cross_entropy(self.forward(ids), targets)
+    }
+}
+
+/// Mean over positions of `−log softmax(logits)[target]`.
+pub fn cross_entropy(logits: Tensor<3>, targets: Tensor<2, Int>) -> Tensor<1> {
+    let [b, t, v] = logits.dims();
+    let logp = log_softmax(logits.reshape([b * t, v]), 1);
+    let picked = logp.gather(1, targets.reshape([b * t, 1]));
+    picked.mean().neg()
+}
+
+/// The device every example trains on: the CPU (Flex) with autodiff.
+pub fn default_device() -> Device {
+    Device::flex().autodiff()
+}

@@ -1,0 +1,140 @@
+//! The parity harness (see `docs` / the parity contract): a fixed GPT trained for a few SGD
+//! steps under a parallel layout, writing parameters, step-0 gradients and losses.
+
+use crate::config::GptConfig;
+use crate::gpt::{Gpt, default_device};
+use crate::mesh::Layout;
+use crate::tensor_file::{self, HostTensor};
+use crate::{checkpoint, data};
+use bonfire_comm::{ReduceOp, ThreadWorld};
+use bonfire_ddp::{DdpConfig, DistributedDataParallel, params};
+use burn::module::Module;
+use burn::optim::SgdConfig;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// One harness run's inputs (the command line).
+#[derive(Debug, Clone)]
+pub struct HarnessArgs {
+    pub config: PathBuf,
+    pub weights: PathBuf,
+    pub data: PathBuf,
+    pub layout: Layout,
+    pub steps: usize,
+    pub lr: f64,
+    pub out: PathBuf,
+}
+
+/// What a run computed (rank 0's view; ranks agree).
+#[derive(Debug, Clone, Default)]
+pub struct HarnessResult {
+    /// Parameter name → (shape, values) after all steps.
+    pub params: BTreeMap<String, (Vec<usize>, Vec<f32>)>,
+    /// Parameter name → step-0 gradient of the global loss.
+    pub grad0: BTreeMap<String, Vec<f32>>,
+    /// Global loss at each step, before its update.
+    pub losses: Vec<f32>,
+}
+
+impl HarnessResult {
+    /// The contract's output tensors: parameters, `grad0.<name>`, `loss`.
+    pub fn tensors(&self) -> BTreeMap<String, (Vec<usize>, Vec<f32>)> {
+        let mut out = self.params.clone();
+        for (name, g) in &self.grad0 {
+            let shape = self.params[name].0.clone();
+            out.insert(format!("grad0.{name}"), (shape, g.clone()));
+        }
+        out.insert(
+            "loss".into(),
+            (vec![self.losses.len()], self.losses.clone()),
+        );
+        out
+    }
+}
+
+/// Runs the harness and writes `args.out`.
+pub fn run(args: &HarnessArgs) -> Result<HarnessResult, String> {
+    args.layout.check_supported()?;
+    let cfg = GptConfig::load(&args.config)?;
+    let batches = data::load_batches(&args.data, &cfg)?;
+    if args.steps > batches.steps() {
+        return Err(format!(
+            "--steps {} but {} holds {} step(s)",
+            args.steps,
+            args.data.display(),
+            batches.steps()
+        ));
+    }
+    let dp = args.layout.mesh.dp;
+    if batches.batch % dp != 0 {
+        return Err(format!(
+            "batch size {} is not divisible by dp={dp}",
+            batches.batch
+        ));
+    }
+    let device = default_device();
+    let model = checkpoint::load(Gpt::new(&cfg, &device), &args.weights)?;
+    let result = train(&model, &batches, dp, args.steps, args.lr)?;
+    tensor_file::write_f32(&args.out, &result.tensors())?;
+    Ok(result)
+}
+
+/// `steps` SGD steps of `model` on `batches` with `dp` data-parallel rank threads.
+pub fn train(
+    model: &Gpt,
+    batches: &data::Batches,
+    dp: usize,
+    steps: usize,
+    lr: f64,
+) -> Result<HarnessResult, String> {
+    let device = default_device();
+    let rows = batches.batch / dp;
+    let outcomes = ThreadWorld::new(dp)
+        .timeout(Duration::from_secs(120))
+        .name("parity")
+        .launch(|pg| -> Result<HarnessResult, String> {
+            let replica = model.clone().fork(&device);
+            let sgd = SgdConfig::new().init();
+            let mut ddp = DistributedDataParallel::new(replica, sgd, pg.clone(), DdpConfig::new())
+                .map_err(|e| e.to_string())?;
+            let mut result = HarnessResult::default();
+            for s in 0..steps {
+                let (ids, targets) = batches.rows(s, pg.rank() * rows, rows, &device);
+                let loss = ddp.forward(|m| m.loss(ids, targets));
+                let mut global = params::to_host(loss.clone().detach());
+                pg.all_reduce(&mut global, ReduceOp::Avg)
+                    .map_err(|e| e.to_string())?;
+                result.losses.push(global[0]);
+                ddp.backward(loss).map_err(|e| e.to_string())?;
+                if s == 0 {
+                    result.grad0 = ddp.gradients().into_iter().collect();
+                }
+                ddp.step(lr).map_err(|e| e.to_string())?;
+            }
+            let infos = params::inventory(ddp.model());
+            let flat = params::flatten_values(ddp.model(), &infos);
+            let mut at = 0;
+            for p in &infos {
+                let v = flat[at..at + p.numel()].to_vec();
+                at += p.numel();
+                result.params.insert(p.path.clone(), (p.shape.clone(), v));
+            }
+            Ok(result)
+        })
+        .map_err(|e| e.to_string())?;
+    outcomes.into_iter().next().expect("rank 0")
+}
+
+/// Reads a result file back (for comparisons).
+pub fn read_result(
+    path: impl AsRef<std::path::Path>,
+) -> Result<BTreeMap<String, Vec<f32>>, String> {
+    Ok(tensor_file::read(path)?
+        .into_iter()
+        .filter_map(|(k, v)| match v {
+            HostTensor::F32 { data, .. } => Some((k, data)),
+            HostTensor::I64 { .. } => None,
+        })
+        .collect())
+}

@@ -1,0 +1,136 @@
+//! `--mesh dp=N,tp=M,pp=K` and the other layout options of the parity harness, validated
+//! against what this build supports (data parallelism only, for now).
+
+/// The parallel layout: sizes of the dp, tp and pp axes (omitted axes are 1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Mesh {
+    pub dp: usize,
+    pub tp: usize,
+    pub pp: usize,
+}
+
+impl Mesh {
+    /// Parses `dp=2,tp=2,pp=2` (any order, any subset).
+    pub fn parse(spec: &str) -> Result<Self, String> {
+        let mut mesh = Mesh {
+            dp: 1,
+            tp: 1,
+            pp: 1,
+        };
+        let mut seen = Vec::new();
+        for part in spec.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            let (axis, size) = part
+                .split_once('=')
+                .ok_or_else(|| format!("--mesh: `{part}` is not AXIS=SIZE (e.g. dp=2)"))?;
+            let size: usize = size
+                .trim()
+                .parse()
+                .ok()
+                .filter(|s| *s >= 1)
+                .ok_or_else(|| format!("--mesh: size of `{axis}` must be a positive integer"))?;
+            let axis = axis.trim();
+            if seen.contains(&axis.to_string()) {
+                return Err(format!("--mesh: axis `{axis}` given twice"));
+            }
+            seen.push(axis.to_string());
+            match axis {
+                "dp" => mesh.dp = size,
+                "tp" => mesh.tp = size,
+                "pp" => mesh.pp = size,
+                other => {
+                    return Err(format!(
+                        "--mesh: unknown axis `{other}` (known: dp, tp, pp)"
+                    ));
+                }
+            }
+        }
+        Ok(mesh)
+    }
+
+    /// Number of ranks (the product of the axes).
+    pub fn world_size(&self) -> usize {
+        self.dp * self.tp * self.pp
+    }
+}
+
+/// Every layout option of the harness command line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Layout {
+    pub mesh: Mesh,
+    pub zero: u8,
+    pub schedule: Option<String>,
+    pub microbatches: Option<usize>,
+}
+
+impl Layout {
+    /// Rejects, with a clear error, what this build does not implement yet: it never ignores
+    /// an option.
+    pub fn check_supported(&self) -> Result<(), String> {
+        if self.mesh.tp > 1 {
+            return Err(format!(
+                "--mesh tp={}: tensor parallelism is not supported by this build yet (supported: dp)",
+                self.mesh.tp
+            ));
+        }
+        if self.mesh.pp > 1 {
+            return Err(format!(
+                "--mesh pp={}: pipeline parallelism is not supported by this build yet (supported: dp)",
+                self.mesh.pp
+            ));
+        }
+        if self.zero > 3 {
+            return Err(format!("--zero {}: must be 0, 1, 2 or 3", self.zero));
+        }
+        if self.zero != 0 {
+            return Err(format!(
+                "--zero {}: ZeRO sharding is not supported by this build yet (supported: --zero 0)",
+                self.zero
+            ));
+        }
+        if let Some(s) = &self.schedule {
+            return Err(format!(
+                "--schedule {s}: pipeline schedules are not supported by this build yet (no pp axis)"
+            ));
+        }
+        if let Some(m) = self.microbatches {
+            return Err(format!(
+                "--microbatches {m}: microbatching is not supported by this build yet (no pp axis)"
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_and_rejects() {
+        assert_eq!(Mesh::parse("dp=2").unwrap().world_size(), 2);
+        let m = Mesh::parse("pp=2, dp=2,tp=3").unwrap();
+        assert_eq!((m.dp, m.tp, m.pp), (2, 3, 2));
+        assert!(Mesh::parse("dp=0").is_err());
+        assert!(Mesh::parse("xp=2").is_err());
+        assert!(Mesh::parse("dp=2,dp=2").is_err());
+        let layout = |mesh: &str, zero| Layout {
+            mesh: Mesh::parse(mesh).unwrap(),
+            zero,
+            schedule: None,
+            microbatches: None,
+        };
+        assert!(layout("dp=4", 0).check_supported().is_ok());
+        assert!(
+            layout("tp=2", 0)
+                .check_supported()
+                .unwrap_err()
+                .contains("tp=2")
+        );
+        assert!(
+            layout("dp=2", 1)
+                .check_supported()
+                .unwrap_err()
+                .contains("ZeRO")
+        );
+    }
+}

@@ -1,0 +1,91 @@
+//! Plain safetensors files of named tensors (the harness's data and result files), read and
+//! written with the `safetensors` crate: these hold arbitrary tensors (int64 batches,
+//! gradients, losses), not a module, so they bypass burn-store.
+
+use safetensors::tensor::{Dtype, TensorView};
+use std::collections::BTreeMap;
+use std::path::Path;
+
+/// A named tensor's contents on the host.
+#[derive(Debug, Clone, PartialEq)]
+pub enum HostTensor {
+    F32 { shape: Vec<usize>, data: Vec<f32> },
+    I64 { shape: Vec<usize>, data: Vec<i64> },
+}
+
+impl HostTensor {
+    pub fn shape(&self) -> &[usize] {
+        match self {
+            HostTensor::F32 { shape, .. } | HostTensor::I64 { shape, .. } => shape,
+        }
+    }
+}
+
+/// Reads every tensor of a safetensors file (f32, i64; i32 is widened to i64).
+pub fn read(path: impl AsRef<Path>) -> Result<BTreeMap<String, HostTensor>, String> {
+    let path = path.as_ref();
+    let bytes = std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let st = safetensors::SafeTensors::deserialize(&bytes)
+        .map_err(|e| format!("{} is not a safetensors file: {e}", path.display()))?;
+    let mut out = BTreeMap::new();
+    for (name, view) in st.tensors() {
+        let shape = view.shape().to_vec();
+        let raw = view.data();
+        let t = match view.dtype() {
+            Dtype::F32 => HostTensor::F32 {
+                shape,
+                data: raw
+                    .chunks_exact(4)
+                    .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+                    .collect(),
+            },
+            Dtype::I64 => HostTensor::I64 {
+                shape,
+                data: raw
+                    .chunks_exact(8)
+                    .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
+                    .collect(),
+            },
+            Dtype::I32 => HostTensor::I64 {
+                shape,
+                data: raw
+                    .chunks_exact(4)
+                    .map(|c| i32::from_le_bytes(c.try_into().unwrap()) as i64)
+                    .collect(),
+            },
+            other => {
+                return Err(format!(
+                    "{}: tensor `{name}` has dtype {other:?}; expected F32 or I64",
+                    path.display()
+                ));
+            }
+        };
+        out.insert(name, t);
+    }
+    Ok(out)
+}
+
+/// Writes f32 tensors to a safetensors file.
+pub fn write_f32(
+    path: impl AsRef<Path>,
+    tensors: &BTreeMap<String, (Vec<usize>, Vec<f32>)>,
+) -> Result<(), String> {
+    let path = path.as_ref();
+    let bytes: Vec<(String, Vec<usize>, Vec<u8>)> = tensors
+        .iter()
+        .map(|(name, (shape, data))| {
+            let raw = data.iter().flat_map(|v| v.to_le_bytes()).collect();
+            (name.clone(), shape.clone(), raw)
+        })
+        .collect();
+    let views = bytes
+        .iter()
+        .map(|(name, shape, raw)| {
+            TensorView::new(Dtype::F32, shape.clone(), raw)
+                .map(|v| (name.clone(), v))
+                .map_err(|e| format!("tensor `{name}`: {e}"))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    safetensors::serialize_to_file(views, None, path)
+        .map_err(|e| format!("cannot write {}: {e}", path.display()))
+}
