@@ -371,9 +371,10 @@ fn counts_include_backward() {
 
 #[test]
 fn recomputed_all_gather_is_regathered_in_backward() {
-    let run = |recompute: bool| {
+    // (mark recomputable, use the Balanced checkpointing strategy)
+    let run = |recompute: bool, checkpointing: bool| {
         world(2, move |pg| {
-            let device = if recompute {
+            let device = if checkpointing {
                 dev().gradient_checkpointing()
             } else {
                 dev()
@@ -385,22 +386,27 @@ fn recomputed_all_gather_is_regathered_in_backward() {
             } else {
                 all_gather(x.clone(), &pg, 0).unwrap()
             };
+            // exp keeps its input for backward: the gathered tensor.
             let loss = (y.exp() * 0.5).sum();
             let grads = loss.backward();
-            (vec_of(x.grad(&grads).unwrap()), counter.counts())
+            let gathers = counter.count(CommOp::AllGather);
+            let scatters = counter.count(CommOp::ReduceScatter);
+            (vec_of(x.grad(&grads).unwrap()), gathers, scatters)
         })
     };
-    let stored = run(false);
-    let recomputed = run(true);
-    for r in 0..2 {
-        assert_close(&recomputed[r].0, &stored[r].0, "recomputed gradient");
-        assert_eq!(stored[r].1.get(&CommOp::AllGather), Some(&1));
-        assert_eq!(
-            recomputed[r].1.get(&CommOp::AllGather),
-            Some(&2),
-            "re-gathered in backward"
-        );
-        assert_eq!(recomputed[r].1.get(&CommOp::ReduceScatter), Some(&1));
+    let stored = run(false, false);
+    for (recompute, checkpointing, gathers) in [(true, true, 2), (true, false, 1), (false, true, 1)]
+    {
+        let out = run(recompute, checkpointing);
+        for r in 0..2 {
+            assert_close(&out[r].0, &stored[r].0, "gradient");
+            assert_eq!(stored[r].1, 1);
+            assert_eq!(
+                out[r].1, gathers,
+                "all-gathers (recompute {recompute}, checkpointing {checkpointing})"
+            );
+            assert_eq!(out[r].2, 1, "one reduce-scatter in backward");
+        }
     }
 }
 

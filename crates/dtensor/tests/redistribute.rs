@@ -1,5 +1,6 @@
 //! Every redistribution pair on 1-d and 2-d meshes, even and uneven: exact round trips and
-//! the exact collectives issued; property tests over random shapes and placements.
+//! the exact collectives issued; property tests over random meshes, shapes and chains of
+//! placements (round trip, collectives, gradient).
 
 mod common;
 use bonfire_comm::ReduceOp;
@@ -124,7 +125,7 @@ fn two_d_every_pair_even() {
 
 #[test]
 fn two_d_every_pair_uneven() {
-    check_all_pairs(&[2, 3], [3, 5], &[R, s(0), s(1), PS]);
+    check_all_pairs(&[2, 3], [3, 5], &[R, s(0), s(1), PS, PA]);
 }
 
 #[test]
@@ -154,17 +155,8 @@ fn one_d_table_counts() {
     });
 }
 
-fn placement_strategy(ndim: usize) -> impl Strategy<Value = Placement> {
-    prop_oneof![
-        Just(Placement::Replicate),
-        (0..ndim).prop_map(Placement::Shard),
-        Just(PS),
-        Just(PA),
-    ]
-}
-
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 48, .. ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 96, .. ProptestConfig::default() })]
 
     #[test]
     fn random_redistributions_round_trip(
@@ -190,14 +182,13 @@ proptest! {
             .take(3)
             .map(|c| c.iter().map(|&p| pick(p)).collect())
             .collect();
-        let _ = placement_strategy(3);
         let n: usize = mesh_shape.iter().product();
         let names: Vec<&str> = ["a", "b"][..ndim].to_vec();
         world(n, |pg| {
             let mesh = DeviceMesh::new(&pg, &mesh_shape, &names).unwrap();
-            let full = tensor(seed, shape, &dev());
+            let full = tensor(seed, shape, &dev()).require_grad();
             let expected = vec_of(full.clone());
-            let mut t = distribute_tensor(full, &mesh, &chain[0]).unwrap();
+            let mut t = distribute_tensor(full.clone(), &mesh, &chain[0]).unwrap();
             for w in chain.windows(2) {
                 let counter = CommCounter::start();
                 t = t.redistribute(&w[1]).unwrap();
@@ -205,7 +196,12 @@ proptest! {
                 assert_eq!(counter.counts(), planned);
                 assert_eq!(t.local().dims().to_vec(), t.spec().local_shape());
             }
-            assert_close(&vec_of(t.full_tensor().unwrap()), &expected, "round trip");
+            let back = t.full_tensor().unwrap();
+            assert_close(&vec_of(back.clone()), &expected, "round trip");
+            // The chain is the identity on the logical tensor: its gradient is the weight.
+            let w = tensor(seed + 1, shape, &dev());
+            let grads = (back * w.clone()).sum().backward();
+            assert_close(&vec_of(full.grad(&grads).unwrap()), &vec_of(w), "gradient");
         });
     }
 }
