@@ -129,6 +129,11 @@ fn two_d_every_pair_uneven() {
 }
 
 #[test]
+fn three_d_every_pair_uneven() {
+    check_all_pairs(&[2, 2, 2], [3, 5], &[R, s(0), s(1), PS]);
+}
+
+#[test]
 fn one_d_table_counts() {
     // The transitions of the documentation table, on 4 ranks.
     let cases = [
@@ -163,10 +168,11 @@ proptest! {
         mesh_shape in prop_oneof![
             (1usize..=5).prop_map(|k| vec![k]),
             ((1usize..=3), (1usize..=2)).prop_map(|(a, b)| vec![a, b]),
+            ((1usize..=2), (1usize..=2), (1usize..=2)).prop_map(|(a, b, c)| vec![a, b, c]),
         ],
         dims in proptest::collection::vec(1usize..=7, 3),
         seed in 0usize..100,
-        picks in proptest::collection::vec((0usize..4, 0usize..3), 6),
+        picks in proptest::collection::vec((0usize..4, 0usize..3), 9),
     ) {
         let ndim = mesh_shape.len();
         let shape = [dims[0], dims[1], dims[2]];
@@ -183,7 +189,7 @@ proptest! {
             .map(|c| c.iter().map(|&p| pick(p)).collect())
             .collect();
         let n: usize = mesh_shape.iter().product();
-        let names: Vec<&str> = ["a", "b"][..ndim].to_vec();
+        let names: Vec<&str> = ["a", "b", "c"][..ndim].to_vec();
         world(n, |pg| {
             let mesh = DeviceMesh::new(&pg, &mesh_shape, &names).unwrap();
             let full = tensor(seed, shape, &dev()).require_grad();
