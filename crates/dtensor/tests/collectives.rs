@@ -411,11 +411,61 @@ fn recomputed_all_gather_is_regathered_in_backward() {
 }
 
 #[test]
-#[should_panic(expected = "only sum and avg")]
-fn max_all_reduce_is_rejected_on_tracked_tensors() {
+fn all_reduce_max_and_min() {
+    for k in SIZES {
+        check(
+            k,
+            "all_reduce max",
+            |_| [2, 3],
+            |pg, x| all_reduce(x, pg, ReduceOp::Max),
+            |xs| {
+                let m = xs.iter().cloned().reduce(|a, b| a.max_pair(b)).unwrap();
+                vec![m; xs.len()]
+            },
+        );
+        check(
+            k,
+            "all_reduce min",
+            |_| [5],
+            |pg, x| all_reduce(x, pg, ReduceOp::Min),
+            |xs| {
+                let m = xs.iter().cloned().reduce(|a, b| a.min_pair(b)).unwrap();
+                vec![m; xs.len()]
+            },
+        );
+    }
+}
+
+#[test]
+fn all_reduce_max_splits_the_gradient_between_ties() {
+    let out = world(4, |pg| {
+        // Ranks 1 and 3 tie for the maximum (5) of the first element; rank 2 holds the
+        // maximum (9) of the second.
+        let first = [1.0, 5.0, 2.0, 5.0][pg.rank()];
+        let second = [0.0, 1.0, 9.0, 3.0][pg.rank()];
+        let x = Tensor::<1>::from_floats([first, second], &dev()).require_grad();
+        let y = all_reduce(x.clone(), &pg, ReduceOp::Max);
+        let grads = (y * 2.0).sum().backward();
+        vec_of(x.grad(&grads).unwrap())
+    });
+    // Every rank's loss contributes 2 per element: a total gradient of 8.
+    assert_eq!(
+        out,
+        vec![
+            vec![0.0, 0.0],
+            vec![4.0, 0.0],
+            vec![0.0, 8.0],
+            vec![4.0, 0.0]
+        ]
+    );
+}
+
+#[test]
+#[should_panic(expected = "no gradient")]
+fn product_all_reduce_is_rejected_on_tracked_tensors() {
     world(1, |pg| {
         let x = leaf(0, [2]);
-        let _ = all_reduce(x, &pg, ReduceOp::Max);
+        let _ = all_reduce(x, &pg, ReduceOp::Product);
     });
 }
 

@@ -4,6 +4,7 @@
 
 use super::ops::{CollectiveBackend, narrow, scale, zeros_like};
 use super::{CollectiveKind, CollectiveSpec};
+use bonfire_comm::ReduceOp;
 use burn::backend::Autodiff;
 use burn::backend::TensorMetadata;
 use burn::backend::autodiff::NodeId;
@@ -12,8 +13,9 @@ use burn::backend::autodiff::checkpoint::retro_forward::RetroForward;
 use burn::backend::autodiff::checkpoint::state::BackwardStates;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn::backend::autodiff::grads::Gradients;
-use burn::backend::autodiff::ops::{Backward, Ops};
+use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::backend::tensor::FloatTensor;
+use burn::tensor::Scalar;
 use std::marker::PhantomData;
 
 #[derive(Debug)]
@@ -90,14 +92,72 @@ impl<B: CollectiveBackend> RetroForward for RetroCollective<B> {
     }
 }
 
+/// All-reduce with `Max` or `Min`: the summed gradient goes to the ranks whose input is the
+/// extremum, split evenly between ties (two all-reduces in backward).
+#[derive(Debug)]
+struct ExtremumBackward {
+    spec: CollectiveSpec,
+}
+
+impl<B: CollectiveBackend> Backward<B, 1> for ExtremumBackward {
+    /// The input and the output of the all-reduce.
+    type State = (FloatTensor<B>, FloatTensor<B>);
+
+    fn backward(
+        self,
+        ops: Ops<Self::State, 1>,
+        grads: &mut Gradients,
+        _checkpointer: &mut Checkpointer,
+    ) {
+        let grad = grads.consume::<B>(&ops.node);
+        let (input, output) = ops.state;
+        let sum = |t| {
+            let kind = CollectiveKind::AllReduce { op: ReduceOp::Sum };
+            B::collective(t, CollectiveSpec::new(&self.spec.group, kind))
+        };
+        let total = sum(grad);
+        // 1 where this rank holds the extremum, else 0.
+        let differs = B::float_sign(B::float_abs(B::float_sub(input, output)));
+        let mask = B::float_add_scalar(B::float_neg(differs), Scalar::Float(1.0));
+        let ties = sum(mask.clone());
+        let input_grad = B::float_div(B::float_mul(total, mask), ties);
+        let [parent] = ops.parents;
+        if let Some(node) = parent {
+            grads.register::<B>(node.id, input_grad);
+        }
+    }
+}
+
 impl<B: CollectiveBackend, C: CheckpointStrategy> CollectiveBackend for Autodiff<B, C> {
     fn collective(tensor: FloatTensor<Self>, spec: CollectiveSpec) -> FloatTensor<Self> {
         if tensor.is_tracked() && !spec.is_differentiable() {
             panic!(
-                "bonfire-dtensor: {:?} has no gradient (only sum and avg reductions are \
-                 differentiable); detach the tensor first",
+                "bonfire-dtensor: {:?} has no gradient here (only sum and avg reductions, and \
+                 max / min all-reduce, are differentiable); detach the tensor first",
                 spec.kind
             );
+        }
+        if matches!(
+            spec.kind,
+            CollectiveKind::AllReduce {
+                op: ReduceOp::Max | ReduceOp::Min
+            }
+        ) {
+            let step = ExtremumBackward { spec: spec.clone() };
+            return match step
+                .prepare::<C>([tensor.node()])
+                .compute_bound()
+                .stateful()
+            {
+                OpsKind::Tracked(prep) => {
+                    let input = tensor.primitive().clone();
+                    let output = B::collective(tensor.into_primitive(), spec);
+                    prep.finish((input, output.clone()), output)
+                }
+                OpsKind::UnTracked(prep) => {
+                    prep.finish(B::collective(tensor.into_primitive(), spec))
+                }
+            };
         }
         let input_shape: Vec<usize> = tensor.primitive().shape().iter().copied().collect();
         let step = CollectiveBackward {

@@ -85,8 +85,10 @@ fn run<const D: usize>(tensor: Tensor<D>, group: &ProcessGroup, kind: Collective
 }
 
 /// Every rank gets the reduction of all ranks' tensors. Backward: all-reduce of the
-/// gradients with the same op (sum or avg). `Max`, `Min` and `Product` are accepted only for
-/// tensors that do not require gradients (the operation panics on a tracked tensor).
+/// gradients with the same op for `Sum` and `Avg`; for `Max` and `Min`, the summed gradient
+/// goes to the ranks holding the extremum, split evenly between ties (like `torch.amax`; two
+/// all-reduces in backward). `Product` is accepted only for tensors that do not require
+/// gradients (the operation panics on a tracked tensor).
 pub fn all_reduce<const D: usize>(
     tensor: Tensor<D>,
     group: &ProcessGroup,

@@ -29,8 +29,10 @@ pub const BACKWARD_TAG_BIT: u64 = 1 << 63;
 /// What a collective operation does. Sizes are per rank of the group, in elements along `dim`.
 #[derive(Debug, Clone, PartialEq)]
 pub enum CollectiveKind {
-    /// Every rank gets the reduction (`Sum` or `Avg` are differentiable; `Max`, `Min` and
-    /// `Product` run only on tensors that do not require gradients).
+    /// Every rank gets the reduction. Backward: all-reduce (sum) of the gradients — divided
+    /// by the size for `Avg`; for `Max` / `Min`, given only to the ranks holding the
+    /// extremum, split evenly between ties (like `torch.amax`). `Product` runs only on
+    /// tensors that do not require gradients.
     AllReduce { op: ReduceOp },
     /// Every rank gets `root`'s tensor. Backward: reduce (sum) of the gradients to `root`.
     Broadcast { root: usize },
@@ -131,8 +133,8 @@ impl CollectiveSpec {
     pub fn is_differentiable(&self) -> bool {
         let linear = |op: &ReduceOp| matches!(op, ReduceOp::Sum | ReduceOp::Avg);
         match &self.kind {
-            CollectiveKind::AllReduce { op }
-            | CollectiveKind::Reduce { op, .. }
+            CollectiveKind::AllReduce { op } => *op != ReduceOp::Product,
+            CollectiveKind::Reduce { op, .. }
             | CollectiveKind::ReduceScatter { op, .. }
             | CollectiveKind::ReduceFromGroup { op }
             | CollectiveKind::Partition { op, .. } => linear(op),
@@ -153,6 +155,10 @@ impl CollectiveSpec {
             }
         };
         match &self.kind {
+            // Max / Min: the summed gradient, masked by the autodiff step.
+            AllReduce {
+                op: ReduceOp::Max | ReduceOp::Min,
+            } => (Some(AllReduce { op: ReduceOp::Sum }), 1.0),
             AllReduce { op } => (Some(AllReduce { op: *op }), 1.0),
             Broadcast { root } => (
                 Some(Reduce {
