@@ -78,6 +78,7 @@ mod debug;
 mod dtensor;
 mod error;
 mod mesh;
+pub mod parallel;
 mod placement;
 pub mod redistribute;
 

@@ -1,0 +1,486 @@
+//! Parallel-aware layers: ordinary Burn modules that hold their local shard and read a
+//! per-rank *parallel state* in `forward`.
+//!
+//! Unsharded (no plan applied, or a tensor-parallel group of one) each layer is exactly the
+//! plain layer: [`ParallelLinear`] is `y = x Wᵀ + b` with `weight` `[out, in]` (PyTorch
+//! layout) and `bias` `[out]`; [`ParallelEmbedding`] a `[num, d]` table; [`ParallelLayerNorm`]
+//! LayerNorm with `weight` and `bias`; [`ParallelRmsNorm`] RMSNorm with `weight`. Their
+//! parameter names, shapes and records are those of the unsharded model, so checkpoints load
+//! unchanged (load first, then [`crate::parallel::parallelize_module`]).
+//!
+//! ## Where the parallel state lives
+//! Burn modules are static types and `#[derive(Module)]` mappers only see parameters, so a
+//! plan cannot replace a layer's `forward` or write a field at run time. Each layer instead
+//! carries a [`ParallelKey`] — a parameter-less field, unique per constructed layer, kept by
+//! `clone`, `fork` and record loading — that announces itself to module visitors and mappers.
+//! `parallelize_module` shards the layer's parameters in place (same [`burn::module::ParamId`]s)
+//! and records the applied style and process group under that key in a table of the **current
+//! thread** (one rank). `forward` looks the key up: no entry means unsharded. Ranks as threads
+//! therefore each parallelize their own `fork` of the model on their own thread, which they
+//! must do anyway (see the crate docs); a multi-process rank has one thread doing it.
+
+use super::sequence::{relayout, replicated_param};
+use super::style::{
+    ColwiseParallel, Layout, PrepareModuleInput, PrepareModuleOutput, RowwiseParallel,
+    SequenceParallel,
+};
+use crate::{chunk_range, functional};
+use bonfire_comm::ProcessGroup;
+use burn::module::{
+    Content, Devices, Module, ModuleDisplay, ModuleDisplayDefault, ModuleMapper, ModuleVisitor,
+    Param,
+};
+use burn::tensor::{Device, Distribution, Int, Tensor};
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// The container type a [`ParallelKey`] reports to visitors and mappers.
+pub(crate) const KEY_CONTAINER: &str = "Bonfire:ParallelKey";
+
+static NEXT_KEY: AtomicU64 = AtomicU64::new(1);
+
+/// The identity of one parallel-aware layer (see the module docs). Holds no tensor and
+/// nothing persistent; a fresh one per constructed layer.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct ParallelKey(u64);
+
+impl Default for ParallelKey {
+    fn default() -> Self {
+        Self(NEXT_KEY.fetch_add(1, Ordering::Relaxed))
+    }
+}
+
+impl ParallelKey {
+    /// The state recorded for this layer on this thread, if any.
+    pub(crate) fn state(&self) -> Option<ParallelState> {
+        STATES.with(|s| s.borrow().get(&self.0).cloned())
+    }
+}
+
+impl Module for ParallelKey {
+    fn visit<V: ModuleVisitor>(&self, visitor: &mut V) {
+        let name = self.0.to_string();
+        visitor.enter_module(&name, KEY_CONTAINER);
+        visitor.exit_module(&name, KEY_CONTAINER);
+    }
+    fn map<M: ModuleMapper>(self, mapper: &mut M) -> Self {
+        // While `parallelize_module` maps, every layer gets a fresh key, so that the model
+        // it started from (and its other forks) keep their own state.
+        let key = REKEY.with(|r| {
+            r.borrow_mut().as_mut().map(|m| {
+                let fresh = ParallelKey::default();
+                m.insert(self.0, fresh.0);
+                fresh
+            })
+        });
+        let key = key.unwrap_or(self);
+        let name = key.0.to_string();
+        mapper.enter_module(&name, KEY_CONTAINER);
+        mapper.exit_module(&name, KEY_CONTAINER);
+        key
+    }
+    fn to_device(self, _: &Device) -> Self {
+        self
+    }
+    fn fork(self, _: &Device) -> Self {
+        self
+    }
+    fn collect_devices(&self, devices: Devices) -> Devices {
+        devices
+    }
+    fn materialize(self) -> Self {
+        self
+    }
+    fn valid(&self) -> Self {
+        self.clone()
+    }
+    fn train(self) -> Self {
+        self
+    }
+}
+
+impl ModuleDisplayDefault for ParallelKey {
+    fn content(&self, content: Content) -> Option<Content> {
+        content
+            .add_formatted(&format!("ParallelKey({})", self.0))
+            .optional()
+    }
+}
+impl ModuleDisplay for ParallelKey {}
+
+/// What `parallelize_module` applied to one layer on this rank.
+#[derive(Debug, Clone)]
+pub(crate) struct ParallelState {
+    pub group: ProcessGroup,
+    pub applied: Applied,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Applied {
+    Colwise(ColwiseParallel),
+    /// `offset`: the first global row (embedding) this rank holds.
+    Rowwise {
+        style: RowwiseParallel,
+        offset: usize,
+    },
+    Sequence(#[allow(dead_code)] SequenceParallel),
+    Io {
+        input: Option<PrepareModuleInput>,
+        output: Option<PrepareModuleOutput>,
+    },
+}
+
+thread_local! {
+    static REKEY: RefCell<Option<HashMap<u64, u64>>> = const { RefCell::new(None) };
+    static STATES: RefCell<HashMap<u64, ParallelState>> = RefCell::new(HashMap::new());
+}
+
+/// Runs `f` (a module map) giving every [`ParallelKey`] it maps a fresh key; returns the
+/// old → new keys.
+pub(crate) fn with_fresh_keys<R>(f: impl FnOnce() -> R) -> (R, HashMap<u64, u64>) {
+    REKEY.with(|r| *r.borrow_mut() = Some(HashMap::new()));
+    let out = f();
+    let keys = REKEY.with(|r| r.borrow_mut().take()).unwrap_or_default();
+    (out, keys)
+}
+
+pub(crate) fn set_state(key: u64, state: ParallelState) {
+    STATES.with(|s| s.borrow_mut().insert(key, state));
+}
+
+/// Forgets every parallel state recorded on this thread: every layer built or parallelized
+/// here behaves unsharded again (its parameters stay the shards they are).
+pub fn clear_parallel_states() {
+    STATES.with(|s| s.borrow_mut().clear());
+}
+
+fn normal(shape: [usize; 2], device: &Device) -> Tensor<2> {
+    Tensor::random(shape, Distribution::Normal(0.0, 0.02), device)
+}
+
+/// The kinds of parallel-aware layers, as seen by plan validation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum LayerKind {
+    Linear,
+    Embedding,
+    Norm,
+    Io,
+}
+
+impl LayerKind {
+    pub(crate) fn from_container(container: &str) -> Option<Self> {
+        match container.strip_prefix("Struct:")? {
+            "ParallelLinear" => Some(Self::Linear),
+            "ParallelEmbedding" => Some(Self::Embedding),
+            "ParallelLayerNorm" | "ParallelRmsNorm" => Some(Self::Norm),
+            "ParallelIo" => Some(Self::Io),
+            _ => None,
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Linear
+// ---------------------------------------------------------------------------------------
+
+/// `y = x Wᵀ + b` with `weight` `[out, in]` and optional `bias` `[out]` — column-wise,
+/// row-wise or unsharded (see the module docs and [`ColwiseParallel`], [`RowwiseParallel`]).
+#[derive(Module, Debug)]
+pub struct ParallelLinear {
+    pub weight: Param<Tensor<2>>,
+    pub bias: Option<Param<Tensor<1>>>,
+    pub key: ParallelKey,
+}
+
+impl ParallelLinear {
+    /// Normal(0, 0.02) weights and zero bias (GPT-2's initialization).
+    pub fn new(d_in: usize, d_out: usize, bias: bool, device: &Device) -> Self {
+        Self {
+            weight: Param::from_tensor(normal([d_out, d_in], device)),
+            bias: bias.then(|| Param::from_tensor(Tensor::zeros([d_out], device))),
+            key: ParallelKey::default(),
+        }
+    }
+
+    /// From a `burn::nn::Linear` (whose weight is `[in, out]`): the same function.
+    pub fn from_burn(linear: burn::nn::Linear) -> Self {
+        let w = linear.weight.val().transpose().detach().require_grad();
+        Self {
+            weight: Param::from_tensor(w),
+            bias: linear
+                .bias
+                .map(|b| Param::from_tensor(b.val().detach().require_grad())),
+            key: ParallelKey::default(),
+        }
+    }
+
+    fn matmul<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
+        x.matmul(self.weight.val().transpose().unsqueeze::<D>())
+    }
+
+    /// The layer on `x` `[..., in]` (or this rank's input shard, per the applied style).
+    pub fn forward<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
+        let bias = |b: Tensor<1>| b.unsqueeze::<D>();
+        let Some(state) = self.key.state() else {
+            let y = self.matmul(x);
+            return match &self.bias {
+                Some(b) => y + bias(b.val()),
+                None => y,
+            };
+        };
+        let g = &state.group;
+        match state.applied {
+            Applied::Colwise(style) => {
+                let x = match style.input_layout {
+                    Layout::Replicate => functional::copy_to_group(x, g),
+                    layout => {
+                        // Shard(d): gather the sequence; the local matmul's gradient is
+                        // partial, so backward reduce-scatters it.
+                        let d = layout.shard_dim(D).expect("validated");
+                        functional::all_gather(x, g, d).expect("valid dim")
+                    }
+                };
+                let mut y = self.matmul(x);
+                if let Some(b) = &self.bias {
+                    y = y + bias(b.val());
+                }
+                relayout(y, Layout::Shard(-1), style.output_layout, g)
+            }
+            Applied::Rowwise { style, .. } => {
+                let x = relayout(x, style.input_layout, Layout::Shard(-1), g);
+                let y = self.matmul(x);
+                let sharded = style.output_layout.shard_dim(D).is_some();
+                let y = relayout(y, Layout::Partial, style.output_layout, g);
+                match &self.bias {
+                    Some(b) if sharded => y + bias(replicated_param(b.val(), g)),
+                    Some(b) => y + bias(b.val()),
+                    None => y,
+                }
+            }
+            other => panic!("bonfire-dtensor parallel: a ParallelLinear cannot run {other:?}"),
+        }
+    }
+
+    /// The group over which this layer's output is sharded along its last dim (a column-wise
+    /// layer with output `Shard(-1)`, e.g. an LM head for [`crate::parallel::loss_parallel`]).
+    pub fn output_shard_group(&self) -> Option<ProcessGroup> {
+        let state = self.key.state()?;
+        match state.applied {
+            Applied::Colwise(style) if style.output_layout.shard_dim(2) == Some(2) => {
+                Some(state.group)
+            }
+            _ => None,
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Embedding
+// ---------------------------------------------------------------------------------------
+
+/// A lookup table `weight` `[num, d]`: row-wise (Megatron's vocab-parallel embedding),
+/// column-wise (by features), sequence-parallel (position tables) or unsharded.
+#[derive(Module, Debug)]
+pub struct ParallelEmbedding {
+    pub weight: Param<Tensor<2>>,
+    pub key: ParallelKey,
+}
+
+impl ParallelEmbedding {
+    /// Normal(0, 0.02) rows.
+    pub fn new(num: usize, d: usize, device: &Device) -> Self {
+        Self {
+            weight: Param::from_tensor(normal([num, d], device)),
+            key: ParallelKey::default(),
+        }
+    }
+
+    /// From a `burn::nn::Embedding` (same `[num, d]` layout).
+    pub fn from_burn(embedding: burn::nn::Embedding) -> Self {
+        Self {
+            weight: Param::from_tensor(embedding.weight.val().detach().require_grad()),
+            key: ParallelKey::default(),
+        }
+    }
+
+    fn lookup(table: Tensor<2>, ids: Tensor<2, Int>) -> Tensor<3> {
+        let [b, t] = ids.dims();
+        let d = table.dims()[1];
+        table.select(0, ids.reshape([b * t])).reshape([b, t, d])
+    }
+
+    /// Rows for `ids` `[B, T]` → `[B, T, d]` (or this rank's share, per the applied style).
+    pub fn forward(&self, ids: Tensor<2, Int>) -> Tensor<3> {
+        let Some(state) = self.key.state() else {
+            return Self::lookup(self.weight.val(), ids);
+        };
+        let g = &state.group;
+        match state.applied {
+            Applied::Rowwise { style, offset } => {
+                let rows = self.weight.dims()[0];
+                let in_range = ids
+                    .clone()
+                    .greater_equal_elem(offset as i64)
+                    .bool_and(ids.clone().lower_elem((offset + rows) as i64));
+                let local = (ids - offset as i64).clamp(0, rows as i64 - 1);
+                let partial =
+                    Self::lookup(self.weight.val(), local) * in_range.float().unsqueeze_dim::<3>(2);
+                relayout(partial, Layout::Partial, style.output_layout, g)
+            }
+            Applied::Colwise(style) => {
+                let y = Self::lookup(self.weight.val(), ids);
+                relayout(y, Layout::Shard(-1), style.output_layout, g)
+            }
+            Applied::Sequence(_) => Self::lookup(replicated_param(self.weight.val(), g), ids),
+            other => panic!("bonfire-dtensor parallel: a ParallelEmbedding cannot run {other:?}"),
+        }
+    }
+
+    /// The rows of positions `0..t`, `[t, d]`; under [`SequenceParallel`] this rank's chunk
+    /// of them (`t` must divide evenly), to add to a sequence-sharded activation.
+    pub fn first_rows(&self, t: usize) -> Tensor<2> {
+        match self.key.state() {
+            Some(ParallelState {
+                group,
+                applied: Applied::Sequence(_),
+            }) => {
+                if let Err(e) = super::sequence::check_divisible(t, group.size(), "sequence length")
+                {
+                    panic!("bonfire-dtensor parallel: {e}");
+                }
+                let r = chunk_range(t, group.size(), group.rank());
+                replicated_param(self.weight.val(), &group).narrow(0, r.start, r.len())
+            }
+            _ => self.weight.val().narrow(0, 0, t),
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Norms
+// ---------------------------------------------------------------------------------------
+
+/// The weight (and bias) as used in forward: all-reduced in backward under sequence
+/// parallelism, where each rank sees only its positions.
+fn norm_param<const D: usize>(key: &ParallelKey, p: Tensor<1>) -> Tensor<D> {
+    match key.state() {
+        Some(ParallelState {
+            group,
+            applied: Applied::Sequence(_),
+        }) => replicated_param(p, &group).unsqueeze::<D>(),
+        _ => p.unsqueeze::<D>(),
+    }
+}
+
+/// LayerNorm over the last dim: biased variance, `eps` (1e-5 by default), then `weight` and
+/// `bias`. Position-wise, so [`SequenceParallel`] runs it on a sequence shard.
+#[derive(Module, Debug)]
+pub struct ParallelLayerNorm {
+    pub weight: Param<Tensor<1>>,
+    pub bias: Param<Tensor<1>>,
+    pub key: ParallelKey,
+    eps: f64,
+}
+
+impl ParallelLayerNorm {
+    pub const EPS: f64 = 1e-5;
+
+    /// Unit weight, zero bias, eps 1e-5.
+    pub fn new(d: usize, device: &Device) -> Self {
+        Self {
+            weight: Param::from_tensor(Tensor::ones([d], device)),
+            bias: Param::from_tensor(Tensor::zeros([d], device)),
+            key: ParallelKey::default(),
+            eps: Self::EPS,
+        }
+    }
+
+    pub fn with_eps(mut self, eps: f64) -> Self {
+        self.eps = eps;
+        self
+    }
+
+    pub fn forward<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
+        let (var, mean) = x.clone().var_mean_bias(D - 1);
+        let normed = (x - mean) / (var + self.eps).sqrt();
+        normed * norm_param::<D>(&self.key, self.weight.val())
+            + norm_param::<D>(&self.key, self.bias.val())
+    }
+}
+
+/// RMSNorm over the last dim: `x / sqrt(mean(x²) + eps) · weight`.
+#[derive(Module, Debug)]
+pub struct ParallelRmsNorm {
+    pub weight: Param<Tensor<1>>,
+    pub key: ParallelKey,
+    eps: f64,
+}
+
+impl ParallelRmsNorm {
+    /// Unit weight, eps 1e-5.
+    pub fn new(d: usize, device: &Device) -> Self {
+        Self {
+            weight: Param::from_tensor(Tensor::ones([d], device)),
+            key: ParallelKey::default(),
+            eps: 1e-5,
+        }
+    }
+
+    pub fn with_eps(mut self, eps: f64) -> Self {
+        self.eps = eps;
+        self
+    }
+
+    pub fn forward<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
+        let rms = (x.clone().powi_scalar(2).mean_dim(D - 1) + self.eps).sqrt();
+        x / rms * norm_param::<D>(&self.key, self.weight.val())
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Module input / output
+// ---------------------------------------------------------------------------------------
+
+/// The hook point of [`PrepareModuleInput`] / [`PrepareModuleOutput`]: a parameter-less
+/// field a module calls at the start (`input`) and end (`output`) of its `forward`. Identity
+/// unless a plan prepares the module that holds it.
+#[derive(Module, Debug, Default)]
+pub struct ParallelIo {
+    pub key: ParallelKey,
+}
+
+impl ParallelIo {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The module's input, re-laid out per its [`PrepareModuleInput`].
+    pub fn input<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
+        match self.key.state() {
+            Some(ParallelState {
+                group,
+                applied: Applied::Io { input: Some(p), .. },
+            }) => relayout(x, p.input_layout, p.desired_input_layout, &group),
+            _ => x,
+        }
+    }
+
+    /// The module's output, re-laid out per its [`PrepareModuleOutput`].
+    pub fn output<const D: usize>(&self, y: Tensor<D>) -> Tensor<D> {
+        match self.key.state() {
+            Some(ParallelState {
+                group,
+                applied: Applied::Io {
+                    output: Some(p), ..
+                },
+            }) => relayout(y, p.output_layout, p.desired_output_layout, &group),
+            _ => y,
+        }
+    }
+}
+
+/// `key`'s state, for the plan's bookkeeping.
+pub(crate) fn state_of(key: u64) -> Option<ParallelState> {
+    STATES.with(|s| s.borrow().get(&key).cloned())
+}

@@ -1,0 +1,211 @@
+//! Parallel styles: how one module is split over the ranks of a tensor-parallel group, like
+//! `torch.distributed.tensor.parallel`'s `ColwiseParallel`, `RowwiseParallel`,
+//! `SequenceParallel`, `PrepareModuleInput` and `PrepareModuleOutput`.
+//!
+//! A style is data: [`crate::parallel::parallelize_module`] validates it against the module it
+//! is applied to, shards that module's parameters and records the style as the layer's
+//! parallel state; the parallel-aware layers ([`crate::parallel::ParallelLinear`], …) read that
+//! state in `forward`.
+
+/// How an activation is laid out over the tensor-parallel group.
+///
+/// `Shard(d)` counts dims from the front when `d ≥ 0` and from the back when `d < 0`
+/// (`Shard(-1)` is the last dim, `Shard(1)` the sequence dim of a `[B, T, d]` activation).
+/// The gradient convention is Megatron's: the gradient of a `Replicate` activation is the
+/// full gradient on every rank; a `Partial` activation holds one summand per rank.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Layout {
+    Replicate,
+    Shard(isize),
+    Partial,
+}
+
+impl Layout {
+    /// The sharded dim of a rank-`rank` activation, if sharded.
+    pub fn shard_dim(&self, rank: usize) -> Option<usize> {
+        match *self {
+            Layout::Shard(d) if d < 0 => Some((rank as isize + d) as usize),
+            Layout::Shard(d) => Some(d as usize),
+            _ => None,
+        }
+    }
+
+    /// Whether the two layouts are the same for a rank-`rank` activation (`Shard(-1)` and
+    /// `Shard(2)` are the same for rank 3).
+    pub fn same_as(&self, other: &Layout, rank: usize) -> bool {
+        match (self, other) {
+            (Layout::Shard(_), Layout::Shard(_)) => self.shard_dim(rank) == other.shard_dim(rank),
+            _ => self == other,
+        }
+    }
+}
+
+/// Shards a `ParallelLinear` by output features (weight `[out, in]` by rows, bias with it), or
+/// a `ParallelEmbedding` by embedding features. No communication in forward unless the
+/// layouts ask for it: a `Replicate` input is used as is (its gradient is all-reduced in
+/// backward), a `Shard(d)` input (sequence parallelism) is all-gathered along `d`; the output
+/// is `Shard(-1)` (each rank its features) or `Replicate` (all-gathered).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ColwiseParallel {
+    pub input_layout: Layout,
+    pub output_layout: Layout,
+    /// Bonfire layers always return local Burn tensors (static types): `true` is the only
+    /// accepted value; `false` is rejected by validation with a pointer to
+    /// [`crate::DTensor::from_local`].
+    pub use_local_output: bool,
+}
+
+impl Default for ColwiseParallel {
+    fn default() -> Self {
+        Self {
+            input_layout: Layout::Replicate,
+            output_layout: Layout::Shard(-1),
+            use_local_output: true,
+        }
+    }
+}
+
+impl ColwiseParallel {
+    pub fn input_layout(mut self, layout: Layout) -> Self {
+        self.input_layout = layout;
+        self
+    }
+    pub fn output_layout(mut self, layout: Layout) -> Self {
+        self.output_layout = layout;
+        self
+    }
+    pub fn use_local_output(mut self, yes: bool) -> Self {
+        self.use_local_output = yes;
+        self
+    }
+}
+
+/// Shards a `ParallelLinear` by input features (weight `[out, in]` by columns, bias
+/// replicated), or a `ParallelEmbedding` by vocabulary rows (Megatron's vocab-parallel
+/// embedding: ids outside a rank's rows give zeros). The local result is a partial sum,
+/// reduced by the output layout: `Replicate` → one all-reduce, `Shard(d)` (sequence
+/// parallelism) → one reduce-scatter along `d`. The input is `Shard(-1)` (the output of a
+/// column-wise layer) or `Replicate` (split locally, no communication).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RowwiseParallel {
+    pub input_layout: Layout,
+    pub output_layout: Layout,
+    /// As for [`ColwiseParallel::use_local_output`].
+    pub use_local_output: bool,
+}
+
+impl Default for RowwiseParallel {
+    fn default() -> Self {
+        Self {
+            input_layout: Layout::Shard(-1),
+            output_layout: Layout::Replicate,
+            use_local_output: true,
+        }
+    }
+}
+
+impl RowwiseParallel {
+    pub fn input_layout(mut self, layout: Layout) -> Self {
+        self.input_layout = layout;
+        self
+    }
+    pub fn output_layout(mut self, layout: Layout) -> Self {
+        self.output_layout = layout;
+        self
+    }
+    pub fn use_local_output(mut self, yes: bool) -> Self {
+        self.use_local_output = yes;
+        self
+    }
+    /// The Megatron vocab-parallel embedding: `RowwiseParallel` with a replicated input
+    /// (token ids) and the given output layout (`Replicate`, or `Shard(1)` to enter a
+    /// sequence-parallel region with a reduce-scatter).
+    pub fn vocab_embedding(output_layout: Layout) -> Self {
+        Self {
+            input_layout: Layout::Replicate,
+            output_layout,
+            use_local_output: true,
+        }
+    }
+}
+
+/// Sequence parallelism for a module with replicated parameters that works position-wise
+/// (LayerNorm, RMSNorm, a position embedding): its input and output are sharded along the
+/// sequence dim (`seq_dim`, 1 for `[B, T, d]`), no communication in forward; the parameters'
+/// gradients, partial per rank, are all-reduced in backward.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SequenceParallel {
+    pub seq_dim: usize,
+}
+
+impl Default for SequenceParallel {
+    fn default() -> Self {
+        Self { seq_dim: 1 }
+    }
+}
+
+/// Re-lays the input of a module out before its forward: applied to a module that has a
+/// [`crate::parallel::ParallelIo`] child (or to that child), whose `input` call converts
+/// `input_layout` to `desired_input_layout`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PrepareModuleInput {
+    pub input_layout: Layout,
+    pub desired_input_layout: Layout,
+}
+
+/// Re-lays the output of a module out after its forward (the `output` call of its
+/// [`crate::parallel::ParallelIo`] child).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PrepareModuleOutput {
+    pub output_layout: Layout,
+    pub desired_output_layout: Layout,
+}
+
+/// Any of the styles, as stored in a [`crate::parallel::ParallelPlan`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ParallelStyle {
+    Colwise(ColwiseParallel),
+    Rowwise(RowwiseParallel),
+    Sequence(SequenceParallel),
+    PrepareInput(PrepareModuleInput),
+    PrepareOutput(PrepareModuleOutput),
+}
+
+impl ParallelStyle {
+    /// The style's name, for errors.
+    pub fn name(&self) -> &'static str {
+        match self {
+            ParallelStyle::Colwise(_) => "ColwiseParallel",
+            ParallelStyle::Rowwise(_) => "RowwiseParallel",
+            ParallelStyle::Sequence(_) => "SequenceParallel",
+            ParallelStyle::PrepareInput(_) => "PrepareModuleInput",
+            ParallelStyle::PrepareOutput(_) => "PrepareModuleOutput",
+        }
+    }
+}
+
+impl From<ColwiseParallel> for ParallelStyle {
+    fn from(s: ColwiseParallel) -> Self {
+        ParallelStyle::Colwise(s)
+    }
+}
+impl From<RowwiseParallel> for ParallelStyle {
+    fn from(s: RowwiseParallel) -> Self {
+        ParallelStyle::Rowwise(s)
+    }
+}
+impl From<SequenceParallel> for ParallelStyle {
+    fn from(s: SequenceParallel) -> Self {
+        ParallelStyle::Sequence(s)
+    }
+}
+impl From<PrepareModuleInput> for ParallelStyle {
+    fn from(s: PrepareModuleInput) -> Self {
+        ParallelStyle::PrepareInput(s)
+    }
+}
+impl From<PrepareModuleOutput> for ParallelStyle {
+    fn from(s: PrepareModuleOutput) -> Self {
+        ParallelStyle::PrepareOutput(s)
+    }
+}
