@@ -8,6 +8,9 @@
 use crate::fingerprint::digest_counts;
 use crate::{BufMut, BufRef, DType, Fingerprint, OpKind, ReduceOp};
 
+/// [`Fingerprint::layout`] of every uneven all-to-all.
+pub const UNEVEN_ALL_TO_ALL: u64 = 0x0a11_2a11_0e0e_0001;
+
 /// Per-rank element counts of an uneven call, or `None` when every rank has the same count.
 pub type Counts<'a> = Option<&'a [usize]>;
 
@@ -175,10 +178,11 @@ impl Collective<'_> {
                 send, op, counts, ..
             } => (send.len(), counts.map_or(0, digest_counts), None, Some(*op)),
             // Per-rank totals legitimately differ in an uneven all-to-all; backends check that
-            // every (sender, receiver) pair agrees instead. Even: every rank moves as much.
+            // every (sender, receiver) pair agrees instead. The layout marks the form, so an
+            // even call can never be paired with an uneven one (even with empty buffers).
             Collective::AllToAll { send, counts, .. } => match counts {
                 None => (send.len() * size, 0, None, None),
-                Some(_) => (0, 0, None, None),
+                Some(_) => (0, UNEVEN_ALL_TO_ALL, None, None),
             },
             Collective::Barrier => (0, 0, None, None),
         };

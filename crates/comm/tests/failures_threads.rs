@@ -235,6 +235,19 @@ fn uneven_all_to_all_with_disagreeing_counts_fails_on_every_rank() {
 }
 
 #[test]
+fn even_and_uneven_all_to_all_do_not_pair_even_when_empty() {
+    // Both sides move zero elements: only the form tells them apart.
+    expect_mismatch_everywhere(2, |pg| {
+        let mut recv: [f32; 0] = [];
+        if pg.rank() == 0 {
+            pg.all_to_all(&[], &mut recv)
+        } else {
+            pg.all_to_all_uneven(&[], &[0, 0], &mut recv, &[0, 0])
+        }
+    });
+}
+
+#[test]
 fn send_recv_length_mismatch_is_reported_to_the_receiver() {
     let outcomes = world(2)
         .launch(|pg| {
