@@ -14,8 +14,10 @@
 //!   `Replicate` and `Partial` placements) and redistribution between placements.
 //! - [`ddp`] (`bonfire-ddp`): data parallelism — `DistributedDataParallel` with
 //!   bucketed gradient all-reduce overlapped with backward.
-//! - `bonfire-zero`, `bonfire-pipeline` (planned): sharded optimizer state and
-//!   pipeline parallelism.
+//! - [`zero`] (`bonfire-zero`): ZeRO sharded data parallelism — stages 1–3
+//!   (optimizer state, gradients, parameters), CPU offload of optimizer state,
+//!   checkpoints that reshard from N ranks to M.
+//! - `bonfire-pipeline` (planned): pipeline parallelism.
 //!
 //! See `docs/architecture.md` in the repository for the full picture.
 //!
@@ -36,6 +38,7 @@
 pub use bonfire_comm as comm;
 pub use bonfire_ddp as ddp;
 pub use bonfire_dtensor as dtensor;
+pub use bonfire_zero as zero;
 
 /// The names almost every Bonfire program needs, for `use bonfire::prelude::*;`.
 pub mod prelude {

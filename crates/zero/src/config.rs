@@ -1,0 +1,61 @@
+//! [`ZeroConfig`]: the stage and its options.
+
+/// What is sharded over the data-parallel group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Stage {
+    /// Nothing (plain data parallelism; the baseline of the memory benchmark).
+    Zero0,
+    /// Optimizer state.
+    Zero1,
+    /// Optimizer state and gradients.
+    Zero2,
+    /// Optimizer state, gradients and parameters.
+    Zero3,
+}
+
+impl Stage {
+    pub fn from_index(i: usize) -> Option<Self> {
+        [Stage::Zero0, Stage::Zero1, Stage::Zero2, Stage::Zero3]
+            .get(i)
+            .copied()
+    }
+    pub fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// Options of a [`crate::Zero`] wrapper.
+#[derive(Debug, Clone)]
+pub struct ZeroConfig {
+    pub stage: Stage,
+    /// Gradient bucket size for the stage-2 reduce-scatter, in bytes (f32).
+    pub bucket_bytes: usize,
+    /// Stage 3: start the all-gather of the next parameter (in forward order) while the
+    /// current one computes.
+    pub prefetch: bool,
+    /// Keep the optimizer state in a host store between steps (ZeRO-Offload).
+    pub offload: bool,
+}
+
+impl ZeroConfig {
+    pub fn new(stage: Stage) -> Self {
+        Self {
+            stage,
+            bucket_bytes: 4 << 20,
+            prefetch: true,
+            offload: false,
+        }
+    }
+    pub fn with_offload(mut self, offload: bool) -> Self {
+        self.offload = offload;
+        self
+    }
+    pub fn with_prefetch(mut self, prefetch: bool) -> Self {
+        self.prefetch = prefetch;
+        self
+    }
+    pub fn with_bucket_bytes(mut self, bytes: usize) -> Self {
+        self.bucket_bytes = bytes.max(4);
+        self
+    }
+}
