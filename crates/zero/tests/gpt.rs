@@ -1,0 +1,177 @@
+//! The reference GPT (tiny size) under stages 1, 2, 3 with and without offload, on 2 and 4
+//! ranks, with SGD and Adam: parameters after 3 steps equal single-device training and DDP
+//! within 1e-5 relative (1e-6 absolute floor); the consolidated checkpoint loads into a plain
+//! `Gpt` with bonfire-examples' loader.
+
+mod common;
+use bonfire_comm::ThreadWorld;
+use bonfire_ddp::{DdpConfig, DistributedDataParallel, params};
+use bonfire_examples::data::Batches;
+use bonfire_examples::{Gpt, GptConfig};
+use bonfire_zero::{Stage, Zero, ZeroConfig};
+use burn::module::Module;
+use burn::optim::{AdamConfig, GradientsParams, Optimizer, SgdConfig};
+use burn::tensor::Device;
+use common::{Opt, STEPS, assert_close, device};
+use std::time::Duration;
+
+const B: usize = 4;
+
+fn batches(cfg: &GptConfig) -> Batches {
+    let n = STEPS * B * cfg.max_seq_len;
+    let ids: Vec<i64> = (0..n)
+        .map(|i| ((i * 7 + 3) % cfg.vocab_size) as i64)
+        .collect();
+    let tg: Vec<i64> = (0..n)
+        .map(|i| ((i * 11 + 5) % cfg.vocab_size) as i64)
+        .collect();
+    Batches::new(ids, tg, [STEPS, B, cfg.max_seq_len])
+}
+
+fn copy_to(model: &Gpt, cfg: &GptConfig, device: &Device) -> Gpt {
+    let flat = params::flatten_values(model, &params::inventory(model));
+    let fresh = Gpt::new(cfg, device);
+    let infos = params::inventory(&fresh);
+    params::assign_values(fresh, &infos, &flat)
+}
+
+fn single(model: &Gpt, data: &Batches, opt: Opt) -> Vec<f32> {
+    let device = Device::flex().autodiff();
+    let mut m = model.clone().fork(&device);
+    let mut o = opt.module();
+    for s in 0..STEPS {
+        let (x, y) = data.rows(s, 0, B, &device);
+        let gp = GradientsParams::from_grads(m.loss(x, y).backward(), &m);
+        m = o.step(opt.lr(), m, gp);
+    }
+    params::flatten_values(&m, &params::inventory(&m))
+}
+
+fn ddp(model: &Gpt, data: &Batches, opt: Opt, n: usize) -> Vec<f32> {
+    let device = Device::flex().autodiff();
+    ThreadWorld::new(n)
+        .timeout(Duration::from_secs(60))
+        .launch(|pg| {
+            let replica = model.clone().fork(&device);
+            let mut d =
+                DistributedDataParallel::new(replica, opt.module(), pg.clone(), DdpConfig::new())
+                    .unwrap();
+            let rows = B / n;
+            for s in 0..STEPS {
+                let (x, y) = data.rows(s, pg.rank() * rows, rows, &device);
+                d.train_step(opt.lr(), |m: &Gpt| m.loss(x, y)).unwrap();
+            }
+            params::flatten_values(d.model(), &params::inventory(d.model()))
+        })
+        .unwrap()
+        .remove(0)
+}
+
+fn run<O: Optimizer>(mut z: Zero<Gpt, O>, data: &Batches, lr: f64, n: usize) -> Vec<f32> {
+    let device = device();
+    let rows = B / n;
+    let rank = z.process_group().rank();
+    for s in 0..STEPS {
+        let (x, y) = data.rows(s, rank * rows, rows, &device);
+        z.train_step(lr, |m: &Gpt| m.loss(x, y)).unwrap();
+    }
+    z.full_values().unwrap()
+}
+
+fn zero(
+    model: &Gpt,
+    cfg: &GptConfig,
+    data: &Batches,
+    opt: Opt,
+    n: usize,
+    config: ZeroConfig,
+) -> Vec<Vec<f32>> {
+    let device = device();
+    ThreadWorld::new(n)
+        .timeout(Duration::from_secs(60))
+        .launch(|pg| {
+            let replica = copy_to(model, cfg, &device);
+            let config = config.clone();
+            match opt {
+                Opt::Sgd => run(
+                    Zero::new(replica, SgdConfig::new().build(), pg.clone(), config).unwrap(),
+                    data,
+                    opt.lr(),
+                    n,
+                ),
+                Opt::Adam => run(
+                    Zero::new(replica, AdamConfig::new().build(), pg.clone(), config).unwrap(),
+                    data,
+                    opt.lr(),
+                    n,
+                ),
+            }
+        })
+        .unwrap()
+}
+
+fn check(opt: Opt) {
+    let cfg = GptConfig::tiny();
+    let model = Gpt::new(&cfg, &Device::flex().autodiff());
+    let data = batches(&cfg);
+    let reference = single(&model, &data, opt);
+    for n in [2, 4] {
+        let d = ddp(&model, &data, opt, n);
+        assert_close(&d, &reference, &format!("ddp n={n}"));
+        for stage in [Stage::Zero1, Stage::Zero2, Stage::Zero3] {
+            for offload in [false, true] {
+                let config = ZeroConfig::new(stage)
+                    .with_offload(offload)
+                    .with_bucket_bytes(4096);
+                for (r, got) in zero(&model, &cfg, &data, opt, n, config).iter().enumerate() {
+                    let what = format!("gpt {stage:?} offload={offload} n={n} rank={r} {opt:?}");
+                    assert_close(got, &reference, &what);
+                    assert_close(got, &d, &format!("{what} vs ddp"));
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn gpt_sgd() {
+    check(Opt::Sgd);
+}
+
+#[test]
+fn gpt_adam() {
+    check(Opt::Adam);
+}
+
+#[test]
+fn gpt_consolidated_checkpoint_loads_into_a_plain_model() {
+    let cfg = GptConfig::tiny();
+    let model = Gpt::new(&cfg, &Device::flex().autodiff());
+    let data = batches(&cfg);
+    let path = std::env::temp_dir().join(format!(
+        "bonfire-zero-gpt-{}.safetensors",
+        std::process::id()
+    ));
+    let device = device();
+    let full = ThreadWorld::new(2)
+        .timeout(Duration::from_secs(60))
+        .launch(|pg| {
+            let replica = copy_to(&model, &cfg, &device);
+            let config = ZeroConfig::new(Stage::Zero3);
+            let mut z = Zero::new(replica, AdamConfig::new().build(), pg.clone(), config).unwrap();
+            let (x, y) = data.rows(0, pg.rank() * 2, 2, &device);
+            z.train_step(0.01, |m: &Gpt| m.loss(x, y)).unwrap();
+            z.save_consolidated(&path).unwrap();
+            z.full_values().unwrap()
+        })
+        .unwrap()
+        .remove(0);
+    let plain =
+        bonfire_examples::checkpoint::load(Gpt::new(&cfg, &Device::flex().autodiff()), &path)
+            .unwrap();
+    assert_eq!(
+        params::flatten_values(&plain, &params::inventory(&plain)),
+        full
+    );
+    let _ = std::fs::remove_file(&path);
+}
