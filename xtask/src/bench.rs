@@ -26,8 +26,6 @@ impl BenchTarget {
 /// Known suites: (command-line name, package, `[[bench]]` name).
 const BENCH_TARGETS: &[BenchTarget] = &[
     BenchTarget::new("comm", "bonfire-comm", "collectives"),
-    BenchTarget::new("pipeline", "bonfire-pipeline", "bubble"),
-    BenchTarget::new("ddp", "bonfire-examples", "ddp"),
     // Later: ddp, tp, zero, pipeline.
 ];
 
