@@ -54,9 +54,9 @@ struct Args {
     /// Measured steps per configuration (after one warm-up step); the bubble is their mean.
     #[arg(long, default_value_t = 3)]
     steps: usize,
-    /// Where the SVG timelines go.
-    #[arg(long, default_value = "target/pipeline-timelines")]
-    out: PathBuf,
+    /// Where the SVG timelines go (default: the workspace's `target/pipeline-timelines`).
+    #[arg(long)]
+    out: Option<PathBuf>,
     /// Accepted for `cargo bench` compatibility.
     #[arg(long, hide = true)]
     bench: bool,
@@ -246,7 +246,14 @@ fn step(
 
 fn main() {
     let args = Args::parse();
-    std::fs::create_dir_all(&args.out).expect("create the timeline directory");
+    // `cargo bench` runs in the package directory: default to the workspace's target dir.
+    let out = args.out.clone().unwrap_or_else(|| {
+        std::env::var_os("CARGO_TARGET_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target"))
+            .join("pipeline-timelines")
+    });
+    std::fs::create_dir_all(&out).expect("create the timeline directory");
     for workload in &args.workloads {
         for &p in &args.ranks {
             for &m in &args.microbatches {
@@ -310,7 +317,7 @@ fn main() {
                         kind.name()
                     );
                     if let Some(t) = last {
-                        let file = args.out.join(format!(
+                        let file = out.join(format!(
                             "{workload}-{}-p{p}-m{m}.svg",
                             kind.name().replace(':', "v")
                         ));
