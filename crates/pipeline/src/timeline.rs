@@ -274,3 +274,44 @@ fn escape(text: &str) -> String {
         .replace('<', "&lt;")
         .replace('>', "&gt;")
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::schedule::{Costs, ScheduleKind};
+    use std::time::Duration;
+
+    #[test]
+    fn bubble_and_svg_of_a_simulated_1f1b() {
+        let s = ScheduleKind::OneFOneB.generate(2, 4);
+        let t = Timeline::simulate(&s, Costs::default()).unwrap();
+        assert!((t.bubble() - 0.2).abs() < 1e-12);
+        assert_eq!(t.makespan(), Duration::from_secs(15));
+        let svg = t.to_svg("1f1b <p=2>");
+        assert!(svg.starts_with("<svg") && svg.ends_with("</svg>\n"));
+        assert!(svg.contains("1f1b &lt;p=2&gt; — bubble 20.0%"));
+        assert_eq!(svg.matches("<title>Forward(").count(), 8);
+        assert_eq!(svg.matches("<title>Backward(").count(), 8);
+        assert!(svg.contains("rank 1"));
+    }
+
+    #[test]
+    fn merge_aligns_ranks_on_their_clock() {
+        let a = RankTimeline::start(1);
+        std::thread::sleep(Duration::from_millis(5));
+        let mut b = RankTimeline::start(0);
+        let (s, e) = (b.origin, b.origin + Duration::from_millis(10));
+        b.record(crate::Action::Forward { mb: 0, chunk: 0 }, s, e);
+        let mut a = a;
+        let o = a.origin;
+        a.record(
+            crate::Action::Forward { mb: 0, chunk: 0 },
+            o,
+            o + Duration::from_millis(15),
+        );
+        let t = Timeline::merge(vec![a, b]);
+        // Rank 0 started ≥ 5 ms after rank 1, and comes first after the merge.
+        assert!(t.ranks[0][0].start >= 0.005);
+        assert_eq!(t.ranks[1][0].start, 0.0);
+    }
+}
