@@ -19,14 +19,18 @@ struct GpuTestSuite {
     min_gpus: usize,
 }
 
-/// GPU test suites, run by `cargo xtask test-multi-gpu`. None exist yet; e.g.
-/// the NCCL backend will add
-/// `GpuTestSuite { package: "bonfire-comm", features: "nccl", min_gpus: 2 }`.
-const GPU_TEST_SUITES: &[GpuTestSuite] = &[];
+/// GPU test suites, run by `cargo xtask test-multi-gpu`.
+const GPU_TEST_SUITES: &[GpuTestSuite] = &[
+    // NCCL conformance on every visible GPU (one rank per GPU; 1 GPU = a 1-rank group).
+    GpuTestSuite {
+        package: "bonfire-comm",
+        features: "nccl",
+        min_gpus: 1,
+    },
+];
 
 /// GPU feature builds checked by `cargo xtask check-gpu`, as `package/feature`.
-/// None exist yet; e.g. the NCCL backend will add `"bonfire-comm/nccl"`.
-const GPU_FEATURE_BUILDS: &[&str] = &[];
+const GPU_FEATURE_BUILDS: &[&str] = &["bonfire-comm/nccl", "bonfire-dtensor/cuda"];
 
 pub fn test_multi_gpu() -> Result {
     let Some(gpu_count) = detect_gpus() else {

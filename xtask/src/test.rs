@@ -39,6 +39,11 @@ fn steps() -> Vec<Step> {
             run: clippy,
         },
         Step {
+            name: "clippy-features",
+            is_lint: true,
+            run: clippy_features,
+        },
+        Step {
             name: "test",
             is_lint: false,
             run: test_suite,
@@ -47,6 +52,11 @@ fn steps() -> Vec<Step> {
             name: "mpi",
             is_lint: false,
             run: mpi,
+        },
+        Step {
+            name: "nccl-cpu",
+            is_lint: false,
+            run: nccl_cpu,
         },
     ]
 }
@@ -136,4 +146,48 @@ fn mpi() -> Result<Outcome> {
             reason: crate::mpi::HOW_TO_ENABLE.to_string(),
         })
     }
+}
+
+/// Clippy on the feature-gated backends: `nccl` always (it builds without CUDA), `mpi` when
+/// MPI is installed.
+fn clippy_features() -> Result<Outcome> {
+    let features = if crate::mpi::mpirun_available() {
+        "nccl,mpi"
+    } else {
+        "nccl"
+    };
+    let mut command = process::cargo();
+    command.args([
+        "clippy",
+        "-p",
+        "bonfire-comm",
+        "--all-targets",
+        "--features",
+        features,
+        "--",
+        "-D",
+        "warnings",
+    ]);
+    process::run(command)?;
+    Ok(Outcome::Passed)
+}
+
+/// The NCCL backend's CPU-side tests (library probing without a GPU, unique-id sharing over
+/// a process group and over the TCP rendezvous, argument checks). GPU tests are `#[ignore]`d
+/// and run by `cargo xtask test-multi-gpu`.
+fn nccl_cpu() -> Result<Outcome> {
+    let mut command = process::cargo();
+    command.args([
+        "test",
+        "-p",
+        "bonfire-comm",
+        "--features",
+        "nccl",
+        "--lib",
+        "--tests",
+        "--",
+        "nccl",
+    ]);
+    process::run(command)?;
+    Ok(Outcome::Passed)
 }

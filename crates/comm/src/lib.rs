@@ -50,10 +50,15 @@ mod group;
 mod memops;
 #[cfg(feature = "mpi")]
 pub mod mpi;
+#[cfg(feature = "nccl")]
+pub mod nccl;
 mod recorder;
 pub mod reduce;
+pub mod rendezvous;
 pub mod testing;
 pub mod threads;
+#[cfg(any(feature = "mpi", feature = "nccl"))]
+mod wire;
 mod work;
 pub mod world;
 

@@ -1,5 +1,8 @@
-//! Fixed-size encoding of a [`Fingerprint`] (and of control notices) as eight `u64` words,
+//! Fixed-size encoding of a [`Fingerprint`] (and of control notices) as eight `u64` words
+//! (shared by the MPI and NCCL backends),
 //! the unit ranks exchange before every collective and in front of every message.
+
+#![cfg_attr(not(feature = "mpi"), allow(dead_code))]
 
 use crate::{DType, Fingerprint, OpKind, ReduceOp};
 

@@ -18,10 +18,10 @@
 //! all-reduces take a ring path with persistent scratch (see [`RING_THRESHOLD_BYTES`]).
 
 use super::runtime::{Backoff, Comm, Request, Runtime};
-use super::wire;
 use crate::backend::{Backend, CallContext};
 use crate::collective::{Collective, offsets_into};
 use crate::reduce::finish_avg;
+use crate::wire;
 use crate::{BufMut, BufRef, CommError, DType, ReduceOp, Result};
 use half::{bf16, f16};
 use mpi::ffi;

@@ -33,7 +33,6 @@
 
 mod backend;
 mod runtime;
-mod wire;
 
 pub use backend::RING_THRESHOLD_BYTES;
 pub use runtime::abort_job;

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use super::wire;
+use crate::wire;
 
 /// Tag of exit notices on the control communicator.
 const EXIT_TAG: c_int = 7;

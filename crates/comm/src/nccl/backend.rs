@@ -1,0 +1,445 @@
+//! [`NcclBackend`]: a [`ProcessGroup`](crate::ProcessGroup) backend over NCCL for *host*
+//! buffers, staged through device scratch that is reused across calls. It exists so that
+//! the conformance suite, fingerprint checks and timeouts run on GPUs exactly as on the
+//! other backends; tensors that already live on the GPU use the `*_device` methods of
+//! [`NcclComm`] directly (no staging).
+//!
+//! Each collective first all-gathers the 64-byte encoded fingerprint of every rank (one tiny
+//! NCCL all-gather), compares them on the host and fails on every rank with both views if
+//! they differ; then it moves the data. Uneven all-gather is a grouped broadcast per rank,
+//! uneven reduce-scatter a grouped reduce per root, all-to-all grouped send/recv. Every
+//! wait polls the stream against the group's timeout and aborts the communicator on expiry.
+//!
+//! Host point-to-point (`send`/`recv`) is not offered: NCCL sends block until the peer's
+//! receive runs and cannot be matched by tag, so the buffered, tag-matched semantics of the
+//! other backends cannot be honoured; use [`NcclComm::exchange_device`] (grouped).
+
+use super::{DevicePtr, NcclComm, UniqueId, WaitFailure, error};
+use crate::backend::{Backend, CallContext};
+use crate::collective::{Collective, offsets_into};
+use crate::{BufMut, BufRef, CommError, DType, Result, wire};
+use cudarc::driver::result as cu;
+use std::sync::Mutex;
+use std::time::Instant;
+
+/// A grow-only device allocation.
+#[derive(Default)]
+struct DeviceBuf {
+    ptr: DevicePtr,
+    bytes: usize,
+}
+
+impl DeviceBuf {
+    fn ensure(&mut self, bytes: usize) -> Result<DevicePtr> {
+        if self.bytes < bytes.max(1) {
+            self.release();
+            // SAFETY: the communicator's context is current (ensure_usable).
+            self.ptr = unsafe { cu::malloc_sync(bytes.max(256)) }
+                .map_err(|e| error(format!("cuMemAlloc({bytes}): {e:?}")))?;
+            self.bytes = bytes.max(256);
+        }
+        Ok(self.ptr)
+    }
+    fn release(&mut self) {
+        if self.bytes > 0 {
+            // SAFETY: allocated by `ensure`, freed once.
+            let _ = unsafe { cu::free_sync(self.ptr) };
+            self.bytes = 0;
+        }
+    }
+}
+
+#[derive(Default)]
+struct Scratch {
+    a: DeviceBuf,
+    b: DeviceBuf,
+    fps: DeviceBuf,
+    host_fps: Vec<u8>,
+    offsets: Vec<usize>,
+    offsets2: Vec<usize>,
+    counts: Vec<usize>,
+    matrix: Vec<u64>,
+}
+
+pub struct NcclBackend {
+    comm: NcclComm,
+    world: Vec<usize>,
+    scratch: Mutex<Scratch>,
+}
+
+impl NcclBackend {
+    pub(crate) fn new(comm: NcclComm) -> Self {
+        let world = (0..comm.size()).collect();
+        Self::with_world(comm, world)
+    }
+
+    fn with_world(comm: NcclComm, world: Vec<usize>) -> Self {
+        Self {
+            comm,
+            world,
+            scratch: Mutex::new(Scratch::default()),
+        }
+    }
+
+    /// Waits for the communicator's stream, mapping failures to the call's errors.
+    fn wait(&self, ctx: &CallContext<'_>, started: Instant) -> Result<()> {
+        let deadline = started + ctx.timeout;
+        self.comm.wait_own(deadline).map_err(|f| match f {
+            // NCCL cannot tell which peers are missing: name them all.
+            WaitFailure::Timeout => ctx.timeout_error(
+                (0..self.comm.size())
+                    .filter(|&r| r != self.comm.rank())
+                    .collect(),
+                started.elapsed(),
+            ),
+            WaitFailure::Error(message) => error(message),
+        })
+    }
+
+    fn h2d(&self, dst: DevicePtr, src: &[u8]) -> Result<()> {
+        if src.is_empty() {
+            return Ok(());
+        }
+        // SAFETY: `dst` holds at least `src.len()` bytes (ensured by the caller).
+        unsafe { cu::memcpy_htod_async(dst, src, self.comm.stream()) }
+            .map_err(|e| error(format!("cuMemcpyHtoDAsync: {e:?}")))
+    }
+
+    fn d2h(&self, dst: &mut [u8], src: DevicePtr) -> Result<()> {
+        if dst.is_empty() {
+            return Ok(());
+        }
+        // SAFETY: `src` holds at least `dst.len()` bytes; the caller waits on the stream
+        // before reading `dst`.
+        unsafe { cu::memcpy_dtoh_async(dst, src, self.comm.stream()) }
+            .map_err(|e| error(format!("cuMemcpyDtoHAsync: {e:?}")))
+    }
+
+    /// All-gathers `row` (u64 words per rank) into `s.matrix`.
+    fn gather_words(
+        &self,
+        row: &[u64],
+        s: &mut Scratch,
+        ctx: &CallContext<'_>,
+        started: Instant,
+    ) -> Result<()> {
+        let n = self.comm.size();
+        let bytes = row.len() * 8;
+        let dev = s.b.ensure(bytes * n)?;
+        self.h2d(
+            dev + (self.comm.rank() * bytes) as u64,
+            bytemuck::cast_slice(row),
+        )?;
+        // SAFETY: in-place all-gather inside `dev` (n × bytes).
+        unsafe {
+            self.comm.all_gather_device(
+                dev + (self.comm.rank() * bytes) as u64,
+                dev,
+                bytes,
+                DType::U8,
+                self.comm.stream(),
+            )?;
+        }
+        s.matrix.resize(row.len() * n, 0);
+        self.d2h(bytemuck::cast_slice_mut(&mut s.matrix), dev)?;
+        self.wait(ctx, started)
+    }
+
+    fn handshake(&self, s: &mut Scratch, ctx: &CallContext<'_>, started: Instant) -> Result<()> {
+        let n = self.comm.size();
+        let me = self.comm.rank();
+        let dev = s.fps.ensure(wire::BYTES * n)?;
+        let mut mine = [0u8; wire::BYTES];
+        wire::to_bytes(&wire::encode(&ctx.fingerprint), &mut mine);
+        self.h2d(dev + (me * wire::BYTES) as u64, &mine)?;
+        // SAFETY: in-place all-gather inside `dev`.
+        unsafe {
+            self.comm.all_gather_device(
+                dev + (me * wire::BYTES) as u64,
+                dev,
+                wire::BYTES,
+                DType::U8,
+                self.comm.stream(),
+            )?;
+        }
+        s.host_fps.resize(wire::BYTES * n, 0);
+        self.d2h(&mut s.host_fps, dev)?;
+        self.wait(ctx, started)?;
+        for peer in (0..n).filter(|&p| p != me) {
+            let words = wire::from_bytes(&s.host_fps[peer * wire::BYTES..]);
+            match words.as_ref().and_then(wire::decode) {
+                Some(fp) if fp == ctx.fingerprint => {}
+                Some(fp) => return Err(ctx.mismatch(peer, fp)),
+                None => return Err(error(format!("rank {peer} sent a malformed fingerprint"))),
+            }
+        }
+        Ok(())
+    }
+
+    fn run(
+        &self,
+        call: Collective<'_>,
+        s: &mut Scratch,
+        ctx: &CallContext<'_>,
+        started: Instant,
+    ) -> Result<()> {
+        let n = self.comm.size();
+        let me = self.comm.rank();
+        let stream = self.comm.stream();
+        let dtype = call.dtype();
+        let es = dtype.size() as u64;
+        match call {
+            Collective::Barrier => Ok(()),
+            Collective::AllReduce { mut buf, op } => {
+                let a = s.a.ensure(buf.bytes().len())?;
+                self.h2d(a, buf.bytes())?;
+                // SAFETY: `a` holds the buffer.
+                unsafe {
+                    self.comm
+                        .all_reduce_device(a, a, buf.len(), dtype, op, stream)?
+                };
+                self.d2h(buf.bytes_mut(), a)?;
+                self.wait(ctx, started)
+            }
+            Collective::Broadcast { mut buf, root } => {
+                let a = s.a.ensure(buf.bytes().len())?;
+                self.h2d(a, buf.bytes())?;
+                // SAFETY: `a` holds the buffer.
+                unsafe {
+                    self.comm
+                        .broadcast_device(a, a, buf.len(), dtype, root, stream)?
+                };
+                self.d2h(buf.bytes_mut(), a)?;
+                self.wait(ctx, started)
+            }
+            Collective::Reduce { mut buf, op, root } => {
+                let a = s.a.ensure(buf.bytes().len())?;
+                self.h2d(a, buf.bytes())?;
+                // SAFETY: `a` holds the buffer (in place on the root).
+                unsafe {
+                    self.comm
+                        .reduce_device(a, a, buf.len(), dtype, op, root, stream)?
+                };
+                if me == root {
+                    self.d2h(buf.bytes_mut(), a)?;
+                }
+                self.wait(ctx, started)
+            }
+            Collective::AllGather {
+                send,
+                mut recv,
+                counts,
+            } => {
+                let a = s.a.ensure(send.bytes().len())?;
+                let b = s.b.ensure(recv.bytes().len())?;
+                self.h2d(a, send.bytes())?;
+                match counts {
+                    // SAFETY: `a` holds `send`, `b` holds `recv`.
+                    None => unsafe {
+                        self.comm
+                            .all_gather_device(a, b, send.len(), dtype, stream)?
+                    },
+                    Some(counts) => {
+                        offsets_into(counts, &mut s.offsets);
+                        cudarc::nccl::result::group_start().map_err(|e| error(format!("{e:?}")))?;
+                        let mut r = Ok(());
+                        for (root, (&c, &off)) in counts.iter().zip(&s.offsets).enumerate() {
+                            let dst = b + off as u64 * es;
+                            let src = if root == me { a } else { dst };
+                            if r.is_ok() {
+                                // SAFETY: pieces of `b` by validated counts.
+                                r = unsafe {
+                                    self.comm.broadcast_device(src, dst, c, dtype, root, stream)
+                                };
+                            }
+                        }
+                        let end =
+                            cudarc::nccl::result::group_end().map_err(|e| error(format!("{e:?}")));
+                        r.and(end)?;
+                    }
+                }
+                self.d2h(recv.bytes_mut(), b)?;
+                self.wait(ctx, started)
+            }
+            Collective::ReduceScatter {
+                send,
+                mut recv,
+                op,
+                counts,
+            } => {
+                let a = s.a.ensure(send.bytes().len())?;
+                let b = s.b.ensure(recv.bytes().len())?;
+                self.h2d(a, send.bytes())?;
+                match counts {
+                    // SAFETY: `a` holds `send`, `b` holds `recv`.
+                    None => unsafe {
+                        self.comm
+                            .reduce_scatter_device(a, b, recv.len(), dtype, op, stream)?
+                    },
+                    Some(counts) => {
+                        // One reduce per root, fused: the same bytes as a reduce-scatter, in
+                        // n smaller kernels.
+                        offsets_into(counts, &mut s.offsets);
+                        cudarc::nccl::result::group_start().map_err(|e| error(format!("{e:?}")))?;
+                        let mut r = Ok(());
+                        for (root, (&c, &off)) in counts.iter().zip(&s.offsets).enumerate() {
+                            if r.is_ok() {
+                                // SAFETY: pieces of `a` by validated counts; `b` on the root.
+                                r = unsafe {
+                                    self.comm.reduce_device(
+                                        a + off as u64 * es,
+                                        b,
+                                        c,
+                                        dtype,
+                                        op,
+                                        root,
+                                        stream,
+                                    )
+                                };
+                            }
+                        }
+                        let end =
+                            cudarc::nccl::result::group_end().map_err(|e| error(format!("{e:?}")));
+                        r.and(end)?;
+                    }
+                }
+                self.d2h(recv.bytes_mut(), b)?;
+                self.wait(ctx, started)
+            }
+            Collective::AllToAll {
+                send,
+                mut recv,
+                counts,
+            } => {
+                s.counts.clear();
+                let (send_counts, recv_counts): (&[usize], &[usize]) = match counts {
+                    Some(c) => {
+                        let mut row: Vec<u64> = c.send.iter().map(|&x| x as u64).collect();
+                        row.extend(c.recv.iter().map(|&x| x as u64));
+                        self.gather_words(&row, s, ctx, started)?;
+                        for i in 0..n {
+                            for j in 0..n {
+                                let sent = s.matrix[i * 2 * n + j] as usize;
+                                let expected = s.matrix[j * 2 * n + n + i] as usize;
+                                if sent != expected {
+                                    return Err(CommError::CountMismatch {
+                                        group: ctx.group.to_string(),
+                                        seq: ctx.fingerprint.seq,
+                                        sender: i,
+                                        receiver: j,
+                                        sent,
+                                        expected,
+                                    });
+                                }
+                            }
+                        }
+                        (c.send, c.recv)
+                    }
+                    None => {
+                        s.counts.extend(std::iter::repeat_n(send.len() / n, n));
+                        (&s.counts[..], &s.counts[..])
+                    }
+                };
+                let a = s.a.ensure(send.bytes().len())?;
+                let b = s.b.ensure(recv.bytes().len())?;
+                self.h2d(a, send.bytes())?;
+                offsets_into(send_counts, &mut s.offsets);
+                offsets_into(recv_counts, &mut s.offsets2);
+                let sends: Vec<(DevicePtr, usize, usize)> = (0..n)
+                    .map(|j| (a + s.offsets[j] as u64 * es, send_counts[j], j))
+                    .collect();
+                let recvs: Vec<(DevicePtr, usize, usize)> = (0..n)
+                    .map(|j| (b + s.offsets2[j] as u64 * es, recv_counts[j], j))
+                    .collect();
+                // SAFETY: pieces of `a` and `b` by validated counts.
+                unsafe { self.comm.exchange_device(&sends, &recvs, dtype, stream)? };
+                self.d2h(recv.bytes_mut(), b)?;
+                self.wait(ctx, started)
+            }
+        }
+    }
+}
+
+impl Drop for NcclBackend {
+    fn drop(&mut self) {
+        let s = self.scratch.get_mut().unwrap_or_else(|e| e.into_inner());
+        s.a.release();
+        s.b.release();
+        s.fps.release();
+    }
+}
+
+impl Backend for NcclBackend {
+    fn name(&self) -> &'static str {
+        "nccl"
+    }
+    fn rank(&self) -> usize {
+        self.comm.rank()
+    }
+    fn size(&self) -> usize {
+        self.comm.size()
+    }
+    fn world_ranks(&self) -> Vec<usize> {
+        self.world.clone()
+    }
+
+    fn collective(&self, call: Collective<'_>, ctx: &CallContext<'_>) -> Result<()> {
+        self.comm.ensure_usable()?;
+        let started = Instant::now();
+        let mut guard = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
+        self.handshake(&mut guard, ctx, started)?;
+        self.run(call, &mut guard, ctx, started)
+    }
+
+    fn send(&self, _buf: BufRef<'_>, _dst: usize, _ctx: &CallContext<'_>) -> Result<()> {
+        Err(CommError::Unsupported {
+            backend: "nccl",
+            what: "host send/recv (NCCL sends block until matched and have no tags; use \
+                   NcclComm::exchange_device for grouped device-side exchanges)"
+                .into(),
+        })
+    }
+
+    fn recv(&self, _buf: BufMut<'_>, src: usize, ctx: &CallContext<'_>) -> Result<()> {
+        self.send(BufRef::new::<u8>(&[]), src, ctx)
+    }
+
+    /// Sub-groups: the new group's first rank creates an id and sends it to the other members
+    /// over the parent communicator (grouped NCCL send/recv among members only), then every
+    /// member joins the new communicator.
+    fn new_group(&self, ranks: &[usize]) -> Result<Box<dyn Backend>> {
+        self.comm.ensure_usable()?;
+        let me = self.comm.rank();
+        let sub_rank = ranks
+            .iter()
+            .position(|&r| r == me)
+            .expect("validated by ProcessGroup");
+        let leader = ranks[0];
+        let mut s = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
+        let dev = s.fps.ensure(128)?;
+        if me == leader {
+            let id = UniqueId::new()?;
+            self.h2d(dev, &id.0)?;
+        }
+        let (sends, recvs): (Vec<_>, Vec<_>) = if me == leader {
+            (ranks[1..].iter().map(|&r| (dev, 128, r)).collect(), vec![])
+        } else {
+            (vec![], vec![(dev, 128, leader)])
+        };
+        // SAFETY: `dev` holds 128 bytes.
+        unsafe {
+            self.comm
+                .exchange_device(&sends, &recvs, DType::U8, self.comm.stream())?
+        };
+        let mut id = [0u8; 128];
+        self.d2h(&mut id, dev)?;
+        let deadline = Instant::now() + crate::default_timeout();
+        self.comm
+            .wait_own(deadline)
+            .map_err(|f| error(format!("new_group({ranks:?}): id exchange failed: {f:?}")))?;
+        drop(s);
+        let comm = NcclComm::init(&UniqueId(id), sub_rank, ranks.len(), self.comm.device())?;
+        let world = ranks.iter().map(|&r| self.world[r]).collect();
+        Ok(Box::new(NcclBackend::with_world(comm, world)))
+    }
+}

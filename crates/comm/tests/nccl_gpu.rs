@@ -1,0 +1,117 @@
+//! NCCL on real GPUs. Every test here is `#[ignore]`d and named `gpu_*`: the CPU-only
+//! `cargo xtask test` never runs them; `cargo xtask test-multi-gpu` does, on a machine with
+//! NVIDIA GPUs, libcuda and libnccl (see docs/multi-process.md). Each visible GPU is one rank,
+//! driven by one thread of this process.
+#![cfg(feature = "nccl")]
+
+use bonfire_comm::nccl::{NcclComm, UniqueId, probe};
+use bonfire_comm::rendezvous::Rendezvous;
+use bonfire_comm::testing::conformance::run_dtype;
+use bonfire_comm::{DType, ProcessGroup, ReduceOp, bf16, f16};
+use std::time::{Duration, Instant};
+
+fn gpus() -> usize {
+    let libs = probe().unwrap_or_else(|e| panic!("GPU tests need CUDA and NCCL: {e}"));
+    assert!(libs.devices >= 1, "no CUDA device visible");
+    println!("NCCL {} with {} GPU(s)", libs.nccl_version, libs.devices);
+    libs.devices
+}
+
+/// The dtype suites of the shared conformance suite (host buffers staged through the GPU).
+fn conformance(pg: &ProcessGroup) -> Result<usize, String> {
+    let mut checks = 0;
+    checks += run_dtype::<f32>(pg)?;
+    checks += run_dtype::<f64>(pg)?;
+    checks += run_dtype::<f16>(pg)?;
+    checks += run_dtype::<bf16>(pg)?;
+    checks += run_dtype::<i32>(pg)?;
+    checks += run_dtype::<i64>(pg)?;
+    checks += run_dtype::<u8>(pg)?;
+    // Sub-groups: even and odd GPUs.
+    let (n, me) = (pg.size(), pg.rank());
+    let members: Vec<usize> = (0..n).filter(|r| r % 2 == me % 2).collect();
+    let sub = pg.new_group(&members).map_err(|e| e.to_string())?;
+    checks += run_dtype::<f32>(&sub)?;
+    // A mismatch is reported on every rank and the group stays usable.
+    if n > 1 {
+        let len = if me == 0 { 4 } else { 5 };
+        match pg.all_reduce(&mut vec![1.0f32; len], ReduceOp::Sum) {
+            Err(bonfire_comm::CommError::Mismatch { .. }) => checks += 1,
+            other => return Err(format!("expected a mismatch, got {other:?}")),
+        }
+        let mut v = vec![1.0f32; 3];
+        pg.all_reduce(&mut v, ReduceOp::Sum)
+            .map_err(|e| e.to_string())?;
+        checks += 1;
+    }
+    Ok(checks)
+}
+
+#[test]
+#[ignore = "needs NVIDIA GPUs: cargo xtask test-multi-gpu"]
+fn gpu_conformance_on_every_visible_gpu() {
+    let n = gpus();
+    let id = UniqueId::new().unwrap();
+    let results: Vec<Result<usize, String>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..n)
+            .map(|rank| {
+                s.spawn(move || {
+                    let comm = NcclComm::init(&id, rank, n, rank).map_err(|e| e.to_string())?;
+                    let pg = comm.into_group("gpu");
+                    pg.set_timeout(Duration::from_secs(60));
+                    conformance(&pg)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (rank, r) in results.into_iter().enumerate() {
+        let checks = r.unwrap_or_else(|e| panic!("GPU rank {rank}: {e}"));
+        println!("GPU rank {rank}: {checks} checks passed");
+    }
+}
+
+#[test]
+#[ignore = "needs NVIDIA GPUs: cargo xtask test-multi-gpu"]
+fn gpu_tcp_rendezvous_bootstrap_and_device_pointer_all_reduce() {
+    use cudarc::driver::result as cu;
+    let n = gpus();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    std::thread::scope(|s| {
+        for rank in 0..n {
+            s.spawn(move || {
+                let rv = Rendezvous {
+                    master_addr: "127.0.0.1".into(),
+                    master_port: port,
+                    rank,
+                    size: n,
+                    key: 0,
+                    timeout: Duration::from_secs(60),
+                };
+                let id = UniqueId::share_tcp(&rv).unwrap();
+                let comm = NcclComm::init(&id, rank, n, rank).unwrap();
+                // Device buffers, as a Burn CUDA tensor would hold them: no host staging.
+                let len = 1 << 20;
+                let host = vec![(rank + 1) as f32; len];
+                let mut back = vec![0f32; len];
+                // SAFETY: allocations of `len` f32 on this rank's device, freed below.
+                unsafe {
+                    let dev = cu::malloc_sync(len * 4).unwrap();
+                    cu::memcpy_htod_async(dev, &host, comm.stream()).unwrap();
+                    comm.all_reduce_device(dev, dev, len, DType::F32, ReduceOp::Sum, comm.stream())
+                        .unwrap();
+                    cu::memcpy_dtoh_async(&mut back, dev, comm.stream()).unwrap();
+                    comm.wait_own(Instant::now() + Duration::from_secs(60))
+                        .unwrap();
+                    cu::free_sync(dev).unwrap();
+                }
+                let want = (n * (n + 1) / 2) as f32;
+                assert!(back.iter().all(|&x| x == want), "rank {rank}: {}", back[0]);
+            });
+        }
+    });
+}
