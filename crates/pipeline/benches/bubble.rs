@@ -42,17 +42,19 @@ struct Args {
     /// Simulated forward time per rank and micro-batch (ms); backward is twice that.
     #[arg(long, default_value_t = 2.0)]
     forward_ms: f64,
-    /// Matmul workload: rows per micro-batch.
-    #[arg(long, default_value_t = 32)]
+    /// Matmul workload: rows per micro-batch. With the width, keeps each matmul under
+    /// Flex's 192³ threshold for multi-threaded gemm, so a rank is one thread.
+    #[arg(long, default_value_t = 96)]
     rows: usize,
     /// Matmul workload: width of the square weights.
-    #[arg(long, default_value_t = 192)]
+    #[arg(long, default_value_t = 256)]
     width: usize,
     /// Matmul workload: layers per rank (split evenly over its chunks).
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, default_value_t = 8)]
     layers: usize,
-    /// Measured steps per configuration (after one warm-up step); the bubble is their mean.
-    #[arg(long, default_value_t = 3)]
+    /// Measured steps per configuration (after one warm-up step); the bubble reported is
+    /// their median (the machine is shared, outliers are common).
+    #[arg(long, default_value_t = 5)]
     steps: usize,
     /// Where the SVG timelines go (default: the workspace's `target/pipeline-timelines`).
     #[arg(long)]
@@ -244,6 +246,16 @@ fn step(
     run_unchecked(pg, schedule, stage).unwrap()
 }
 
+fn median(values: &mut [f64]) -> f64 {
+    values.sort_by(f64::total_cmp);
+    let n = values.len();
+    if n % 2 == 1 {
+        values[n / 2]
+    } else {
+        (values[n / 2 - 1] + values[n / 2]) / 2.0
+    }
+}
+
 fn main() {
     let args = Args::parse();
     // `cargo bench` runs in the package directory: default to the workspace's target dir.
@@ -310,8 +322,8 @@ fn main() {
                         makespans.push(t.makespan().as_secs_f64() * 1e3);
                         last = Some(t);
                     }
-                    let bubble = bubbles.iter().sum::<f64>() / bubbles.len() as f64;
-                    let step_ms = makespans.iter().sum::<f64>() / makespans.len() as f64;
+                    let bubble = median(&mut bubbles);
+                    let step_ms = median(&mut makespans);
                     println!(
                         "bench pipeline schedule={} p={p} m={m} bubble={bubble:.4} theory={theory:.4} workload={workload} theory_from={theory_kind} step_ms={step_ms:.2}",
                         kind.name()

@@ -39,6 +39,16 @@ fn reference_loss_decreases() {
 }
 
 #[test]
+fn tolerance_catches_wrong_microbatch_weights() {
+    // m = 3 splits 8 rows 3/3/2; weighting each mean by 1/3 is not the batch mean.
+    let wrong = pipelined_uniform_weights(&ScheduleKind::OneFOneB.generate(2, 3));
+    assert!(!is_close(&wrong, want()));
+    // With m = 4 the micro-batches are even and 1/m is right.
+    let right = pipelined_uniform_weights(&ScheduleKind::OneFOneB.generate(2, 4));
+    assert_close(&right, want(), "uniform weights, even micro-batches");
+}
+
+#[test]
 fn gpipe_pp2() {
     parity(ScheduleKind::GPipe, 2);
 }

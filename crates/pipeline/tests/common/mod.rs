@@ -134,6 +134,7 @@ fn train_rank(
     dp: Option<&ProcessGroup>,
     schedule: &Schedule,
     rows: std::ops::Range<usize>,
+    uniform_weights: bool,
 ) -> RankOut {
     let device = dev();
     let rank = pp.rank();
@@ -148,15 +149,14 @@ fn train_rank(
         let (x, y) = batch(step, ROWS, &device);
         let (x, y) = (x.narrow(0, rows.start, n), y.narrow(0, rows.start, n));
         let targets = split_batch(y, m);
-        let mut stage = BurnStage::new(
-            chunks,
-            schedule,
-            rank,
-            device.clone(),
-            microbatch_weights(n, m),
-        )
-        .with_inputs(split_batch(x, m))
-        .with_loss(move |mb, out| mse(out, targets[mb].clone()));
+        let weights = if uniform_weights {
+            vec![1.0 / m as f32; m]
+        } else {
+            microbatch_weights(n, m)
+        };
+        let mut stage = BurnStage::new(chunks, schedule, rank, device.clone(), weights)
+            .with_inputs(split_batch(x, m))
+            .with_loss(move |mb, out| mse(out, targets[mb].clone()));
         run_schedule(pp, schedule, &mut stage).unwrap_or_else(|e| panic!("rank {rank}: {e}"));
         let (c, mut grads, mut loss) = stage.finish();
         if let Some(dp) = dp {
@@ -210,7 +210,16 @@ fn collect(results: Vec<RankOut>, blocks_per_stage: usize) -> Outcome {
 /// Pipelined training with `schedule` on its ranks.
 pub fn pipelined(schedule: &Schedule) -> Outcome {
     let results = world(schedule.ranks(), |pg| {
-        train_rank(&pg, None, schedule, 0..ROWS)
+        train_rank(&pg, None, schedule, 0..ROWS, false)
+    });
+    collect(results, BLOCKS / schedule.stages())
+}
+
+/// Like [`pipelined`], but weighting every micro-batch's mean loss by `1/m` even when the
+/// micro-batches are uneven (wrong on purpose: a negative control for the tolerance).
+pub fn pipelined_uniform_weights(schedule: &Schedule) -> Outcome {
+    let results = world(schedule.ranks(), |pg| {
+        train_rank(&pg, None, schedule, 0..ROWS, true)
     });
     collect(results, BLOCKS / schedule.stages())
 }
@@ -222,7 +231,7 @@ pub fn pipelined_dp(schedule: &Schedule, dp: usize) -> Outcome {
         let mesh = Mesh2d::new(&world, dp, pp).unwrap();
         let per = ROWS / dp;
         let rows = mesh.dp_rank * per..(mesh.dp_rank + 1) * per;
-        let out = train_rank(&mesh.pp_group, Some(&mesh.dp_group), schedule, rows);
+        let out = train_rank(&mesh.pp_group, Some(&mesh.dp_group), schedule, rows, false);
         (mesh.dp_rank, out)
     });
     // Replicas must agree; keep replica 0's view after checking.
@@ -241,6 +250,11 @@ pub fn pipelined_dp(schedule: &Schedule, dp: usize) -> Outcome {
     );
     assert_close(&a, &b, "replica 0 vs replica 1");
     a
+}
+
+/// Whether every loss and parameter agrees within |a − b| ≤ 1e-5·|b| + 1e-6.
+pub fn is_close(got: &Outcome, want: &Outcome) -> bool {
+    std::panic::catch_unwind(|| assert_close(got, want, "")).is_ok()
 }
 
 /// |a − b| ≤ 1e-5·|b| + 1e-6 for every loss and parameter.
