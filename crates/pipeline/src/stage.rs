@@ -348,3 +348,33 @@ impl<M: Block<D>, const D: usize> StageCompute for BurnStage<'_, M, D> {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn split_points() {
+        let stages = split_at((0..6).collect(), &[2, 5]).unwrap();
+        assert_eq!(stages, vec![vec![0, 1], vec![2, 3, 4], vec![5]]);
+        assert!(split_at((0..6).collect::<Vec<_>>(), &[3, 3]).is_err());
+        assert!(split_at((0..6).collect::<Vec<_>>(), &[6]).is_err());
+        assert_eq!(split_at((0..2).collect::<Vec<_>>(), &[]).unwrap().len(), 1);
+    }
+
+    #[test]
+    fn balance_by_cost() {
+        assert_eq!(balance(&[1, 1, 1, 1, 10], 2).unwrap(), vec![4]);
+        assert_eq!(balance(&[10, 1, 1, 1, 1], 2).unwrap(), vec![1]);
+        assert_eq!(balance(&[3, 3, 3, 3], 4).unwrap(), vec![1, 2, 3]);
+        assert_eq!(balance(&[2, 2, 2, 2, 2, 2], 3).unwrap(), vec![2, 4]);
+        assert!(balance(&[1, 2], 3).is_err());
+    }
+
+    #[test]
+    fn microbatches() {
+        assert_eq!(microbatch_sizes(8, 3), vec![3, 3, 2]);
+        assert_eq!(microbatch_sizes(8, 4), vec![2; 4]);
+        assert_eq!(microbatch_weights(8, 3), vec![0.375, 0.375, 0.25]);
+    }
+}
