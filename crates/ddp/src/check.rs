@@ -31,43 +31,55 @@ pub(crate) fn check_same_params(pg: &ProcessGroup, infos: &[ParamInfo]) -> Resul
     if all.chunks(2).all(|c| c == mine) {
         return Ok(());
     }
-    // Someone differs: share rank 0's list so every rank can say what differs.
-    let text = lines.join("\n").into_bytes();
-    let mut len = [text.len() as i64];
-    pg.broadcast(&mut len, 0)?;
-    let mut root = if pg.rank() == 0 {
-        text
-    } else {
-        vec![0u8; len[0] as usize]
-    };
-    pg.broadcast(&mut root, 0)?;
-    let root_lines: Vec<String> = String::from_utf8_lossy(&root)
-        .lines()
-        .map(str::to_string)
-        .collect();
+    // Someone differs: rank 0 and the first differing rank share their lists, so that every
+    // rank can name the same differences.
     let differing: Vec<usize> = all
         .chunks(2)
         .enumerate()
         .filter(|(_, c)| *c != &all[0..2])
         .map(|(r, _)| r)
         .collect();
-    let only_root: Vec<&String> = root_lines.iter().filter(|l| !lines.contains(l)).collect();
-    let only_me: Vec<&String> = lines.iter().filter(|l| !root_lines.contains(l)).collect();
+    let other = differing[0];
+    let root_lines = share(pg, &lines, 0)?;
+    let other_lines = share(pg, &lines, other)?;
+    let only_root: Vec<&String> = root_lines
+        .iter()
+        .filter(|l| !other_lines.contains(l))
+        .collect();
+    let only_other: Vec<&String> = other_lines
+        .iter()
+        .filter(|l| !root_lines.contains(l))
+        .collect();
     let mut msg = format!(
-        "ranks {differing:?} differ from rank 0 ({} parameters there, {} on rank {})",
+        "ranks {differing:?} differ from rank 0 ({} parameters on rank 0, {} on rank {other})",
         root_lines.len(),
-        lines.len(),
-        pg.rank()
+        other_lines.len(),
     );
-    if !only_root.is_empty() || !only_me.is_empty() {
-        msg += &format!(
-            "; on rank 0 only: {:?}; on rank {} only: {:?}",
-            only_root.iter().take(5).collect::<Vec<_>>(),
-            pg.rank(),
-            only_me.iter().take(5).collect::<Vec<_>>()
-        );
-    } else if pg.rank() != 0 && differing.contains(&pg.rank()) {
+    if only_root.is_empty() && only_other.is_empty() {
         msg += "; same parameters in a different order";
+    } else {
+        msg += &format!(
+            "; on rank 0 only: {:?}; on rank {other} only: {:?}",
+            only_root.iter().take(5).collect::<Vec<_>>(),
+            only_other.iter().take(5).collect::<Vec<_>>()
+        );
     }
     Err(DdpError::ParamMismatch(msg))
+}
+
+/// `root`'s lines, on every rank.
+fn share(pg: &ProcessGroup, lines: &[String], root: usize) -> Result<Vec<String>, DdpError> {
+    let text = lines.join("\n").into_bytes();
+    let mut len = [text.len() as i64];
+    pg.broadcast(&mut len, root)?;
+    let mut buf = if pg.rank() == root {
+        text
+    } else {
+        vec![0u8; len[0] as usize]
+    };
+    pg.broadcast(&mut buf, root)?;
+    Ok(String::from_utf8_lossy(&buf)
+        .lines()
+        .map(str::to_string)
+        .collect())
 }

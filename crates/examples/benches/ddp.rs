@@ -1,0 +1,146 @@
+//! `cargo xtask bench ddp`: one GPT training step ("bench" size) on 2 rank threads.
+//!
+//! Prints `bench ddp ranks=2 single_ms=… ddp_ms=… ddp_no_overlap_ms=… ratio=… hidden=…`:
+//! (a) one rank alone with the per-rank batch, (b) DDP with bucket all-reduces overlapped
+//! with backward, (c) DDP reducing after backward; ratio = (b)/(a); hidden = the fraction of
+//! all-reduce time that ran while backward was still computing in (b). Writes a Chrome trace
+//! (Perfetto-readable) per DDP run under `target/bench-ddp/`.
+
+use bonfire_comm::ThreadWorld;
+use bonfire_ddp::{DdpConfig, DistributedDataParallel, StepTiming, chrome_trace};
+use bonfire_examples::corpus::Rng;
+use bonfire_examples::data::Batches;
+use bonfire_examples::{Gpt, GptConfig, default_device};
+use burn::module::Module;
+use burn::optim::{GradientsParams, SgdConfig};
+use clap::Parser;
+use std::path::PathBuf;
+use std::time::Instant;
+
+#[derive(Parser, Debug)]
+struct Args {
+    #[arg(long, default_value_t = 2)]
+    ranks: usize,
+    /// Sequences per rank.
+    #[arg(long, default_value_t = 8)]
+    batch: usize,
+    /// Timed steps (after `warmup`).
+    #[arg(long, default_value_t = 5)]
+    steps: usize,
+    #[arg(long, default_value_t = 2)]
+    warmup: usize,
+    /// DDP bucket size in MiB (the model has ~21 MiB of gradients).
+    #[arg(long, default_value_t = 4.0)]
+    bucket_mb: f64,
+    #[arg(long, default_value = "target/bench-ddp")]
+    out_dir: PathBuf,
+    /// Ignored (passed by `cargo bench`).
+    #[arg(long, hide = true)]
+    bench: bool,
+}
+
+fn batches(cfg: &GptConfig, rows: usize, steps: usize) -> Batches {
+    let mut rng = Rng::new(3);
+    let n = steps * rows * cfg.max_seq_len;
+    let mut draw = || {
+        (0..n)
+            .map(|_| rng.below(cfg.vocab_size) as i64)
+            .collect::<Vec<_>>()
+    };
+    let ids = draw();
+    let targets = draw();
+    Batches::new(ids, targets, [steps, rows, cfg.max_seq_len])
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// (a): plain Burn on one thread, per-rank batch.
+fn single(model: &Gpt, data: &Batches, args: &Args) -> f64 {
+    let device = default_device();
+    let mut model = model.clone().fork(&device);
+    let mut optim = SgdConfig::new().init();
+    let mut times = Vec::new();
+    for s in 0..args.warmup + args.steps {
+        let (ids, targets) = data.rows(s, 0, args.batch, &device);
+        let t0 = Instant::now();
+        let loss = model.loss(ids, targets);
+        let grads = GradientsParams::from_grads(loss.backward(), &model);
+        model = optim.step(0.01, model, grads);
+        if s >= args.warmup {
+            times.push(t0.elapsed().as_secs_f64() * 1e3);
+        }
+    }
+    median(times)
+}
+
+/// (b)/(c): DDP; returns the median step time (slowest rank) and every step's timings.
+fn ddp(model: &Gpt, data: &Batches, args: &Args, overlap: bool) -> (f64, Vec<StepTiming>) {
+    let device = default_device();
+    let per_rank = ThreadWorld::new(args.ranks)
+        .launch(|pg| {
+            let config = DdpConfig::new()
+                .with_bucket_mb(args.bucket_mb)
+                .with_overlap(overlap)
+                .with_record_timings(true);
+            let replica = model.clone().fork(&device);
+            let mut ddp =
+                DistributedDataParallel::new(replica, SgdConfig::new().init(), pg.clone(), config)
+                    .unwrap();
+            let mut times = Vec::new();
+            for s in 0..args.warmup + args.steps {
+                let (ids, targets) = data.rows(s, pg.rank() * args.batch, args.batch, &device);
+                pg.barrier().unwrap();
+                let t0 = Instant::now();
+                ddp.train_step(0.01, |m| m.loss(ids, targets)).unwrap();
+                times.push(t0.elapsed().as_secs_f64() * 1e3);
+            }
+            (times, ddp.timings()[args.warmup..].to_vec())
+        })
+        .unwrap();
+    let step_ms: Vec<f64> = (args.warmup..args.warmup + args.steps)
+        .map(|s| per_rank.iter().map(|(t, _)| t[s]).fold(0.0, f64::max))
+        .collect();
+    let timings = per_rank.into_iter().flat_map(|(_, t)| t).collect();
+    (median(step_ms), timings)
+}
+
+fn main() {
+    let args = Args::parse();
+    let cfg = GptConfig::bench();
+    let device = default_device();
+    let model = Gpt::new(&cfg, &device);
+    let data = batches(&cfg, args.ranks * args.batch, args.warmup + args.steps);
+    eprintln!(
+        "GPT bench size: {} parameters ({:.1} MiB of f32 gradients), batch {} x {} tokens per rank, buckets {} MiB",
+        cfg.num_params(),
+        cfg.num_params() as f64 * 4.0 / (1 << 20) as f64,
+        args.batch,
+        cfg.max_seq_len,
+        args.bucket_mb
+    );
+    let single_ms = single(&model, &data, &args);
+    let (ddp_ms, overlap_timings) = ddp(&model, &data, &args, true);
+    let (no_overlap_ms, plain_timings) = ddp(&model, &data, &args, false);
+    let hidden = overlap_timings
+        .iter()
+        .map(StepTiming::hidden_fraction)
+        .sum::<f64>()
+        / overlap_timings.len() as f64;
+    std::fs::create_dir_all(&args.out_dir).expect("trace directory");
+    for (name, t) in [
+        ("overlap", &overlap_timings),
+        ("no_overlap", &plain_timings),
+    ] {
+        let path = args.out_dir.join(format!("trace-{name}.json"));
+        std::fs::write(&path, chrome_trace(t)).expect("write trace");
+        eprintln!("trace: {}", path.display());
+    }
+    println!(
+        "bench ddp ranks={} single_ms={single_ms:.1} ddp_ms={ddp_ms:.1} ddp_no_overlap_ms={no_overlap_ms:.1} ratio={:.2} hidden={hidden:.2}",
+        args.ranks,
+        ddp_ms / single_ms
+    );
+}
