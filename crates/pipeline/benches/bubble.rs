@@ -2,7 +2,7 @@
 //!
 //! Two stage workloads, both driven by the real runtime (`run_unchecked` over `bonfire-comm`
 //! send/recv between rank threads):
-//! - `sleep`: each action sleeps its simulated compute time (forward `F` ms per rank and
+//! - `sleep`: each action sleeps its simulated compute time (forward `F` = 4 ms per rank and
 //!   micro-batch, backward `2F` split into B = W = `F`, divided by `v` for `v` chunks), so
 //!   the ranks do not compete for the 2 cores and the bubble can be held against theory;
 //! - `matmul`: fixed-size matmuls with a hand-written backward (B: `dx = dy·Wᵀ`, W:
@@ -39,8 +39,9 @@ struct Args {
     /// Workloads: sleep, matmul.
     #[arg(long, value_delimiter = ',', default_values_t = vec!["sleep".to_string(), "matmul".into()])]
     workloads: Vec<String>,
-    /// Simulated forward time per rank and micro-batch (ms); backward is twice that.
-    #[arg(long, default_value_t = 2.0)]
+    /// Simulated forward time per rank and micro-batch (ms); backward is twice that. At 2 ms
+    /// thread wake-up latency on a loaded 2-core machine shows up as extra bubble.
+    #[arg(long, default_value_t = 4.0)]
     forward_ms: f64,
     /// Matmul workload: rows per micro-batch. With the width, keeps each matmul under
     /// Flex's 192³ threshold for multi-threaded gemm, so a rank is one thread.
@@ -266,6 +267,14 @@ fn main() {
             .join("pipeline-timelines")
     });
     std::fs::create_dir_all(&out).expect("create the timeline directory");
+    // The machine is shared: say how loaded it was.
+    if let Ok(load) = std::fs::read_to_string("/proc/loadavg") {
+        let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+        println!(
+            "# pipeline bubble bench: cores={cores} loadavg={}",
+            load.trim()
+        );
+    }
     for workload in &args.workloads {
         for &p in &args.ranks {
             for &m in &args.microbatches {
