@@ -396,6 +396,32 @@ impl<M: Module, O: Optimizer> Zero<M, O> {
         self.grads.as_deref()
     }
 
+    /// The averaged gradient of every parameter from the last backward, by path, in full
+    /// (all-gathered from the owners at stages 2–3: a collective there). Empty before the
+    /// first backward or after the step.
+    pub fn full_gradients(&self) -> Result<Vec<(String, Vec<f32>)>> {
+        let Some(g) = &self.grads else {
+            return Ok(Vec::new());
+        };
+        let flat = if g.len() == self.part.total() {
+            g.clone()
+        } else {
+            let mut flat = vec![0.0; self.part.total()];
+            self.pg
+                .all_gather_uneven(g, &mut flat, &self.part.counts())?;
+            flat
+        };
+        Ok(self
+            .infos
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                let r = self.part.offsets[i]..self.part.offsets[i + 1];
+                (p.path.clone(), flat[r].to_vec())
+            })
+            .collect())
+    }
+
     /// Bytes held by this rank, measured now (call between backward and step to include
     /// gradients).
     pub fn memory(&self) -> MemoryReport {

@@ -33,3 +33,39 @@ fn small_model_sgd() {
 fn small_model_adam() {
     check(Opt::Adam);
 }
+
+/// The step-0 gradient, gathered in full, is the same at every stage and on one rank.
+#[test]
+fn full_gradients_agree_across_stages() {
+    use bonfire_comm::ThreadWorld;
+    use burn::optim::SgdConfig;
+    let model = initial();
+    let grads = |n: usize, stage: Stage| {
+        let device = device();
+        ThreadWorld::new(n)
+            .timeout(std::time::Duration::from_secs(60))
+            .launch(|pg| {
+                let config = bonfire_zero::ZeroConfig::new(stage).with_bucket_bytes(64);
+                let mut z = build(
+                    on_device(&model, &device),
+                    SgdConfig::new().build(),
+                    pg.clone(),
+                    config,
+                );
+                let rows = BATCH / n;
+                let (x, y) = batch(0, pg.rank() * rows..(pg.rank() + 1) * rows, &device);
+                let loss = z.forward(|m: &Net| m.loss(x, y));
+                z.backward(loss).unwrap();
+                z.full_gradients().unwrap()
+            })
+            .unwrap()
+            .remove(0)
+    };
+    let reference = grads(1, Stage::Zero0);
+    for stage in [Stage::Zero1, Stage::Zero2, Stage::Zero3] {
+        for (got, want) in grads(2, stage).iter().zip(&reference) {
+            assert_eq!(got.0, want.0);
+            assert_close(&got.1, &want.1, &format!("{stage:?} grad {}", got.0));
+        }
+    }
+}
