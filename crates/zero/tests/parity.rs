@@ -69,3 +69,54 @@ fn full_gradients_agree_across_stages() {
         }
     }
 }
+
+/// Offload keeps the optimizer state in the host store between steps (none on the device)
+/// and moves it in and out for every step.
+#[test]
+fn offload_moves_state_through_the_host_store() {
+    use bonfire_comm::ThreadWorld;
+    use burn::optim::AdamConfig;
+    let model = initial();
+    let device = device();
+    ThreadWorld::new(2)
+        .timeout(std::time::Duration::from_secs(60))
+        .launch(|pg| {
+            for stage in [Stage::Zero1, Stage::Zero2, Stage::Zero3] {
+                let config = bonfire_zero::ZeroConfig::new(stage).with_offload(true);
+                let mut z = build(
+                    on_device(&model, &device),
+                    AdamConfig::new().build(),
+                    pg.clone(),
+                    config,
+                );
+                for s in 0..2 {
+                    let (x, y) = batch(s, pg.rank() * 4..(pg.rank() + 1) * 4, &device);
+                    z.train_step(0.01, |m: &Net| m.loss(x, y)).unwrap();
+                }
+                let own = z.own_range().len();
+                let optim = z.optimizer();
+                assert_eq!(
+                    optim.device_bytes(),
+                    0,
+                    "{stage:?}: no state on the device at rest"
+                );
+                assert_eq!(
+                    optim.host_bytes(),
+                    8 * own,
+                    "{stage:?}: Adam's two moments per element"
+                );
+                let store = optim.host_store().unwrap();
+                assert_eq!(
+                    store.bytes_out,
+                    2 * 8 * own as u64,
+                    "{stage:?}: out after each step"
+                );
+                assert_eq!(
+                    store.bytes_in,
+                    8 * own as u64,
+                    "{stage:?}: in before the second step"
+                );
+            }
+        })
+        .unwrap();
+}
