@@ -106,10 +106,13 @@ fn train_rank(pg: ProcessGroup, cli: &Cli, model: &Gpt, tokens: &[i64]) -> Optio
             bar.inc(1);
             if step % cli.log_every == 0 || step + 1 == cli.steps {
                 let avg = tokens_per_step * (step + 1) as f64 / start.elapsed().as_secs_f64();
-                bar.println(format!(
-                    "step {step:>5}  loss {:.4}  {avg:.0} tok/s",
-                    loss[0]
-                ));
+                let line = format!("step {step:>5}  loss {:.4}  {avg:.0} tok/s", loss[0]);
+                // Without a terminal the bar is hidden (and so are its lines): print plainly.
+                if bar.is_hidden() {
+                    println!("{line}");
+                } else {
+                    bar.println(line);
+                }
             }
         }
     }
