@@ -334,8 +334,9 @@ fn main() {
                     let bubble = median(&mut bubbles);
                     let step_ms = median(&mut makespans);
                     println!(
-                        "bench pipeline schedule={} p={p} m={m} bubble={bubble:.4} theory={theory:.4} workload={workload} theory_from={theory_kind} step_ms={step_ms:.2}",
-                        kind.name()
+                        "bench pipeline schedule={} p={p} m={m} bubble={bubble:.4} theory={theory:.4} workload={workload} theory_from={theory_kind} step_ms={step_ms:.2} peak_act={}",
+                        kind.name(),
+                        schedule.peak_activations().iter().max().unwrap_or(&0)
                     );
                     if let Some(t) = last {
                         let file = out.join(format!(

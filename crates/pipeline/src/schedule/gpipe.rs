@@ -10,6 +10,7 @@ pub fn gpipe(ranks: usize, microbatches: usize) -> Schedule {
         backward: BackwardKind::Full,
         backward_first: false,
         in_flight: vec![usize::MAX; ranks],
+        weight_limit: None,
         forward_key: megatron_forward,
         backward_key: megatron_backward,
     };

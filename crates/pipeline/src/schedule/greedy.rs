@@ -45,6 +45,9 @@ pub struct Policy {
     /// `in_flight[r]`: the most forwards rank `r` may have run whose backward has not run yet
     /// (activation memory). Relaxed only if the simulation would otherwise stall.
     pub in_flight: Vec<usize>,
+    /// For split backwards: `weight_limit[r]` caps the forwards whose W has not run yet
+    /// (activation memory, since W still needs the layer inputs); `None` for no cap.
+    pub weight_limit: Option<Vec<usize>>,
     /// Priority of a ready forward `(mb, chunk)` (smaller runs first).
     pub forward_key:
         fn(mb: usize, chunk: usize, ranks: usize, chunks: usize) -> (usize, usize, usize),
@@ -99,6 +102,7 @@ pub fn list_schedule(
     let mut order: Vec<Vec<Action>> = vec![Vec::new(); p];
     let mut busy_until = vec![0u64; p];
     let mut in_flight = vec![0usize; p];
+    let mut alive = vec![0usize; p];
     let mut remaining: Vec<Vec<(Kind, usize, usize)>> = (0..p)
         .map(|r| {
             let mut todo = Vec::new();
@@ -148,8 +152,14 @@ pub fn list_schedule(
             };
             let fkey = |mb, c| (policy.forward_key)(mb, c, p, v);
             let bkey = |mb, c| (policy.backward_key)(mb, c, p, v);
-            let f =
-                best(Kind::F, &fkey).filter(|_| relax || in_flight[r] < policy.in_flight[r].max(1));
+            let f = best(Kind::F, &fkey).filter(|_| {
+                relax
+                    || (in_flight[r] < policy.in_flight[r].max(1)
+                        && policy
+                            .weight_limit
+                            .as_ref()
+                            .is_none_or(|l| alive[r] < l[r].max(1)))
+            });
             let b = best(Kind::B, &bkey);
             let w = best(Kind::W, &bkey);
             let pick = if policy.backward_first {
@@ -169,9 +179,17 @@ pub fn list_schedule(
             busy_until[r] = t + cost;
             done.insert((k, mb, s), t + cost);
             match k {
-                Kind::F => in_flight[r] += 1,
-                Kind::B => in_flight[r] -= 1,
-                Kind::W => {}
+                Kind::F => {
+                    in_flight[r] += 1;
+                    alive[r] += 1;
+                }
+                Kind::B => {
+                    in_flight[r] -= 1;
+                    if !split {
+                        alive[r] -= 1;
+                    }
+                }
+                Kind::W => alive[r] -= 1,
             }
             order[r].push(match (k, split) {
                 (Kind::F, _) => Action::Forward { mb, chunk: c },

@@ -21,6 +21,7 @@ pub fn interleaved(ranks: usize, chunks: usize, microbatches: usize) -> Schedule
         backward: BackwardKind::Full,
         backward_first: true,
         in_flight: (0..p).map(|r| 2 * (p - r - 1) + (v - 1) * p + 1).collect(),
+        weight_limit: None,
         forward_key: megatron_forward,
         backward_key: megatron_backward,
     };

@@ -292,6 +292,31 @@ impl Schedule {
         }
     }
 
+    /// Activation memory per rank, in (micro-batch, chunk) units: the most forwards whose
+    /// backward has not finished (the full backward, or W for split schedules — W still
+    /// needs the layer inputs) at any point of the rank's program.
+    pub fn peak_activations(&self) -> Vec<usize> {
+        self.actions
+            .iter()
+            .map(|list| {
+                let (mut live, mut peak) = (0usize, 0usize);
+                for a in list {
+                    match a {
+                        Action::Forward { .. } => {
+                            live += 1;
+                            peak = peak.max(live);
+                        }
+                        Action::Backward { .. } | Action::BackwardWeight { .. } => {
+                            live = live.saturating_sub(1)
+                        }
+                        _ => {}
+                    }
+                }
+                peak
+            })
+            .collect()
+    }
+
     /// The schedule as text, one line per rank (compute actions only unless `all`).
     pub fn render(&self, all: bool) -> String {
         let mut out = String::new();
@@ -441,6 +466,18 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn activation_memory() {
+        assert_eq!(gpipe(4, 8).peak_activations(), vec![8; 4]);
+        assert_eq!(one_f_one_b(4, 8).peak_activations(), vec![4, 3, 2, 1]);
+        assert_eq!(one_f_one_b(4, 2).peak_activations(), vec![2, 2, 2, 1]);
+        // Megatron's interleaved warm-up: 2(p − r − 1) + (v − 1)p + 1 chunk-forwards.
+        assert_eq!(interleaved(4, 2, 8).peak_activations(), vec![11, 9, 7, 5]);
+        // ZB-H1 keeps B-done, W-pending micro-batches alive: at most 2p − 1 − r, whatever m.
+        assert_eq!(zb_h1(4, 8).peak_activations(), vec![7, 6, 5, 4]);
+        assert_eq!(zb_h1(4, 16).peak_activations(), vec![7, 6, 5, 4]);
     }
 
     #[test]

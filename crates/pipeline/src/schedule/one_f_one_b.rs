@@ -11,6 +11,7 @@ pub fn one_f_one_b(ranks: usize, microbatches: usize) -> Schedule {
         backward: BackwardKind::Full,
         backward_first: true,
         in_flight: (0..ranks).map(|r| ranks - r).collect(),
+        weight_limit: None,
         forward_key: megatron_forward,
         backward_key: megatron_backward,
     };
