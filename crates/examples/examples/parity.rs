@@ -4,7 +4,8 @@
 //! ```sh
 //! cargo run --release -p bonfire-examples --example parity -- \
 //!     --config cfg.json --weights init.safetensors --data batch.safetensors \
-//!     --mesh dp=2 --steps 3 --lr 0.1 --out result.safetensors
+//!     --mesh dp=2,tp=2 [--sequence-parallel] [--loss-parallel] \
+//!     --steps 3 --lr 0.1 --out result.safetensors
 //! ```
 
 use bonfire_examples::harness::{self, HarnessArgs};
@@ -25,7 +26,7 @@ struct Cli {
     /// Batches: int64 `input_ids` and `targets` of shape [S, B, T'].
     #[arg(long)]
     data: PathBuf,
-    /// Axes and sizes, e.g. `dp=2` (omitted axes are 1).
+    /// Axes and sizes, e.g. `dp=2`, `tp=4`, `dp=2,tp=2` (omitted axes are 1).
     #[arg(long, default_value = "dp=1")]
     mesh: String,
     /// ZeRO stage on the dp axis.
@@ -37,6 +38,12 @@ struct Cli {
     /// Pipeline micro-batches.
     #[arg(long)]
     microbatches: Option<usize>,
+    /// Sequence parallelism on the tp axis.
+    #[arg(long)]
+    sequence_parallel: bool,
+    /// Vocab-parallel cross-entropy on the tp axis.
+    #[arg(long)]
+    loss_parallel: bool,
     /// SGD steps.
     #[arg(long)]
     steps: usize,
@@ -60,6 +67,8 @@ fn main() -> ExitCode {
                 zero: cli.zero,
                 schedule: cli.schedule,
                 microbatches: cli.microbatches,
+                sequence_parallel: cli.sequence_parallel,
+                loss_parallel: cli.loss_parallel,
             },
             steps: cli.steps,
             lr: cli.lr,

@@ -26,20 +26,32 @@ impl Attention {
     }
 
     /// `x` `[B, T, d]` → `[B, T, d]`; head j uses features j·d/h .. (j+1)·d/h.
+    ///
+    /// Under tensor parallelism `q`, `k`, `v` are column-wise, so this rank's projections
+    /// hold whole heads (`h / tp` of them, in order) and `o` is row-wise over the same
+    /// features; with sequence parallelism `x` is this rank's piece of the sequence and the
+    /// projections return the whole sequence. The head count is read from the local widths.
     pub fn forward(&self, x: Tensor<3>) -> Tensor<3> {
-        let [b, t, d] = x.dims();
-        let h = self.n_heads;
-        let dh = d / h;
+        let d = x.dims()[2];
+        let dh = d / self.n_heads;
+        let q = self.q.forward(x.clone());
+        let [b, t, local] = q.dims();
+        let h = local / dh;
         let split = |y: Tensor<3>| y.reshape([b, t, h, dh]).swap_dims(1, 2); // [B, h, T, dh]
-        let q = split(self.q.forward(x.clone()));
+        let q = split(q);
         let k = split(self.k.forward(x.clone()));
         let v = split(self.v.forward(x));
         let scores = q.matmul(k.swap_dims(2, 3)) / (dh as f64).sqrt();
         let mask = causal_mask(t, &scores.device());
         let scores = scores + mask.unsqueeze::<4>();
         let attn = softmax(scores, 3);
-        let y = attn.matmul(v).swap_dims(1, 2).reshape([b, t, d]);
+        let y = attn.matmul(v).swap_dims(1, 2).reshape([b, t, local]);
         self.o.forward(y)
+    }
+
+    /// The number of heads of the whole layer.
+    pub fn n_heads(&self) -> usize {
+        self.n_heads
     }
 }
 

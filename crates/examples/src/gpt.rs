@@ -3,6 +3,7 @@
 use crate::block::Block;
 use crate::config::GptConfig;
 use crate::layers::{Embedding, LayerNorm, Linear};
+use bonfire_dtensor::parallel::loss_parallel;
 use burn::module::Module;
 use burn::tensor::activation::log_softmax;
 use burn::tensor::{Device, Int, Tensor};
@@ -33,7 +34,8 @@ impl Gpt {
         }
     }
 
-    /// Logits `[B, T, V]` for token ids `[B, T]`.
+    /// Logits `[B, T, V]` for token ids `[B, T]` (under a tensor-parallel plan with
+    /// `loss_parallel`, this rank's vocabulary slice `[B, T, V/tp]`).
     pub fn forward(&self, ids: Tensor<2, Int>) -> Tensor<3> {
         let [_, t] = ids.dims();
         let mut x = self.tok_emb.forward(ids) + self.pos_emb.first_rows(t).unsqueeze::<3>();
@@ -45,9 +47,13 @@ impl Gpt {
         head.forward(ln_f.forward(x))
     }
 
-    /// Mean cross-entropy over all `B·T` positions.
+    /// Mean cross-entropy over all `B·T` positions (vocab-parallel, on sharded logits,
+    /// when the head's output is sharded over the vocabulary).
     pub fn loss(&self, ids: Tensor<2, Int>, targets: Tensor<2, Int>) -> Tensor<1> {
-        cross_entropy(self.forward(ids), targets)
+        match self.head.output_shard_group() {
+            Some(group) => loss_parallel(self.forward(ids), targets, &group),
+            None => cross_entropy(self.forward(ids), targets),
+        }
     }
 }
 

@@ -5,9 +5,12 @@ use crate::config::GptConfig;
 use crate::gpt::{Gpt, default_device};
 use crate::mesh::Layout;
 use crate::tensor_file::{self, HostTensor};
+use crate::tp::{gather_host, parallelize_gpt};
 use crate::{checkpoint, data};
 use bonfire_comm::{ReduceOp, ThreadWorld};
 use bonfire_ddp::{DdpConfig, DistributedDataParallel, params};
+use bonfire_dtensor::DeviceMesh;
+use bonfire_dtensor::parallel::sharded_params;
 use burn::module::Module;
 use burn::optim::SgdConfig;
 use std::collections::BTreeMap;
@@ -73,11 +76,45 @@ pub fn run(args: &HarnessArgs) -> Result<HarnessResult, String> {
             batches.batch
         ));
     }
+    let tp = TpOptions::from_layout(&args.layout);
+    crate::tp::check_tp(&cfg, tp.tp)?;
+    if tp.sequence_parallel && batches.seq % tp.tp != 0 {
+        return Err(format!(
+            "sequence length {} is not divisible by tp={} (sequence parallelism shards it)",
+            batches.seq, tp.tp
+        ));
+    }
     let device = default_device();
     let model = checkpoint::load(Gpt::new(&cfg, &device), &args.weights)?;
-    let result = train(&model, &batches, dp, args.steps, args.lr)?;
+    let result = train_parallel(&model, &batches, dp, tp, args.steps, args.lr)?;
     tensor_file::write_f32(&args.out, &result.tensors())?;
     Ok(result)
+}
+
+/// The tensor-parallel part of a layout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TpOptions {
+    pub tp: usize,
+    pub sequence_parallel: bool,
+    pub loss_parallel: bool,
+}
+
+impl TpOptions {
+    /// No tensor parallelism.
+    pub fn none() -> Self {
+        Self {
+            tp: 1,
+            sequence_parallel: false,
+            loss_parallel: false,
+        }
+    }
+    pub fn from_layout(layout: &Layout) -> Self {
+        Self {
+            tp: layout.mesh.tp,
+            sequence_parallel: layout.sequence_parallel,
+            loss_parallel: layout.loss_parallel,
+        }
+    }
 }
 
 /// `steps` SGD steps of `model` on `batches` with `dp` data-parallel rank threads.
@@ -88,37 +125,83 @@ pub fn train(
     steps: usize,
     lr: f64,
 ) -> Result<HarnessResult, String> {
+    train_parallel(model, batches, dp, TpOptions::none(), steps, lr)
+}
+
+/// `steps` SGD steps of `model` on `batches` on a `dp × tp` mesh of rank threads (row-major,
+/// axes named `dp` and `tp`): the GPT's tensor-parallel plan on the tp axis when `tp.tp > 1`,
+/// DDP on the dp axis (data row r·B/dp .. (r+1)·B/dp for dp coordinate r). Parameters and
+/// step-0 gradients come back whole (gathered over tp).
+pub fn train_parallel(
+    model: &Gpt,
+    batches: &data::Batches,
+    dp: usize,
+    tp: TpOptions,
+    steps: usize,
+    lr: f64,
+) -> Result<HarnessResult, String> {
     let device = default_device();
     let rows = batches.batch / dp;
-    let outcomes = ThreadWorld::new(dp)
+    let outcomes = ThreadWorld::new(dp * tp.tp)
         .timeout(Duration::from_secs(120))
         .name("parity")
         .launch(|pg| -> Result<HarnessResult, String> {
-            let replica = model.clone().fork(&device);
+            let mesh =
+                DeviceMesh::new(&pg, &[dp, tp.tp], &["dp", "tp"]).map_err(|e| e.to_string())?;
+            let dp_group = mesh.group("dp").map_err(|e| e.to_string())?.clone();
+            let tp_group = mesh.group("tp").map_err(|e| e.to_string())?.clone();
+            let mut replica = model.clone().fork(&device);
+            if tp.tp > 1 {
+                replica =
+                    parallelize_gpt(replica, &mesh, "tp", tp.sequence_parallel, tp.loss_parallel)?;
+            }
+            let shards = sharded_params(&replica);
             let sgd = SgdConfig::new().init();
-            let mut ddp = DistributedDataParallel::new(replica, sgd, pg.clone(), DdpConfig::new())
-                .map_err(|e| e.to_string())?;
+            let mut ddp =
+                DistributedDataParallel::new(replica, sgd, dp_group.clone(), DdpConfig::new())
+                    .map_err(|e| e.to_string())?;
+            let full = |name: &str,
+                        shape: &[usize],
+                        v: Vec<f32>|
+             -> Result<(Vec<usize>, Vec<f32>), String> {
+                match shards.get(name) {
+                    Some(&dim) => {
+                        let mut shape = shape.to_vec();
+                        let v = gather_host(&v, &shape, dim, &tp_group)?;
+                        shape[dim] *= tp_group.size();
+                        Ok((shape, v))
+                    }
+                    None => Ok((shape.to_vec(), v)),
+                }
+            };
+            let infos = params::inventory(ddp.model());
             let mut result = HarnessResult::default();
             for s in 0..steps {
-                let (ids, targets) = batches.rows(s, pg.rank() * rows, rows, &device);
+                let dp_rank = mesh.coord("dp").map_err(|e| e.to_string())?;
+                let (ids, targets) = batches.rows(s, dp_rank * rows, rows, &device);
                 let loss = ddp.forward(|m| m.loss(ids, targets));
                 let mut global = params::to_host(loss.clone().detach());
-                pg.all_reduce(&mut global, ReduceOp::Avg)
+                dp_group
+                    .all_reduce(&mut global, ReduceOp::Avg)
                     .map_err(|e| e.to_string())?;
                 result.losses.push(global[0]);
                 ddp.backward(loss).map_err(|e| e.to_string())?;
                 if s == 0 {
-                    result.grad0 = ddp.gradients().into_iter().collect();
+                    for (p, (name, g)) in infos.iter().zip(ddp.gradients()) {
+                        let (_, g) = full(&name, &p.shape, g)?;
+                        result.grad0.insert(name, g);
+                    }
                 }
                 ddp.step(lr).map_err(|e| e.to_string())?;
             }
-            let infos = params::inventory(ddp.model());
             let flat = params::flatten_values(ddp.model(), &infos);
             let mut at = 0;
             for p in &infos {
                 let v = flat[at..at + p.numel()].to_vec();
                 at += p.numel();
-                result.params.insert(p.path.clone(), (p.shape.clone(), v));
+                result
+                    .params
+                    .insert(p.path.clone(), full(&p.path, &p.shape, v)?);
             }
             Ok(result)
         })

@@ -7,7 +7,9 @@
 //!   (`docs`/`shared/notes/parity-harness.md`), parameters named and laid out as in PyTorch
 //!   (`blocks.0.attn.q.weight` is `[out, in]`), so [`checkpoint`] files load in PyTorch too.
 //! - [`harness`]: the parity harness behind `cargo run --release -p bonfire-examples
-//!   --example parity -- ...` (`--mesh dp=N` today; other axes are rejected clearly).
+//!   --example parity -- ...` (`--mesh dp=N`, `tp=M`, `dp=N,tp=M`; pp is rejected clearly).
+//! - [`tp`]: the GPT's tensor-parallel plan ([`tp::gpt_tp_plan`]) and
+//!   [`tp::parallelize_gpt`].
 //! - [`corpus`]: a small generated text corpus and character tokenizer for `train_gpt`.
 //!
 //! ```
@@ -34,6 +36,7 @@ pub mod harness;
 pub mod layers;
 pub mod mesh;
 pub mod tensor_file;
+pub mod tp;
 
 pub use config::GptConfig;
 pub use gpt::{Gpt, cross_entropy, default_device};

@@ -1,5 +1,5 @@
 //! `--mesh dp=N,tp=M,pp=K` and the other layout options of the parity harness, validated
-//! against what this build supports (data parallelism only, for now).
+//! against what this build supports (data and tensor parallelism, for now).
 
 /// The parallel layout: sizes of the dp, tp and pp axes (omitted axes are 1).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -60,23 +60,26 @@ pub struct Layout {
     pub zero: u8,
     pub schedule: Option<String>,
     pub microbatches: Option<usize>,
+    /// Sequence parallelism on the tp axis (norms and the position table on sequence shards).
+    pub sequence_parallel: bool,
+    /// Vocab-parallel cross-entropy on the tp axis (the head's logits stay sharded).
+    pub loss_parallel: bool,
 }
 
 impl Layout {
     /// Rejects, with a clear error, what this build does not implement yet: it never ignores
     /// an option.
     pub fn check_supported(&self) -> Result<(), String> {
-        if self.mesh.tp > 1 {
-            return Err(format!(
-                "--mesh tp={}: tensor parallelism is not supported by this build yet (supported: dp)",
-                self.mesh.tp
-            ));
-        }
         if self.mesh.pp > 1 {
             return Err(format!(
-                "--mesh pp={}: pipeline parallelism is not supported by this build yet (supported: dp)",
+                "--mesh pp={}: pipeline parallelism is not supported by this build yet (supported: dp, tp)",
                 self.mesh.pp
             ));
+        }
+        if self.mesh.tp == 1 && (self.sequence_parallel || self.loss_parallel) {
+            return Err(
+                "--sequence-parallel and --loss-parallel need a tp axis (e.g. --mesh tp=2)".into(),
+            );
         }
         if self.zero > 3 {
             return Err(format!("--zero {}: must be 0, 1, 2 or 3", self.zero));
@@ -118,14 +121,20 @@ mod tests {
             zero,
             schedule: None,
             microbatches: None,
+            sequence_parallel: false,
+            loss_parallel: false,
         };
         assert!(layout("dp=4", 0).check_supported().is_ok());
+        assert!(layout("dp=2,tp=2", 0).check_supported().is_ok());
         assert!(
-            layout("tp=2", 0)
+            layout("tp=2,pp=2", 0)
                 .check_supported()
                 .unwrap_err()
-                .contains("tp=2")
+                .contains("pp=2")
         );
+        let mut sp = layout("dp=2", 0);
+        sp.sequence_parallel = true;
+        assert!(sp.check_supported().unwrap_err().contains("tp axis"));
         assert!(
             layout("dp=2", 1)
                 .check_supported()

@@ -60,6 +60,8 @@ fn args(dir: &Path, mesh: &str, zero: u8) -> HarnessArgs {
             zero,
             schedule: None,
             microbatches: None,
+            sequence_parallel: false,
+            loss_parallel: false,
         },
         steps: 3,
         lr: 0.5,
@@ -113,11 +115,14 @@ fn dp_1_2_4_agree() {
 #[test]
 fn unsupported_options_are_rejected() {
     let dir = tmp_dir("reject");
-    let err = harness::run(&args(&dir, "dp=2,tp=2", 0)).unwrap_err();
+    let err = harness::run(&args(&dir, "dp=2,tp=2,pp=2", 0)).unwrap_err();
     assert!(
-        err.contains("tp=2") && err.contains("not supported"),
+        err.contains("pp=2") && err.contains("not supported"),
         "{err}"
     );
+    // The tiny config has 2 heads: they cannot be split over 4 tensor-parallel ranks.
+    let err = harness::run(&args(&dir, "tp=4", 0)).unwrap_err();
+    assert!(err.contains("n_heads 2 is not divisible"), "{err}");
     let err = harness::run(&args(&dir, "pp=2", 0)).unwrap_err();
     assert!(err.contains("pp=2"), "{err}");
     let err = harness::run(&args(&dir, "dp=2", 1)).unwrap_err();

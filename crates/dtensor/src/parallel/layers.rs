@@ -262,12 +262,12 @@ impl ParallelLinear {
         }
     }
 
-    /// The group over which this layer's output is sharded along its last dim (a column-wise
+    /// The group over which this layer's output `[B, T, out]` is sharded along its last dim (a column-wise
     /// layer with output `Shard(-1)`, e.g. an LM head for [`crate::parallel::loss_parallel`]).
     pub fn output_shard_group(&self) -> Option<ProcessGroup> {
         let state = self.key.state()?;
         match state.applied {
-            Applied::Colwise(style) if style.output_layout.shard_dim(2) == Some(2) => {
+            Applied::Colwise(style) if style.output_layout.shard_dim(3) == Some(2) => {
                 Some(state.group)
             }
             _ => None,
@@ -323,7 +323,8 @@ impl ParallelEmbedding {
                     .clone()
                     .greater_equal_elem(offset as i64)
                     .bool_and(ids.clone().lower_elem((offset + rows) as i64));
-                let local = (ids - offset as i64).clamp(0, rows as i64 - 1);
+                // Ids owned by another rank read row 0 (masked out below).
+                let local = (ids - offset as i64).mask_fill(in_range.clone().bool_not(), 0);
                 let partial =
                     Self::lookup(self.weight.val(), local) * in_range.float().unsqueeze_dim::<3>(2);
                 relayout(partial, Layout::Partial, style.output_layout, g)

@@ -38,7 +38,8 @@ pub fn loss_parallel(
         .clone()
         .greater_equal_elem(offset)
         .bool_and(targets.clone().lower_elem(offset + v as i64));
-    let local_target = (targets - offset).clamp(0, v as i64 - 1);
+    // Targets owned by another rank point at column 0 (masked out below).
+    let local_target = (targets - offset).mask_fill(owned.clone().bool_not(), 0);
     let picked = shifted.gather(1, local_target) * owned.float();
     let picked = functional::reduce_from_group(picked, group);
 
