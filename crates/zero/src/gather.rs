@@ -5,9 +5,9 @@
 //! the shard — while the gather of the next parameter (module order) is already running on a
 //! helper thread (prefetch).
 
+use crate::params::ParamInfo;
 use crate::partition::Partition;
 use bonfire_comm::ProcessGroup;
-use bonfire_ddp::params::ParamInfo;
 use burn::module::{Module, ModuleMapper, Param};
 use burn::tensor::Tensor;
 use std::collections::HashMap;

@@ -22,6 +22,7 @@ mod config;
 mod error;
 mod gather;
 pub mod optim;
+pub mod params;
 pub mod partition;
 mod zero;
 

@@ -4,7 +4,7 @@
 //! remainder (possibly empty). A parameter may straddle ranks; a rank owns the *pieces* of the
 //! parameters that intersect its range.
 
-use bonfire_ddp::params::ParamInfo;
+use crate::params::ParamInfo;
 use std::ops::Range;
 
 /// One rank's part of one parameter.

@@ -1,0 +1,171 @@
+//! A module's parameters as ZeRO sees them: a flat, ordered inventory (visit order, dotted
+//! paths, shapes), and host copies of values and gradients in that order. The same
+//! conventions as `bonfire_ddp::params` (kept separate: strategy crates do not import each
+//! other, see docs/architecture.md).
+
+use burn::module::{Module, ModuleMapper, ModuleVisitor, Param, ParamId};
+use burn::optim::GradientsParams;
+use burn::tensor::{Tensor, TensorData};
+use std::collections::HashMap;
+
+/// One trainable parameter.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ParamInfo {
+    pub id: ParamId,
+    /// Dotted path, e.g. `blocks.0.attn.q.weight`.
+    pub path: String,
+    pub shape: Vec<usize>,
+}
+
+impl ParamInfo {
+    /// Number of elements.
+    pub fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+}
+
+/// Every float parameter that requires a gradient, in the module's visit order.
+pub fn inventory<M: Module>(module: &M) -> Vec<ParamInfo> {
+    struct Inventory {
+        path: Vec<String>,
+        out: Vec<ParamInfo>,
+    }
+    impl ModuleVisitor for Inventory {
+        fn enter_module(&mut self, name: &str, _container: &str) {
+            self.path.push(name.to_string());
+        }
+        fn exit_module(&mut self, _name: &str, _container: &str) {
+            self.path.pop();
+        }
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+            if !param.is_require_grad() {
+                return;
+            }
+            self.out.push(ParamInfo {
+                id: param.id,
+                path: self.path.join("."),
+                shape: param.lazy_shape().to_vec(),
+            });
+        }
+    }
+    let mut v = Inventory {
+        path: Vec::new(),
+        out: Vec::new(),
+    };
+    module.visit(&mut v);
+    v.out
+}
+
+/// A tensor's values as `f32` on the host.
+pub fn to_host<const D: usize>(tensor: Tensor<D>) -> Vec<f32> {
+    tensor
+        .into_data()
+        .convert::<f32>()
+        .try_into_vec::<f32>()
+        .expect("an f32 tensor")
+}
+
+/// The values of every parameter of `infos`, concatenated in order.
+pub fn flatten_values<M: Module>(module: &M, infos: &[ParamInfo]) -> Vec<f32> {
+    struct Values<'a> {
+        index: HashMap<ParamId, usize>,
+        offsets: Vec<usize>,
+        out: &'a mut [f32],
+    }
+    impl ModuleVisitor for Values<'_> {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+            if let Some(&i) = self.index.get(&param.id) {
+                let v = to_host(param.val());
+                self.out[self.offsets[i]..self.offsets[i] + v.len()].copy_from_slice(&v);
+            }
+        }
+    }
+    let offsets = offsets_of(infos);
+    let mut out = vec![0.0; offsets.last().copied().unwrap_or(0)];
+    module.visit(&mut Values {
+        index: index_of(infos),
+        offsets,
+        out: &mut out,
+    });
+    out
+}
+
+/// `module` with every parameter of `infos` replaced by its slice of `flat` (same device,
+/// same `require_grad`, same [`ParamId`]).
+pub fn assign_values<M: Module>(module: M, infos: &[ParamInfo], flat: &[f32]) -> M {
+    struct Assign<'a> {
+        index: HashMap<ParamId, usize>,
+        offsets: Vec<usize>,
+        infos: &'a [ParamInfo],
+        flat: &'a [f32],
+    }
+    impl ModuleMapper for Assign<'_> {
+        fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
+            let Some(&i) = self.index.get(&param.id) else {
+                return param;
+            };
+            let (id, old, mapper) = param.consume();
+            let device = old.device();
+            let require_grad = old.is_require_grad();
+            let values = self.flat[self.offsets[i]..self.offsets[i + 1]].to_vec();
+            let data = TensorData::new(values, self.infos[i].shape.clone());
+            let mut new = Tensor::<D>::from_data(data, &device);
+            if require_grad {
+                new = new.require_grad();
+            }
+            Param::from_mapped_value(id, new, mapper)
+        }
+    }
+    module.map(&mut Assign {
+        index: index_of(infos),
+        offsets: offsets_of(infos),
+        infos,
+        flat,
+    })
+}
+
+/// Takes the gradient of each parameter of `infos` out of `grads` onto the host
+/// (`None` where a parameter got no gradient).
+pub fn take_grads<M: Module>(
+    module: &M,
+    infos: &[ParamInfo],
+    grads: &mut GradientsParams,
+) -> Vec<Option<Vec<f32>>> {
+    struct Take<'a> {
+        index: HashMap<ParamId, usize>,
+        grads: &'a mut GradientsParams,
+        out: Vec<Option<Vec<f32>>>,
+    }
+    impl ModuleVisitor for Take<'_> {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+            if let Some(&i) = self.index.get(&param.id)
+                && let Some(g) = self.grads.remove::<D>(param.id)
+            {
+                self.out[i] = Some(to_host(g));
+            }
+        }
+    }
+    let mut take = Take {
+        index: index_of(infos),
+        grads,
+        out: vec![None; infos.len()],
+    };
+    module.visit(&mut take);
+    take.out
+}
+
+fn index_of(infos: &[ParamInfo]) -> HashMap<ParamId, usize> {
+    infos.iter().enumerate().map(|(i, p)| (p.id, i)).collect()
+}
+
+/// Start offsets of each parameter in the flat layout, plus the total at the end.
+fn offsets_of(infos: &[ParamInfo]) -> Vec<usize> {
+    let mut offsets = Vec::with_capacity(infos.len() + 1);
+    let mut at = 0;
+    offsets.push(0);
+    for p in infos {
+        at += p.numel();
+        offsets.push(at);
+    }
+    offsets
+}
