@@ -110,10 +110,13 @@ fn send(pg: &ProcessGroup, a: &Activation, to: usize, base: u64) -> Result<(), P
 fn recv(pg: &ProcessGroup, from: usize, base: u64) -> Result<Activation, PipelineError> {
     let mut header = [0i64; MAX_DIMS + 1];
     pg.recv(&mut header, from, base)?;
-    let shape: Vec<usize> = header[1..=header[0] as usize]
-        .iter()
-        .map(|&d| d as usize)
-        .collect();
+    let ndim = usize::try_from(header[0])
+        .ok()
+        .filter(|&n| n <= MAX_DIMS)
+        .ok_or_else(|| {
+            PipelineError::Invalid(format!("bad message header from rank {from}: {header:?}"))
+        })?;
+    let shape: Vec<usize> = header[1..=ndim].iter().map(|&d| d as usize).collect();
     let mut data = vec![0f32; shape.iter().product()];
     pg.recv(&mut data, from, base + 1)?;
     Ok(Activation { shape, data })
