@@ -235,3 +235,26 @@ fn loss_parallel_matches_cross_entropy() {
         });
     }
 }
+
+/// The conversions from Burn's own layers compute the same function.
+#[test]
+fn from_burn_layers() {
+    use bonfire_dtensor::parallel::ParallelEmbedding;
+    let device = Device::flex();
+    let lin = burn::nn::LinearConfig::new(5, 3).init(&device);
+    let emb = burn::nn::EmbeddingConfig::new(7, 4).init(&device);
+    let x = Tensor::<2>::from_data(
+        TensorData::new((0..10).map(|i| i as f32 / 3.0).collect::<Vec<_>>(), [2, 5]),
+        &device,
+    );
+    let ids = Tensor::<2, Int>::from_data(TensorData::new(vec![0i64, 6, 3, 2], [2, 2]), &device);
+    let tol = burn::tensor::Tolerance::<f32>::absolute(1e-6);
+    ParallelLinear::from_burn(lin.clone())
+        .forward(x.clone())
+        .into_data()
+        .assert_approx_eq::<f32>(&lin.forward(x).into_data(), tol);
+    ParallelEmbedding::from_burn(emb.clone())
+        .forward(ids.clone())
+        .into_data()
+        .assert_approx_eq::<f32>(&emb.forward(ids).into_data(), tol);
+}

@@ -155,6 +155,16 @@ pub fn clear_parallel_states() {
     STATES.with(|s| s.borrow_mut().clear());
 }
 
+/// `value` as a new leaf, tracked when `like` is.
+fn leaf<const D: usize>(value: Tensor<D>, like: &Param<Tensor<D>>) -> Tensor<D> {
+    let value = value.detach();
+    if like.is_require_grad() {
+        value.require_grad()
+    } else {
+        value
+    }
+}
+
 fn normal(shape: [usize; 2], device: &Device) -> Tensor<2> {
     Tensor::random(shape, Distribution::Normal(0.0, 0.02), device)
 }
@@ -205,12 +215,9 @@ impl ParallelLinear {
 
     /// From a `burn::nn::Linear` (whose weight is `[in, out]`): the same function.
     pub fn from_burn(linear: burn::nn::Linear) -> Self {
-        let w = linear.weight.val().transpose().detach().require_grad();
         Self {
-            weight: Param::from_tensor(w),
-            bias: linear
-                .bias
-                .map(|b| Param::from_tensor(b.val().detach().require_grad())),
+            weight: Param::from_tensor(leaf(linear.weight.val().transpose(), &linear.weight)),
+            bias: linear.bias.map(|b| Param::from_tensor(leaf(b.val(), &b))),
             key: ParallelKey::default(),
         }
     }
@@ -299,7 +306,7 @@ impl ParallelEmbedding {
     /// From a `burn::nn::Embedding` (same `[num, d]` layout).
     pub fn from_burn(embedding: burn::nn::Embedding) -> Self {
         Self {
-            weight: Param::from_tensor(embedding.weight.val().detach().require_grad()),
+            weight: Param::from_tensor(leaf(embedding.weight.val(), &embedding.weight)),
             key: ParallelKey::default(),
         }
     }
