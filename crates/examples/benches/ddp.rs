@@ -32,8 +32,9 @@ struct Args {
     /// DDP bucket size in MiB (the model has ~21 MiB of gradients).
     #[arg(long, default_value_t = 4.0)]
     bucket_mb: f64,
-    #[arg(long, default_value = "target/bench-ddp")]
-    out_dir: PathBuf,
+    /// Where the Chrome traces go (default: `bench-ddp` in the workspace's target dir).
+    #[arg(long)]
+    out_dir: Option<PathBuf>,
     /// Ignored (passed by `cargo bench`).
     #[arg(long, hide = true)]
     bench: bool,
@@ -129,12 +130,19 @@ fn main() {
         .map(StepTiming::hidden_fraction)
         .sum::<f64>()
         / overlap_timings.len() as f64;
-    std::fs::create_dir_all(&args.out_dir).expect("trace directory");
+    // `cargo bench` runs in the package directory: default to the workspace's target dir.
+    let out_dir = args.out_dir.clone().unwrap_or_else(|| {
+        std::env::var_os("CARGO_TARGET_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target"))
+            .join("bench-ddp")
+    });
+    std::fs::create_dir_all(&out_dir).expect("trace directory");
     for (name, t) in [
         ("overlap", &overlap_timings),
         ("no_overlap", &plain_timings),
     ] {
-        let path = args.out_dir.join(format!("trace-{name}.json"));
+        let path = out_dir.join(format!("trace-{name}.json"));
         std::fs::write(&path, chrome_trace(t)).expect("write trace");
         eprintln!("trace: {}", path.display());
     }
