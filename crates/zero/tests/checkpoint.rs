@@ -80,13 +80,19 @@ fn sharded_4_ranks_stage3_resumes_on_2_ranks_stage1_and_on_one_device() {
 
     // Resumed training equals uninterrupted single-device training.
     let two = resume(&model, &dir, 2, Stage::Zero1, false);
-    assert_close(&two, &reference, "4 ranks stage 3 -> 2 ranks stage 1");
+    assert_trained(
+        &two,
+        &reference,
+        Opt::Adam,
+        "4 ranks stage 3 -> 2 ranks stage 1",
+    );
     let one = resume(&model, &dir, 1, Stage::Zero0, false);
-    assert_close(&one, &reference, "4 ranks stage 3 -> 1 device");
+    assert_trained(&one, &reference, Opt::Adam, "4 ranks stage 3 -> 1 device");
     let back = resume(&model, &dir, 2, Stage::Zero3, true);
-    assert_close(
+    assert_trained(
         &back,
         &reference,
+        Opt::Adam,
         "4 ranks stage 3 -> 2 ranks stage 3 offload",
     );
     let _ = std::fs::remove_dir_all(&dir);

@@ -1,5 +1,6 @@
 //! Stages 1, 2, 3 with and without offload, on 2 and 4 ranks, SGD and Adam: parameters after
-//! 3 steps equal DDP's and single-device training's within 1e-5 relative (1e-6 absolute floor).
+//! 3 steps equal DDP's and single-device training's within 1e-5 relative (absolute floor 1e-6
+//! for SGD, 2e-5 = 2e-3·lr for Adam; see `common::assert_trained`).
 
 mod common;
 use bonfire_zero::Stage;
@@ -10,14 +11,14 @@ fn check(opt: Opt) {
     let reference = single(&model, opt);
     for n in [2, 4] {
         let d = ddp(&model, opt, n);
-        assert_close(&d, &reference, &format!("ddp n={n} {opt:?}"));
+        assert_trained(&d, &reference, opt, &format!("ddp n={n} {opt:?}"));
         for stage in [Stage::Zero1, Stage::Zero2, Stage::Zero3] {
             for offload in [false, true] {
                 let all = zero(&model, opt, n, stage, offload);
                 for (r, got) in all.iter().enumerate() {
                     let what = format!("{stage:?} offload={offload} n={n} rank={r} {opt:?}");
-                    assert_close(got, &reference, &what);
-                    assert_close(got, &d, &format!("{what} vs ddp"));
+                    assert_trained(got, &reference, opt, &what);
+                    assert_trained(got, &d, opt, &format!("{what} vs ddp"));
                 }
             }
         }
