@@ -478,6 +478,8 @@ mod tests {
         // ZB-H1 keeps B-done, W-pending micro-batches alive: at most 2p − 1 − r, whatever m.
         assert_eq!(zb_h1(4, 8).peak_activations(), vec![7, 6, 5, 4]);
         assert_eq!(zb_h1(4, 16).peak_activations(), vec![7, 6, 5, 4]);
+        // ZB-V: 2p chunk-forwards (each half a rank's layers) = 1F1B's peak of p micro-batches.
+        assert_eq!(zb_v(4, 16).peak_activations(), vec![8; 4]);
     }
 
     #[test]
