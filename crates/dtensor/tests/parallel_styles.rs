@@ -138,7 +138,10 @@ fn weights(shape: [usize; 3], device: &Device) -> Tensor<3> {
 /// The MLP on `tp` ranks with or without sequence parallelism equals the unsharded MLP:
 /// output, every parameter gradient (gathered) and the collective counts per layer.
 fn mlp_parity(tp: usize, sp: bool) {
-    let device = dev();
+    mlp_parity_on(tp, sp, dev(), false)
+}
+
+fn mlp_parity_on(tp: usize, sp: bool, device: Device, recompute: bool) {
     let (b, t, d, f) = (2, 4, 8, 16);
     let model = Mlp::new(d, f, &device);
     let x = input([b, t, d], &device);
@@ -209,9 +212,12 @@ fn mlp_parity(tp: usize, sp: bool) {
             assert_eq!(fwd.get(&CommOp::AllGather), Some(&1));
             assert_eq!(fwd.get(&CommOp::ReduceScatter), Some(&1));
             assert_eq!(fwd.get(&CommOp::AllReduce), None);
-            // Backward: the duals (reduce-scatter for the gather, all-gather for the scatter).
+            // Backward: the duals (reduce-scatter for the gather, all-gather for the scatter),
+            // and under Balanced checkpointing the sequence gather again (recomputed instead
+            // of kept).
             assert_eq!(bwd.get(&CommOp::ReduceScatter), Some(&1));
-            assert_eq!(bwd.get(&CommOp::AllGather), Some(&1));
+            let regather = usize::from(recompute);
+            assert_eq!(bwd.get(&CommOp::AllGather), Some(&(1 + regather)));
         } else {
             // One all-reduce for the row-wise output in forward; one for the column-wise
             // input's gradient in backward.
@@ -250,6 +256,10 @@ fn mlp_tp2_sequence_parallel() {
 #[test]
 fn mlp_tp4_sequence_parallel() {
     mlp_parity(4, true);
+}
+#[test]
+fn mlp_tp2_sequence_parallel_recomputed_gather() {
+    mlp_parity_on(2, true, dev().gradient_checkpointing(), true);
 }
 
 #[derive(Module, Debug)]

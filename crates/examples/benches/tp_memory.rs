@@ -17,7 +17,12 @@
 //!   sharding keeps per rank, counting per block what a pre-norm block must save (LN inputs,
 //!   the q/k/v and fc1 inputs, q, k, v, attention probabilities, the o input, the GELU input,
 //!   the fc2 input): without SP the LN and q/k/v/fc1 inputs stay whole, with SP everything is
-//!   divided by tp. `act_fraction` is the measured act_bytes over TP=1's.
+//!   divided by tp. `act_fraction` is the measured act_bytes over TP=1's with the same `sp`
+//!   and `ckpt`.
+//! - `ckpt=balanced` rows run on `Device::flex().autodiff().gradient_checkpointing()`
+//!   (Burn's Balanced strategy): the sequence all-gathers of column-wise layers are marked
+//!   recomputable, so they are re-gathered in backward instead of kept, like Megatron's
+//!   sequence parallelism (Burn may recompute other cheap operations too).
 
 use bonfire_comm::ThreadWorld;
 use bonfire_dtensor::DeviceMesh;
@@ -95,8 +100,6 @@ fn expected_act_fraction(c: &GptConfig, tp: usize, sp: bool) -> f64 {
 
 fn main() {
     let cfg = GptConfig::bench();
-    let device = default_device();
-    let model = Gpt::new(&cfg, &device);
     let n = BATCH * cfg.max_seq_len;
     let ids: Vec<i64> = (0..n as i64)
         .map(|i| (i * 7919) % cfg.vocab_size as i64)
@@ -104,9 +107,16 @@ fn main() {
     let tg: Vec<i64> = (0..n as i64)
         .map(|i| (i * 104729 + 1) % cfg.vocab_size as i64)
         .collect();
-    let mut base_act = None;
+    let mut base_act = std::collections::HashMap::new();
     for tp in [1usize, 2, 4] {
-        for sp in [false, true] {
+        for (sp, ckpt) in [(false, false), (true, false), (true, true)] {
+            let device = if ckpt {
+                default_device().gradient_checkpointing()
+            } else {
+                default_device()
+            };
+            // Built on the device itself: a strategy is part of every tensor.
+            let model = Gpt::new(&cfg, &device);
             let results = ThreadWorld::new(tp)
                 .timeout(Duration::from_secs(300))
                 .launch(|pg| {
@@ -155,14 +165,15 @@ fn main() {
                 })
                 .unwrap();
             let (param_bytes, act, peak) = results[0];
-            let base = *base_act.get_or_insert(act);
+            let base = *base_act.entry((sp, ckpt)).or_insert(act);
             println!(
-                "bench tp tp={tp} sp={sp} param_bytes={param_bytes} expected_param_bytes={} act_bytes={:.0} act_fraction={:.3} expected_act_fraction={:.3} peak_bytes={:.0}",
+                "bench tp tp={tp} sp={sp} param_bytes={param_bytes} expected_param_bytes={} act_bytes={:.0} act_fraction={:.3} expected_act_fraction={:.3} peak_bytes={:.0} ckpt={}",
                 expected_param_bytes(&cfg, tp),
                 act,
                 act / base,
                 expected_act_fraction(&cfg, tp, sp),
-                peak
+                peak,
+                if ckpt { "balanced" } else { "none" }
             );
         }
     }

@@ -243,9 +243,12 @@ impl ParallelLinear {
                     Layout::Replicate => functional::copy_to_group(x, g),
                     layout => {
                         // Shard(d): gather the sequence; the local matmul's gradient is
-                        // partial, so backward reduce-scatters it.
+                        // partial, so backward reduce-scatters it. Marked recomputable:
+                        // under Burn's Balanced checkpointing the gathered input is
+                        // re-gathered in backward instead of kept (Megatron's SP memory).
                         let d = layout.shard_dim(D).expect("validated");
-                        functional::all_gather(x, g, d).expect("valid dim")
+                        let sizes = vec![x.dims()[d]; g.size()];
+                        functional::all_gather_recomputable(x, g, d, &sizes).expect("valid dim")
                     }
                 };
                 let mut y = self.matmul(x);
