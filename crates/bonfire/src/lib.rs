@@ -11,7 +11,10 @@
 //!   instead of hanging.
 //! - [`dtensor`] (`bonfire-dtensor`): differentiable collectives as a Burn backend
 //!   extension, device meshes, distributed tensors (`DTensor` with `Shard`,
-//!   `Replicate` and `Partial` placements) and redistribution between placements.
+//!   `Replicate` and `Partial` placements) and redistribution between placements;
+//!   `dtensor::parallel`: tensor and sequence parallelism (parallel-aware layers,
+//!   column-/row-wise and sequence-parallel styles, `parallelize_module` plans,
+//!   `loss_parallel`).
 //! - [`ddp`] (`bonfire-ddp`): data parallelism — `DistributedDataParallel` with
 //!   bucketed gradient all-reduce overlapped with backward.
 //! - [`zero`] (`bonfire-zero`): ZeRO sharded data parallelism — stages 1–3
@@ -43,5 +46,8 @@ pub use bonfire_zero as zero;
 /// The names almost every Bonfire program needs, for `use bonfire::prelude::*;`.
 pub mod prelude {
     pub use bonfire_comm::{CommError, ProcessGroup, ReduceOp, launch};
+    pub use bonfire_dtensor::parallel::{
+        ColwiseParallel, ParallelPlan, RowwiseParallel, SequenceParallel, parallelize_module,
+    };
     pub use bonfire_dtensor::{DTensor, DeviceMesh, Placement, distribute_tensor};
 }
