@@ -26,7 +26,10 @@ impl BenchTarget {
 /// Known suites: (command-line name, package, `[[bench]]` name).
 const BENCH_TARGETS: &[BenchTarget] = &[
     BenchTarget::new("comm", "bonfire-comm", "collectives"),
-    // Later: ddp, tp, zero, pipeline.
+    BenchTarget::new("ddp", "bonfire-examples", "ddp"),
+    BenchTarget::new("tp", "bonfire-examples", "tp_memory"),
+    BenchTarget::new("zero", "bonfire-zero", "memory"),
+    BenchTarget::new("pipeline", "bonfire-pipeline", "bubble"),
 ];
 
 /// Runs `cargo bench -p <package> --bench <bench> -- <extra_args>`.

@@ -20,7 +20,8 @@
 //! - [`zero`] (`bonfire-zero`): ZeRO sharded data parallelism — stages 1–3
 //!   (optimizer state, gradients, parameters), CPU offload of optimizer state,
 //!   checkpoints that reshard from N ranks to M.
-//! - `bonfire-pipeline` (planned): pipeline parallelism.
+//! - [`pipeline`] (`bonfire-pipeline`): pipeline parallelism — stages, schedules as
+//!   data (GPipe, 1F1B, interleaved, zero-bubble), a static checker, timelines.
 //!
 //! See `docs/architecture.md` in the repository for the full picture.
 //!
@@ -41,6 +42,7 @@
 pub use bonfire_comm as comm;
 pub use bonfire_ddp as ddp;
 pub use bonfire_dtensor as dtensor;
+pub use bonfire_pipeline as pipeline;
 pub use bonfire_zero as zero;
 
 /// The names almost every Bonfire program needs, for `use bonfire::prelude::*;`.
