@@ -102,6 +102,14 @@ thread_local! {
     static CURRENT_QUEUE: Cell<usize> = const { Cell::new(0) };
 }
 
+/// True on a communication thread (one that runs queued asynchronous work).
+///
+/// Waits there never spin: such a thread exists to overlap computation on the caller's
+/// threads, and a spinning waiter would take the core that computation needs.
+pub(crate) fn on_comm_thread() -> bool {
+    CURRENT_QUEUE.with(|q| q.get()) != 0
+}
+
 /// A lazily started background thread that runs jobs in submission order.
 pub(crate) struct Executor {
     name: String,

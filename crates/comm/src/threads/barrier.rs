@@ -96,7 +96,7 @@ impl Barrier {
         }
         let done = || self.state.load(Ordering::SeqCst) & !COUNT_MASK != generation;
 
-        if self.spin {
+        if self.spin && !crate::work::on_comm_thread() {
             let start = Instant::now();
             let mut i = 0u32;
             loop {
