@@ -436,3 +436,49 @@ fn prepare_module_input_and_wildcards() {
         }
     });
 }
+
+#[derive(Module, Debug)]
+struct Rms {
+    norm: bonfire_dtensor::parallel::ParallelRmsNorm,
+}
+
+/// RMSNorm: unsharded it is Burn's `RmsNorm`; sequence-parallel on 2 ranks it gives the
+/// same output and weight gradient (one all-reduce of the weight's gradient in backward).
+#[test]
+fn rms_norm_unsharded_and_sequence_parallel() {
+    let device = dev();
+    let (b, t, d) = (2, 4, 6);
+    let model = Rms {
+        norm: bonfire_dtensor::parallel::ParallelRmsNorm::new(d, &device),
+    };
+    let burn_norm = burn::nn::RmsNormConfig::new(d).init(&device);
+    let x = input([b, t, d], &device);
+    let w = weights([b, t, d], &device);
+    let y = model.norm.forward(x.clone());
+    y.clone().into_data().assert_approx_eq::<f32>(
+        &burn_norm.forward(x.clone()).into_data(),
+        burn::tensor::Tolerance::absolute(1e-6),
+    );
+    let grads = (y.clone() * w.clone()).sum().backward();
+    let want_y = vec_of(y);
+    let want_g = collect(&model, Some(&grads));
+    world(2, |pg| {
+        let mesh = DeviceMesh::one_d(&pg, "tp").unwrap();
+        let plan = ParallelPlan::new().add("norm", SequenceParallel::default());
+        let local = parallelize_module(model.clone().fork(&device), &mesh, "tp", &plan).unwrap();
+        let r = chunk_range(t, 2, pg.rank());
+        let y = local.norm.forward(x.clone().narrow(1, r.start, r.len()));
+        let loss = bonfire_dtensor::functional::reduce_from_group(
+            (y.clone() * w.clone().narrow(1, r.start, r.len())).sum(),
+            &pg,
+        );
+        let counter = CommCounter::start();
+        let grads = loss.backward();
+        assert_eq!(counter.count(CommOp::AllReduce), 1);
+        drop(counter);
+        let y = sequence::sequence_gather(y.detach(), &pg, 1);
+        assert_close(&vec_of(y), &want_y, "rms output");
+        let (_, g) = &collect(&local, Some(&grads))["norm.weight"];
+        assert_close(g, &want_g["norm.weight"].1, "rms weight grad");
+    });
+}
