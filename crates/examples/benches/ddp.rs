@@ -5,6 +5,12 @@
 //! with backward, (c) DDP reducing after backward; ratio = (b)/(a); hidden = the fraction of
 //! all-reduce time that ran while backward was still computing in (b). Writes a Chrome trace
 //! (Perfetto-readable) per DDP run under `target/bench-ddp/`.
+//!
+//! Two extra fields follow: `contended_ms`, the same per-rank step run by `ranks` threads at
+//! once with no communication at all, and `ratio_vs_contended` = (b) / that. On a machine
+//! with fewer cores than ranks × Burn's worker threads, (a) has the cores to itself while the
+//! DDP ranks share them, so (b)/(a) measures core sharing as much as communication;
+//! (b)/contended isolates what DDP adds.
 
 use bonfire_comm::ThreadWorld;
 use bonfire_ddp::{DdpConfig, DistributedDataParallel, StepTiming, chrome_trace};
@@ -77,6 +83,34 @@ fn single(model: &Gpt, data: &Batches, args: &Args) -> f64 {
     median(times)
 }
 
+/// (a′): every rank runs plain Burn steps on its rows at the same time, with no
+/// communication; the median step time of the slowest rank.
+fn contended(model: &Gpt, data: &Batches, args: &Args) -> f64 {
+    let device = default_device();
+    let per_rank = ThreadWorld::new(args.ranks)
+        .launch(|pg| {
+            let mut model = model.clone().fork(&device);
+            let mut optim = SgdConfig::new().init();
+            let mut times = Vec::new();
+            for s in 0..args.warmup + args.steps {
+                let (ids, targets) = data.rows(s, pg.rank() * args.batch, args.batch, &device);
+                pg.barrier().unwrap();
+                let t0 = Instant::now();
+                let loss = model.loss(ids, targets);
+                let grads = GradientsParams::from_grads(loss.backward(), &model);
+                model = optim.step(0.01, model, grads);
+                times.push(t0.elapsed().as_secs_f64() * 1e3);
+            }
+            times
+        })
+        .unwrap();
+    median(
+        (args.warmup..args.warmup + args.steps)
+            .map(|s| per_rank.iter().map(|t| t[s]).fold(0.0, f64::max))
+            .collect(),
+    )
+}
+
 /// (b)/(c): DDP; returns the median step time (slowest rank) and every step's timings.
 fn ddp(model: &Gpt, data: &Batches, args: &Args, overlap: bool) -> (f64, Vec<StepTiming>) {
     let device = default_device();
@@ -123,6 +157,7 @@ fn main() {
         args.bucket_mb
     );
     let single_ms = single(&model, &data, &args);
+    let contended_ms = contended(&model, &data, &args);
     let (ddp_ms, overlap_timings) = ddp(&model, &data, &args, true);
     let (no_overlap_ms, plain_timings) = ddp(&model, &data, &args, false);
     let hidden = overlap_timings
@@ -147,8 +182,9 @@ fn main() {
         eprintln!("trace: {}", path.display());
     }
     println!(
-        "bench ddp ranks={} single_ms={single_ms:.1} ddp_ms={ddp_ms:.1} ddp_no_overlap_ms={no_overlap_ms:.1} ratio={:.2} hidden={hidden:.2}",
+        "bench ddp ranks={} single_ms={single_ms:.1} ddp_ms={ddp_ms:.1} ddp_no_overlap_ms={no_overlap_ms:.1} ratio={:.2} hidden={hidden:.2} contended_ms={contended_ms:.1} ratio_vs_contended={:.2}",
         args.ranks,
-        ddp_ms / single_ms
+        ddp_ms / single_ms,
+        ddp_ms / contended_ms
     );
 }
