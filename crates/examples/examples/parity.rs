@@ -26,16 +26,17 @@ struct Cli {
     /// Batches: int64 `input_ids` and `targets` of shape [S, B, T'].
     #[arg(long)]
     data: PathBuf,
-    /// Axes and sizes, e.g. `dp=2`, `tp=4`, `dp=2,tp=2` (omitted axes are 1).
+    /// Axes and sizes, e.g. `dp=2`, `tp=4`, `dp=2,tp=2`, `pp=2`, `dp=2,pp=2` (omitted axes
+    /// are 1).
     #[arg(long, default_value = "dp=1")]
     mesh: String,
     /// ZeRO stage on the dp axis.
     #[arg(long, default_value_t = 0)]
     zero: u8,
-    /// Pipeline schedule (gpipe, 1f1b, interleaved, zb).
+    /// Pipeline schedule (gpipe, 1f1b, interleaved, zb, zb-v); required with a pp axis.
     #[arg(long)]
     schedule: Option<String>,
-    /// Pipeline micro-batches.
+    /// Pipeline micro-batches (default: pp).
     #[arg(long)]
     microbatches: Option<usize>,
     /// Sequence parallelism on the tp axis.

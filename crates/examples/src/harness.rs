@@ -59,6 +59,9 @@ impl HarnessResult {
 /// Runs the harness and writes `args.out`.
 pub fn run(args: &HarnessArgs) -> Result<HarnessResult, String> {
     args.layout.check_supported()?;
+    if args.layout.mesh.pp > 1 {
+        return crate::pipeline_harness::run(args);
+    }
     let cfg = GptConfig::load(&args.config)?;
     let batches = data::load_batches(&args.data, &cfg)?;
     if args.steps > batches.steps() {

@@ -7,7 +7,8 @@
 //!   (`docs`/`shared/notes/parity-harness.md`), parameters named and laid out as in PyTorch
 //!   (`blocks.0.attn.q.weight` is `[out, in]`), so [`checkpoint`] files load in PyTorch too.
 //! - [`harness`]: the parity harness behind `cargo run --release -p bonfire-examples
-//!   --example parity -- ...` (`--mesh dp=N`, `tp=M`, `dp=N,tp=M`; pp is rejected clearly).
+//!   --example parity -- ...` (`--mesh dp=N`, `tp=M`, `dp=N,tp=M`, `pp=K`, `dp=N,pp=K`;
+//!   pp with tp or ZeRO is rejected clearly); pp runs through [`pipeline_harness`].
 //! - [`tp`]: the GPT's tensor-parallel plan ([`tp::gpt_tp_plan`]) and
 //!   [`tp::parallelize_gpt`].
 //! - [`corpus`]: a small generated text corpus and character tokenizer for `train_gpt`.
@@ -35,6 +36,7 @@ pub mod gpt;
 pub mod harness;
 pub mod layers;
 pub mod mesh;
+pub mod pipeline_harness;
 pub mod tensor_file;
 pub mod tp;
 

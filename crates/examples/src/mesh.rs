@@ -71,10 +71,24 @@ impl Layout {
     /// an option.
     pub fn check_supported(&self) -> Result<(), String> {
         if self.mesh.pp > 1 {
-            return Err(format!(
-                "--mesh pp={}: pipeline parallelism is not supported by this build yet (supported: dp, tp)",
-                self.mesh.pp
-            ));
+            if self.mesh.tp > 1 {
+                return Err(format!(
+                    "--mesh tp={},pp={}: tensor and pipeline parallelism together are not supported by this build yet (supported: dp, tp, pp, dp×tp, dp×pp)",
+                    self.mesh.tp, self.mesh.pp
+                ));
+            }
+            if self.zero != 0 {
+                return Err(format!(
+                    "--zero {} with --mesh pp={}: ZeRO with pipeline parallelism is not supported by this build yet",
+                    self.zero, self.mesh.pp
+                ));
+            }
+            if self.schedule.is_none() {
+                return Err(format!(
+                    "--mesh pp={} needs --schedule gpipe|1f1b|interleaved|zb (and --microbatches M, default pp)",
+                    self.mesh.pp
+                ));
+            }
         }
         if self.mesh.tp == 1 && (self.sequence_parallel || self.loss_parallel) {
             return Err(
@@ -90,12 +104,12 @@ impl Layout {
                 self.zero
             ));
         }
-        if let Some(s) = &self.schedule {
+        if let Some(s) = self.schedule.as_ref().filter(|_| self.mesh.pp == 1) {
             return Err(format!(
                 "--schedule {s}: pipeline schedules are not supported by this build yet (no pp axis)"
             ));
         }
-        if let Some(m) = self.microbatches {
+        if let Some(m) = self.microbatches.filter(|_| self.mesh.pp == 1) {
             return Err(format!(
                 "--microbatches {m}: microbatching is not supported by this build yet (no pp axis)"
             ));
