@@ -89,7 +89,17 @@ pub fn run(args: &HarnessArgs) -> Result<HarnessResult, String> {
     }
     let device = default_device();
     let model = checkpoint::load(Gpt::new(&cfg, &device), &args.weights)?;
-    let result = train_parallel(&model, &batches, dp, tp, args.steps, args.lr)?;
+    let result = match args.layout.zero {
+        0 => train_parallel(&model, &batches, dp, tp, args.steps, args.lr)?,
+        stage => crate::zero_harness::train_zero(
+            &model,
+            &batches,
+            dp,
+            stage as usize,
+            args.steps,
+            args.lr,
+        )?,
+    };
     tensor_file::write_f32(&args.out, &result.tensors())?;
     Ok(result)
 }

@@ -8,7 +8,8 @@
 //!   (`blocks.0.attn.q.weight` is `[out, in]`), so [`checkpoint`] files load in PyTorch too.
 //! - [`harness`]: the parity harness behind `cargo run --release -p bonfire-examples
 //!   --example parity -- ...` (`--mesh dp=N`, `tp=M`, `dp=N,tp=M`, `pp=K`, `dp=N,pp=K`;
-//!   pp with tp or ZeRO is rejected clearly); pp runs through [`pipeline_harness`].
+//!   `--zero 1|2|3` on dp; pp with tp or ZeRO, and ZeRO with tp, are rejected clearly); pp
+//!   runs through [`pipeline_harness`], ZeRO through [`zero_harness`].
 //! - [`tp`]: the GPT's tensor-parallel plan ([`tp::gpt_tp_plan`]) and
 //!   [`tp::parallelize_gpt`].
 //! - [`corpus`]: a small generated text corpus and character tokenizer for `train_gpt`.
@@ -39,6 +40,7 @@ pub mod mesh;
 pub mod pipeline_harness;
 pub mod tensor_file;
 pub mod tp;
+pub mod zero_harness;
 
 pub use config::GptConfig;
 pub use gpt::{Gpt, cross_entropy, default_device};

@@ -98,10 +98,10 @@ impl Layout {
         if self.zero > 3 {
             return Err(format!("--zero {}: must be 0, 1, 2 or 3", self.zero));
         }
-        if self.zero != 0 {
+        if self.zero != 0 && self.mesh.tp > 1 {
             return Err(format!(
-                "--zero {}: ZeRO sharding is not supported by this build yet (supported: --zero 0)",
-                self.zero
+                "--zero {} with --mesh tp={}: ZeRO with tensor parallelism is not supported by the harness yet (supported: --zero with dp only)",
+                self.zero, self.mesh.tp
             ));
         }
         if let Some(s) = self.schedule.as_ref().filter(|_| self.mesh.pp == 1) {
@@ -149,8 +149,10 @@ mod tests {
         let mut sp = layout("dp=2", 0);
         sp.sequence_parallel = true;
         assert!(sp.check_supported().unwrap_err().contains("tp axis"));
+        assert!(layout("dp=2", 3).check_supported().is_ok());
+        assert!(layout("dp=2", 4).check_supported().is_err());
         assert!(
-            layout("dp=2", 1)
+            layout("dp=2,tp=2", 1)
                 .check_supported()
                 .unwrap_err()
                 .contains("ZeRO")
