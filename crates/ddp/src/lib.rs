@@ -48,7 +48,7 @@ pub mod data_parallel;
 mod ddp;
 mod error;
 pub mod hook;
-pub mod params;
+pub use bonfire_dtensor::params;
 mod reducer;
 pub mod timing;
 

@@ -79,6 +79,7 @@ mod dtensor;
 mod error;
 mod mesh;
 pub mod parallel;
+pub mod params;
 mod placement;
 pub mod redistribute;
 

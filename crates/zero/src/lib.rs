@@ -22,7 +22,7 @@ mod config;
 mod error;
 mod gather;
 pub mod optim;
-pub mod params;
+pub use bonfire_dtensor::params;
 pub mod partition;
 mod zero;
 

@@ -1,5 +1,7 @@
-//! A module's parameters as DDP sees them: a flat, ordered inventory (visit order, dotted
-//! paths, shapes), and host copies of values and gradients in that order.
+//! A module's parameters as the data-parallel strategies see them (DDP, ZeRO): a flat,
+//! ordered inventory (visit order, dotted paths, shapes), and host copies of values and
+//! gradients in that order. It lives here, below the strategies, so that they share one
+//! definition of "the parameter order" — the order every rank must agree on.
 
 use burn::module::{Module, ModuleMapper, ModuleVisitor, Param, ParamId};
 use burn::optim::GradientsParams;
@@ -184,12 +186,14 @@ pub fn grads_from_host<'a, M: Module>(
     build.out
 }
 
-pub(crate) fn index_of(infos: &[ParamInfo]) -> HashMap<ParamId, usize> {
+/// Parameter id → its position in `infos`.
+pub fn index_of(infos: &[ParamInfo]) -> HashMap<ParamId, usize> {
     infos.iter().enumerate().map(|(i, p)| (p.id, i)).collect()
 }
 
 /// Start offsets of each parameter in the flat layout, plus the total at the end.
-pub(crate) fn offsets_of(infos: &[ParamInfo]) -> Vec<usize> {
+/// Start offset of every parameter in the flat vector (plus the total at the end).
+pub fn offsets_of(infos: &[ParamInfo]) -> Vec<usize> {
     let mut offsets = Vec::with_capacity(infos.len() + 1);
     let mut at = 0;
     offsets.push(0);
