@@ -62,23 +62,7 @@ pub fn run(args: &HarnessArgs) -> Result<HarnessResult, String> {
     if args.layout.mesh.pp > 1 {
         return crate::pipeline_harness::run(args);
     }
-    let cfg = GptConfig::load(&args.config)?;
-    let batches = data::load_batches(&args.data, &cfg)?;
-    if args.steps > batches.steps() {
-        return Err(format!(
-            "--steps {} but {} holds {} step(s)",
-            args.steps,
-            args.data.display(),
-            batches.steps()
-        ));
-    }
-    let dp = args.layout.mesh.dp;
-    if batches.batch % dp != 0 {
-        return Err(format!(
-            "batch size {} is not divisible by dp={dp}",
-            batches.batch
-        ));
-    }
+    let (cfg, batches, dp) = load_inputs(args)?;
     let tp = TpOptions::from_layout(&args.layout);
     crate::tp::check_tp(&cfg, tp.tp)?;
     if tp.sequence_parallel && batches.seq % tp.tp != 0 {
@@ -102,6 +86,29 @@ pub fn run(args: &HarnessArgs) -> Result<HarnessResult, String> {
     };
     tensor_file::write_f32(&args.out, &result.tensors())?;
     Ok(result)
+}
+
+/// Loads the config and the batches of a run and checks them against the layout: enough
+/// steps, and a batch that the dp axis divides. Returns them with the dp degree.
+pub(crate) fn load_inputs(args: &HarnessArgs) -> Result<(GptConfig, data::Batches, usize), String> {
+    let cfg = GptConfig::load(&args.config)?;
+    let batches = data::load_batches(&args.data, &cfg)?;
+    if args.steps > batches.steps() {
+        return Err(format!(
+            "--steps {} but {} holds {} step(s)",
+            args.steps,
+            args.data.display(),
+            batches.steps()
+        ));
+    }
+    let dp = args.layout.mesh.dp;
+    if batches.batch % dp != 0 {
+        return Err(format!(
+            "batch size {} is not divisible by dp={dp}",
+            batches.batch
+        ));
+    }
+    Ok((cfg, batches, dp))
 }
 
 /// The tensor-parallel part of a layout.

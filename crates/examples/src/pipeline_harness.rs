@@ -143,23 +143,7 @@ impl PpOptions {
 
 /// Runs the harness for a layout with a pp axis (called by [`crate::harness::run`]).
 pub fn run(args: &HarnessArgs) -> Result<HarnessResult, String> {
-    let cfg = GptConfig::load(&args.config)?;
-    let batches = data::load_batches(&args.data, &cfg)?;
-    if args.steps > batches.steps() {
-        return Err(format!(
-            "--steps {} but {} holds {} step(s)",
-            args.steps,
-            args.data.display(),
-            batches.steps()
-        ));
-    }
-    let dp = args.layout.mesh.dp;
-    if batches.batch % dp != 0 {
-        return Err(format!(
-            "batch size {} is not divisible by dp={dp}",
-            batches.batch
-        ));
-    }
+    let (cfg, batches, dp) = crate::harness::load_inputs(args)?;
     let pp = PpOptions::new(
         args.layout.mesh.pp,
         args.layout.schedule.as_deref(),
