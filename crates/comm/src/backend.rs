@@ -63,6 +63,33 @@ impl CallContext<'_> {
         }
     }
 
+    /// Checks the count matrix of an uneven all-to-all: what rank `i` sends to rank `j`
+    /// (`sent(i, j)`) must be what `j` expects from `i` (`expected(i, j)`). Every rank checks
+    /// every pair, so all ranks fail the same call with the same error.
+    pub fn check_all_to_all_counts(
+        &self,
+        n: usize,
+        sent: impl Fn(usize, usize) -> usize,
+        expected: impl Fn(usize, usize) -> usize,
+    ) -> Result<()> {
+        for i in 0..n {
+            for j in 0..n {
+                let (sent, expected) = (sent(i, j), expected(i, j));
+                if sent != expected {
+                    return Err(CommError::CountMismatch {
+                        group: self.group.to_string(),
+                        seq: self.fingerprint.seq,
+                        sender: i,
+                        receiver: j,
+                        sent,
+                        expected,
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// The group was aborted earlier.
     pub fn aborted(&self, reason: impl Into<String>) -> CommError {
         CommError::Aborted {

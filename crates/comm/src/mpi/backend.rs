@@ -654,22 +654,11 @@ impl MpiBackend {
             }),
             "MPI_Allgather (all_to_all counts)",
         )?;
-        for i in 0..n {
-            for j in 0..n {
-                let sent = s.matrix[i * 2 * n + j] as usize;
-                let expected = s.matrix[j * 2 * n + n + i] as usize;
-                if sent != expected {
-                    return Err(CommError::CountMismatch {
-                        group: ctx.group.to_string(),
-                        seq: ctx.fingerprint.seq,
-                        sender: i,
-                        receiver: j,
-                        sent,
-                        expected,
-                    });
-                }
-            }
-        }
+        ctx.check_all_to_all_counts(
+            n,
+            |i, j| s.matrix[i * 2 * n + j] as usize,
+            |i, j| s.matrix[j * 2 * n + n + i] as usize,
+        )?;
         Ok(())
     }
 
