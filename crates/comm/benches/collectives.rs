@@ -5,6 +5,7 @@
 //! algbw·(n−1)/n, where algbw = size / time and size is the all_reduce buffer, the gathered
 //! buffer, or the reduce-scatter input. ratio = busbw / memcpy.
 
+use bonfire_comm::testing::bench::parse_size;
 use bonfire_comm::{ProcessGroup, ReduceOp, ThreadWorld};
 use clap::Parser;
 use std::hint::black_box;
@@ -37,28 +38,17 @@ struct Args {
     bench: bool,
 }
 
-fn parse_size(s: &str) -> usize {
-    let s = s.trim();
-    let (digits, scale) = match s.chars().last() {
-        Some('K' | 'k') => (&s[..s.len() - 1], 1 << 10),
-        Some('M' | 'm') => (&s[..s.len() - 1], 1 << 20),
-        Some('G' | 'g') => (&s[..s.len() - 1], 1 << 30),
-        _ => (s, 1),
-    };
-    digits.parse::<usize>().expect("size must be a number") * scale
-}
-
-/// Iterations per round so that a round lasts about `round` at an assumed 4 GB/s.
-fn iterations(bytes: usize, round: Duration) -> usize {
-    let estimate = bytes as f64 / 4e9 + 2e-6;
-    ((round.as_secs_f64() / estimate) as usize).clamp(3, 50_000)
+/// Iterations per round of `bytes` (about `--round-ms` per round).
+fn iterations(bytes: usize, args: &Args) -> usize {
+    let round = Duration::from_millis(args.round_ms);
+    bonfire_comm::testing::bench::iterations(bytes, round, Duration::from_micros(2), 50_000)
 }
 
 /// Best time of one single-thread memcpy of `bytes`.
 fn memcpy_time(bytes: usize, args: &Args) -> f64 {
     let src = vec![1u8; bytes];
     let mut dst = vec![0u8; bytes];
-    let iters = iterations(bytes, Duration::from_millis(args.round_ms));
+    let iters = iterations(bytes, args);
     dst.copy_from_slice(&src);
     (0..args.rounds)
         .map(|_| {
@@ -75,7 +65,7 @@ fn memcpy_time(bytes: usize, args: &Args) -> f64 {
 /// Best time of one collective on `bytes`, as seen by rank 0 between two barriers.
 fn collective_time(op: &str, bytes: usize, args: &Args) -> f64 {
     let n = args.ranks;
-    let iters = iterations(bytes, Duration::from_millis(args.round_ms));
+    let iters = iterations(bytes, args);
     let times = ThreadWorld::new(n)
         .launch(|pg: ProcessGroup| {
             let elems = bytes / 4;
@@ -116,7 +106,7 @@ fn main() {
     let args = Args::parse();
     let n = args.ranks;
     for size in &args.sizes {
-        let bytes = parse_size(size);
+        let bytes = parse_size(size).expect("--sizes");
         let memcpy_gbps = bytes as f64 / memcpy_time(bytes, &args) / 1e9;
         for op in &args.ops {
             let t = collective_time(op, bytes, &args);

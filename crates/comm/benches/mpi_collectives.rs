@@ -10,6 +10,7 @@
 //! implementations alternate so that both see the same machine state.
 
 use bonfire_comm::mpi::MpiWorld;
+use bonfire_comm::testing::bench::parse_size;
 use bonfire_comm::{ProcessGroup, ReduceOp};
 use mpi::ffi;
 use std::os::raw::{c_int, c_void};
@@ -21,22 +22,11 @@ struct Args {
     round: Duration,
 }
 
-fn parse_size(s: &str) -> usize {
-    let s = s.trim();
-    let (digits, scale) = match s.chars().last() {
-        Some('K' | 'k') => (&s[..s.len() - 1], 1 << 10),
-        Some('M' | 'm') => (&s[..s.len() - 1], 1 << 20),
-        Some('G' | 'g') => (&s[..s.len() - 1], 1 << 30),
-        _ => (s, 1),
-    };
-    digits.parse::<usize>().expect("size must be a number") * scale
-}
-
 fn parse_args() -> Args {
     let mut args = Args {
         sizes: "4K,64K,256K,1M,4M,16M,32M,64M"
             .split(',')
-            .map(parse_size)
+            .map(|s| parse_size(s).expect("size"))
             .collect(),
         rounds: 5,
         round: Duration::from_millis(150),
@@ -49,7 +39,7 @@ fn parse_args() -> Args {
                     .next()
                     .expect("--sizes LIST")
                     .split(',')
-                    .map(parse_size)
+                    .map(|s| parse_size(s).expect("size"))
                     .collect()
             }
             "--rounds" => args.rounds = it.next().expect("--rounds N").parse().expect("number"),
@@ -63,10 +53,9 @@ fn parse_args() -> Args {
     args
 }
 
-/// Iterations per round so that a round lasts about `round` at an assumed 4 GB/s.
+/// Iterations per round so that a round lasts about `round`.
 fn iterations(bytes: usize, round: Duration) -> usize {
-    let estimate = bytes as f64 / 4e9 + 5e-6;
-    ((round.as_secs_f64() / estimate) as usize).clamp(3, 20_000)
+    bonfire_comm::testing::bench::iterations(bytes, round, Duration::from_micros(5), 20_000)
 }
 
 /// Seconds per call of the best round; every rank runs the same loop, rank 0's time is used.

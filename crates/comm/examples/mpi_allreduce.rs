@@ -9,26 +9,14 @@
 //! It joins the job with [`World::from_env`], which picks MPI because `mpirun` set
 //! `OMPI_COMM_WORLD_RANK`; started without `mpirun` it runs as a single rank.
 
+use bonfire_comm::testing::bench::parse_size;
 use bonfire_comm::{ReduceOp, World};
 use std::time::Instant;
-
-fn parse_size(s: &str) -> usize {
-    let s = s.trim();
-    let (digits, scale) = match s.chars().last() {
-        Some('K' | 'k') => (&s[..s.len() - 1], 1 << 10),
-        Some('M' | 'm') => (&s[..s.len() - 1], 1 << 20),
-        _ => (s, 1),
-    };
-    digits
-        .parse::<usize>()
-        .expect("size: a number with optional K/M")
-        * scale
-}
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let bytes = std::env::args()
         .nth(1)
-        .map(|s| parse_size(&s))
+        .map(|s| parse_size(&s).expect("size: a number with optional K/M/G"))
         .unwrap_or(4 << 20);
     let world = World::from_env()?;
     let pg = world.group();

@@ -4,4 +4,5 @@
 //! backend — threads in-process, MPI processes under `mpirun`, NCCL on GPUs — so a backend
 //! is "done" when it passes the same checks.
 
+pub mod bench;
 pub mod conformance;
