@@ -115,8 +115,10 @@ pub trait Backend: Send + Sync + 'static {
     fn recv(&self, buf: BufMut<'_>, src: usize, ctx: &CallContext<'_>) -> Result<()>;
     /// Creates the backend of a sub-group of the (validated, distinct, containing this rank)
     /// group ranks `ranks`, numbered in the given order. Every member calls this with the same
-    /// list, in the same order relative to its other `new_group` calls.
-    fn new_group(&self, ranks: &[usize]) -> Result<Box<dyn Backend>>;
+    /// list, in the same order relative to its other `new_group` calls. Any waiting this needs
+    /// (members agreeing on the list, communicator bootstrap) gives up after `timeout` — the
+    /// parent group's.
+    fn new_group(&self, ranks: &[usize], timeout: Duration) -> Result<Box<dyn Backend>>;
     /// The world rank of every group rank (for messages that must name processes).
     fn world_ranks(&self) -> Vec<usize>;
 }

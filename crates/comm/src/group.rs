@@ -148,7 +148,7 @@ impl ProcessGroup {
                 self.rank()
             )));
         }
-        let backend = self.inner.backend.new_group(ranks)?;
+        let backend = self.inner.backend.new_group(ranks, self.timeout())?;
         let world: Vec<usize> = backend.world_ranks();
         let name = format!("{}/{:?}", self.inner.name, world);
         Ok(Self::with_timeout(backend, name, self.timeout()))

@@ -19,7 +19,7 @@ use crate::collective::Collective;
 use crate::{BufMut, BufRef, CommError, Fingerprint, ProcessGroup, Result};
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Condvar, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// How this process was started.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -393,7 +393,7 @@ impl Backend for SingleBackend {
                 .0;
         }
     }
-    fn new_group(&self, _ranks: &[usize]) -> Result<Box<dyn Backend>> {
+    fn new_group(&self, _ranks: &[usize], _timeout: Duration) -> Result<Box<dyn Backend>> {
         Ok(Box::new(SingleBackend::default()))
     }
 }

@@ -27,7 +27,7 @@ use half::{bf16, f16};
 use mpi::ffi;
 use std::os::raw::{c_int, c_void};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// Tag of handshake messages on a group's collective communicator.
 const HANDSHAKE_TAG: c_int = 1;
@@ -969,9 +969,8 @@ impl Backend for MpiBackend {
         result
     }
 
-    fn new_group(&self, ranks: &[usize]) -> Result<Box<dyn Backend>> {
+    fn new_group(&self, ranks: &[usize], timeout: Duration) -> Result<Box<dyn Backend>> {
         let world: Vec<usize> = ranks.iter().map(|&r| self.world[r]).collect();
-        let timeout = crate::default_timeout();
         // Agree on the member list with every member (with a timeout), so that the blocking
         // MPI_Comm_create_group below only runs when every member is there.
         let digest = crate::digest_counts(&world);

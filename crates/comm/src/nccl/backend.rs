@@ -20,7 +20,7 @@ use crate::collective::{Collective, offsets_into};
 use crate::{BufMut, BufRef, CommError, DType, Result, wire};
 use cudarc::driver::result as cu;
 use std::sync::Mutex;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// A grow-only device allocation.
 #[derive(Default)]
@@ -396,7 +396,7 @@ impl Backend for NcclBackend {
     /// Sub-groups: the new group's first rank creates an id and sends it to the other members
     /// over the parent communicator (grouped NCCL send/recv among members only), then every
     /// member joins the new communicator.
-    fn new_group(&self, ranks: &[usize]) -> Result<Box<dyn Backend>> {
+    fn new_group(&self, ranks: &[usize], timeout: Duration) -> Result<Box<dyn Backend>> {
         self.comm.ensure_usable()?;
         let me = self.comm.rank();
         let sub_rank = ranks
@@ -422,7 +422,7 @@ impl Backend for NcclBackend {
         };
         let mut id = [0u8; 128];
         self.d2h(&mut id, dev)?;
-        let deadline = Instant::now() + crate::default_timeout();
+        let deadline = Instant::now() + timeout;
         self.comm
             .wait_own(deadline)
             .map_err(|f| error(format!("new_group({ranks:?}): id exchange failed: {f:?}")))?;

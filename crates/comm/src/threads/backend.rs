@@ -17,7 +17,7 @@ use crate::memops::{copy_bytes, fence};
 use crate::reduce::{Operands, reduce_raw};
 use crate::{BufMut, BufRef, DType, Result};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// Chunks handed to different ranks start on separate cache lines.
 const CACHE_LINE: usize = 64;
@@ -258,7 +258,7 @@ impl Backend for ThreadBackend {
         result
     }
 
-    fn new_group(&self, ranks: &[usize]) -> Result<Box<dyn Backend>> {
+    fn new_group(&self, ranks: &[usize], _timeout: Duration) -> Result<Box<dyn Backend>> {
         let members: Vec<usize> = ranks.iter().map(|&r| self.shared.members[r]).collect();
         let me = ranks
             .iter()
