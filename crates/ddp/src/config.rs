@@ -30,7 +30,7 @@ pub struct DdpConfig {
     /// Bucket capacity in bytes (of f32 gradients). Default 25 MiB, like PyTorch.
     pub bucket_bytes: usize,
     /// Start each bucket's all-reduce during backward as soon as it is complete (needs a
-    /// model that calls [`crate::anchor`]); `false` reduces everything after backward.
+    /// model that calls [`bonfire_dtensor::layer`]); `false` reduces everything after backward.
     pub overlap: bool,
     pub unused: UnusedParams,
     pub sync: SyncMode,

@@ -22,7 +22,7 @@ use std::sync::{Arc, Mutex};
 /// [`step`](Self::step) (or [`train_step`](Self::train_step) for all three). Backward
 /// averages the gradients over the group: buckets of gradients are all-reduced in the
 /// background as soon as backward has produced them (for models that call
-/// [`crate::anchor`]), and `backward` returns once all have arrived.
+/// [`bonfire_dtensor::layer`]), and `backward` returns once all have arrived.
 pub struct DistributedDataParallel<M: Module> {
     model: Option<M>,
     optim: ModuleOptimizer,
@@ -115,7 +115,7 @@ impl<M: Module> DistributedDataParallel<M> {
     }
 
     /// Runs the forward pass `f` on the replica (typically returning the loss). In a
-    /// synchronized step with overlap, the [`crate::anchor`] calls inside `f` attach the
+    /// synchronized step with overlap, the [`bonfire_dtensor::layer`] calls inside `f` attach the
     /// gradient hooks that start bucket all-reduces during backward.
     pub fn forward<R>(&mut self, f: impl FnOnce(&M) -> R) -> R {
         let start = timing::now();

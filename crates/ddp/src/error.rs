@@ -20,8 +20,9 @@ pub enum DdpError {
     UnusedParams(Vec<String>),
     /// A parameter's gradient arrived after its bucket had been sent.
     #[error(
-        "bonfire-ddp: parameter `{0}` got gradient from outside the module it was anchored \
-         with, after its bucket was already reduced; anchor every module that uses it"
+        "bonfire-ddp: parameter `{0}` got gradient from outside the layer it was entered \
+         with (`bonfire_dtensor::layer`), after its bucket was already reduced; run every \
+         module that uses it through `layer`"
     )]
     LateGradient(String),
     /// API misuse (no backward before step, ...).

@@ -9,7 +9,7 @@
 //!   [`ModuleOptimizer`](burn::optim::ModuleOptimizer). At construction it checks that all ranks
 //!   hold the same parameters and broadcasts rank 0's values.
 //! - Gradients are grouped in buckets ([`DdpConfig::bucket_bytes`], 25 MiB by default, in
-//!   reverse parameter order). Models that call [`anchor`] on their layers get each bucket's
+//!   reverse parameter order). Models that run their layers through [`bonfire_dtensor::layer`] get each bucket's
 //!   all-reduce started during backward, as soon as its gradients are final.
 //! - [`DistributedDataParallel::no_sync`] for gradient accumulation, [`SyncMode::Periodic`]
 //!   for local SGD, [`Compression`] (bf16, fp16 with error feedback), [`UnusedParams`] for
@@ -47,12 +47,10 @@ mod config;
 pub mod data_parallel;
 mod ddp;
 mod error;
-pub mod hook;
 pub use bonfire_dtensor::params;
 mod reducer;
 pub mod timing;
 
-pub use anchor::anchor;
 pub use bucket::BucketPlan;
 pub use compress::Compression;
 pub use config::{DdpConfig, SyncMode, UnusedParams};

@@ -18,6 +18,12 @@
 //!   [`distribute_tensor`], [`DTensor::from_local`], [`DTensor::redistribute`] (each
 //!   transition by the cheapest collective, see [`redistribute::plan`]),
 //!   [`DTensor::full_tensor`].
+//! - [`graph`]: placing operations in Burn's deepest-first backward — [`graph::anchored`]
+//!   (an identity that sits below an anchor) and [`graph::hooked`] (a gradient hook that
+//!   hands a parameter's finished gradient to a closure), the building blocks of DDP's
+//!   overlapped buckets and ZeRO's layer-by-layer gradient reduction.
+//! - [`layer`]: the one call a model makes per layer so that data-parallel wrappers (DDP's
+//!   overlapped buckets, ZeRO-3's per-layer gathers) see its layers — see [`scope`].
 //! - [`CommCounter`]: counts the collectives a region issued, backward included, like
 //!   PyTorch's `CommDebugMode`.
 //!
@@ -77,11 +83,13 @@ mod collectives;
 mod debug;
 mod dtensor;
 mod error;
+pub mod graph;
 mod mesh;
 pub mod parallel;
 pub mod params;
 mod placement;
 pub mod redistribute;
+pub mod scope;
 
 pub use collectives::{
     BACKWARD_TAG_BIT, CollectiveBackend, CollectiveKind, CollectiveSpec, functional,
@@ -91,3 +99,4 @@ pub use dtensor::{DTensor, DTensorSpec, distribute_tensor};
 pub use error::{DTensorError, Result};
 pub use mesh::DeviceMesh;
 pub use placement::{Placement, chunk_range, chunk_sizes};
+pub use scope::{LayerHook, LayerHookGuard, LayerInput, install_layer_hook, layer};

@@ -2,6 +2,7 @@
 
 use crate::attention::Attention;
 use crate::layers::{LayerNorm, Linear};
+use bonfire_dtensor::layer;
 use burn::module::Module;
 use burn::tensor::activation::gelu;
 use burn::tensor::{Device, Tensor};
@@ -43,15 +44,14 @@ impl Block {
         }
     }
 
-    /// The block; its two halves are anchored separately for DDP (see
-    /// [`bonfire_ddp::anchor`]) so that gradients of the MLP leave while attention's
-    /// backward still runs.
+    /// The block. Each of its four layers runs through [`bonfire_dtensor::layer`], anchored at
+    /// the input of its half, and its copy drops at the end of its statement: under DDP the
+    /// MLP's gradients leave while attention's backward still runs; under ZeRO stage 3 only
+    /// the layer being computed (and the prefetched next one) holds gathered parameters.
     pub fn forward(&self, x: Tensor<3>) -> Tensor<3> {
-        let ln1 = bonfire_ddp::anchor(&self.ln1, &x);
-        let attn = bonfire_ddp::anchor(&self.attn, &x);
-        let x = x.clone() + attn.forward(ln1.forward(x));
-        let ln2 = bonfire_ddp::anchor(&self.ln2, &x);
-        let mlp = bonfire_ddp::anchor(&self.mlp, &x);
-        x.clone() + mlp.forward(ln2.forward(x))
+        let h = layer(&self.ln1, &x).forward(x.clone());
+        let x = x.clone() + layer(&self.attn, &x).forward(h);
+        let h = layer(&self.ln2, &x).forward(x.clone());
+        x.clone() + layer(&self.mlp, &x).forward(h)
     }
 }

@@ -3,6 +3,7 @@
 use crate::block::Block;
 use crate::config::GptConfig;
 use crate::layers::{Embedding, LayerNorm, Linear};
+use bonfire_dtensor::layer;
 use bonfire_dtensor::parallel::loss_parallel;
 use burn::module::Module;
 use burn::tensor::activation::log_softmax;
@@ -38,13 +39,16 @@ impl Gpt {
     /// `loss_parallel`, this rank's vocabulary slice `[B, T, V/tp]`).
     pub fn forward(&self, ids: Tensor<2, Int>) -> Tensor<3> {
         let [_, t] = ids.dims();
-        let mut x = self.tok_emb.forward(ids) + self.pos_emb.first_rows(t).unsqueeze::<3>();
+        // Every layer through `layer` (see `Block::forward`); the embeddings' input is token
+        // ids, so DDP anchors nothing there, but ZeRO-3 still gathers them per layer.
+        let tokens = layer(&self.tok_emb, &ids).forward(ids.clone());
+        let positions = layer(&self.pos_emb, &ids).first_rows(t);
+        let mut x = tokens + positions.unsqueeze::<3>();
         for block in &self.blocks {
             x = block.forward(x);
         }
-        let ln_f = bonfire_ddp::anchor(&self.ln_f, &x);
-        let head = bonfire_ddp::anchor(&self.head, &x);
-        head.forward(ln_f.forward(x))
+        let h = layer(&self.ln_f, &x).forward(x.clone());
+        layer(&self.head, &x).forward(h)
     }
 
     /// Mean cross-entropy over all `B·T` positions (vocab-parallel, on sharded logits,

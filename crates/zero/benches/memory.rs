@@ -2,9 +2,15 @@
 //! of parameters, gradients and optimizer state, *measured* (element counts of what each rank
 //! actually holds after backward, before the step, × 4), for stages 0–3 on 1, 2 and 4 ranks of
 //! the bench-size GPT (vocab 4096, d 256, 8 heads, 4 layers, seq 128, d_ff 1024; batch 8 per
-//! rank; f32; Adam), next to the ZeRO formula (16Ψ, 8Ψ + 8Ψ/N, 4Ψ + 12Ψ/N, 16Ψ/N; stage 3
-//! plus the largest gathered parameter on both sides), and the step time relative to DDP
-//! (bonfire-ddp, same model, optimizer and data).
+//! rank; f32; Adam), next to the ZeRO formula (16Ψ, 8Ψ + 8Ψ/N, 4Ψ + 12Ψ/N, 16Ψ/N), and the
+//! step time relative to DDP (bonfire-ddp, same model, optimizer and data).
+//!
+//! Stage 3 adds the live gathered parameters: measured, the most bytes of gathered
+//! parameters the wrapper held at once in forward (`gathered_peak`: the layer being computed
+//! plus the prefetched next one — the GPT enters its layers through `bonfire_dtensor::layer`,
+//! and `tests/layer_release.rs` checks with a counting allocator that a layer's gathered
+//! parameters are really freed when the next one starts); in the formula, the largest pair of
+//! consecutive layers of the model, computed from its structure.
 //!
 //! Options: `--ranks 1,2,4`, `--steps K` (timed steps after one warm-up, default 1),
 //! `--offload` (adds stage 1–3 runs with the optimizer state in the host store).
@@ -117,6 +123,32 @@ fn zero_run(
     (mem, time)
 }
 
+/// Bytes of the GPT's layers in the order its forward enters them (the `layer` calls of
+/// `Gpt::forward` and `Block::forward`).
+fn layer_bytes(model: &Gpt) -> Vec<usize> {
+    let mut layers = vec![model.tok_emb.num_params(), model.pos_emb.num_params()];
+    for b in &model.blocks {
+        layers.extend([
+            b.ln1.num_params(),
+            b.attn.num_params(),
+            b.ln2.num_params(),
+            b.mlp.num_params(),
+        ]);
+    }
+    layers.extend([model.ln_f.num_params(), model.head.num_params()]);
+    layers.into_iter().map(|n| n * 4).collect()
+}
+
+/// The formula's live gathered term: one layer and the prefetched next, at worst.
+fn live_layer_formula(model: &Gpt) -> usize {
+    let layers = layer_bytes(model);
+    layers
+        .windows(2)
+        .map(|w| w[0] + w[1])
+        .max()
+        .unwrap_or(layers[0])
+}
+
 fn infos_of(model: &Gpt) -> Vec<bonfire_ddp::params::ParamInfo> {
     bonfire_ddp::params::inventory(model)
 }
@@ -142,8 +174,9 @@ fn main() {
         .iter()
         .map(|p| p.numel())
         .sum::<usize>();
+    let live_formula = live_layer_formula(&model);
     println!(
-        "bench zero model=gpt-bench params={psi} dtype=f32 optimizer=adam batch_per_rank={BATCH} steps={steps}"
+        "bench zero model=gpt-bench params={psi} dtype=f32 optimizer=adam batch_per_rank={BATCH} steps={steps} live_layer_formula_bytes={live_formula}"
     );
     for &n in &ranks {
         let ddp = ddp_step_time(&model, &cfg, n, steps);
@@ -160,11 +193,11 @@ fn main() {
             let mut formula = formula_bytes(stage, psi, n, 2);
             let mut measured = mem.total();
             if stage == Stage::Zero3 {
-                formula += mem.gathered_max as f64;
-                measured += mem.gathered_max;
+                formula += live_formula as f64;
+                measured += mem.gathered_peak;
             }
             println!(
-                "bench zero stage={}{} ranks={n} bytes_per_rank={measured} formula_bytes={formula:.0} ratio={:.4} step_vs_ddp={:.3} params={} grads={} optim_device={} optim_host={} gathered_max={} gathered_total={} step_s={time:.3} ddp_step_s={ddp:.3}",
+                "bench zero stage={}{} ranks={n} bytes_per_rank={measured} formula_bytes={formula:.0} ratio={:.4} step_vs_ddp={:.3} params={} grads={} optim_device={} optim_host={} gathered_peak={} gathered_total={} step_s={time:.3} ddp_step_s={ddp:.3}",
                 stage.index(),
                 if off { "+offload" } else { "" },
                 measured as f64 / formula,
@@ -173,7 +206,7 @@ fn main() {
                 mem.grads,
                 mem.optim_device,
                 mem.optim_host,
-                mem.gathered_max,
+                mem.gathered_peak,
                 mem.gathered_total,
             );
         }

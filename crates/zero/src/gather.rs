@@ -1,24 +1,74 @@
-//! Stage 3's parameter gathering: a forward module whose parameters are *lazy* (Burn's
-//! `Param::uninitialized`): the first use of a parameter all-gathers it from every rank's
-//! shard through the differentiable, recomputable all-gather of bonfire-dtensor — so backward
-//! re-gathers it (Balanced checkpointing) and sends its gradient back reduce-scattered onto
-//! the shard — while the gather of the next parameter (module order) is already running on a
-//! helper thread (prefetch).
+//! Stage 3's parameter gathering.
+//!
+//! A forward sees a module whose parameters hold no value. Each is all-gathered from every
+//! rank's shard through the differentiable, recomputable all-gather of bonfire-dtensor — so
+//! under Balanced checkpointing backward re-gathers it instead of keeping it, and its
+//! gradient goes back reduce-scattered onto the shard — at one of two moments:
+//!
+//! - **Per layer** (models that run their layers through [`bonfire_dtensor::layer`]): when a
+//!   layer is entered, all its parameters are gathered into the layer's copy
+//!   ([`ZeroLayerHook`]); they are freed when the model drops that copy. The next layer's
+//!   gather runs meanwhile on a helper thread: the order of layers is recorded in each forward
+//!   ([`GatherSummary::layers`]) and the next forward prefetches by it (the first one
+//!   prefetches the next parameter in module order).
+//! - **Lazily** (parameters used outside any layer): the root module's lazy parameter cell
+//!   gathers on first use ([`lazy_module`]), with the next parameter prefetched; such values
+//!   live until the forward returns.
+//!
+//! Gradients: each parameter's piece is its own autodiff leaf for the forward, and the
+//! gather's backward reduce-scatters the full gradient onto it.
+//!
+//! Every rank makes the same calls in the same order, so the gathers — on the rank thread or
+//! on the helper, never both at once — line up across ranks.
 
 use crate::params::ParamInfo;
 use crate::partition::Partition;
 use bonfire_comm::ProcessGroup;
-use burn::module::{Module, ModuleMapper, Param};
-use burn::tensor::Tensor;
+use bonfire_dtensor::LayerHook;
+use burn::module::{Module, ModuleMapper, Param, ParamId};
+use burn::tensor::{DispatchTensor, Tensor};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::ops::Range;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
+/// What one stage-3 forward gathered.
+#[derive(Debug, Clone, Default)]
+pub struct GatherSummary {
+    /// The most bytes of gathered parameters alive at once: the parameters gathered lazily
+    /// so far, plus the layer being computed, plus what is prefetched. A layer's parameters
+    /// count as freed when the next layer is entered (the model has dropped its copy).
+    pub peak_live_bytes: usize,
+    /// Everything gathered in forward, in bytes.
+    pub total_bytes: usize,
+    /// The layers entered, in order, as parameter indices (the prefetch order of the next
+    /// forward).
+    pub layers: Vec<Vec<usize>>,
+}
+
+#[derive(Default)]
+struct Live {
+    lazy: usize,
+    layer: usize,
+    prefetched: usize,
+}
+
+impl Live {
+    fn total(&self) -> usize {
+        self.lazy + self.layer + self.prefetched
+    }
+}
+
 struct PlanState {
+    /// Gathered, or being gathered, at least once in this forward.
     started: Vec<bool>,
-    ready: Vec<Option<Tensor<1>>>,
-    inflight: Option<(usize, JoinHandle<Tensor<1>>)>,
+    /// Prefetched and not used yet.
+    ready: HashMap<usize, Tensor<1>>,
+    inflight: Option<(Vec<usize>, JoinHandle<Vec<Tensor<1>>>)>,
+    /// Gathered for the layer being entered, until handed to its copy.
+    entering: HashMap<usize, Tensor<1>>,
+    live: Live,
+    summary: GatherSummary,
 }
 
 /// One forward's gathers.
@@ -26,12 +76,18 @@ pub(crate) struct GatherPlan {
     pg: ProcessGroup,
     part: Arc<Partition>,
     infos: Arc<Vec<ParamInfo>>,
-    shard: Tensor<1>,
-    own_start: usize,
+    /// This rank's piece of each parameter, a separate autodiff leaf per forward (a view of
+    /// the shard, no copy): each piece's gradient is exactly its size, so backward never
+    /// materializes a shard-sized gradient per parameter. A rank owning nothing of a
+    /// parameter has a one-element leaf there (Burn has no zero-length tensors), cut off
+    /// after the gather.
+    pieces: Vec<Tensor<1>>,
+    /// Where each owned piece sits in the own range.
+    slots: Vec<Option<Range<usize>>>,
     prefetch: bool,
+    /// The previous forward's layers.
+    previous: Vec<Vec<usize>>,
     state: Mutex<PlanState>,
-    max: Arc<AtomicUsize>,
-    total: Arc<AtomicUsize>,
 }
 
 impl GatherPlan {
@@ -41,42 +97,66 @@ impl GatherPlan {
         infos: Arc<Vec<ParamInfo>>,
         shard: Tensor<1>,
         prefetch: bool,
-        max: Arc<AtomicUsize>,
-        total: Arc<AtomicUsize>,
+        previous: Vec<Vec<usize>>,
     ) -> Self {
         let n = infos.len();
-        let own_start = part.ranges[pg.rank()].start;
+        let rank = pg.rank();
+        let own = part.ranges[rank].clone();
+        let device = shard.device();
+        let slots: Vec<Option<Range<usize>>> = (0..n)
+            .map(|i| {
+                let start = part.offsets[i].max(own.start);
+                let end = part.offsets[i + 1].min(own.end);
+                (start < end).then(|| start - own.start..end - own.start)
+            })
+            .collect();
+        let pieces = slots
+            .iter()
+            .map(|slot| match slot {
+                Some(r) => shard.clone().narrow(0, r.start, r.len()).detach(),
+                None => Tensor::zeros([1], &device),
+            })
+            .map(|leaf| leaf.require_grad())
+            .collect();
         Self {
             pg,
             part,
             infos,
-            shard,
-            own_start,
+            pieces,
+            slots,
             prefetch,
+            previous,
             state: Mutex::new(PlanState {
                 started: vec![false; n],
-                ready: vec![None; n],
+                ready: HashMap::new(),
                 inflight: None,
+                entering: HashMap::new(),
+                live: Live::default(),
+                summary: GatherSummary::default(),
             }),
-            max,
-            total,
         }
     }
 
-    /// The differentiable gather of parameter `i` (flat, `numel` elements). Burn has no
-    /// zero-length tensors, so a rank owning no element of the parameter contributes one
-    /// zero (`shard[0] · 0`, which keeps its graph identical to its peers'), cut off after.
-    fn gather_op(&self, i: usize) -> impl FnOnce() -> Tensor<1> + Send + 'static {
+    fn bytes(&self, i: usize) -> usize {
+        self.infos[i].numel() * 4
+    }
+
+    /// The differentiable gather of parameter `i` (flat, `numel` elements) from every rank's
+    /// piece.
+    ///
+    /// With an `anchor` (the input of the layer being entered) the piece is placed below it
+    /// in the graph, so that the gather's backward — the reduce-scatter of the parameter's
+    /// full gradient — runs right after that layer's backward instead of at the very end.
+    fn gather_op(
+        &self,
+        i: usize,
+        anchor: Option<&DispatchTensor>,
+    ) -> impl FnOnce() -> Tensor<1> + Send + 'static {
         let counts = self.part.param_counts(i);
-        let rank = self.pg.rank();
-        let mine = counts[rank];
-        let piece = if mine == 0 {
-            self.shard.clone().narrow(0, 0, 1).mul_scalar(0.0)
-        } else {
-            let start = self.part.offsets[i].max(self.part.ranges[rank].start) - self.own_start;
-            // × 1 (exact) so that every rank's graph has the same depth: Burn orders backward
-            // by depth, and every rank must run the collectives of backward in the same order.
-            self.shard.clone().narrow(0, start, mine).mul_scalar(1.0)
+        let piece = self.pieces[i].clone();
+        let piece = match anchor {
+            Some(anchor) => bonfire_dtensor::graph::anchored(piece, anchor),
+            None => piece,
         };
         let before = counts.iter().take_while(|&&c| c == 0).count();
         let padded: Vec<usize> = counts.iter().map(|&c| c.max(1)).collect();
@@ -89,54 +169,155 @@ impl GatherPlan {
         }
     }
 
-    /// Parameter `i`, gathered (waiting for its prefetch if one runs), and the next one's
-    /// gather started.
+    /// Parameter `i`, gathered: taken from the prefetched ones, or from the helper (waiting
+    /// for it), or gathered here (after the helper is done, to keep the collective order).
+    fn fetch(&self, st: &mut PlanState, i: usize, anchor: Option<&DispatchTensor>) -> Tensor<1> {
+        if !st.ready.contains_key(&i)
+            && let Some((set, handle)) = st.inflight.take()
+        {
+            let values = handle
+                .join()
+                .expect("bonfire-zero: prefetch thread panicked");
+            st.ready.extend(set.into_iter().zip(values));
+        }
+        st.summary.total_bytes += self.bytes(i);
+        if let Some(t) = st.ready.remove(&i) {
+            st.live.prefetched -= self.bytes(i);
+            return t;
+        }
+        st.started[i] = true;
+        (self.gather_op(i, anchor))()
+    }
+
+    /// Starts gathering `set` on the helper thread (when nothing else is in flight).
+    fn prefetch_set(&self, st: &mut PlanState, set: Vec<usize>, anchor: Option<&DispatchTensor>) {
+        if !self.prefetch || st.inflight.is_some() || set.is_empty() {
+            return;
+        }
+        let ops: Vec<_> = set.iter().map(|&k| self.gather_op(k, anchor)).collect();
+        for &k in &set {
+            st.started[k] = true;
+            st.live.prefetched += self.bytes(k);
+        }
+        let handle = std::thread::spawn(move || ops.into_iter().map(|op| op()).collect());
+        st.inflight = Some((set, handle));
+    }
+
+    /// The first parameter after `i` in module order not gathered yet in this forward.
+    fn next_unstarted(st: &PlanState, i: usize) -> Vec<usize> {
+        (i + 1..st.started.len())
+            .find(|&k| !st.started[k])
+            .into_iter()
+            .collect()
+    }
+
+    fn note_peak(st: &mut PlanState) {
+        st.summary.peak_live_bytes = st.summary.peak_live_bytes.max(st.live.total());
+    }
+
+    /// Parameter `i` for the root module's lazy cell (held until forward returns).
     pub(crate) fn get(&self, i: usize) -> Tensor<1> {
         let mut st = self.state.lock().unwrap();
-        let t = if let Some(t) = st.ready[i].take() {
-            t
-        } else {
-            match st.inflight.take() {
-                Some((j, h)) if j == i => h.join().expect("prefetch thread"),
-                other => {
-                    if let Some((j, h)) = other {
-                        st.ready[j] = Some(h.join().expect("prefetch thread"));
-                    }
-                    st.started[i] = true;
-                    (self.gather_op(i))()
-                }
-            }
-        };
-        st.started[i] = true;
-        let bytes = self.infos[i].numel() * 4;
-        self.max.fetch_max(bytes, Ordering::Relaxed);
-        self.total.fetch_add(bytes, Ordering::Relaxed);
-        if self.prefetch && st.inflight.is_none() {
-            let next = (i + 1..self.infos.len()).find(|&k| !st.started[k]);
-            if let Some(k) = next {
-                st.started[k] = true;
-                let op = self.gather_op(k);
-                st.inflight = Some((k, std::thread::spawn(op)));
-            }
-        }
+        let t = self.fetch(&mut st, i, None);
+        st.live.lazy += self.bytes(i);
+        Self::note_peak(&mut st);
+        let next = Self::next_unstarted(&st, i);
+        self.prefetch_set(&mut st, next, None);
+        Self::note_peak(&mut st);
         t
     }
 
-    /// Waits for a prefetch still running and drops what forward did not use.
-    pub(crate) fn finish(&self) {
+    /// A layer whose parameters are `layer` is entered with input `anchor`: gathers them all
+    /// (the previous layer's are freed by now) and prefetches the next layer's, both anchored
+    /// at this layer's input (a prefetched layer's gradients thus leave one layer late).
+    pub(crate) fn enter(&self, layer: Vec<usize>, anchor: Option<&DispatchTensor>) {
+        if layer.is_empty() {
+            return;
+        }
+        let mut st = self.state.lock().unwrap();
+        st.live.layer = 0;
+        for &i in &layer {
+            let t = self.fetch(&mut st, i, anchor);
+            st.live.layer += self.bytes(i);
+            st.entering.insert(i, t);
+        }
+        Self::note_peak(&mut st);
+        let k = st.summary.layers.len();
+        let next = match self.previous.get(k) {
+            Some(seen) if *seen == layer => self.previous.get(k + 1).cloned().unwrap_or_default(),
+            _ => Self::next_unstarted(&st, *layer.iter().max().expect("non-empty")),
+        };
+        st.summary.layers.push(layer);
+        self.prefetch_set(&mut st, next, anchor);
+        Self::note_peak(&mut st);
+    }
+
+    /// The gathered value of parameter `i` for the layer being entered.
+    pub(crate) fn take_entering(&self, i: usize) -> Option<Tensor<1>> {
+        self.state.lock().unwrap().entering.remove(&i)
+    }
+
+    /// Waits for a prefetch still running, drops what forward did not use, and says what
+    /// this forward gathered.
+    pub(crate) fn finish(&self) -> GatherSummary {
         let mut st = self.state.lock().unwrap();
         if let Some((_, h)) = st.inflight.take() {
             let _ = h.join();
         }
-        st.ready.iter_mut().for_each(|r| *r = None);
+        st.ready.clear();
+        st.entering.clear();
+        std::mem::take(&mut st.summary)
     }
+}
+
+impl GatherPlan {
+    /// The owned pieces (autodiff leaves) with their place in the own range: their
+    /// gradients are this rank's gradient after backward.
+    pub(crate) fn owned_pieces(&self) -> Vec<(Range<usize>, Tensor<1>)> {
+        self.slots
+            .iter()
+            .zip(&self.pieces)
+            .filter_map(|(slot, piece)| Some((slot.clone()?, piece.clone())))
+            .collect()
+    }
+}
+
+/// The [`LayerHook`] of a stage-3 forward: each layer's copy gets its parameters gathered.
+pub(crate) struct ZeroLayerHook {
+    pub(crate) plan: Arc<GatherPlan>,
+    pub(crate) index: HashMap<ParamId, usize>,
+}
+
+impl ZeroLayerHook {
+    pub(crate) fn new(plan: Arc<GatherPlan>) -> Self {
+        let index = param_index(&plan.infos);
+        Self { plan, index }
+    }
+}
+
+impl LayerHook for ZeroLayerHook {
+    fn enter(&self, ids: &[ParamId], input: Option<&DispatchTensor>) {
+        let layer = ids
+            .iter()
+            .filter_map(|id| self.index.get(id).copied())
+            .collect();
+        self.plan.enter(layer, input);
+    }
+
+    fn supply(&self, id: ParamId) -> Option<Tensor<1>> {
+        self.plan.take_entering(*self.index.get(&id)?)
+    }
+}
+
+fn param_index(infos: &[ParamInfo]) -> HashMap<ParamId, usize> {
+    infos.iter().enumerate().map(|(i, p)| (p.id, i)).collect()
 }
 
 /// `skeleton` (a hollow module) with every parameter gathered lazily through `plan`.
 pub(crate) fn lazy_module<M: Module>(skeleton: M, plan: Arc<GatherPlan>) -> M {
     struct Lazy {
         plan: Arc<GatherPlan>,
-        index: HashMap<burn::module::ParamId, usize>,
+        index: HashMap<ParamId, usize>,
     }
     impl ModuleMapper for Lazy {
         fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
@@ -158,11 +339,6 @@ pub(crate) fn lazy_module<M: Module>(skeleton: M, plan: Arc<GatherPlan>) -> M {
             )
         }
     }
-    let index = plan
-        .infos
-        .iter()
-        .enumerate()
-        .map(|(i, p)| (p.id, i))
-        .collect();
+    let index = param_index(&plan.infos);
     skeleton.map(&mut Lazy { plan, index })
 }

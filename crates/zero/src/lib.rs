@@ -28,6 +28,7 @@ mod zero;
 
 pub use config::{Stage, ZeroConfig};
 pub use error::{Result, ZeroError};
+pub use gather::GatherSummary;
 pub use optim::{FlatState, HostStore, ShardOptimizer};
 pub use partition::{Partition, Piece};
 pub use zero::{MemoryReport, Zero, formula_bytes, held_param_bytes};

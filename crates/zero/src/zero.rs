@@ -2,19 +2,20 @@
 
 use crate::config::{Stage, ZeroConfig};
 use crate::error::{Result, ZeroError};
-use crate::gather::{GatherPlan, lazy_module};
+use crate::gather::{GatherPlan, GatherSummary, ZeroLayerHook, lazy_module};
 use crate::optim::ShardOptimizer;
 use crate::params::{self, ParamInfo};
 use crate::partition::Partition;
 use bonfire_comm::{ProcessGroup, ReduceOp};
+use bonfire_dtensor::install_layer_hook;
 use burn::module::{Module, ModuleMapper, ModuleVisitor, Param};
 use burn::optim::{GradientsParams, Optimizer};
 use burn::tensor::{Device, Tensor, TensorData};
 use std::collections::hash_map::DefaultHasher;
 use std::hash::{Hash, Hasher};
 use std::ops::Range;
+use std::rc::Rc;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// Bytes one rank holds, measured (element counts of the tensors and buffers actually held,
 /// × 4 for f32).
@@ -28,9 +29,11 @@ pub struct MemoryReport {
     pub optim_device: usize,
     /// Optimizer state in the host store (offload).
     pub optim_host: usize,
-    /// Stage 3: the largest parameter gathered at once in the last forward (the transient
-    /// "live gathered" term of the formula).
-    pub gathered_max: usize,
+    /// Stage 3: the most bytes of gathered parameters alive at once in the last forward —
+    /// the transient "live gathered layer" term of the formula (with layers entered through
+    /// [`bonfire_dtensor::layer`]: about one layer plus the prefetched next one; without:
+    /// everything gathered).
+    pub gathered_peak: usize,
     /// Stage 3: everything gathered in the last forward.
     pub gathered_total: usize,
 }
@@ -75,8 +78,11 @@ pub struct Zero<M: Module, O: Optimizer> {
     pub(crate) optim: ShardOptimizer<O>,
     /// Stages 0–1: the averaged full gradient. Stages 2–3: the averaged own range.
     grads: Option<Vec<f32>>,
-    gathered_max: Arc<AtomicUsize>,
-    gathered_total: Arc<AtomicUsize>,
+    /// Stage 3: the pieces (autodiff leaves) of the forwards since the last backward, with
+    /// their place in the own range.
+    pieces: Vec<(Range<usize>, Tensor<1>)>,
+    /// Stage 3: what the last forward gathered (its layer order drives the next prefetch).
+    last_gather: GatherSummary,
     pub(crate) steps: u64,
 }
 
@@ -141,8 +147,8 @@ impl<M: Module, O: Optimizer> Zero<M, O> {
             device,
             optim,
             grads: None,
-            gathered_max: Arc::new(AtomicUsize::new(0)),
-            gathered_total: Arc::new(AtomicUsize::new(0)),
+            pieces: Vec::new(),
+            last_gather: GatherSummary::default(),
             steps: 0,
         }
     }
@@ -238,30 +244,33 @@ impl<M: Module, O: Optimizer> Zero<M, O> {
             .expect("the model is present between calls")
     }
 
-    /// Runs the forward pass `f`. At stage 3 `f` sees a module whose parameters are gathered
-    /// lazily, each right before its first use (the next one prefetched), through a
-    /// recomputable all-gather: under Burn's Balanced checkpointing
-    /// (`Device::flex().autodiff().gradient_checkpointing()`) backward re-gathers them instead
-    /// of keeping them, and their gradients come back reduce-scattered onto the shard.
+    /// Runs the forward pass `f`. At stage 3 `f` sees a module whose parameters hold no
+    /// value: each layer the model enters through [`bonfire_dtensor::layer`] gets its
+    /// parameters all-gathered into its copy (freed when the model drops it), the next
+    /// layer's gather prefetched meanwhile; a parameter used outside any layer is gathered on
+    /// first use and kept until `f` returns. The gather is recomputable: under Burn's Balanced
+    /// checkpointing (`Device::flex().autodiff().gradient_checkpointing()`) backward
+    /// re-gathers parameters instead of keeping them, and their gradients come back
+    /// reduce-scattered onto the shard.
     pub fn forward<R>(&mut self, f: impl FnOnce(&M) -> R) -> R {
         match &self.shard {
             None => f(self.model()),
             Some(shard) => {
-                self.gathered_max.store(0, Ordering::Relaxed);
-                self.gathered_total.store(0, Ordering::Relaxed);
                 let plan = Arc::new(GatherPlan::new(
                     self.pg.clone(),
                     self.part.clone(),
                     self.infos.clone(),
                     shard.clone(),
                     self.config.prefetch,
-                    self.gathered_max.clone(),
-                    self.gathered_total.clone(),
+                    std::mem::take(&mut self.last_gather.layers),
                 ));
                 let module = lazy_module(self.model().clone(), plan.clone());
+                let hook = install_layer_hook(Rc::new(ZeroLayerHook::new(plan.clone())));
                 let out = f(&module);
+                drop(hook);
                 drop(module);
-                plan.finish();
+                self.pieces.extend(plan.owned_pieces());
+                self.last_gather = plan.finish();
                 out
             }
         }
@@ -273,12 +282,14 @@ impl<M: Module, O: Optimizer> Zero<M, O> {
     pub fn backward<const D: usize>(&mut self, loss: Tensor<D>) -> Result<()> {
         let grads = loss.backward();
         let n = self.pg.size();
-        if let Some(shard) = &self.shard {
-            let own = self.own_range().len();
-            let mut g = match shard.grad(&grads) {
-                Some(g) => params::to_host(g),
-                None => vec![0.0; own],
-            };
+        if self.shard.is_some() {
+            let mut g = vec![0.0; self.own_range().len()];
+            for (slot, piece) in std::mem::take(&mut self.pieces) {
+                if let Some(grad) = piece.grad(&grads) {
+                    let grad = params::to_host(grad);
+                    g[slot].iter_mut().zip(grad).for_each(|(acc, x)| *acc += x);
+                }
+            }
             let scale = 1.0 / n as f32;
             g.iter_mut().for_each(|x| *x *= scale);
             self.grads = Some(g);
@@ -434,8 +445,8 @@ impl<M: Module, O: Optimizer> Zero<M, O> {
             grads: self.grads.as_ref().map_or(0, |g| g.len() * 4),
             optim_device: self.optim.device_bytes(),
             optim_host: self.optim.host_bytes(),
-            gathered_max: self.gathered_max.load(Ordering::Relaxed),
-            gathered_total: self.gathered_total.load(Ordering::Relaxed),
+            gathered_peak: self.last_gather.peak_live_bytes,
+            gathered_total: self.last_gather.total_bytes,
         }
     }
 }

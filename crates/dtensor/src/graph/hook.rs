@@ -15,7 +15,7 @@ use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops};
 use burn::backend::tensor::FloatTensor;
 use burn::backend::{Backend, Dispatch, Flex, backend_extension};
-use burn::tensor::{Tensor, TensorData};
+use burn::tensor::{DispatchTensor, Tensor, TensorData};
 use std::sync::Arc;
 
 /// The closure a [`GradHookBackend::grad_hook`] calls with the finished gradient (host data).
@@ -28,8 +28,9 @@ impl std::fmt::Debug for GradHook {
     }
 }
 
-/// Burn backends that support DDP's gradient hooks (`Flex` and `Autodiff<B>`).
-#[backend_extension(Autodiff, Flex)]
+/// Burn backends that support gradient hooks (`Flex`, `Autodiff<B>`, and `Cube` with the
+/// `cuda` feature).
+#[backend_extension(Autodiff, Flex, Cube: cfg(feature = "cuda"))]
 pub trait GradHookBackend: Backend {
     /// Returns `weight` unchanged; in backward, passes its gradient to `hook` (and stores
     /// none). `anchor` places the node in the graph (see the module docs).
@@ -41,6 +42,17 @@ pub trait GradHookBackend: Backend {
 }
 
 impl GradHookBackend for Flex {
+    fn grad_hook(
+        weight: FloatTensor<Self>,
+        _anchor: FloatTensor<Self>,
+        _hook: GradHook,
+    ) -> FloatTensor<Self> {
+        weight
+    }
+}
+
+#[cfg(feature = "cuda")]
+impl GradHookBackend for burn::backend::Cube {
     fn grad_hook(
         weight: FloatTensor<Self>,
         _anchor: FloatTensor<Self>,
@@ -85,9 +97,18 @@ pub fn hooked<const D: usize, const A: usize>(
     anchor: &Tensor<A>,
     hook: GradHook,
 ) -> Tensor<D> {
-    Tensor::from_dispatch(<Dispatch as GradHookBackend>::grad_hook(
+    Tensor::from_dispatch(hooked_dispatch(
         weight.into_dispatch(),
         anchor.clone().into_dispatch(),
         hook,
     ))
+}
+
+/// [`hooked`] on rank-erased tensors (what a [`crate::LayerHook`] sees).
+pub fn hooked_dispatch(
+    weight: DispatchTensor,
+    anchor: DispatchTensor,
+    hook: GradHook,
+) -> DispatchTensor {
+    <Dispatch as GradHookBackend>::grad_hook(weight, anchor, hook)
 }
