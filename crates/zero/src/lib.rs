@@ -10,10 +10,57 @@
 //!   [`ProcessGroup`](bonfire_comm::ProcessGroup) (a mesh axis's group for 2-d layouts).
 //! - [`Partition`]: parameters flattened in module order into one logical vector, cut into
 //!   contiguous byte-balanced ranges; a parameter may straddle ranks.
-//! - Stage 3 gathers each parameter right before its first use through a recomputable
-//!   all-gather (re-gathered in backward under Balanced checkpointing), prefetching the next.
+//! - Models show their layers with [`bonfire_dtensor::layer`]: stage 3 then gathers each
+//!   layer's parameters when it is entered and frees them when it is done (re-gathered in
+//!   backward under Balanced checkpointing, the next layer prefetched), and stage 2
+//!   reduce-scatters gradient buckets while backward runs. Parameters used outside any layer
+//!   still work, with less memory saved.
 //! - [`checkpoint`]: consolidated (full tensors, safetensors, loads into a plain model) and
 //!   sharded (one file per rank; N ranks' files load on M ranks).
+//!
+//! ```
+//! use bonfire_comm::ThreadWorld;
+//! use bonfire_dtensor::layer;
+//! use bonfire_zero::{Stage, Zero, ZeroConfig, held_param_bytes};
+//! use burn::module::Module;
+//! use burn::nn::{Linear, LinearConfig};
+//! use burn::optim::AdamConfig;
+//! use burn::tensor::{Device, Tensor};
+//!
+//! #[derive(Module, Debug)]
+//! struct Mlp {
+//!     up: Linear,
+//!     down: Linear,
+//! }
+//!
+//! impl Mlp {
+//!     fn loss(&self, x: Tensor<2>) -> Tensor<1> {
+//!         // Each layer's copy drops at the end of its statement: under stage 3 its gathered
+//!         // parameters go with it.
+//!         let h = layer(&self.up, &x).forward(x);
+//!         layer(&self.down, &h).forward(h).powi_scalar(2).mean()
+//!     }
+//! }
+//!
+//! // Balanced checkpointing: backward re-gathers parameters instead of keeping them.
+//! let device = Device::flex().autodiff().gradient_checkpointing();
+//! let model = Mlp {
+//!     up: LinearConfig::new(8, 32).init(&device),
+//!     down: LinearConfig::new(32, 1).init(&device),
+//! };
+//! let losses = ThreadWorld::new(2).launch(|pg| {
+//!     let config = ZeroConfig::new(Stage::Zero3);
+//!     let mut zero = Zero::new(model.clone().fork(&device), AdamConfig::new().build(),
+//!         pg.clone(), config).unwrap();
+//!     // Between steps a rank holds its shard only: no full parameter.
+//!     assert_eq!(held_param_bytes(zero.model()), 0);
+//!     let x = Tensor::<2>::ones([4, 8], &device) * (pg.rank() as f32 + 1.0);
+//!     (0..3)
+//!         .map(|_| zero.train_step(1e-2, |m: &Mlp| m.loss(x.clone())).unwrap())
+//!         .collect::<Vec<f32>>()
+//! }).unwrap();
+//! assert!(losses.iter().all(|l| l[2] < l[0]), "training lowers every rank's loss");
+//! ```
 //!
 //! See `docs/zero.md`.
 
@@ -24,6 +71,7 @@ mod gather;
 pub mod optim;
 pub use bonfire_dtensor::params;
 pub mod partition;
+mod reduce;
 mod zero;
 
 pub use config::{Stage, ZeroConfig};

@@ -6,6 +6,7 @@ use crate::gather::{GatherPlan, GatherSummary, ZeroLayerHook, lazy_module};
 use crate::optim::ShardOptimizer;
 use crate::params::{self, ParamInfo};
 use crate::partition::Partition;
+use crate::reduce::{BucketHook, GradBuckets, SharedBuckets};
 use bonfire_comm::{ProcessGroup, ReduceOp};
 use bonfire_dtensor::install_layer_hook;
 use burn::module::{Module, ModuleMapper, ModuleVisitor, Param};
@@ -15,7 +16,7 @@ use std::collections::hash_map::DefaultHasher;
 use std::hash::{Hash, Hasher};
 use std::ops::Range;
 use std::rc::Rc;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 /// Bytes one rank holds, measured (element counts of the tensors and buffers actually held,
 /// × 4 for f32).
@@ -78,6 +79,8 @@ pub struct Zero<M: Module, O: Optimizer> {
     pub(crate) optim: ShardOptimizer<O>,
     /// Stages 0–1: the averaged full gradient. Stages 2–3: the averaged own range.
     grads: Option<Vec<f32>>,
+    /// Stage 2: the gradient buckets of the forwards since the last backward.
+    buckets: SharedBuckets,
     /// Stage 3: the pieces (autodiff leaves) of the forwards since the last backward, with
     /// their place in the own range.
     pieces: Vec<(Range<usize>, Tensor<1>)>,
@@ -147,6 +150,7 @@ impl<M: Module, O: Optimizer> Zero<M, O> {
             device,
             optim,
             grads: None,
+            buckets: Arc::new(Mutex::new(None)),
             pieces: Vec::new(),
             last_gather: GatherSummary::default(),
             steps: 0,
@@ -244,7 +248,9 @@ impl<M: Module, O: Optimizer> Zero<M, O> {
             .expect("the model is present between calls")
     }
 
-    /// Runs the forward pass `f`. At stage 3 `f` sees a module whose parameters hold no
+    /// Runs the forward pass `f`. At stage 2, each layer the model enters through
+    /// [`bonfire_dtensor::layer`] gets gradient hooks so that its gradient buckets are
+    /// reduce-scattered while backward runs. At stage 3 `f` sees a module whose parameters hold no
     /// value: each layer the model enters through [`bonfire_dtensor::layer`] gets its
     /// parameters all-gathered into its copy (freed when the model drops it), the next
     /// layer's gather prefetched meanwhile; a parameter used outside any layer is gathered on
@@ -254,6 +260,25 @@ impl<M: Module, O: Optimizer> Zero<M, O> {
     /// reduce-scattered onto the shard.
     pub fn forward<R>(&mut self, f: impl FnOnce(&M) -> R) -> R {
         match &self.shard {
+            None if self.config.stage == Stage::Zero2 => {
+                let mut pending = self.buckets.lock().unwrap();
+                if pending.is_none() {
+                    *pending = Some(self.new_buckets());
+                }
+                drop(pending);
+                let hook = install_layer_hook(Rc::new(BucketHook {
+                    buckets: self.buckets.clone(),
+                    index: self
+                        .infos
+                        .iter()
+                        .enumerate()
+                        .map(|(i, p)| (p.id, i))
+                        .collect(),
+                }));
+                let out = f(self.model());
+                drop(hook);
+                out
+            }
             None => f(self.model()),
             Some(shard) => {
                 let plan = Arc::new(GatherPlan::new(
@@ -276,6 +301,15 @@ impl<M: Module, O: Optimizer> Zero<M, O> {
         }
     }
 
+    fn new_buckets(&self) -> GradBuckets {
+        GradBuckets::new(
+            self.pg.clone(),
+            self.part.clone(),
+            self.infos.clone(),
+            self.config.bucket_bytes,
+        )
+    }
+
     /// Backpropagates `loss` and leaves this stage's averaged gradients for [`step`](Self::step):
     /// all-reduced in full (stages 0–1), reduce-scattered in buckets into the own range
     /// (stage 2), or reduce-scattered onto the shard by the gathers' backward (stage 3).
@@ -296,7 +330,7 @@ impl<M: Module, O: Optimizer> Zero<M, O> {
             return Ok(());
         }
         let mut gp = GradientsParams::from_grads(grads, self.model());
-        let mut per_param = params::take_grads(self.model(), &self.infos, &mut gp);
+        let per_param = params::take_grads(self.model(), &self.infos, &mut gp);
         drop(gp);
         match self.config.stage {
             Stage::Zero0 | Stage::Zero1 => {
@@ -313,41 +347,9 @@ impl<M: Module, O: Optimizer> Zero<M, O> {
                 self.grads = Some(flat);
             }
             Stage::Zero2 => {
-                let own = self.own_range();
-                let mut out = vec![0.0; own.len()];
-                let total = self.part.total();
-                let cap = (self.config.bucket_bytes / 4).max(1);
-                // Buckets from the end of the flat vector (the order backward produces them).
-                let mut end = total;
-                while end > 0 {
-                    let start = end.saturating_sub(cap);
-                    let bucket = start..end;
-                    let mut send = vec![0.0f32; bucket.len()];
-                    for (p, slot) in per_param.iter_mut().enumerate() {
-                        let (a, b) = (self.part.offsets[p], self.part.offsets[p + 1]);
-                        let (s, e) = (a.max(start), b.min(end));
-                        if s >= e {
-                            continue;
-                        }
-                        if let Some(g) = slot {
-                            send[s - start..e - start].copy_from_slice(&g[s - a..e - a]);
-                        }
-                        if s == a {
-                            *slot = None; // fully consumed: drop the full gradient
-                        }
-                    }
-                    let counts = self.part.sub_counts(&bucket);
-                    let mine = counts[self.pg.rank()];
-                    let mut recv = vec![0.0f32; mine];
-                    self.pg
-                        .reduce_scatter_uneven(&send, &mut recv, &counts, ReduceOp::Avg)?;
-                    if mine > 0 {
-                        let at = own.start.max(start) - own.start;
-                        out[at..at + mine].copy_from_slice(&recv);
-                    }
-                    end = start;
-                }
-                self.grads = Some(out);
+                let pending = self.buckets.lock().unwrap().take();
+                let buckets = pending.unwrap_or_else(|| self.new_buckets());
+                self.grads = Some(buckets.finish(per_param)?);
             }
             Stage::Zero3 => unreachable!("stage 3 keeps a shard"),
         }

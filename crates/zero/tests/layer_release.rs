@@ -16,6 +16,7 @@ use burn::optim::SgdConfig;
 use burn::tensor::activation::gelu;
 use burn::tensor::{Device, Tensor};
 use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicIsize, Ordering};
 use std::time::Duration;
 
@@ -99,12 +100,17 @@ fn device() -> Device {
     Device::flex().autodiff().gradient_checkpointing()
 }
 
-fn run(model: &Deep, scoped: bool) -> Run {
+/// The allocator counts the whole process: one measurement at a time.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn run(model: &Deep, stage: Stage, scoped: bool) -> Run {
     let device = device();
     let out = ThreadWorld::new(RANKS)
         .timeout(Duration::from_secs(120))
         .launch(|pg| {
-            let config = ZeroConfig::new(Stage::Zero3).with_prefetch(true);
+            let config = ZeroConfig::new(stage)
+                .with_prefetch(true)
+                .with_bucket_bytes(LAYER_BYTES);
             let replica = model.clone().fork(&device);
             let mut z = Zero::new(replica, SgdConfig::new().build(), pg.clone(), config).unwrap();
             let x = |s: usize| {
@@ -149,17 +155,25 @@ fn run(model: &Deep, scoped: bool) -> Run {
     }
 }
 
-#[test]
-fn layers_are_freed_after_use() {
+fn model() -> Deep {
     let device = device();
-    let model = Deep {
+    Deep {
         layers: (0..LAYERS)
             .map(|_| LinearConfig::new(WIDTH, WIDTH).init(&device))
             .collect(),
-    };
-    let plain = run(&model, false);
-    let scoped = run(&model, true);
-    let mib = |b: usize| b as f64 / (1 << 20) as f64;
+    }
+}
+
+fn mib(bytes: usize) -> f64 {
+    bytes as f64 / (1 << 20) as f64
+}
+
+#[test]
+fn stage3_frees_each_layer_after_use() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let model = model();
+    let plain = run(&model, Stage::Zero3, false);
+    let scoped = run(&model, Stage::Zero3, true);
     eprintln!(
         "forward heap growth, {RANKS} ranks: without layer scopes {:.2} MiB (tracked {:.2} MiB/rank), \
          with {:.2} MiB (tracked {:.2} MiB/rank); one layer = {:.2} MiB",
@@ -204,5 +218,32 @@ fn layers_are_freed_after_use() {
     );
     assert!(scoped.backward_peak < plain.backward_peak);
     // Releasing early changes nothing numerically.
+    assert_eq!(plain.values, scoped.values);
+}
+
+#[test]
+fn stage2_reduces_gradients_layer_by_layer() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let model = model();
+    let plain = run(&model, Stage::Zero2, false);
+    let scoped = run(&model, Stage::Zero2, true);
+    eprintln!(
+        "stage 2 backward heap growth, {RANKS} ranks: without layer scopes {:.2} MiB, with {:.2} MiB",
+        mib(plain.backward_peak),
+        mib(scoped.backward_peak)
+    );
+    // Without hooks every full gradient exists when backward returns; with them each
+    // layer's bucket is reduce-scattered and dropped during backward.
+    assert!(
+        plain.backward_peak >= RANKS * LAYERS * LAYER_BYTES * 9 / 10,
+        "{}",
+        plain.backward_peak
+    );
+    assert!(
+        scoped.backward_peak + RANKS * (LAYERS / 2) * LAYER_BYTES <= plain.backward_peak,
+        "with hooks {} bytes, without {}",
+        scoped.backward_peak,
+        plain.backward_peak
+    );
     assert_eq!(plain.values, scoped.values);
 }
