@@ -2,17 +2,17 @@
 //! steps under a parallel layout, writing parameters, step-0 gradients and losses.
 
 use crate::config::GptConfig;
+use crate::dp_axis::DpAxis;
 use crate::gpt::{Gpt, default_device};
 use crate::mesh::Layout;
 use crate::tensor_file::{self, HostTensor};
 use crate::tp::{gather_host, parallelize_gpt};
 use crate::{checkpoint, data};
 use bonfire_comm::{ReduceOp, ThreadWorld};
-use bonfire_ddp::{DdpConfig, DistributedDataParallel, params};
+use bonfire_ddp::params;
 use bonfire_dtensor::DeviceMesh;
 use bonfire_dtensor::parallel::sharded_params;
 use burn::module::Module;
-use burn::optim::SgdConfig;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -73,17 +73,8 @@ pub fn run(args: &HarnessArgs) -> Result<HarnessResult, String> {
     }
     let device = default_device();
     let model = checkpoint::load(Gpt::new(&cfg, &device), &args.weights)?;
-    let result = match args.layout.zero {
-        0 => train_parallel(&model, &batches, dp, tp, args.steps, args.lr)?,
-        stage => crate::zero_harness::train_zero(
-            &model,
-            &batches,
-            dp,
-            stage as usize,
-            args.steps,
-            args.lr,
-        )?,
-    };
+    let zero = args.layout.zero as usize;
+    let result = train_parallel(&model, &batches, dp, tp, zero, args.steps, args.lr)?;
     tensor_file::write_f32(&args.out, &result.tensors())?;
     Ok(result)
 }
@@ -145,18 +136,20 @@ pub fn train(
     steps: usize,
     lr: f64,
 ) -> Result<HarnessResult, String> {
-    train_parallel(model, batches, dp, TpOptions::none(), steps, lr)
+    train_parallel(model, batches, dp, TpOptions::none(), 0, steps, lr)
 }
 
 /// `steps` SGD steps of `model` on `batches` on a `dp × tp` mesh of rank threads (row-major,
 /// axes named `dp` and `tp`): the GPT's tensor-parallel plan on the tp axis when `tp.tp > 1`,
-/// DDP on the dp axis (data row r·B/dp .. (r+1)·B/dp for dp coordinate r). Parameters and
-/// step-0 gradients come back whole (gathered over tp).
+/// DDP (`zero == 0`) or ZeRO stage `zero` on the dp axis (data rows r·B/dp .. (r+1)·B/dp for
+/// dp coordinate r; ZeRO shards each rank's local, tensor-parallel parameters over dp).
+/// Parameters and step-0 gradients come back whole (gathered over dp by ZeRO, over tp here).
 pub fn train_parallel(
     model: &Gpt,
     batches: &data::Batches,
     dp: usize,
     tp: TpOptions,
+    zero: usize,
     steps: usize,
     lr: f64,
 ) -> Result<HarnessResult, String> {
@@ -176,10 +169,8 @@ pub fn train_parallel(
                     parallelize_gpt(replica, &mesh, "tp", tp.sequence_parallel, tp.loss_parallel)?;
             }
             let shards = sharded_params(&replica);
-            let sgd = SgdConfig::new().init();
-            let mut ddp =
-                DistributedDataParallel::new(replica, sgd, dp_group.clone(), DdpConfig::new())
-                    .map_err(|e| e.to_string())?;
+            let infos = params::inventory(&replica);
+            let mut wrapper = DpAxis::new(replica, dp_group.clone(), zero)?;
             let full = |name: &str,
                         shape: &[usize],
                         v: Vec<f32>|
@@ -194,27 +185,26 @@ pub fn train_parallel(
                     None => Ok((shape.to_vec(), v)),
                 }
             };
-            let infos = params::inventory(ddp.model());
             let mut result = HarnessResult::default();
             for s in 0..steps {
                 let dp_rank = mesh.coord("dp").map_err(|e| e.to_string())?;
                 let (ids, targets) = batches.rows(s, dp_rank * rows, rows, &device);
-                let loss = ddp.forward(|m| m.loss(ids, targets));
+                let loss = wrapper.forward(|m| m.loss(ids, targets));
                 let mut global = params::to_host(loss.clone().detach());
                 dp_group
                     .all_reduce(&mut global, ReduceOp::Avg)
                     .map_err(|e| e.to_string())?;
                 result.losses.push(global[0]);
-                ddp.backward(loss).map_err(|e| e.to_string())?;
+                wrapper.backward(loss)?;
                 if s == 0 {
-                    for (p, (name, g)) in infos.iter().zip(ddp.gradients()) {
+                    for (p, (name, g)) in infos.iter().zip(wrapper.gradients()?) {
                         let (_, g) = full(&name, &p.shape, g)?;
                         result.grad0.insert(name, g);
                     }
                 }
-                ddp.step(lr).map_err(|e| e.to_string())?;
+                wrapper.step(lr)?;
             }
-            let flat = params::flatten_values(ddp.model(), &infos);
+            let flat = wrapper.values()?;
             let mut at = 0;
             for p in &infos {
                 let v = flat[at..at + p.numel()].to_vec();

@@ -9,7 +9,7 @@
 //! - [`harness`]: the parity harness behind `cargo run --release -p bonfire-examples
 //!   --example parity -- ...` (`--mesh dp=N`, `tp=M`, `dp=N,tp=M`, `pp=K`, `dp=N,pp=K`;
 //!   `--zero 1|2|3` on dp; pp with tp or ZeRO, and ZeRO with tp, are rejected clearly); pp
-//!   runs through [`pipeline_harness`], ZeRO through [`zero_harness`].
+//!   runs through [`pipeline_harness`]; the dp axis is wrapped by DDP or ZeRO ([`dp_axis`]).
 //! - [`tp`]: the GPT's tensor-parallel plan ([`tp::gpt_tp_plan`]) and
 //!   [`tp::parallelize_gpt`].
 //! - [`corpus`]: a small generated text corpus and character tokenizer for `train_gpt`.
@@ -33,6 +33,7 @@ pub mod checkpoint;
 pub mod config;
 pub mod corpus;
 pub mod data;
+pub mod dp_axis;
 pub mod gpt;
 pub mod harness;
 pub mod layers;
@@ -40,7 +41,6 @@ pub mod mesh;
 pub mod pipeline_harness;
 pub mod tensor_file;
 pub mod tp;
-pub mod zero_harness;
 
 pub use config::GptConfig;
 pub use gpt::{Gpt, cross_entropy, default_device};

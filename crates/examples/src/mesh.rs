@@ -98,12 +98,6 @@ impl Layout {
         if self.zero > 3 {
             return Err(format!("--zero {}: must be 0, 1, 2 or 3", self.zero));
         }
-        if self.zero != 0 && self.mesh.tp > 1 {
-            return Err(format!(
-                "--zero {} with --mesh tp={}: ZeRO with tensor parallelism is not supported by the harness yet (supported: --zero with dp only)",
-                self.zero, self.mesh.tp
-            ));
-        }
         if let Some(s) = self.schedule.as_ref().filter(|_| self.mesh.pp == 1) {
             return Err(format!(
                 "--schedule {s}: pipeline schedules are not supported by this build yet (no pp axis)"
@@ -151,11 +145,9 @@ mod tests {
         assert!(sp.check_supported().unwrap_err().contains("tp axis"));
         assert!(layout("dp=2", 3).check_supported().is_ok());
         assert!(layout("dp=2", 4).check_supported().is_err());
-        assert!(
-            layout("dp=2,tp=2", 1)
-                .check_supported()
-                .unwrap_err()
-                .contains("ZeRO")
-        );
+        assert!(layout("dp=2,tp=2", 3).check_supported().is_ok());
+        let mut zero_pp = layout("dp=2,pp=2", 1);
+        zero_pp.schedule = Some("gpipe".into());
+        assert!(zero_pp.check_supported().unwrap_err().contains("ZeRO"));
     }
 }

@@ -112,14 +112,23 @@ fn dp_1_2_4_agree() {
     assert!(out.contains_key("tok_emb.weight"));
 }
 
-/// `--zero 1|2|3` on dp=2 and dp=4 equals dp=1 (ZeRO's sharded SGD step, gathered outputs).
+/// `--zero 1|2|3` on dp=2 and dp=4, and on dp=2 × tp=2 (ZeRO shards each rank's
+/// tensor-parallel parameters over dp), equals dp=1 (ZeRO's sharded SGD step, gathered
+/// outputs).
 #[test]
 fn zero_stages_agree_with_dp_1() {
     let dir = tmp_dir("zero");
     let single_args = args(&dir, "dp=1", 0);
     harness::run(&single_args).unwrap();
     let single = harness::read_result(&single_args.out).unwrap();
-    for (mesh, stage) in [("dp=2", 1), ("dp=2", 2), ("dp=2", 3), ("dp=4", 3)] {
+    for (mesh, stage) in [
+        ("dp=2", 1),
+        ("dp=2", 2),
+        ("dp=2", 3),
+        ("dp=4", 3),
+        ("dp=2,tp=2", 2),
+        ("dp=2,tp=2", 3),
+    ] {
         let mut a = args(&dir, mesh, stage);
         a.out = dir.join(format!("result-{mesh}-zero{stage}.safetensors"));
         harness::run(&a).unwrap();
@@ -150,7 +159,9 @@ fn unsupported_options_are_rejected() {
     assert!(err.contains("n_heads 2 is not divisible"), "{err}");
     let err = harness::run(&args(&dir, "pp=2", 0)).unwrap_err();
     assert!(err.contains("pp=2"), "{err}");
-    let err = harness::run(&args(&dir, "dp=2,tp=2", 1)).unwrap_err();
+    let mut a = args(&dir, "dp=2,pp=2", 1);
+    a.layout.schedule = Some("gpipe".into());
+    let err = harness::run(&a).unwrap_err();
     assert!(err.contains("ZeRO"), "{err}");
     let err = harness::run(&args(&dir, "dp=2", 4)).unwrap_err();
     assert!(err.contains("--zero 4"), "{err}");

@@ -43,7 +43,8 @@ fn fixture() -> &'static Fixture {
     F.get_or_init(|| {
         let model = Gpt::new(&cfg(), &default_device());
         let batches = common::random_batches(&cfg(), STEPS, 4, 7);
-        let reference = train_parallel(&model, &batches, 1, TpOptions::none(), STEPS, LR).unwrap();
+        let reference =
+            train_parallel(&model, &batches, 1, TpOptions::none(), 0, STEPS, LR).unwrap();
         Fixture {
             model,
             batches,
@@ -76,7 +77,7 @@ fn parity(dp: usize, tp: usize, sp: bool, lp: bool) {
         sequence_parallel: sp,
         loss_parallel: lp,
     };
-    let got = train_parallel(&f.model, &f.batches, dp, opts, STEPS, LR).unwrap();
+    let got = train_parallel(&f.model, &f.batches, dp, opts, 0, STEPS, LR).unwrap();
     compare(
         &format!("dp={dp},tp={tp} sp={sp} lp={lp}:"),
         &got,
