@@ -30,8 +30,9 @@ pub struct ZeroConfig {
     pub stage: Stage,
     /// Gradient bucket size for the stage-2 reduce-scatter, in bytes (f32).
     pub bucket_bytes: usize,
-    /// Stage 3: start the all-gather of the next parameter (in forward order) while the
-    /// current one computes.
+    /// Stage 3: start the all-gather of the next layer's parameters (in the order the last
+    /// forward entered its layers; the next parameter for a first forward or outside layer
+    /// scopes) while the current layer computes.
     pub prefetch: bool,
     /// Keep the optimizer state in a host store between steps (ZeRO-Offload).
     pub offload: bool,
