@@ -12,9 +12,8 @@ use crate::reducer::SharedReducer;
 use bonfire_dtensor::graph::{GradHook, hooked_dispatch};
 use bonfire_dtensor::{LayerHook, LayerHookGuard, install_layer_hook};
 use burn::module::ParamId;
-use burn::tensor::{DType, DispatchTensor};
+use burn::tensor::DispatchTensor;
 use std::rc::Rc;
-use std::sync::Arc;
 
 /// Makes `reducer` the target of the layers entered on this thread until the guard drops.
 pub(crate) fn activate(reducer: SharedReducer) -> LayerHookGuard {
@@ -52,19 +51,12 @@ impl LayerHook for AnchorHook {
             i
         };
         let reducer = self.reducer.clone();
-        let hook = GradHook(Arc::new(move |data| {
-            let grad = if data.dtype() == DType::F32 {
-                data.try_into_vec::<f32>().expect("f32 gradient")
-            } else {
-                data.convert::<f32>()
-                    .try_into_vec::<f32>()
-                    .expect("f32 gradient")
-            };
+        let hook = GradHook::f32(move |grad| {
             // A hook firing after its step finished (a stale graph) has nowhere to go.
             if let Some(r) = reducer.lock().unwrap().as_mut() {
                 r.deposit(index, &grad);
             }
-        }));
+        });
         hooked_dispatch(value, anchor.clone(), hook)
     }
 }

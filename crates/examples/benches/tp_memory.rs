@@ -25,46 +25,16 @@
 //!   sequence parallelism (Burn may recompute other cheap operations too).
 
 use bonfire_comm::ThreadWorld;
+use bonfire_comm::testing::memory::CountingAllocator;
 use bonfire_dtensor::DeviceMesh;
 use bonfire_examples::tp::parallelize_gpt;
 use bonfire_examples::{Gpt, GptConfig, default_device};
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::tensor::{Int, Tensor, TensorData};
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicIsize, Ordering};
 use std::time::Duration;
 
-struct Counting;
-static LIVE: AtomicIsize = AtomicIsize::new(0);
-static PEAK: AtomicIsize = AtomicIsize::new(0);
-
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        let p = unsafe { System.alloc(layout) };
-        if !p.is_null() {
-            let now =
-                LIVE.fetch_add(layout.size() as isize, Ordering::Relaxed) + layout.size() as isize;
-            PEAK.fetch_max(now, Ordering::Relaxed);
-        }
-        p
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        unsafe { System.dealloc(ptr, layout) };
-        LIVE.fetch_sub(layout.size() as isize, Ordering::Relaxed);
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        let p = unsafe { System.realloc(ptr, layout, new_size) };
-        if !p.is_null() {
-            let delta = new_size as isize - layout.size() as isize;
-            let now = LIVE.fetch_add(delta, Ordering::Relaxed) + delta;
-            PEAK.fetch_max(now, Ordering::Relaxed);
-        }
-        p
-    }
-}
-
 #[global_allocator]
-static GLOBAL: Counting = Counting;
+static HEAP: CountingAllocator = CountingAllocator::new();
 
 const BATCH: usize = 8;
 
@@ -144,19 +114,19 @@ fn main() {
                     drop(m.loss(x, y).backward());
                     let (x, y) = batch();
                     pg.barrier().unwrap();
-                    let before = LIVE.load(Ordering::SeqCst);
+                    let before = HEAP.live();
                     pg.barrier().unwrap();
                     if pg.rank() == 0 {
-                        PEAK.store(before, Ordering::SeqCst);
+                        HEAP.reset_peak();
                     }
                     pg.barrier().unwrap();
                     let loss = m.loss(x, y);
                     pg.barrier().unwrap();
-                    let after = LIVE.load(Ordering::SeqCst);
+                    let after = HEAP.live();
                     pg.barrier().unwrap();
                     drop(loss.backward());
                     pg.barrier().unwrap();
-                    let peak = PEAK.load(Ordering::SeqCst);
+                    let peak = HEAP.peak();
                     (
                         bytes.0,
                         (after - before) as f64 / tp as f64,

@@ -22,7 +22,7 @@ use bonfire_comm::{ProcessGroup, ReduceOp};
 use bonfire_dtensor::LayerHook;
 use bonfire_dtensor::graph::{GradHook, hooked_dispatch};
 use burn::module::ParamId;
-use burn::tensor::{DType, DispatchTensor};
+use burn::tensor::DispatchTensor;
 use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::{Arc, Mutex};
@@ -220,18 +220,12 @@ impl LayerHook for BucketHook {
             None => return value,
         }
         let buckets = self.buckets.clone();
-        let hook = GradHook(Arc::new(move |data| {
-            let grad = if data.dtype() == DType::F32 {
-                data.try_into_vec::<f32>()
-            } else {
-                data.convert::<f32>().try_into_vec::<f32>()
-            }
-            .expect("an f32 gradient");
+        let hook = GradHook::f32(move |grad| {
             // A hook firing after its step finished (a stale graph) has nowhere to go.
             if let Some(b) = buckets.lock().unwrap().as_mut() {
                 b.deposit(p, &grad);
             }
-        }));
+        });
         hooked_dispatch(value, anchor.clone(), hook)
     }
 }

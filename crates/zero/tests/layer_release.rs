@@ -8,6 +8,7 @@
 //! beside it.
 
 use bonfire_comm::ThreadWorld;
+use bonfire_comm::testing::memory::CountingAllocator;
 use bonfire_dtensor::layer;
 use bonfire_zero::{Stage, Zero, ZeroConfig};
 use burn::module::Module;
@@ -15,51 +16,11 @@ use burn::nn::{Linear, LinearConfig};
 use burn::optim::SgdConfig;
 use burn::tensor::activation::gelu;
 use burn::tensor::{Device, Tensor};
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicIsize, Ordering};
 use std::time::Duration;
 
-struct Counting;
-
-static LIVE: AtomicIsize = AtomicIsize::new(0);
-static PEAK: AtomicIsize = AtomicIsize::new(0);
-
-fn grew(bytes: isize) {
-    let now = LIVE.fetch_add(bytes, Ordering::Relaxed) + bytes;
-    PEAK.fetch_max(now, Ordering::Relaxed);
-}
-
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        let p = unsafe { System.alloc(layout) };
-        if !p.is_null() {
-            grew(layout.size() as isize);
-        }
-        p
-    }
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        let p = unsafe { System.alloc_zeroed(layout) };
-        if !p.is_null() {
-            grew(layout.size() as isize);
-        }
-        p
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        unsafe { System.dealloc(ptr, layout) };
-        LIVE.fetch_sub(layout.size() as isize, Ordering::Relaxed);
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        let p = unsafe { System.realloc(ptr, layout, new_size) };
-        if !p.is_null() {
-            grew(new_size as isize - layout.size() as isize);
-        }
-        p
-    }
-}
-
 #[global_allocator]
-static ALLOCATOR: Counting = Counting;
+static HEAP: CountingAllocator = CountingAllocator::new();
 
 const WIDTH: usize = 512;
 const LAYERS: usize = 6;
@@ -123,24 +84,24 @@ fn run(model: &Deep, stage: Stage, scoped: bool) -> Run {
             z.train_step(0.1, |m: &Deep| m.loss(x(0), scoped)).unwrap();
             let input = x(1);
             pg.barrier().unwrap();
-            let base = LIVE.load(Ordering::Relaxed);
+            let base = HEAP.live();
             if pg.rank() == 0 {
-                PEAK.store(base, Ordering::Relaxed);
+                HEAP.reset_peak();
             }
             pg.barrier().unwrap();
             let loss = z.forward(|m: &Deep| m.loss(input, scoped));
             pg.barrier().unwrap();
-            let heap_peak = (PEAK.load(Ordering::Relaxed) - base).max(0) as usize;
+            let heap_peak = (HEAP.peak() - base).max(0) as usize;
             let tracked_peak = z.memory().gathered_peak;
             pg.barrier().unwrap();
-            let base = LIVE.load(Ordering::Relaxed);
+            let base = HEAP.live();
             if pg.rank() == 0 {
-                PEAK.store(base, Ordering::Relaxed);
+                HEAP.reset_peak();
             }
             pg.barrier().unwrap();
             z.backward(loss).unwrap();
             pg.barrier().unwrap();
-            let backward_peak = (PEAK.load(Ordering::Relaxed) - base).max(0) as usize;
+            let backward_peak = (HEAP.peak() - base).max(0) as usize;
             z.step(0.1).unwrap();
             let values = z.full_values().unwrap();
             (heap_peak, backward_peak, tracked_peak, values)

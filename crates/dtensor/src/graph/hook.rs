@@ -15,12 +15,27 @@ use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops};
 use burn::backend::tensor::FloatTensor;
 use burn::backend::{Backend, Dispatch, Flex, backend_extension};
-use burn::tensor::{DispatchTensor, Tensor, TensorData};
+use burn::tensor::{DType, DispatchTensor, Tensor, TensorData};
 use std::sync::Arc;
 
 /// The closure a [`GradHookBackend::grad_hook`] calls with the finished gradient (host data).
 #[derive(Clone)]
 pub struct GradHook(pub Arc<dyn Fn(TensorData) + Send + Sync>);
+
+impl GradHook {
+    /// A hook that receives the gradient as f32 host values (converted from any float
+    /// dtype).
+    pub fn f32(f: impl Fn(Vec<f32>) + Send + Sync + 'static) -> Self {
+        Self(Arc::new(move |data: TensorData| {
+            let values = if data.dtype() == DType::F32 {
+                data.try_into_vec::<f32>()
+            } else {
+                data.convert::<f32>().try_into_vec::<f32>()
+            };
+            f(values.expect("a float gradient"))
+        }))
+    }
+}
 
 impl std::fmt::Debug for GradHook {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -41,26 +56,24 @@ pub trait GradHookBackend: Backend {
     ) -> FloatTensor<Self>;
 }
 
-impl GradHookBackend for Flex {
-    fn grad_hook(
-        weight: FloatTensor<Self>,
-        _anchor: FloatTensor<Self>,
-        _hook: GradHook,
-    ) -> FloatTensor<Self> {
-        weight
-    }
+/// A concrete backend's forward: the weight itself (the hook only exists in backward).
+macro_rules! forward_is_identity {
+    ($backend:ty) => {
+        impl GradHookBackend for $backend {
+            fn grad_hook(
+                weight: FloatTensor<Self>,
+                _anchor: FloatTensor<Self>,
+                _hook: GradHook,
+            ) -> FloatTensor<Self> {
+                weight
+            }
+        }
+    };
 }
 
+forward_is_identity!(Flex);
 #[cfg(feature = "cuda")]
-impl GradHookBackend for burn::backend::Cube {
-    fn grad_hook(
-        weight: FloatTensor<Self>,
-        _anchor: FloatTensor<Self>,
-        _hook: GradHook,
-    ) -> FloatTensor<Self> {
-        weight
-    }
-}
+forward_is_identity!(burn::backend::Cube);
 
 #[derive(Debug)]
 struct HookBackward {
