@@ -8,7 +8,7 @@ use crate::params::{self, ParamInfo};
 use crate::partition::Partition;
 use crate::reduce::{BucketHook, GradBuckets, SharedBuckets};
 use bonfire_comm::{ProcessGroup, ReduceOp};
-use bonfire_dtensor::install_layer_hook;
+use bonfire_dtensor::{DeviceMesh, install_layer_hook};
 use burn::module::{Module, ModuleMapper, ModuleVisitor, Param};
 use burn::optim::{GradientsParams, Optimizer};
 use burn::tensor::{Device, Tensor, TensorData};
@@ -94,6 +94,24 @@ impl<M: Module, O: Optimizer> Zero<M, O> {
     /// parameters, copies rank 0's values everywhere, partitions them, and (stage 3) drops
     /// every value outside this rank's range. A collective.
     pub fn new(model: M, optim: O, pg: ProcessGroup, config: ZeroConfig) -> Result<Self> {
+        Self::build(model, optim, pg, config)
+    }
+
+    /// [`new`](Self::new) on the group of this rank's slice along the mesh axis `axis` (on a
+    /// `dp × tp` mesh: `"dp"`, with the model already parallelized over `"tp"`). An axis the
+    /// mesh does not have is an error naming the mesh's axes.
+    pub fn on_mesh(
+        model: M,
+        optim: O,
+        mesh: &DeviceMesh,
+        axis: &str,
+        config: ZeroConfig,
+    ) -> Result<Self> {
+        let pg = mesh.group(axis)?.clone();
+        Self::build(model, optim, pg, config)
+    }
+
+    fn build(model: M, optim: O, pg: ProcessGroup, config: ZeroConfig) -> Result<Self> {
         let infos = params::inventory(&model);
         check_same(&pg, &infos)?;
         let mut flat = params::flatten_values(&model, &infos);

@@ -11,7 +11,7 @@ use bonfire_examples::data::Batches;
 use bonfire_examples::{Gpt, GptConfig};
 use bonfire_zero::{Stage, Zero, ZeroConfig};
 use burn::module::Module;
-use burn::optim::{AdamConfig, GradientsParams, Optimizer, SgdConfig};
+use burn::optim::{AdamConfig, AdamWConfig, GradientsParams, Optimizer, SgdConfig};
 use burn::tensor::Device;
 use common::{Opt, STEPS, assert_trained, device};
 use std::time::Duration;
@@ -102,6 +102,12 @@ fn zero(
                 ),
                 Opt::Adam => run(
                     Zero::new(replica, AdamConfig::new().build(), pg.clone(), config).unwrap(),
+                    data,
+                    opt.lr(),
+                    n,
+                ),
+                Opt::AdamW => run(
+                    Zero::new(replica, AdamWConfig::new().build(), pg.clone(), config).unwrap(),
                     data,
                     opt.lr(),
                     n,

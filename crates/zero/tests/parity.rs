@@ -1,6 +1,6 @@
-//! Stages 1, 2, 3 with and without offload, on 2 and 4 ranks, SGD and Adam: parameters after
+//! Stages 1, 2, 3 with and without offload, on 2 and 4 ranks, SGD, Adam and AdamW: parameters after
 //! 3 steps equal DDP's and single-device training's within 1e-5 relative (absolute floor 1e-6
-//! for SGD, 2e-5 = 2e-3·lr for Adam; see `common::assert_trained`).
+//! for SGD, 2e-5 = 2e-3·lr for Adam and AdamW; see `common::assert_trained`).
 
 mod common;
 use bonfire_zero::Stage;
@@ -33,6 +33,11 @@ fn small_model_sgd() {
 #[test]
 fn small_model_adam() {
     check(Opt::Adam);
+}
+
+#[test]
+fn small_model_adamw() {
+    check(Opt::AdamW);
 }
 
 /// The step-0 gradient, gathered in full, is the same at every stage and on one rank.

@@ -72,11 +72,11 @@ fn dp2_tp2_stages_1_2_3() {
                     parallelize_module(copy(&model, &device), &mesh, "tp", &plan()).unwrap();
                 assert_eq!(local.up.weight.dims(), [6, 6], "tp shards the layers");
                 assert_eq!(local.down.weight.dims(), [1, 6]);
-                let dp = mesh.group("dp").unwrap().clone();
                 let config = ZeroConfig::new(stage).with_offload(stage == Stage::Zero2);
                 let mut z =
-                    Zero::new(local, AdamConfig::new().build(), dp.clone(), config).unwrap();
-                let rows = dp.rank() * 4..(dp.rank() + 1) * 4;
+                    Zero::on_mesh(local, AdamConfig::new().build(), &mesh, "dp", config).unwrap();
+                let dp = z.process_group().rank();
+                let rows = dp * 4..(dp + 1) * 4;
                 for s in 0..STEPS {
                     let (x, y) = batch(s, rows.clone(), &device);
                     z.train_step(0.01, |m: &Mlp| m.loss(x, y)).unwrap();
@@ -97,5 +97,26 @@ fn dp2_tp2_stages_1_2_3() {
                 &format!("dp2xtp2 {stage:?} rank {r}"),
             );
         }
+    }
+}
+
+/// A mesh axis that does not exist is a clear error, not a panic.
+#[test]
+fn unknown_mesh_axis_is_an_error() {
+    let model = Mlp::new(&device());
+    let errors = ThreadWorld::new(2)
+        .timeout(Duration::from_secs(60))
+        .launch(|pg| {
+            let mesh = DeviceMesh::new(&pg, &[2], &["dp"]).unwrap();
+            let config = ZeroConfig::new(Stage::Zero1);
+            let replica = copy(&model, &device());
+            match Zero::on_mesh(replica, AdamConfig::new().build(), &mesh, "fsdp", config) {
+                Ok(_) => String::new(),
+                Err(e) => e.to_string(),
+            }
+        })
+        .unwrap();
+    for e in errors {
+        assert!(e.contains("fsdp"), "{e}");
     }
 }

@@ -6,7 +6,7 @@ use bonfire_ddp::params;
 use bonfire_zero::{Stage, Zero, ZeroConfig};
 use burn::module::Module;
 use burn::nn::{Linear, LinearConfig};
-use burn::optim::{AdamConfig, Optimizer, SgdConfig};
+use burn::optim::{AdamConfig, AdamWConfig, Optimizer, SgdConfig};
 use burn::tensor::activation::gelu;
 use burn::tensor::{Device, Distribution, Tensor, TensorData};
 use std::time::Duration;
@@ -58,6 +58,8 @@ pub fn batch(s: usize, rows: std::ops::Range<usize>, device: &Device) -> (Tensor
 pub enum Opt {
     Sgd,
     Adam,
+    /// Adam with decoupled weight decay (Burn's default, 1e-4).
+    AdamW,
 }
 
 impl Opt {
@@ -65,12 +67,13 @@ impl Opt {
         match self {
             Opt::Sgd => SgdConfig::new().init(),
             Opt::Adam => AdamConfig::new().init(),
+            Opt::AdamW => AdamWConfig::new().init(),
         }
     }
     pub fn lr(self) -> f64 {
         match self {
             Opt::Sgd => 0.1,
-            Opt::Adam => 0.01,
+            Opt::Adam | Opt::AdamW => 0.01,
         }
     }
 }
@@ -164,6 +167,11 @@ pub fn zero(model: &Net, opt: Opt, n: usize, stage: Stage, offload: bool) -> Vec
                     opt,
                     n,
                 ),
+                Opt::AdamW => train(
+                    build(replica, AdamWConfig::new().build(), pg.clone(), config),
+                    opt,
+                    n,
+                ),
             }
         })
         .unwrap()
@@ -202,7 +210,7 @@ pub fn assert_close(a: &[f32], b: &[f32], what: &str) {
 pub fn assert_trained(a: &[f32], b: &[f32], opt: Opt, what: &str) {
     let floor = match opt {
         Opt::Sgd => 1e-6,
-        Opt::Adam => 2e-5,
+        Opt::Adam | Opt::AdamW => 2e-5,
     };
     assert_within(a, b, floor, what);
 }
