@@ -71,10 +71,10 @@ impl Layout {
     /// an option.
     pub fn check_supported(&self) -> Result<(), String> {
         if self.mesh.pp > 1 {
-            if self.mesh.tp > 1 {
+            if self.sequence_parallel || self.loss_parallel {
                 return Err(format!(
-                    "--mesh tp={},pp={}: tensor and pipeline parallelism together are not supported by this build yet (supported: dp, tp, pp, dp×tp, dp×pp)",
-                    self.mesh.tp, self.mesh.pp
+                    "--sequence-parallel / --loss-parallel with --mesh pp={}: not supported by this build yet (tensor parallelism inside pipeline stages gathers the logits)",
+                    self.mesh.pp
                 ));
             }
             if self.zero != 0 {
@@ -134,11 +134,15 @@ mod tests {
         };
         assert!(layout("dp=4", 0).check_supported().is_ok());
         assert!(layout("dp=2,tp=2", 0).check_supported().is_ok());
+        let mut tp_pp = layout("tp=2,pp=2", 0);
+        tp_pp.schedule = Some("1f1b".into());
+        assert!(tp_pp.check_supported().is_ok());
+        tp_pp.loss_parallel = true;
         assert!(
-            layout("tp=2,pp=2", 0)
+            tp_pp
                 .check_supported()
                 .unwrap_err()
-                .contains("pp=2")
+                .contains("not supported")
         );
         let mut sp = layout("dp=2", 0);
         sp.sequence_parallel = true;

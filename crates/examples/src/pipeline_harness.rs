@@ -1,25 +1,33 @@
-//! Pipeline parallelism (`--mesh pp=N`, `--mesh dp=N,pp=M`) in the parity harness.
+//! Pipeline parallelism (`--mesh pp=N`, `dp=N,pp=M`, `tp=N,pp=M`, `dp=N,tp=M,pp=K`) in the
+//! parity harness.
 //!
 //! The GPT is cut into `L + 2` pieces ([`Piece`]): the embeddings, each transformer block and
 //! the head. They are split evenly into the `p·v` stages of the chosen schedule (`v` = 2 for
 //! interleaved and ZB-V, else 1; the embedding goes with the first blocks, the head with the
 //! last), placed on the pipeline ranks by the schedule and trained with
-//! [`bonfire_pipeline::run_schedule`] on micro-batches. With `dp > 1` the ranks form a
-//! row-major `dp × pp` grid ([`Mesh2d`]); each replica runs its rows of the batch and the
-//! gradients are averaged over the dp axis before the SGD step. Step-0 gradients and the final
-//! parameters are summed over the world into one flat buffer (replica 0 contributes, every
-//! other rank adds zeros, so the sum is exact) and named after the whole model's parameters.
+//! [`bonfire_pipeline::run_schedule`] on micro-batches. The ranks form a row-major
+//! `dp × pp × tp` mesh: each replica (dp) runs its rows of the batch and the gradients are
+//! averaged over dp before the SGD step; with `tp > 1` the model is first parallelized with the
+//! GPT's tensor-parallel plan (logits gathered, no sequence parallelism) and then cut, so each
+//! stage's pieces hold their tp shards and every tp rank of a stage exchanges its (replicated)
+//! activations with the same tp rank of the next stage. Step-0 gradients and the final
+//! parameters are gathered over tp and summed over the world into one flat buffer (replica 0's
+//! tp rank 0 contributes, every other rank adds zeros, so the sum is exact) and named after
+//! the whole model's parameters.
 
 use crate::block::Block as GptBlock;
 use crate::config::GptConfig;
 use crate::gpt::{Gpt, cross_entropy, default_device};
 use crate::harness::{HarnessArgs, HarnessResult};
 use crate::layers::{Embedding, LayerNorm, Linear};
+use crate::tp::{check_tp, gather_host, parallelize_gpt};
 use crate::{checkpoint, data, tensor_file};
-use bonfire_comm::{ReduceOp, ThreadWorld};
+use bonfire_comm::{ProcessGroup, ReduceOp, ThreadWorld};
 use bonfire_ddp::params;
+use bonfire_dtensor::DeviceMesh;
+use bonfire_dtensor::parallel::sharded_params;
 use bonfire_pipeline::{
-    Block, BurnStage, Mesh2d, ScheduleKind, all_reduce_grads, chunks_for_rank, microbatch_sizes,
+    Block, BurnStage, ScheduleKind, all_reduce_grads, chunks_for_rank, microbatch_sizes,
     microbatch_weights, run_schedule, split_at, split_batch,
 };
 use burn::module::Module;
@@ -151,18 +159,41 @@ pub fn run(args: &HarnessArgs) -> Result<HarnessResult, String> {
         &cfg,
         batches.batch / dp,
     )?;
+    let tp = args.layout.mesh.tp;
+    check_tp(&cfg, tp)?;
     let model = checkpoint::load(Gpt::new(&cfg, &default_device()), &args.weights)?;
-    let result = train_pipeline(&model, &batches, dp, pp, args.steps, args.lr)?;
+    let result = train_pipeline(&model, &batches, dp, tp, pp, args.steps, args.lr)?;
     tensor_file::write_f32(&args.out, &result.tensors())?;
     Ok(result)
 }
 
-/// `steps` SGD steps of `model` on `batches` on a `dp × pp` grid of rank threads under
+/// A piece's values (parameters or gradients, `local` in its module order) made whole:
+/// tensor-parallel shards all-gathered over `tp_group` (a collective on it).
+fn whole_piece(piece: &Piece, local: &[f32], tp_group: &ProcessGroup) -> Result<Vec<f32>, String> {
+    if tp_group.size() == 1 {
+        return Ok(local.to_vec());
+    }
+    let shards = sharded_params(piece);
+    let mut out = Vec::new();
+    let mut at = 0;
+    for p in params::inventory(piece) {
+        let values = &local[at..at + p.numel()];
+        at += p.numel();
+        match shards.get(&p.path) {
+            Some(&dim) => out.extend(gather_host(values, &p.shape, dim, tp_group)?),
+            None => out.extend_from_slice(values),
+        }
+    }
+    Ok(out)
+}
+
+/// `steps` SGD steps of `model` on `batches` on a `dp × pp × tp` mesh of rank threads under
 /// `pp`'s schedule. Returns rank 0's result (whole parameters, step-0 gradients, losses).
 pub fn train_pipeline(
     model: &Gpt,
     batches: &data::Batches,
     dp: usize,
+    tp: usize,
     pp: PpOptions,
     steps: usize,
     lr: f64,
@@ -189,37 +220,48 @@ pub fn train_pipeline(
         ));
     }
     let err = |e: &dyn std::fmt::Display| e.to_string();
-    let outcomes = ThreadWorld::new(dp * pp.pp)
+    let outcomes = ThreadWorld::new(dp * pp.pp * tp)
         .timeout(Duration::from_secs(120))
         .name("parity-pp")
         .launch(|pg| -> Result<HarnessResult, String> {
-            let mesh = Mesh2d::new(&pg, dp, pp.pp).map_err(|e| err(&e))?;
-            let stages =
-                split_at(pieces(model.clone().fork(&device)), &points).map_err(|e| err(&e))?;
-            let mut chunks =
-                chunks_for_rank(&stages, &schedule, mesh.pp_rank).map_err(|e| err(&e))?;
+            let mesh =
+                DeviceMesh::new(&pg, &[dp, pp.pp, tp], &["dp", "pp", "tp"]).map_err(|e| err(&e))?;
+            let group = |axis: &str| mesh.group(axis).cloned().map_err(|e| err(&e));
+            let (dp_group, pp_group, tp_group) = (group("dp")?, group("pp")?, group("tp")?);
+            let (dp_rank, pp_rank) = (dp_group.rank(), pp_group.rank());
+            let mut replica = model.clone().fork(&device);
+            if tp > 1 {
+                replica = parallelize_gpt(replica, &mesh, "tp", false, false)?;
+            }
+            let stages = split_at(pieces(replica), &points).map_err(|e| err(&e))?;
+            let mut chunks = chunks_for_rank(&stages, &schedule, pp_rank).map_err(|e| err(&e))?;
             drop(stages);
             // The global piece index of each of this rank's pieces, chunk by chunk.
             let first_piece: Vec<usize> = (0..chunks.len())
-                .map(|c| stage_start[schedule.placement.stage(mesh.pp_rank, c)])
+                .map(|c| stage_start[schedule.placement.stage(pp_rank, c)])
                 .collect();
-            // This rank's pieces' values (replica 0 only) at their place in the flat layout.
-            let scatter = |chunks: &[Vec<Piece>], per_piece: &dyn Fn(usize, usize) -> Vec<f32>| {
+            // This rank's pieces' whole values (replica 0's tp rank 0 only) at their place in
+            // the flat layout; `per_piece` gives a piece's local values.
+            let scatter = |chunks: &[Vec<Piece>],
+                           per_piece: &dyn Fn(usize, usize) -> Vec<f32>|
+             -> Result<Vec<f32>, String> {
                 let mut flat = vec![0.0f32; total];
-                if mesh.dp_rank == 0 {
+                if dp_rank == 0 {
                     for (c, chunk) in chunks.iter().enumerate() {
-                        for j in 0..chunk.len() {
+                        for (j, piece) in chunk.iter().enumerate() {
                             let k = first_piece[c] + j;
-                            let v = per_piece(c, j);
-                            flat[piece_offset[k]..piece_offset[k + 1]].copy_from_slice(&v);
+                            let v = whole_piece(piece, &per_piece(c, j), &tp_group)?;
+                            if tp_group.rank() == 0 {
+                                flat[piece_offset[k]..piece_offset[k + 1]].copy_from_slice(&v);
+                            }
                         }
                     }
                 }
-                flat
+                Ok(flat)
             };
             let mut result = HarnessResult::default();
             for s in 0..steps {
-                let (ids, targets) = batches.rows(s, mesh.dp_rank * rows, rows, &device);
+                let (ids, targets) = batches.rows(s, dp_rank * rows, rows, &device);
                 let t = batches.seq;
                 let inputs = split_batch(ids.float().reshape([rows, t, 1]), m);
                 let targets_mb: Vec<Tensor<2, Int>> = microbatch_sizes(rows, m)
@@ -233,18 +275,19 @@ pub fn train_pipeline(
                 let mut stage = BurnStage::new(
                     chunks,
                     &schedule,
-                    mesh.pp_rank,
+                    pp_rank,
                     device.clone(),
                     microbatch_weights(rows, m),
                 )
                 .with_inputs(inputs)
                 .with_loss(|mb, logits| cross_entropy(logits, targets_mb[mb].clone()));
-                run_schedule(&mesh.pp_group, &schedule, &mut stage).map_err(|e| err(&e))?;
+                run_schedule(&pp_group, &schedule, &mut stage).map_err(|e| err(&e))?;
                 let (done, grads, loss) = stage.finish();
-                let mut grads = all_reduce_grads(&mesh.dp_group, &done, grads, ReduceOp::Avg)
+                let mut grads = all_reduce_grads(&dp_group, &done, grads, ReduceOp::Avg)
                     .map_err(|e| err(&e))?;
-                // The global loss: the mean of the replicas' losses (last stages only).
-                let mut global = [loss.unwrap_or(0.0) as f32 / dp as f32];
+                // The global loss: the mean of the replicas' losses (last stages only, every
+                // tp rank of them holding the same value).
+                let mut global = [loss.unwrap_or(0.0) as f32 / (dp * tp) as f32];
                 pg.all_reduce(&mut global, ReduceOp::Sum)
                     .map_err(|e| err(&e))?;
                 result.losses.push(global[0]);
@@ -266,7 +309,7 @@ pub fn train_pipeline(
                     })
                     .collect();
                 if s == 0 {
-                    let mut flat = scatter(&done, &|c, j| host[c][j].clone());
+                    let mut flat = scatter(&done, &|c, j| host[c][j].clone())?;
                     pg.all_reduce(&mut flat, ReduceOp::Sum)
                         .map_err(|e| err(&e))?;
                     let mut at = 0;
@@ -302,7 +345,7 @@ pub fn train_pipeline(
             let mut flat = scatter(&chunks, &|c, j| {
                 let piece = &chunks[c][j];
                 params::flatten_values(piece, &params::inventory(piece))
-            });
+            })?;
             pg.all_reduce(&mut flat, ReduceOp::Sum)
                 .map_err(|e| err(&e))?;
             let mut at = 0;

@@ -151,7 +151,7 @@ fn unsupported_options_are_rejected() {
     let dir = tmp_dir("reject");
     let err = harness::run(&args(&dir, "dp=2,tp=2,pp=2", 0)).unwrap_err();
     assert!(
-        err.contains("pp=2") && err.contains("not supported"),
+        err.contains("pp=2") && err.contains("needs --schedule"),
         "{err}"
     );
     // The tiny config has 2 heads: they cannot be split over 4 tensor-parallel ranks.

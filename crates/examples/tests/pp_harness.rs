@@ -1,4 +1,5 @@
-//! The parity harness under pipeline parallelism: `--mesh pp=2`, `pp=4` and `dp=2,pp=2` with
+//! The parity harness under pipeline parallelism: `--mesh pp=2`, `pp=4`, `dp=2,pp=2`,
+//! `tp=2,pp=2` and `dp=2,tp=2,pp=2` with
 //! every schedule and several micro-batch counts (fewer than, equal to and more than the
 //! stages; uneven micro-batches) give the single-device run's losses, step-0 gradients and
 //! final parameters within 1e-5 relative (1e-7 absolute floor); unsupported combinations are
@@ -108,7 +109,8 @@ fn pipeline_layouts_equal_single_device() {
         .fold(0.0f32, f32::max);
     assert!(moved > 1e-3, "training barely moved head.weight ({moved})");
     // pp = 2 and 4 × every schedule × m ∈ {1, 3, 4} (m < p, m = p, m > p; m = 3 splits the
-    // 4 rows unevenly), ZB-V, and dp = 2 × pp = 2 (2 rows per replica).
+    // 4 rows unevenly), ZB-V, dp = 2 × pp = 2 (2 rows per replica), tp = 2 × pp = 2 and the
+    // whole 3-d mesh dp = 2 × tp = 2 × pp = 2 (8 rank threads).
     let mut cases: Vec<(&str, &str, usize)> = Vec::new();
     for mesh in ["pp=2", "pp=4"] {
         for schedule in ["gpipe", "1f1b", "interleaved", "zb"] {
@@ -124,6 +126,10 @@ fn pipeline_layouts_equal_single_device() {
         ("dp=2,pp=2", "gpipe", 1),
         ("dp=2,pp=2", "interleaved", 2),
         ("dp=2,pp=2", "zb", 2),
+        ("tp=2,pp=2", "1f1b", 2),
+        ("tp=2,pp=2", "interleaved", 3),
+        ("dp=2,tp=2,pp=2", "gpipe", 2),
+        ("dp=2,tp=2,pp=2", "zb", 2),
     ]);
     for (mesh, schedule, m) in cases {
         let got = run(&dir, mesh, Some(schedule), Some(m));
@@ -156,7 +162,9 @@ fn unsupported_pipeline_options_are_rejected() {
     assert!(err.contains("unknown"), "{err}");
     let err = harness::run(&args(&dir, "pp=2", Some("1f1b"), Some(5))).unwrap_err();
     assert!(err.contains("--microbatches 5"), "{err}");
-    let err = harness::run(&args(&dir, "tp=2,pp=2", Some("1f1b"), Some(2))).unwrap_err();
+    let mut sp = args(&dir, "tp=2,pp=2", Some("1f1b"), Some(2));
+    sp.layout.sequence_parallel = true;
+    let err = harness::run(&sp).unwrap_err();
     assert!(err.contains("not supported"), "{err}");
     let mut zero = args(&dir, "dp=2,pp=2", Some("1f1b"), Some(2));
     zero.layout.zero = 1;
