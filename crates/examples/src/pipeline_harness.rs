@@ -30,7 +30,9 @@ use bonfire_pipeline::{
     Block, BurnStage, ScheduleKind, all_reduce_grads, chunks_for_rank, microbatch_sizes,
     microbatch_weights, run_schedule, split_at, split_batch,
 };
+use bonfire_zero::{Stage, Zero, ZeroConfig};
 use burn::module::Module;
+use burn::optim::{GradientsParams, SgdConfig};
 use burn::tensor::{Int, Tensor};
 use std::time::Duration;
 
@@ -162,7 +164,13 @@ pub fn run(args: &HarnessArgs) -> Result<HarnessResult, String> {
     let tp = args.layout.mesh.tp;
     check_tp(&cfg, tp)?;
     let model = checkpoint::load(Gpt::new(&cfg, &default_device()), &args.weights)?;
-    let result = train_pipeline(&model, &batches, dp, tp, pp, args.steps, args.lr)?;
+    let zero = match args.layout.zero {
+        0 => None,
+        n => Some(
+            Stage::from_index(n as usize).ok_or_else(|| format!("--zero {n}: must be 0..=3"))?,
+        ),
+    };
+    let result = train_pipeline(&model, &batches, dp, tp, pp, zero, args.steps, args.lr)?;
     tensor_file::write_f32(&args.out, &result.tensors())?;
     Ok(result)
 }
@@ -187,14 +195,78 @@ fn whole_piece(piece: &Piece, local: &[f32], tp_group: &ProcessGroup) -> Result<
     Ok(out)
 }
 
+/// Every piece's host gradient from `grads` (zeros where a parameter got none).
+fn host_grads(chunks: &[Vec<Piece>], grads: &mut GradientsParams) -> Vec<Vec<Vec<f32>>> {
+    chunks
+        .iter()
+        .map(|chunk| {
+            chunk
+                .iter()
+                .map(|piece| {
+                    let pinfos = params::inventory(piece);
+                    params::take_grads(piece, &pinfos, grads)
+                        .into_iter()
+                        .zip(&pinfos)
+                        .flat_map(|(g, p)| g.unwrap_or_else(|| vec![0.0; p.numel()]))
+                        .collect()
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// `flat` (values of every parameter of `chunks`, in module order) cut piece by piece.
+fn split_by_piece(chunks: &[Vec<Piece>], flat: &[f32]) -> Vec<Vec<Vec<f32>>> {
+    let mut at = 0;
+    chunks
+        .iter()
+        .map(|chunk| {
+            chunk
+                .iter()
+                .map(|piece| {
+                    let n: usize = params::inventory(piece).iter().map(|p| p.numel()).sum();
+                    at += n;
+                    flat[at - n..at].to_vec()
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// SGD on this rank's pieces: p ← p − lr·grad.
+fn sgd(chunks: Vec<Vec<Piece>>, grads: &[Vec<Vec<f32>>], lr: f32) -> Vec<Vec<Piece>> {
+    chunks
+        .into_iter()
+        .zip(grads)
+        .map(|(chunk, g_chunk)| {
+            chunk
+                .into_iter()
+                .zip(g_chunk)
+                .map(|(piece, g)| {
+                    let pinfos = params::inventory(&piece);
+                    let values: Vec<f32> = params::flatten_values(&piece, &pinfos)
+                        .iter()
+                        .zip(g)
+                        .map(|(v, g)| v - lr * g)
+                        .collect();
+                    params::assign_values(piece, &pinfos, &values)
+                })
+                .collect()
+        })
+        .collect()
+}
+
 /// `steps` SGD steps of `model` on `batches` on a `dp × pp × tp` mesh of rank threads under
-/// `pp`'s schedule. Returns rank 0's result (whole parameters, step-0 gradients, losses).
+/// `pp`'s schedule, the dp axis plain (gradients all-reduced) or, with `zero_stage`, ZeRO
+/// stage 1 or 2. Returns rank 0's result (whole parameters, step-0 gradients, losses).
+#[allow(clippy::too_many_arguments)]
 pub fn train_pipeline(
     model: &Gpt,
     batches: &data::Batches,
     dp: usize,
     tp: usize,
     pp: PpOptions,
+    zero_stage: Option<Stage>,
     steps: usize,
     lr: f64,
 ) -> Result<HarnessResult, String> {
@@ -259,6 +331,22 @@ pub fn train_pipeline(
                 }
                 Ok(flat)
             };
+            // ZeRO (stages 1–2) on the dp axis: each pipeline rank's pieces are partitioned over
+            // the replicas holding the same stages; the schedule runs on a copy of its model.
+            let mut zero = match zero_stage {
+                None => None,
+                Some(stage) => {
+                    let z = Zero::new(
+                        chunks,
+                        SgdConfig::new().build(),
+                        dp_group.clone(),
+                        ZeroConfig::new(stage),
+                    )
+                    .map_err(|e| err(&e))?;
+                    chunks = z.model().clone();
+                    Some(z)
+                }
+            };
             let mut result = HarnessResult::default();
             for s in 0..steps {
                 let (ids, targets) = batches.rows(s, dp_rank * rows, rows, &device);
@@ -283,31 +371,31 @@ pub fn train_pipeline(
                 .with_loss(|mb, logits| cross_entropy(logits, targets_mb[mb].clone()));
                 run_schedule(&pp_group, &schedule, &mut stage).map_err(|e| err(&e))?;
                 let (done, grads, loss) = stage.finish();
-                let mut grads = all_reduce_grads(&dp_group, &done, grads, ReduceOp::Avg)
-                    .map_err(|e| err(&e))?;
+                // Average the gradients over dp: all-reduced here, or by ZeRO (which keeps
+                // its shard of them); host copies per piece where they are needed.
+                let host = match zero.as_mut() {
+                    None => {
+                        let mut grads = all_reduce_grads(&dp_group, &done, grads, ReduceOp::Avg)
+                            .map_err(|e| err(&e))?;
+                        host_grads(&done, &mut grads)
+                    }
+                    Some(z) => {
+                        z.reduce_gradients(grads).map_err(|e| err(&e))?;
+                        if s == 0 {
+                            let full = z.full_gradients().map_err(|e| err(&e))?;
+                            let flat: Vec<f32> = full.into_iter().flat_map(|(_, g)| g).collect();
+                            split_by_piece(&done, &flat)
+                        } else {
+                            Vec::new()
+                        }
+                    }
+                };
                 // The global loss: the mean of the replicas' losses (last stages only, every
                 // tp rank of them holding the same value).
                 let mut global = [loss.unwrap_or(0.0) as f32 / (dp * tp) as f32];
                 pg.all_reduce(&mut global, ReduceOp::Sum)
                     .map_err(|e| err(&e))?;
                 result.losses.push(global[0]);
-                // Host gradients of every piece (zeros where a parameter got none).
-                let host: Vec<Vec<Vec<f32>>> = done
-                    .iter()
-                    .map(|chunk| {
-                        chunk
-                            .iter()
-                            .map(|piece| {
-                                let pinfos = params::inventory(piece);
-                                params::take_grads(piece, &pinfos, &mut grads)
-                                    .into_iter()
-                                    .zip(&pinfos)
-                                    .flat_map(|(g, p)| g.unwrap_or_else(|| vec![0.0; p.numel()]))
-                                    .collect()
-                            })
-                            .collect()
-                    })
-                    .collect();
                 if s == 0 {
                     let mut flat = scatter(&done, &|c, j| host[c][j].clone())?;
                     pg.all_reduce(&mut flat, ReduceOp::Sum)
@@ -320,27 +408,13 @@ pub fn train_pipeline(
                         at += p.numel();
                     }
                 }
-                // SGD: p ← p − lr·grad, on this rank's pieces.
-                let lr32 = lr as f32;
-                chunks = done
-                    .into_iter()
-                    .zip(&host)
-                    .map(|(chunk, g_chunk)| {
-                        chunk
-                            .into_iter()
-                            .zip(g_chunk)
-                            .map(|(piece, g)| {
-                                let pinfos = params::inventory(&piece);
-                                let values: Vec<f32> = params::flatten_values(&piece, &pinfos)
-                                    .iter()
-                                    .zip(g)
-                                    .map(|(v, g)| v - lr32 * g)
-                                    .collect();
-                                params::assign_values(piece, &pinfos, &values)
-                            })
-                            .collect()
-                    })
-                    .collect();
+                chunks = match zero.as_mut() {
+                    None => sgd(done, &host, lr as f32),
+                    Some(z) => {
+                        z.step(lr).map_err(|e| err(&e))?;
+                        z.model().clone()
+                    }
+                };
             }
             let mut flat = scatter(&chunks, &|c, j| {
                 let piece = &chunks[c][j];

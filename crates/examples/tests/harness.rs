@@ -159,10 +159,10 @@ fn unsupported_options_are_rejected() {
     assert!(err.contains("n_heads 2 is not divisible"), "{err}");
     let err = harness::run(&args(&dir, "pp=2", 0)).unwrap_err();
     assert!(err.contains("pp=2"), "{err}");
-    let mut a = args(&dir, "dp=2,pp=2", 1);
+    let mut a = args(&dir, "dp=2,pp=2", 3);
     a.layout.schedule = Some("gpipe".into());
     let err = harness::run(&a).unwrap_err();
-    assert!(err.contains("ZeRO"), "{err}");
+    assert!(err.contains("--zero 3"), "{err}");
     let err = harness::run(&args(&dir, "dp=2", 4)).unwrap_err();
     assert!(err.contains("--zero 4"), "{err}");
     let mut a = args(&dir, "dp=3", 0);

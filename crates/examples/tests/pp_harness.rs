@@ -131,6 +131,26 @@ fn pipeline_layouts_equal_single_device() {
         ("dp=2,tp=2,pp=2", "gpipe", 2),
         ("dp=2,tp=2,pp=2", "zb", 2),
     ]);
+    // ZeRO on the dp axis of a pipeline: stage 1 on dp × pp, stage 2 on the 3-d mesh.
+    for (mesh, schedule, m, zero) in [
+        ("dp=2,pp=2", "1f1b", 2, 1),
+        ("dp=2,tp=2,pp=2", "gpipe", 2, 2),
+    ] {
+        let mut a = args(&dir, mesh, Some(schedule), Some(m));
+        a.layout.zero = zero;
+        a.out = dir.join(format!("result-{mesh}-{schedule}-zero{zero}.safetensors"));
+        harness::run(&a).unwrap_or_else(|e| panic!("{mesh} {schedule} zero {zero}: {e}"));
+        let got = harness::read_result(&a.out).unwrap();
+        for (name, want) in &single {
+            common::assert_close(
+                &format!("{mesh} {schedule} zero {zero} {name}"),
+                &got[name],
+                want,
+                common::REL,
+                common::ABS,
+            );
+        }
+    }
     for (mesh, schedule, m) in cases {
         let got = run(&dir, mesh, Some(schedule), Some(m));
         assert_eq!(got.len(), single.len(), "{mesh} {schedule} m={m}");
@@ -167,9 +187,9 @@ fn unsupported_pipeline_options_are_rejected() {
     let err = harness::run(&sp).unwrap_err();
     assert!(err.contains("not supported"), "{err}");
     let mut zero = args(&dir, "dp=2,pp=2", Some("1f1b"), Some(2));
-    zero.layout.zero = 1;
+    zero.layout.zero = 3;
     let err = harness::run(&zero).unwrap_err();
-    assert!(err.contains("ZeRO") && err.contains("pp=2"), "{err}");
+    assert!(err.contains("--zero 3") && err.contains("pp=2"), "{err}");
     let err = harness::run(&args(&dir, "dp=2", Some("1f1b"), Some(2))).unwrap_err();
     assert!(err.contains("no pp axis"), "{err}");
     // Works on the tiny model with pp=2 interleaved (4 stages of one piece each).

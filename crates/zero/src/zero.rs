@@ -347,7 +347,23 @@ impl<M: Module, O: Optimizer> Zero<M, O> {
             self.grads = Some(g);
             return Ok(());
         }
-        let mut gp = GradientsParams::from_grads(grads, self.model());
+        let gp = GradientsParams::from_grads(grads, self.model());
+        self.reduce_gradients(gp)
+    }
+
+    /// Leaves this stage's averaged gradients for [`step`](Self::step) from gradients computed
+    /// elsewhere — e.g. accumulated over micro-batches by a pipeline schedule — for the
+    /// parameters of [`model`](Self::model) (same `ParamId`s): all-reduced in full (stages
+    /// 0–1) or reduce-scattered in buckets into the own range (stage 2). Stage 3 cannot take
+    /// them: its parameters only exist gathered inside [`forward`](Self::forward), and their
+    /// gradients arrive through the gathers' backward. A collective.
+    pub fn reduce_gradients(&mut self, mut gp: GradientsParams) -> Result<()> {
+        if self.shard.is_some() {
+            return Err(ZeroError::Usage(
+                "stage 3 takes its gradients from backward (its gathers), not from outside".into(),
+            ));
+        }
+        let n = self.pg.size();
         let per_param = params::take_grads(self.model(), &self.infos, &mut gp);
         drop(gp);
         match self.config.stage {
