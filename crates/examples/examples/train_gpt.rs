@@ -5,18 +5,21 @@
 //! ```sh
 //! cargo run --release --example train_gpt                  # 2 ranks, 300 steps
 //! cargo run --release --example train_gpt -- --ranks 4 --steps 100 --batch 4
+//! cargo run --release --example train_gpt -- --zero 3     # ZeRO stage 3 instead of DDP
 //! # one rank per MPI process:
 //! cargo build --release -p bonfire-examples --features mpi --example train_gpt
 //! mpirun -np 2 target/release/examples/train_gpt --launcher env
 //! ```
 
 use bonfire_comm::{ProcessGroup, ReduceOp, ThreadWorld, World};
-use bonfire_ddp::{DdpConfig, DistributedDataParallel, params};
+use bonfire_ddp::{DdpConfig, params};
 use bonfire_examples::corpus::{self, CharTokenizer, Rng};
+use bonfire_examples::dp_axis::DpAxis;
 use bonfire_examples::{Gpt, GptConfig, checkpoint, default_device};
+use bonfire_zero::{Stage, ZeroConfig};
 use burn::module::Module;
 use burn::optim::AdamConfig;
-use burn::tensor::{Int, Tensor, TensorData};
+use burn::tensor::{Device, Int, Tensor, TensorData};
 use clap::Parser;
 use indicatif::{ProgressBar, ProgressStyle};
 use std::path::PathBuf;
@@ -59,6 +62,12 @@ struct Cli {
     checkpoint: PathBuf,
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// ZeRO stage on the data-parallel ranks: 0 is DDP (the default); 1, 2, 3 shard the
+    /// optimizer state, the gradients, the parameters (stage 3 trains with Balanced
+    /// checkpointing: each layer's parameters are gathered for its forward and re-gathered in
+    /// backward).
+    #[arg(long, default_value_t = 0)]
+    zero: usize,
     /// Other parallel axes arrive with later releases; only dp is supported.
     #[arg(long, default_value = "dp")]
     parallel: String,
@@ -68,15 +77,32 @@ struct Cli {
     launcher: String,
 }
 
+/// The device of a run: stage 3 recomputes (re-gathers) instead of keeping.
+fn device_for(zero: usize) -> Device {
+    match zero {
+        3 => default_device().gradient_checkpointing(),
+        _ => default_device(),
+    }
+}
+
 /// One rank's training loop; returns the trained model on rank 0.
 fn train_rank(pg: ProcessGroup, cli: &Cli, model: &Gpt, tokens: &[i64]) -> Option<Gpt> {
-    let device = default_device();
+    let device = device_for(cli.zero);
     let rank = pg.rank();
     let replica = model.clone().fork(&device);
-    let config = DdpConfig::new().with_bucket_mb(cli.bucket_mb);
-    let mut ddp =
-        DistributedDataParallel::new(replica, AdamConfig::new().init(), pg.clone(), config)
-            .expect("DDP setup");
+    let mut dp = match Stage::from_index(cli.zero).filter(|s| *s != Stage::Zero0) {
+        None => {
+            let config = DdpConfig::new().with_bucket_mb(cli.bucket_mb);
+            DpAxis::ddp(replica, pg.clone(), AdamConfig::new().init(), config)
+        }
+        Some(stage) => DpAxis::zero(
+            replica,
+            pg.clone(),
+            AdamConfig::new().build(),
+            ZeroConfig::new(stage).with_bucket_bytes((cli.bucket_mb * 1048576.0) as usize),
+        ),
+    }
+    .expect("data-parallel setup");
     let bar = (rank == 0).then(|| {
         let bar = ProgressBar::new(cli.steps as u64);
         bar.set_style(
@@ -95,7 +121,7 @@ fn train_rank(pg: ProcessGroup, cli: &Cli, model: &Gpt, tokens: &[i64]) -> Optio
         let t0 = Instant::now();
         let batch = corpus::sample_batch(tokens, cli.batch, cli.seq, &mut rng);
         let (ids, targets) = batch.rows(0, 0, cli.batch, &device);
-        let local = ddp
+        let local = dp
             .train_step(cli.lr, |m| m.loss(ids, targets))
             .expect("training step");
         let mut loss = [local];
@@ -119,12 +145,16 @@ fn train_rank(pg: ProcessGroup, cli: &Cli, model: &Gpt, tokens: &[i64]) -> Optio
     if let Some(bar) = bar {
         bar.finish();
     }
-    let (model, _) = ddp.into_parts();
+    let model = dp.into_model().expect("gathering the trained model");
     (rank == 0).then_some(model)
 }
 
 fn main() {
     let cli = Cli::parse();
+    if cli.zero > 3 {
+        eprintln!("error: --zero {}: must be 0, 1, 2 or 3", cli.zero);
+        std::process::exit(2);
+    }
     if cli.parallel != "dp" {
         eprintln!(
             "error: --parallel {}: only dp is supported by this build",
@@ -147,13 +177,17 @@ fn main() {
     }
     let text = corpus::generate(400_000, cli.seed);
     let tokens = tok.encode(&text);
-    let device = default_device();
+    let device = device_for(cli.zero);
     device.seed(cli.seed);
     let model = Gpt::new(&cfg, &device);
     println!(
-        "train_gpt: {} parameters, {} ranks x {} sequences x {} tokens, {} steps, corpus {} chars",
+        "train_gpt: {} parameters, {} ranks ({}) x {} sequences x {} tokens, {} steps, corpus {} chars",
         cfg.num_params(),
         cli.ranks,
+        match cli.zero {
+            0 => "DDP".to_string(),
+            n => format!("ZeRO-{n}"),
+        },
         cli.batch,
         cli.seq,
         cli.steps,

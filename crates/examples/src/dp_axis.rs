@@ -1,40 +1,60 @@
-//! The data-parallel wrapper of the harness's dp axis: DDP (`--zero 0`, the default) or
-//! ZeRO stage 1–3 (`bonfire-zero`), behind one small interface so that the same training
-//! loop runs every `dp × tp` layout with either.
+//! The data-parallel wrapper of a dp axis: DDP or ZeRO stage 1–3 (`bonfire-zero`), behind
+//! one small interface so that the same training loop — the parity harness's, `train_gpt`'s —
+//! runs with either.
 
 use crate::gpt::Gpt;
 use bonfire_comm::ProcessGroup;
 use bonfire_ddp::{DdpConfig, DistributedDataParallel};
 use bonfire_zero::{Stage, Zero, ZeroConfig};
-use burn::optim::{Sgd, SgdConfig};
+use burn::optim::{ModuleOptimizer, Optimizer, Sgd, SgdConfig};
 use burn::tensor::Tensor;
 
-/// One rank's wrapper over the dp group.
-pub enum DpAxis {
+/// One rank's wrapper over the dp group. DDP steps with Burn's module optimizer; ZeRO with a
+/// per-tensor optimizer `O` (the same algorithm: e.g. `AdamConfig::init()` and `build()`).
+pub enum DpAxis<O: Optimizer> {
     Ddp(Box<DistributedDataParallel<Gpt>>),
-    Zero(Box<Zero<Gpt, Sgd>>),
+    Zero(Box<Zero<Gpt, O>>),
 }
 
-impl DpAxis {
-    /// Wraps `replica` (this rank's, possibly tensor-parallel, model) for plain SGD over
-    /// `dp_group`: DDP for `zero == 0`, else ZeRO of that stage.
-    pub fn new(replica: Gpt, dp_group: ProcessGroup, zero: usize) -> Result<Self, String> {
+impl DpAxis<Sgd> {
+    /// Plain SGD over `dp_group`: DDP for `zero == 0`, else ZeRO of that stage (the parity
+    /// harness's `--zero`).
+    pub fn sgd(replica: Gpt, dp_group: ProcessGroup, zero: usize) -> Result<Self, String> {
         if zero == 0 {
-            let sgd = SgdConfig::new().init();
-            return DistributedDataParallel::new(replica, sgd, dp_group, DdpConfig::new())
-                .map(|d| Self::Ddp(Box::new(d)))
-                .map_err(|e| e.to_string());
+            return Self::ddp(replica, dp_group, SgdConfig::new().init(), DdpConfig::new());
         }
         let stage =
             Stage::from_index(zero).ok_or_else(|| format!("--zero {zero}: must be 0..=3"))?;
-        Zero::new(
+        Self::zero(
             replica,
-            SgdConfig::new().build(),
             dp_group,
+            SgdConfig::new().build(),
             ZeroConfig::new(stage),
         )
-        .map(|z| Self::Zero(Box::new(z)))
-        .map_err(|e| e.to_string())
+    }
+}
+
+impl<O: Optimizer> DpAxis<O> {
+    pub fn ddp(
+        replica: Gpt,
+        dp_group: ProcessGroup,
+        optim: ModuleOptimizer,
+        config: DdpConfig,
+    ) -> Result<Self, String> {
+        DistributedDataParallel::new(replica, optim, dp_group, config)
+            .map(|d| Self::Ddp(Box::new(d)))
+            .map_err(|e| e.to_string())
+    }
+
+    pub fn zero(
+        replica: Gpt,
+        dp_group: ProcessGroup,
+        optim: O,
+        config: ZeroConfig,
+    ) -> Result<Self, String> {
+        Zero::new(replica, optim, dp_group, config)
+            .map(|z| Self::Zero(Box::new(z)))
+            .map_err(|e| e.to_string())
     }
 
     pub fn forward(&mut self, f: impl FnOnce(&Gpt) -> Tensor<1>) -> Tensor<1> {
@@ -58,6 +78,19 @@ impl DpAxis {
         }
     }
 
+    /// Forward, backward and step; returns this rank's loss.
+    pub fn train_step(
+        &mut self,
+        lr: f64,
+        f: impl FnOnce(&Gpt) -> Tensor<1>,
+    ) -> Result<f32, String> {
+        let loss = self.forward(f);
+        let value = loss.clone().into_scalar();
+        self.backward(loss)?;
+        self.step(lr)?;
+        Ok(value)
+    }
+
     /// The averaged gradient of every (local) parameter from the last backward, by path, in
     /// module order (ZeRO gathers it from the owners: a collective).
     pub fn gradients(&self) -> Result<Vec<(String, Vec<f32>)>, String> {
@@ -76,6 +109,14 @@ impl DpAxis {
                 Ok(bonfire_ddp::params::flatten_values(d.model(), &infos))
             }
             Self::Zero(z) => z.full_values().map_err(|e| e.to_string()),
+        }
+    }
+
+    /// The trained model with every parameter in full (ZeRO gathers it: a collective).
+    pub fn into_model(self) -> Result<Gpt, String> {
+        match self {
+            Self::Ddp(d) => Ok(d.into_parts().0),
+            Self::Zero(z) => z.full_model().map_err(|e| e.to_string()),
         }
     }
 }

@@ -170,7 +170,7 @@ pub fn train_parallel(
             }
             let shards = sharded_params(&replica);
             let infos = params::inventory(&replica);
-            let mut wrapper = DpAxis::new(replica, dp_group.clone(), zero)?;
+            let mut wrapper = DpAxis::sgd(replica, dp_group.clone(), zero)?;
             let full = |name: &str,
                         shape: &[usize],
                         v: Vec<f32>|
