@@ -32,9 +32,14 @@
 //!   receiver.
 
 mod backend;
+mod collectives;
+mod handshake;
+mod ring;
 mod runtime;
+mod scratch;
+mod types;
 
-pub use backend::RING_THRESHOLD_BYTES;
+pub use ring::RING_THRESHOLD_BYTES;
 pub use runtime::abort_job;
 
 use crate::{CommError, ProcessGroup, Result};
