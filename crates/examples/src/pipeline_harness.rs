@@ -195,42 +195,34 @@ fn whole_piece(piece: &Piece, local: &[f32], tp_group: &ProcessGroup) -> Result<
     Ok(out)
 }
 
-/// Every piece's host gradient from `grads` (zeros where a parameter got none).
-fn host_grads(chunks: &[Vec<Piece>], grads: &mut GradientsParams) -> Vec<Vec<Vec<f32>>> {
+/// `f` applied to every piece of `chunks`, keeping the chunk structure.
+fn map_pieces<T>(chunks: &[Vec<Piece>], mut f: impl FnMut(&Piece) -> T) -> Vec<Vec<T>> {
     chunks
         .iter()
-        .map(|chunk| {
-            chunk
-                .iter()
-                .map(|piece| {
-                    let pinfos = params::inventory(piece);
-                    params::take_grads(piece, &pinfos, grads)
-                        .into_iter()
-                        .zip(&pinfos)
-                        .flat_map(|(g, p)| g.unwrap_or_else(|| vec![0.0; p.numel()]))
-                        .collect()
-                })
-                .collect()
-        })
+        .map(|chunk| chunk.iter().map(&mut f).collect())
         .collect()
+}
+
+/// Every piece's host gradient from `grads` (zeros where a parameter got none).
+fn host_grads(chunks: &[Vec<Piece>], grads: &mut GradientsParams) -> Vec<Vec<Vec<f32>>> {
+    map_pieces(chunks, |piece| {
+        let pinfos = params::inventory(piece);
+        params::take_grads(piece, &pinfos, grads)
+            .into_iter()
+            .zip(&pinfos)
+            .flat_map(|(g, p)| g.unwrap_or_else(|| vec![0.0; p.numel()]))
+            .collect()
+    })
 }
 
 /// `flat` (values of every parameter of `chunks`, in module order) cut piece by piece.
 fn split_by_piece(chunks: &[Vec<Piece>], flat: &[f32]) -> Vec<Vec<Vec<f32>>> {
     let mut at = 0;
-    chunks
-        .iter()
-        .map(|chunk| {
-            chunk
-                .iter()
-                .map(|piece| {
-                    let n: usize = params::inventory(piece).iter().map(|p| p.numel()).sum();
-                    at += n;
-                    flat[at - n..at].to_vec()
-                })
-                .collect()
-        })
-        .collect()
+    map_pieces(chunks, |piece| {
+        let n: usize = params::inventory(piece).iter().map(|p| p.numel()).sum();
+        at += n;
+        flat[at - n..at].to_vec()
+    })
 }
 
 /// SGD on this rank's pieces: p ← p − lr·grad.
