@@ -103,6 +103,7 @@ impl GatherPlan {
         let rank = pg.rank();
         let own = part.ranges[rank].clone();
         let device = shard.device();
+        let autodiff = device.is_autodiff();
         let slots: Vec<Option<Range<usize>>> = (0..n)
             .map(|i| {
                 let start = part.offsets[i].max(own.start);
@@ -116,7 +117,7 @@ impl GatherPlan {
                 Some(r) => shard.clone().narrow(0, r.start, r.len()).detach(),
                 None => Tensor::zeros([1], &device),
             })
-            .map(|leaf| leaf.require_grad())
+            .map(|leaf| if autodiff { leaf.require_grad() } else { leaf })
             .collect();
         Self {
             pg,
@@ -309,7 +310,8 @@ impl LayerHook for ZeroLayerHook {
     }
 }
 
-fn param_index(infos: &[ParamInfo]) -> HashMap<ParamId, usize> {
+/// Each parameter's index in `infos`, by id.
+pub(crate) fn param_index(infos: &[ParamInfo]) -> HashMap<ParamId, usize> {
     infos.iter().enumerate().map(|(i, p)| (p.id, i)).collect()
 }
 

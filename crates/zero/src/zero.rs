@@ -2,7 +2,7 @@
 
 use crate::config::{Stage, ZeroConfig};
 use crate::error::{Result, ZeroError};
-use crate::gather::{GatherPlan, GatherSummary, ZeroLayerHook, lazy_module};
+use crate::gather::{GatherPlan, GatherSummary, ZeroLayerHook, lazy_module, param_index};
 use crate::optim::ShardOptimizer;
 use crate::params::{self, ParamInfo};
 use crate::partition::Partition;
@@ -218,6 +218,9 @@ impl<M: Module, O: Optimizer> Zero<M, O> {
     pub(crate) fn set_shard(&mut self, own: Vec<f32>) {
         let n = own.len();
         let t = Tensor::<1>::from_data(TensorData::new(own, [n]), &self.device);
+        // Kept an autodiff leaf although each forward's pieces (views of it, detached) are the
+        // leaves that get gradients: measured, an untracked shard makes backward hold one
+        // more shard-sized buffer (tests/layer_release.rs).
         self.shard = Some(if self.device.is_autodiff() {
             t.require_grad()
         } else {
@@ -286,12 +289,7 @@ impl<M: Module, O: Optimizer> Zero<M, O> {
                 drop(pending);
                 let hook = install_layer_hook(Rc::new(BucketHook {
                     buckets: self.buckets.clone(),
-                    index: self
-                        .infos
-                        .iter()
-                        .enumerate()
-                        .map(|(i, p)| (p.id, i))
-                        .collect(),
+                    index: param_index(&self.infos),
                 }));
                 let out = f(self.model());
                 drop(hook);

@@ -23,7 +23,10 @@ use std::time::Duration;
 static HEAP: CountingAllocator = CountingAllocator::new();
 
 const WIDTH: usize = 512;
-const LAYERS: usize = 6;
+/// Enough layers that a rank's gradient shard (LAYERS/RANKS layers) does not hide the
+/// difference between holding a couple of layers' full gradients and holding them all; the
+/// two rank threads' peaks may or may not coincide, so bounds leave a layer of slack.
+const LAYERS: usize = 12;
 const RANKS: usize = 2;
 /// One layer's parameters (weight + bias), f32.
 const LAYER_BYTES: usize = (WIDTH * WIDTH + WIDTH) * 4;
@@ -169,15 +172,20 @@ fn stage3_frees_each_layer_after_use() {
     );
     assert!(scoped.heap_peak * 2 < plain.heap_peak);
     // Backward: gradients leave layer by layer (the gathers are anchored at the layers'
-    // inputs), so a rank holds its gradient shard plus about two layers' full parameters and
+    // inputs), so a rank holds its gradient shard plus a few layers' full parameters and
     // gradients, not every layer's full gradient until the end.
     let own = LAYERS * LAYER_BYTES / RANKS;
     assert!(
-        scoped.backward_peak <= RANKS * (own + 3 * LAYER_BYTES),
+        scoped.backward_peak <= RANKS * (own + 5 * LAYER_BYTES),
         "backward holds {} bytes",
         scoped.backward_peak
     );
-    assert!(scoped.backward_peak < plain.backward_peak);
+    assert!(
+        scoped.backward_peak + RANKS * 2 * LAYER_BYTES <= plain.backward_peak,
+        "backward with scopes {} bytes, without {}",
+        scoped.backward_peak,
+        plain.backward_peak
+    );
     // Releasing early changes nothing numerically.
     assert_eq!(plain.values, scoped.values);
 }
