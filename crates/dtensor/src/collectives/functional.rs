@@ -141,11 +141,24 @@ pub fn all_gather_uneven<const D: usize>(
     dim: usize,
     sizes: &[usize],
 ) -> Result<Tensor<D>> {
+    let kind = all_gather_kind(&tensor, group, dim, sizes)?;
+    Ok(run(tensor, group, kind))
+}
+
+/// The all-gather of `tensor` along `dim` with `sizes` per rank, validated.
+fn all_gather_kind<const D: usize>(
+    tensor: &Tensor<D>,
+    group: &ProcessGroup,
+    dim: usize,
+    sizes: &[usize],
+) -> Result<CollectiveKind> {
     check_dim::<D>(dim)?;
     check_sizes(group, sizes)?;
     check_local(tensor.dims()[dim], sizes, group.rank(), dim)?;
-    let sizes = sizes.to_vec();
-    Ok(run(tensor, group, CollectiveKind::AllGather { dim, sizes }))
+    Ok(CollectiveKind::AllGather {
+        dim,
+        sizes: sizes.to_vec(),
+    })
 }
 
 /// Splits the tensor along `dim` in torch.chunk pieces; rank `r` gets the reduction (sum or
@@ -320,13 +333,7 @@ pub fn all_gather_recomputable<const D: usize>(
     dim: usize,
     sizes: &[usize],
 ) -> Result<Tensor<D>> {
-    check_dim::<D>(dim)?;
-    check_sizes(group, sizes)?;
-    check_local(tensor.dims()[dim], sizes, group.rank(), dim)?;
-    let kind = CollectiveKind::AllGather {
-        dim,
-        sizes: sizes.to_vec(),
-    };
+    let kind = all_gather_kind(&tensor, group, dim, sizes)?;
     Ok(collective(
         tensor,
         CollectiveSpec::new(group, kind).recomputable(),

@@ -216,6 +216,18 @@ fn validate(
                 path: path.clone(),
                 message,
             };
+            // Column- and row-wise layers both hand back local Burn tensors.
+            let local_output = |use_local_output: bool| {
+                if use_local_output {
+                    Ok(())
+                } else {
+                    Err(layout_err(
+                        "use_local_output = false: Bonfire layers return local Burn tensors; \
+                         wrap the output with DTensor::from_local instead"
+                            .into(),
+                    ))
+                }
+            };
             let weight = |dim: usize, what: &str| -> Result<usize, ParallelError> {
                 let name = format!("{path}.weight");
                 let len = survey.params.get(&name).map(|s| s[dim]).unwrap_or(0);
@@ -235,13 +247,7 @@ fn validate(
                     ParallelStyle::Colwise(s),
                     Some(k @ (LayerKind::Linear | LayerKind::Embedding)),
                 ) => {
-                    if !s.use_local_output {
-                        return Err(layout_err(
-                            "use_local_output = false: Bonfire layers return local Burn tensors; \
-                             wrap the output with DTensor::from_local instead"
-                                .into(),
-                        ));
-                    }
+                    local_output(s.use_local_output)?;
                     if k == LayerKind::Linear {
                         weight(0, "out_features")?;
                         if s.input_layout == Layout::Partial
@@ -276,13 +282,7 @@ fn validate(
                     ParallelStyle::Rowwise(s),
                     Some(k @ (LayerKind::Linear | LayerKind::Embedding)),
                 ) => {
-                    if !s.use_local_output {
-                        return Err(layout_err(
-                            "use_local_output = false: Bonfire layers return local Burn tensors; \
-                             wrap the output with DTensor::from_local instead"
-                                .into(),
-                        ));
-                    }
+                    local_output(s.use_local_output)?;
                     if s.output_layout == Layout::Partial || s.output_layout.shard_dim(3) == Some(2)
                     {
                         return Err(layout_err(format!(
