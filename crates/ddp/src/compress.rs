@@ -7,7 +7,7 @@
 //! so the 16-bit sum cannot overflow.
 
 use crate::timing::Stamp;
-use bonfire_comm::{ProcessGroup, ReduceOp, Work, bf16, f16};
+use bonfire_comm::{Element, ProcessGroup, ReduceOp, Work, bf16, f16};
 
 /// How gradients travel in the all-reduce.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -41,28 +41,32 @@ impl Compression {
             }),
             Compression::Bf16 => {
                 let q = quantize(&buf, residual, n, bf16::from_f32, bf16::to_f32);
-                pg.run_async(move |pg| {
-                    stamp.start();
-                    let mut q = q;
-                    pg.all_reduce(&mut q, ReduceOp::Sum)?;
-                    buf.iter_mut().zip(&q).for_each(|(o, v)| *o = v.to_f32());
-                    stamp.end();
-                    Ok(buf)
-                })
+                sum_quantized(pg, buf, q, stamp, bf16::to_f32)
             }
             Compression::Fp16 => {
                 let q = quantize(&buf, residual, n, f16::from_f32, f16::to_f32);
-                pg.run_async(move |pg| {
-                    stamp.start();
-                    let mut q = q;
-                    pg.all_reduce(&mut q, ReduceOp::Sum)?;
-                    buf.iter_mut().zip(&q).for_each(|(o, v)| *o = v.to_f32());
-                    stamp.end();
-                    Ok(buf)
-                })
+                sum_quantized(pg, buf, q, stamp, f16::to_f32)
             }
         }
     }
+}
+
+/// Sums the already-scaled 16-bit `q` over `pg` on its communication thread and widens the
+/// result back into `buf` (the average, since `q` was divided by the world size).
+fn sum_quantized<H: Element>(
+    pg: &ProcessGroup,
+    mut buf: Vec<f32>,
+    mut q: Vec<H>,
+    stamp: Stamp,
+    widen: fn(H) -> f32,
+) -> Work<Vec<f32>> {
+    pg.run_async(move |pg| {
+        stamp.start();
+        pg.all_reduce(&mut q, ReduceOp::Sum)?;
+        buf.iter_mut().zip(&q).for_each(|(o, &v)| *o = widen(v));
+        stamp.end();
+        Ok(buf)
+    })
 }
 
 /// Rounds `g / n + residual` to 16 bits and keeps what was lost in `residual`.
