@@ -1,6 +1,7 @@
 //! [`DTensor`]: a local Burn tensor plus how it is laid out across a [`DeviceMesh`].
 
 use crate::debug::{CommOp, record};
+use crate::mesh::coords_of;
 use crate::redistribute;
 use crate::{DTensorError, DeviceMesh, Placement, Result, chunk_range};
 use bonfire_comm::ReduceOp;
@@ -49,15 +50,6 @@ fn blocks(
         }
     }
     out
-}
-
-fn coords_of(shape: &[usize], mut rank: usize) -> Vec<usize> {
-    let mut coords = vec![0; shape.len()];
-    for i in (0..shape.len()).rev() {
-        coords[i] = rank % shape[i];
-        rank /= shape[i];
-    }
-    coords
 }
 
 /// Checks the placements for a tensor of rank `ndim` on `mesh`.

@@ -46,7 +46,8 @@ fn row_major(shape: &[usize], coords: &[usize]) -> usize {
     coords.iter().zip(shape).fold(0, |acc, (c, s)| acc * s + c)
 }
 
-fn coords_of(shape: &[usize], mut rank: usize) -> Vec<usize> {
+/// The row-major coordinates of `rank` in a grid of `shape`.
+pub(crate) fn coords_of(shape: &[usize], mut rank: usize) -> Vec<usize> {
     let mut coords = vec![0; shape.len()];
     for i in (0..shape.len()).rev() {
         coords[i] = rank % shape[i];
