@@ -110,14 +110,7 @@ pub fn test_step() -> Result<bool> {
     process::run(unit)?;
     for &ranks in CONFORMANCE_RANKS {
         let mut command = cargo_under_mpirun(ranks, "test");
-        command.args([
-            "-p",
-            "bonfire-comm",
-            "--features",
-            "mpi",
-            "--test",
-            "mpi_conformance",
-        ]);
+        command.args(CONFORMANCE_TEST);
         process::run(command)?;
     }
     let binary = conformance_binary()?;
@@ -132,20 +125,22 @@ pub fn test_step() -> Result<bool> {
     Ok(true)
 }
 
+/// Cargo's selection of the MPI conformance test (run under mpirun, and located as a binary).
+const CONFORMANCE_TEST: [&str; 6] = [
+    "-p",
+    "bonfire-comm",
+    "--features",
+    "mpi",
+    "--test",
+    "mpi_conformance",
+];
+
 /// Path of the (already built) conformance test binary, from cargo's JSON messages.
 fn conformance_binary() -> Result<String> {
     let mut command = process::cargo();
-    command.args([
-        "test",
-        "-p",
-        "bonfire-comm",
-        "--features",
-        "mpi",
-        "--test",
-        "mpi_conformance",
-        "--no-run",
-        "--message-format=json",
-    ]);
+    command.arg("test");
+    command.args(CONFORMANCE_TEST);
+    command.args(["--no-run", "--message-format=json"]);
     let output = command.output().map_err(|err| Failure {
         message: format!("could not start cargo: {err}"),
         exit_code: 1,
