@@ -8,7 +8,7 @@ use crate::{DType, ReduceOp};
 use std::fmt;
 
 /// The kind of a communication call.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum OpKind {
     AllReduce,
     Broadcast,

@@ -37,6 +37,9 @@ pub struct DdpConfig {
     pub compression: Compression,
     /// Record per-step timings (forward, backward, each bucket) for traces.
     pub record_timings: bool,
+    /// Say once (on rank 0, at the first forward) when the model shows no layers, so every
+    /// bucket waits for the end of backward. The trainer turns it off: it says so itself.
+    pub report_no_layers: bool,
 }
 
 impl Default for DdpConfig {
@@ -56,6 +59,7 @@ impl DdpConfig {
             sync: SyncMode::EveryStep,
             compression: Compression::None,
             record_timings: false,
+            report_no_layers: true,
         }
     }
     /// Bucket capacity in MiB.
@@ -82,6 +86,10 @@ impl DdpConfig {
     }
     pub fn with_compression(mut self, compression: Compression) -> Self {
         self.compression = compression;
+        self
+    }
+    pub fn with_report_no_layers(mut self, report: bool) -> Self {
+        self.report_no_layers = report;
         self
     }
     pub fn with_record_timings(mut self, record: bool) -> Self {

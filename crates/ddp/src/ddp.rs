@@ -1,27 +1,30 @@
 //! [`DistributedDataParallel`]: a Burn module and optimizer trained data-parallel.
 
-use crate::anchor::activate;
 use crate::bucket::BucketPlan;
-use crate::check::check_same_params;
 use crate::config::{DdpConfig, SyncMode};
 use crate::error::DdpError;
-use crate::params::{self, ParamInfo};
-use crate::reducer::{Reducer, SharedReducer, add_into};
+use crate::params::{self, ParamInfo, ParamValues};
+use crate::reducer::{Reducer, add_into};
 use crate::timing::{self, StepTiming};
 use bonfire_comm::{ProcessGroup, ReduceOp};
+use bonfire_dtensor::graph::{SharedSink, SinkHook};
+use bonfire_dtensor::{DataParallel, DeviceMesh, install_layer_hook};
 use burn::module::{Module, ParamId};
 use burn::optim::{GradientsParams, ModuleOptimizer};
-use burn::tensor::Tensor;
+use burn::tensor::{Gradients, Tensor};
 use std::collections::HashMap;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// One rank's replica of a data-parallel model: the module, its optimizer, and the gradient
 /// machinery that keeps all replicas identical.
 ///
-/// A step is [`forward`](Self::forward) → [`backward`](Self::backward) →
-/// [`step`](Self::step) (or [`train_step`](Self::train_step) for all three). Backward
-/// averages the gradients over the group: buckets of gradients are all-reduced in the
-/// background as soon as backward has produced them (for models that call
+/// It implements [`DataParallel`] (import the trait to call it): a step is
+/// [`forward`](DataParallel::forward) → [`backward`](DataParallel::backward) →
+/// [`step`](DataParallel::step) (or [`train_step`](DataParallel::train_step) for all three).
+/// Backward averages the gradients over the group: buckets of gradients are all-reduced in
+/// the background as soon as backward has produced them (for models that call
 /// [`bonfire_dtensor::layer`]), and `backward` returns once all have arrived.
 pub struct DistributedDataParallel<M: Module> {
     model: Option<M>,
@@ -32,39 +35,42 @@ pub struct DistributedDataParallel<M: Module> {
     index: Arc<HashMap<ParamId, usize>>,
     plan: Arc<BucketPlan>,
     residuals: Vec<Vec<f32>>,
-    /// Gradients summed over `no_sync` backwards, per bucket.
+    /// Gradients summed over `no_sync` backwards and micro-batches, per bucket.
     accumulated: Option<Vec<Vec<f32>>>,
-    pending: Option<SharedReducer>,
+    /// Parameters that got a gradient in the accumulated backwards.
+    seen: Vec<bool>,
+    pending: Option<SharedSink<Reducer>>,
     syncing: bool,
     grads: Option<GradientsParams>,
     /// The gradients of the last backward, per bucket (averaged when synchronized).
     last_buckets: Option<Vec<Vec<f32>>>,
+    /// Layers entered with a float input in the forwards since construction.
+    layers: Arc<AtomicUsize>,
+    told_no_layers: AtomicBool,
     steps: u64,
     timing: StepTiming,
     timings: Vec<StepTiming>,
 }
 
 impl<M: Module> DistributedDataParallel<M> {
-    /// Wraps `model` and `optim` for rank `pg.rank()` of `pg`. Checks that every rank has the
-    /// same parameters (paths and shapes) and copies rank 0's values to every rank. A
-    /// collective: call it on every rank. With ranks as threads, give each rank its own
-    /// parameters (`model.fork(&device)`), never clones sharing autodiff leaves.
+    /// Wraps `model` and Burn's optimizer (`AdamWConfig::new().init()`, or a per-tensor
+    /// optimizer such as `SgdConfig::new().build()`) for rank `pg.rank()` of `pg`. Checks that
+    /// every rank has the same parameters (paths and shapes) and copies rank 0's values to
+    /// every rank. A collective: call it on every rank. With ranks as threads, give each rank
+    /// its own parameters (`model.fork(&device)`), never clones sharing autodiff leaves.
     pub fn new(
         model: M,
-        optim: ModuleOptimizer,
+        optim: impl Into<ModuleOptimizer>,
         pg: ProcessGroup,
         config: DdpConfig,
     ) -> Result<Self, DdpError> {
-        let infos = params::inventory(&model);
-        check_same_params(&pg, &infos)?;
-        let mut flat = params::flatten_values(&model, &infos);
-        pg.broadcast(&mut flat, 0)?;
-        let model = params::assign_values(model, &infos, &flat);
+        let (model, infos) = params::sync_from_root(model, &pg)?;
         let plan = BucketPlan::new(&infos, config.bucket_bytes);
         Ok(Self {
             model: Some(model),
-            optim,
+            optim: optim.into(),
             index: Arc::new(params::index_of(&infos)),
+            seen: vec![false; infos.len()],
             infos: Arc::new(infos),
             residuals: vec![Vec::new(); plan.num_buckets()],
             plan: Arc::new(plan),
@@ -75,10 +81,26 @@ impl<M: Module> DistributedDataParallel<M> {
             syncing: true,
             grads: None,
             last_buckets: None,
+            layers: Arc::new(AtomicUsize::new(0)),
+            told_no_layers: AtomicBool::new(false),
             steps: 0,
             timing: StepTiming::default(),
             timings: Vec::new(),
         })
+    }
+
+    /// [`new`](Self::new) on the group of this rank's slice along the mesh axis `axis` (on a
+    /// `dp × tp` mesh: `"dp"`, with the model already parallelized over `"tp"`). An axis the
+    /// mesh does not have is an error naming the mesh's axes.
+    pub fn on_mesh(
+        model: M,
+        optim: impl Into<ModuleOptimizer>,
+        mesh: &DeviceMesh,
+        axis: &str,
+        config: DdpConfig,
+    ) -> Result<Self, DdpError> {
+        let pg = mesh.group(axis)?.clone();
+        Self::new(model, optim, pg, config)
     }
 
     /// The local replica.
@@ -90,9 +112,6 @@ impl<M: Module> DistributedDataParallel<M> {
     /// Unwraps the replica and its optimizer.
     pub fn into_parts(mut self) -> (M, ModuleOptimizer) {
         (self.model.take().expect("model"), self.optim)
-    }
-    pub fn process_group(&self) -> &ProcessGroup {
-        &self.pg
     }
     pub fn config(&self) -> &DdpConfig {
         &self.config
@@ -109,114 +128,41 @@ impl<M: Module> DistributedDataParallel<M> {
     pub fn steps(&self) -> u64 {
         self.steps
     }
+    /// The recorded step timings (with [`DdpConfig::record_timings`]).
+    pub fn timings(&self) -> &[StepTiming] {
+        &self.timings
+    }
 
     fn reduces_this_step(&self) -> bool {
         self.syncing && self.config.sync == SyncMode::EveryStep
     }
 
-    /// Runs the forward pass `f` on the replica (typically returning the loss). In a
-    /// synchronized step with overlap, the [`bonfire_dtensor::layer`] calls inside `f` attach the
-    /// gradient hooks that start bucket all-reduces during backward.
-    pub fn forward<R>(&mut self, f: impl FnOnce(&M) -> R) -> R {
-        let start = timing::now();
-        self.pending = None;
-        let out = if self.reduces_this_step() {
-            let reducer = Reducer::new(
-                self.pg.clone(),
-                self.plan.clone(),
-                self.infos.clone(),
-                self.index.clone(),
-                self.config.compression,
-                std::mem::take(&mut self.residuals),
-                self.accumulated.take(),
-                self.config.record_timings,
+    fn new_reducer(&mut self, accumulated: Option<Vec<Vec<f32>>>) -> Reducer {
+        Reducer::new(
+            self.pg.clone(),
+            self.plan.clone(),
+            self.infos.clone(),
+            self.config.compression,
+            std::mem::take(&mut self.residuals),
+            accumulated,
+            self.config.record_timings,
+        )
+    }
+
+    /// Says once, after the first overlapped forward, that the model showed no layers, so
+    /// every bucket waits for the end of backward.
+    fn note_layers(&self) {
+        if self.config.report_no_layers
+            && self.pg.rank() == 0
+            && self.layers.load(Ordering::Relaxed) == 0
+            && !self.told_no_layers.swap(true, Ordering::Relaxed)
+        {
+            tracing::info!(
+                "bonfire-ddp: the model entered no layer through `bonfire_dtensor::layer` with a \
+                 float input, so gradients are all-reduced after backward instead of during it \
+                 (see docs/ddp.md, \"Overlap\")"
             );
-            let shared: SharedReducer = Arc::new(Mutex::new(Some(reducer)));
-            self.pending = Some(shared.clone());
-            if self.config.overlap {
-                let _guard = activate(shared);
-                f(self.model())
-            } else {
-                f(self.model())
-            }
-        } else {
-            f(self.model())
-        };
-        self.timing.forward = timing::span_since(start);
-        out
-    }
-
-    /// Backpropagates `loss` (built in [`forward`](Self::forward)) and makes the gradients
-    /// ready for [`step`](Self::step): averaged over the group in a synchronized step, kept
-    /// and summed locally inside [`no_sync`](Self::no_sync).
-    pub fn backward<const D: usize>(&mut self, loss: Tensor<D>) -> Result<(), DdpError> {
-        let start = timing::now();
-        let grads = loss.backward();
-        drop(loss);
-        self.timing.backward = timing::span_since(start);
-        let wait_start = timing::now();
-        let mut gp = GradientsParams::from_grads(grads, self.model());
-        let leftover = params::take_grads(self.model(), &self.infos, &mut gp);
-        let reducer = self
-            .pending
-            .take()
-            .and_then(|shared| shared.lock().unwrap().take());
-        let buckets = match reducer {
-            Some(reducer) => {
-                let finished = reducer.finish(leftover, self.config.unused);
-                // Residuals come back only on success; start fresh otherwise.
-                let finished = match finished {
-                    Ok(f) => f,
-                    Err(e) => {
-                        self.residuals = vec![Vec::new(); self.plan.num_buckets()];
-                        return Err(e);
-                    }
-                };
-                self.residuals = finished.residuals;
-                self.timing.buckets = finished.spans;
-                self.timing.launches = finished.launches;
-                Some(finished.buckets)
-            }
-            None if self.reduces_this_step() => {
-                return Err(DdpError::Usage(
-                    "backward must follow a forward run through DistributedDataParallel::forward"
-                        .into(),
-                ));
-            }
-            None => {
-                let mut local = self
-                    .accumulated
-                    .take()
-                    .unwrap_or_else(|| self.zero_buckets());
-                for (i, g) in leftover.iter().enumerate() {
-                    if let Some(g) = g {
-                        let (b, off) = self.plan.loc[i];
-                        add_into(&mut local[b][off..off + g.len()], g);
-                    }
-                }
-                if self.syncing {
-                    Some(local) // local SGD: step on the local gradient
-                } else {
-                    self.accumulated = Some(local);
-                    None
-                }
-            }
-        };
-        self.timing.wait = timing::span_since(wait_start);
-        if let Some(buckets) = buckets {
-            let plan = &self.plan;
-            let infos = &self.infos;
-            self.grads = Some(params::grads_from_host(self.model(), infos, |i| {
-                let (b, off) = plan.loc[i];
-                &buckets[b][off..off + infos[i].numel()]
-            }));
-            self.last_buckets = Some(buckets);
         }
-        Ok(())
-    }
-
-    fn zero_buckets(&self) -> Vec<Vec<f32>> {
-        self.plan.lens.iter().map(|&n| vec![0.0; n]).collect()
     }
 
     /// Runs `f` with gradient synchronization off: backwards inside accumulate locally and
@@ -229,9 +175,162 @@ impl<M: Module> DistributedDataParallel<M> {
         out
     }
 
+    fn zero_buckets(&self) -> Vec<Vec<f32>> {
+        self.plan.lens.iter().map(|&n| vec![0.0; n]).collect()
+    }
+
+    /// Adds per-parameter host gradients to the accumulated buckets.
+    fn add_accumulated(&mut self, grads: Vec<Option<Vec<f32>>>) {
+        let mut local = self
+            .accumulated
+            .take()
+            .unwrap_or_else(|| self.zero_buckets());
+        for (i, g) in grads.into_iter().enumerate() {
+            if let Some(g) = g {
+                let (b, off) = self.plan.loc[i];
+                add_into(&mut local[b][off..off + g.len()], &g);
+                self.seen[i] = true;
+            }
+        }
+        self.accumulated = Some(local);
+    }
+
+    /// Finishes a reduction: the reducer's averaged buckets become the optimizer's gradients.
+    fn finish(
+        &mut self,
+        reducer: Reducer,
+        leftover: Vec<Option<Vec<f32>>>,
+    ) -> Result<(), DdpError> {
+        let finished = match reducer.finish(leftover, self.config.unused) {
+            Ok(f) => f,
+            Err(e) => {
+                // Residuals come back only on success; start fresh otherwise.
+                self.residuals = vec![Vec::new(); self.plan.num_buckets()];
+                return Err(e);
+            }
+        };
+        self.residuals = finished.residuals;
+        self.timing.buckets = finished.spans;
+        self.timing.launches = finished.launches;
+        self.set_grads(finished.buckets);
+        Ok(())
+    }
+
+    fn set_grads(&mut self, buckets: Vec<Vec<f32>>) {
+        let plan = &self.plan;
+        let infos = &self.infos;
+        self.grads = Some(params::grads_from_host(self.model(), infos, |i| {
+            let (b, off) = plan.loc[i];
+            &buckets[b][off..off + infos[i].numel()]
+        }));
+        self.last_buckets = Some(buckets);
+    }
+}
+
+impl<M: Module> DataParallel<M> for DistributedDataParallel<M> {
+    type Error = DdpError;
+
+    fn process_group(&self) -> &ProcessGroup {
+        &self.pg
+    }
+
+    /// In a synchronized step with overlap, the [`bonfire_dtensor::layer`] calls inside `f`
+    /// attach the gradient hooks that start bucket all-reduces during backward.
+    fn forward<R>(&mut self, f: impl FnOnce(&M) -> R) -> R {
+        let start = timing::now();
+        self.pending = None;
+        let out = if self.reduces_this_step() {
+            let accumulated = self.accumulated.take();
+            self.seen.fill(false);
+            let shared: SharedSink<Reducer> =
+                Arc::new(Mutex::new(Some(self.new_reducer(accumulated))));
+            self.pending = Some(shared.clone());
+            if self.config.overlap {
+                let hook = SinkHook::new(shared, self.index.clone(), self.layers.clone());
+                let _guard = install_layer_hook(Rc::new(hook));
+                let out = f(self.model());
+                self.note_layers();
+                out
+            } else {
+                f(self.model())
+            }
+        } else {
+            f(self.model())
+        };
+        self.timing.forward = timing::span_since(start);
+        out
+    }
+
+    /// Makes the gradients ready for [`step`](DataParallel::step): averaged over the group in
+    /// a synchronized step, kept and summed locally inside [`no_sync`](Self::no_sync).
+    fn backward(&mut self, loss: Tensor<1>) -> Result<(), DdpError> {
+        let start = timing::now();
+        let grads = loss.backward();
+        drop(loss);
+        self.timing.backward = timing::span_since(start);
+        let wait_start = timing::now();
+        let mut gp = GradientsParams::from_grads(grads, self.model());
+        let leftover = params::take_grads(self.model(), &self.infos, &mut gp);
+        let reducer = self
+            .pending
+            .take()
+            .and_then(|shared| shared.lock().unwrap().take());
+        match reducer {
+            Some(reducer) => self.finish(reducer, leftover)?,
+            None if self.reduces_this_step() => {
+                return Err(DdpError::Usage(
+                    "backward must follow a forward run through DistributedDataParallel::forward"
+                        .into(),
+                ));
+            }
+            None => {
+                self.add_accumulated(leftover);
+                if self.syncing {
+                    // Local SGD: step on the local gradient.
+                    let local = self.accumulated.take().expect("just accumulated");
+                    self.seen.fill(false);
+                    self.set_grads(local);
+                }
+            }
+        }
+        self.timing.wait = timing::span_since(wait_start);
+        Ok(())
+    }
+
+    fn forward_micro<R>(&mut self, f: impl FnOnce(&M) -> R) -> R {
+        f(self.model())
+    }
+
+    fn accumulate(&mut self, grads: &mut Gradients) -> Result<(), DdpError> {
+        let mut gp = GradientsParams::from_module(grads, self.model());
+        let host = params::take_grads(self.model(), &self.infos, &mut gp);
+        self.add_accumulated(host);
+        Ok(())
+    }
+
+    /// One bucketed all-reduce of the accumulated gradients (nothing overlaps: the backwards
+    /// are over).
+    fn reduce(&mut self) -> Result<(), DdpError> {
+        let accumulated = self
+            .accumulated
+            .take()
+            .unwrap_or_else(|| self.zero_buckets());
+        let plan = self.plan.clone();
+        let leftover: Vec<Option<Vec<f32>>> = (0..self.infos.len())
+            .map(|i| {
+                let (b, off) = plan.loc[i];
+                self.seen[i].then(|| accumulated[b][off..off + self.infos[i].numel()].to_vec())
+            })
+            .collect();
+        drop(accumulated);
+        self.seen.fill(false);
+        let reducer = self.new_reducer(None);
+        self.finish(reducer, leftover)
+    }
+
     /// Applies the optimizer with the gradients of the last synchronized backward; under
     /// [`SyncMode::Periodic`], averages the parameters over the group every `every` steps.
-    pub fn step(&mut self, lr: f64) -> Result<(), DdpError> {
+    fn step(&mut self, lr: f64) -> Result<(), DdpError> {
         let grads = self.grads.take().ok_or_else(|| {
             DdpError::Usage(
                 "step needs gradients: call backward first (outside no_sync)".to_string(),
@@ -258,38 +357,34 @@ impl<M: Module> DistributedDataParallel<M> {
         Ok(())
     }
 
-    /// One training step: forward `loss_fn`, backward, optimizer step. Returns this rank's
-    /// loss (the mean over its own batch).
-    pub fn train_step(
-        &mut self,
-        lr: f64,
-        loss_fn: impl FnOnce(&M) -> Tensor<1>,
-    ) -> Result<f32, DdpError> {
-        let loss = self.forward(loss_fn);
-        let value = params::to_host(loss.clone().detach())[0];
-        self.backward(loss)?;
-        self.step(lr)?;
-        Ok(value)
-    }
-
     /// The gradient of each parameter from the last backward (averaged over the group when
-    /// synchronized), by path; empty before the first backward.
-    pub fn gradients(&self) -> Vec<(String, Vec<f32>)> {
+    /// synchronized); empty before the first backward. No communication.
+    fn gradients(&self) -> Result<Vec<ParamValues>, DdpError> {
         let Some(buckets) = &self.last_buckets else {
-            return Vec::new();
+            return Ok(Vec::new());
         };
-        self.infos
+        Ok(self
+            .infos
             .iter()
             .enumerate()
             .map(|(i, p)| {
                 let (b, off) = self.plan.loc[i];
-                (p.path.clone(), buckets[b][off..off + p.numel()].to_vec())
+                ParamValues {
+                    path: p.path.clone(),
+                    shape: p.shape.clone(),
+                    values: buckets[b][off..off + p.numel()].to_vec(),
+                }
             })
-            .collect()
+            .collect())
     }
 
-    /// The recorded step timings (with [`DdpConfig::record_timings`]).
-    pub fn timings(&self) -> &[StepTiming] {
-        &self.timings
+    /// The replica's parameters (every rank holds them whole). No communication.
+    fn parameters(&self) -> Result<Vec<ParamValues>, DdpError> {
+        let flat = params::flatten_values(self.model(), &self.infos);
+        Ok(params::named(&self.infos, &flat))
+    }
+
+    fn into_model(self) -> Result<M, DdpError> {
+        Ok(self.into_parts().0)
     }
 }

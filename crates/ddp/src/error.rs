@@ -1,6 +1,7 @@
 //! [`DdpError`].
 
 use bonfire_comm::CommError;
+use bonfire_dtensor::DTensorError;
 
 /// Why a DDP call failed. Every variant is raised on every rank alike (ranks agree before
 /// failing), so no rank is left waiting in a collective.
@@ -28,4 +29,14 @@ pub enum DdpError {
     /// API misuse (no backward before step, ...).
     #[error("bonfire-ddp: {0}")]
     Usage(String),
+}
+
+impl From<DTensorError> for DdpError {
+    fn from(e: DTensorError) -> Self {
+        match e {
+            DTensorError::Comm(e) => DdpError::Comm(e),
+            DTensorError::ParamMismatch(m) => DdpError::ParamMismatch(m),
+            other => DdpError::Usage(other.to_string()),
+        }
+    }
 }

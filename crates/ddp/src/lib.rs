@@ -5,9 +5,11 @@
 //! replicas stay identical — PyTorch's `DistributedDataParallel`, on Bonfire's process groups
 //! (ranks as threads or MPI processes).
 //!
-//! - [`DistributedDataParallel`] wraps any Burn [`Module`](burn::module::Module) and
-//!   [`ModuleOptimizer`](burn::optim::ModuleOptimizer). At construction it checks that all ranks
-//!   hold the same parameters and broadcasts rank 0's values.
+//! - [`DistributedDataParallel`] wraps any Burn [`Module`](burn::module::Module) and Burn
+//!   optimizer (anything that converts into a [`ModuleOptimizer`](burn::optim::ModuleOptimizer):
+//!   `AdamWConfig::new().init()`, `SgdConfig::new().build()`, …). At construction it checks
+//!   that all ranks hold the same parameters and broadcasts rank 0's values. It implements
+//!   [`DataParallel`], the interface it shares with ZeRO (`bonfire-zero`).
 //! - Gradients are grouped in buckets ([`DdpConfig::bucket_bytes`], 25 MiB by default, in
 //!   reverse parameter order). Models that run their layers through [`bonfire_dtensor::layer`] get each bucket's
 //!   all-reduce started during backward, as soon as its gradients are final.
@@ -19,7 +21,7 @@
 //!
 //! ```
 //! use bonfire_comm::ThreadWorld;
-//! use bonfire_ddp::{DdpConfig, DistributedDataParallel};
+//! use bonfire_ddp::{DataParallel, DdpConfig, DistributedDataParallel};
 //! use burn::module::Module;
 //! use burn::nn::{Linear, LinearConfig};
 //! use burn::optim::SgdConfig;
@@ -39,9 +41,7 @@
 //! assert_eq!(weights[0], weights[1]); // replicas stay identical
 //! ```
 
-mod anchor;
 mod bucket;
-mod check;
 mod compress;
 mod config;
 pub mod data_parallel;
@@ -51,6 +51,7 @@ pub use bonfire_dtensor::params;
 mod reducer;
 pub mod timing;
 
+pub use bonfire_dtensor::DataParallel;
 pub use bucket::BucketPlan;
 pub use compress::Compression;
 pub use config::{DdpConfig, SyncMode, UnusedParams};

@@ -1,4 +1,5 @@
-//! One synchronized step's gradient reduction: hooks deposit gradients into bucket buffers;
+//! One synchronized step's gradient reduction: hooks ([`bonfire_dtensor::graph::SinkHook`])
+//! deposit gradients into bucket buffers;
 //! each bucket's all-reduce starts, in bucket order, as soon as it is complete; `finish`
 //! fills in whatever backward did not deliver through hooks and waits for everything.
 
@@ -9,18 +10,13 @@ use crate::error::DdpError;
 use crate::params::ParamInfo;
 use crate::timing::{Span, Stamp};
 use bonfire_comm::{ProcessGroup, ReduceOp, Work};
-use burn::module::ParamId;
-use std::collections::HashMap;
+use bonfire_dtensor::graph::GradSink;
 use std::sync::{Arc, Mutex};
-
-/// The reducer of the step in flight, shared with its hooks; `None` once finished.
-pub(crate) type SharedReducer = Arc<Mutex<Option<Reducer>>>;
 
 pub(crate) struct Reducer {
     pg: ProcessGroup,
     plan: Arc<BucketPlan>,
     infos: Arc<Vec<ParamInfo>>,
-    pub(crate) index: Arc<HashMap<ParamId, usize>>,
     compression: Compression,
     /// Error-feedback residual of each bucket (lent by the DDP wrapper for the step).
     residuals: Vec<Vec<f32>>,
@@ -43,7 +39,6 @@ impl Reducer {
         pg: ProcessGroup,
         plan: Arc<BucketPlan>,
         infos: Arc<Vec<ParamInfo>>,
-        index: Arc<HashMap<ParamId, usize>>,
         compression: Compression,
         residuals: Vec<Vec<f32>>,
         accumulated: Option<Vec<Vec<f32>>>,
@@ -61,7 +56,6 @@ impl Reducer {
             pg,
             plan,
             infos,
-            index,
             compression,
             residuals,
             bufs,
@@ -70,24 +64,6 @@ impl Reducer {
             works: (0..nb).map(|_| None).collect(),
             spans: record.then(|| Arc::new(Mutex::new(vec![Span::default(); nb]))),
             launches: vec![0.0; nb],
-        }
-    }
-
-    /// A hook on parameter `i` was attached in forward.
-    pub(crate) fn expect(&mut self, i: usize) {
-        self.expected[i] += 1;
-    }
-
-    /// Backward delivered (part of) parameter `i`'s gradient through a hook.
-    pub(crate) fn deposit(&mut self, i: usize, grad: &[f32]) {
-        let (b, off) = self.plan.loc[i];
-        if let Some(buf) = self.bufs[b].as_mut() {
-            add_into(&mut buf[off..off + grad.len()], grad);
-        }
-        self.arrived[i] += 1;
-        if self.arrived[i] == self.expected[i] {
-            self.incomplete[b] -= 1;
-            self.launch_ready();
         }
     }
 
@@ -182,6 +158,24 @@ impl Reducer {
             spans,
             launches: self.launches,
         })
+    }
+}
+
+impl GradSink for Reducer {
+    fn expect(&mut self, i: usize) {
+        self.expected[i] += 1;
+    }
+
+    fn deposit(&mut self, i: usize, grad: &[f32]) {
+        let (b, off) = self.plan.loc[i];
+        if let Some(buf) = self.bufs[b].as_mut() {
+            add_into(&mut buf[off..off + grad.len()], grad);
+        }
+        self.arrived[i] += 1;
+        if self.arrived[i] == self.expected[i] {
+            self.incomplete[b] -= 1;
+            self.launch_ready();
+        }
     }
 }
 

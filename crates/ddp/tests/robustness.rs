@@ -2,7 +2,7 @@
 //! error on every rank, never a hang), and usage errors.
 
 use bonfire_comm::ThreadWorld;
-use bonfire_ddp::{DdpConfig, DdpError, DistributedDataParallel, UnusedParams};
+use bonfire_ddp::{DataParallel, DdpConfig, DdpError, DistributedDataParallel, UnusedParams};
 use burn::module::Module;
 use burn::nn::{Linear, LinearConfig};
 use burn::optim::SgdConfig;
@@ -88,8 +88,12 @@ fn unused_parameters_contribute_zero() {
             // `b` is used on rank 0 only; rank 1 contributes zeros.
             let use_b = pg.rank() == 0;
             ddp.train_step(0.1, |m| m.loss(x, use_b)).unwrap();
-            let grads = ddp.gradients();
-            let b_bias = grads.iter().find(|(p, _)| p == "b.bias").unwrap().1.clone();
+            let grads = ddp.gradients().unwrap();
+            let b_bias = grads
+                .into_iter()
+                .find(|p| p.path == "b.bias")
+                .unwrap()
+                .values;
             (ddp.model().b.weight.val().into_data(), b_bias)
         })
         .unwrap();

@@ -7,38 +7,27 @@
 //! live counter on the thread sees each call.
 //!
 //! ```
-//! use bonfire_dtensor::{CommCounter, CommOp};
+//! use bonfire_comm::OpKind;
+//! use bonfire_dtensor::CommCounter;
 //! let counter = CommCounter::start();
 //! // ... run distributed code on this thread ...
-//! assert_eq!(counter.count(CommOp::AllGather), 0);
+//! assert_eq!(counter.count(OpKind::AllGather), 0);
 //! assert_eq!(counter.total(), 0);
 //! ```
 
+use bonfire_comm::OpKind;
 use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::rc::Rc;
 
-/// A kind of communication call, as counted by [`CommCounter`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum CommOp {
-    AllReduce,
-    Broadcast,
-    Reduce,
-    AllGather,
-    ReduceScatter,
-    AllToAll,
-    Send,
-    Recv,
-}
-
-type Counts = Rc<RefCell<BTreeMap<CommOp, usize>>>;
+type Counts = Rc<RefCell<BTreeMap<OpKind, usize>>>;
 
 thread_local! {
     static ACTIVE: RefCell<Vec<Counts>> = const { RefCell::new(Vec::new()) };
 }
 
 /// Records one call on every counter alive on this thread.
-pub(crate) fn record(op: CommOp) {
+pub(crate) fn record(op: OpKind) {
     ACTIVE.with(|active| {
         for counts in active.borrow().iter() {
             *counts.borrow_mut().entry(op).or_insert(0) += 1;
@@ -62,12 +51,12 @@ impl CommCounter {
     }
 
     /// The calls counted so far, by kind (kinds never issued are absent).
-    pub fn counts(&self) -> BTreeMap<CommOp, usize> {
+    pub fn counts(&self) -> BTreeMap<OpKind, usize> {
         self.counts.borrow().clone()
     }
 
     /// How many calls of this kind were counted.
-    pub fn count(&self, op: CommOp) -> usize {
+    pub fn count(&self, op: OpKind) -> usize {
         self.counts.borrow().get(&op).copied().unwrap_or(0)
     }
 

@@ -1,9 +1,10 @@
 //! [`DTensor`]: a local Burn tensor plus how it is laid out across a [`DeviceMesh`].
 
-use crate::debug::{CommOp, record};
+use crate::debug::record;
 use crate::mesh::coords_of;
 use crate::redistribute;
 use crate::{DTensorError, DeviceMesh, Placement, Result, chunk_range};
+use bonfire_comm::OpKind;
 use bonfire_comm::ReduceOp;
 use burn::tensor::Tensor;
 
@@ -136,7 +137,7 @@ impl<const D: usize> DTensor<D> {
         check_placements(placements, D, mesh)?;
         let mine: Vec<i64> = local.dims().iter().map(|&n| n as i64).collect();
         let mut all = vec![0i64; D * mesh.size()];
-        record(CommOp::AllGather);
+        record(OpKind::AllGather);
         mesh.world().all_gather(&mine, &mut all)?;
         let dims_of = |rank: usize| -> Vec<usize> {
             all[rank * D..(rank + 1) * D]

@@ -58,6 +58,10 @@ pub enum DTensorError {
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
 
+    /// Ranks hold different parameter sets or shapes (see [`crate::params::check_same`]).
+    #[error("ranks disagree on the model's parameters: {0}")]
+    ParamMismatch(String),
+
     /// A communication call made outside a Burn operation failed.
     #[error(transparent)]
     Comm(#[from] CommError),

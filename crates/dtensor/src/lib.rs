@@ -26,6 +26,8 @@
 //!   overlapped buckets, ZeRO-3's per-layer gathers) see its layers — see [`scope`].
 //! - [`CommCounter`]: counts the collectives a region issued, backward included, like
 //!   PyTorch's `CommDebugMode`.
+//! - [`DataParallel`]: the one interface of the data-parallel wrappers (DDP, ZeRO 0–3), and
+//!   [`params`]: the parameter inventory they share, with [`params::sync_from_root`].
 //!
 //! Uneven shards follow torch.chunk ([`chunk_sizes`]): ⌈N/k⌉ per rank, the last non-empty
 //! rank the remainder, later ranks empty.
@@ -50,7 +52,8 @@
 //!
 //! ```
 //! use bonfire_comm::launch;
-//! use bonfire_dtensor::{CommCounter, CommOp, DeviceMesh, Placement, distribute_tensor};
+//! use bonfire_comm::OpKind;
+//! use bonfire_dtensor::{CommCounter, DeviceMesh, Placement, distribute_tensor};
 //! use burn::tensor::{Device, Tensor};
 //!
 //! let grads = launch(2, |pg| {
@@ -67,7 +70,7 @@
 //!     // Back to Replicate: exactly one all-gather.
 //!     let counter = CommCounter::start();
 //!     let replicated = sharded.redistribute(&[Placement::Replicate]).unwrap();
-//!     assert_eq!(counter.count(CommOp::AllGather), 1);
+//!     assert_eq!(counter.count(OpKind::AllGather), 1);
 //!     assert_eq!(counter.total(), 1);
 //!
 //!     let loss = (replicated.to_local() * 2.0).sum();
@@ -80,6 +83,7 @@
 //! ```
 
 mod collectives;
+pub mod data_parallel;
 mod debug;
 mod dtensor;
 mod error;
@@ -94,7 +98,8 @@ pub mod scope;
 pub use collectives::{
     BACKWARD_TAG_BIT, CollectiveBackend, CollectiveKind, CollectiveSpec, functional,
 };
-pub use debug::{CommCounter, CommOp};
+pub use data_parallel::DataParallel;
+pub use debug::CommCounter;
 pub use dtensor::{DTensor, DTensorSpec, distribute_tensor};
 pub use error::{DTensorError, Result};
 pub use mesh::DeviceMesh;

@@ -13,8 +13,8 @@
 
 use crate::collectives::functional::collective;
 use crate::collectives::{CollectiveKind, CollectiveSpec};
-use crate::debug::CommOp;
 use crate::{DeviceMesh, Placement, chunk_range, chunk_sizes};
+use bonfire_comm::OpKind;
 use bonfire_comm::ReduceOp;
 use burn::tensor::Tensor;
 
@@ -48,12 +48,12 @@ pub enum Step {
 
 impl Step {
     /// The collective this step issues, if any.
-    pub fn collective(&self) -> Option<CommOp> {
+    pub fn collective(&self) -> Option<OpKind> {
         match self {
-            Step::AllGather { .. } => Some(CommOp::AllGather),
-            Step::AllReduce { .. } => Some(CommOp::AllReduce),
-            Step::ReduceScatter { .. } => Some(CommOp::ReduceScatter),
-            Step::AllToAll { .. } => Some(CommOp::AllToAll),
+            Step::AllGather { .. } => Some(OpKind::AllGather),
+            Step::AllReduce { .. } => Some(OpKind::AllReduce),
+            Step::ReduceScatter { .. } => Some(OpKind::ReduceScatter),
+            Step::AllToAll { .. } => Some(OpKind::AllToAll),
             Step::Slice { .. } | Step::Partition { .. } | Step::Pad { .. } => None,
         }
     }

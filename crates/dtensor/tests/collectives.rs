@@ -2,9 +2,10 @@
 //! one device, for world sizes 1..=8.
 
 mod common;
+use bonfire_comm::OpKind;
 use bonfire_comm::{ProcessGroup, ReduceOp};
 use bonfire_dtensor::functional::*;
-use bonfire_dtensor::{CommCounter, CommOp, chunk_sizes};
+use bonfire_dtensor::{CommCounter, chunk_sizes};
 use burn::tensor::Tensor;
 use common::*;
 
@@ -360,11 +361,11 @@ fn counts_include_backward() {
         let x = leaf(pg.rank(), [2, 3]);
         let y = all_gather(x.clone(), &pg, 0).unwrap();
         let z = all_reduce(y, &pg, ReduceOp::Sum);
-        assert_eq!(counter.count(CommOp::AllGather), 1);
-        assert_eq!(counter.count(CommOp::AllReduce), 1);
+        assert_eq!(counter.count(OpKind::AllGather), 1);
+        assert_eq!(counter.count(OpKind::AllReduce), 1);
         let _ = z.sum().backward();
-        assert_eq!(counter.count(CommOp::AllReduce), 2);
-        assert_eq!(counter.count(CommOp::ReduceScatter), 1);
+        assert_eq!(counter.count(OpKind::AllReduce), 2);
+        assert_eq!(counter.count(OpKind::ReduceScatter), 1);
         assert_eq!(counter.total(), 4);
     });
 }
@@ -389,8 +390,8 @@ fn recomputed_all_gather_is_regathered_in_backward() {
             // exp keeps its input for backward: the gathered tensor.
             let loss = (y.exp() * 0.5).sum();
             let grads = loss.backward();
-            let gathers = counter.count(CommOp::AllGather);
-            let scatters = counter.count(CommOp::ReduceScatter);
+            let gathers = counter.count(OpKind::AllGather);
+            let scatters = counter.count(OpKind::ReduceScatter);
             (vec_of(x.grad(&grads).unwrap()), gathers, scatters)
         })
     };

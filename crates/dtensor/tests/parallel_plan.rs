@@ -1,13 +1,14 @@
 //! Plans: wildcard matching, the errors reported before anything is sharded, and
 //! `loss_parallel` (vocab-parallel cross-entropy) against the gathered cross-entropy.
 
+use bonfire_comm::OpKind;
 use bonfire_comm::{ProcessGroup, ThreadWorld};
 use bonfire_dtensor::parallel::{
     ColwiseParallel, Layout, ParallelError, ParallelLayerNorm, ParallelLinear, ParallelPlan,
     PrepareModuleInput, RowwiseParallel, SequenceParallel, loss_parallel, parallelize_module,
     path_matches,
 };
-use bonfire_dtensor::{CommCounter, CommOp, DeviceMesh};
+use bonfire_dtensor::{CommCounter, DeviceMesh};
 use burn::module::Module;
 use burn::tensor::activation::log_softmax;
 use burn::tensor::{Device, Int, Tensor, TensorData};
@@ -216,7 +217,7 @@ fn loss_parallel_matches_cross_entropy() {
                 .require_grad();
             let counter = CommCounter::start();
             let loss = loss_parallel(local.clone(), targets.clone(), &pg);
-            assert_eq!(counter.count(CommOp::AllReduce), 3);
+            assert_eq!(counter.count(OpKind::AllReduce), 3);
             assert_eq!(counter.total(), 3);
             counter.reset();
             let got = loss.clone().into_scalar::<f32>();

@@ -2,13 +2,14 @@
 //! norms, vocab-parallel embeddings and prepared module inputs equal the unsharded module
 //! (outputs and gradients), with the collectives each layer is expected to issue.
 
+use bonfire_comm::OpKind;
 use bonfire_comm::{ProcessGroup, ThreadWorld};
 use bonfire_dtensor::parallel::{
     ColwiseParallel, Layout, ParallelEmbedding, ParallelIo, ParallelLayerNorm, ParallelLinear,
     ParallelPlan, PrepareModuleInput, RowwiseParallel, SequenceParallel, parallelize_module,
     sequence, sharded_params,
 };
-use bonfire_dtensor::{CommCounter, CommOp, DeviceMesh, chunk_range};
+use bonfire_dtensor::{CommCounter, DeviceMesh, chunk_range};
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::tensor::{Device, Int, Tensor, TensorData, activation::gelu};
 use std::collections::BTreeMap;
@@ -200,7 +201,7 @@ fn mlp_parity_on(tp: usize, sp: bool, device: Device, recompute: bool) {
         counter.reset();
         let grads = loss.backward();
         let mut bwd = counter.counts();
-        let reduces = bwd.remove(&CommOp::AllReduce);
+        let reduces = bwd.remove(&OpKind::AllReduce);
         if sp {
             assert_eq!(reduces, Some(3), "norm weight, norm bias, down.bias");
         } else {
@@ -209,19 +210,19 @@ fn mlp_parity_on(tp: usize, sp: bool, device: Device, recompute: bool) {
         drop(counter);
         if sp {
             // up: one all-gather of the sequence; down: one reduce-scatter; the loss's sum.
-            assert_eq!(fwd.get(&CommOp::AllGather), Some(&1));
-            assert_eq!(fwd.get(&CommOp::ReduceScatter), Some(&1));
-            assert_eq!(fwd.get(&CommOp::AllReduce), None);
+            assert_eq!(fwd.get(&OpKind::AllGather), Some(&1));
+            assert_eq!(fwd.get(&OpKind::ReduceScatter), Some(&1));
+            assert_eq!(fwd.get(&OpKind::AllReduce), None);
             // Backward: the duals (reduce-scatter for the gather, all-gather for the scatter),
             // and under Balanced checkpointing the sequence gather again (recomputed instead
             // of kept).
-            assert_eq!(bwd.get(&CommOp::ReduceScatter), Some(&1));
+            assert_eq!(bwd.get(&OpKind::ReduceScatter), Some(&1));
             let regather = usize::from(recompute);
-            assert_eq!(bwd.get(&CommOp::AllGather), Some(&(1 + regather)));
+            assert_eq!(bwd.get(&OpKind::AllGather), Some(&(1 + regather)));
         } else {
             // One all-reduce for the row-wise output in forward; one for the column-wise
             // input's gradient in backward.
-            assert_eq!(fwd.get(&CommOp::AllReduce), Some(&1));
+            assert_eq!(fwd.get(&OpKind::AllReduce), Some(&1));
             assert_eq!(fwd.len(), 1, "{fwd:?}");
             assert!(bwd.is_empty(), "{bwd:?}");
         }
@@ -297,9 +298,9 @@ fn vocab_parallel_embedding_matches() {
             let counter = CommCounter::start();
             let y = local.tok.forward(ids.clone());
             let expect = if out == Layout::Replicate {
-                CommOp::AllReduce
+                OpKind::AllReduce
             } else {
-                CommOp::ReduceScatter
+                OpKind::ReduceScatter
             };
             assert_eq!(counter.count(expect), 1);
             assert_eq!(counter.total(), 1);
@@ -402,7 +403,7 @@ fn prepare_module_input_and_wildcards() {
         let counter = CommCounter::start();
         let y = blk.forward(xs.clone());
         // io: one gather of the sequence; q and k: one gather of features each.
-        assert_eq!(counter.count(CommOp::AllGather), 3);
+        assert_eq!(counter.count(OpKind::AllGather), 3);
         assert_eq!(counter.total(), 3);
         drop(counter);
         let _ = y;
@@ -474,7 +475,7 @@ fn rms_norm_unsharded_and_sequence_parallel() {
         );
         let counter = CommCounter::start();
         let grads = loss.backward();
-        assert_eq!(counter.count(CommOp::AllReduce), 1);
+        assert_eq!(counter.count(OpKind::AllReduce), 1);
         drop(counter);
         let y = sequence::sequence_gather(y.detach(), &pg, 1);
         assert_close(&vec_of(y), &want_y, "rms output");

@@ -3,9 +3,10 @@
 //! placements (round trip, collectives, gradient).
 
 mod common;
+use bonfire_comm::OpKind;
 use bonfire_comm::ReduceOp;
 use bonfire_dtensor::redistribute::plan;
-use bonfire_dtensor::{CommCounter, CommOp, DeviceMesh, Placement, distribute_tensor};
+use bonfire_dtensor::{CommCounter, DeviceMesh, Placement, distribute_tensor};
 use common::*;
 use proptest::prelude::*;
 use std::collections::BTreeMap;
@@ -18,22 +19,22 @@ const fn s(d: usize) -> Placement {
 }
 
 /// The collective of a one-axis transition, from the table.
-fn one_axis_cost(src: Placement, dst: Placement) -> Option<CommOp> {
+fn one_axis_cost(src: Placement, dst: Placement) -> Option<OpKind> {
     use Placement::*;
     match (src, dst) {
         (a, b) if a == b => None,
-        (Shard(_), Replicate) => Some(CommOp::AllGather),
-        (Partial(_), Replicate) => Some(CommOp::AllReduce),
-        (Partial(_), Shard(_)) => Some(CommOp::ReduceScatter),
+        (Shard(_), Replicate) => Some(OpKind::AllGather),
+        (Partial(_), Replicate) => Some(OpKind::AllReduce),
+        (Partial(_), Shard(_)) => Some(OpKind::ReduceScatter),
         (Replicate, Shard(_)) => None,
-        (Shard(_), Shard(_)) => Some(CommOp::AllToAll),
+        (Shard(_), Shard(_)) => Some(OpKind::AllToAll),
         (Replicate, Partial(_)) | (Shard(_), Partial(_)) => None,
-        (Partial(_), Partial(_)) => Some(CommOp::AllReduce),
+        (Partial(_), Partial(_)) => Some(OpKind::AllReduce),
         (Replicate, Replicate) => None,
     }
 }
 
-fn counts_of(ops: impl IntoIterator<Item = Option<CommOp>>) -> BTreeMap<CommOp, usize> {
+fn counts_of(ops: impl IntoIterator<Item = Option<OpKind>>) -> BTreeMap<OpKind, usize> {
     let mut m = BTreeMap::new();
     for op in ops.into_iter().flatten() {
         *m.entry(op).or_insert(0) += 1;
@@ -137,11 +138,11 @@ fn three_d_every_pair_uneven() {
 fn one_d_table_counts() {
     // The transitions of the documentation table, on 4 ranks.
     let cases = [
-        (s(0), R, Some(CommOp::AllGather)),
-        (PS, R, Some(CommOp::AllReduce)),
-        (PS, s(1), Some(CommOp::ReduceScatter)),
+        (s(0), R, Some(OpKind::AllGather)),
+        (PS, R, Some(OpKind::AllReduce)),
+        (PS, s(1), Some(OpKind::ReduceScatter)),
         (R, s(0), None),
-        (s(0), s(1), Some(CommOp::AllToAll)),
+        (s(0), s(1), Some(OpKind::AllToAll)),
         (R, PS, None),
         (s(1), PS, None),
     ];

@@ -8,9 +8,10 @@
 //! of every step and the bubble fraction of the last one.
 
 use bonfire_comm::launch;
+use bonfire_dtensor::DeviceMesh;
 use bonfire_pipeline::{
-    Block, BurnStage, ScheduleKind, Timeline, chunks_for_rank, microbatch_weights, run_schedule,
-    split_balanced, split_batch,
+    Block, BurnStage, LocalChunks, ScheduleKind, Timeline, chunks_for_rank, microbatch_weights,
+    run_schedule, split_balanced, split_batch,
 };
 use burn::module::Module;
 use burn::nn::{Linear, LinearConfig};
@@ -96,7 +97,7 @@ fn main() {
             let y = x.clone().mul_scalar(0.5);
             let targets = split_batch(y, args.microbatches);
             let mut stage = BurnStage::new(
-                chunks,
+                LocalChunks::new(chunks),
                 &schedule,
                 pg.rank(),
                 device.clone(),
@@ -105,8 +106,10 @@ fn main() {
             .with_inputs(split_batch(x, args.microbatches))
             .with_loss(move |mb, out: Tensor<2>| (out - targets[mb].clone()).powi_scalar(2).mean());
             pg.barrier().unwrap();
-            timeline = Some(run_schedule(&pg, &schedule, &mut stage).unwrap());
-            let (c, grads, loss) = stage.finish();
+            let mesh = DeviceMesh::one_d(&pg, "pp").unwrap();
+            timeline = Some(run_schedule(&mesh, "pp", &schedule, &mut stage).unwrap());
+            let (held, loss) = stage.finish();
+            let (c, grads) = held.into_parts();
             chunks = optim.step(0.05, c, grads);
             losses.push(loss);
         }

@@ -145,7 +145,7 @@ type MsgKey = (bool, usize, usize);
 
 /// The message a send or receive carries, if it is one.
 fn message(schedule: &Schedule, rank: usize, a: &Action) -> Option<(MsgKey, usize, bool)> {
-    let pl = &schedule.placement;
+    let pl = &schedule.stage_map;
     let stage = |c| pl.stage(rank, c);
     // (key, peer, is_send)
     match *a {
@@ -164,7 +164,7 @@ fn message(schedule: &Schedule, rank: usize, a: &Action) -> Option<(MsgKey, usiz
 /// Checks `schedule`; `Ok(())` if it is complete, consistent and deadlock-free.
 pub fn check(schedule: &Schedule) -> Result<(), CheckError> {
     let mut problems = Vec::new();
-    let pl = schedule.placement;
+    let pl = schedule.stage_map;
     let (p, v, stages, m) = (pl.ranks(), pl.chunks(), pl.stages(), schedule.microbatches);
     let fail = |problems: Vec<Problem>| {
         Err(CheckError {

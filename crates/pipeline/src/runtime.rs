@@ -12,6 +12,7 @@ use crate::check::{CheckError, check};
 use crate::schedule::{Action, Schedule};
 use crate::timeline::RankTimeline;
 use bonfire_comm::{CommError, ProcessGroup};
+use bonfire_dtensor::{DTensorError, DeviceMesh};
 use std::collections::HashMap;
 use std::time::Instant;
 
@@ -44,6 +45,9 @@ pub enum PipelineError {
     /// A send or receive failed (timeout, peer failure, mismatch).
     #[error("communication failed: {0}")]
     Comm(#[from] CommError),
+    /// The mesh has no such axis, or the axis does not match the schedule.
+    #[error(transparent)]
+    Mesh(#[from] DTensorError),
     /// The process group and the schedule disagree, or the stage misbehaved.
     #[error("{0}")]
     Invalid(String),
@@ -122,19 +126,23 @@ fn recv(pg: &ProcessGroup, from: usize, base: u64) -> Result<Activation, Pipelin
     Ok(Activation { shape, data })
 }
 
-/// Checks `schedule`, then runs this rank's part of it on `pg` (whose rank and size must match
-/// the schedule's ranks), returning the rank's timeline. The checker's verdict is the
-/// guarantee that the run cannot deadlock.
+/// Checks `schedule`, then runs this rank's part of it along the mesh axis `axis` (whose size
+/// must be the schedule's rank count; this rank's coordinate on it is its pipeline rank),
+/// returning the rank's timeline. The checker's verdict is the guarantee that the run cannot
+/// deadlock. A plain pipeline over a whole group: `DeviceMesh::one_d(&pg, "pp")`.
 pub fn run_schedule<C: StageCompute + ?Sized>(
-    pg: &ProcessGroup,
+    mesh: &DeviceMesh,
+    axis: &str,
     schedule: &Schedule,
     compute: &mut C,
 ) -> Result<RankTimeline, PipelineError> {
+    let pg = mesh.group(axis)?;
     check(schedule)?;
     run_unchecked(pg, schedule, compute)
 }
 
-/// [`run_schedule`] without the static check (for a schedule already checked).
+/// [`run_schedule`] on the group `pg` (its ranks are the pipeline ranks), without the static
+/// check (for a schedule already checked).
 pub fn run_unchecked<C: StageCompute + ?Sized>(
     pg: &ProcessGroup,
     schedule: &Schedule,
@@ -149,7 +157,7 @@ pub fn run_unchecked<C: StageCompute + ?Sized>(
         )));
     }
     let rank = pg.rank();
-    let pl = schedule.placement;
+    let pl = schedule.stage_map;
     let stages = pl.stages();
     let mut timeline = RankTimeline::start(rank);
     let mut inputs: HashMap<(usize, usize), Activation> = HashMap::new();

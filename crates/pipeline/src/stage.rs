@@ -21,7 +21,7 @@ use crate::runtime::{Activation, PipelineError, StageCompute};
 use crate::schedule::Schedule;
 use burn::module::Module;
 use burn::optim::{GradientsAccumulator, GradientsParams};
-use burn::tensor::{Device, Tensor, TensorData};
+use burn::tensor::{Device, Gradients, Tensor, TensorData};
 use std::collections::HashMap;
 
 /// A block of a pipelined model: maps an activation to an activation of the same rank `D`.
@@ -114,7 +114,7 @@ pub fn split_balanced<M: Module>(
     split_at(blocks, &points)
 }
 
-/// The chunks `rank` holds under `schedule`'s placement, in local chunk order, taken from
+/// The chunks `rank` holds under `schedule`'s stage map, in local chunk order, taken from
 /// all the stages (`stages.len()` must be the schedule's stage count).
 pub fn chunks_for_rank<M: Clone>(
     stages: &[Vec<M>],
@@ -129,8 +129,8 @@ pub fn chunks_for_rank<M: Clone>(
             schedule.stages()
         )));
     }
-    Ok((0..schedule.placement.chunks())
-        .map(|c| stages[schedule.placement.stage(rank, c)].clone())
+    Ok((0..schedule.stage_map.chunks())
+        .map(|c| stages[schedule.stage_map.stage(rank, c)].clone())
         .collect())
 }
 
@@ -167,14 +167,57 @@ pub fn microbatch_weights(rows: usize, m: usize) -> Vec<f32> {
 /// one-element tensor.
 pub type LossFn<'a, const D: usize> = Box<dyn FnMut(usize, Tensor<D>) -> Tensor<1> + 'a>;
 
+/// Who holds a rank's chunks for computation: the chunks themselves ([`LocalChunks`]), or a
+/// data-parallel wrapper of them (DDP, ZeRO: `bonfire-train` adapts any
+/// `bonfire_dtensor::DataParallel`). The stage runs each micro-batch's forward through it and
+/// hands it each backward's gradients; nothing is reduced here.
+pub trait StageParams<M> {
+    /// Runs one micro-batch's forward on the held module (ZeRO-3 gathers parameters here).
+    fn forward<R>(&mut self, f: impl FnOnce(&M) -> R) -> R;
+    /// Keeps the module's gradients out of one micro-batch's backward (summed).
+    fn accumulate(&mut self, grads: &mut Gradients) -> Result<(), PipelineError>;
+}
+
+/// Chunks held by the stage itself, with their gradients summed over micro-batches.
+pub struct LocalChunks<M: Module> {
+    chunks: M,
+    grads: GradientsAccumulator<M>,
+}
+
+impl<M: Module> LocalChunks<M> {
+    pub fn new(chunks: M) -> Self {
+        Self {
+            chunks,
+            grads: GradientsAccumulator::new(),
+        }
+    }
+    /// The chunks and the gradients accumulated over the micro-batches.
+    pub fn into_parts(mut self) -> (M, GradientsParams) {
+        let grads = self.grads.grads();
+        (self.chunks, grads)
+    }
+}
+
+impl<M: Module> StageParams<M> for LocalChunks<M> {
+    fn forward<R>(&mut self, f: impl FnOnce(&M) -> R) -> R {
+        f(&self.chunks)
+    }
+    fn accumulate(&mut self, grads: &mut Gradients) -> Result<(), PipelineError> {
+        let params = GradientsParams::from_module(grads, &self.chunks);
+        self.grads.accumulate(&self.chunks, params);
+        Ok(())
+    }
+}
+
 enum Saved<const D: usize> {
     Output(Tensor<D>),
     Loss(Tensor<1>),
 }
 
-/// Runs a rank's chunks of Burn blocks under the pipeline runtime, for one batch.
-pub struct BurnStage<'a, M: Block<D>, const D: usize> {
-    chunks: Vec<Vec<M>>,
+/// Runs a rank's chunks of Burn blocks under the pipeline runtime, for one batch. `H` holds
+/// the chunks (`Vec<Vec<M>>`, chunk `c` being the rank's `c`-th local stage).
+pub struct BurnStage<'a, M: Block<D>, H: StageParams<Vec<Vec<M>>>, const D: usize> {
+    params: H,
     first: Vec<bool>,
     last: Vec<bool>,
     device: Device,
@@ -182,35 +225,36 @@ pub struct BurnStage<'a, M: Block<D>, const D: usize> {
     loss: Option<LossFn<'a, D>>,
     weights: Vec<f32>,
     saved: HashMap<(usize, usize), (Option<Tensor<D>>, Saved<D>)>,
-    pending: HashMap<(usize, usize), GradientsParams>,
-    grads: GradientsAccumulator<Vec<M>>,
+    /// Zero-bubble: the gradients of a "B" waiting for their "W".
+    pending: HashMap<(usize, usize), Gradients>,
     loss_total: f64,
+    _blocks: std::marker::PhantomData<fn() -> M>,
 }
 
-impl<'a, M: Block<D>, const D: usize> BurnStage<'a, M, D> {
-    /// `chunks`: this rank's chunks (see [`chunks_for_rank`]) on `device` (autodiff);
+impl<'a, M: Block<D>, H: StageParams<Vec<Vec<M>>>, const D: usize> BurnStage<'a, M, H, D> {
+    /// `params`: this rank's chunks (see [`chunks_for_rank`]), held on `device` (autodiff);
     /// `rank`: this rank in the pipeline group; `weights[mb]`: the loss weight of each
     /// micro-batch (see [`microbatch_weights`]).
     pub fn new(
-        chunks: Vec<Vec<M>>,
+        params: H,
         schedule: &Schedule,
         rank: usize,
         device: Device,
         weights: Vec<f32>,
     ) -> Self {
-        let v = chunks.len();
+        let v = schedule.stage_map.chunks();
         Self {
             first: (0..v).map(|c| schedule.is_first(rank, c)).collect(),
             last: (0..v).map(|c| schedule.is_last(rank, c)).collect(),
-            chunks,
+            params,
             device,
             inputs: Vec::new(),
             loss: None,
             weights,
             saved: HashMap::new(),
             pending: HashMap::new(),
-            grads: GradientsAccumulator::new(),
             loss_total: 0.0,
+            _blocks: std::marker::PhantomData,
         }
     }
 
@@ -226,11 +270,12 @@ impl<'a, M: Block<D>, const D: usize> BurnStage<'a, M, D> {
         self
     }
 
-    /// The chunks, the accumulated gradients (sum over micro-batches of the gradients of
-    /// `weight[mb] · loss[mb]`) and, on the last stage, the batch loss `Σ weight[mb]·loss[mb]`.
-    pub fn finish(mut self) -> (Vec<Vec<M>>, GradientsParams, Option<f64>) {
+    /// The holder (with the gradients of every micro-batch: the sum over micro-batches of the
+    /// gradients of `weight[mb] · loss[mb]`) and, on the last stage, the batch loss
+    /// `Σ weight[mb]·loss[mb]`.
+    pub fn finish(self) -> (H, Option<f64>) {
         let loss = self.last.iter().any(|&l| l).then_some(self.loss_total);
-        (self.chunks, self.grads.grads(), loss)
+        (self.params, loss)
     }
 
     fn to_tensor(&self, a: Activation) -> Tensor<D> {
@@ -246,12 +291,13 @@ impl<'a, M: Block<D>, const D: usize> BurnStage<'a, M, D> {
         Ok(Activation { shape, data })
     }
 
+    /// The backward of (`mb`, `chunk`): the input's gradient, and the rest of the gradients.
     fn run_backward(
         &mut self,
         mb: usize,
         chunk: usize,
         grad_output: Option<Activation>,
-    ) -> Result<(Option<Activation>, GradientsParams), PipelineError> {
+    ) -> Result<(Option<Activation>, Gradients), PipelineError> {
         let (input, saved) = self.saved.remove(&(mb, chunk)).ok_or_else(|| {
             PipelineError::Invalid(format!(
                 "backward of (mb={mb}, chunk={chunk}) before its forward"
@@ -277,12 +323,13 @@ impl<'a, M: Block<D>, const D: usize> BurnStage<'a, M, D> {
             }
             None => None,
         };
-        let params = GradientsParams::from_grads(grads, &self.chunks[chunk]);
-        Ok((grad_input, params))
+        Ok((grad_input, grads))
     }
 }
 
-impl<M: Block<D>, const D: usize> StageCompute for BurnStage<'_, M, D> {
+impl<M: Block<D>, H: StageParams<Vec<Vec<M>>>, const D: usize> StageCompute
+    for BurnStage<'_, M, H, D>
+{
     fn forward(
         &mut self,
         mb: usize,
@@ -296,7 +343,9 @@ impl<M: Block<D>, const D: usize> StageCompute for BurnStage<'_, M, D> {
             Some(a) => self.to_tensor(a).require_grad(),
         };
         let leaf = (!self.first[chunk]).then(|| x.clone());
-        let out = forward_chunk(&self.chunks[chunk], x);
+        let out = self
+            .params
+            .forward(|chunks| forward_chunk(&chunks[chunk], x));
         if self.last[chunk] {
             let weight = *self.weights.get(mb).ok_or_else(|| {
                 PipelineError::Invalid(format!("no loss weight for micro-batch {mb}"))
@@ -322,8 +371,8 @@ impl<M: Block<D>, const D: usize> StageCompute for BurnStage<'_, M, D> {
         chunk: usize,
         grad_output: Option<Activation>,
     ) -> Result<Option<Activation>, PipelineError> {
-        let (grad_input, params) = self.run_backward(mb, chunk, grad_output)?;
-        self.grads.accumulate(&self.chunks[chunk], params);
+        let (grad_input, mut grads) = self.run_backward(mb, chunk, grad_output)?;
+        self.params.accumulate(&mut grads)?;
         Ok(grad_input)
     }
 
@@ -333,19 +382,18 @@ impl<M: Block<D>, const D: usize> StageCompute for BurnStage<'_, M, D> {
         chunk: usize,
         grad_output: Option<Activation>,
     ) -> Result<Option<Activation>, PipelineError> {
-        let (grad_input, params) = self.run_backward(mb, chunk, grad_output)?;
-        self.pending.insert((mb, chunk), params);
+        let (grad_input, grads) = self.run_backward(mb, chunk, grad_output)?;
+        self.pending.insert((mb, chunk), grads);
         Ok(grad_input)
     }
 
     fn backward_weight(&mut self, mb: usize, chunk: usize) -> Result<(), PipelineError> {
-        let params = self.pending.remove(&(mb, chunk)).ok_or_else(|| {
+        let mut grads = self.pending.remove(&(mb, chunk)).ok_or_else(|| {
             PipelineError::Invalid(format!(
                 "BackwardWeight(mb={mb}, chunk={chunk}) before its BackwardInput"
             ))
         })?;
-        self.grads.accumulate(&self.chunks[chunk], params);
-        Ok(())
+        self.params.accumulate(&mut grads)
     }
 }
 

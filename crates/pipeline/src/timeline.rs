@@ -100,7 +100,7 @@ impl Timeline {
         let mut spans: Vec<Vec<Span>> = vec![Vec::new(); p];
         // Message arrival times keyed by (is gradient, mb, destination stage).
         let mut posted: HashMap<(bool, usize, usize), f64> = HashMap::new();
-        let pl = schedule.placement;
+        let pl = schedule.stage_map;
         loop {
             let mut progress = false;
             for r in 0..p {

@@ -3,7 +3,7 @@
 
 use bonfire_comm::ThreadWorld;
 use bonfire_pipeline::{
-    Action, Activation, PipelineError, Placement, Problem, Schedule, ScheduleKind, StageCompute,
+    Action, Activation, PipelineError, Problem, Schedule, ScheduleKind, StageCompute, StageMap,
     check, run_schedule,
 };
 use std::time::Duration;
@@ -13,7 +13,7 @@ use Action::*;
 fn two_ranks(name: &str, r0: Vec<Action>, r1: Vec<Action>, m: usize) -> Schedule {
     Schedule {
         name: name.into(),
-        placement: Placement::Looped {
+        stage_map: StageMap::Looped {
             ranks: 2,
             chunks: 1,
         },
@@ -325,20 +325,26 @@ fn runtime_refuses_a_bad_schedule_without_hanging() {
     };
     let out = ThreadWorld::new(2)
         .timeout(Duration::from_secs(10))
-        .launch(|pg| match run_schedule(&pg, &bad, &mut Nothing) {
-            Err(PipelineError::Schedule(e)) => e.problems.len(),
-            other => panic!("expected a schedule error, got {other:?}"),
-        })
+        .launch(
+            |pg| match run_schedule(&pp_mesh(&pg), "pp", &bad, &mut Nothing) {
+                Err(PipelineError::Schedule(e)) => e.problems.len(),
+                other => panic!("expected a schedule error, got {other:?}"),
+            },
+        )
         .unwrap();
     assert!(out.iter().all(|&n| n >= 2));
     // And the good one runs.
     ThreadWorld::new(2)
         .timeout(Duration::from_secs(10))
         .launch(|pg| {
-            run_schedule(&pg, &good(), &mut Nothing)
+            run_schedule(&pp_mesh(&pg), "pp", &good(), &mut Nothing)
                 .unwrap()
                 .spans
                 .len()
         })
         .unwrap();
+}
+
+fn pp_mesh(pg: &bonfire_comm::ProcessGroup) -> bonfire_dtensor::DeviceMesh {
+    bonfire_dtensor::DeviceMesh::one_d(pg, "pp").unwrap()
 }

@@ -18,7 +18,7 @@
 use bonfire_comm::ThreadWorld;
 use bonfire_ddp::{DdpConfig, DistributedDataParallel};
 use bonfire_examples::{Gpt, GptConfig};
-use bonfire_zero::{MemoryReport, Stage, Zero, ZeroConfig, formula_bytes};
+use bonfire_zero::{DataParallel, MemoryReport, Stage, Zero, ZeroConfig, formula_bytes};
 use burn::module::Module;
 use burn::optim::AdamConfig;
 use burn::tensor::{Device, Int, Tensor, TensorData};

@@ -14,7 +14,6 @@ use crate::error::{Result, ZeroError};
 use crate::optim::FlatState;
 use crate::zero::Zero;
 use burn::module::Module;
-use burn::optim::Optimizer;
 use burn_pack::Scalar;
 use safetensors::tensor::{Dtype, TensorView};
 use serde::{Deserialize, Serialize};
@@ -271,7 +270,7 @@ impl Pieces {
     }
 }
 
-impl<M: Module, O: Optimizer> Zero<M, O> {
+impl<M: Module> Zero<M> {
     /// Writes every parameter in full to `path` (safetensors, module paths), from rank 0.
     /// A collective (parameters are gathered at stage 3).
     pub fn save_consolidated(&self, path: impl AsRef<Path>) -> Result<()> {
@@ -393,9 +392,7 @@ impl<M: Module, O: Optimizer> Zero<M, O> {
             .iter()
             .map(|piece| store.state(&info(piece.param).path, piece.within.clone()))
             .collect::<Result<Vec<_>>>()?;
-        for (k, s) in states.into_iter().enumerate() {
-            self.optim.import(k, s);
-        }
+        self.optim.import(states)?;
         self.pg.barrier()?;
         Ok(())
     }

@@ -36,6 +36,15 @@ pub struct ZeroConfig {
     pub prefetch: bool,
     /// Keep the optimizer state in a host store between steps (ZeRO-Offload).
     pub offload: bool,
+    /// Stage 3: backward re-gathers each layer's parameters instead of keeping them from
+    /// forward (the wrapper computes on its device with Burn's Balanced gradient
+    /// checkpointing; FSDP's `reshard_after_forward`). On by default; off keeps the gathered
+    /// parameters alive until their gradients are computed, on the model's own device.
+    pub recompute: bool,
+    /// Say once (on rank 0, at the first forward) when the model shows no layers (stage 2
+    /// then reduces after backward, stage 3 gathers for the whole forward). The trainer turns
+    /// it off: it says so itself.
+    pub report_no_layers: bool,
 }
 
 impl ZeroConfig {
@@ -45,7 +54,17 @@ impl ZeroConfig {
             bucket_bytes: 4 << 20,
             prefetch: true,
             offload: false,
+            recompute: true,
+            report_no_layers: true,
         }
+    }
+    pub fn with_report_no_layers(mut self, report: bool) -> Self {
+        self.report_no_layers = report;
+        self
+    }
+    pub fn with_recompute(mut self, recompute: bool) -> Self {
+        self.recompute = recompute;
+        self
     }
     pub fn with_offload(mut self, offload: bool) -> Self {
         self.offload = offload;

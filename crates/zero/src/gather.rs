@@ -291,7 +291,7 @@ pub(crate) struct ZeroLayerHook {
 
 impl ZeroLayerHook {
     pub(crate) fn new(plan: Arc<GatherPlan>) -> Self {
-        let index = param_index(&plan.infos);
+        let index = crate::params::index_of(&plan.infos);
         Self { plan, index }
     }
 }
@@ -308,11 +308,6 @@ impl LayerHook for ZeroLayerHook {
     fn supply(&self, id: ParamId) -> Option<Tensor<1>> {
         self.plan.take_entering(*self.index.get(&id)?)
     }
-}
-
-/// Each parameter's index in `infos`, by id.
-pub(crate) fn param_index(infos: &[ParamInfo]) -> HashMap<ParamId, usize> {
-    infos.iter().enumerate().map(|(i, p)| (p.id, i)).collect()
 }
 
 /// `skeleton` (a hollow module) with every parameter gathered lazily through `plan`.
@@ -341,6 +336,6 @@ pub(crate) fn lazy_module<M: Module>(skeleton: M, plan: Arc<GatherPlan>) -> M {
             )
         }
     }
-    let index = param_index(&plan.infos);
+    let index = crate::params::index_of(&plan.infos);
     skeleton.map(&mut Lazy { plan, index })
 }

@@ -4,10 +4,12 @@
 //! no rank holds every optimizer state (stage 1), gradient (stage 2) or parameter (stage 3),
 //! with the optimizer state optionally kept in a host store between steps (ZeRO-Offload).
 //!
-//! - [`Zero`] wraps any Burn [`Module`](burn::module::Module) and any per-tensor Burn
-//!   [`Optimizer`](burn::optim::Optimizer) (`SgdConfig::new().build()`,
-//!   `AdamConfig::new().build()`, `AdamWConfig::new().build()`), on a data-parallel
-//!   [`ProcessGroup`](bonfire_comm::ProcessGroup) (a mesh axis's group for 2-d layouts).
+//! - [`Zero`] wraps any Burn [`Module`](burn::module::Module) and any Burn optimizer —
+//!   anything that converts into a [`ModuleOptimizer`](burn::optim::ModuleOptimizer):
+//!   `AdamWConfig::new().init()`, `SgdConfig::new().build()`, … — on a data-parallel
+//!   [`ProcessGroup`](bonfire_comm::ProcessGroup) (a mesh axis's group for 2-d layouts). The
+//!   optimizer steps this rank's range of the flat parameter vector as one tensor, so its
+//!   state is sharded. It implements [`DataParallel`], the interface it shares with DDP.
 //! - [`Partition`]: parameters flattened in module order into one logical vector, cut into
 //!   contiguous byte-balanced ranges; a parameter may straddle ranks.
 //! - Models show their layers with [`bonfire_dtensor::layer`]: stage 3 then gathers each
@@ -21,7 +23,7 @@
 //! ```
 //! use bonfire_comm::ThreadWorld;
 //! use bonfire_dtensor::layer;
-//! use bonfire_zero::{Stage, Zero, ZeroConfig, held_param_bytes};
+//! use bonfire_zero::{DataParallel, Stage, Zero, ZeroConfig, held_param_bytes};
 //! use burn::module::Module;
 //! use burn::nn::{Linear, LinearConfig};
 //! use burn::optim::SgdConfig;
@@ -42,8 +44,9 @@
 //!     }
 //! }
 //!
-//! // Balanced checkpointing: backward re-gathers parameters instead of keeping them.
-//! let device = Device::flex().autodiff().gradient_checkpointing();
+//! // Built anywhere: stage 3 puts its parameters on `zero.device()` (Balanced gradient
+//! // checkpointing, so backward re-gathers parameters instead of keeping them).
+//! let device = Device::flex().autodiff();
 //! let model = Mlp {
 //!     up: LinearConfig::new(8, 32).init(&device),
 //!     down: LinearConfig::new(32, 1).init(&device),
@@ -54,10 +57,12 @@
 //!         pg.clone(), config).unwrap();
 //!     // Between steps a rank holds its shard only: no full parameter.
 //!     assert_eq!(held_param_bytes(zero.model()), 0);
-//!     let x = Tensor::<2>::ones([4, 8], &device) * (pg.rank() as f32 + 1.0);
+//!     let x = Tensor::<2>::ones([4, 8], zero.device()) * (pg.rank() as f32 + 1.0);
 //!     let losses: Vec<f32> = (0..3)
 //!         .map(|_| zero.train_step(1e-3, |m: &Mlp| m.loss(x.clone())).unwrap())
 //!         .collect();
+//!     let params = zero.parameters().unwrap(); // whole, gathered from the shards
+//!     assert_eq!(params[0].path, "up.weight");
 //!     (losses, zero.full_values().unwrap())
 //! }).unwrap();
 //! // Every rank ends with the same parameters, and the ranks' mean loss went down.
@@ -72,15 +77,19 @@ pub mod checkpoint;
 mod config;
 mod error;
 mod gather;
+mod memory;
 pub mod optim;
 pub use bonfire_dtensor::params;
 pub mod partition;
 mod reduce;
+mod train;
 mod zero;
 
+pub use bonfire_dtensor::DataParallel;
 pub use config::{Stage, ZeroConfig};
 pub use error::{Result, ZeroError};
 pub use gather::GatherSummary;
+pub use memory::{MemoryReport, formula_bytes, held_param_bytes};
 pub use optim::{FlatState, HostStore, ShardOptimizer};
 pub use partition::{Partition, Piece};
-pub use zero::{MemoryReport, Zero, formula_bytes, held_param_bytes};
+pub use zero::Zero;

@@ -1,19 +1,27 @@
-//! The optimizer on a rank's own range: one Burn per-tensor [`Optimizer`] step per *piece*
-//! (a rank's slice of a parameter), its state kept per piece — on the device, or, with offload,
-//! flattened into a separate host store between steps.
+//! The optimizer on a rank's own range: Burn's own [`ModuleOptimizer`] (SGD, Adam, AdamW,
+//! whatever the user built) stepping one 1-d parameter that holds the rank's whole range of the
+//! flat parameter vector. Its state is therefore exactly this rank's shard of the optimizer
+//! state, kept by Burn; with offload it is moved to a host store between steps.
 //!
-//! Burn's optimizers (SGD, Adam, AdamW, ...) are element-wise, so stepping a slice of a
-//! parameter with the same slice of its gradient and of its state gives exactly the values the
-//! whole-tensor step gives for those elements.
+//! Burn's optimizers are element-wise, so stepping a slice of the flat vector with the same
+//! slice of the gradient gives exactly the values the whole-tensor step gives for those
+//! elements. What is not element-wise is refused at construction: gradient clipping inside the
+//! optimizer would clip each rank's shard by its own norm.
+//!
+//! The state of a piece (a rank's slice of one parameter) is read and written through Burn's
+//! own record format ([`ModuleOptimizer::into_bytes`], burnpack): [`ShardOptimizer::export`]
+//! slices the shard's state, [`ShardOptimizer::import`] assembles it, for resharding
+//! checkpoints.
 
+use crate::error::{Result, ZeroError};
 use crate::partition::Piece;
-use burn::optim::{Optimizer, RecordState, StateSink, StateSource};
+use burn::module::{Module, Param, ParamId};
+use burn::optim::{GradientsParams, ModuleOptimizer};
 use burn::tensor::{Device, Tensor, TensorData};
 use burn_pack::Scalar;
-use std::collections::BTreeMap;
 
-/// One piece's optimizer state, flattened to host memory: named element vectors (all of the
-/// piece's length for element-wise optimizers) and scalars (step counters).
+/// One piece's (or one range's) optimizer state on the host: named element vectors (all of
+/// the range's length for element-wise optimizers) and scalars (step counters).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct FlatState {
     pub tensors: Vec<(String, Vec<usize>, Vec<f32>)>,
@@ -25,56 +33,35 @@ impl FlatState {
     pub fn bytes(&self) -> usize {
         self.tensors.iter().map(|(_, _, v)| v.len() * 4).sum()
     }
-}
 
-const PREFIX: &str = "s";
+    fn is_empty(&self) -> bool {
+        self.tensors.is_empty() && self.scalars.is_empty()
+    }
 
-fn flatten<S: RecordState>(state: &S) -> FlatState {
-    let mut sink = StateSink::default();
-    state.state_flatten(PREFIX, &mut sink);
-    FlatState {
-        tensors: sink
-            .tensors
-            .into_iter()
-            .map(|(name, data)| {
-                let shape = data.shape().to_vec();
-                let v = data
-                    .convert::<f32>()
-                    .try_into_vec::<f32>()
-                    .expect("f32 optimizer state");
-                (leaf(&name), shape, v)
-            })
-            .collect(),
-        scalars: sink
-            .scalars
-            .into_iter()
-            .map(|(name, s)| (leaf(&name), s))
-            .collect(),
+    /// Elements `r` of every tensor (the state of a sub-range).
+    fn slice(&self, r: std::ops::Range<usize>) -> FlatState {
+        FlatState {
+            tensors: self
+                .tensors
+                .iter()
+                .map(|(n, _, v)| (n.clone(), vec![r.len()], v[r.clone()].to_vec()))
+                .collect(),
+            scalars: self.scalars.clone(),
+        }
     }
 }
 
-fn leaf(name: &str) -> String {
-    name.strip_prefix("s.").unwrap_or(name).to_string()
-}
-
-fn unflatten<S: RecordState>(flat: FlatState, device: &Device) -> Option<S> {
-    let scalars: BTreeMap<String, Scalar> = flat
-        .scalars
-        .into_iter()
-        .map(|(n, s)| (format!("{PREFIX}.{n}"), s))
-        .collect();
-    let mut src = StateSource::new(scalars);
-    for (n, shape, v) in flat.tensors {
-        src.insert_tensor(format!("{PREFIX}.{n}"), TensorData::new(v, shape));
-    }
-    S::state_unflatten(PREFIX, &mut src, device)
+/// The one parameter the optimizer steps: a rank's range of the flat vector.
+#[derive(Module, Debug)]
+struct Range1d {
+    values: Param<Tensor<1>>,
 }
 
 /// The host store of offloaded optimizer state (ZeRO-Offload): state lives here between steps
 /// and is moved to the device for the step only.
 #[derive(Debug, Default)]
 pub struct HostStore {
-    states: Vec<Option<FlatState>>,
+    state: Option<FlatState>,
     /// Bytes moved host → device and device → host so far.
     pub bytes_in: u64,
     pub bytes_out: u64,
@@ -82,114 +69,195 @@ pub struct HostStore {
 
 impl HostStore {
     pub fn bytes(&self) -> usize {
-        self.states.iter().flatten().map(FlatState::bytes).sum()
+        self.state.as_ref().map_or(0, FlatState::bytes)
     }
 }
 
-/// A Burn optimizer over the pieces of one rank.
-pub struct ShardOptimizer<O: Optimizer> {
-    optim: O,
+/// Burn's optimizer over one rank's range.
+pub struct ShardOptimizer {
+    optim: ModuleOptimizer,
+    /// A stateless copy, to start from when state is loaded from bytes.
+    blank: ModuleOptimizer,
+    id: ParamId,
     pub(crate) pieces: Vec<Piece>,
     /// Start of the rank's range in the flat vector.
     pub(crate) own_start: usize,
+    own_len: usize,
     device: Device,
-    states: Vec<Option<O::State<1>>>,
     host: Option<HostStore>,
 }
 
-impl<O: Optimizer> ShardOptimizer<O> {
+impl ShardOptimizer {
+    /// `optim` over the range made of `pieces` (starting at `own_start` in the flat vector),
+    /// stepped on `device`. Fails for an optimizer that clips gradients (not element-wise).
     pub fn new(
-        optim: O,
+        optim: ModuleOptimizer,
         pieces: Vec<Piece>,
         own_start: usize,
         device: Device,
         offload: bool,
-    ) -> Self {
-        let n = pieces.len();
-        Self {
+    ) -> Result<Self> {
+        if optim.has_gradient_clipping() {
+            return Err(ZeroError::Usage(
+                "the optimizer clips gradients, which ZeRO cannot do per shard (each rank would \
+                 clip its own slice by its own norm); clip before the step instead"
+                    .into(),
+            ));
+        }
+        let own_len = pieces.iter().map(Piece::len).sum();
+        Ok(Self {
+            blank: optim.clone(),
             optim,
+            id: ParamId::new(),
             pieces,
             own_start,
+            own_len,
             device,
-            states: (0..n).map(|_| None).collect(),
-            host: offload.then(|| HostStore {
-                states: vec![None; n],
-                ..HostStore::default()
-            }),
-        }
+            host: offload.then(HostStore::default),
+        })
     }
 
-    /// Steps every piece: `values` and `grads` are the rank's own range of the flat vector.
+    /// Steps the range: `values` and `grads` are the rank's own range of the flat vector.
     pub fn step(&mut self, lr: f64, values: &mut [f32], grads: &[f32]) {
-        for k in 0..self.pieces.len() {
-            let r = self.pieces[k].flat.start - self.own_start
-                ..self.pieces[k].flat.end - self.own_start;
-            let n = r.len();
-            let t = Tensor::<1>::from_data(
-                TensorData::new(values[r.clone()].to_vec(), [n]),
-                &self.device,
-            );
-            let g = Tensor::<1>::from_data(
-                TensorData::new(grads[r.clone()].to_vec(), [n]),
-                &self.device,
-            );
-            let state = self.take_state(k);
-            let (t, state) = self.optim.step(lr, t, g, state);
-            let v = t
-                .into_data()
-                .convert::<f32>()
-                .try_into_vec::<f32>()
-                .expect("f32 parameter");
-            values[r].copy_from_slice(&v);
-            self.put_state(k, state);
+        if self.own_len == 0 {
+            return;
+        }
+        let n = values.len();
+        let tensor = Tensor::<1>::from_data(TensorData::new(values.to_vec(), [n]), &self.device);
+        let grad = Tensor::<1>::from_data(TensorData::new(grads.to_vec(), [n]), &self.device);
+        let mut gp = GradientsParams::new();
+        gp.register::<1>(self.id, grad);
+        if let Some(state) = self.host.as_mut().and_then(|h| {
+            let s = h.state.take()?;
+            h.bytes_in += s.bytes() as u64;
+            Some(s)
+        }) {
+            self.optim = self.load(state);
+        }
+        let module = Range1d {
+            values: Param::initialized(self.id, tensor),
+        };
+        let module = self.optim.step(lr, module, gp);
+        let out = module.values.val().into_data().convert::<f32>();
+        values.copy_from_slice(&out.try_into_vec::<f32>().expect("f32 parameters"));
+        if let Some(state) = self.host.is_some().then(|| self.read()).flatten() {
+            let host = self.host.as_mut().expect("offloading");
+            host.bytes_out += state.bytes() as u64;
+            host.state = Some(state);
+            self.optim = self.blank.clone();
         }
     }
 
-    fn take_state(&mut self, k: usize) -> Option<O::State<1>> {
-        match &mut self.host {
-            None => self.states[k].take(),
-            Some(host) => {
-                let flat = host.states[k].take()?;
-                host.bytes_in += flat.bytes() as u64;
-                unflatten(flat, &self.device)
-            }
+    /// The range's state as Burn records it (`None` before the first step).
+    fn read(&self) -> Option<FlatState> {
+        let bytes = self.optim.into_bytes().expect("optimizer state to bytes");
+        let reader = burn_pack::Reader::from_bytes(bytes).expect("Burn's own record");
+        let prefix = format!("{}.", self.id.val());
+        let scalars: Vec<(String, Scalar)> = reader
+            .scalars()
+            .iter()
+            .filter_map(|(k, v)| Some((k.strip_prefix(&prefix)?.to_string(), *v)))
+            .collect();
+        let mut tensors = Vec::new();
+        for t in reader.into_tensors().expect("record tensors") {
+            let (name, dtype, shape, _, bytes) = t.into_parts().expect("record tensor");
+            let Some(leaf) = name.strip_prefix(&prefix) else {
+                continue;
+            };
+            let data = TensorData::from_bytes(bytes, shape.clone(), dtype).convert::<f32>();
+            let values = data.try_into_vec::<f32>().expect("f32 state");
+            tensors.push((leaf.to_string(), shape.to_vec(), values));
         }
+        let state = FlatState { tensors, scalars };
+        (!state.is_empty()).then_some(state)
     }
 
-    fn put_state(&mut self, k: usize, state: Option<O::State<1>>) {
-        match &mut self.host {
-            None => self.states[k] = state,
-            Some(host) => {
-                let flat = state.as_ref().map(flatten);
-                host.bytes_out += flat.as_ref().map_or(0, FlatState::bytes) as u64;
-                host.states[k] = flat;
-            }
+    /// A stateless optimizer holding `state` for the range.
+    fn load(&self, state: FlatState) -> ModuleOptimizer {
+        let id = self.id.val();
+        let tensors = state
+            .tensors
+            .into_iter()
+            .map(|(leaf, shape, values)| {
+                let (bytes, shape, dtype) = TensorData::new(values, shape).into_parts();
+                burn_pack::Tensor::new(format!("{id}.{leaf}"), dtype, shape, Some(id), bytes)
+            })
+            .collect();
+        let mut writer = burn_pack::Writer::new(tensors);
+        for (leaf, v) in &state.scalars {
+            writer = writer.with_scalar(&format!("{id}.{leaf}"), *v);
         }
+        let bytes = writer.into_bytes().expect("optimizer state record");
+        self.blank
+            .clone()
+            .from_bytes(bytes)
+            .expect("Burn reads its own record")
     }
 
-    /// Piece `k`'s state, flattened (a copy; for checkpoints and accounting).
-    pub fn export(&self, k: usize) -> Option<FlatState> {
+    fn state(&self) -> Option<FlatState> {
         match &self.host {
-            None => self.states[k].as_ref().map(flatten),
-            Some(host) => host.states[k].clone(),
+            Some(host) => host.state.clone(),
+            None => self.read(),
         }
     }
 
-    /// Replaces piece `k`'s state.
-    pub fn import(&mut self, k: usize, flat: Option<FlatState>) {
-        match &mut self.host {
-            None => self.states[k] = flat.and_then(|f| unflatten(f, &self.device)),
-            Some(host) => host.states[k] = flat,
+    /// Piece `k`'s state (a copy; for checkpoints).
+    pub fn export(&self, k: usize) -> Option<FlatState> {
+        let p = &self.pieces[k];
+        let at = p.flat.start - self.own_start;
+        Some(self.state()?.slice(at..at + p.len()))
+    }
+
+    /// Replaces the state of the whole range with the pieces' states (`None`: the optimizer
+    /// starts fresh, as before its first step). Either every piece has a state or none.
+    pub fn import(&mut self, pieces: Vec<Option<FlatState>>) -> Result<()> {
+        let state = match pieces.iter().flatten().next() {
+            None => None,
+            Some(first) => {
+                let mut whole = FlatState {
+                    tensors: first
+                        .tensors
+                        .iter()
+                        .map(|(n, _, _)| (n.clone(), vec![self.own_len], vec![0.0; self.own_len]))
+                        .collect(),
+                    scalars: first.scalars.clone(),
+                };
+                for (p, s) in self.pieces.iter().zip(&pieces) {
+                    let s = s.as_ref().ok_or_else(|| {
+                        ZeroError::Checkpoint(
+                            "some pieces of a range have optimizer state and some do not".into(),
+                        )
+                    })?;
+                    let at = p.flat.start - self.own_start;
+                    for ((name, _, dst), (leaf, _, src)) in whole.tensors.iter_mut().zip(&s.tensors)
+                    {
+                        if name != leaf || src.len() != p.len() {
+                            return Err(ZeroError::Checkpoint(format!(
+                                "optimizer state `{leaf}` does not fit its piece ({} values for {} elements)",
+                                src.len(),
+                                p.len()
+                            )));
+                        }
+                        dst[at..at + p.len()].copy_from_slice(src);
+                    }
+                }
+                Some(whole)
+            }
+        };
+        match (&mut self.host, state) {
+            (Some(host), state) => host.state = state,
+            (None, Some(state)) => self.optim = self.load(state),
+            (None, None) => self.optim = self.blank.clone(),
         }
+        Ok(())
     }
 
     /// Bytes of optimizer state resident on the device (zero at rest with offload).
     pub fn device_bytes(&self) -> usize {
-        self.states
-            .iter()
-            .flatten()
-            .map(|s| flatten(s).bytes())
-            .sum()
+        match &self.host {
+            Some(_) => 0,
+            None => self.read().map_or(0, |s| s.bytes()),
+        }
     }
     /// Bytes of optimizer state in the host store.
     pub fn host_bytes(&self) -> usize {

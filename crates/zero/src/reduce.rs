@@ -8,8 +8,8 @@
 //! Gradients arrive two ways:
 //! - during backward, for the layers a model runs through [`bonfire_dtensor::layer`]: each
 //!   parameter of the layer's copy carries a gradient hook anchored at the layer's input
-//!   ([`bonfire_dtensor::graph::hooked`]), which fires right after the layer's backward
-//!   ([`BucketHook`]);
+//!   ([`bonfire_dtensor::graph::SinkHook`]), which fires right after the layer's backward
+//!   and deposits it here ([`GradBuckets`] is its [`GradSink`]);
 //! - after backward, from Burn's `Gradients`, for everything else ([`GradBuckets::finish`]).
 //!
 //! Buckets are launched strictly in order on every rank, so the reduce-scatters line up
@@ -19,16 +19,9 @@ use crate::error::{Result, ZeroError};
 use crate::params::ParamInfo;
 use crate::partition::Partition;
 use bonfire_comm::{ProcessGroup, ReduceOp};
-use bonfire_dtensor::LayerHook;
-use bonfire_dtensor::graph::{GradHook, hooked_dispatch};
-use burn::module::ParamId;
-use burn::tensor::DispatchTensor;
-use std::collections::HashMap;
+use bonfire_dtensor::graph::GradSink;
 use std::ops::Range;
-use std::sync::{Arc, Mutex};
-
-/// One backward's buckets (shared with the hooks of its forward; `None` once finished).
-pub(crate) type SharedBuckets = Arc<Mutex<Option<GradBuckets>>>;
+use std::sync::Arc;
 
 pub(crate) struct GradBuckets {
     pg: ProcessGroup,
@@ -98,11 +91,6 @@ impl GradBuckets {
         }
     }
 
-    /// A hook on parameter `p` was attached in forward.
-    fn expect(&mut self, p: usize) {
-        self.expected[p] += 1;
-    }
-
     /// Adds parameter `p`'s gradient (or a part of it, from one use) into its buckets.
     fn add(&mut self, p: usize, grad: &[f32]) -> Result<()> {
         let a = self.part.offsets[p];
@@ -124,24 +112,6 @@ impl GradBuckets {
                 .for_each(|(acc, g)| *acc += g);
         }
         Ok(())
-    }
-
-    /// A hook delivered parameter `p`'s gradient during backward.
-    fn deposit(&mut self, p: usize, grad: &[f32]) {
-        if self.error.is_some() {
-            return;
-        }
-        if let Err(e) = self.add(p, grad) {
-            self.error = Some(e);
-            return;
-        }
-        self.arrived[p] += 1;
-        if self.arrived[p] == self.expected[p] {
-            self.complete(p);
-            if let Err(e) = self.launch_ready() {
-                self.error = Some(e);
-            }
-        }
     }
 
     fn complete(&mut self, p: usize) {
@@ -194,38 +164,25 @@ impl GradBuckets {
     }
 }
 
-/// The [`LayerHook`] of a stage-2 forward: each parameter of a layer entered with a float
-/// input gets a gradient hook that deposits its gradient into its buckets.
-pub(crate) struct BucketHook {
-    pub(crate) buckets: SharedBuckets,
-    pub(crate) index: HashMap<ParamId, usize>,
-}
-
-impl LayerHook for BucketHook {
-    fn wraps(&self, id: ParamId) -> bool {
-        self.index.contains_key(&id)
+impl GradSink for GradBuckets {
+    fn expect(&mut self, p: usize) {
+        self.expected[p] += 1;
     }
 
-    fn wrap(
-        &self,
-        id: ParamId,
-        value: DispatchTensor,
-        input: Option<&DispatchTensor>,
-    ) -> DispatchTensor {
-        let (Some(anchor), Some(&p)) = (input, self.index.get(&id)) else {
-            return value;
-        };
-        match self.buckets.lock().unwrap().as_mut() {
-            Some(b) => b.expect(p),
-            None => return value,
+    fn deposit(&mut self, p: usize, grad: &[f32]) {
+        if self.error.is_some() {
+            return;
         }
-        let buckets = self.buckets.clone();
-        let hook = GradHook::f32(move |grad| {
-            // A hook firing after its step finished (a stale graph) has nowhere to go.
-            if let Some(b) = buckets.lock().unwrap().as_mut() {
-                b.deposit(p, &grad);
+        if let Err(e) = self.add(p, grad) {
+            self.error = Some(e);
+            return;
+        }
+        self.arrived[p] += 1;
+        if self.arrived[p] == self.expected[p] {
+            self.complete(p);
+            if let Err(e) = self.launch_ready() {
+                self.error = Some(e);
             }
-        });
-        hooked_dispatch(value, anchor.clone(), hook)
+        }
     }
 }

@@ -4,7 +4,7 @@
 
 mod common;
 use bonfire_comm::ThreadWorld;
-use bonfire_zero::{Stage, Zero, ZeroConfig};
+use bonfire_zero::{DataParallel, Stage, Zero, ZeroConfig};
 use burn::optim::AdamConfig;
 use burn_store::{ModuleSnapshot, SafetensorsStore};
 use common::*;

@@ -9,9 +9,9 @@ use bonfire_comm::ThreadWorld;
 use bonfire_ddp::{DdpConfig, DistributedDataParallel, params};
 use bonfire_examples::data::Batches;
 use bonfire_examples::{Gpt, GptConfig};
-use bonfire_zero::{Stage, Zero, ZeroConfig};
+use bonfire_zero::{DataParallel, Stage, Zero, ZeroConfig};
 use burn::module::Module;
-use burn::optim::{AdamConfig, AdamWConfig, GradientsParams, Optimizer, SgdConfig};
+use burn::optim::{AdamConfig, AdamWConfig, GradientsParams, SgdConfig};
 use burn::tensor::Device;
 use common::{Opt, STEPS, assert_trained, device};
 use std::time::Duration;
@@ -68,7 +68,7 @@ fn ddp(model: &Gpt, data: &Batches, opt: Opt, n: usize) -> Vec<f32> {
         .remove(0)
 }
 
-fn run<O: Optimizer>(mut z: Zero<Gpt, O>, data: &Batches, lr: f64, n: usize) -> Vec<f32> {
+fn run(mut z: Zero<Gpt>, data: &Batches, lr: f64, n: usize) -> Vec<f32> {
     let device = device();
     let rows = B / n;
     let rank = z.process_group().rank();

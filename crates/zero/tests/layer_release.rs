@@ -10,7 +10,7 @@
 use bonfire_comm::ThreadWorld;
 use bonfire_comm::testing::memory::CountingAllocator;
 use bonfire_dtensor::layer;
-use bonfire_zero::{Stage, Zero, ZeroConfig};
+use bonfire_zero::{DataParallel, Stage, Zero, ZeroConfig};
 use burn::module::Module;
 use burn::nn::{Linear, LinearConfig};
 use burn::optim::SgdConfig;

@@ -3,9 +3,10 @@
 //! prefetched, and between steps a rank holds only its shard.
 
 mod common;
+use bonfire_comm::OpKind;
 use bonfire_comm::ThreadWorld;
-use bonfire_dtensor::{CommCounter, CommOp};
-use bonfire_zero::{Stage, Zero, ZeroConfig, held_param_bytes};
+use bonfire_dtensor::CommCounter;
+use bonfire_zero::{DataParallel, Stage, Zero, ZeroConfig, held_param_bytes};
 use burn::optim::SgdConfig;
 use common::*;
 use std::time::Duration;
@@ -23,12 +24,12 @@ fn counts(model: &Net, prefetch: bool) -> Vec<(usize, usize, usize, usize, Vec<f
             let (x, y) = batch(0, pg.rank() * 4..(pg.rank() + 1) * 4, &device);
             let fwd = CommCounter::start();
             let loss = z.forward(|m: &Net| m.loss(x, y));
-            let forward_gathers = fwd.count(CommOp::AllGather);
+            let forward_gathers = fwd.count(OpKind::AllGather);
             drop(fwd);
             let bwd = CommCounter::start();
             z.backward(loss).unwrap();
-            let backward_gathers = bwd.count(CommOp::AllGather);
-            let scatters = bwd.count(CommOp::ReduceScatter);
+            let backward_gathers = bwd.count(OpKind::AllGather);
+            let scatters = bwd.count(OpKind::ReduceScatter);
             drop(bwd);
             let mem = z.memory();
             assert_eq!(mem.grads, z.own_range().len() * 4);

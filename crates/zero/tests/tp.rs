@@ -9,7 +9,7 @@ use bonfire_dtensor::DeviceMesh;
 use bonfire_dtensor::parallel::{
     ColwiseParallel, ParallelLinear, ParallelPlan, RowwiseParallel, parallelize_module,
 };
-use bonfire_zero::{Stage, Zero, ZeroConfig};
+use bonfire_zero::{DataParallel, Stage, Zero, ZeroConfig};
 use burn::module::Module;
 use burn::optim::{AdamConfig, GradientsParams};
 use burn::tensor::activation::gelu;

@@ -7,7 +7,8 @@
 //! (non-trivial leading dims) pack or unpack the pieces in rank order with one extra copy.
 
 use super::{CollectiveKind, CollectiveSpec};
-use crate::debug::{CommOp, record};
+use crate::debug::record;
+use bonfire_comm::OpKind;
 use bonfire_comm::{CommError, Element as CommElement, ProcessGroup, bf16, f16};
 use burn::tensor::{DType, Element as BurnElement, TensorData};
 use std::borrow::Cow;
@@ -93,17 +94,17 @@ where
     let zero = T::from_f64(0.0);
     match &spec.kind {
         CollectiveKind::AllReduce { op } | CollectiveKind::ReduceFromGroup { op } => {
-            record(CommOp::AllReduce);
+            record(OpKind::AllReduce);
             check(pg.all_reduce(slice_mut::<T>(&mut data), *op), "all_reduce");
             data
         }
         CollectiveKind::Broadcast { root } => {
-            record(CommOp::Broadcast);
+            record(OpKind::Broadcast);
             check(pg.broadcast(slice_mut::<T>(&mut data), *root), "broadcast");
             data
         }
         CollectiveKind::Reduce { op, root } => {
-            record(CommOp::Reduce);
+            record(OpKind::Reduce);
             let buf = slice_mut::<T>(&mut data);
             check(pg.reduce(buf, *op, *root), "reduce");
             if me != *root {
@@ -112,7 +113,7 @@ where
             data
         }
         CollectiveKind::AllGather { dim, sizes } | CollectiveKind::Gather { dim, sizes } => {
-            record(CommOp::AllGather);
+            record(OpKind::AllGather);
             let (pre, post) = outer_inner(&shape, *dim);
             let send = slice::<T>(&data);
             let mut recv = vec![zero; pre * post * sizes.iter().sum::<usize>()];
@@ -125,7 +126,7 @@ where
             TensorData::new(unpack(recv, pre, sizes, post, zero), out_shape)
         }
         CollectiveKind::ReduceScatter { dim, sizes, op } => {
-            record(CommOp::ReduceScatter);
+            record(OpKind::ReduceScatter);
             let (pre, post) = outer_inner(&shape, *dim);
             let send = pack(slice::<T>(&data), pre, sizes, post);
             let mut recv = vec![zero; pre * sizes[me] * post];
@@ -146,7 +147,7 @@ where
             cat_dim,
             cat_sizes,
         } => {
-            record(CommOp::AllToAll);
+            record(OpKind::AllToAll);
             let (pre_s, post_s) = outer_inner(&shape, *split_dim);
             let send = pack(slice::<T>(&data), pre_s, split_sizes, post_s);
             let send_counts: Vec<usize> = split_sizes.iter().map(|s| pre_s * s * post_s).collect();
@@ -167,12 +168,12 @@ where
             TensorData::new(unpack(recv, pre_c, cat_sizes, post_c, zero), out_shape)
         }
         CollectiveKind::Send { dst, tag } => {
-            record(CommOp::Send);
+            record(OpKind::Send);
             check(pg.send(slice::<T>(&data), *dst, *tag), "send");
             TensorData::new(vec![zero], out_shape)
         }
         CollectiveKind::Recv { src, tag } => {
-            record(CommOp::Recv);
+            record(OpKind::Recv);
             check(pg.recv(slice_mut::<T>(&mut data), *src, *tag), "recv");
             data
         }

@@ -8,11 +8,15 @@
 //!
 //! - [`anchored`]: the gradient passes through (ZeRO-3 anchors the input of a parameter's
 //!   all-gather, so that the gather's reduce-scatter runs right after the layer).
-//! - [`hooked`]: the gradient is handed to a closure instead of being stored (DDP's bucket
-//!   hooks, ZeRO-2's gradient reduce-scatter during backward).
+//! - [`hooked`]: the gradient is handed to a closure instead of being stored.
+//!
+//! [`SinkHook`] puts `hooked` on every parameter of the layers a wrapper sees and feeds a
+//! [`GradSink`]: DDP's all-reduce buckets and ZeRO-2's reduce-scatter buckets.
 
 mod anchor;
 mod hook;
+mod sink;
 
 pub use anchor::{AnchorBackend, anchored};
 pub use hook::{GradHook, GradHookBackend, hooked, hooked_dispatch};
+pub use sink::{GradSink, SharedSink, SinkHook};

@@ -1,7 +1,7 @@
 //! GPipe: every forward, then every backward (activation memory grows with `m`).
 
 use super::greedy::{megatron_backward, megatron_forward};
-use super::{BackwardKind, Costs, Placement, Policy, Schedule, list_schedule};
+use super::{BackwardKind, Costs, Policy, Schedule, StageMap, list_schedule};
 
 /// GPipe on `ranks` ranks (one chunk each) with `microbatches` micro-batches: rank `r` runs
 /// `F0 … F(m−1)` then `B0 … B(m−1)`. Bubble `(p−1)/(m+p−1)`.
@@ -16,7 +16,7 @@ pub fn gpipe(ranks: usize, microbatches: usize) -> Schedule {
     };
     list_schedule(
         "gpipe",
-        Placement::Looped { ranks, chunks: 1 },
+        StageMap::Looped { ranks, chunks: 1 },
         microbatches,
         &policy,
         Costs::default(),

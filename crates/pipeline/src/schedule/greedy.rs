@@ -9,7 +9,7 @@
 //! 1F1B (backward first, at most `p − r` forwards in flight on rank `r`), Megatron's
 //! interleaved order, and zero-bubble (weight gradients fill the idle slots).
 
-use super::{Action, BackwardKind, Placement, Schedule};
+use super::{Action, BackwardKind, Schedule, StageMap};
 use std::collections::HashMap;
 
 /// Simulated costs in abstract time units. A full backward costs `backward_input +
@@ -87,14 +87,14 @@ enum Kind {
 /// Runs the list scheduler and returns the schedule (communication inserted).
 pub fn list_schedule(
     name: &str,
-    placement: Placement,
+    stage_map: StageMap,
     microbatches: usize,
     policy: &Policy,
     costs: Costs,
 ) -> Schedule {
-    let p = placement.ranks();
-    let v = placement.chunks();
-    let stages = placement.stages();
+    let p = stage_map.ranks();
+    let v = stage_map.chunks();
+    let stages = stage_map.stages();
     let m = microbatches;
     let split = policy.backward == BackwardKind::Split;
     // Finish time of (kind, mb, stage).
@@ -132,7 +132,7 @@ pub fn list_schedule(
                 continue;
             }
             let ready = |&(k, mb, c): &(Kind, usize, usize)| {
-                let s = placement.stage(r, c);
+                let s = stage_map.stage(r, c);
                 match k {
                     Kind::F => s == 0 || finished(&done, Kind::F, mb, s - 1, t),
                     Kind::B => {
@@ -169,7 +169,7 @@ pub fn list_schedule(
             };
             let Some(i) = pick else { continue };
             let (k, mb, c) = remaining[r].remove(i);
-            let s = placement.stage(r, c);
+            let s = stage_map.stage(r, c);
             let cost = match (k, split) {
                 (Kind::F, _) => costs.forward,
                 (Kind::B, true) => costs.backward_input,
@@ -206,5 +206,5 @@ pub fn list_schedule(
             None => {}
         }
     }
-    Schedule::from_compute_order(name, placement, microbatches, order)
+    Schedule::from_compute_order(name, stage_map, microbatches, order)
 }

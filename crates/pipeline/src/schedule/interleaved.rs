@@ -2,7 +2,7 @@
 //! stage `s` is chunk `s / p` of rank `s % p`; the bubble shrinks by `v`.
 
 use super::greedy::{megatron_backward, megatron_forward};
-use super::{Action, BackwardKind, Costs, Placement, Policy, Schedule, list_schedule};
+use super::{Action, BackwardKind, Costs, Policy, Schedule, StageMap, list_schedule};
 use crate::check::check;
 
 /// Interleaved 1F1B with `chunks` (`v`) chunks per rank, Megatron's order: forwards go
@@ -27,7 +27,7 @@ pub fn interleaved(ranks: usize, chunks: usize, microbatches: usize) -> Schedule
     };
     list_schedule(
         "interleaved",
-        Placement::Looped { ranks, chunks },
+        StageMap::Looped { ranks, chunks },
         m,
         &policy,
         Costs::default(),
@@ -36,7 +36,7 @@ pub fn interleaved(ranks: usize, chunks: usize, microbatches: usize) -> Schedule
 
 /// Megatron's interleaved order, unchecked.
 pub(crate) fn megatron_order(ranks: usize, chunks: usize, microbatches: usize) -> Schedule {
-    let placement = Placement::Looped { ranks, chunks };
+    let stage_map = StageMap::Looped { ranks, chunks };
     let (p, v, m) = (ranks, chunks, microbatches);
     let mut forwards = Vec::with_capacity(m * v);
     let mut backwards = Vec::with_capacity(m * v);
@@ -64,7 +64,7 @@ pub(crate) fn megatron_order(ranks: usize, chunks: usize, microbatches: usize) -
             list
         })
         .collect();
-    Schedule::from_compute_order("interleaved", placement, m, order)
+    Schedule::from_compute_order("interleaved", stage_map, m, order)
 }
 
 #[cfg(test)]

@@ -1,7 +1,7 @@
 //! Schedules as data: a per-rank list of [`Action`]s.
 //!
 //! A pipeline of `S = p·v` *stages* is spread over `p` ranks, `v` *chunks* (virtual stages)
-//! per rank, by a [`Placement`]. A [`Schedule`] says, for every rank, in which order it runs
+//! per rank, by a [`StageMap`]. A [`Schedule`] says, for every rank, in which order it runs
 //! the forward and backward of each (micro-batch, chunk) and when it sends or receives
 //! activations and gradients. The generators ([`gpipe`], [`one_f_one_b`], [`interleaved`],
 //! [`zero_bubble`]) build schedules; [`crate::check`] verifies any schedule (generated or
@@ -136,7 +136,7 @@ impl fmt::Display for Action {
 
 /// Where the `p·v` stages live: which rank and local chunk runs global stage `s`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Placement {
+pub enum StageMap {
     /// Round robin (Megatron interleaving): stage `s` is chunk `s / p` of rank `s % p`.
     /// With `v = 1` this is the plain pipeline, stage `s` on rank `s`.
     Looped { ranks: usize, chunks: usize },
@@ -145,18 +145,18 @@ pub enum Placement {
     VShape { ranks: usize },
 }
 
-impl Placement {
+impl StageMap {
     /// Number of ranks `p`.
     pub fn ranks(&self) -> usize {
         match *self {
-            Placement::Looped { ranks, .. } | Placement::VShape { ranks } => ranks,
+            StageMap::Looped { ranks, .. } | StageMap::VShape { ranks } => ranks,
         }
     }
     /// Chunks per rank `v`.
     pub fn chunks(&self) -> usize {
         match *self {
-            Placement::Looped { chunks, .. } => chunks,
-            Placement::VShape { .. } => 2,
+            StageMap::Looped { chunks, .. } => chunks,
+            StageMap::VShape { .. } => 2,
         }
     }
     /// Number of stages `p·v`.
@@ -166,8 +166,8 @@ impl Placement {
     /// The global stage run by `rank`'s local `chunk`.
     pub fn stage(&self, rank: usize, chunk: usize) -> usize {
         match *self {
-            Placement::Looped { ranks, .. } => chunk * ranks + rank,
-            Placement::VShape { ranks } => {
+            StageMap::Looped { ranks, .. } => chunk * ranks + rank,
+            StageMap::VShape { ranks } => {
                 if chunk == 0 {
                     rank
                 } else {
@@ -179,8 +179,8 @@ impl Placement {
     /// The (rank, local chunk) running global stage `stage`.
     pub fn locate(&self, stage: usize) -> (usize, usize) {
         match *self {
-            Placement::Looped { ranks, .. } => (stage % ranks, stage / ranks),
-            Placement::VShape { ranks } => {
+            StageMap::Looped { ranks, .. } => (stage % ranks, stage / ranks),
+            StageMap::VShape { ranks } => {
                 if stage < ranks {
                     (stage, 0)
                 } else {
@@ -206,7 +206,7 @@ pub struct Schedule {
     /// Name for reports (`gpipe`, `1f1b`, `interleaved`, `zb-h1`, `zb-v`, or anything).
     pub name: String,
     /// How stages map to ranks.
-    pub placement: Placement,
+    pub stage_map: StageMap,
     /// Number of micro-batches per step.
     pub microbatches: usize,
     /// `actions[r]` is rank `r`'s program.
@@ -216,19 +216,19 @@ pub struct Schedule {
 impl Schedule {
     /// Number of ranks.
     pub fn ranks(&self) -> usize {
-        self.placement.ranks()
+        self.stage_map.ranks()
     }
     /// Number of global stages.
     pub fn stages(&self) -> usize {
-        self.placement.stages()
+        self.stage_map.stages()
     }
     /// Whether `rank`'s `chunk` is the first stage (it reads the micro-batch's data).
     pub fn is_first(&self, rank: usize, chunk: usize) -> bool {
-        self.placement.stage(rank, chunk) == 0
+        self.stage_map.stage(rank, chunk) == 0
     }
     /// Whether `rank`'s `chunk` is the last stage (it computes the loss).
     pub fn is_last(&self, rank: usize, chunk: usize) -> bool {
-        self.placement.stage(rank, chunk) + 1 == self.stages()
+        self.stage_map.stage(rank, chunk) + 1 == self.stages()
     }
 
     /// Builds a schedule from per-rank *compute* orders (forward / backward actions only),
@@ -237,28 +237,28 @@ impl Schedule {
     /// Stages on the same rank hand data over locally, with no action.
     pub fn from_compute_order(
         name: impl Into<String>,
-        placement: Placement,
+        stage_map: StageMap,
         microbatches: usize,
         compute: Vec<Vec<Action>>,
     ) -> Self {
-        let stages = placement.stages();
+        let stages = stage_map.stages();
         let mut actions = Vec::with_capacity(compute.len());
         for (rank, order) in compute.into_iter().enumerate() {
             let mut list = Vec::with_capacity(order.len() * 2);
             for a in order {
                 let (mb, chunk) = (a.mb(), a.chunk());
-                let s = placement.stage(rank, chunk);
+                let s = stage_map.stage(rank, chunk);
                 match a {
                     Action::Forward { .. } => {
                         if s > 0 {
-                            let (from, _) = placement.locate(s - 1);
+                            let (from, _) = stage_map.locate(s - 1);
                             if from != rank {
                                 list.push(Action::RecvActivation { mb, chunk, from });
                             }
                         }
                         list.push(a);
                         if s + 1 < stages {
-                            let (to, _) = placement.locate(s + 1);
+                            let (to, _) = stage_map.locate(s + 1);
                             if to != rank {
                                 list.push(Action::SendActivation { mb, chunk, to });
                             }
@@ -266,14 +266,14 @@ impl Schedule {
                     }
                     Action::Backward { .. } | Action::BackwardInput { .. } => {
                         if s + 1 < stages {
-                            let (from, _) = placement.locate(s + 1);
+                            let (from, _) = stage_map.locate(s + 1);
                             if from != rank {
                                 list.push(Action::RecvGrad { mb, chunk, from });
                             }
                         }
                         list.push(a);
                         if s > 0 {
-                            let (to, _) = placement.locate(s - 1);
+                            let (to, _) = stage_map.locate(s - 1);
                             if to != rank {
                                 list.push(Action::SendGrad { mb, chunk, to });
                             }
@@ -286,7 +286,7 @@ impl Schedule {
         }
         Schedule {
             name: name.into(),
-            placement,
+            stage_map,
             microbatches,
             actions,
         }
@@ -343,7 +343,7 @@ pub enum ScheduleKind {
     Interleaved { chunks: usize },
     /// Zero-bubble ZB-H1 (1F1B memory, B/W split).
     ZbH1,
-    /// Zero-bubble ZB-V (V-shaped placement, two chunks per rank, B/W split).
+    /// Zero-bubble ZB-V (V-shaped stage map, two chunks per rank, B/W split).
     ZbV,
 }
 

@@ -2,7 +2,7 @@
 //! forward and one backward, so at most `p − r` micro-batches' activations are alive.
 
 use super::greedy::{megatron_backward, megatron_forward};
-use super::{BackwardKind, Costs, Placement, Policy, Schedule, list_schedule};
+use super::{BackwardKind, Costs, Policy, Schedule, StageMap, list_schedule};
 
 /// 1F1B on `ranks` ranks with `microbatches` micro-batches. Same bubble as GPipe,
 /// `(p−1)/(m+p−1)`, with activation memory bounded by `p` micro-batches instead of `m`.
@@ -17,7 +17,7 @@ pub fn one_f_one_b(ranks: usize, microbatches: usize) -> Schedule {
     };
     list_schedule(
         "1f1b",
-        Placement::Looped { ranks, chunks: 1 },
+        StageMap::Looped { ranks, chunks: 1 },
         microbatches,
         &policy,
         Costs::default(),

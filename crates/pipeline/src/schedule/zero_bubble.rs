@@ -3,7 +3,7 @@
 //! which nobody waits for), and W's fill the pipeline's idle slots.
 
 use super::greedy::{megatron_backward, megatron_forward};
-use super::{BackwardKind, Costs, Placement, Policy, Schedule, list_schedule};
+use super::{BackwardKind, Costs, Policy, Schedule, StageMap, list_schedule};
 
 /// ZB-H1: the 1F1B order and in-flight limit (`p − r` forwards ahead of their B on rank `r`)
 /// with B before F before W, so W's fill the idle slots. With F = B = W the bubble is
@@ -22,7 +22,7 @@ pub fn zb_h1(ranks: usize, microbatches: usize) -> Schedule {
     };
     list_schedule(
         "zb-h1",
-        Placement::Looped { ranks, chunks: 1 },
+        StageMap::Looped { ranks, chunks: 1 },
         microbatches,
         &policy,
         Costs::default(),
@@ -55,7 +55,7 @@ pub fn zb_v(ranks: usize, microbatches: usize) -> Schedule {
     };
     list_schedule(
         "zb-v",
-        Placement::VShape { ranks },
+        StageMap::VShape { ranks },
         microbatches,
         &policy,
         Costs::default(),

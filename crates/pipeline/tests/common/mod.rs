@@ -2,11 +2,12 @@
 #![allow(dead_code)]
 
 use bonfire_comm::{ProcessGroup, ReduceOp, ThreadWorld};
+use bonfire_dtensor::DeviceMesh;
 use bonfire_pipeline::{
-    Block, BurnStage, Mesh2d, Schedule, all_reduce_grads, chunks_for_rank, forward_chunk,
-    microbatch_weights, run_schedule, split_balanced, split_batch,
+    Block, BurnStage, LocalChunks, Schedule, chunks_for_rank, forward_chunk, microbatch_weights,
+    run_schedule, split_balanced, split_batch,
 };
-use burn::module::{Module, Param};
+use burn::module::{Module, ModuleVisitor, Param};
 use burn::nn::Linear;
 use burn::optim::{GradientsParams, SgdConfig};
 use burn::tensor::{Device, Tensor, TensorData, activation::gelu};
@@ -129,15 +130,44 @@ fn world<R: Send>(n: usize, f: impl Fn(ProcessGroup) -> R + Sync) -> Vec<R> {
 /// One rank's result: losses (on the last stage's rank), (stage, params) for its chunks.
 type RankOut = (Vec<Option<f64>>, Vec<(usize, Vec<Vec<Vec<f32>>>)>);
 
+/// Averages the gradients of every parameter of `module` over `group` (parameters without a
+/// gradient contribute zeros). What DDP does, done by hand: this crate sits below it.
+fn average_grads<M: Module>(
+    group: &ProcessGroup,
+    module: &M,
+    grads: GradientsParams,
+) -> GradientsParams {
+    struct Avg<'a>(&'a ProcessGroup, GradientsParams);
+    impl ModuleVisitor for Avg<'_> {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+            let value = param.val();
+            let g = self
+                .1
+                .remove::<D>(param.id)
+                .unwrap_or_else(|| value.zeros_like());
+            let (shape, device) = (g.dims(), g.device());
+            let mut data = g.into_data().try_into_vec::<f32>().unwrap();
+            self.0.all_reduce(&mut data, ReduceOp::Avg).unwrap();
+            self.1.register::<D>(
+                param.id,
+                Tensor::from_data(TensorData::new(data, shape), &device),
+            );
+        }
+    }
+    let mut avg = Avg(group, grads);
+    module.visit(&mut avg);
+    avg.1
+}
+
 fn train_rank(
-    pp: &ProcessGroup,
+    mesh: &DeviceMesh,
     dp: Option<&ProcessGroup>,
     schedule: &Schedule,
     rows: std::ops::Range<usize>,
     uniform_weights: bool,
 ) -> RankOut {
     let device = dev();
-    let rank = pp.rank();
+    let rank = mesh.coord("pp").unwrap();
     let stages = split_balanced(model(&device), schedule.stages()).unwrap();
     let mut chunks = chunks_for_rank(&stages, schedule, rank).unwrap();
     drop(stages);
@@ -154,13 +184,16 @@ fn train_rank(
         } else {
             microbatch_weights(n, m)
         };
-        let mut stage = BurnStage::new(chunks, schedule, rank, device.clone(), weights)
+        let held = LocalChunks::new(chunks);
+        let mut stage = BurnStage::new(held, schedule, rank, device.clone(), weights)
             .with_inputs(split_batch(x, m))
             .with_loss(move |mb, out| mse(out, targets[mb].clone()));
-        run_schedule(pp, schedule, &mut stage).unwrap_or_else(|e| panic!("rank {rank}: {e}"));
-        let (c, mut grads, mut loss) = stage.finish();
+        run_schedule(mesh, "pp", schedule, &mut stage)
+            .unwrap_or_else(|e| panic!("rank {rank}: {e}"));
+        let (held, mut loss) = stage.finish();
+        let (c, mut grads) = held.into_parts();
         if let Some(dp) = dp {
-            grads = all_reduce_grads(dp, &c, grads, ReduceOp::Avg).unwrap();
+            grads = average_grads(dp, &c, grads);
             if let Some(l) = loss.as_mut() {
                 let mut buf = [*l];
                 dp.all_reduce(&mut buf, ReduceOp::Avg).unwrap();
@@ -175,7 +208,7 @@ fn train_rank(
         .enumerate()
         .map(|(c, blocks)| {
             (
-                schedule.placement.stage(rank, c),
+                schedule.stage_map.stage(rank, c),
                 blocks.iter().map(params_of).collect(),
             )
         })
@@ -210,7 +243,13 @@ fn collect(results: Vec<RankOut>, blocks_per_stage: usize) -> Outcome {
 /// Pipelined training with `schedule` on its ranks.
 pub fn pipelined(schedule: &Schedule) -> Outcome {
     let results = world(schedule.ranks(), |pg| {
-        train_rank(&pg, None, schedule, 0..ROWS, false)
+        train_rank(
+            &DeviceMesh::one_d(&pg, "pp").unwrap(),
+            None,
+            schedule,
+            0..ROWS,
+            false,
+        )
     });
     collect(results, BLOCKS / schedule.stages())
 }
@@ -219,20 +258,33 @@ pub fn pipelined(schedule: &Schedule) -> Outcome {
 /// micro-batches are uneven (wrong on purpose: a negative control for the tolerance).
 pub fn pipelined_uniform_weights(schedule: &Schedule) -> Outcome {
     let results = world(schedule.ranks(), |pg| {
-        train_rank(&pg, None, schedule, 0..ROWS, true)
+        train_rank(
+            &DeviceMesh::one_d(&pg, "pp").unwrap(),
+            None,
+            schedule,
+            0..ROWS,
+            true,
+        )
     });
     collect(results, BLOCKS / schedule.stages())
 }
 
-/// `dp` replicas of the pipeline on a `dp × pp` mesh; replica `d` trains on its rows.
+/// `dp` replicas of the pipeline on a `pp × dp` mesh; replica `d` trains on its rows.
 pub fn pipelined_dp(schedule: &Schedule, dp: usize) -> Outcome {
     let pp = schedule.ranks();
     let results = world(dp * pp, |world| {
-        let mesh = Mesh2d::new(&world, dp, pp).unwrap();
+        let mesh = DeviceMesh::new(&world, &[pp, dp], &["pp", "dp"]).unwrap();
         let per = ROWS / dp;
-        let rows = mesh.dp_rank * per..(mesh.dp_rank + 1) * per;
-        let out = train_rank(&mesh.pp_group, Some(&mesh.dp_group), schedule, rows, false);
-        (mesh.dp_rank, out)
+        let d = mesh.coord("dp").unwrap();
+        let rows = d * per..(d + 1) * per;
+        let out = train_rank(
+            &mesh,
+            Some(mesh.group("dp").unwrap()),
+            schedule,
+            rows,
+            false,
+        );
+        (d, out)
     });
     // Replicas must agree; keep replica 0's view after checking.
     let (zero, others): (Vec<_>, Vec<_>) = results.into_iter().partition(|(d, _)| *d == 0);

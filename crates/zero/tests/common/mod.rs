@@ -3,10 +3,10 @@
 
 use bonfire_comm::ThreadWorld;
 use bonfire_ddp::params;
-use bonfire_zero::{Stage, Zero, ZeroConfig};
+use bonfire_zero::{DataParallel, Stage, Zero, ZeroConfig};
 use burn::module::Module;
 use burn::nn::{Linear, LinearConfig};
-use burn::optim::{AdamConfig, AdamWConfig, Optimizer, SgdConfig};
+use burn::optim::{AdamConfig, AdamWConfig, SgdConfig};
 use burn::tensor::activation::gelu;
 use burn::tensor::{Device, Distribution, Tensor, TensorData};
 use std::time::Duration;
@@ -137,12 +137,12 @@ pub fn on_device(model: &Net, device: &Device) -> Net {
     params::assign_values(fresh, &fresh_infos, &flat)
 }
 
-pub fn build<O: Optimizer>(
+pub fn build(
     model: Net,
-    o: O,
+    o: impl Into<burn::optim::ModuleOptimizer>,
     pg: bonfire_comm::ProcessGroup,
     config: ZeroConfig,
-) -> Zero<Net, O> {
+) -> Zero<Net> {
     Zero::new(model, o, pg, config).unwrap()
 }
 
@@ -156,33 +156,18 @@ pub fn zero(model: &Net, opt: Opt, n: usize, stage: Stage, offload: bool) -> Vec
                 .with_offload(offload)
                 .with_bucket_bytes(256);
             let replica = on_device(model, &device);
-            match opt {
-                Opt::Sgd => train(
-                    build(replica, SgdConfig::new().build(), pg.clone(), config),
-                    opt,
-                    n,
-                ),
-                Opt::Adam => train(
-                    build(replica, AdamConfig::new().build(), pg.clone(), config),
-                    opt,
-                    n,
-                ),
-                Opt::AdamW => train(
-                    build(replica, AdamWConfig::new().build(), pg.clone(), config),
-                    opt,
-                    n,
-                ),
-            }
+            // The optimizer a run-time choice: Burn's module optimizer, as DDP takes it.
+            train(build(replica, opt.module(), pg.clone(), config), opt, n)
         })
         .unwrap()
 }
 
-pub fn train<O: Optimizer>(z: Zero<Net, O>, opt: Opt, n: usize) -> Vec<f32> {
+pub fn train(z: Zero<Net>, opt: Opt, n: usize) -> Vec<f32> {
     train_steps(z, opt, n, 0..STEPS)
 }
 
-pub fn train_steps<O: Optimizer>(
-    mut z: Zero<Net, O>,
+pub fn train_steps(
+    mut z: Zero<Net>,
     opt: Opt,
     n: usize,
     steps: std::ops::Range<usize>,

@@ -1,0 +1,352 @@
+//! [`ParallelDims`]: the one owner of a training layout — the degree of every parallel axis,
+//! the options of each (ZeRO stage on dp, sequence and loss parallelism on tp, schedule and
+//! micro-batches on pp), their validation, and the one [`DeviceMesh`] they describe.
+//!
+//! The mesh's axes are in a fixed order, pp outermost and tp innermost (torchtitan's order;
+//! Llama 3 also keeps TP innermost): consecutive ranks share a tp group, which on a real
+//! cluster puts tensor parallelism on the fastest links.
+
+use crate::error::LayoutError;
+use bonfire_comm::ProcessGroup;
+use bonfire_dtensor::DeviceMesh;
+use bonfire_pipeline::ScheduleKind;
+use bonfire_zero::Stage;
+use std::fmt;
+
+/// A parallel axis of the mesh.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Axis {
+    /// Pipeline parallelism: the model cut into stages.
+    Pp,
+    /// Data parallelism (DDP, or ZeRO stage 1–3): replicas on rows of the batch.
+    Dp,
+    /// Tensor parallelism (± sequence and loss parallelism): layers split.
+    Tp,
+}
+
+impl Axis {
+    /// Every axis, in mesh order (outermost first).
+    pub const ALL: [Axis; 3] = [Axis::Pp, Axis::Dp, Axis::Tp];
+
+    /// The axis's name on the mesh and on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Axis::Pp => "pp",
+            Axis::Dp => "dp",
+            Axis::Tp => "tp",
+        }
+    }
+
+    /// The axis called `name`.
+    pub fn parse(name: &str) -> Option<Axis> {
+        Axis::ALL.into_iter().find(|a| a.name() == name)
+    }
+
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
+impl fmt::Display for Axis {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Options of the tp axis.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TpOptions {
+    /// Norms and position tables on sequence shards, activations between layers sharded
+    /// along the sequence (Megatron-SP).
+    pub sequence_parallel: bool,
+    /// The head's logits stay vocabulary-sharded and the loss is computed on the shards.
+    pub loss_parallel: bool,
+}
+
+/// Options of the pp axis.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PpOptions {
+    /// The schedule (required with pp > 1).
+    pub schedule: Option<ScheduleKind>,
+    /// Micro-batches per step (default: the pp degree).
+    pub microbatches: Option<usize>,
+    /// Where stages begin, as module paths of the model's pipeline pieces (e.g.
+    /// `["blocks.2"]`); default: pieces split evenly.
+    pub split_points: Option<Vec<String>>,
+}
+
+/// A training layout: degrees per axis and their options. Build one with the `with_*`
+/// methods or [`ParallelDims::parse_mesh`]; the trainer validates it against the world, the
+/// model and the batch before building anything.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ParallelDims {
+    degrees: [usize; 3],
+    /// ZeRO stage on the dp axis (stage 0 is DDP).
+    pub zero: Stage,
+    /// ZeRO-Offload: the optimizer state lives on the host between steps (stage ≥ 1).
+    pub offload: bool,
+    pub tp: TpOptions,
+    pub pp: PpOptions,
+}
+
+impl Default for ParallelDims {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl ParallelDims {
+    /// One rank: every degree 1, DDP.
+    pub fn new() -> Self {
+        Self {
+            degrees: [1; 3],
+            zero: Stage::Zero0,
+            offload: false,
+            tp: TpOptions::default(),
+            pp: PpOptions::default(),
+        }
+    }
+
+    /// Parses `dp=2,tp=2,pp=2` (any order, any subset; omitted axes are 1).
+    pub fn parse_mesh(spec: &str) -> Result<Self, LayoutError> {
+        let bad = |reason: String| LayoutError::Parse {
+            spec: spec.to_string(),
+            reason,
+        };
+        let mut dims = Self::new();
+        let mut seen = Vec::new();
+        for part in spec.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            let (name, size) = part
+                .split_once('=')
+                .ok_or_else(|| bad(format!("`{part}` is not AXIS=SIZE (e.g. dp=2)")))?;
+            let axis = Axis::parse(name.trim()).ok_or_else(|| {
+                bad(format!(
+                    "unknown axis `{}` (known: dp, tp, pp)",
+                    name.trim()
+                ))
+            })?;
+            let size: usize = size
+                .trim()
+                .parse()
+                .ok()
+                .filter(|s| *s >= 1)
+                .ok_or_else(|| bad(format!("the size of `{axis}` must be a positive integer")))?;
+            if seen.contains(&axis) {
+                return Err(bad(format!("axis `{axis}` given twice")));
+            }
+            seen.push(axis);
+            dims.degrees[axis.index()] = size;
+        }
+        Ok(dims)
+    }
+
+    /// The degree of `axis`.
+    pub fn degree(&self, axis: Axis) -> usize {
+        self.degrees[axis.index()]
+    }
+    pub fn dp(&self) -> usize {
+        self.degree(Axis::Dp)
+    }
+    pub fn tp(&self) -> usize {
+        self.degree(Axis::Tp)
+    }
+    pub fn pp(&self) -> usize {
+        self.degree(Axis::Pp)
+    }
+    /// Number of ranks the layout needs.
+    pub fn world_size(&self) -> usize {
+        self.degrees.iter().product()
+    }
+    /// Micro-batches per step (the pp degree unless set).
+    pub fn microbatches(&self) -> usize {
+        self.pp.microbatches.unwrap_or(self.pp())
+    }
+
+    pub fn with_degree(mut self, axis: Axis, degree: usize) -> Self {
+        self.degrees[axis.index()] = degree;
+        self
+    }
+    pub fn with_zero(mut self, stage: Stage) -> Self {
+        self.zero = stage;
+        self
+    }
+    pub fn with_offload(mut self, offload: bool) -> Self {
+        self.offload = offload;
+        self
+    }
+    pub fn with_sequence_parallel(mut self, on: bool) -> Self {
+        self.tp.sequence_parallel = on;
+        self
+    }
+    pub fn with_loss_parallel(mut self, on: bool) -> Self {
+        self.tp.loss_parallel = on;
+        self
+    }
+    pub fn with_schedule(mut self, schedule: ScheduleKind) -> Self {
+        self.pp.schedule = Some(schedule);
+        self
+    }
+    pub fn with_microbatches(mut self, m: usize) -> Self {
+        self.pp.microbatches = Some(m);
+        self
+    }
+    pub fn with_split_points(mut self, points: Vec<String>) -> Self {
+        self.pp.split_points = Some(points);
+        self
+    }
+
+    /// Checks the layout on its own and against a world of `world` ranks: every option
+    /// belongs to an axis that exists, the degrees multiply to the world size. (The model
+    /// and the batch are checked by the trainer, see [`crate::Trainer::build`].)
+    pub fn validate(&self, world: usize) -> Result<(), LayoutError> {
+        for axis in Axis::ALL {
+            if self.degree(axis) == 0 {
+                return Err(axis_error(axis, 0, "a degree must be at least 1"));
+            }
+        }
+        if self.world_size() != world {
+            return Err(LayoutError::WorldSize {
+                layout: self.to_string(),
+                product: self.world_size(),
+                world,
+            });
+        }
+        let (tp, pp) = (self.tp(), self.pp());
+        if tp == 1 && self.tp.sequence_parallel {
+            return Err(axis_error(
+                Axis::Tp,
+                1,
+                "sequence parallelism needs a tp axis (e.g. tp=2)",
+            ));
+        }
+        if tp == 1 && self.tp.loss_parallel {
+            return Err(axis_error(
+                Axis::Tp,
+                1,
+                "loss parallelism needs a tp axis (e.g. tp=2)",
+            ));
+        }
+        if self.offload && self.zero == Stage::Zero0 {
+            return Err(axis_error(
+                Axis::Dp,
+                self.dp(),
+                "offload moves ZeRO's optimizer state: it needs ZeRO stage 1, 2 or 3",
+            ));
+        }
+        match (&self.pp.schedule, pp) {
+            (None, p) if p > 1 => Err(axis_error(
+                Axis::Pp,
+                p,
+                "a pipeline needs a schedule (gpipe, 1f1b, interleaved, zb, zb-v)",
+            )),
+            (Some(kind), 1) => Err(axis_error(
+                Axis::Pp,
+                1,
+                &format!("schedule {} needs a pp axis (e.g. pp=2)", kind.name()),
+            )),
+            _ if pp == 1 && self.pp.microbatches.is_some() => Err(axis_error(
+                Axis::Pp,
+                1,
+                "micro-batches are a pipeline option: they need a pp axis",
+            )),
+            _ if self.microbatches() == 0 => Err(axis_error(
+                Axis::Pp,
+                pp,
+                "the number of micro-batches must be at least 1",
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    /// The mesh of `world` with the axes `[pp, dp, tp]` (every axis present, size 1 or not).
+    /// A collective: every rank of `world` makes it.
+    pub fn mesh(&self, world: &ProcessGroup) -> Result<DeviceMesh, LayoutError> {
+        self.validate(world.size())?;
+        let shape: Vec<usize> = Axis::ALL.iter().map(|&a| self.degree(a)).collect();
+        let names: Vec<&str> = Axis::ALL.iter().map(|a| a.name()).collect();
+        DeviceMesh::new(world, &shape, &names).map_err(|e| LayoutError::Parse {
+            spec: self.to_string(),
+            reason: e.to_string(),
+        })
+    }
+}
+
+pub(crate) fn axis_error(axis: Axis, degree: usize, reason: &str) -> LayoutError {
+    LayoutError::Axis {
+        axis,
+        degree,
+        reason: reason.to_string(),
+    }
+}
+
+impl fmt::Display for ParallelDims {
+    /// `pp=2,dp=2,tp=2` plus the options in use, e.g. `dp=2,tp=2 zero=3 sp`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let degrees: Vec<String> = Axis::ALL
+            .iter()
+            .map(|&a| format!("{a}={}", self.degree(a)))
+            .collect();
+        write!(f, "{}", degrees.join(","))?;
+        if self.zero != Stage::Zero0 {
+            write!(f, " zero={}", self.zero.index())?;
+        }
+        if self.offload {
+            write!(f, " offload")?;
+        }
+        if self.tp.sequence_parallel {
+            write!(f, " sp")?;
+        }
+        if self.tp.loss_parallel {
+            write!(f, " loss-parallel")?;
+        }
+        if let Some(kind) = &self.pp.schedule {
+            write!(f, " schedule={} m={}", kind.name(), self.microbatches())?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_and_validates() {
+        let d = ParallelDims::parse_mesh("pp=2, dp=2,tp=3").unwrap();
+        assert_eq!((d.pp(), d.dp(), d.tp(), d.world_size()), (2, 2, 3, 12));
+        assert!(ParallelDims::parse_mesh("dp=0").is_err());
+        assert!(
+            ParallelDims::parse_mesh("xp=2")
+                .unwrap_err()
+                .to_string()
+                .contains("unknown axis")
+        );
+        assert!(ParallelDims::parse_mesh("dp=2,dp=2").is_err());
+        let e = ParallelDims::parse_mesh("dp=2,tp=2")
+            .unwrap()
+            .validate(8)
+            .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "the layout pp=1,dp=2,tp=2 needs 4 ranks, but the world has 8"
+        );
+        let e = d.clone().validate(12).unwrap_err();
+        assert!(
+            e.to_string()
+                .starts_with("pp=2: a pipeline needs a schedule"),
+            "{e}"
+        );
+        let sp = ParallelDims::new().with_sequence_parallel(true);
+        assert!(sp.validate(1).unwrap_err().to_string().contains("tp=1"));
+        let off = ParallelDims::new().with_offload(true);
+        assert!(
+            off.validate(1)
+                .unwrap_err()
+                .to_string()
+                .contains("ZeRO stage")
+        );
+        let ok = d.with_schedule(ScheduleKind::OneFOneB).with_microbatches(4);
+        ok.validate(12).unwrap();
+        assert_eq!(ok.to_string(), "pp=2,dp=2,tp=3 schedule=1f1b m=4");
+    }
+}

@@ -1,0 +1,140 @@
+//! Whole parameters from any layout: a rank's values are its tensor-parallel shards of the
+//! parameters of its pipeline stages; [`ModelLayout`] knows which model parameter each is and
+//! along which dimension it is split, gathers the shards over tp and, under a pipeline,
+//! assembles the stages' parameters over the world in the model's order.
+
+use crate::error::TrainError;
+use bonfire_comm::{ProcessGroup, ReduceOp};
+use bonfire_dtensor::parallel::sharded_params;
+use bonfire_dtensor::params::{self, ParamInfo, ParamValues};
+use burn::module::Module;
+
+/// The model's parameters as the ranks hold them: this rank's (tensor-parallel) inventory, in
+/// model order, and the dimension each one is sharded along over tp.
+#[derive(Debug, Clone)]
+pub(crate) struct ModelLayout {
+    pub infos: Vec<ParamInfo>,
+    shard_dims: Vec<Option<usize>>,
+}
+
+impl ModelLayout {
+    /// The layout of `model` as this rank holds it (after tensor parallelism).
+    pub fn of<M: Module>(model: &M) -> Self {
+        let infos = params::inventory(model);
+        let sharded = sharded_params(model);
+        let shard_dims = infos
+            .iter()
+            .map(|p| sharded.get(&p.path).copied())
+            .collect();
+        Self { infos, shard_dims }
+    }
+
+    /// Parameter `i`'s whole shape.
+    fn whole_shape(&self, i: usize, tp: usize) -> Vec<usize> {
+        let mut shape = self.infos[i].shape.clone();
+        if let Some(d) = self.shard_dims[i] {
+            shape[d] *= tp;
+        }
+        shape
+    }
+
+    /// Parameter `i`'s whole values from this rank's `local` ones (a collective on `tp`
+    /// where it is sharded).
+    fn whole(&self, i: usize, local: Vec<f32>, tp: &ProcessGroup) -> Result<Vec<f32>, TrainError> {
+        match self.shard_dims[i] {
+            Some(dim) if tp.size() > 1 => gather_host(&local, &self.infos[i].shape, dim, tp),
+            _ => Ok(local),
+        }
+    }
+
+    /// Every parameter whole, from every parameter's local values in model order (replicas:
+    /// each rank holds all of them).
+    pub fn whole_all(
+        &self,
+        local: Vec<ParamValues>,
+        tp: &ProcessGroup,
+    ) -> Result<Vec<ParamValues>, TrainError> {
+        self.check_count(local.len(), self.infos.len())?;
+        local
+            .into_iter()
+            .enumerate()
+            .map(|(i, p)| {
+                Ok(ParamValues {
+                    path: self.infos[i].path.clone(),
+                    shape: self.whole_shape(i, tp.size()),
+                    values: self.whole(i, p.values, tp)?,
+                })
+            })
+            .collect()
+    }
+
+    /// Every parameter whole when each rank holds some of them (`local[k]` is model parameter
+    /// `indices[k]`): gathered over tp, then summed over `world` with one contribution per
+    /// parameter (`contributes` on exactly one rank holding it). A collective on both.
+    pub fn whole_assembled(
+        &self,
+        local: Vec<ParamValues>,
+        indices: &[usize],
+        contributes: bool,
+        tp: &ProcessGroup,
+        world: &ProcessGroup,
+    ) -> Result<Vec<ParamValues>, TrainError> {
+        self.check_count(local.len(), indices.len())?;
+        let tp_size = tp.size();
+        let sizes: Vec<usize> = (0..self.infos.len())
+            .map(|i| self.whole_shape(i, tp_size).iter().product())
+            .collect();
+        let mut offsets = vec![0usize];
+        for n in &sizes {
+            offsets.push(offsets.last().unwrap() + n);
+        }
+        let mut flat = vec![0.0f32; *offsets.last().unwrap()];
+        for (p, &i) in local.into_iter().zip(indices) {
+            let whole = self.whole(i, p.values, tp)?;
+            if contributes {
+                flat[offsets[i]..offsets[i + 1]].copy_from_slice(&whole);
+            }
+        }
+        world.all_reduce(&mut flat, ReduceOp::Sum)?;
+        Ok((0..self.infos.len())
+            .map(|i| ParamValues {
+                path: self.infos[i].path.clone(),
+                shape: self.whole_shape(i, tp_size),
+                values: flat[offsets[i]..offsets[i + 1]].to_vec(),
+            })
+            .collect())
+    }
+
+    fn check_count(&self, got: usize, want: usize) -> Result<(), TrainError> {
+        if got == want {
+            Ok(())
+        } else {
+            Err(TrainError::Model(format!(
+                "the wrapper holds {got} parameters where the layout expects {want}"
+            )))
+        }
+    }
+}
+
+/// All-gathers a row-major host tensor of local `shape`, sharded evenly along `dim` over
+/// `group`, into the whole tensor's values.
+pub fn gather_host(
+    values: &[f32],
+    shape: &[usize],
+    dim: usize,
+    group: &ProcessGroup,
+) -> Result<Vec<f32>, TrainError> {
+    let n = group.size();
+    let mut all = vec![0f32; values.len() * n];
+    group.all_gather(values, &mut all)?;
+    let outer: usize = shape[..dim].iter().product();
+    let inner: usize = shape[dim..].iter().product();
+    let mut full = Vec::with_capacity(all.len());
+    for o in 0..outer {
+        for r in 0..n {
+            let part = &all[r * values.len()..(r + 1) * values.len()];
+            full.extend_from_slice(&part[o * inner..(o + 1) * inner]);
+        }
+    }
+    Ok(full)
+}

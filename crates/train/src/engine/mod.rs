@@ -1,0 +1,68 @@
+//! [`Engine`]: one rank's trainable state under a layout, as the training loop drives it.
+//!
+//! Two engines implement it: [`replica`] (data parallelism, with tensor parallelism inside
+//! each replica) and [`pipeline`] (stages on the pp axis, each stage's chunks wrapped on dp
+//! and tensor-parallel on tp). Both hand back whole parameters and gradients, named as in the
+//! model, whatever the layout ([`export`]).
+
+pub(crate) mod export;
+pub(crate) mod pipeline;
+pub(crate) mod replica;
+
+use crate::dims::ParallelDims;
+use crate::error::TrainError;
+use crate::wrapper::WrapperReport;
+use bonfire_comm::ProcessGroup;
+use bonfire_dtensor::params::ParamValues;
+use burn::tensor::Device;
+
+/// One rank's training state under a layout (built by [`crate::Trainer::build`]). Every
+/// method that says "collective" must be called on every rank, in the same order.
+pub trait Engine<B> {
+    /// The layout.
+    fn dims(&self) -> &ParallelDims;
+    /// The device this rank computes on: create batches here.
+    fn device(&self) -> &burn::tensor::Device;
+    /// All the ranks of the layout.
+    fn world(&self) -> &ProcessGroup;
+    /// Forward and backward of one global batch — this rank takes its replica's rows, and its
+    /// micro-batches under a pipeline — with the gradients reduced over dp. Returns the
+    /// global mean loss, the same on every rank. A collective.
+    fn forward_backward(&mut self, batch: &B) -> Result<f32, TrainError>;
+    /// Burn's optimizer step on what this rank owns. A collective where the dp wrapper
+    /// gathers updated parameters.
+    fn step(&mut self, lr: f64) -> Result<(), TrainError>;
+    /// The averaged gradient of every parameter from the last backward, whole (gathered over
+    /// shards and stages), in the model's order. A collective.
+    fn gradients(&mut self) -> Result<Vec<ParamValues>, TrainError>;
+    /// Every parameter's values, whole, in the model's order. A collective.
+    fn parameters(&mut self) -> Result<Vec<ParamValues>, TrainError>;
+    /// What this rank's dp wrapper measured (timings, bytes held), for benches and reports.
+    fn wrapper_report(&self) -> WrapperReport;
+}
+
+/// What every engine keeps: the layout, its mesh and this rank's place on it.
+pub(crate) struct RankMesh {
+    pub dims: ParallelDims,
+    pub mesh: bonfire_dtensor::DeviceMesh,
+    pub device: Device,
+}
+
+impl RankMesh {
+    pub fn group(&self, axis: crate::Axis) -> &ProcessGroup {
+        self.mesh
+            .group(axis.name())
+            .expect("every axis is on the mesh")
+    }
+    pub fn coord(&self, axis: crate::Axis) -> usize {
+        self.mesh
+            .coord(axis.name())
+            .expect("every axis is on the mesh")
+    }
+    /// This replica's rows of a global batch of `rows` rows (a multiple of dp, checked).
+    pub fn replica_rows(&self, rows: usize) -> std::ops::Range<usize> {
+        let per = rows / self.dims.dp();
+        let d = self.coord(crate::Axis::Dp);
+        d * per..(d + 1) * per
+    }
+}

@@ -1,0 +1,304 @@
+//! The engine with a pipeline: the model's pieces are split into the schedule's stages, this
+//! rank keeps the chunks its pp coordinate runs, wraps them on the dp axis (DDP or ZeRO 1–3;
+//! each micro-batch's forward runs through the wrapper, so ZeRO-3 gathers inside the
+//! schedule) and runs the schedule on the pp axis; tensor-parallel pieces exchange their tp
+//! shard's activations with the same tp rank of the next stage.
+
+use super::export::ModelLayout;
+use super::{Engine, RankMesh};
+use crate::dims::{Axis, ParallelDims, axis_error};
+use crate::error::{LayoutError, TrainError};
+use crate::model::{BuildPipeline, Rows};
+use crate::wrapper::{DpSpec, DpWrapper, Staged, WrapperReport};
+use bonfire_comm::{ProcessGroup, ReduceOp};
+use bonfire_dtensor::DataParallel;
+use bonfire_dtensor::params::{self, ParamValues};
+use bonfire_pipeline::{
+    Block, BurnStage, Schedule, chunks_for_rank, microbatch_sizes, microbatch_weights,
+    run_schedule, split_at,
+};
+use burn::tensor::{Device, Tensor};
+use std::ops::Range;
+use std::sync::Arc;
+
+type InputFn<B, const D: usize> = Arc<dyn Fn(&B) -> Tensor<D> + Send + Sync>;
+type LossFn<B, const D: usize> = Arc<dyn Fn(Tensor<D>, &B) -> Tensor<1> + Send + Sync>;
+
+/// A model's pipeline pieces with how batches enter and leave them (see
+/// [`crate::Pipeline`]).
+pub(crate) struct Pieces<P, const D: usize, B> {
+    pieces: Vec<(String, P)>,
+    input: InputFn<B, D>,
+    loss: LossFn<B, D>,
+}
+
+impl<P, const D: usize, B> Pieces<P, D, B> {
+    pub fn new(
+        pieces: Vec<(String, P)>,
+        input: impl Fn(&B) -> Tensor<D> + Send + Sync + 'static,
+        loss: impl Fn(Tensor<D>, &B) -> Tensor<1> + Send + Sync + 'static,
+    ) -> Self {
+        Self {
+            pieces,
+            input: Arc::new(input),
+            loss: Arc::new(loss),
+        }
+    }
+}
+
+/// What the trainer hands a pipeline to build this rank's engine.
+pub(crate) struct PipelineContext {
+    pub at: RankMesh,
+    pub dp: DpSpec,
+    pub layout: ModelLayout,
+}
+
+/// Where the stages begin, as piece indices: at the pieces `named` (module paths, in order)
+/// or, without names, an even split (sizes differ by at most one, the first ones larger).
+pub(crate) fn split_points(
+    names: &[String],
+    stages: usize,
+    named: Option<&[String]>,
+    pp: usize,
+) -> Result<Vec<usize>, LayoutError> {
+    if names.len() < stages {
+        return Err(axis_error(
+            Axis::Pp,
+            pp,
+            &format!(
+                "the schedule needs {stages} stages, each with at least one pipeline piece, but \
+                 the model has {} pieces ({})",
+                names.len(),
+                names.join(", ")
+            ),
+        ));
+    }
+    let Some(named) = named else {
+        let n = names.len();
+        let mut at = 0;
+        return Ok((0..stages - 1)
+            .map(|i| {
+                at += n / stages + usize::from(i < n % stages);
+                at
+            })
+            .collect());
+    };
+    if named.len() + 1 != stages {
+        return Err(axis_error(
+            Axis::Pp,
+            pp,
+            &format!(
+                "{} split points make {} stages, the schedule has {stages}",
+                named.len(),
+                named.len() + 1
+            ),
+        ));
+    }
+    let mut points = Vec::with_capacity(named.len());
+    for name in named {
+        let i = names.iter().position(|n| n == name).ok_or_else(|| {
+            axis_error(
+                Axis::Pp,
+                pp,
+                &format!(
+                    "split point `{name}` names no pipeline piece (pieces: {})",
+                    names.join(", ")
+                ),
+            )
+        })?;
+        if i == 0 || points.last().is_some_and(|&p| p >= i) {
+            return Err(axis_error(
+                Axis::Pp,
+                pp,
+                &format!(
+                    "split points must follow the pieces' order after the first: `{name}` does not"
+                ),
+            ));
+        }
+        points.push(i);
+    }
+    Ok(points)
+}
+
+/// The model parameters each piece holds, as index ranges into the model's inventory; fails
+/// unless the pieces hold exactly the model's parameters in its order.
+fn piece_params<P: burn::module::Module>(
+    pieces: &[(String, P)],
+    layout: &ModelLayout,
+) -> Result<Vec<Range<usize>>, TrainError> {
+    let mut at = 0;
+    let mut out = Vec::with_capacity(pieces.len());
+    for (name, piece) in pieces {
+        let own = params::inventory(piece);
+        let want = layout.infos.get(at..at + own.len());
+        let same = want.is_some_and(|w| w.iter().zip(&own).all(|(a, b)| a.shape == b.shape));
+        if !same {
+            return Err(TrainError::Model(format!(
+                "pipeline piece `{name}` does not hold the model's parameters {at}.. in order \
+                 (pieces must cover the model's parameters, in the model's order)"
+            )));
+        }
+        out.push(at..at + own.len());
+        at += own.len();
+    }
+    if at != layout.infos.len() {
+        return Err(TrainError::Model(format!(
+            "the pipeline pieces hold {at} of the model's {} parameters",
+            layout.infos.len()
+        )));
+    }
+    Ok(out)
+}
+
+impl<P, const D: usize, B> BuildPipeline<B> for Pieces<P, D, B>
+where
+    P: Block<D> + 'static,
+    B: Rows,
+{
+    fn names(&self) -> Vec<String> {
+        self.pieces.iter().map(|(n, _)| n.clone()).collect()
+    }
+
+    fn build(self: Box<Self>, ctx: PipelineContext) -> Result<Box<dyn Engine<B>>, TrainError> {
+        let dims = &ctx.at.dims;
+        let kind = dims
+            .pp
+            .schedule
+            .expect("validated: a pipeline has a schedule");
+        let schedule = kind.generate(dims.pp(), dims.microbatches());
+        let names = self.names();
+        let points = split_points(
+            &names,
+            schedule.stages(),
+            dims.pp.split_points.as_deref(),
+            dims.pp(),
+        )?;
+        let ranges = piece_params(&self.pieces, &ctx.layout)?;
+        let stage_starts: Vec<usize> = std::iter::once(0).chain(points.iter().copied()).collect();
+        let pp_rank = ctx.at.coord(Axis::Pp);
+        // The model parameters of this rank's chunks, in the wrapper's order.
+        let indices: Vec<usize> = (0..schedule.stage_map.chunks())
+            .flat_map(|c| {
+                let s = schedule.stage_map.stage(pp_rank, c);
+                let end = stage_starts.get(s + 1).copied().unwrap_or(names.len());
+                ranges[stage_starts[s]].start..ranges[end - 1].end
+            })
+            .collect();
+        let pieces: Vec<P> = self.pieces.into_iter().map(|(_, p)| p).collect();
+        let stages = split_at(pieces, &points)?;
+        let chunks = chunks_for_rank(&stages, &schedule, pp_rank)?;
+        drop(stages);
+        let wrapper = ctx.dp.build(chunks, &ctx.at.mesh, Axis::Dp.name())?;
+        Ok(Box::new(PipelineEngine {
+            at: ctx.at,
+            schedule,
+            wrapper,
+            indices,
+            layout: ctx.layout,
+            input: self.input,
+            loss: self.loss,
+        }))
+    }
+}
+
+struct PipelineEngine<P: Block<D>, const D: usize, B> {
+    at: RankMesh,
+    schedule: Schedule,
+    wrapper: DpWrapper<Vec<Vec<P>>>,
+    /// The model parameter of each of the wrapper's parameters.
+    indices: Vec<usize>,
+    layout: ModelLayout,
+    input: InputFn<B, D>,
+    loss: LossFn<B, D>,
+}
+
+impl<P: Block<D>, const D: usize, B: Rows> PipelineEngine<P, D, B> {
+    /// Every parameter whole from this rank's `local` ones (a collective on tp and the world).
+    fn assemble(&self, local: Vec<ParamValues>) -> Result<Vec<ParamValues>, TrainError> {
+        let contributes = self.at.coord(Axis::Dp) == 0 && self.at.coord(Axis::Tp) == 0;
+        self.layout.whole_assembled(
+            local,
+            &self.indices,
+            contributes,
+            self.at.group(Axis::Tp),
+            self.at.mesh.world(),
+        )
+    }
+}
+
+impl<P: Block<D>, const D: usize, B: Rows> Engine<B> for PipelineEngine<P, D, B> {
+    fn dims(&self) -> &ParallelDims {
+        &self.at.dims
+    }
+    fn device(&self) -> &Device {
+        &self.at.device
+    }
+    fn world(&self) -> &ProcessGroup {
+        self.at.mesh.world()
+    }
+
+    fn forward_backward(&mut self, batch: &B) -> Result<f32, TrainError> {
+        let rows = self.at.replica_rows(batch.rows());
+        let m = self.schedule.microbatches;
+        let mut start = rows.start;
+        let micro: Vec<B> = microbatch_sizes(rows.len(), m)
+            .into_iter()
+            .map(|len| {
+                let b = batch.narrow_rows(start, len);
+                start += len;
+                b
+            })
+            .collect();
+        let pp_rank = self.at.coord(Axis::Pp);
+        let chunks = self.schedule.stage_map.chunks();
+        let first = (0..chunks).any(|c| self.schedule.is_first(pp_rank, c));
+        let inputs = match first {
+            true => micro.iter().map(|b| (self.input)(b)).collect(),
+            false => Vec::new(),
+        };
+        let loss_fn = self.loss.clone();
+        let weights = microbatch_weights(rows.len(), m);
+        let device = self.at.device.clone();
+        let mut stage = BurnStage::new(
+            Staged(&mut self.wrapper),
+            &self.schedule,
+            pp_rank,
+            device,
+            weights,
+        )
+        .with_inputs(inputs)
+        .with_loss(move |mb, out| loss_fn(out, &micro[mb]));
+        run_schedule(&self.at.mesh, Axis::Pp.name(), &self.schedule, &mut stage)?;
+        let (_, loss) = stage.finish();
+        self.wrapper.reduce()?;
+        // The last stage's ranks (dp · tp of them, tp ranks agreeing) hold the replicas' losses.
+        let replicas = (self.at.dims.dp() * self.at.dims.tp()) as f64;
+        let mut global = [loss.map_or(0.0, |l| l / replicas)];
+        self.at
+            .mesh
+            .world()
+            .all_reduce(&mut global, ReduceOp::Sum)?;
+        Ok(global[0] as f32)
+    }
+
+    fn step(&mut self, lr: f64) -> Result<(), TrainError> {
+        self.wrapper.step(lr)
+    }
+
+    fn gradients(&mut self) -> Result<Vec<ParamValues>, TrainError> {
+        let local = self.wrapper.gradients()?;
+        if local.is_empty() {
+            return Ok(local);
+        }
+        self.assemble(local)
+    }
+
+    fn wrapper_report(&self) -> WrapperReport {
+        self.wrapper.report()
+    }
+
+    fn parameters(&mut self) -> Result<Vec<ParamValues>, TrainError> {
+        let local = self.wrapper.parameters()?;
+        self.assemble(local)
+    }
+}

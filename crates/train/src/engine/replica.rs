@@ -1,0 +1,76 @@
+//! The engine without a pipeline: every rank holds its replica's model (its tensor-parallel
+//! shards under tp), wrapped on the dp axis by DDP or ZeRO, and runs the model's own loss on
+//! its replica's rows.
+
+use super::export::ModelLayout;
+use super::{Engine, RankMesh};
+use crate::dims::{Axis, ParallelDims};
+use crate::error::TrainError;
+use crate::model::{ParallelModel, Rows};
+use crate::wrapper::{DpWrapper, WrapperReport};
+use bonfire_comm::{ProcessGroup, ReduceOp};
+use bonfire_dtensor::DataParallel;
+use bonfire_dtensor::params::ParamValues;
+use burn::tensor::Device;
+
+pub(crate) struct ReplicaEngine<M: ParallelModel> {
+    at: RankMesh,
+    wrapper: DpWrapper<M>,
+    layout: ModelLayout,
+}
+
+impl<M: ParallelModel> ReplicaEngine<M> {
+    pub fn new(at: RankMesh, wrapper: DpWrapper<M>, layout: ModelLayout) -> Self {
+        Self {
+            at,
+            wrapper,
+            layout,
+        }
+    }
+}
+
+impl<M: ParallelModel> Engine<M::Batch> for ReplicaEngine<M> {
+    fn dims(&self) -> &ParallelDims {
+        &self.at.dims
+    }
+    fn device(&self) -> &Device {
+        &self.at.device
+    }
+    fn world(&self) -> &ProcessGroup {
+        self.at.mesh.world()
+    }
+
+    fn forward_backward(&mut self, batch: &M::Batch) -> Result<f32, TrainError> {
+        let rows = self.at.replica_rows(batch.rows());
+        let local = batch.narrow_rows(rows.start, rows.len());
+        let loss = self.wrapper.forward(|m| m.loss(local));
+        let mut value = [loss.clone().detach().into_scalar::<f32>()];
+        self.wrapper.backward(loss)?;
+        // Every tp rank of a replica holds the same loss: the mean over replicas is global.
+        self.at
+            .group(Axis::Dp)
+            .all_reduce(&mut value, ReduceOp::Avg)?;
+        Ok(value[0])
+    }
+
+    fn step(&mut self, lr: f64) -> Result<(), TrainError> {
+        self.wrapper.step(lr)
+    }
+
+    fn gradients(&mut self) -> Result<Vec<ParamValues>, TrainError> {
+        let local = self.wrapper.gradients()?;
+        if local.is_empty() {
+            return Ok(local);
+        }
+        self.layout.whole_all(local, self.at.group(Axis::Tp))
+    }
+
+    fn wrapper_report(&self) -> WrapperReport {
+        self.wrapper.report()
+    }
+
+    fn parameters(&mut self) -> Result<Vec<ParamValues>, TrainError> {
+        let local = self.wrapper.parameters()?;
+        self.layout.whole_all(local, self.at.group(Axis::Tp))
+    }
+}

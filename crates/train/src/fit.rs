@@ -1,0 +1,232 @@
+//! The one training loop: for each step, a batch from the [`DataSource`], forward and
+//! backward, the optimizer step; the global loss, the step's time and tokens/s reported to
+//! hooks, a progress bar and a `--metrics` JSON-lines file. Every layout, every binary
+//! (`train_gpt`, the parity harness, the benches) trains through it.
+
+use crate::engine::Engine;
+use crate::error::TrainError;
+use burn::tensor::Device;
+use indicatif::{ProgressBar, ProgressStyle};
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::Instant;
+
+/// Where batches come from: the *global* batch of step `step`, created on `device` (each rank
+/// takes its rows). Every rank must produce the same batch for the same step.
+pub trait DataSource<B> {
+    fn batch(&self, step: usize, device: &Device) -> B;
+}
+
+impl<B, F: Fn(usize, &Device) -> B> DataSource<B> for F {
+    fn batch(&self, step: usize, device: &Device) -> B {
+        self(step, device)
+    }
+}
+
+/// What one step did.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+pub struct StepReport {
+    /// The step's number (counted from the start of the run, resumed or not).
+    pub step: usize,
+    /// The global loss before the step's update.
+    pub loss: f32,
+    /// Wall time of the step (data, forward, backward, optimizer), in milliseconds.
+    pub step_ms: f64,
+    /// Tokens of the global batch per second of this step (when the loop knows the tokens
+    /// per step).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tokens_per_s: Option<f64>,
+}
+
+/// Called by the loop at fixed points of each step (collectives inside are fine: every rank
+/// calls its hooks at the same points).
+pub trait Hooks<B> {
+    /// After backward, before the optimizer step (gradients are whole via
+    /// [`Engine::gradients`]).
+    fn after_backward(
+        &mut self,
+        step: usize,
+        engine: &mut dyn Engine<B>,
+    ) -> Result<(), TrainError> {
+        let _ = (step, engine);
+        Ok(())
+    }
+    /// After the optimizer step.
+    fn after_step(
+        &mut self,
+        report: &StepReport,
+        engine: &mut dyn Engine<B>,
+    ) -> Result<(), TrainError> {
+        let _ = (report, engine);
+        Ok(())
+    }
+    /// A checkpoint is due: every `checkpoint_every` steps and after the last step.
+    fn checkpoint(&mut self, step: usize, engine: &mut dyn Engine<B>) -> Result<(), TrainError> {
+        let _ = (step, engine);
+        Ok(())
+    }
+}
+
+/// No hooks.
+impl<B> Hooks<B> for () {}
+
+/// The loop's options.
+#[derive(Debug, Clone)]
+pub struct FitConfig {
+    /// The run's last step (exclusive): a resumed run goes on up to it.
+    pub steps: usize,
+    /// The first step (0, or where a resumed run starts).
+    pub start_step: usize,
+    /// Learning rate.
+    pub lr: f64,
+    /// Tokens in one global batch (for tokens/s).
+    pub tokens_per_step: Option<usize>,
+    /// Show a progress bar (rank 0, on a terminal).
+    pub progress: bool,
+    /// Print a line every this many steps (rank 0; 0: never).
+    pub log_every: usize,
+    /// Write one JSON line per step here (rank 0).
+    pub metrics: Option<PathBuf>,
+    /// Call [`Hooks::checkpoint`] every this many steps (and at the end).
+    pub checkpoint_every: Option<usize>,
+}
+
+impl FitConfig {
+    /// `steps` steps at `lr`, quietly.
+    pub fn new(steps: usize, lr: f64) -> Self {
+        Self {
+            steps,
+            start_step: 0,
+            lr,
+            tokens_per_step: None,
+            progress: false,
+            log_every: 0,
+            metrics: None,
+            checkpoint_every: None,
+        }
+    }
+}
+
+/// Rank 0's reporting: progress bar, log lines, metrics file.
+struct Reporter {
+    bar: Option<ProgressBar>,
+    metrics: Option<std::fs::File>,
+    log_every: usize,
+}
+
+impl Reporter {
+    fn new(config: &FitConfig, rank: usize) -> Result<Self, TrainError> {
+        if rank != 0 {
+            return Ok(Self {
+                bar: None,
+                metrics: None,
+                log_every: 0,
+            });
+        }
+        let bar = config.progress.then(|| {
+            let bar = ProgressBar::new((config.steps - config.start_step.min(config.steps)) as u64);
+            bar.set_style(
+                ProgressStyle::with_template(
+                    "{spinner} step {pos:>5}/{len} [{bar:30}] {msg} ({elapsed}<{eta})",
+                )
+                .expect("template")
+                .progress_chars("=> "),
+            );
+            bar
+        });
+        let metrics = match &config.metrics {
+            None => None,
+            Some(path) => {
+                if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+                    std::fs::create_dir_all(dir)
+                        .map_err(|e| TrainError::Io(format!("{}: {e}", dir.display())))?;
+                }
+                let file = std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(config.start_step > 0)
+                    .write(true)
+                    .truncate(config.start_step == 0)
+                    .open(path)
+                    .map_err(|e| TrainError::Io(format!("{}: {e}", path.display())))?;
+                Some(file)
+            }
+        };
+        Ok(Self {
+            bar,
+            metrics,
+            log_every: config.log_every,
+        })
+    }
+
+    fn report(&mut self, r: &StepReport, last: bool) -> Result<(), TrainError> {
+        if let Some(file) = &mut self.metrics {
+            let line = serde_json::to_string(r).expect("a report serializes");
+            writeln!(file, "{line}").map_err(|e| TrainError::Io(e.to_string()))?;
+        }
+        let tps = r
+            .tokens_per_s
+            .map(|t| format!("  {t:>7.0} tok/s"))
+            .unwrap_or_default();
+        if let Some(bar) = &self.bar {
+            bar.set_message(format!("loss {:.4}{tps}", r.loss));
+            bar.inc(1);
+        }
+        if self.log_every > 0 && (r.step % self.log_every == 0 || last) {
+            let line = format!(
+                "step {:>5}  loss {:.4}{tps}  {:.1} ms",
+                r.step, r.loss, r.step_ms
+            );
+            match &self.bar {
+                Some(bar) if !bar.is_hidden() => bar.println(line),
+                _ => println!("{line}"),
+            }
+        }
+        Ok(())
+    }
+
+    fn finish(self) {
+        if let Some(bar) = self.bar {
+            bar.finish();
+        }
+    }
+}
+
+/// Trains `engine` from `config.start_step` up to `config.steps` on `data`, calling `hooks`;
+/// returns every step's report (the same on every rank but for the timings).
+pub fn fit<B>(
+    engine: &mut dyn Engine<B>,
+    data: &dyn DataSource<B>,
+    config: &FitConfig,
+    hooks: &mut dyn Hooks<B>,
+) -> Result<Vec<StepReport>, TrainError> {
+    let mut reporter = Reporter::new(config, engine.world().rank())?;
+    let mut reports = Vec::with_capacity(config.steps.saturating_sub(config.start_step));
+    for step in config.start_step..config.steps {
+        let start = Instant::now();
+        let batch = data.batch(step, engine.device());
+        let loss = engine.forward_backward(&batch)?;
+        drop(batch);
+        hooks.after_backward(step, engine)?;
+        engine.step(config.lr)?;
+        let seconds = start.elapsed().as_secs_f64();
+        let report = StepReport {
+            step,
+            loss,
+            step_ms: seconds * 1e3,
+            tokens_per_s: config.tokens_per_step.map(|t| t as f64 / seconds),
+        };
+        reporter.report(&report, step + 1 == config.steps)?;
+        hooks.after_step(&report, engine)?;
+        let last = step + 1 == config.steps;
+        if last
+            || config
+                .checkpoint_every
+                .is_some_and(|k| k > 0 && (step + 1) % k == 0)
+        {
+            hooks.checkpoint(step + 1, engine)?;
+        }
+        reports.push(report);
+    }
+    reporter.finish();
+    Ok(reports)
+}

@@ -1,0 +1,81 @@
+//! # bonfire-train
+//!
+//! One layout and one training loop for any Burn model on any `pp × dp × tp` mesh, with DDP
+//! or ZeRO 1–3 on dp, tensor (± sequence and loss) parallelism on tp and any pipeline
+//! schedule on pp — torchtitan's structure in Rust:
+//!
+//! - [`ParallelDims`] owns the layout: the degree of each [`Axis`], each axis's options, their
+//!   validation, and the one `DeviceMesh` (`[pp, dp, tp]`, tp innermost).
+//! - [`ParallelModel`] is what a model implements: its loss, and, for each further axis, its
+//!   description from outside the model's code (a tensor-parallel plan, pipeline pieces by
+//!   module path, its layers). A plain Burn model needs only the loss.
+//! - [`Trainer::build`] checks everything first, then applies tensor parallelism, cuts the
+//!   pipeline and wraps the dp axis ([`DpWrapper`]: DDP or ZeRO, behind
+//!   [`bonfire_dtensor::DataParallel`]), returning this rank's [`Engine`].
+//! - [`fit`] is the loop: batches from a [`DataSource`], steps, reports (progress bar,
+//!   `--metrics` JSON lines, tokens/s), hooks for gradients and checkpoints.
+//! - [`Launcher`]: ranks as threads, or as processes under `mpirun` (feature `mpi`).
+//!
+//! ```
+//! use bonfire_train::{fit, FitConfig, Launcher, OptimizerKind, ParallelDims, ParallelModel, Trainer};
+//! use burn::module::Module;
+//! use burn::nn::{Linear, LinearConfig};
+//! use burn::tensor::{Device, Tensor};
+//!
+//! // An ordinary Burn model: nothing of Bonfire inside.
+//! #[derive(Module, Debug)]
+//! struct Regressor {
+//!     linear: Linear,
+//! }
+//!
+//! // All DDP and ZeRO need: the loss of a batch (inputs, targets).
+//! impl ParallelModel for Regressor {
+//!     type Batch = (Tensor<2>, Tensor<2>);
+//!     fn loss(&self, (x, y): Self::Batch) -> Tensor<1> {
+//!         (self.linear.forward(x) - y).powi_scalar(2).mean()
+//!     }
+//! }
+//!
+//! let device = Device::flex().autodiff();
+//! let model = Regressor { linear: LinearConfig::new(4, 1).init(&device) };
+//! // Two data-parallel ranks with ZeRO-3 and Burn's AdamW.
+//! let dims = ParallelDims::parse_mesh("dp=2").unwrap().with_zero(bonfire_zero::Stage::Zero3);
+//! let trainer = Trainer::new(dims, || OptimizerKind::AdamW.build());
+//! let data = |step: usize, device: &Device| {
+//!     let x = Tensor::<2>::ones([4, 4], device) * (step as f32 + 1.0);
+//!     let y = Tensor::<2>::ones([4, 1], device);
+//!     (x, y)
+//! };
+//! let losses = Launcher::Threads { ranks: 2 }
+//!     .run("doc", |pg| {
+//!         let first = data(0, &device);
+//!         let mut engine = trainer.build(model.clone(), &pg, &first).unwrap();
+//!         let reports = fit(engine.as_mut(), &data, &FitConfig::new(3, 0.01), &mut ()).unwrap();
+//!         reports.iter().map(|r| r.loss).collect::<Vec<_>>()
+//!     })
+//!     .unwrap();
+//! assert_eq!(losses[0], losses[1]); // every rank reports the global loss
+//! ```
+//!
+//! See `docs/architecture.md` and `docs/train.md`.
+
+mod dims;
+mod engine;
+mod error;
+mod fit;
+mod launch;
+mod model;
+mod optim;
+mod trainer;
+mod wrapper;
+
+pub use dims::{Axis, ParallelDims, PpOptions, TpOptions};
+pub use engine::Engine;
+pub use engine::export::gather_host;
+pub use error::{LayoutError, TrainError};
+pub use fit::{DataSource, FitConfig, Hooks, StepReport, fit};
+pub use launch::Launcher;
+pub use model::{ParallelModel, Pipeline, Rows};
+pub use optim::OptimizerKind;
+pub use trainer::Trainer;
+pub use wrapper::{DpSpec, DpWrapper, OptimizerFactory, Staged, WrapperReport};

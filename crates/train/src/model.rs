@@ -1,0 +1,133 @@
+//! What a model implements to be trained by the trainer: [`ParallelModel`].
+//!
+//! Data parallelism (DDP, ZeRO 1–3) needs nothing but the loss: any Burn module trains. Each
+//! further axis needs one more piece of description, given from outside the model's code (the
+//! model stays a Burn model):
+//!
+//! - tensor parallelism: [`ParallelModel::tensor_parallel_plan`], module paths to styles (its
+//!   layers must be `bonfire_dtensor::parallel`'s parallel-aware ones where the plan shards
+//!   them), and [`ParallelModel::check_layout`] for what a plan cannot see (heads divisible);
+//! - pipeline parallelism: [`ParallelModel::pipeline`], the model cut into pieces named by
+//!   module path, with how a batch enters the first piece and how the last one's output
+//!   becomes the loss.
+
+use crate::dims::{ParallelDims, TpOptions};
+use crate::engine::Engine;
+use crate::engine::pipeline::{Pieces, PipelineContext};
+use crate::error::{LayoutError, TrainError};
+use bonfire_dtensor::parallel::ParallelPlan;
+use bonfire_pipeline::Block;
+use burn::module::Module;
+use burn::tensor::Tensor;
+use burn::tensor::kind::Basic;
+
+/// A batch that can be cut by rows (dimension 0): each data-parallel replica takes its rows,
+/// each pipeline micro-batch a part of those.
+pub trait Rows: Clone + Send + 'static {
+    /// Number of rows.
+    fn rows(&self) -> usize;
+    /// Rows `start .. start + len`.
+    fn narrow_rows(&self, start: usize, len: usize) -> Self;
+}
+
+impl<const D: usize, K: Basic + 'static> Rows for Tensor<D, K>
+where
+    Tensor<D, K>: Send,
+{
+    fn rows(&self) -> usize {
+        self.dims()[0]
+    }
+    fn narrow_rows(&self, start: usize, len: usize) -> Self {
+        self.clone().narrow(0, start, len)
+    }
+}
+
+impl<A: Rows, B: Rows> Rows for (A, B) {
+    fn rows(&self) -> usize {
+        self.0.rows()
+    }
+    fn narrow_rows(&self, start: usize, len: usize) -> Self {
+        (
+            self.0.narrow_rows(start, len),
+            self.1.narrow_rows(start, len),
+        )
+    }
+}
+
+/// A Burn model the trainer can parallelize (see the module docs). Only
+/// [`loss`](Self::loss) is required; every other method describes one more axis.
+pub trait ParallelModel: Module + Sized + 'static {
+    /// One batch: inputs and targets, cut by rows.
+    type Batch: Rows;
+
+    /// The mean loss over the batch's rows.
+    fn loss(&self, batch: Self::Batch) -> Tensor<1>;
+
+    /// Checks what the layout needs of the model beyond what a plan can see (attention heads
+    /// divisible by tp, …), before anything is built.
+    fn check_layout(&self, dims: &ParallelDims) -> Result<(), LayoutError> {
+        let _ = dims;
+        Ok(())
+    }
+
+    /// Checks what the layout needs of a batch (a sequence length divisible by tp under
+    /// sequence parallelism, …).
+    fn check_batch(&self, dims: &ParallelDims, batch: &Self::Batch) -> Result<(), LayoutError> {
+        let _ = (dims, batch);
+        Ok(())
+    }
+
+    /// The tensor-parallel plan over the tp axis (`None`: the model has none, and a layout
+    /// with tp > 1 is refused).
+    fn tensor_parallel_plan(&self, options: TpOptions) -> Option<ParallelPlan> {
+        let _ = options;
+        None
+    }
+
+    /// The module paths of the layers the model runs through `bonfire_dtensor::layer` (what
+    /// DDP and ZeRO-2 overlap with backward and ZeRO-3 gathers one at a time). Empty: the
+    /// wrappers reduce after backward and ZeRO-3 gathers for the whole forward; the trainer
+    /// says so when it builds.
+    fn layers(&self) -> Vec<String> {
+        Vec::new()
+    }
+
+    /// The model cut into pipeline pieces (`None`: the model has none, and a layout with
+    /// pp > 1 is refused). Called after tensor parallelism is applied.
+    fn pipeline(self) -> Option<Pipeline<Self::Batch>> {
+        None
+    }
+}
+
+/// A model cut into pipeline pieces, in order, each named by the module path where it begins
+/// (split points name these), with how a batch enters the first piece and how the last
+/// piece's output and the batch make the loss. The pieces must hold the model's parameters
+/// in the model's order (the trainer checks).
+pub struct Pipeline<B> {
+    pub(crate) inner: Box<dyn BuildPipeline<B>>,
+}
+
+impl<B: Rows> Pipeline<B> {
+    /// `pieces` as `(module path, piece)`; `input` makes the first piece's input from a
+    /// (micro-)batch; `loss` the mean loss from the last piece's output.
+    pub fn new<P: Block<D> + 'static, const D: usize>(
+        pieces: Vec<(String, P)>,
+        input: impl Fn(&B) -> Tensor<D> + Send + Sync + 'static,
+        loss: impl Fn(Tensor<D>, &B) -> Tensor<1> + Send + Sync + 'static,
+    ) -> Self {
+        Self {
+            inner: Box::new(Pieces::new(pieces, input, loss)),
+        }
+    }
+
+    /// The pieces' names, in order.
+    pub fn names(&self) -> Vec<String> {
+        self.inner.names()
+    }
+}
+
+/// A pipeline description with its piece type erased: it builds its rank's engine.
+pub(crate) trait BuildPipeline<B> {
+    fn names(&self) -> Vec<String>;
+    fn build(self: Box<Self>, ctx: PipelineContext) -> Result<Box<dyn Engine<B>>, TrainError>;
+}

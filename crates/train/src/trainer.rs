@@ -1,0 +1,175 @@
+//! [`Trainer`]: validates a layout against the world, the model and a batch — every check
+//! before anything is built — then parallelizes the model in torchtitan's order (tensor
+//! parallelism over tp, the pipeline split over pp, DDP or ZeRO over dp) and returns this
+//! rank's [`Engine`].
+
+use crate::dims::{Axis, ParallelDims, axis_error};
+use crate::engine::Engine;
+use crate::engine::RankMesh;
+use crate::engine::export::ModelLayout;
+use crate::engine::pipeline::{PipelineContext, split_points};
+use crate::engine::replica::ReplicaEngine;
+use crate::error::{LayoutError, TrainError};
+use crate::model::{ParallelModel, Rows};
+use crate::wrapper::{DpSpec, OptimizerFactory};
+use bonfire_comm::ProcessGroup;
+use bonfire_ddp::DdpConfig;
+use bonfire_dtensor::parallel::parallelize_module;
+use bonfire_dtensor::params;
+use bonfire_zero::{Stage, ZeroConfig};
+use burn::module::Module;
+use burn::optim::ModuleOptimizer;
+use burn::tensor::Device;
+use std::sync::Arc;
+
+/// A layout, Burn's optimizer and the wrappers' options: everything needed to turn a model
+/// into an engine on each rank.
+#[derive(Clone)]
+pub struct Trainer {
+    dims: ParallelDims,
+    dp: DpSpec,
+}
+
+impl Trainer {
+    /// Training under `dims` with the optimizer `optimizer` builds on each rank (e.g.
+    /// `|| AdamWConfig::new().init()`).
+    pub fn new(
+        dims: ParallelDims,
+        optimizer: impl Fn() -> ModuleOptimizer + Send + Sync + 'static,
+    ) -> Self {
+        let optimizer: OptimizerFactory = Arc::new(optimizer);
+        Self {
+            dp: DpSpec::new(&dims, optimizer),
+            dims,
+        }
+    }
+    /// DDP's options (bucket size, overlap, compression) for stage 0.
+    pub fn with_ddp(mut self, config: DdpConfig) -> Self {
+        self.dp.ddp = config.with_report_no_layers(false);
+        self
+    }
+    /// ZeRO's options (bucket size, prefetch, recompute) for stages 1–3; the stage and
+    /// offload come from the layout.
+    pub fn with_zero(mut self, config: ZeroConfig) -> Self {
+        self.dp.zero = config.with_report_no_layers(false);
+        self
+    }
+    pub fn dims(&self) -> &ParallelDims {
+        &self.dims
+    }
+
+    /// Checks the layout against a world of `world` ranks, the model and a batch (one the
+    /// data source produces, on any device): degrees, options, divisibility, stages and
+    /// micro-batches. Makes no collective and builds nothing.
+    pub fn check<M: ParallelModel>(
+        &self,
+        model: &M,
+        world: usize,
+        batch: &M::Batch,
+    ) -> Result<(), LayoutError> {
+        let dims = &self.dims;
+        dims.validate(world)?;
+        let rows = batch.rows();
+        if rows % dims.dp() != 0 {
+            return Err(LayoutError::NotDivisible {
+                axis: Axis::Dp,
+                degree: dims.dp(),
+                what: "the batch's row count".into(),
+                value: rows,
+            });
+        }
+        if dims.tp() > 1 && model.tensor_parallel_plan(dims.tp).is_none() {
+            return Err(axis_error(
+                Axis::Tp,
+                dims.tp(),
+                "the model has no tensor-parallel plan",
+            ));
+        }
+        model.check_layout(dims)?;
+        model.check_batch(dims, batch)?;
+        if dims.pp() > 1 {
+            let per_replica = rows / dims.dp();
+            let m = dims.microbatches();
+            if m > per_replica {
+                return Err(axis_error(
+                    Axis::Pp,
+                    dims.pp(),
+                    &format!(
+                        "{m} micro-batches need at least {m} rows per replica, there are {per_replica}"
+                    ),
+                ));
+            }
+            let pipeline = model.clone().pipeline().ok_or_else(|| {
+                axis_error(Axis::Pp, dims.pp(), "the model has no pipeline pieces")
+            })?;
+            let kind = dims.pp.schedule.expect("validated");
+            let stages = dims.pp() * kind.chunks();
+            split_points(
+                &pipeline.names(),
+                stages,
+                dims.pp.split_points.as_deref(),
+                dims.pp(),
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Checks everything ([`check`](Self::check)), then builds this rank's engine for
+    /// `model` on `world`: the mesh `[pp, dp, tp]`, the model forked onto this rank's device
+    /// (with Balanced gradient checkpointing for ZeRO-3), every rank given world rank 0's
+    /// values, tensor parallelism applied, the pipeline split and the dp wrapper built. A
+    /// collective on `world`.
+    pub fn build<M: ParallelModel>(
+        &self,
+        model: M,
+        world: &ProcessGroup,
+        batch: &M::Batch,
+    ) -> Result<Box<dyn Engine<M::Batch>>, TrainError> {
+        self.check(&model, world.size(), batch)?;
+        let dims = self.dims.clone();
+        let mesh = dims.mesh(world)?;
+        let device = self.device_for(&model);
+        let model = params::fork(model, &device);
+        let (mut model, _) = params::sync_from_root(model, world)?;
+        if dims.tp() > 1 {
+            let plan = model.tensor_parallel_plan(dims.tp).expect("checked");
+            model = parallelize_module(model, &mesh, Axis::Tp.name(), &plan)?;
+        }
+        if model.layers().is_empty() && dims.dp() > 1 && world.rank() == 0 {
+            tracing::info!(
+                "bonfire-train: the model names no layers, so {} (run layers through \
+                 `bonfire_dtensor::layer` and list them in `ParallelModel::layers`)",
+                match dims.zero {
+                    Stage::Zero3 => "ZeRO-3 gathers every parameter for the whole forward",
+                    Stage::Zero0 | Stage::Zero2 =>
+                        "gradients are reduced after backward, not during it",
+                    Stage::Zero1 => "gradients are all-reduced after backward",
+                }
+            );
+        }
+        let layout = ModelLayout::of(&model);
+        let at = RankMesh { dims, mesh, device };
+        if at.dims.pp() == 1 {
+            let wrapper = self.dp.build(model, &at.mesh, Axis::Dp.name())?;
+            return Ok(Box::new(ReplicaEngine::new(at, wrapper, layout)));
+        }
+        let pipeline = model.pipeline().expect("checked");
+        let ctx = PipelineContext {
+            at,
+            dp: self.dp.clone(),
+            layout,
+        };
+        pipeline.inner.build(ctx)
+    }
+
+    /// The device a rank computes on: the model's, with Balanced gradient checkpointing under
+    /// ZeRO-3 (so backward re-gathers parameters; see `ZeroConfig::recompute`).
+    fn device_for<M: Module>(&self, model: &M) -> Device {
+        let device = params::model_device(model).unwrap_or_else(|| Device::flex().autodiff());
+        if self.dims.zero == Stage::Zero3 && self.dp.zero.recompute && device.is_autodiff() {
+            device.inner().autodiff().gradient_checkpointing()
+        } else {
+            device
+        }
+    }
+}

@@ -1,0 +1,83 @@
+//! What a rank holds: [`MemoryReport`] (the wrapper's own account of the buffers it keeps)
+//! and the ZeRO paper's formula ([`formula_bytes`]) to compare it with.
+
+use crate::config::Stage;
+use crate::zero::Zero;
+use burn::module::{Module, ModuleVisitor, Param};
+use burn::tensor::Tensor;
+
+/// Bytes one rank holds, by the wrapper's account (element counts of the tensors and buffers
+/// it keeps, × 4 for f32).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MemoryReport {
+    /// Parameters held between steps (the full model for stages 0–2, the own shard for 3).
+    pub params: usize,
+    /// Gradients held for the step (full for stages 0–1, the own range for 2–3).
+    pub grads: usize,
+    /// Optimizer state on the device.
+    pub optim_device: usize,
+    /// Optimizer state in the host store (offload).
+    pub optim_host: usize,
+    /// Stage 3: the most bytes of gathered parameters alive at once in the last forward —
+    /// the transient "live gathered layer" term of the formula (with layers entered through
+    /// [`bonfire_dtensor::layer`]: about one layer plus the prefetched next one; without:
+    /// everything gathered).
+    pub gathered_peak: usize,
+    /// Stage 3: everything gathered in the last forward.
+    pub gathered_total: usize,
+}
+
+impl MemoryReport {
+    /// Parameters + gradients + optimizer state, wherever it lives.
+    pub fn total(&self) -> usize {
+        self.params + self.grads + self.optim_device + self.optim_host
+    }
+}
+
+/// The ZeRO formula for fp32 parameters, gradients and an optimizer keeping `k` f32 values
+/// per parameter (Adam: 2), for `psi` parameters on `n` ranks, in bytes.
+pub fn formula_bytes(stage: Stage, psi: usize, n: usize, k: usize) -> f64 {
+    let psi = psi as f64;
+    let n = n as f64;
+    let (p, g, o) = (4.0 * psi, 4.0 * psi, 4.0 * k as f64 * psi);
+    match stage {
+        Stage::Zero0 => p + g + o,
+        Stage::Zero1 => p + g + o / n,
+        Stage::Zero2 => p + (g + o) / n,
+        Stage::Zero3 => (p + g + o) / n,
+    }
+}
+
+/// Bytes of the float parameters of `module` that hold a value (initialized).
+pub fn held_param_bytes<M: Module>(module: &M) -> usize {
+    struct Count(usize);
+    impl ModuleVisitor for Count {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+            if param.is_initialized() {
+                self.0 += param.lazy_shape().num_elements() * 4;
+            }
+        }
+    }
+    let mut c = Count(0);
+    module.visit(&mut c);
+    c.0
+}
+
+impl<M: Module> Zero<M> {
+    /// Bytes held by this rank, by the wrapper's account, now (call between backward and step
+    /// to include gradients).
+    pub fn memory(&self) -> MemoryReport {
+        let params = match &self.shard {
+            Some(s) => s.shape().num_elements() * 4 + held_param_bytes(self.model()),
+            None => held_param_bytes(self.model()),
+        };
+        MemoryReport {
+            params,
+            grads: self.grads.as_ref().map_or(0, |g| g.len() * 4),
+            optim_device: self.optim.device_bytes(),
+            optim_host: self.optim.host_bytes(),
+            gathered_peak: self.last_gather.peak_live_bytes,
+            gathered_total: self.last_gather.total_bytes,
+        }
+    }
+}

@@ -1,0 +1,322 @@
+//! Training with [`Zero`]: its [`DataParallel`] implementation.
+//!
+//! - Stages 0–1 all-reduce the full gradient and step the own range of the optimizer state.
+//! - Stage 2 reduce-scatters gradient buckets, during backward for layers entered through
+//!   [`bonfire_dtensor::layer`] (the shared [`SinkHook`]), after it for the rest.
+//! - Stage 3 gathers parameters for each forward (`gather.rs`); their gradients come back
+//!   reduce-scattered onto the owned pieces through the gathers' backward.
+//!
+//! Micro-batches (pipelines, accumulation) use the same paths without hooks: their gradients
+//! are summed into a flat buffer (the own range at stage 3) and reduced once.
+
+use crate::config::Stage;
+use crate::error::{Result, ZeroError};
+use crate::gather::{GatherPlan, ZeroLayerHook, lazy_module};
+use crate::params::{self, ParamValues};
+use crate::reduce::GradBuckets;
+use crate::zero::Zero;
+use bonfire_comm::{ProcessGroup, ReduceOp};
+use bonfire_dtensor::graph::SinkHook;
+use bonfire_dtensor::{DataParallel, install_layer_hook};
+use burn::module::Module;
+use burn::optim::GradientsParams;
+use burn::tensor::{Gradients, Tensor};
+use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
+use std::rc::Rc;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+impl<M: Module> Zero<M> {
+    /// Stage 3's forward: `f` sees a module whose parameters hold no value; each layer the
+    /// model enters through [`bonfire_dtensor::layer`] gets its parameters all-gathered into
+    /// its copy (freed when the model drops it), the next layer's gather prefetched
+    /// meanwhile; a parameter used outside any layer is gathered on first use and kept until
+    /// `f` returns. The gather is recomputable: under Balanced checkpointing backward
+    /// re-gathers parameters instead of keeping them, and their gradients come back
+    /// reduce-scattered onto the owned pieces.
+    fn gathered_forward<R>(&mut self, f: impl FnOnce(&M) -> R) -> R {
+        let shard = self.shard.clone().expect("stage 3 keeps a shard");
+        let plan = Arc::new(GatherPlan::new(
+            self.pg.clone(),
+            self.part.clone(),
+            self.infos.clone(),
+            shard,
+            self.config.prefetch,
+            std::mem::take(&mut self.last_gather.layers),
+        ));
+        let module = lazy_module(self.model().clone(), plan.clone());
+        let hook = install_layer_hook(Rc::new(ZeroLayerHook::new(plan.clone())));
+        let out = catch_unwind(AssertUnwindSafe(|| f(&module)));
+        drop(hook);
+        drop(module);
+        let out = out.unwrap_or_else(|panic| resume_unwind(explain_strategy(panic, self)));
+        self.pieces.extend(plan.owned_pieces());
+        self.last_gather = plan.finish();
+        if self.last_gather.layers.is_empty() {
+            self.note_no_layers("gathers every parameter for the whole forward");
+        }
+        out
+    }
+
+    /// Says once that the model showed no layers, and what that costs.
+    fn note_no_layers(&self, consequence: &str) {
+        if self.config.report_no_layers
+            && self.pg.rank() == 0
+            && !self.told_no_layers.swap(true, Ordering::Relaxed)
+        {
+            tracing::info!(
+                "bonfire-zero: stage {} {consequence}: the model entered no layer through \
+                 `bonfire_dtensor::layer` with a float input (see docs/zero.md, \"Layers\")",
+                self.config.stage.index()
+            );
+        }
+    }
+
+    /// Adds per-parameter host gradients (stages 0–2) to the micro-batch sum.
+    fn add_accumulated(&mut self, per_param: Vec<Option<Vec<f32>>>) {
+        let total = self.part.total();
+        let acc = self.accumulated.get_or_insert_with(|| vec![0.0; total]);
+        for (p, g) in per_param.into_iter().enumerate() {
+            if let Some(g) = g {
+                let dst = &mut acc[self.part.offsets[p]..self.part.offsets[p + 1]];
+                dst.iter_mut().zip(g).for_each(|(d, g)| *d += g);
+                self.seen[p] = true;
+            }
+        }
+    }
+
+    /// Averages per-parameter host gradients (stages 0–2; `None` for a parameter without
+    /// one) over the group and keeps what this stage holds: the full vector (0–1) or the own
+    /// range (2, through the buckets of the forward in flight, if any).
+    fn reduce_host(&mut self, per_param: Vec<Option<Vec<f32>>>) -> Result<()> {
+        match self.config.stage {
+            Stage::Zero0 | Stage::Zero1 => {
+                let mut flat = vec![0.0; self.part.total()];
+                for (p, g) in per_param.iter().enumerate() {
+                    if let Some(g) = g {
+                        flat[self.part.offsets[p]..self.part.offsets[p + 1]].copy_from_slice(g);
+                    }
+                }
+                drop(per_param);
+                if self.pg.size() > 1 {
+                    self.pg.all_reduce(&mut flat, ReduceOp::Avg)?;
+                }
+                self.grads = Some(flat);
+            }
+            Stage::Zero2 => {
+                let pending = self.buckets.lock().unwrap().take();
+                let buckets = pending.unwrap_or_else(|| self.new_buckets());
+                self.grads = Some(buckets.finish(per_param)?);
+            }
+            Stage::Zero3 => unreachable!("stage 3 keeps a shard"),
+        }
+        Ok(())
+    }
+
+    fn new_buckets(&self) -> GradBuckets {
+        GradBuckets::new(
+            self.pg.clone(),
+            self.part.clone(),
+            self.infos.clone(),
+            self.config.bucket_bytes,
+        )
+    }
+
+    /// The averaged gradient of every parameter from the last backward, in module order
+    /// (all-gathered from the owners at stages 2–3).
+    fn full_gradient_values(&self) -> Result<Option<Vec<f32>>> {
+        let Some(g) = &self.grads else {
+            return Ok(None);
+        };
+        if g.len() == self.part.total() {
+            return Ok(Some(g.clone()));
+        }
+        let mut flat = vec![0.0; self.part.total()];
+        self.pg
+            .all_gather_uneven(g, &mut flat, &self.part.counts())?;
+        Ok(Some(flat))
+    }
+}
+
+/// A clearer panic for Burn's strategy mismatch inside a stage-3 forward: the inputs were
+/// created on a device whose gradient-checkpointing strategy differs from the wrapper's.
+fn explain_strategy<M: Module>(
+    panic: Box<dyn std::any::Any + Send>,
+    zero: &Zero<M>,
+) -> Box<dyn std::any::Any + Send> {
+    let text = panic
+        .downcast_ref::<String>()
+        .map(String::as_str)
+        .or_else(|| panic.downcast_ref::<&str>().copied());
+    match text {
+        Some(t) if t.contains("checkpointing strategy mismatch") => Box::new(format!(
+            "bonfire-zero: stage 3 computes on a device with {:?} gradient checkpointing (its \
+             parameters are there), but this forward's inputs use another strategy: create them \
+             on `Zero::device()`; Burn said: {t}",
+            zero.device.gradient_checkpointing_strategy()
+        )),
+        _ => panic,
+    }
+}
+
+impl<M: Module> DataParallel<M> for Zero<M> {
+    type Error = ZeroError;
+
+    fn process_group(&self) -> &ProcessGroup {
+        &self.pg
+    }
+
+    /// At stage 2, each layer the model enters through [`bonfire_dtensor::layer`] gets
+    /// gradient hooks so that its gradient buckets are reduce-scattered while backward runs.
+    /// At stage 3 parameters are gathered (see `gathered_forward` in the source).
+    fn forward<R>(&mut self, f: impl FnOnce(&M) -> R) -> R {
+        match self.config.stage {
+            Stage::Zero3 => self.gathered_forward(f),
+            Stage::Zero2 => {
+                if self.buckets.lock().unwrap().is_none() {
+                    let buckets = self.new_buckets();
+                    *self.buckets.lock().unwrap() = Some(buckets);
+                }
+                let index = Arc::new(params::index_of(&self.infos));
+                let hook = SinkHook::new(self.buckets.clone(), index, self.layers.clone());
+                let guard = install_layer_hook(Rc::new(hook));
+                let out = f(self.model());
+                drop(guard);
+                if self.layers.load(Ordering::Relaxed) == 0 {
+                    self.note_no_layers("reduce-scatters every bucket after backward");
+                }
+                out
+            }
+            Stage::Zero0 | Stage::Zero1 => f(self.model()),
+        }
+    }
+
+    /// Leaves this stage's averaged gradients for `step`: all-reduced in full (stages 0–1),
+    /// reduce-scattered in buckets into the own range (stage 2), or reduce-scattered onto the
+    /// shard by the gathers' backward (stage 3).
+    fn backward(&mut self, loss: Tensor<1>) -> Result<()> {
+        let mut grads = loss.backward();
+        if self.config.stage == Stage::Zero3 {
+            self.accumulate(&mut grads)?;
+            return self.reduce();
+        }
+        let mut gp = GradientsParams::from_grads(grads, self.model());
+        let per_param = params::take_grads(self.model(), &self.infos, &mut gp);
+        drop(gp);
+        self.reduce_host(per_param)
+    }
+
+    fn forward_micro<R>(&mut self, f: impl FnOnce(&M) -> R) -> R {
+        match self.config.stage {
+            Stage::Zero3 => self.gathered_forward(f),
+            _ => f(self.model()),
+        }
+    }
+
+    fn accumulate(&mut self, grads: &mut Gradients) -> Result<()> {
+        if self.config.stage != Stage::Zero3 {
+            let mut gp = GradientsParams::from_module(grads, self.model());
+            let per_param = params::take_grads(self.model(), &self.infos, &mut gp);
+            self.add_accumulated(per_param);
+            return Ok(());
+        }
+        let n = self.own_range().len();
+        let acc = self.accumulated.get_or_insert_with(|| vec![0.0; n]);
+        // Each forward's pieces get gradients from that forward's backward only.
+        self.pieces
+            .retain(|(slot, piece)| match piece.grad_remove(grads) {
+                Some(g) => {
+                    let g = params::to_host(g);
+                    acc[slot.clone()]
+                        .iter_mut()
+                        .zip(g)
+                        .for_each(|(a, x)| *a += x);
+                    false
+                }
+                None => true,
+            });
+        Ok(())
+    }
+
+    fn reduce(&mut self) -> Result<()> {
+        if self.config.stage == Stage::Zero3 {
+            // The gathers' backward already summed every rank's gradient onto the owners.
+            let mut g = self
+                .accumulated
+                .take()
+                .unwrap_or_else(|| vec![0.0; self.own_range().len()]);
+            let scale = 1.0 / self.pg.size() as f32;
+            g.iter_mut().for_each(|x| *x *= scale);
+            self.grads = Some(g);
+            self.pieces.clear();
+            return Ok(());
+        }
+        let acc = self.accumulated.take();
+        let per_param = (0..self.infos.len())
+            .map(|p| {
+                let r = self.part.offsets[p]..self.part.offsets[p + 1];
+                let seen = std::mem::replace(&mut self.seen[p], false);
+                acc.as_ref().filter(|_| seen).map(|a| a[r].to_vec())
+            })
+            .collect();
+        drop(acc);
+        self.reduce_host(per_param)
+    }
+
+    /// Steps the optimizer on this rank's range and brings every rank's updated range back
+    /// where parameters are replicated (all-gather at stages 1–2).
+    fn step(&mut self, lr: f64) -> Result<()> {
+        let grads = self
+            .grads
+            .take()
+            .ok_or_else(|| ZeroError::Usage("step needs gradients: call backward first".into()))?;
+        let own = self.own_range();
+        match self.config.stage {
+            Stage::Zero3 => {
+                let mut values = self.own_values();
+                self.optim.step(lr, &mut values, &grads);
+                self.set_shard(values);
+            }
+            stage => {
+                let mut flat = params::flatten_values(self.model(), &self.infos);
+                let own_grads = if stage == Stage::Zero2 {
+                    &grads[..]
+                } else {
+                    &grads[own.clone()]
+                };
+                let mut mine = flat[own.clone()].to_vec();
+                self.optim.step(lr, &mut mine, own_grads);
+                drop(grads);
+                if stage == Stage::Zero0 {
+                    flat[own].copy_from_slice(&mine);
+                } else {
+                    self.pg
+                        .all_gather_uneven(&mine, &mut flat, &self.part.counts())?;
+                }
+                let model = self.model.take().expect("model");
+                self.model = Some(params::assign_values(model, &self.infos, &flat));
+            }
+        }
+        self.steps += 1;
+        Ok(())
+    }
+
+    /// The averaged gradient of every parameter from the last backward, whole (all-gathered
+    /// from the owners at stages 2–3: a collective there). Empty before the first backward or
+    /// after the step.
+    fn gradients(&self) -> Result<Vec<ParamValues>> {
+        Ok(match self.full_gradient_values()? {
+            Some(flat) => params::named(&self.infos, &flat),
+            None => Vec::new(),
+        })
+    }
+
+    /// Every parameter, whole (all-gathered from the owners at stage 3: a collective there).
+    fn parameters(&self) -> Result<Vec<ParamValues>> {
+        Ok(params::named(&self.infos, &self.full_values()?))
+    }
+
+    fn into_model(self) -> Result<M> {
+        self.full_model()
+    }
+}

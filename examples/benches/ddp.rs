@@ -1,0 +1,211 @@
+//! `cargo xtask bench ddp`: one GPT training step ("bench" size) on 2 rank threads, every
+//! case through the trainer's one loop.
+//!
+//! Prints `bench ddp ranks=2 single_ms=… ddp_ms=… ddp_no_overlap_ms=… ratio=… hidden=…`:
+//! (a) one rank alone with the per-rank batch, (b) DDP with bucket all-reduces overlapped
+//! with backward, (c) DDP reducing after backward; ratio = (b)/(a); hidden = the fraction of
+//! all-reduce time that ran while backward was still computing in (b). Writes a Chrome trace
+//! (Perfetto-readable) per DDP run under `target/bench-ddp/`.
+//!
+//! Two extra fields follow: `contended_ms`, the same per-rank step run by `ranks` threads at
+//! once with no communication at all, and `ratio_vs_contended` = (b) / that. On a machine
+//! with fewer cores than ranks × Burn's worker threads, (a) has the cores to itself while the
+//! DDP ranks share them, so (b)/(a) measures core sharing as much as communication;
+//! (b)/contended isolates what DDP adds.
+
+use bonfire_ddp::{DdpConfig, StepTiming, chrome_trace};
+use bonfire_examples::corpus::Rng;
+use bonfire_examples::data::Batches;
+use bonfire_examples::parallel::TokenBatch;
+use bonfire_examples::{Gpt, GptConfig, default_device};
+use bonfire_train::{Axis, FitConfig, Launcher, ParallelDims, Trainer, WrapperReport, fit};
+use burn::optim::SgdConfig;
+use burn::tensor::Device;
+use clap::Parser;
+use std::path::PathBuf;
+
+#[derive(Parser, Debug)]
+struct Args {
+    #[arg(long, default_value_t = 2)]
+    ranks: usize,
+    /// Sequences per rank.
+    #[arg(long, default_value_t = 8)]
+    batch: usize,
+    /// Timed steps (after `warmup`).
+    #[arg(long, default_value_t = 5)]
+    steps: usize,
+    #[arg(long, default_value_t = 2)]
+    warmup: usize,
+    /// DDP bucket size in MiB (the model has ~21 MiB of gradients).
+    #[arg(long, default_value_t = 4.0)]
+    bucket_mb: f64,
+    /// Where the Chrome traces go (default: `bench-ddp` in the workspace's target dir).
+    #[arg(long)]
+    out_dir: Option<PathBuf>,
+    /// Ignored (passed by `cargo bench`).
+    #[arg(long, hide = true)]
+    bench: bool,
+}
+
+fn batches(cfg: &GptConfig, rows: usize, steps: usize) -> Batches {
+    let mut rng = Rng::new(3);
+    let n = steps * rows * cfg.max_seq_len;
+    let mut draw = || {
+        (0..n)
+            .map(|_| rng.below(cfg.vocab_size) as i64)
+            .collect::<Vec<_>>()
+    };
+    let ids = draw();
+    let targets = draw();
+    Batches::new(ids, targets, [steps, rows, cfg.max_seq_len])
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Trains `dims` on rank threads through the trainer's loop (SGD); returns each rank's step
+/// times and what its dp wrapper recorded. `rows(rank, step, device)` is what rank `rank`'s
+/// engine is given as the global batch of a step.
+fn run_loop(
+    model: &Gpt,
+    dims: &ParallelDims,
+    ranks: usize,
+    ddp: DdpConfig,
+    args: &Args,
+    rows: &(dyn Fn(usize, usize, &Device) -> TokenBatch + Sync),
+) -> Vec<(Vec<f64>, WrapperReport)> {
+    let trainer = Trainer::new(dims.clone(), || SgdConfig::new().init()).with_ddp(ddp);
+    let config = FitConfig::new(args.warmup + args.steps, 0.01);
+    let one = |pg: bonfire_comm::ProcessGroup, rank: usize| {
+        let data = |s: usize, device: &Device| rows(rank, s, device);
+        let mut engine = trainer.build(model.clone(), &pg, &data(0, &default_device()))?;
+        let reports = fit(engine.as_mut(), &data, &config, &mut ())?;
+        let times = reports.iter().map(|r| r.step_ms).collect();
+        Ok::<_, bonfire_train::TrainError>((times, engine.wrapper_report()))
+    };
+    let out = if dims.world_size() == ranks {
+        Launcher::Threads { ranks }.run("bench-ddp", |pg| one(pg.clone(), pg.rank()))
+    } else {
+        // One engine of its own per rank thread: the same work, no communication.
+        std::thread::scope(|s| {
+            let handles: Vec<_> = (0..ranks)
+                .map(|rank| {
+                    s.spawn(move || {
+                        Launcher::Threads { ranks: 1 }.run("bench-alone", |pg| one(pg, rank))
+                    })
+                })
+                .collect();
+            let mut all = Vec::new();
+            for h in handles {
+                all.extend(h.join().expect("a rank thread")?);
+            }
+            Ok(all)
+        })
+    };
+    out.expect("bench run")
+        .into_iter()
+        .map(|r| r.expect("bench rank"))
+        .collect()
+}
+
+/// The median over timed steps of the slowest rank's step time.
+fn slowest(per_rank: &[(Vec<f64>, WrapperReport)], args: &Args) -> f64 {
+    median(
+        (args.warmup..args.warmup + args.steps)
+            .map(|s| per_rank.iter().map(|(t, _)| t[s]).fold(0.0, f64::max))
+            .collect(),
+    )
+}
+
+/// (a): one rank alone, the per-rank batch.
+fn single(model: &Gpt, data: &Batches, args: &Args) -> f64 {
+    let rows = |_: usize, s: usize, d: &Device| data.rows(s, 0, args.batch, d);
+    slowest(
+        &run_loop(
+            model,
+            &ParallelDims::new(),
+            1,
+            DdpConfig::new(),
+            args,
+            &rows,
+        ),
+        args,
+    )
+}
+
+/// (a′): every rank runs the same one-rank steps on its rows at the same time, with no
+/// communication; the median step time of the slowest rank.
+fn contended(model: &Gpt, data: &Batches, args: &Args) -> f64 {
+    let rows = |r: usize, s: usize, d: &Device| data.rows(s, r * args.batch, args.batch, d);
+    let dims = ParallelDims::new();
+    slowest(
+        &run_loop(model, &dims, args.ranks, DdpConfig::new(), args, &rows),
+        args,
+    )
+}
+
+/// (b)/(c): DDP; returns the median step time (slowest rank) and every step's timings.
+fn ddp(model: &Gpt, data: &Batches, args: &Args, overlap: bool) -> (f64, Vec<StepTiming>) {
+    let config = DdpConfig::new()
+        .with_bucket_mb(args.bucket_mb)
+        .with_overlap(overlap)
+        .with_record_timings(true);
+    let dims = ParallelDims::new().with_degree(Axis::Dp, args.ranks);
+    let rows = |_: usize, s: usize, d: &Device| data.rows(s, 0, args.ranks * args.batch, d);
+    let per_rank = run_loop(model, &dims, args.ranks, config, args, &rows);
+    let step_ms = slowest(&per_rank, args);
+    let timings = per_rank
+        .into_iter()
+        .flat_map(|(_, w)| w.timings.into_iter().skip(args.warmup))
+        .collect();
+    (step_ms, timings)
+}
+
+fn main() {
+    let args = Args::parse();
+    let cfg = GptConfig::bench();
+    let device = default_device();
+    let model = Gpt::new(&cfg, &device);
+    let data = batches(&cfg, args.ranks * args.batch, args.warmup + args.steps);
+    eprintln!(
+        "GPT bench size: {} parameters ({:.1} MiB of f32 gradients), batch {} x {} tokens per rank, buckets {} MiB",
+        cfg.num_params(),
+        cfg.num_params() as f64 * 4.0 / (1 << 20) as f64,
+        args.batch,
+        cfg.max_seq_len,
+        args.bucket_mb
+    );
+    let single_ms = single(&model, &data, &args);
+    let contended_ms = contended(&model, &data, &args);
+    let (ddp_ms, overlap_timings) = ddp(&model, &data, &args, true);
+    let (no_overlap_ms, plain_timings) = ddp(&model, &data, &args, false);
+    let hidden = overlap_timings
+        .iter()
+        .map(StepTiming::hidden_fraction)
+        .sum::<f64>()
+        / overlap_timings.len() as f64;
+    // `cargo bench` runs in the package directory: default to the workspace's target dir.
+    let out_dir = args.out_dir.clone().unwrap_or_else(|| {
+        std::env::var_os("CARGO_TARGET_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target"))
+            .join("bench-ddp")
+    });
+    std::fs::create_dir_all(&out_dir).expect("trace directory");
+    for (name, t) in [
+        ("overlap", &overlap_timings),
+        ("no_overlap", &plain_timings),
+    ] {
+        let path = out_dir.join(format!("trace-{name}.json"));
+        std::fs::write(&path, chrome_trace(t)).expect("write trace");
+        eprintln!("trace: {}", path.display());
+    }
+    println!(
+        "bench ddp ranks={} single_ms={single_ms:.1} ddp_ms={ddp_ms:.1} ddp_no_overlap_ms={no_overlap_ms:.1} ratio={:.2} hidden={hidden:.2} contended_ms={contended_ms:.1} ratio_vs_contended={:.2}",
+        args.ranks,
+        ddp_ms / single_ms,
+        ddp_ms / contended_ms
+    );
+}

@@ -1,0 +1,86 @@
+//! [`Gpt`]: the reference decoder of the parity contract.
+
+use crate::block::Block;
+use crate::config::GptConfig;
+use crate::layers::{Embedding, LayerNorm, Linear};
+use bonfire_dtensor::layer;
+use bonfire_dtensor::parallel::loss_parallel;
+use burn::module::Module;
+use burn::tensor::activation::log_softmax;
+use burn::tensor::{Device, Int, Tensor};
+
+/// A GPT-style decoder. Parameter paths are the contract's names (`tok_emb.weight`,
+/// `blocks.0.attn.q.weight`, ..., `head.weight`) in PyTorch layout.
+#[derive(Module, Debug)]
+pub struct Gpt {
+    pub tok_emb: Embedding,
+    pub pos_emb: Embedding,
+    pub blocks: Vec<Block>,
+    pub ln_f: LayerNorm,
+    pub head: Linear,
+}
+
+impl Gpt {
+    /// A freshly initialized model (GPT-2 style: N(0, 0.02) weights, zero biases, unit norms).
+    pub fn new(cfg: &GptConfig, device: &Device) -> Self {
+        let d = cfg.d_model;
+        Self {
+            tok_emb: Embedding::new(cfg.vocab_size, d, device),
+            pos_emb: Embedding::new(cfg.max_seq_len, d, device),
+            blocks: (0..cfg.n_layers)
+                .map(|_| Block::new(d, cfg.n_heads, cfg.d_ff, device))
+                .collect(),
+            ln_f: LayerNorm::new(d, device),
+            head: Linear::new(d, cfg.vocab_size, false, device),
+        }
+    }
+
+    /// Logits `[B, T, V]` for token ids `[B, T]` (under a tensor-parallel plan with
+    /// `loss_parallel`, this rank's vocabulary slice `[B, T, V/tp]`). The same three steps
+    /// are the pipeline's pieces ([`crate::parallel`]): [`embed`], the blocks, [`head`].
+    pub fn forward(&self, ids: Tensor<2, Int>) -> Tensor<3> {
+        let mut x = embed(&self.tok_emb, &self.pos_emb, ids);
+        for block in &self.blocks {
+            x = block.forward(x);
+        }
+        head(&self.ln_f, &self.head, x)
+    }
+
+    /// Mean cross-entropy over all `B·T` positions (vocab-parallel, on sharded logits,
+    /// when the head's output is sharded over the vocabulary).
+    pub fn loss(&self, ids: Tensor<2, Int>, targets: Tensor<2, Int>) -> Tensor<1> {
+        match self.head.output_shard_group() {
+            Some(group) => loss_parallel(self.forward(ids), targets, &group),
+            None => cross_entropy(self.forward(ids), targets),
+        }
+    }
+}
+
+/// `tok_emb[ids] + pos_emb[0..T]`: `[B, T]` ids to `[B, T, d]` activations. Every layer runs
+/// through [`layer`] (see `Block::forward`); the embeddings' input is token ids, so DDP
+/// anchors nothing there, but ZeRO-3 still gathers them per layer.
+pub fn embed(tok_emb: &Embedding, pos_emb: &Embedding, ids: Tensor<2, Int>) -> Tensor<3> {
+    let [_, t] = ids.dims();
+    let tokens = layer(tok_emb, &ids).forward(ids.clone());
+    let positions = layer(pos_emb, &ids).first_rows(t);
+    tokens + positions.unsqueeze::<3>()
+}
+
+/// `head(LN_f(x))`: `[B, T, d]` activations to logits.
+pub fn head(ln_f: &LayerNorm, head: &Linear, x: Tensor<3>) -> Tensor<3> {
+    let h = layer(ln_f, &x).forward(x.clone());
+    layer(head, &x).forward(h)
+}
+
+/// Mean over positions of `−log softmax(logits)[target]`.
+pub fn cross_entropy(logits: Tensor<3>, targets: Tensor<2, Int>) -> Tensor<1> {
+    let [b, t, v] = logits.dims();
+    let logp = log_softmax(logits.reshape([b * t, v]), 1);
+    let picked = logp.gather(1, targets.reshape([b * t, 1]));
+    picked.mean().neg()
+}
+
+/// The device every example trains on: the CPU (Flex) with autodiff.
+pub fn default_device() -> Device {
+    Device::flex().autodiff()
+}

@@ -1,0 +1,204 @@
+//! The parity harness (see the contract in the repository's notes): a fixed GPT trained for a
+//! few SGD or AdamW steps under any layout, through the trainer's one loop, writing the
+//! parameters, the step-0 gradients and the losses.
+
+use crate::config::GptConfig;
+use crate::gpt::{Gpt, default_device};
+use crate::parallel::TokenBatch;
+use crate::tensor_file::{self, HostTensor};
+use crate::{checkpoint, data};
+use bonfire_dtensor::params::ParamValues;
+use bonfire_pipeline::ScheduleKind;
+use bonfire_train::{
+    Engine, FitConfig, Hooks, Launcher, OptimizerKind, ParallelDims, TrainError, Trainer, fit,
+};
+use bonfire_zero::Stage;
+use burn::tensor::Device;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+/// One harness run's inputs (the command line).
+#[derive(Debug, Clone)]
+pub struct HarnessArgs {
+    pub config: PathBuf,
+    pub weights: PathBuf,
+    pub data: PathBuf,
+    pub dims: ParallelDims,
+    pub optim: OptimizerKind,
+    /// The Burn device every rank computes on (`flex`).
+    pub device: String,
+    pub steps: usize,
+    pub lr: f64,
+    pub out: PathBuf,
+}
+
+/// The layout options of the contract's command line, as given.
+#[derive(Debug, Clone, Default)]
+pub struct LayoutArgs {
+    pub mesh: String,
+    pub zero: usize,
+    pub schedule: Option<String>,
+    pub microbatches: Option<usize>,
+    pub sequence_parallel: bool,
+    pub loss_parallel: bool,
+    pub offload: bool,
+}
+
+impl LayoutArgs {
+    /// The layout they describe (checked further when the run is built).
+    pub fn dims(&self) -> Result<ParallelDims, String> {
+        let mut dims = ParallelDims::parse_mesh(&self.mesh).map_err(|e| e.to_string())?;
+        dims.zero = Stage::from_index(self.zero)
+            .ok_or_else(|| format!("--zero {}: must be 0, 1, 2 or 3", self.zero))?;
+        if let Some(name) = &self.schedule {
+            let kind = ScheduleKind::parse(name).ok_or_else(|| {
+                format!(
+                    "--schedule {name}: unknown (known: gpipe, 1f1b, interleaved[:V], zb, zb-v)"
+                )
+            })?;
+            dims = dims.with_schedule(kind);
+        }
+        dims.pp.microbatches = self.microbatches;
+        Ok(dims
+            .with_sequence_parallel(self.sequence_parallel)
+            .with_loss_parallel(self.loss_parallel)
+            .with_offload(self.offload))
+    }
+}
+
+/// What a run computed (rank 0's view; ranks agree).
+#[derive(Debug, Clone, Default)]
+pub struct HarnessResult {
+    /// Parameter name → (shape, values) after all steps.
+    pub params: BTreeMap<String, (Vec<usize>, Vec<f32>)>,
+    /// Parameter name → step-0 gradient of the global loss.
+    pub grad0: BTreeMap<String, Vec<f32>>,
+    /// Global loss at each step, before its update.
+    pub losses: Vec<f32>,
+}
+
+impl HarnessResult {
+    /// The contract's output tensors: parameters, `grad0.<name>`, `loss`.
+    pub fn tensors(&self) -> BTreeMap<String, (Vec<usize>, Vec<f32>)> {
+        let mut out = self.params.clone();
+        for (name, g) in &self.grad0 {
+            let shape = self.params[name].0.clone();
+            out.insert(format!("grad0.{name}"), (shape, g.clone()));
+        }
+        out.insert(
+            "loss".into(),
+            (vec![self.losses.len()], self.losses.clone()),
+        );
+        out
+    }
+}
+
+/// The Burn device `--device` names (`flex`; `wgpu` is refused until this build runs on it).
+pub fn device(name: &str) -> Result<Device, String> {
+    match name {
+        "flex" => Ok(default_device()),
+        "wgpu" => Err(
+            "--device wgpu: not supported by this build yet (the data plane stages through \
+             the host; see the device-resident data plane issue)"
+                .into(),
+        ),
+        other => Err(format!("--device {other}: expected `flex` or `wgpu`")),
+    }
+}
+
+/// Runs the harness and writes `args.out`.
+pub fn run(args: &HarnessArgs) -> Result<HarnessResult, String> {
+    let device = device(&args.device)?;
+    let cfg = GptConfig::load(&args.config)?;
+    let batches = data::load_batches(&args.data, &cfg)?;
+    if args.steps > batches.steps() {
+        return Err(format!(
+            "--steps {} but {} holds {} step(s)",
+            args.steps,
+            args.data.display(),
+            batches.steps()
+        ));
+    }
+    let model = checkpoint::load(Gpt::new(&cfg, &device), &args.weights)?;
+    let result = train(
+        &model, &batches, &args.dims, args.optim, args.steps, args.lr,
+    )?;
+    tensor_file::write_f32(&args.out, &result.tensors())?;
+    Ok(result)
+}
+
+/// Keeps the whole gradients of step 0.
+#[derive(Default)]
+struct FirstGradients(Vec<ParamValues>);
+
+impl Hooks<TokenBatch> for FirstGradients {
+    fn after_backward(
+        &mut self,
+        step: usize,
+        engine: &mut dyn Engine<TokenBatch>,
+    ) -> Result<(), TrainError> {
+        if step == 0 {
+            self.0 = engine.gradients()?;
+        }
+        Ok(())
+    }
+}
+
+/// `steps` steps of `model` on `batches` under `dims` with Burn's `optim`, on rank threads,
+/// through the trainer: whole parameters after the last step, whole step-0 gradients and the
+/// global losses (rank 0's; every rank computes the same).
+pub fn train(
+    model: &Gpt,
+    batches: &data::Batches,
+    dims: &ParallelDims,
+    optim: OptimizerKind,
+    steps: usize,
+    lr: f64,
+) -> Result<HarnessResult, String> {
+    let trainer = Trainer::new(dims.clone(), move || optim.build());
+    let data = |s: usize, device: &Device| batches.rows(s, 0, batches.batch, device);
+    let first = data(0, &default_device());
+    trainer
+        .check(model, dims.world_size(), &first)
+        .map_err(|e| e.to_string())?;
+    let ranks = dims.world_size();
+    let outcomes = Launcher::Threads { ranks }
+        .run("parity", |pg| -> Result<HarnessResult, TrainError> {
+            let mut engine = trainer.build(model.clone(), &pg, &first)?;
+            let mut grads = FirstGradients::default();
+            let reports = fit(
+                engine.as_mut(),
+                &data,
+                &FitConfig::new(steps, lr),
+                &mut grads,
+            )?;
+            let params = engine.parameters()?;
+            Ok(HarnessResult {
+                params: params
+                    .into_iter()
+                    .map(|p| (p.path, (p.shape, p.values)))
+                    .collect(),
+                grad0: grads.0.into_iter().map(|p| (p.path, p.values)).collect(),
+                losses: reports.iter().map(|r| r.loss).collect(),
+            })
+        })
+        .map_err(|e| e.to_string())?;
+    outcomes
+        .into_iter()
+        .next()
+        .expect("rank 0")
+        .map_err(|e| e.to_string())
+}
+
+/// Reads a result file back (for comparisons).
+pub fn read_result(
+    path: impl AsRef<std::path::Path>,
+) -> Result<BTreeMap<String, Vec<f32>>, String> {
+    Ok(tensor_file::read(path)?
+        .into_iter()
+        .filter_map(|(k, v)| match v {
+            HostTensor::F32 { data, .. } => Some((k, data)),
+            HostTensor::I64 { .. } => None,
+        })
+        .collect())
+}

@@ -1,0 +1,200 @@
+//! How the GPT is parallelized, from outside its code: its [`ParallelModel`] description —
+//! the tensor-parallel plan (like torchtitan's Llama plan), the checks a plan cannot see, the
+//! layers it runs through `bonfire_dtensor::layer`, and its pipeline pieces, which run the
+//! very functions [`Gpt::forward`] runs ([`embed`], `Block::forward`, [`head`]).
+//!
+//! | module | without SP | with sequence parallelism |
+//! |---|---|---|
+//! | `tok_emb` | vocab-parallel (row-wise), output all-reduced | vocab-parallel, output reduce-scattered along the sequence |
+//! | `pos_emb` | replicated | `SequenceParallel` (each rank its positions) |
+//! | `blocks.*.ln1`, `ln2`, `ln_f` | replicated | `SequenceParallel` |
+//! | `blocks.*.attn.q`, `k`, `v`, `mlp.fc1` | column-wise | column-wise, input all-gathered along the sequence |
+//! | `blocks.*.attn.o`, `mlp.fc2` | row-wise, output all-reduced | row-wise, output reduce-scattered along the sequence |
+//! | `head` | column-wise, output gathered (or kept vocab-sharded for `loss_parallel`) | the same, input all-gathered along the sequence |
+//!
+//! Attention heads are split across the tensor-parallel ranks (rank r holds heads
+//! r·h/tp .. (r+1)·h/tp), so `n_heads` must be divisible by the tensor-parallel size.
+
+use crate::block::Block as GptBlock;
+use crate::gpt::{Gpt, cross_entropy, embed, head};
+use crate::layers::{Embedding, LayerNorm, Linear};
+use bonfire_dtensor::parallel::{
+    ColwiseParallel, Layout, ParallelPlan, RowwiseParallel, SequenceParallel, loss_parallel,
+};
+use bonfire_pipeline::Block;
+use bonfire_train::{Axis, LayoutError, ParallelDims, ParallelModel, Pipeline, TpOptions};
+use burn::module::Module;
+use burn::tensor::{Int, Tensor};
+
+/// A batch of the GPT: token ids and targets, `[B, T]` each.
+pub type TokenBatch = (Tensor<2, Int>, Tensor<2, Int>);
+
+/// The GPT's tensor-parallel plan (see the module docs).
+pub fn gpt_tp_plan(sequence_parallel: bool, loss_parallel: bool) -> ParallelPlan {
+    let head_out = if loss_parallel {
+        Layout::Shard(-1)
+    } else {
+        Layout::Replicate
+    };
+    let seq = Layout::Shard(1);
+    let (colwise, rowwise, embedding) = if sequence_parallel {
+        (
+            ColwiseParallel::default().input_layout(seq),
+            RowwiseParallel::default().output_layout(seq),
+            RowwiseParallel::vocab_embedding(seq),
+        )
+    } else {
+        (
+            ColwiseParallel::default(),
+            RowwiseParallel::default(),
+            RowwiseParallel::vocab_embedding(Layout::Replicate),
+        )
+    };
+    let mut plan = ParallelPlan::new()
+        .add("tok_emb", embedding)
+        .add("blocks.*.attn.q", colwise)
+        .add("blocks.*.attn.k", colwise)
+        .add("blocks.*.attn.v", colwise)
+        .add("blocks.*.attn.o", rowwise)
+        .add("blocks.*.mlp.fc1", colwise)
+        .add("blocks.*.mlp.fc2", rowwise)
+        .add("head", colwise.output_layout(head_out));
+    if sequence_parallel {
+        let sp = SequenceParallel::default();
+        for path in ["pos_emb", "blocks.*.ln1", "blocks.*.ln2", "ln_f"] {
+            plan = plan.add(path, sp);
+        }
+    }
+    plan
+}
+
+fn divisible(axis: Axis, degree: usize, what: &str, value: usize) -> Result<(), LayoutError> {
+    if value % degree == 0 {
+        return Ok(());
+    }
+    Err(LayoutError::NotDivisible {
+        axis,
+        degree,
+        what: what.into(),
+        value,
+    })
+}
+
+impl ParallelModel for Gpt {
+    type Batch = TokenBatch;
+
+    fn loss(&self, (ids, targets): TokenBatch) -> Tensor<1> {
+        Gpt::loss(self, ids, targets)
+    }
+
+    /// Heads, the vocabulary (sharded by the embedding and the head) and the MLP width must
+    /// split evenly over tp.
+    fn check_layout(&self, dims: &ParallelDims) -> Result<(), LayoutError> {
+        let tp = dims.tp();
+        let n_heads = self.blocks.first().map_or(tp, |b| b.attn.n_heads());
+        divisible(Axis::Tp, tp, "n_heads", n_heads)?;
+        divisible(Axis::Tp, tp, "vocab_size", self.tok_emb.weight.dims()[0])?;
+        if let Some(b) = self.blocks.first() {
+            divisible(Axis::Tp, tp, "d_ff", b.mlp.fc1.weight.dims()[0])?;
+        }
+        Ok(())
+    }
+
+    /// Sequence parallelism shards the sequence over tp.
+    fn check_batch(&self, dims: &ParallelDims, (ids, _): &TokenBatch) -> Result<(), LayoutError> {
+        if dims.tp.sequence_parallel {
+            divisible(Axis::Tp, dims.tp(), "the sequence length", ids.dims()[1])?;
+        }
+        Ok(())
+    }
+
+    fn tensor_parallel_plan(&self, options: TpOptions) -> Option<ParallelPlan> {
+        Some(gpt_tp_plan(
+            options.sequence_parallel,
+            options.loss_parallel,
+        ))
+    }
+
+    fn layers(&self) -> Vec<String> {
+        let mut out = vec!["tok_emb".to_string(), "pos_emb".to_string()];
+        for i in 0..self.blocks.len() {
+            for part in ["ln1", "attn", "ln2", "mlp"] {
+                out.push(format!("blocks.{i}.{part}"));
+            }
+        }
+        out.extend(["ln_f".to_string(), "head".to_string()]);
+        out
+    }
+
+    /// The embeddings, each block, the final norm with the head; token ids enter as floats
+    /// `[B, T, 1]`; the loss is cross-entropy, vocab-parallel when the head's logits stay
+    /// sharded.
+    fn pipeline(self) -> Option<Pipeline<TokenBatch>> {
+        let group = self.head.output_shard_group();
+        let loss = move |logits: Tensor<3>, (_, targets): &TokenBatch| match &group {
+            Some(g) => loss_parallel(logits, targets.clone(), g),
+            None => cross_entropy(logits, targets.clone()),
+        };
+        let input = |(ids, _): &TokenBatch| ids.clone().float().unsqueeze_dim::<3>(2);
+        Some(Pipeline::new(pieces(self), input, loss))
+    }
+}
+
+/// The token and position embeddings (the first piece).
+#[derive(Module, Debug)]
+pub struct EmbedPiece {
+    pub tok_emb: Embedding,
+    pub pos_emb: Embedding,
+}
+
+/// The final LayerNorm and the output projection (the last piece).
+#[derive(Module, Debug)]
+pub struct HeadPiece {
+    pub ln_f: LayerNorm,
+    pub head: Linear,
+}
+
+/// One piece of the GPT as a pipeline block: activations are `[B, T, d]`; the embedding
+/// reads token ids as floats `[B, T, 1]`, the head writes logits `[B, T, V]`.
+// A handful of pieces per rank: the size difference of the variants does not matter.
+#[allow(clippy::large_enum_variant)]
+#[derive(Module, Debug)]
+pub enum Piece {
+    Embed(EmbedPiece),
+    Layer(GptBlock),
+    Head(HeadPiece),
+}
+
+impl Block<3> for Piece {
+    fn forward(&self, x: Tensor<3>) -> Tensor<3> {
+        match self {
+            Piece::Embed(e) => embed(&e.tok_emb, &e.pos_emb, x.squeeze_dim::<2>(2).int()),
+            Piece::Layer(block) => block.forward(x),
+            Piece::Head(h) => head(&h.ln_f, &h.head, x),
+        }
+    }
+}
+
+/// The GPT's pieces in order, named by the module path where each begins: `tok_emb`,
+/// `blocks.0`, …, `ln_f` (parameters in the model's order).
+pub fn pieces(model: Gpt) -> Vec<(String, Piece)> {
+    let Gpt {
+        tok_emb,
+        pos_emb,
+        blocks,
+        ln_f,
+        head,
+    } = model;
+    let mut out = vec![(
+        "tok_emb".to_string(),
+        Piece::Embed(EmbedPiece { tok_emb, pos_emb }),
+    )];
+    out.extend(
+        blocks
+            .into_iter()
+            .enumerate()
+            .map(|(i, b)| (format!("blocks.{i}"), Piece::Layer(b))),
+    );
+    out.push(("ln_f".to_string(), Piece::Head(HeadPiece { ln_f, head })));
+    out
+}

@@ -1,0 +1,142 @@
+//! Shared helpers of the parity tests: random batches, single-device reference training, DDP
+//! training, and comparisons of harness results (through `bonfire_comm::testing`'s one
+//! tolerance).
+
+#![allow(dead_code)]
+
+use bonfire_comm::testing::{Closeness, Tolerance, assert_close};
+use bonfire_comm::{ReduceOp, ThreadWorld};
+use bonfire_ddp::{DataParallel, DdpConfig, DistributedDataParallel, params};
+use bonfire_examples::data::Batches;
+use bonfire_examples::harness::HarnessResult;
+use bonfire_examples::{Gpt, GptConfig, default_device};
+use burn::module::Module;
+use burn::optim::{GradientsParams, ModuleOptimizer};
+use std::time::Duration;
+
+/// The parity tolerance under SGD: `|a − b| ≤ 1e-5·max(|a|, |b|) + 1e-7`.
+pub const SGD: Tolerance = Tolerance::new(1e-5, 1e-7);
+/// Under AdamW the absolute floor is 2e-3·lr: Adam divides each gradient element by its
+/// running RMS, so an element whose gradient is a cancellation (≈ 0, e.g. of a LayerNorm
+/// bias) turns f32 summation-order noise into a step of up to lr (docs/zero.md).
+pub fn adamw(lr: f64) -> Tolerance {
+    Tolerance::new(1e-5, 2e-3 * lr as f32)
+}
+
+/// vocab 32, d 16, 4 heads, 6 layers (8 pipeline pieces), seq 8, d_ff 32: tp ∈ {1, 2, 4},
+/// pp up to 4 with two chunks per rank.
+pub fn gpt_cfg() -> GptConfig {
+    GptConfig {
+        n_heads: 4,
+        n_layers: 6,
+        ..GptConfig::tiny()
+    }
+}
+
+pub fn random_batches(cfg: &GptConfig, steps: usize, batch: usize, seed: u64) -> Batches {
+    let mut state = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    let mut next = || {
+        state = state
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        ((state >> 33) % cfg.vocab_size as u64) as i64
+    };
+    let n = steps * batch * cfg.max_seq_len;
+    let ids: Vec<i64> = (0..n).map(|_| next()).collect();
+    let targets: Vec<i64> = (0..n).map(|_| next()).collect();
+    Batches::new(ids, targets, [steps, batch, cfg.max_seq_len])
+}
+
+/// Losses and final parameters (flat, module order) of a run.
+#[derive(Debug, Clone)]
+pub struct Run {
+    pub losses: Vec<f32>,
+    pub params: Vec<f32>,
+}
+
+/// Plain Burn training on one device with the whole global batch: the reference.
+pub fn single_device(
+    model: &Gpt,
+    batches: &Batches,
+    steps: usize,
+    lr: f64,
+    mut optim: ModuleOptimizer,
+) -> Run {
+    let device = default_device();
+    let mut model = model.clone().fork(&device);
+    let infos = params::inventory(&model);
+    let mut losses = Vec::new();
+    for s in 0..steps {
+        let (ids, targets) = batches.rows(s, 0, batches.batch, &device);
+        let loss = model.loss(ids, targets);
+        losses.push(params::to_host(loss.clone().detach())[0]);
+        let grads = GradientsParams::from_grads(loss.backward(), &model);
+        model = optim.step(lr, model, grads);
+    }
+    Run {
+        losses,
+        params: params::flatten_values(&model, &infos),
+    }
+}
+
+/// DDP on `n` rank threads, each taking its rows of every global batch. Returns every
+/// rank's run (losses are global: averaged over ranks).
+pub fn ddp(
+    model: &Gpt,
+    batches: &Batches,
+    n: usize,
+    steps: usize,
+    lr: f64,
+    optim: impl Fn() -> ModuleOptimizer + Sync,
+    config: DdpConfig,
+) -> Vec<Run> {
+    let device = default_device();
+    let rows = batches.batch / n;
+    ThreadWorld::new(n)
+        .timeout(Duration::from_secs(60))
+        .launch(|pg| {
+            let replica = model.clone().fork(&device);
+            let mut ddp =
+                DistributedDataParallel::new(replica, optim(), pg.clone(), config.clone()).unwrap();
+            let mut losses = Vec::new();
+            for s in 0..steps {
+                let (ids, targets) = batches.rows(s, pg.rank() * rows, rows, &device);
+                let local = ddp.train_step(lr, |m| m.loss(ids, targets)).unwrap();
+                let mut global = [local];
+                pg.all_reduce(&mut global, ReduceOp::Avg).unwrap();
+                losses.push(global[0]);
+            }
+            let infos = params::inventory(ddp.model());
+            Run {
+                losses,
+                params: params::flatten_values(ddp.model(), &infos),
+            }
+        })
+        .unwrap()
+}
+
+/// Asserts a harness result equals the reference — losses, every step-0 gradient and every
+/// parameter, shapes included — within `tol`; says how close they came.
+pub fn assert_same_run(
+    what: &str,
+    got: &HarnessResult,
+    want: &HarnessResult,
+    tol: Tolerance,
+) -> Closeness {
+    let mut worst = assert_close(&format!("{what} loss"), &got.losses, &want.losses, tol);
+    assert_eq!(
+        got.params.len(),
+        want.params.len(),
+        "{what}: parameter count"
+    );
+    for (name, (shape, w)) in &want.params {
+        let (gshape, g) = &got.params[name];
+        assert_eq!(gshape, shape, "{what} {name} shape");
+        worst = worst.max(assert_close(&format!("{what} {name}"), g, w, tol));
+        let (gg, wg) = (&got.grad0[name], &want.grad0[name]);
+        worst = worst.max(assert_close(&format!("{what} grad0.{name}"), gg, wg, tol));
+    }
+    worst
+}
