@@ -12,7 +12,9 @@
 mod bench;
 mod gpu;
 mod mpi;
+mod mpi_train;
 mod process;
+mod tally;
 mod test;
 
 use std::process::ExitCode;
@@ -66,7 +68,9 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(Failure { message, exit_code }) => {
-            eprintln!("error: {message}");
+            if !message.is_empty() {
+                eprintln!("error: {message}");
+            }
             ExitCode::from(exit_code)
         }
     }

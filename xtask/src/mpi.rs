@@ -62,6 +62,23 @@ const SCENARIOS: &[Scenario] = &[
 /// the 2 s abort grace period; the rest is process start-up on a loaded machine).
 const FAILURE_DEADLINE: Duration = Duration::from_secs(10);
 
+/// `mpirun` as the gate runs it: as root, over shared memory, oversubscribed, with a timeout.
+pub(crate) fn mpirun(ranks: usize, timeout_s: u32) -> Command {
+    let mut command = Command::new("mpirun");
+    command
+        .args([
+            "--timeout",
+            &timeout_s.to_string(),
+            "-np",
+            &ranks.to_string(),
+            "--oversubscribe",
+        ])
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .env("OMPI_MCA_btl", "self,vader");
+    command
+}
+
 pub fn mpirun_available() -> bool {
     Command::new("mpirun")
         .arg("--version")
@@ -107,22 +124,46 @@ pub fn test_step() -> Result<bool> {
         "wire::",
         "world::",
     ]);
-    process::run(unit)?;
+    process::run_tests(unit)?;
     for &ranks in CONFORMANCE_RANKS {
         let mut command = cargo_under_mpirun(ranks, "test");
         command.args(CONFORMANCE_TEST);
-        process::run(command)?;
+        counted(process::run(command))?;
     }
-    let binary = conformance_binary()?;
+    let mut args = vec!["test"];
+    args.extend(CONFORMANCE_TEST);
+    let binary = built_executable(&args, "mpi_conformance")?;
     for scenario in SCENARIOS {
-        run_scenario(&binary, scenario)?;
+        counted(run_scenario(&binary, scenario))?;
     }
+    let mut ddp = process::cargo();
+    ddp.args([
+        "test",
+        "-p",
+        "bonfire-examples",
+        "--features",
+        "mpi",
+        "--test",
+        "mpi_ddp",
+    ]);
+    counted(process::run(ddp))?;
+    crate::mpi_train::compare_layouts()?;
     println!(
-        "MPI: conformance on {CONFORMANCE_RANKS:?} processes and {} failure scenarios passed in {:.1}s",
+        "MPI: conformance on {CONFORMANCE_RANKS:?} processes, {} failure scenarios, DDP and \
+         train_gpt across processes passed in {:.1}s",
         SCENARIOS.len(),
         started.elapsed().as_secs_f64()
     );
     Ok(true)
+}
+
+/// Counts one check run outside the test harness.
+pub(crate) fn counted(result: Result) -> Result {
+    match &result {
+        Ok(()) => crate::tally::add(1, 0),
+        Err(_) => crate::tally::add(0, 1),
+    }
+    result
 }
 
 /// Cargo's selection of the MPI conformance test (run under mpirun, and located as a binary).
@@ -135,12 +176,15 @@ const CONFORMANCE_TEST: [&str; 6] = [
     "mpi_conformance",
 ];
 
-/// Path of the (already built) conformance test binary, from cargo's JSON messages.
-fn conformance_binary() -> Result<String> {
+/// Builds with `cargo <args>` (`test` builds without running) and returns the path of the
+/// executable called `name`, from cargo's JSON messages.
+pub(crate) fn built_executable(args: &[&str], name: &str) -> Result<String> {
     let mut command = process::cargo();
-    command.arg("test");
-    command.args(CONFORMANCE_TEST);
-    command.args(["--no-run", "--message-format=json"]);
+    command.args(args);
+    if args.first() == Some(&"test") {
+        command.arg("--no-run");
+    }
+    command.arg("--message-format=json");
     let output = command.output().map_err(|err| Failure {
         message: format!("could not start cargo: {err}"),
         exit_code: 1,
@@ -148,14 +192,11 @@ fn conformance_binary() -> Result<String> {
     let stdout = String::from_utf8_lossy(&output.stdout);
     stdout
         .lines()
-        .filter(|line| line.contains("\"name\":\"mpi_conformance\""))
-        .find_map(|line| {
-            let start = line.find("\"executable\":\"")? + "\"executable\":\"".len();
-            let end = line[start..].find('"')?;
-            Some(line[start..start + end].to_string())
-        })
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .filter(|msg| msg["target"]["name"] == name)
+        .find_map(|msg| msg["executable"].as_str().map(str::to_string))
         .ok_or_else(|| Failure {
-            message: "could not find the mpi_conformance test binary in cargo's output".into(),
+            message: format!("could not find the `{name}` binary in cargo's output"),
             exit_code: 1,
         })
 }
@@ -163,20 +204,10 @@ fn conformance_binary() -> Result<String> {
 /// Runs one failure scenario directly under `mpirun` (already built, so the time measured
 /// is the job's own).
 fn run_scenario(binary: &str, s: &Scenario) -> Result {
-    let mut command = Command::new("mpirun");
+    let mut command = mpirun(s.ranks, 60);
     command
-        .args([
-            "--timeout",
-            "60",
-            "-np",
-            &s.ranks.to_string(),
-            "--oversubscribe",
-        ])
         .arg(binary)
         .arg(s.mode)
-        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-        .env("OMPI_MCA_btl", "self,vader")
         .env("RUST_BACKTRACE", "0")
         .stdin(Stdio::null());
     let started = Instant::now();

@@ -34,17 +34,33 @@ pub fn cargo() -> Command {
     Command::new(cargo)
 }
 
-/// Runs `command` to completion with inherited stdio.
-///
-/// Succeeds only if the process exits with status 0; otherwise the returned
-/// failure carries the child's exit code (1 if it was killed by a signal).
-pub fn run(mut command: Command) -> Result {
+/// Runs a `cargo test` command like [`run`], echoing its standard output line by line and
+/// counting the tests of its `test result:` lines in [`crate::tally`].
+pub fn run_tests(mut command: Command) -> Result {
+    use std::io::{BufRead, BufReader};
     let shown = CommandLine(&command).to_string();
     println!("$ {shown}");
-    let status = command.status().map_err(|err| Failure {
+    command.stdout(std::process::Stdio::piped());
+    let mut child = command.spawn().map_err(|err| Failure {
         message: format!("could not start `{shown}`: {err}"),
         exit_code: 1,
     })?;
+    let stdout = child.stdout.take().expect("piped");
+    for line in BufReader::new(stdout)
+        .lines()
+        .map_while(std::io::Result::ok)
+    {
+        println!("{line}");
+        crate::tally::count_line(&line);
+    }
+    let status = child.wait().map_err(|err| Failure {
+        message: format!("`{shown}`: {err}"),
+        exit_code: 1,
+    })?;
+    check(status, &shown)
+}
+
+fn check(status: std::process::ExitStatus, shown: &str) -> Result {
     if status.success() {
         return Ok(());
     }
@@ -57,6 +73,20 @@ pub fn run(mut command: Command) -> Result {
         message: format!("`{shown}` failed ({status})"),
         exit_code,
     })
+}
+
+/// Runs `command` to completion with inherited stdio.
+///
+/// Succeeds only if the process exits with status 0; otherwise the returned
+/// failure carries the child's exit code (1 if it was killed by a signal).
+pub fn run(mut command: Command) -> Result {
+    let shown = CommandLine(&command).to_string();
+    println!("$ {shown}");
+    let status = command.status().map_err(|err| Failure {
+        message: format!("could not start `{shown}`: {err}"),
+        exit_code: 1,
+    })?;
+    check(status, &shown)
 }
 
 /// Displays a command the way a user would type it, including environment overrides.

@@ -2,7 +2,8 @@
 //!
 //! The gate is an ordered list of [`Step`]s that fails fast: the first failing
 //! step stops the run and is named in the error, so a red CI log points straight
-//! at the cause. New steps are added to [`steps`].
+//! at the cause. New steps are added to [`steps`]. Whatever happens, the last line is
+//! the count of tests run, `N passed, N failed` ([`crate::tally`]).
 
 use crate::process::{self, Failure, Result};
 
@@ -78,9 +79,18 @@ pub fn run(skip_lint: bool) -> Result {
                 skipped.push(step.name);
             }
             Err(failure) => {
-                println!("xtask test: FAILED at step `{}`", step.name);
+                println!(
+                    "xtask test: FAILED at step `{}`: {}",
+                    step.name, failure.message
+                );
+                // A failing step that reported no failed test (a lint, a build, a job) still
+                // failed one check.
+                if crate::tally::failed() == 0 {
+                    crate::tally::add(0, 1);
+                }
+                println!("{}", crate::tally::total());
                 return Err(Failure {
-                    message: format!("step `{}` failed: {}", step.name, failure.message),
+                    message: String::new(),
                     exit_code: failure.exit_code,
                 });
             }
@@ -95,6 +105,7 @@ pub fn run(skip_lint: bool) -> Result {
         summary.push_str(" (lint skipped by --skip-lint)");
     }
     println!("{summary}");
+    println!("{}", crate::tally::total());
     Ok(())
 }
 
@@ -132,7 +143,7 @@ fn clippy() -> Result<Outcome> {
 fn test_suite() -> Result<Outcome> {
     let mut command = process::cargo();
     command.args(["test", "--workspace", "--no-fail-fast"]);
-    process::run(command)?;
+    process::run_tests(command)?;
     Ok(Outcome::Passed)
 }
 
@@ -188,6 +199,6 @@ fn nccl_cpu() -> Result<Outcome> {
         "--",
         "nccl",
     ]);
-    process::run(command)?;
+    process::run_tests(command)?;
     Ok(Outcome::Passed)
 }

@@ -1,0 +1,130 @@
+//! Ranks as processes through the front door: `train_gpt` under `mpirun -np 4` (one rank per
+//! process, `--launcher env`) must give, step by step, the losses of the same command run as
+//! rank threads — for dp=2,tp=2 and for dp=2,pp=2 with ZeRO-3.
+
+use crate::mpi::{built_executable, counted, mpirun};
+use crate::process::{Failure, Result};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// A small model and a few steps: the comparison, not the training, is the point.
+const COMMON: &[&str] = &[
+    "--steps",
+    "6",
+    "--batch",
+    "4",
+    "--seq",
+    "16",
+    "--d-model",
+    "32",
+    "--heads",
+    "4",
+    "--layers",
+    "2",
+    "--d-ff",
+    "64",
+    "--log-every",
+    "0",
+];
+
+/// The layouts compared (4 ranks each).
+const LAYOUTS: &[(&str, &[&str])] = &[
+    ("dp2-tp2", &["--mesh", "dp=2,tp=2"]),
+    (
+        "dp2-pp2-zero3",
+        &["--mesh", "dp=2,pp=2", "--zero", "3", "--schedule", "1f1b"],
+    ),
+];
+
+/// The relative tolerance on each step's loss.
+const REL: f64 = 1e-5;
+
+pub fn compare_layouts() -> Result {
+    let binary = built_executable(
+        &[
+            "build",
+            "-p",
+            "bonfire-examples",
+            "--features",
+            "mpi",
+            "--example",
+            "train_gpt",
+        ],
+        "train_gpt",
+    )?;
+    let dir = std::env::temp_dir().join(format!("bonfire-xtask-mpi-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|e| fail(format!("{}: {e}", dir.display())))?;
+    for (name, layout) in LAYOUTS {
+        counted(compare(&binary, &dir, name, layout))?;
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
+
+fn compare(binary: &str, dir: &Path, name: &str, layout: &[&str]) -> Result {
+    let threads = dir.join(format!("{name}-threads.jsonl"));
+    let processes = dir.join(format!("{name}-mpi.jsonl"));
+    let mut local = Command::new(binary);
+    run(local.args(COMMON).args(layout), &threads, dir, name)?;
+    let mut mpi = mpirun(4, 180);
+    mpi.arg(binary).args(["--launcher", "env"]);
+    run(mpi.args(COMMON).args(layout), &processes, dir, name)?;
+    let (a, b) = (losses(&threads)?, losses(&processes)?);
+    let worst = a
+        .iter()
+        .zip(&b)
+        .map(|(x, y)| (x - y).abs() / x.abs().max(y.abs()))
+        .fold(0.0f64, f64::max);
+    if a.len() != b.len() || a.is_empty() || worst > REL {
+        return Err(fail(format!(
+            "train_gpt {name}: threads {a:?} vs mpirun -np 4 {b:?} (largest relative difference {worst:e})"
+        )));
+    }
+    println!(
+        "    train_gpt {} as 4 MPI processes = as 4 threads: {} losses, largest relative difference {worst:.1e}",
+        layout.join(" "),
+        a.len()
+    );
+    Ok(())
+}
+
+fn run(command: &mut Command, metrics: &Path, dir: &Path, name: &str) -> Result {
+    command
+        .arg("--metrics")
+        .arg(metrics)
+        .arg("--checkpoint")
+        .arg(dir.join(format!("{name}.safetensors")));
+    let output = command
+        .output()
+        .map_err(|e| fail(format!("train_gpt {name}: {e}")))?;
+    if output.status.success() {
+        return Ok(());
+    }
+    Err(fail(format!(
+        "train_gpt {name} failed ({}):\n{}{}",
+        output.status,
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    )))
+}
+
+fn losses(path: &PathBuf) -> Result<Vec<f64>> {
+    let text =
+        std::fs::read_to_string(path).map_err(|e| fail(format!("{}: {e}", path.display())))?;
+    text.lines()
+        .map(|line| {
+            let v: serde_json::Value =
+                serde_json::from_str(line).map_err(|e| fail(format!("{}: {e}", path.display())))?;
+            v["loss"]
+                .as_f64()
+                .ok_or_else(|| fail(format!("{}: a line without a loss", path.display())))
+        })
+        .collect()
+}
+
+fn fail(message: String) -> Failure {
+    Failure {
+        message,
+        exit_code: 1,
+    }
+}
