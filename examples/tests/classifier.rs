@@ -50,8 +50,10 @@ fn model() -> Classifier {
     let infos = params::inventory(&model);
     let init = INIT.get_or_init(|| {
         device.seed(11);
-        params::flatten_values(&Classifier::new(INPUTS, HIDDEN, CLASSES, &device), &infos)
+        let first = Classifier::new(INPUTS, HIDDEN, CLASSES, &device);
+        params::flatten_values(&first, &params::inventory(&first))
     });
+    assert!(init.iter().any(|&v| v != 0.0), "drawn, not zeros");
     params::assign_values(model, &infos, init)
 }
 

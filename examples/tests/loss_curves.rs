@@ -4,6 +4,7 @@
 //! schedule is run, against one rank: losses equal within 1e-4 relative.
 
 use bonfire_comm::testing::{Tolerance, assert_close};
+use bonfire_dtensor::params;
 use bonfire_examples::corpus::{self, CharTokenizer};
 use bonfire_examples::harness::LayoutArgs;
 use bonfire_examples::parallel::TokenBatch;
@@ -39,10 +40,23 @@ fn data(step: usize, device: &Device) -> TokenBatch {
     corpus::global_batch(tokens(), ROWS, SEQ, SEED, step, device)
 }
 
+/// The initial model, the same in every run: drawn once (the tests run in parallel and Burn
+/// has one random generator), written into each new model.
+fn model(device: &Device) -> Gpt {
+    static INIT: OnceLock<Vec<f32>> = OnceLock::new();
+    let model = Gpt::new(&cfg(), device);
+    let infos = params::inventory(&model);
+    let init = INIT.get_or_init(|| {
+        device.seed(SEED);
+        let first = Gpt::new(&cfg(), device);
+        params::flatten_values(&first, &params::inventory(&first))
+    });
+    params::assign_values(model, &infos, init)
+}
+
 fn losses(dims: &ParallelDims) -> Vec<f32> {
     let device = default_device();
-    device.seed(SEED);
-    let model = Gpt::new(&cfg(), &device);
+    let model = model(&device);
     let trainer = Trainer::new(dims.clone(), || OptimizerKind::AdamW.build());
     let out = Launcher::Threads {
         ranks: dims.world_size(),

@@ -22,6 +22,10 @@
 //!   checkpoints that reshard from N ranks to M.
 //! - [`pipeline`] (`bonfire-pipeline`): pipeline parallelism — stages, schedules as
 //!   data (GPipe, 1F1B, interleaved, zero-bubble), a static checker, timelines.
+//! - [`train`] (`bonfire-train`): one layout (`ParallelDims` over a `[pp, dp, tp]` mesh)
+//!   and one training loop (`Trainer`, `fit`) for any Burn model implementing
+//!   `ParallelModel`, with DDP or ZeRO on dp, tensor parallelism on tp and any pipeline
+//!   schedule on pp.
 //!
 //! See `docs/architecture.md` in the repository for the full picture.
 //!
@@ -43,6 +47,7 @@ pub use bonfire_comm as comm;
 pub use bonfire_ddp as ddp;
 pub use bonfire_dtensor as dtensor;
 pub use bonfire_pipeline as pipeline;
+pub use bonfire_train as train;
 pub use bonfire_zero as zero;
 
 /// The names almost every Bonfire program needs, for `use bonfire::prelude::*;`.
@@ -51,5 +56,8 @@ pub mod prelude {
     pub use bonfire_dtensor::parallel::{
         ColwiseParallel, ParallelPlan, RowwiseParallel, SequenceParallel, parallelize_module,
     };
-    pub use bonfire_dtensor::{DTensor, DeviceMesh, Placement, distribute_tensor};
+    pub use bonfire_dtensor::{DTensor, DataParallel, DeviceMesh, Placement, distribute_tensor};
+    pub use bonfire_train::{
+        FitConfig, Launcher, OptimizerKind, ParallelDims, ParallelModel, Trainer, fit,
+    };
 }
