@@ -6,7 +6,7 @@
 
 mod common;
 
-use bonfire_comm::testing::{Tolerance, assert_close};
+use bonfire_comm::testing::assert_close;
 use bonfire_comm::{ReduceOp, World};
 use bonfire_ddp::{DataParallel, DdpConfig, DistributedDataParallel, params};
 use bonfire_examples::{Gpt, GptConfig, default_device};

@@ -28,7 +28,7 @@ const BENCH_TARGETS: &[BenchTarget] = &[
     BenchTarget::new("comm", "bonfire-comm", "collectives"),
     BenchTarget::new("ddp", "bonfire-examples", "ddp"),
     BenchTarget::new("tp", "bonfire-examples", "tp_memory"),
-    BenchTarget::new("zero", "bonfire-zero", "memory"),
+    BenchTarget::new("zero", "bonfire-examples", "zero_memory"),
     BenchTarget::new("pipeline", "bonfire-pipeline", "bubble"),
 ];
 

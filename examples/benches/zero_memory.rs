@@ -1,9 +1,10 @@
-//! `cargo xtask bench zero` (or `cargo bench -p bonfire-zero --bench memory`): bytes per rank
+//! `cargo xtask bench zero` (or `cargo bench -p bonfire-examples --bench zero_memory`): bytes per rank
 //! of parameters, gradients and optimizer state, *measured* (element counts of what each rank
 //! actually holds after backward, before the step, × 4), for stages 0–3 on 1, 2 and 4 ranks of
 //! the bench-size GPT (vocab 4096, d 256, 8 heads, 4 layers, seq 128, d_ff 1024; batch 8 per
 //! rank; f32; Adam), next to the ZeRO formula (16Ψ, 8Ψ + 8Ψ/N, 4Ψ + 12Ψ/N, 16Ψ/N), and the
-//! step time relative to DDP (bonfire-ddp, same model, optimizer and data).
+//! step time relative to DDP (bonfire-ddp, same model, optimizer and data), every run through
+//! the trainer's one loop.
 //!
 //! Stage 3 adds the live gathered parameters: measured, the most bytes of gathered
 //! parameters the wrapper held at once in forward (`gathered_peak`: the layer being computed
@@ -15,105 +16,87 @@
 //! Options: `--ranks 1,2,4`, `--steps K` (timed steps after one warm-up, default 1),
 //! `--offload` (adds stage 1–3 runs with the optimizer state in the host store).
 
-use bonfire_comm::ThreadWorld;
-use bonfire_ddp::{DdpConfig, DistributedDataParallel};
-use bonfire_examples::{Gpt, GptConfig};
-use bonfire_zero::{DataParallel, MemoryReport, Stage, Zero, ZeroConfig, formula_bytes};
+use bonfire_dtensor::params;
+use bonfire_examples::parallel::TokenBatch;
+use bonfire_examples::{Gpt, GptConfig, default_device};
+use bonfire_train::{
+    Axis, Engine, FitConfig, Hooks, Launcher, ParallelDims, TrainError, Trainer, fit,
+};
+use bonfire_zero::{MemoryReport, Stage, ZeroConfig, formula_bytes};
 use burn::module::Module;
 use burn::optim::AdamConfig;
 use burn::tensor::{Device, Int, Tensor, TensorData};
-use std::time::{Duration, Instant};
 
 const BATCH: usize = 8;
 
-fn batch(
-    cfg: &GptConfig,
-    step: usize,
-    rank: usize,
-    device: &Device,
-) -> (Tensor<2, Int>, Tensor<2, Int>) {
+/// The global batch of step `step` for `ranks` replicas.
+fn batch(cfg: &GptConfig, ranks: usize, step: usize, device: &Device) -> TokenBatch {
     let t = cfg.max_seq_len;
-    let n = BATCH * t;
+    let n = ranks * BATCH * t;
     let make = |salt: usize| {
         let v: Vec<i64> = (0..n)
-            .map(|i| ((i * 31 + step * 7 + rank * 13 + salt) % cfg.vocab_size) as i64)
+            .map(|i| ((i * 31 + step * 7 + salt) % cfg.vocab_size) as i64)
             .collect();
-        Tensor::<2, Int>::from_data(TensorData::new(v, [BATCH, t]), device)
+        Tensor::<2, Int>::from_data(TensorData::new(v, [ranks * BATCH, t]), device)
     };
     (make(0), make(1))
 }
 
-fn ddp_step_time(model: &Gpt, cfg: &GptConfig, ranks: usize, steps: usize) -> f64 {
-    let device = Device::flex().autodiff();
-    let times = ThreadWorld::new(ranks)
-        .timeout(Duration::from_secs(600))
-        .launch(|pg| {
-            let replica = model.clone().fork(&device);
-            let mut d = DistributedDataParallel::new(
-                replica,
-                AdamConfig::new().init(),
-                pg.clone(),
-                DdpConfig::new(),
-            )
-            .unwrap();
-            let mut total = 0.0;
-            for s in 0..=steps {
-                let (x, y) = batch(cfg, s, pg.rank(), &device);
-                let start = Instant::now();
-                d.train_step(1e-3, |m: &Gpt| m.loss(x, y)).unwrap();
-                if s > 0 {
-                    total += start.elapsed().as_secs_f64();
-                }
-            }
-            total / steps as f64
-        })
-        .unwrap();
-    times.into_iter().fold(0.0, f64::max)
+/// Keeps what the wrapper holds after the last backward, before its step.
+struct MemoryAfterBackward {
+    last: usize,
+    report: MemoryReport,
 }
 
-fn zero_run(
+impl Hooks<TokenBatch> for MemoryAfterBackward {
+    fn after_backward(
+        &mut self,
+        step: usize,
+        engine: &mut dyn Engine<TokenBatch>,
+    ) -> Result<(), TrainError> {
+        if step == self.last {
+            self.report = engine.wrapper_report().memory.unwrap_or_default();
+        }
+        Ok(())
+    }
+}
+
+/// `steps` timed steps (after one warm-up) of ZeRO at `config` (stage 0 is DDP's wrapper when
+/// `ddp`) on `ranks` rank threads through the trainer's loop: the largest rank's memory report
+/// and the mean step time of the slowest rank.
+fn run(
     model: &Gpt,
     cfg: &GptConfig,
     ranks: usize,
     config: ZeroConfig,
+    ddp: bool,
     steps: usize,
 ) -> (MemoryReport, f64) {
-    let device = Device::flex().autodiff().gradient_checkpointing();
-    let out = ThreadWorld::new(ranks)
-        .timeout(Duration::from_secs(600))
-        .launch(|pg| {
-            // A Balanced-checkpointing copy (fork keeps the strategy of the original).
-            let fresh = Gpt::new(cfg, &device);
-            let infos = bonfire_ddp::params::inventory(&fresh);
-            let flat = bonfire_ddp::params::flatten_values(model, &infos_of(model));
-            let replica = bonfire_ddp::params::assign_values(fresh, &infos, &flat);
-            let mut z = Zero::new(
-                replica,
-                AdamConfig::new().build(),
-                pg.clone(),
-                config.clone(),
-            )
-            .unwrap();
-            let mut total = 0.0;
-            let mut mem = MemoryReport::default();
-            for s in 0..=steps {
-                let (x, y) = batch(cfg, s, pg.rank(), &device);
-                let start = Instant::now();
-                let loss = z.forward(|m: &Gpt| m.loss(x, y));
-                z.backward(loss).unwrap();
-                let elapsed = start.elapsed().as_secs_f64();
-                if s == steps {
-                    mem = z.memory(); // after backward, before the step: grads and state held
-                }
-                let start2 = Instant::now();
-                z.step(1e-3).unwrap();
-                if s > 0 {
-                    total += elapsed + start2.elapsed().as_secs_f64();
-                }
-            }
-            (mem, total / steps as f64)
+    let dims = ParallelDims::new()
+        .with_degree(Axis::Dp, ranks)
+        .with_zero(if ddp { Stage::Zero0 } else { config.stage })
+        .with_offload(config.offload);
+    let trainer = Trainer::new(dims, || AdamConfig::new().init()).with_zero(config);
+    let data = |s: usize, d: &Device| batch(cfg, ranks, s, d);
+    let out = Launcher::Threads { ranks }
+        .run("bench-zero", |pg| {
+            let mut engine = trainer.build(model.clone(), &pg, &data(0, &default_device()))?;
+            let mut hooks = MemoryAfterBackward {
+                last: steps,
+                report: MemoryReport::default(),
+            };
+            let reports = fit(
+                engine.as_mut(),
+                &data,
+                &FitConfig::new(steps + 1, 1e-3),
+                &mut hooks,
+            )?;
+            let time: f64 =
+                reports[1..].iter().map(|r| r.step_ms / 1e3).sum::<f64>() / steps as f64;
+            Ok::<_, TrainError>((hooks.report, time))
         })
-        .unwrap();
+        .expect("bench run");
+    let out: Vec<(MemoryReport, f64)> = out.into_iter().map(|r| r.expect("bench rank")).collect();
     let mem = out
         .iter()
         .map(|(m, _)| *m)
@@ -149,10 +132,6 @@ fn live_layer_formula(model: &Gpt) -> usize {
         .unwrap_or(layers[0])
 }
 
-fn infos_of(model: &Gpt) -> Vec<bonfire_ddp::params::ParamInfo> {
-    bonfire_ddp::params::inventory(model)
-}
-
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let value = |name: &str| {
@@ -170,7 +149,7 @@ fn main() {
 
     let cfg = GptConfig::bench();
     let model = Gpt::new(&cfg, &Device::flex().autodiff());
-    let psi = bonfire_ddp::params::inventory(&model)
+    let psi = params::inventory(&model)
         .iter()
         .map(|p| p.numel())
         .sum::<usize>();
@@ -179,8 +158,9 @@ fn main() {
         "bench zero model=gpt-bench params={psi} dtype=f32 optimizer=adam batch_per_rank={BATCH} steps={steps} live_layer_formula_bytes={live_formula}"
     );
     for &n in &ranks {
-        let ddp = ddp_step_time(&model, &cfg, n, steps);
-        let mut runs: Vec<(Stage, bool)> = [Stage::Zero0, Stage::Zero1, Stage::Zero2, Stage::Zero3]
+        let (_, ddp) = run(&model, &cfg, n, ZeroConfig::new(Stage::Zero0), true, steps);
+        // Stage 0 through the trainer is DDP: the time baseline, with no ZeRO account.
+        let mut runs: Vec<(Stage, bool)> = [Stage::Zero1, Stage::Zero2, Stage::Zero3]
             .into_iter()
             .map(|s| (s, false))
             .collect();
@@ -189,7 +169,7 @@ fn main() {
         }
         for (stage, off) in runs {
             let config = ZeroConfig::new(stage).with_offload(off);
-            let (mem, time) = zero_run(&model, &cfg, n, config, steps);
+            let (mem, time) = run(&model, &cfg, n, config, false, steps);
             let mut formula = formula_bytes(stage, psi, n, 2);
             let mut measured = mem.total();
             if stage == Stage::Zero3 {
