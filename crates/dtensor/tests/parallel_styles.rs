@@ -30,14 +30,10 @@ fn vec_of<const D: usize>(t: Tensor<D>) -> Vec<f32> {
     t.into_data().convert::<f32>().try_to_vec::<f32>().unwrap()
 }
 
+/// `|a − b| ≤ 1e-5·max(|a|, |b|) + 1.1e-5` (tight above 1, an absolute floor below).
 fn assert_close(a: &[f32], b: &[f32], what: &str) {
-    assert_eq!(a.len(), b.len(), "{what}: lengths differ");
-    for (i, (x, y)) in a.iter().zip(b).enumerate() {
-        assert!(
-            (x - y).abs() <= 1e-5 * y.abs().max(1.0) + 1e-6,
-            "{what}[{i}]: {x} != {y}"
-        );
-    }
+    let tol = bonfire_comm::testing::Tolerance::new(1e-5, 1.1e-5);
+    bonfire_comm::testing::assert_close(what, a, b, tol);
 }
 
 fn input(shape: [usize; 3], device: &Device) -> Tensor<3> {
@@ -83,21 +79,9 @@ fn collect<M: Module>(
     c.out
 }
 
-/// All-gathers a host tensor of `shape` sharded along `dim` (row-major) to the full one.
+/// The whole tensor from this rank's shard (the library's host gather).
 fn gather_host(v: &[f32], shape: &[usize], dim: usize, pg: &ProcessGroup) -> Vec<f32> {
-    let n = pg.size();
-    let mut all = vec![0f32; v.len() * n];
-    pg.all_gather(v, &mut all).unwrap();
-    let outer: usize = shape[..dim].iter().product();
-    let inner: usize = shape[dim..].iter().product();
-    let mut full = Vec::with_capacity(all.len());
-    for o in 0..outer {
-        for r in 0..n {
-            let part = &all[r * v.len()..(r + 1) * v.len()];
-            full.extend_from_slice(&part[o * inner..(o + 1) * inner]);
-        }
-    }
-    full
+    bonfire_dtensor::params::unshard(v, shape, dim, pg).unwrap()
 }
 
 #[derive(Module, Debug)]

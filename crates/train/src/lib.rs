@@ -71,7 +71,6 @@ mod wrapper;
 
 pub use dims::{Axis, ParallelDims, PpOptions, TpOptions};
 pub use engine::Engine;
-pub use engine::export::gather_host;
 pub use error::{LayoutError, TrainError};
 pub use fit::{DataSource, FitConfig, Hooks, StepReport, fit};
 pub use launch::Launcher;

@@ -244,6 +244,30 @@ pub fn grads_from_host<'a, M: Module>(
     build.out
 }
 
+/// The whole row-major tensor from this rank's shard `values` (of local `shape`), split
+/// evenly along `dim` over `group`: an all-gather then an interleave — the host form of
+/// `DTensor::full_tensor`, to export tensor-parallel parameters and gradients. A collective.
+pub fn unshard(
+    values: &[f32],
+    shape: &[usize],
+    dim: usize,
+    group: &bonfire_comm::ProcessGroup,
+) -> crate::Result<Vec<f32>> {
+    let n = group.size();
+    let mut all = vec![0f32; values.len() * n];
+    group.all_gather(values, &mut all)?;
+    let outer: usize = shape[..dim].iter().product();
+    let inner: usize = shape[dim..].iter().product();
+    let mut full = Vec::with_capacity(all.len());
+    for o in 0..outer {
+        for r in 0..n {
+            let part = &all[r * values.len()..(r + 1) * values.len()];
+            full.extend_from_slice(&part[o * inner..(o + 1) * inner]);
+        }
+    }
+    Ok(full)
+}
+
 /// Parameter id → its position in `infos`.
 pub fn index_of(infos: &[ParamInfo]) -> HashMap<ParamId, usize> {
     infos.iter().enumerate().map(|(i, p)| (p.id, i)).collect()

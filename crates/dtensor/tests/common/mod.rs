@@ -41,13 +41,8 @@ pub fn vec_of<const D: usize>(t: Tensor<D>) -> Vec<f32> {
     t.into_data().try_to_vec::<f32>().unwrap()
 }
 
-/// Asserts two float slices are equal within a small tolerance.
+/// Asserts two float slices agree within `1e-4·max(|a|, |b|) + 1e-4`.
 pub fn assert_close(a: &[f32], b: &[f32], what: &str) {
-    assert_eq!(a.len(), b.len(), "{what}: lengths differ: {a:?} vs {b:?}");
-    for (x, y) in a.iter().zip(b) {
-        assert!(
-            (x - y).abs() <= 1e-4 * (1.0 + y.abs()),
-            "{what}: {a:?} != {b:?}"
-        );
-    }
+    let tol = bonfire_comm::testing::Tolerance::new(1e-4, 1e-4);
+    bonfire_comm::testing::assert_close(what, a, b, tol);
 }

@@ -1,6 +1,7 @@
 //! A small model, single-device training and pipelined training, shared by the parity tests.
 #![allow(dead_code)]
 
+use bonfire_comm::testing::{Tolerance, assert_close as check_close, is_close as is_close_flat};
 use bonfire_comm::{ProcessGroup, ReduceOp, ThreadWorld};
 use bonfire_dtensor::DeviceMesh;
 use bonfire_pipeline::{
@@ -304,27 +305,23 @@ pub fn pipelined_dp(schedule: &Schedule, dp: usize) -> Outcome {
     a
 }
 
-/// Whether every loss and parameter agrees within |a − b| ≤ 1e-5·|b| + 1e-6.
-pub fn is_close(got: &Outcome, want: &Outcome) -> bool {
-    std::panic::catch_unwind(|| assert_close(got, want, "")).is_ok()
+/// The tolerance of every comparison: `|a − b| ≤ 1e-5·max(|a|, |b|) + 1e-6`.
+const TOL: Tolerance = Tolerance::new(1e-5, 1e-6);
+
+/// Every loss and parameter, flattened in order.
+fn flat(o: &Outcome) -> Vec<f32> {
+    let losses = o.losses.iter().map(|&l| l as f32);
+    let params = o.params.iter().flatten().flatten().copied();
+    losses.chain(params).collect()
 }
 
-/// |a − b| ≤ 1e-5·|b| + 1e-6 for every loss and parameter.
+/// Whether every loss and parameter agrees within the tolerance.
+pub fn is_close(got: &Outcome, want: &Outcome) -> bool {
+    got.params.len() == want.params.len() && is_close_flat(&flat(got), &flat(want), TOL)
+}
+
+/// Asserts every loss and parameter agrees within the tolerance.
 pub fn assert_close(got: &Outcome, want: &Outcome, what: &str) {
-    let close = |a: f64, b: f64| (a - b).abs() <= 1e-5 * b.abs() + 1e-6;
-    for (i, (a, b)) in got.losses.iter().zip(&want.losses).enumerate() {
-        assert!(close(*a, *b), "{what}: loss at step {i}: {a} vs {b}");
-    }
-    assert_eq!(got.params.len(), want.params.len());
-    for (blk, (pa, pb)) in got.params.iter().zip(&want.params).enumerate() {
-        for (t, (ta, tb)) in pa.iter().zip(pb).enumerate() {
-            assert_eq!(ta.len(), tb.len(), "{what}: block {blk} tensor {t} length");
-            for (k, (a, b)) in ta.iter().zip(tb).enumerate() {
-                assert!(
-                    close(f64::from(*a), f64::from(*b)),
-                    "{what}: block {blk} tensor {t}[{k}]: {a} vs {b}"
-                );
-            }
-        }
-    }
+    assert_eq!(got.params.len(), want.params.len(), "{what}: blocks");
+    check_close(what, &flat(got), &flat(want), TOL);
 }

@@ -42,7 +42,9 @@ impl ModelLayout {
     /// where it is sharded).
     fn whole(&self, i: usize, local: Vec<f32>, tp: &ProcessGroup) -> Result<Vec<f32>, TrainError> {
         match self.shard_dims[i] {
-            Some(dim) if tp.size() > 1 => gather_host(&local, &self.infos[i].shape, dim, tp),
+            Some(dim) if tp.size() > 1 => {
+                Ok(params::unshard(&local, &self.infos[i].shape, dim, tp)?)
+            }
             _ => Ok(local),
         }
     }
@@ -114,27 +116,4 @@ impl ModelLayout {
             )))
         }
     }
-}
-
-/// All-gathers a row-major host tensor of local `shape`, sharded evenly along `dim` over
-/// `group`, into the whole tensor's values.
-pub fn gather_host(
-    values: &[f32],
-    shape: &[usize],
-    dim: usize,
-    group: &ProcessGroup,
-) -> Result<Vec<f32>, TrainError> {
-    let n = group.size();
-    let mut all = vec![0f32; values.len() * n];
-    group.all_gather(values, &mut all)?;
-    let outer: usize = shape[..dim].iter().product();
-    let inner: usize = shape[dim..].iter().product();
-    let mut full = Vec::with_capacity(all.len());
-    for o in 0..outer {
-        for r in 0..n {
-            let part = &all[r * values.len()..(r + 1) * values.len()];
-            full.extend_from_slice(&part[o * inner..(o + 1) * inner]);
-        }
-    }
-    Ok(full)
 }

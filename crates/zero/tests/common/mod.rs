@@ -182,7 +182,8 @@ pub fn train_steps(
     z.full_values().unwrap()
 }
 
-/// |a − b| ≤ 1e-5·|b| + 1e-6, element-wise (the floor covers f32 summation-order noise).
+/// |a − b| ≤ 1e-5·max(|a|, |b|) + 1e-6, element-wise (the floor covers f32 summation-order
+/// noise).
 pub fn assert_close(a: &[f32], b: &[f32], what: &str) {
     assert_within(a, b, 1e-6, what);
 }
@@ -201,11 +202,6 @@ pub fn assert_trained(a: &[f32], b: &[f32], opt: Opt, what: &str) {
 }
 
 fn assert_within(a: &[f32], b: &[f32], floor: f32, what: &str) {
-    assert_eq!(a.len(), b.len(), "{what}: lengths");
-    for (i, (x, y)) in a.iter().zip(b).enumerate() {
-        assert!(
-            (x - y).abs() <= 1e-5 * y.abs() + floor,
-            "{what}: element {i}: {x} vs {y}"
-        );
-    }
+    let tol = bonfire_comm::testing::Tolerance::new(1e-5, floor);
+    bonfire_comm::testing::assert_close(what, a, b, tol);
 }
