@@ -9,7 +9,8 @@
 //!     --optim adamw --steps 3 --lr 0.01 --out result.safetensors
 //! ```
 
-use bonfire_examples::harness::{self, HarnessArgs, LayoutArgs};
+use bonfire_examples::cli::LayoutArgs;
+use bonfire_examples::harness::{self, HarnessArgs};
 use bonfire_train::OptimizerKind;
 use clap::Parser;
 use std::path::PathBuf;
@@ -27,33 +28,15 @@ struct Cli {
     /// Batches: int64 `input_ids` and `targets` of shape [S, B, T'].
     #[arg(long)]
     data: PathBuf,
-    /// Axes and sizes, e.g. `dp=2`, `tp=4`, `dp=2,tp=2,pp=2` (omitted axes are 1).
-    #[arg(long, default_value = "dp=1")]
-    mesh: String,
-    /// ZeRO stage on the dp axis.
-    #[arg(long, default_value_t = 0)]
-    zero: usize,
-    /// Pipeline schedule (gpipe, 1f1b, interleaved, zb, zb-v); required with a pp axis.
-    #[arg(long)]
-    schedule: Option<String>,
-    /// Pipeline micro-batches (default: pp).
-    #[arg(long)]
-    microbatches: Option<usize>,
-    /// Sequence parallelism on the tp axis.
-    #[arg(long)]
-    sequence_parallel: bool,
-    /// Vocab-parallel cross-entropy on the tp axis.
-    #[arg(long)]
-    loss_parallel: bool,
+    /// The layout (`--mesh`, default `dp=1`, and its options).
+    #[command(flatten)]
+    layout: LayoutArgs,
     /// Burn's optimizer: sgd, or adamw (β1 0.9, β2 0.95, ε 1e-6, weight decay 0.1).
     #[arg(long, default_value = "sgd")]
     optim: String,
     /// The Burn device every rank computes on.
     #[arg(long, default_value = "flex")]
     device: String,
-    /// Keep ZeRO's optimizer state on the host between steps (needs --zero 1..3).
-    #[arg(long)]
-    offload: bool,
     /// Optimizer steps.
     #[arg(long)]
     steps: usize,
@@ -68,20 +51,11 @@ struct Cli {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let run = || -> Result<(), String> {
-        let layout = LayoutArgs {
-            mesh: cli.mesh.clone(),
-            zero: cli.zero,
-            schedule: cli.schedule.clone(),
-            microbatches: cli.microbatches,
-            sequence_parallel: cli.sequence_parallel,
-            loss_parallel: cli.loss_parallel,
-            offload: cli.offload,
-        };
         let args = HarnessArgs {
             config: cli.config.clone(),
             weights: cli.weights.clone(),
             data: cli.data.clone(),
-            dims: layout.dims()?,
+            dims: cli.layout.dims("dp=1")?,
             optim: OptimizerKind::parse(&cli.optim)?,
             device: cli.device.clone(),
             steps: cli.steps,

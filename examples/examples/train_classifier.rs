@@ -15,6 +15,7 @@
 
 use bonfire_dtensor::params;
 use bonfire_examples::classifier::{Classifier, blobs};
+use bonfire_examples::cli::{fail, init_logging};
 use bonfire_train::{FitConfig, Launcher, OptimizerKind, ParallelDims, Trainer, fit};
 use bonfire_zero::Stage;
 use burn::module::Module;
@@ -48,15 +49,8 @@ const HIDDEN: usize = 32;
 const CLASSES: usize = 4;
 
 fn main() {
-    tracing_subscriber::fmt()
-        .with_target(false)
-        .without_time()
-        .init();
+    init_logging();
     let cli = Cli::parse();
-    let fail = |e: String| -> ! {
-        eprintln!("error: {e}");
-        std::process::exit(2)
-    };
     let stage =
         Stage::from_index(cli.zero).unwrap_or_else(|| fail(format!("--zero {}: 0..=3", cli.zero)));
     let optim = OptimizerKind::parse(&cli.optim).unwrap_or_else(|e| fail(e));
@@ -85,12 +79,12 @@ fn main() {
             fit(engine.as_mut(), &data, &config, &mut ())?;
             engine.parameters()
         })
-        .unwrap_or_else(|e| fail(e.to_string()));
+        .unwrap_or_else(|e| fail(e));
     let whole: Vec<f32> = out
         .into_iter()
         .next()
         .expect("rank 0")
-        .unwrap_or_else(|e| fail(e.to_string()))
+        .unwrap_or_else(|e| fail(e))
         .into_iter()
         .flat_map(|p| p.values)
         .collect();

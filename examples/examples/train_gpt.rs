@@ -17,8 +17,8 @@
 //! initial model, so the loss curve is the same whatever the layout.
 
 use bonfire_dtensor::params;
+use bonfire_examples::cli::{LayoutArgs, fail, init_logging};
 use bonfire_examples::corpus::{self, CharTokenizer};
-use bonfire_examples::harness::LayoutArgs;
 use bonfire_examples::parallel::TokenBatch;
 use bonfire_examples::{Gpt, GptConfig, checkpoint, default_device};
 use bonfire_train::{
@@ -32,28 +32,9 @@ use std::path::PathBuf;
 #[derive(Parser, Debug, Clone)]
 #[command(about = "Train a small GPT on CPU ranks under any dp × ZeRO × tp × pp layout")]
 struct Cli {
-    /// The layout: axes and sizes, e.g. `dp=2`, `dp=2,tp=2`, `dp=2,tp=2,pp=2`.
-    #[arg(long, default_value = "dp=2")]
-    mesh: String,
-    /// ZeRO stage on the dp axis: 0 is DDP; 1, 2, 3 shard the optimizer state, the
-    /// gradients, the parameters (stage 3 re-gathers parameters in backward).
-    #[arg(long, default_value_t = 0)]
-    zero: usize,
-    /// Keep ZeRO's optimizer state on the host between steps (needs --zero 1..3).
-    #[arg(long)]
-    offload: bool,
-    /// Pipeline schedule with a pp axis: gpipe, 1f1b (the default), interleaved, zb, zb-v.
-    #[arg(long)]
-    schedule: Option<String>,
-    /// Pipeline micro-batches (default: pp).
-    #[arg(long)]
-    microbatches: Option<usize>,
-    /// Sequence parallelism on the tp axis.
-    #[arg(long)]
-    sequence_parallel: bool,
-    /// Vocab-parallel cross-entropy on the tp axis.
-    #[arg(long)]
-    loss_parallel: bool,
+    /// The layout (`--mesh`, default `dp=2`, and its options).
+    #[command(flatten)]
+    layout: LayoutArgs,
     /// Burn's optimizer: adamw (β1 0.9, β2 0.95, ε 1e-6, weight decay 0.1) or sgd.
     #[arg(long, default_value = "adamw")]
     optim: String,
@@ -97,16 +78,7 @@ struct Cli {
 
 impl Cli {
     fn dims(&self) -> Result<ParallelDims, String> {
-        let layout = LayoutArgs {
-            mesh: self.mesh.clone(),
-            zero: self.zero,
-            schedule: self.schedule.clone(),
-            microbatches: self.microbatches,
-            sequence_parallel: self.sequence_parallel,
-            loss_parallel: self.loss_parallel,
-            offload: self.offload,
-        };
-        let mut dims = layout.dims()?;
+        let mut dims = self.layout.dims("dp=2")?;
         if dims.pp() > 1 && dims.pp.schedule.is_none() {
             dims = dims.with_schedule(bonfire_pipeline::ScheduleKind::OneFOneB);
         }
@@ -163,15 +135,8 @@ impl Hooks<TokenBatch> for SaveAtEnd<'_> {
 }
 
 fn main() {
-    tracing_subscriber::fmt()
-        .with_target(false)
-        .without_time()
-        .init();
+    init_logging();
     let cli = Cli::parse();
-    let fail = |e: String| -> ! {
-        eprintln!("error: {e}");
-        std::process::exit(2)
-    };
     let dims = cli.dims().unwrap_or_else(|e| fail(e));
     let optim = OptimizerKind::parse(&cli.optim).unwrap_or_else(|e| fail(e));
     let cfg = cli.config();
@@ -189,7 +154,7 @@ fn main() {
     let trainer = Trainer::new(dims.clone(), move || optim.build());
     trainer
         .check(&model, dims.world_size(), &data(0, &device))
-        .unwrap_or_else(|e| fail(e.to_string()));
+        .unwrap_or_else(|e| fail(e));
     println!(
         "train_gpt: {} parameters, layout {dims}, {} x {} tokens per step, {} {} steps at lr {}, corpus {} chars",
         cfg.num_params(),
@@ -219,11 +184,11 @@ fn main() {
             fit(engine.as_mut(), &data, &config, &mut save)?;
             Ok(save.trained)
         })
-        .unwrap_or_else(|e| fail(e.to_string()));
+        .unwrap_or_else(|e| fail(e));
     let trained = trained
         .into_iter()
         .next()
-        .and_then(|r| r.unwrap_or_else(|e| fail(e.to_string())));
+        .and_then(|r| r.unwrap_or_else(|e| fail(e)));
     if let Some(model) = trained {
         println!("sample: {:?}", sample(&model.valid(), "the ", 120, cli.seq));
     }

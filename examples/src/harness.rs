@@ -8,11 +8,9 @@ use crate::parallel::TokenBatch;
 use crate::tensor_file::{self, HostTensor};
 use crate::{checkpoint, data};
 use bonfire_dtensor::params::ParamValues;
-use bonfire_pipeline::ScheduleKind;
 use bonfire_train::{
     Engine, FitConfig, Hooks, Launcher, OptimizerKind, ParallelDims, TrainError, Trainer, fit,
 };
-use bonfire_zero::Stage;
 use burn::tensor::Device;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -30,40 +28,6 @@ pub struct HarnessArgs {
     pub steps: usize,
     pub lr: f64,
     pub out: PathBuf,
-}
-
-/// The layout options of the contract's command line, as given.
-#[derive(Debug, Clone, Default)]
-pub struct LayoutArgs {
-    pub mesh: String,
-    pub zero: usize,
-    pub schedule: Option<String>,
-    pub microbatches: Option<usize>,
-    pub sequence_parallel: bool,
-    pub loss_parallel: bool,
-    pub offload: bool,
-}
-
-impl LayoutArgs {
-    /// The layout they describe (checked further when the run is built).
-    pub fn dims(&self) -> Result<ParallelDims, String> {
-        let mut dims = ParallelDims::parse_mesh(&self.mesh).map_err(|e| e.to_string())?;
-        dims.zero = Stage::from_index(self.zero)
-            .ok_or_else(|| format!("--zero {}: must be 0, 1, 2 or 3", self.zero))?;
-        if let Some(name) = &self.schedule {
-            let kind = ScheduleKind::parse(name).ok_or_else(|| {
-                format!(
-                    "--schedule {name}: unknown (known: gpipe, 1f1b, interleaved[:V], zb, zb-v)"
-                )
-            })?;
-            dims = dims.with_schedule(kind);
-        }
-        dims.pp.microbatches = self.microbatches;
-        Ok(dims
-            .with_sequence_parallel(self.sequence_parallel)
-            .with_loss_parallel(self.loss_parallel)
-            .with_offload(self.offload))
-    }
 }
 
 /// What a run computed (rank 0's view; ranks agree).

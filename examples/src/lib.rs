@@ -32,6 +32,7 @@ pub mod block;
 pub mod checkpoint;
 pub mod classifier;
 pub mod classifier_parallel;
+pub mod cli;
 pub mod config;
 pub mod corpus;
 pub mod data;

@@ -4,7 +4,8 @@
 
 mod common;
 
-use bonfire_examples::harness::{self, HarnessArgs, LayoutArgs};
+use bonfire_examples::cli::LayoutArgs;
+use bonfire_examples::harness::{self, HarnessArgs};
 use bonfire_examples::{Gpt, GptConfig, checkpoint, default_device, tensor_file};
 use bonfire_train::OptimizerKind;
 use std::path::{Path, PathBuf};
@@ -43,12 +44,13 @@ fn tmp_dir(test: &str, cfg: &GptConfig) -> PathBuf {
 }
 
 fn args(dir: &Path, layout: LayoutArgs, optim: OptimizerKind) -> Result<HarnessArgs, String> {
-    let name = format!("{}-{}-{}", layout.mesh, layout.zero, optim.name());
+    let mesh = layout.mesh.clone().unwrap_or_default();
+    let name = format!("{mesh}-{}-{}", layout.zero, optim.name());
     Ok(HarnessArgs {
         config: dir.join("cfg.json"),
         weights: dir.join("init.safetensors"),
         data: dir.join("batch.safetensors"),
-        dims: layout.dims()?,
+        dims: layout.dims("dp=1")?,
         optim,
         device: "flex".into(),
         steps: 3,
@@ -58,10 +60,7 @@ fn args(dir: &Path, layout: LayoutArgs, optim: OptimizerKind) -> Result<HarnessA
 }
 
 fn layout(mesh: &str) -> LayoutArgs {
-    LayoutArgs {
-        mesh: mesh.into(),
-        ..LayoutArgs::default()
-    }
+    LayoutArgs::mesh(mesh)
 }
 
 #[test]
@@ -215,7 +214,7 @@ fn split_points_by_module_path() {
         schedule: Some("1f1b".into()),
         ..layout("pp=2")
     }
-    .dims()
+    .dims("dp=1")
     .unwrap();
     let even = harness::train(&model, &batches, &base, OptimizerKind::Sgd, 2, 0.5).unwrap();
     let at = base.clone().with_split_points(vec!["blocks.5".into()]);

@@ -8,8 +8,9 @@
 
 mod common;
 
+use bonfire_examples::cli::LayoutArgs;
 use bonfire_examples::data::Batches;
-use bonfire_examples::harness::{self, HarnessResult, LayoutArgs};
+use bonfire_examples::harness::{self, HarnessResult};
 use bonfire_examples::{Gpt, default_device};
 use bonfire_train::OptimizerKind;
 use std::sync::OnceLock;
@@ -39,7 +40,7 @@ fn fixture() -> &'static Fixture {
         let model = Gpt::new(&cfg, &device);
         let batches = common::random_batches(&cfg, STEPS, ROWS, 7);
         let single = |optim| {
-            let dims = layout("dp=1", 0, None, None, "").dims().unwrap();
+            let dims = layout("dp=1", 0, None, None, "").dims("dp=1").unwrap();
             harness::train(&model, &batches, &dims, optim, STEPS, lr(optim)).unwrap()
         };
         let reference = [single(OptimizerKind::Sgd), single(OptimizerKind::AdamW)];
@@ -60,7 +61,7 @@ fn layout(
     flags: &str,
 ) -> LayoutArgs {
     LayoutArgs {
-        mesh: mesh.into(),
+        mesh: Some(mesh.into()),
         zero,
         schedule: schedule.map(str::to_string),
         microbatches: m,
@@ -82,7 +83,7 @@ fn check(cases: &[LayoutArgs]) {
             OptimizerKind::AdamW => common::adamw(lr(optim)),
         };
         for case in cases {
-            let dims = case.dims().unwrap();
+            let dims = case.dims("dp=1").unwrap();
             let what = format!("{dims} {}", optim.name());
             let got = harness::train(&f.model, &f.batches, &dims, optim, STEPS, lr(optim))
                 .unwrap_or_else(|e| panic!("{what}: {e}"));

@@ -5,8 +5,8 @@
 
 use bonfire_comm::testing::{Tolerance, assert_close};
 use bonfire_dtensor::params;
+use bonfire_examples::cli::LayoutArgs;
 use bonfire_examples::corpus::{self, CharTokenizer};
-use bonfire_examples::harness::LayoutArgs;
 use bonfire_examples::parallel::TokenBatch;
 use bonfire_examples::{Gpt, GptConfig, default_device};
 use bonfire_train::{FitConfig, Launcher, OptimizerKind, ParallelDims, Trainer, fit};
@@ -108,7 +108,7 @@ fn layouts(world: usize) -> Vec<LayoutArgs> {
                     (false, false)
                 };
                 out.push(LayoutArgs {
-                    mesh: format!("pp={pp},dp={dp},tp={tp}"),
+                    mesh: Some(format!("pp={pp},dp={dp},tp={tp}")),
                     zero: if dp > 1 { zeros[i % zeros.len()] } else { 0 },
                     schedule: (pp > 1).then(|| schedules[i % schedules.len()].to_string()),
                     microbatches: None,
@@ -129,7 +129,7 @@ fn same_curves(world: usize) {
         "the model learns: {want:?}"
     );
     for layout in layouts(world) {
-        let dims = layout.dims().unwrap();
+        let dims = layout.dims("dp=1").unwrap();
         let got = losses(&dims);
         let c = assert_close(&dims.to_string(), &got, want, Tolerance::new(1e-4, 0.0));
         println!("curve {dims}: {c}");

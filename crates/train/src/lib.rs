@@ -70,7 +70,7 @@ mod trainer;
 mod wrapper;
 
 pub use dims::{Axis, ParallelDims, PpOptions, TpOptions};
-pub use engine::Engine;
+pub use engine::{Engine, RankMesh};
 pub use error::{LayoutError, TrainError};
 pub use fit::{DataSource, FitConfig, Hooks, StepReport, fit};
 pub use launch::Launcher;

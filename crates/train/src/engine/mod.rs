@@ -19,12 +19,20 @@ use burn::tensor::Device;
 /// One rank's training state under a layout (built by [`crate::Trainer::build`]). Every
 /// method that says "collective" must be called on every rank, in the same order.
 pub trait Engine<B> {
+    /// This rank's place: the layout, its mesh, the device.
+    fn place(&self) -> &RankMesh;
     /// The layout.
-    fn dims(&self) -> &ParallelDims;
+    fn dims(&self) -> &ParallelDims {
+        &self.place().dims
+    }
     /// The device this rank computes on: create batches here.
-    fn device(&self) -> &burn::tensor::Device;
+    fn device(&self) -> &Device {
+        &self.place().device
+    }
     /// All the ranks of the layout.
-    fn world(&self) -> &ProcessGroup;
+    fn world(&self) -> &ProcessGroup {
+        self.place().mesh.world()
+    }
     /// Forward and backward of one global batch — this rank takes its replica's rows, and its
     /// micro-batches under a pipeline — with the gradients reduced over dp. Returns the
     /// global mean loss, the same on every rank. A collective.
@@ -41,26 +49,33 @@ pub trait Engine<B> {
     fn wrapper_report(&self) -> WrapperReport;
 }
 
-/// What every engine keeps: the layout, its mesh and this rank's place on it.
-pub(crate) struct RankMesh {
-    pub dims: ParallelDims,
-    pub mesh: bonfire_dtensor::DeviceMesh,
-    pub device: Device,
+/// A rank's place in a layout: the layout, its mesh `[pp, dp, tp]`, and the device it
+/// computes on.
+pub struct RankMesh {
+    pub(crate) dims: ParallelDims,
+    pub(crate) mesh: bonfire_dtensor::DeviceMesh,
+    pub(crate) device: Device,
 }
 
 impl RankMesh {
+    /// The mesh `[pp, dp, tp]`.
+    pub fn mesh(&self) -> &bonfire_dtensor::DeviceMesh {
+        &self.mesh
+    }
+    /// The group of this rank's slice along `axis`.
     pub fn group(&self, axis: crate::Axis) -> &ProcessGroup {
         self.mesh
             .group(axis.name())
             .expect("every axis is on the mesh")
     }
+    /// This rank's coordinate on `axis`.
     pub fn coord(&self, axis: crate::Axis) -> usize {
         self.mesh
             .coord(axis.name())
             .expect("every axis is on the mesh")
     }
     /// This replica's rows of a global batch of `rows` rows (a multiple of dp, checked).
-    pub fn replica_rows(&self, rows: usize) -> std::ops::Range<usize> {
+    pub(crate) fn replica_rows(&self, rows: usize) -> std::ops::Range<usize> {
         let per = rows / self.dims.dp();
         let d = self.coord(crate::Axis::Dp);
         d * per..(d + 1) * per

@@ -6,18 +6,18 @@
 
 use super::export::ModelLayout;
 use super::{Engine, RankMesh};
-use crate::dims::{Axis, ParallelDims, axis_error};
+use crate::dims::{Axis, axis_error};
 use crate::error::{LayoutError, TrainError};
 use crate::model::{BuildPipeline, Rows};
 use crate::wrapper::{DpSpec, DpWrapper, Staged, WrapperReport};
-use bonfire_comm::{ProcessGroup, ReduceOp};
+use bonfire_comm::ReduceOp;
 use bonfire_dtensor::DataParallel;
 use bonfire_dtensor::params::{self, ParamValues};
 use bonfire_pipeline::{
     Block, BurnStage, Schedule, chunks_for_rank, microbatch_sizes, microbatch_weights,
     run_schedule, split_at,
 };
-use burn::tensor::{Device, Tensor};
+use burn::tensor::Tensor;
 use std::ops::Range;
 use std::sync::Arc;
 
@@ -227,14 +227,8 @@ impl<P: Block<D>, const D: usize, B: Rows> PipelineEngine<P, D, B> {
 }
 
 impl<P: Block<D>, const D: usize, B: Rows> Engine<B> for PipelineEngine<P, D, B> {
-    fn dims(&self) -> &ParallelDims {
-        &self.at.dims
-    }
-    fn device(&self) -> &Device {
-        &self.at.device
-    }
-    fn world(&self) -> &ProcessGroup {
-        self.at.mesh.world()
+    fn place(&self) -> &RankMesh {
+        &self.at
     }
 
     fn forward_backward(&mut self, batch: &B) -> Result<f32, TrainError> {

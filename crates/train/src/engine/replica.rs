@@ -4,14 +4,13 @@
 
 use super::export::ModelLayout;
 use super::{Engine, RankMesh};
-use crate::dims::{Axis, ParallelDims};
+use crate::dims::Axis;
 use crate::error::TrainError;
 use crate::model::{ParallelModel, Rows};
 use crate::wrapper::{DpWrapper, WrapperReport};
-use bonfire_comm::{ProcessGroup, ReduceOp};
+use bonfire_comm::ReduceOp;
 use bonfire_dtensor::DataParallel;
 use bonfire_dtensor::params::ParamValues;
-use burn::tensor::Device;
 
 pub(crate) struct ReplicaEngine<M: ParallelModel> {
     at: RankMesh,
@@ -30,14 +29,8 @@ impl<M: ParallelModel> ReplicaEngine<M> {
 }
 
 impl<M: ParallelModel> Engine<M::Batch> for ReplicaEngine<M> {
-    fn dims(&self) -> &ParallelDims {
-        &self.at.dims
-    }
-    fn device(&self) -> &Device {
-        &self.at.device
-    }
-    fn world(&self) -> &ProcessGroup {
-        self.at.mesh.world()
+    fn place(&self) -> &RankMesh {
+        &self.at
     }
 
     fn forward_backward(&mut self, batch: &M::Batch) -> Result<f32, TrainError> {
