@@ -36,7 +36,10 @@
 //!         DdpConfig::new()).unwrap();
 //!     let x = Tensor::<2>::ones([3, 4], &device) * (pg.rank() as f32 + 1.0);
 //!     ddp.train_step(0.1, |m: &Linear| m.forward(x).powi_scalar(2).mean()).unwrap();
-//!     ddp.model().weight.val().into_data()
+//!     // Every parameter, whole, by path: the same call on ZeRO, which gathers its shards.
+//!     let params = ddp.parameters().unwrap();
+//!     assert_eq!((params[0].path.as_str(), params[0].shape.as_slice()), ("weight", &[4, 2][..]));
+//!     params[0].values.clone()
 //! }).unwrap();
 //! assert_eq!(weights[0], weights[1]); // replicas stay identical
 //! ```
