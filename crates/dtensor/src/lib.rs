@@ -92,6 +92,7 @@ mod mesh;
 pub mod parallel;
 pub mod params;
 mod placement;
+pub mod plane;
 pub mod redistribute;
 pub mod scope;
 
