@@ -67,35 +67,41 @@ fn invalid(message: String) -> CommError {
     }
 }
 
-impl LaunchEnv {
-    /// Reads the process environment.
-    pub fn detect() -> Result<Self> {
-        Self::from_lookup(|k| std::env::var(k).ok())
+/// Environment variables, read through a lookup function.
+struct Vars<F>(F);
+
+impl<F: Fn(&str) -> Option<String>> Vars<F> {
+    /// The value of `key`, if set.
+    fn get(&self, key: &str) -> Option<String> {
+        (self.0)(key)
     }
 
-    /// Reads variables through `get` (for tests and embedding).
-    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Self> {
-        let num = |key: &'static str| -> Result<Option<usize>> {
-            match get(key) {
-                None => Ok(None),
-                Some(v) if v.trim().is_empty() => Ok(None),
-                Some(v) => v.trim().parse::<usize>().map(Some).map_err(|_| {
+    /// `key` as a number: `None` when unset or blank, an error when not a number.
+    fn num(&self, key: &'static str) -> Result<Option<usize>> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(v) if v.trim().is_empty() => Ok(None),
+            Some(v) => {
+                v.trim().parse::<usize>().map(Some).map_err(|_| {
                     invalid(format!("environment variable {key}={v:?} is not a number"))
-                }),
+                })
             }
-        };
-        let first = |keys: &[&'static str]| -> Result<Option<usize>> {
-            for &k in keys {
-                if let Some(v) = num(k)? {
-                    return Ok(Some(v));
-                }
+        }
+    }
+
+    /// The first of `keys` that is set, as a number.
+    fn first(&self, keys: &[&'static str]) -> Result<Option<usize>> {
+        for &k in keys {
+            if let Some(v) = self.num(k)? {
+                return Ok(Some(v));
             }
-            Ok(None)
-        };
-        let backend_override = get("BONFIRE_BACKEND")
-            .map(|s| s.trim().to_ascii_lowercase())
-            .filter(|s| !s.is_empty());
-        let master = match (get("MASTER_ADDR"), get("MASTER_PORT")) {
+        }
+        Ok(None)
+    }
+
+    /// `MASTER_ADDR` and `MASTER_PORT`, when both are set.
+    fn master(&self) -> Result<Option<(String, u16)>> {
+        Ok(match (self.get("MASTER_ADDR"), self.get("MASTER_PORT")) {
             (Some(addr), Some(port)) => Some((
                 addr,
                 port.trim()
@@ -103,22 +109,33 @@ impl LaunchEnv {
                     .map_err(|_| invalid(format!("MASTER_PORT={port:?} is not a port number")))?,
             )),
             _ => None,
-        };
-        let slurm_tasks = first(&["SLURM_STEP_NUM_TASKS", "SLURM_NTASKS"])?;
-        // (launcher, variable, rank, size)
-        let (launcher, detected_by, rank, size) = if let Some(rank) = num("OMPI_COMM_WORLD_RANK")? {
+        })
+    }
+
+    /// The launcher, the variable it was recognised by, and this process's rank and the job
+    /// size it gives.
+    fn launch(&self) -> Result<(Launcher, &'static str, usize, usize)> {
+        let num = |key| self.num(key);
+        let slurm_tasks = self.first(&["SLURM_STEP_NUM_TASKS", "SLURM_NTASKS"])?;
+        Ok(if let Some(rank) = num("OMPI_COMM_WORLD_RANK")? {
             let size = num("OMPI_COMM_WORLD_SIZE")?.unwrap_or(rank + 1);
             (Launcher::Mpirun, "OMPI_COMM_WORLD_RANK", rank, size)
         } else if let Some(rank) = num("PMI_RANK")? {
-            let size = first(&["PMI_SIZE"])?.or(slurm_tasks).unwrap_or(rank + 1);
+            let size = self
+                .first(&["PMI_SIZE"])?
+                .or(slurm_tasks)
+                .unwrap_or(rank + 1);
             (Launcher::Pmi, "PMI_RANK", rank, size)
         } else if let Some(rank) = num("PMIX_RANK")? {
-            let size = first(&["PMIX_SIZE"])?.or(slurm_tasks).unwrap_or(rank + 1);
+            let size = self
+                .first(&["PMIX_SIZE"])?
+                .or(slurm_tasks)
+                .unwrap_or(rank + 1);
             (Launcher::Pmi, "PMIX_RANK", rank, size)
         } else if let (Some(rank), Some(size), true) = (
             num("SLURM_PROCID")?,
             slurm_tasks,
-            get("SLURM_STEP_ID").is_some(),
+            self.get("SLURM_STEP_ID").is_some(),
         ) {
             // Inside an `srun` step (a batch script alone has no step of tasks).
             (Launcher::Slurm, "SLURM_PROCID", rank, size)
@@ -128,46 +145,71 @@ impl LaunchEnv {
             (Launcher::Torchrun, "WORLD_SIZE", rank, size)
         } else {
             (Launcher::Single, "", 0, 1)
-        };
+        })
+    }
+
+    /// torchrun-style variables, when also set under an MPI launcher, must agree with it.
+    fn check_torchrun_agrees(&self, detected_by: &str, rank: usize, size: usize) -> Result<()> {
+        if let Some(r) = self.num("RANK")? {
+            if r != rank {
+                return Err(invalid(format!(
+                    "RANK={r} disagrees with {detected_by}={rank}; unset RANK or fix the launch"
+                )));
+            }
+        }
+        if let Some(s) = self.num("WORLD_SIZE")? {
+            if s != size {
+                return Err(invalid(format!(
+                    "WORLD_SIZE={s} disagrees with the {size} processes of the MPI launch"
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl LaunchEnv {
+    /// Reads the process environment.
+    pub fn detect() -> Result<Self> {
+        Self::from_lookup(|k| std::env::var(k).ok())
+    }
+
+    /// Reads variables through `get` (for tests and embedding).
+    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Self> {
+        let vars = Vars(get);
+        let backend_override = vars
+            .get("BONFIRE_BACKEND")
+            .map(|s| s.trim().to_ascii_lowercase())
+            .filter(|s| !s.is_empty());
+        let master = vars.master()?;
+        let (launcher, detected_by, rank, size) = vars.launch()?;
         if size == 0 || rank >= size {
             return Err(invalid(format!(
                 "{detected_by}: rank {rank} is out of range for a job of {size} processes"
             )));
         }
         if launcher.is_mpi() {
-            // torchrun-style variables, when also set, must agree with the MPI launcher.
-            if let Some(r) = num("RANK")? {
-                if r != rank {
-                    return Err(invalid(format!(
-                        "RANK={r} disagrees with {detected_by}={rank}; unset RANK or fix the launch"
-                    )));
-                }
-            }
-            if let Some(s) = num("WORLD_SIZE")? {
-                if s != size {
-                    return Err(invalid(format!(
-                        "WORLD_SIZE={s} disagrees with the {size} processes of the MPI launch"
-                    )));
-                }
-            }
+            vars.check_torchrun_agrees(detected_by, rank, size)?;
         }
-        let local_rank = first(&[
-            "OMPI_COMM_WORLD_LOCAL_RANK",
-            "MPI_LOCALRANKID",
-            "SLURM_LOCALID",
-            "LOCAL_RANK",
-        ])?
-        .unwrap_or(if launcher == Launcher::Single {
-            0
-        } else {
-            rank
-        });
-        let local_size = first(&[
-            "OMPI_COMM_WORLD_LOCAL_SIZE",
-            "MPI_LOCALNRANKS",
-            "LOCAL_WORLD_SIZE",
-        ])?
-        .unwrap_or(size);
+        let local_rank = vars
+            .first(&[
+                "OMPI_COMM_WORLD_LOCAL_RANK",
+                "MPI_LOCALRANKID",
+                "SLURM_LOCALID",
+                "LOCAL_RANK",
+            ])?
+            .unwrap_or(if launcher == Launcher::Single {
+                0
+            } else {
+                rank
+            });
+        let local_size = vars
+            .first(&[
+                "OMPI_COMM_WORLD_LOCAL_SIZE",
+                "MPI_LOCALNRANKS",
+                "LOCAL_WORLD_SIZE",
+            ])?
+            .unwrap_or(size);
         Ok(LaunchEnv {
             launcher,
             detected_by,

@@ -16,7 +16,7 @@
 //!    `bonfire-comm`), a receive waits until its send has run. If every unfinished rank waits,
 //!    the blocked receives and the cycle of ranks waiting on each other are reported.
 
-use crate::schedule::{Action, Schedule};
+use crate::schedule::{Action, Schedule, StageMap};
 use std::collections::{HashMap, HashSet};
 use std::fmt;
 
@@ -163,15 +163,13 @@ fn message(schedule: &Schedule, rank: usize, a: &Action) -> Option<(MsgKey, usiz
 
 /// Checks `schedule`; `Ok(())` if it is complete, consistent and deadlock-free.
 pub fn check(schedule: &Schedule) -> Result<(), CheckError> {
-    let mut problems = Vec::new();
-    let pl = schedule.stage_map;
-    let (p, v, stages, m) = (pl.ranks(), pl.chunks(), pl.stages(), schedule.microbatches);
     let fail = |problems: Vec<Problem>| {
         Err(CheckError {
             schedule: schedule.name.clone(),
             problems,
         })
     };
+    let p = schedule.stage_map.ranks();
     if schedule.actions.len() != p {
         return fail(vec![Problem::RankCount {
             expected: p,
@@ -180,204 +178,251 @@ pub fn check(schedule: &Schedule) -> Result<(), CheckError> {
     }
 
     // 1. Shape.
-    for (rank, list) in schedule.actions.iter().enumerate() {
-        for (index, a) in list.iter().enumerate() {
-            let mut invalid = |why: String| {
-                problems.push(Problem::Invalid {
-                    rank,
-                    index,
-                    action: *a,
-                    why,
-                })
-            };
-            if a.mb() >= m {
-                invalid(format!("micro-batch out of range (m = {m})"));
-                continue;
-            }
-            if a.chunk() >= v {
-                invalid(format!("chunk out of range (v = {v})"));
-                continue;
-            }
-            let s = pl.stage(rank, a.chunk());
-            let neighbour = |next: bool| {
-                let t = if next { s + 1 } else { s.checked_sub(1)? };
-                (t < stages).then(|| pl.locate(t).0)
-            };
-            let (peer, expected, what) = match *a {
-                Action::SendActivation { to, .. } => (to, neighbour(true), "next"),
-                Action::RecvActivation { from, .. } => (from, neighbour(false), "previous"),
-                Action::SendGrad { to, .. } => (to, neighbour(false), "previous"),
-                Action::RecvGrad { from, .. } => (from, neighbour(true), "next"),
-                _ => continue,
-            };
-            match expected {
-                None => invalid(format!("stage {s} has no {what} stage")),
-                Some(e) if e == rank => invalid(format!(
-                    "the {what} stage is on this rank: data passes locally, no message"
-                )),
-                Some(e) if e != peer => {
-                    invalid(format!("the {what} stage lives on rank {e}, not {peer}"))
-                }
-                Some(_) => {}
-            }
-        }
-    }
+    let problems = shape_problems(schedule);
     if !problems.is_empty() {
         return fail(problems);
     }
 
     // 2. Local order and 3. completeness.
+    let mut problems = Vec::new();
     for (rank, list) in schedule.actions.iter().enumerate() {
-        let mut seen: HashSet<Action> = HashSet::new();
-        let has = |seen: &HashSet<Action>, a: Action| seen.contains(&a);
+        let seen = order_problems(schedule.stage_map, rank, list, &mut problems);
+        completeness_problems(schedule, rank, list, &seen, &mut problems);
+    }
+
+    // 4. Matching sends and receives.
+    problems.extend(unmatched_messages(schedule));
+    if !problems.is_empty() {
+        return fail(problems);
+    }
+
+    // 5. Deadlock freedom.
+    match deadlock(schedule) {
+        None => Ok(()),
+        Some(problem) => fail(vec![problem]),
+    }
+}
+
+/// Check 1: every action whose indices are out of range or whose peer is not the neighbouring
+/// stage's rank.
+fn shape_problems(schedule: &Schedule) -> Vec<Problem> {
+    let mut problems = Vec::new();
+    for (rank, list) in schedule.actions.iter().enumerate() {
         for (index, a) in list.iter().enumerate() {
-            let (mb, chunk) = (a.mb(), a.chunk());
-            let s = pl.stage(rank, chunk);
-            let backward_done = |seen: &HashSet<Action>, c: usize| {
-                has(seen, Action::Backward { mb, chunk: c })
-                    || has(seen, Action::BackwardInput { mb, chunk: c })
-            };
-            let mut why = None;
-            if seen.contains(a) {
-                why = Some("runs twice".to_string());
-            }
-            match *a {
-                Action::Forward { .. } if why.is_none() && s > 0 => {
-                    let (prev_rank, prev_chunk) = pl.locate(s - 1);
-                    let ok = if prev_rank == rank {
-                        has(
-                            &seen,
-                            Action::Forward {
-                                mb,
-                                chunk: prev_chunk,
-                            },
-                        )
-                    } else {
-                        has(
-                            &seen,
-                            Action::RecvActivation {
-                                mb,
-                                chunk,
-                                from: prev_rank,
-                            },
-                        )
-                    };
-                    if !ok {
-                        why = Some(if prev_rank == rank {
-                            format!(
-                                "runs before Forward(mb={mb}, chunk={prev_chunk}) that feeds it"
-                            )
-                        } else {
-                            format!(
-                                "runs before RecvActivation(mb={mb}, chunk={chunk}, from={prev_rank}) of its input"
-                            )
-                        });
-                    }
-                }
-                Action::Backward { .. } | Action::BackwardInput { .. } if why.is_none() => {
-                    let other = match *a {
-                        Action::Backward { .. } => Action::BackwardInput { mb, chunk },
-                        _ => Action::Backward { mb, chunk },
-                    };
-                    if !has(&seen, Action::Forward { mb, chunk }) {
-                        why = Some(format!(
-                            "backward runs before Forward(mb={mb}, chunk={chunk})"
-                        ));
-                    } else if has(&seen, other) {
-                        why = Some(format!("{other} already ran"));
-                    } else if s + 1 < stages {
-                        let (next_rank, next_chunk) = pl.locate(s + 1);
-                        let ok = if next_rank == rank {
-                            backward_done(&seen, next_chunk)
-                        } else {
-                            has(
-                                &seen,
-                                Action::RecvGrad {
-                                    mb,
-                                    chunk,
-                                    from: next_rank,
-                                },
-                            )
-                        };
-                        if !ok {
-                            why = Some(if next_rank == rank {
-                                format!(
-                                    "runs before the backward of (mb={mb}, chunk={next_chunk}) that feeds it"
-                                )
-                            } else {
-                                format!(
-                                    "runs before RecvGrad(mb={mb}, chunk={chunk}, from={next_rank}) of its output gradient"
-                                )
-                            });
-                        }
-                    }
-                }
-                Action::BackwardWeight { .. }
-                    if why.is_none() && !has(&seen, Action::BackwardInput { mb, chunk }) =>
-                {
-                    why = Some(format!("runs before BackwardInput(mb={mb}, chunk={chunk})"));
-                }
-                Action::SendActivation { .. }
-                    if why.is_none() && !has(&seen, Action::Forward { mb, chunk }) =>
-                {
-                    why = Some(format!("sends before Forward(mb={mb}, chunk={chunk}) ran"));
-                }
-                Action::SendGrad { .. } if why.is_none() && !backward_done(&seen, chunk) => {
-                    why = Some(format!(
-                        "sends before the backward of (mb={mb}, chunk={chunk}) ran"
-                    ));
-                }
-                _ => {}
-            }
-            if let Some(why) = why {
-                problems.push(Problem::Order {
+            if let Some(why) = shape_problem(schedule, rank, a) {
+                problems.push(Problem::Invalid {
                     rank,
                     index,
                     action: *a,
                     why,
                 });
             }
-            seen.insert(*a);
         }
-        for chunk in 0..v {
-            for mb in 0..m {
-                if !seen.contains(&Action::Forward { mb, chunk }) {
-                    problems.push(Problem::Missing {
-                        rank,
-                        what: format!("Forward(mb={mb}, chunk={chunk})"),
-                    });
-                }
-                let full = seen.contains(&Action::Backward { mb, chunk });
-                let input = seen.contains(&Action::BackwardInput { mb, chunk });
-                let weight = seen.contains(&Action::BackwardWeight { mb, chunk });
-                if !full && !input {
-                    problems.push(Problem::Missing {
-                        rank,
-                        what: format!("the backward of (mb={mb}, chunk={chunk})"),
-                    });
-                } else if input && !weight {
-                    problems.push(Problem::Missing {
-                        rank,
-                        what: format!("BackwardWeight(mb={mb}, chunk={chunk})"),
-                    });
-                } else if full && weight {
-                    problems.push(Problem::Order {
-                        rank,
-                        index: list
-                            .iter()
-                            .position(|a| *a == Action::BackwardWeight { mb, chunk })
-                            .unwrap_or(0),
-                        action: Action::BackwardWeight { mb, chunk },
-                        why: "the full Backward already computed the weight gradient".into(),
-                    });
-                }
+    }
+    problems
+}
+
+/// Why action `a` on `rank` is invalid on its own (indices out of range, wrong peer), if it is.
+fn shape_problem(schedule: &Schedule, rank: usize, a: &Action) -> Option<String> {
+    let pl = schedule.stage_map;
+    let (v, stages, m) = (pl.chunks(), pl.stages(), schedule.microbatches);
+    if a.mb() >= m {
+        return Some(format!("micro-batch out of range (m = {m})"));
+    }
+    if a.chunk() >= v {
+        return Some(format!("chunk out of range (v = {v})"));
+    }
+    let s = pl.stage(rank, a.chunk());
+    let neighbour = |next: bool| {
+        let t = if next { s + 1 } else { s.checked_sub(1)? };
+        (t < stages).then(|| pl.locate(t).0)
+    };
+    let (peer, expected, what) = match *a {
+        Action::SendActivation { to, .. } => (to, neighbour(true), "next"),
+        Action::RecvActivation { from, .. } => (from, neighbour(false), "previous"),
+        Action::SendGrad { to, .. } => (to, neighbour(false), "previous"),
+        Action::RecvGrad { from, .. } => (from, neighbour(true), "next"),
+        _ => return None,
+    };
+    match expected {
+        None => Some(format!("stage {s} has no {what} stage")),
+        Some(e) if e == rank => Some(format!(
+            "the {what} stage is on this rank: data passes locally, no message"
+        )),
+        Some(e) if e != peer => Some(format!("the {what} stage lives on rank {e}, not {peer}")),
+        Some(_) => None,
+    }
+}
+
+/// Check 2 for one rank: pushes every action of `list` that runs before what it depends on,
+/// or twice; returns the set of actions the rank runs.
+fn order_problems(
+    pl: StageMap,
+    rank: usize,
+    list: &[Action],
+    problems: &mut Vec<Problem>,
+) -> HashSet<Action> {
+    let mut seen: HashSet<Action> = HashSet::new();
+    for (index, a) in list.iter().enumerate() {
+        if let Some(why) = order_problem(pl, rank, &seen, a) {
+            problems.push(Problem::Order {
+                rank,
+                index,
+                action: *a,
+                why,
+            });
+        }
+        seen.insert(*a);
+    }
+    seen
+}
+
+/// Whether the backward (full or input) of `(mb, chunk)` is among the actions already `seen`.
+fn backward_done(seen: &HashSet<Action>, mb: usize, chunk: usize) -> bool {
+    seen.contains(&Action::Backward { mb, chunk })
+        || seen.contains(&Action::BackwardInput { mb, chunk })
+}
+
+/// Why action `a` on `rank` cannot run after the actions already `seen`, if it cannot.
+fn order_problem(pl: StageMap, rank: usize, seen: &HashSet<Action>, a: &Action) -> Option<String> {
+    if seen.contains(a) {
+        return Some("runs twice".to_string());
+    }
+    let (mb, chunk) = (a.mb(), a.chunk());
+    match *a {
+        Action::Forward { .. } => forward_order(pl, rank, seen, mb, chunk),
+        Action::Backward { .. } | Action::BackwardInput { .. } => backward_order(pl, rank, seen, a),
+        Action::BackwardWeight { .. } if !seen.contains(&Action::BackwardInput { mb, chunk }) => {
+            Some(format!("runs before BackwardInput(mb={mb}, chunk={chunk})"))
+        }
+        Action::SendActivation { .. } if !seen.contains(&Action::Forward { mb, chunk }) => {
+            Some(format!("sends before Forward(mb={mb}, chunk={chunk}) ran"))
+        }
+        Action::SendGrad { .. } if !backward_done(seen, mb, chunk) => Some(format!(
+            "sends before the backward of (mb={mb}, chunk={chunk}) ran"
+        )),
+        _ => None,
+    }
+}
+
+/// Why `Forward(mb, chunk)` on `rank` cannot run yet: its input (the previous stage's forward
+/// here, or the receive of its activation) has not come.
+fn forward_order(
+    pl: StageMap,
+    rank: usize,
+    seen: &HashSet<Action>,
+    mb: usize,
+    chunk: usize,
+) -> Option<String> {
+    let s = pl.stage(rank, chunk);
+    if s == 0 {
+        return None;
+    }
+    let (prev_rank, prev_chunk) = pl.locate(s - 1);
+    if prev_rank == rank {
+        let feed = Action::Forward {
+            mb,
+            chunk: prev_chunk,
+        };
+        (!seen.contains(&feed))
+            .then(|| format!("runs before Forward(mb={mb}, chunk={prev_chunk}) that feeds it"))
+    } else {
+        let feed = Action::RecvActivation {
+            mb,
+            chunk,
+            from: prev_rank,
+        };
+        (!seen.contains(&feed)).then(|| {
+            format!(
+                "runs before RecvActivation(mb={mb}, chunk={chunk}, from={prev_rank}) of its input"
+            )
+        })
+    }
+}
+
+/// Why the backward `a` (full or input) on `rank` cannot run yet: its forward, or its output
+/// gradient (the next stage's backward here, or its receive) has not come, or the other kind
+/// of backward already ran.
+fn backward_order(pl: StageMap, rank: usize, seen: &HashSet<Action>, a: &Action) -> Option<String> {
+    let (mb, chunk) = (a.mb(), a.chunk());
+    let other = match *a {
+        Action::Backward { .. } => Action::BackwardInput { mb, chunk },
+        _ => Action::Backward { mb, chunk },
+    };
+    if !seen.contains(&Action::Forward { mb, chunk }) {
+        return Some(format!(
+            "backward runs before Forward(mb={mb}, chunk={chunk})"
+        ));
+    }
+    if seen.contains(&other) {
+        return Some(format!("{other} already ran"));
+    }
+    let s = pl.stage(rank, chunk);
+    if s + 1 >= pl.stages() {
+        return None;
+    }
+    let (next_rank, next_chunk) = pl.locate(s + 1);
+    if next_rank == rank {
+        (!backward_done(seen, mb, next_chunk)).then(|| {
+            format!("runs before the backward of (mb={mb}, chunk={next_chunk}) that feeds it")
+        })
+    } else {
+        let feed = Action::RecvGrad {
+            mb,
+            chunk,
+            from: next_rank,
+        };
+        (!seen.contains(&feed)).then(|| {
+            format!(
+                "runs before RecvGrad(mb={mb}, chunk={chunk}, from={next_rank}) of its output gradient"
+            )
+        })
+    }
+}
+
+/// Check 3 for one rank: pushes every (micro-batch, chunk) whose forward or backward is
+/// missing from `seen`, and every weight step after a full backward.
+fn completeness_problems(
+    schedule: &Schedule,
+    rank: usize,
+    list: &[Action],
+    seen: &HashSet<Action>,
+    problems: &mut Vec<Problem>,
+) {
+    let missing = |what: String| Problem::Missing { rank, what };
+    for chunk in 0..schedule.stage_map.chunks() {
+        for mb in 0..schedule.microbatches {
+            if !seen.contains(&Action::Forward { mb, chunk }) {
+                problems.push(missing(format!("Forward(mb={mb}, chunk={chunk})")));
+            }
+            let full = seen.contains(&Action::Backward { mb, chunk });
+            let input = seen.contains(&Action::BackwardInput { mb, chunk });
+            let weight = seen.contains(&Action::BackwardWeight { mb, chunk });
+            if !full && !input {
+                problems.push(missing(format!("the backward of (mb={mb}, chunk={chunk})")));
+            } else if input && !weight {
+                problems.push(missing(format!("BackwardWeight(mb={mb}, chunk={chunk})")));
+            } else if full && weight {
+                let action = Action::BackwardWeight { mb, chunk };
+                problems.push(Problem::Order {
+                    rank,
+                    index: list.iter().position(|a| *a == action).unwrap_or(0),
+                    action,
+                    why: "the full Backward already computed the weight gradient".into(),
+                });
             }
         }
     }
+}
 
-    // 4. Matching sends and receives.
-    let mut sends: HashMap<(MsgKey, usize, usize), Vec<(usize, Action)>> = HashMap::new();
-    let mut recvs: HashMap<(MsgKey, usize, usize), Vec<(usize, Action)>> = HashMap::new();
+/// The messages of one direction, by (message, sender, receiver): (index, action) of each in
+/// schedule order.
+type Messages = HashMap<(MsgKey, usize, usize), Vec<(usize, Action)>>;
+
+/// Every send and every receive of the schedule, by (message, sender, receiver).
+fn messages(schedule: &Schedule) -> (Messages, Messages) {
+    let mut sends: Messages = HashMap::new();
+    let mut recvs: Messages = HashMap::new();
     for (rank, list) in schedule.actions.iter().enumerate() {
         for (index, a) in list.iter().enumerate() {
             if let Some((key, peer, is_send)) = message(schedule, rank, a) {
@@ -395,6 +440,12 @@ pub fn check(schedule: &Schedule) -> Result<(), CheckError> {
             }
         }
     }
+    (sends, recvs)
+}
+
+/// Check 4: every send no receive takes and every receive no send feeds, by (rank, index).
+fn unmatched_messages(schedule: &Schedule) -> Vec<Problem> {
+    let (sends, recvs) = messages(schedule);
     let mut unmatched: Vec<Problem> = Vec::new();
     for (k, list) in &sends {
         let taken = recvs.get(k).map_or(0, Vec::len);
@@ -422,12 +473,24 @@ pub fn check(schedule: &Schedule) -> Result<(), CheckError> {
         }
         _ => (0, 0),
     });
-    problems.extend(unmatched);
-    if !problems.is_empty() {
-        return fail(problems);
-    }
+    unmatched
+}
 
-    // 5. Deadlock freedom: run every rank; sends are eager, receives wait for their send.
+/// Check 5: runs every rank together (sends are eager, receives wait for their send) and
+/// reports the deadlock, if every unfinished rank ends up waiting.
+fn deadlock(schedule: &Schedule) -> Option<Problem> {
+    let blocked = blocked_actions(schedule);
+    if blocked.is_empty() {
+        return None;
+    }
+    let cycle = wait_cycle(schedule, &blocked);
+    Some(Problem::Deadlock { blocked, cycle })
+}
+
+/// Simulates all ranks until none can progress; the (rank, index, action) each unfinished
+/// rank is stuck at.
+fn blocked_actions(schedule: &Schedule) -> Vec<(usize, usize, Action)> {
+    let p = schedule.stage_map.ranks();
     let mut pc = vec![0usize; p];
     let mut posted: HashSet<(MsgKey, usize, usize)> = HashSet::new();
     loop {
@@ -449,29 +512,29 @@ pub fn check(schedule: &Schedule) -> Result<(), CheckError> {
             break;
         }
     }
-    let blocked: Vec<(usize, usize, Action)> = (0..p)
+    (0..p)
         .filter_map(|r| schedule.actions[r].get(pc[r]).map(|a| (r, pc[r], *a)))
-        .collect();
-    if blocked.is_empty() {
-        return Ok(());
-    }
+        .collect()
+}
+
+/// The ring of ranks waiting on each other, found from the first blocked rank (empty if none).
+fn wait_cycle(schedule: &Schedule, blocked: &[(usize, usize, Action)]) -> Vec<usize> {
     // Each blocked rank waits on exactly one peer: follow the pointers to find a ring.
     let waits_on: HashMap<usize, usize> = blocked
         .iter()
         .filter_map(|&(r, _, a)| message(schedule, r, &a).map(|(_, peer, _)| (r, peer)))
         .collect();
-    let mut cycle = Vec::new();
-    if let Some(&(start, _, _)) = blocked.first() {
-        let mut path = vec![start];
-        let mut at = start;
-        while let Some(&next) = waits_on.get(&at) {
-            if let Some(pos) = path.iter().position(|&r| r == next) {
-                cycle = path[pos..].to_vec();
-                break;
-            }
-            path.push(next);
-            at = next;
+    let Some(&(start, _, _)) = blocked.first() else {
+        return Vec::new();
+    };
+    let mut path = vec![start];
+    let mut at = start;
+    while let Some(&next) = waits_on.get(&at) {
+        if let Some(pos) = path.iter().position(|&r| r == next) {
+            return path[pos..].to_vec();
         }
+        path.push(next);
+        at = next;
     }
-    fail(vec![Problem::Deadlock { blocked, cycle }])
+    Vec::new()
 }

@@ -9,7 +9,7 @@
 //! [`check`] pairs them correctly.
 
 use crate::check::{CheckError, check};
-use crate::schedule::{Action, Schedule};
+use crate::schedule::{Action, Schedule, StageMap};
 use crate::timeline::RankTimeline;
 use bonfire_comm::{CommError, ProcessGroup};
 use bonfire_dtensor::{DTensorError, DeviceMesh};
@@ -156,92 +156,179 @@ pub fn run_unchecked<C: StageCompute + ?Sized>(
             pg.size()
         )));
     }
-    let rank = pg.rank();
-    let pl = schedule.stage_map;
-    let stages = pl.stages();
-    let mut timeline = RankTimeline::start(rank);
-    let mut inputs: HashMap<(usize, usize), Activation> = HashMap::new();
-    let mut outputs: HashMap<(usize, usize), Activation> = HashMap::new();
-    let mut grad_outputs: HashMap<(usize, usize), Activation> = HashMap::new();
-    let mut grad_inputs: HashMap<(usize, usize), Activation> = HashMap::new();
-    let missing = |what: &str, a: &Action| {
-        PipelineError::Invalid(format!("rank {rank}: {a} found no {what}"))
-    };
-    for action in &schedule.actions[rank] {
+    let mut run = RankRun::new(pg, schedule.stage_map);
+    let mut timeline = RankTimeline::start(run.rank);
+    for action in &schedule.actions[run.rank] {
         let start = Instant::now();
-        let (mb, chunk) = (action.mb(), action.chunk());
-        let s = pl.stage(rank, chunk);
-        match *action {
-            Action::Forward { .. } => {
-                let input = if s == 0 {
-                    None
-                } else {
-                    Some(
-                        inputs
-                            .remove(&(mb, chunk))
-                            .ok_or_else(|| missing("input", action))?,
-                    )
-                };
-                let out = compute.forward(mb, chunk, input)?;
-                if s + 1 < stages {
-                    let out = out.ok_or_else(|| missing("output from the stage", action))?;
-                    let (next_rank, next_chunk) = pl.locate(s + 1);
-                    if next_rank == rank {
-                        inputs.insert((mb, next_chunk), out);
-                    } else {
-                        outputs.insert((mb, chunk), out);
-                    }
-                }
-            }
-            Action::Backward { .. } | Action::BackwardInput { .. } => {
-                let grad = if s + 1 == stages {
-                    None
-                } else {
-                    Some(
-                        grad_outputs
-                            .remove(&(mb, chunk))
-                            .ok_or_else(|| missing("output gradient", action))?,
-                    )
-                };
-                let gin = if matches!(action, Action::Backward { .. }) {
-                    compute.backward(mb, chunk, grad)?
-                } else {
-                    compute.backward_input(mb, chunk, grad)?
-                };
-                if s > 0 {
-                    let gin =
-                        gin.ok_or_else(|| missing("input gradient from the stage", action))?;
-                    let (prev_rank, prev_chunk) = pl.locate(s - 1);
-                    if prev_rank == rank {
-                        grad_outputs.insert((mb, prev_chunk), gin);
-                    } else {
-                        grad_inputs.insert((mb, chunk), gin);
-                    }
-                }
-            }
-            Action::BackwardWeight { .. } => compute.backward_weight(mb, chunk)?,
-            Action::SendActivation { to, .. } => {
-                let out = outputs
-                    .remove(&(mb, chunk))
-                    .ok_or_else(|| missing("activation to send", action))?;
-                send(pg, &out, to, tag(mb, s + 1, stages, false, 0))?;
-            }
-            Action::RecvActivation { from, .. } => {
-                let a = recv(pg, from, tag(mb, s, stages, false, 0))?;
-                inputs.insert((mb, chunk), a);
-            }
-            Action::SendGrad { to, .. } => {
-                let g = grad_inputs
-                    .remove(&(mb, chunk))
-                    .ok_or_else(|| missing("gradient to send", action))?;
-                send(pg, &g, to, tag(mb, s - 1, stages, true, 0))?;
-            }
-            Action::RecvGrad { from, .. } => {
-                let g = recv(pg, from, tag(mb, s, stages, true, 0))?;
-                grad_outputs.insert((mb, chunk), g);
-            }
-        }
+        run.action(compute, action)?;
         timeline.record(*action, start, Instant::now());
     }
     Ok(timeline)
+}
+
+/// Activations or gradients by (micro-batch, local chunk).
+type Held = HashMap<(usize, usize), Activation>;
+
+/// One rank running its actions: the data that waits between them.
+struct RankRun<'a> {
+    pg: &'a ProcessGroup,
+    stage_map: StageMap,
+    rank: usize,
+    /// Activations waiting for the forward of (mb, chunk).
+    inputs: Held,
+    /// Outputs of the forward of (mb, chunk) waiting to be sent.
+    outputs: Held,
+    /// Output gradients waiting for the backward of (mb, chunk).
+    grad_outputs: Held,
+    /// Input gradients of the backward of (mb, chunk) waiting to be sent.
+    grad_inputs: Held,
+}
+
+impl<'a> RankRun<'a> {
+    /// This rank of `pg`, with nothing held yet.
+    fn new(pg: &'a ProcessGroup, stage_map: StageMap) -> Self {
+        Self {
+            pg,
+            stage_map,
+            rank: pg.rank(),
+            inputs: HashMap::new(),
+            outputs: HashMap::new(),
+            grad_outputs: HashMap::new(),
+            grad_inputs: HashMap::new(),
+        }
+    }
+
+    /// The error of `action` finding no `what` to work on.
+    fn missing(&self, what: &str, action: &Action) -> PipelineError {
+        PipelineError::Invalid(format!("rank {}: {action} found no {what}", self.rank))
+    }
+
+    /// The global stage of `action`'s chunk on this rank.
+    fn stage(&self, action: &Action) -> usize {
+        self.stage_map.stage(self.rank, action.chunk())
+    }
+
+    /// The message tag base of micro-batch `mb` going to stage `dst_stage`.
+    fn tag(&self, mb: usize, dst_stage: usize, grad: bool) -> u64 {
+        tag(mb, dst_stage, self.stage_map.stages(), grad, 0)
+    }
+
+    /// Runs one action.
+    fn action<C: StageCompute + ?Sized>(
+        &mut self,
+        compute: &mut C,
+        action: &Action,
+    ) -> Result<(), PipelineError> {
+        match *action {
+            Action::Forward { .. } => self.forward(compute, action),
+            Action::Backward { .. } | Action::BackwardInput { .. } => {
+                self.backward(compute, action)
+            }
+            Action::BackwardWeight { mb, chunk } => compute.backward_weight(mb, chunk),
+            Action::SendActivation { to, .. } => self.send_activation(action, to),
+            Action::RecvActivation { from, .. } => self.recv_activation(action, from),
+            Action::SendGrad { to, .. } => self.send_grad(action, to),
+            Action::RecvGrad { from, .. } => self.recv_grad(action, from),
+        }
+    }
+
+    /// Forward: takes the input (none on the first stage), keeps the output for the next
+    /// stage (here, or to send; none on the last stage).
+    fn forward<C: StageCompute + ?Sized>(
+        &mut self,
+        compute: &mut C,
+        action: &Action,
+    ) -> Result<(), PipelineError> {
+        let (mb, chunk, s) = (action.mb(), action.chunk(), self.stage(action));
+        let input = if s == 0 {
+            None
+        } else {
+            Some(
+                self.inputs
+                    .remove(&(mb, chunk))
+                    .ok_or_else(|| self.missing("input", action))?,
+            )
+        };
+        let out = compute.forward(mb, chunk, input)?;
+        if s + 1 < self.stage_map.stages() {
+            let out = out.ok_or_else(|| self.missing("output from the stage", action))?;
+            let (next_rank, next_chunk) = self.stage_map.locate(s + 1);
+            if next_rank == self.rank {
+                self.inputs.insert((mb, next_chunk), out);
+            } else {
+                self.outputs.insert((mb, chunk), out);
+            }
+        }
+        Ok(())
+    }
+
+    /// Full or input backward: takes the output gradient (none on the last stage), keeps the
+    /// input gradient for the previous stage (here, or to send; none on the first stage).
+    fn backward<C: StageCompute + ?Sized>(
+        &mut self,
+        compute: &mut C,
+        action: &Action,
+    ) -> Result<(), PipelineError> {
+        let (mb, chunk, s) = (action.mb(), action.chunk(), self.stage(action));
+        let grad = if s + 1 == self.stage_map.stages() {
+            None
+        } else {
+            Some(
+                self.grad_outputs
+                    .remove(&(mb, chunk))
+                    .ok_or_else(|| self.missing("output gradient", action))?,
+            )
+        };
+        let gin = if matches!(action, Action::Backward { .. }) {
+            compute.backward(mb, chunk, grad)?
+        } else {
+            compute.backward_input(mb, chunk, grad)?
+        };
+        if s > 0 {
+            let gin = gin.ok_or_else(|| self.missing("input gradient from the stage", action))?;
+            let (prev_rank, prev_chunk) = self.stage_map.locate(s - 1);
+            if prev_rank == self.rank {
+                self.grad_outputs.insert((mb, prev_chunk), gin);
+            } else {
+                self.grad_inputs.insert((mb, chunk), gin);
+            }
+        }
+        Ok(())
+    }
+
+    /// Sends the forward output of `action`'s (mb, chunk) to rank `to`.
+    fn send_activation(&mut self, action: &Action, to: usize) -> Result<(), PipelineError> {
+        let (mb, chunk, s) = (action.mb(), action.chunk(), self.stage(action));
+        let out = self
+            .outputs
+            .remove(&(mb, chunk))
+            .ok_or_else(|| self.missing("activation to send", action))?;
+        send(self.pg, &out, to, self.tag(mb, s + 1, false))
+    }
+
+    /// Receives the input of `action`'s (mb, chunk) from rank `from`.
+    fn recv_activation(&mut self, action: &Action, from: usize) -> Result<(), PipelineError> {
+        let (mb, chunk, s) = (action.mb(), action.chunk(), self.stage(action));
+        let a = recv(self.pg, from, self.tag(mb, s, false))?;
+        self.inputs.insert((mb, chunk), a);
+        Ok(())
+    }
+
+    /// Sends the input gradient of `action`'s (mb, chunk) to rank `to`.
+    fn send_grad(&mut self, action: &Action, to: usize) -> Result<(), PipelineError> {
+        let (mb, chunk, s) = (action.mb(), action.chunk(), self.stage(action));
+        let g = self
+            .grad_inputs
+            .remove(&(mb, chunk))
+            .ok_or_else(|| self.missing("gradient to send", action))?;
+        send(self.pg, &g, to, self.tag(mb, s - 1, true))
+    }
+
+    /// Receives the output gradient of `action`'s (mb, chunk) from rank `from`.
+    fn recv_grad(&mut self, action: &Action, from: usize) -> Result<(), PipelineError> {
+        let (mb, chunk, s) = (action.mb(), action.chunk(), self.stage(action));
+        let g = recv(self.pg, from, self.tag(mb, s, true))?;
+        self.grad_outputs.insert((mb, chunk), g);
+        Ok(())
+    }
 }

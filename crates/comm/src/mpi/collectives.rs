@@ -7,9 +7,9 @@ use super::backend::MpiBackend;
 use super::scratch::{Scratch, grow};
 use super::types::{check, cint, cptr, move_type, mpi_op, mptr, narrow, reduce_type, widen};
 use crate::backend::CallContext;
-use crate::collective::{Collective, offsets_into};
+use crate::collective::{AllToAllCounts, Collective, Counts, offsets_into};
 use crate::reduce::finish_avg;
-use crate::{DType, ReduceOp, Result};
+use crate::{BufMut, BufRef, DType, ReduceOp, Result};
 use mpi::ffi;
 use std::os::raw::{c_int, c_void};
 
@@ -21,219 +21,266 @@ impl MpiBackend {
         s: &mut Scratch,
         ctx: &CallContext<'_>,
     ) -> Result<()> {
-        let n = self.size;
-        let comm = self.comm();
-        let dtype = call.dtype();
-        let mt = move_type(dtype);
-        let rt = &self.rt;
         match call {
             Collective::Barrier => Ok(()),
-            Collective::AllReduce { mut buf, op } => {
-                let count = cint(buf.len(), ctx)?;
-                let avg = (op == ReduceOp::Avg).then_some(n);
-                match reduce_type(dtype) {
-                    Some(rt_type) => {
-                        if n > 1
-                            && matches!(dtype, DType::F32 | DType::F64)
-                            && buf.bytes().len() >= self.ring_threshold
-                        {
-                            self.ring_all_reduce(buf.reborrow(), op, s, ctx)?;
-                        } else {
-                            self.all_reduce_raw(buf.bytes_mut(), count, rt_type, op, s)?;
-                        }
-                        if let Some(n) = avg {
-                            finish_avg(&mut buf, n);
-                        }
-                        Ok(())
-                    }
-                    None => {
-                        let len = widen(dtype, buf.bytes(), &mut s.a);
-                        let wide = grow(&mut s.a, len * 4);
-                        let ft = unsafe { ffi::RSMPI_FLOAT };
-                        let mut tmp = std::mem::take(&mut s.b);
-                        let r = self.all_reduce_raw_with(wide, count, ft, op, &mut tmp);
-                        s.b = tmp;
-                        r?;
-                        let wide: &[f32] = bytemuck::cast_slice(&grow(&mut s.a, len * 4)[..]);
-                        narrow(dtype, wide, buf.bytes_mut(), avg);
-                        Ok(())
-                    }
-                }
-            }
-            Collective::Broadcast { mut buf, root } => {
-                let count = cint(buf.len(), ctx)?;
-                let p = mptr(buf.bytes_mut());
-                check(
-                    rt.call(|| unsafe { ffi::MPI_Bcast(p, count, mt, root as c_int, comm) }),
-                    "MPI_Bcast",
-                )
-            }
-            Collective::Reduce { mut buf, op, root } => {
-                let count = cint(buf.len(), ctx)?;
-                let is_root = self.rank == root;
-                let avg = (op == ReduceOp::Avg).then_some(n);
-                let (wide_type, len) = match reduce_type(dtype) {
-                    Some(t) => (t, 0),
-                    None => (
-                        unsafe { ffi::RSMPI_FLOAT },
-                        widen(dtype, buf.bytes(), &mut s.a),
-                    ),
-                };
-                let data: &mut [u8] = if reduce_type(dtype).is_some() {
-                    buf.bytes_mut()
-                } else {
-                    grow(&mut s.a, len * 4)
-                };
-                if is_root {
-                    self.reduce_root(data, count, wide_type, op, root, &mut s.b)?;
-                } else {
-                    let p = cptr(data);
-                    check(
-                        rt.call(|| unsafe {
-                            ffi::MPI_Reduce(
-                                p,
-                                std::ptr::null_mut(),
-                                count,
-                                wide_type,
-                                mpi_op(op),
-                                root as c_int,
-                                comm,
-                            )
-                        }),
-                        "MPI_Reduce",
-                    )?;
-                }
-                if is_root {
-                    if reduce_type(dtype).is_some() {
-                        if let Some(n) = avg {
-                            finish_avg(&mut buf, n);
-                        }
-                    } else {
-                        let wide: &[f32] = bytemuck::cast_slice(&grow(&mut s.a, len * 4)[..]);
-                        narrow(dtype, wide, buf.bytes_mut(), avg);
-                    }
-                }
-                Ok(())
-            }
-            Collective::AllGather {
-                send,
-                mut recv,
-                counts,
-            } => {
-                let sp = cptr(send.bytes());
-                let rp = mptr(recv.bytes_mut());
-                match counts {
-                    None => {
-                        let c = cint(send.len(), ctx)?;
-                        check(
-                            rt.call(|| unsafe { ffi::MPI_Allgather(sp, c, mt, rp, c, mt, comm) }),
-                            "MPI_Allgather",
-                        )
-                    }
-                    Some(counts) => {
-                        let (cs, ds) = self.counts_displs(counts, s, ctx)?;
-                        let c = cint(send.len(), ctx)?;
-                        check(
-                            rt.call(|| unsafe {
-                                ffi::MPI_Allgatherv(sp, c, mt, rp, cs, ds, mt, comm)
-                            }),
-                            "MPI_Allgatherv",
-                        )
-                    }
-                }
+            Collective::AllReduce { buf, op } => self.all_reduce(buf, op, s, ctx),
+            Collective::Broadcast { buf, root } => self.broadcast(buf, root, ctx),
+            Collective::Reduce { buf, op, root } => self.reduce(buf, op, root, s, ctx),
+            Collective::AllGather { send, recv, counts } => {
+                self.all_gather(send, recv, counts, s, ctx)
             }
             Collective::ReduceScatter {
                 send,
-                mut recv,
+                recv,
                 op,
                 counts,
-            } => {
-                let avg = (op == ReduceOp::Avg).then_some(n);
-                let total = send.len();
-                let mine = recv.len();
-                // Per-rank counts as C ints (even: all equal).
-                s.ints.clear();
-                match counts {
-                    None => s.ints.extend(std::iter::repeat_n(cint(mine, ctx)?, n)),
-                    Some(c) => s.ints.extend(c.iter().map(|&x| x as c_int)),
+            } => self.reduce_scatter(send, recv, op, counts, s, ctx),
+            Collective::AllToAll { send, recv, counts } => {
+                self.all_to_all(send, recv, counts, s, ctx)
+            }
+        }
+    }
+
+    /// All-reduce: `MPI_Allreduce` (the ring path for large f32/f64 buffers), 16-bit floats
+    /// widened to f32.
+    fn all_reduce(
+        &self,
+        mut buf: BufMut<'_>,
+        op: ReduceOp,
+        s: &mut Scratch,
+        ctx: &CallContext<'_>,
+    ) -> Result<()> {
+        let n = self.size;
+        let dtype = buf.dtype();
+        let count = cint(buf.len(), ctx)?;
+        let avg = (op == ReduceOp::Avg).then_some(n);
+        match reduce_type(dtype) {
+            Some(rt_type) => {
+                if n > 1
+                    && matches!(dtype, DType::F32 | DType::F64)
+                    && buf.bytes().len() >= self.ring_threshold
+                {
+                    self.ring_all_reduce(buf.reborrow(), op, s, ctx)?;
+                } else {
+                    self.all_reduce_raw(buf.bytes_mut(), count, rt_type, op, s)?;
                 }
-                let cs = s.ints.as_ptr();
-                cint(total, ctx)?;
-                match reduce_type(dtype) {
-                    Some(t) => {
-                        let sp = cptr(send.bytes());
-                        let rp = mptr(recv.bytes_mut());
-                        check(
-                            rt.call(|| unsafe {
-                                ffi::MPI_Reduce_scatter(sp, rp, cs, t, mpi_op(op), comm)
-                            }),
-                            "MPI_Reduce_scatter",
-                        )?;
-                        if let Some(n) = avg {
-                            finish_avg(&mut recv, n);
-                        }
-                    }
-                    None => {
-                        widen(dtype, send.bytes(), &mut s.a);
-                        let sp = cptr(grow(&mut s.a, total * 4));
-                        let rp = mptr(grow(&mut s.b, mine * 4));
-                        let ft = unsafe { ffi::RSMPI_FLOAT };
-                        check(
-                            rt.call(|| unsafe {
-                                ffi::MPI_Reduce_scatter(sp, rp, cs, ft, mpi_op(op), comm)
-                            }),
-                            "MPI_Reduce_scatter",
-                        )?;
-                        let wide: &[f32] = bytemuck::cast_slice(&grow(&mut s.b, mine * 4)[..]);
-                        narrow(dtype, wide, recv.bytes_mut(), avg);
-                    }
+                if let Some(n) = avg {
+                    finish_avg(&mut buf, n);
                 }
                 Ok(())
             }
-            Collective::AllToAll {
-                send,
-                mut recv,
-                counts,
-            } => {
+            None => {
+                let len = widen(dtype, buf.bytes(), &mut s.a);
+                let wide = grow(&mut s.a, len * 4);
+                let ft = unsafe { ffi::RSMPI_FLOAT };
+                let mut tmp = std::mem::take(&mut s.b);
+                let r = self.all_reduce_raw_with(wide, count, ft, op, &mut tmp);
+                s.b = tmp;
+                r?;
+                let wide: &[f32] = bytemuck::cast_slice(&grow(&mut s.a, len * 4)[..]);
+                narrow(dtype, wide, buf.bytes_mut(), avg);
+                Ok(())
+            }
+        }
+    }
+
+    /// Broadcast from `root`: `MPI_Bcast`.
+    fn broadcast(&self, mut buf: BufMut<'_>, root: usize, ctx: &CallContext<'_>) -> Result<()> {
+        let (comm, mt) = (self.comm(), move_type(buf.dtype()));
+        let count = cint(buf.len(), ctx)?;
+        let p = mptr(buf.bytes_mut());
+        check(
+            self.rt
+                .call(|| unsafe { ffi::MPI_Bcast(p, count, mt, root as c_int, comm) }),
+            "MPI_Bcast",
+        )
+    }
+
+    /// Reduce to `root`: `MPI_Reduce`, 16-bit floats widened to f32.
+    fn reduce(
+        &self,
+        mut buf: BufMut<'_>,
+        op: ReduceOp,
+        root: usize,
+        s: &mut Scratch,
+        ctx: &CallContext<'_>,
+    ) -> Result<()> {
+        let (n, comm, dtype) = (self.size, self.comm(), buf.dtype());
+        let count = cint(buf.len(), ctx)?;
+        let is_root = self.rank == root;
+        let avg = (op == ReduceOp::Avg).then_some(n);
+        let (wide_type, len) = match reduce_type(dtype) {
+            Some(t) => (t, 0),
+            None => (
+                unsafe { ffi::RSMPI_FLOAT },
+                widen(dtype, buf.bytes(), &mut s.a),
+            ),
+        };
+        let data: &mut [u8] = if reduce_type(dtype).is_some() {
+            buf.bytes_mut()
+        } else {
+            grow(&mut s.a, len * 4)
+        };
+        if is_root {
+            self.reduce_root(data, count, wide_type, op, root, &mut s.b)?;
+        } else {
+            let p = cptr(data);
+            check(
+                self.rt.call(|| unsafe {
+                    ffi::MPI_Reduce(
+                        p,
+                        std::ptr::null_mut(),
+                        count,
+                        wide_type,
+                        mpi_op(op),
+                        root as c_int,
+                        comm,
+                    )
+                }),
+                "MPI_Reduce",
+            )?;
+        }
+        if is_root {
+            if reduce_type(dtype).is_some() {
+                if let Some(n) = avg {
+                    finish_avg(&mut buf, n);
+                }
+            } else {
+                let wide: &[f32] = bytemuck::cast_slice(&grow(&mut s.a, len * 4)[..]);
+                narrow(dtype, wide, buf.bytes_mut(), avg);
+            }
+        }
+        Ok(())
+    }
+
+    /// All-gather: `MPI_Allgather`, or `MPI_Allgatherv` with per-rank `counts`.
+    fn all_gather(
+        &self,
+        send: BufRef<'_>,
+        mut recv: BufMut<'_>,
+        counts: Counts<'_>,
+        s: &mut Scratch,
+        ctx: &CallContext<'_>,
+    ) -> Result<()> {
+        let (comm, mt, rt) = (self.comm(), move_type(send.dtype()), &self.rt);
+        let sp = cptr(send.bytes());
+        let rp = mptr(recv.bytes_mut());
+        match counts {
+            None => {
+                let c = cint(send.len(), ctx)?;
+                check(
+                    rt.call(|| unsafe { ffi::MPI_Allgather(sp, c, mt, rp, c, mt, comm) }),
+                    "MPI_Allgather",
+                )
+            }
+            Some(counts) => {
+                let (cs, ds) = self.counts_displs(counts, s, ctx)?;
+                let c = cint(send.len(), ctx)?;
+                check(
+                    rt.call(|| unsafe { ffi::MPI_Allgatherv(sp, c, mt, rp, cs, ds, mt, comm) }),
+                    "MPI_Allgatherv",
+                )
+            }
+        }
+    }
+
+    /// Reduce-scatter: `MPI_Reduce_scatter` (even `counts` when `None`), 16-bit floats widened
+    /// to f32.
+    fn reduce_scatter(
+        &self,
+        send: BufRef<'_>,
+        mut recv: BufMut<'_>,
+        op: ReduceOp,
+        counts: Counts<'_>,
+        s: &mut Scratch,
+        ctx: &CallContext<'_>,
+    ) -> Result<()> {
+        let (n, comm, dtype, rt) = (self.size, self.comm(), send.dtype(), &self.rt);
+        let avg = (op == ReduceOp::Avg).then_some(n);
+        let total = send.len();
+        let mine = recv.len();
+        // Per-rank counts as C ints (even: all equal).
+        s.ints.clear();
+        match counts {
+            None => s.ints.extend(std::iter::repeat_n(cint(mine, ctx)?, n)),
+            Some(c) => s.ints.extend(c.iter().map(|&x| x as c_int)),
+        }
+        let cs = s.ints.as_ptr();
+        cint(total, ctx)?;
+        match reduce_type(dtype) {
+            Some(t) => {
                 let sp = cptr(send.bytes());
                 let rp = mptr(recv.bytes_mut());
-                match counts {
-                    None => {
-                        let piece = cint(send.len() / n, ctx)?;
-                        check(
-                            rt.call(|| unsafe {
-                                ffi::MPI_Alltoall(sp, piece, mt, rp, piece, mt, comm)
-                            }),
-                            "MPI_Alltoall",
-                        )
-                    }
-                    Some(c) => {
-                        self.check_all_to_all_counts(c.send, c.recv, s, ctx)?;
-                        cint(send.len(), ctx)?;
-                        cint(recv.len(), ctx)?;
-                        let mut ints = std::mem::take(&mut s.ints);
-                        ints.clear();
-                        for counts in [c.send, c.recv] {
-                            offsets_into(counts, &mut s.offsets);
-                            ints.extend(counts.iter().map(|&x| x as c_int));
-                            ints.extend(s.offsets.iter().map(|&x| x as c_int));
-                        }
-                        let (sc, sd, rc, rd) = (
-                            ints.as_ptr(),
-                            ints[n..].as_ptr(),
-                            ints[2 * n..].as_ptr(),
-                            ints[3 * n..].as_ptr(),
-                        );
-                        let r = check(
-                            rt.call(|| unsafe {
-                                ffi::MPI_Alltoallv(sp, sc, sd, mt, rp, rc, rd, mt, comm)
-                            }),
-                            "MPI_Alltoallv",
-                        );
-                        s.ints = ints;
-                        r
-                    }
+                check(
+                    rt.call(|| unsafe { ffi::MPI_Reduce_scatter(sp, rp, cs, t, mpi_op(op), comm) }),
+                    "MPI_Reduce_scatter",
+                )?;
+                if let Some(n) = avg {
+                    finish_avg(&mut recv, n);
                 }
+            }
+            None => {
+                widen(dtype, send.bytes(), &mut s.a);
+                let sp = cptr(grow(&mut s.a, total * 4));
+                let rp = mptr(grow(&mut s.b, mine * 4));
+                let ft = unsafe { ffi::RSMPI_FLOAT };
+                check(
+                    rt.call(|| unsafe {
+                        ffi::MPI_Reduce_scatter(sp, rp, cs, ft, mpi_op(op), comm)
+                    }),
+                    "MPI_Reduce_scatter",
+                )?;
+                let wide: &[f32] = bytemuck::cast_slice(&grow(&mut s.b, mine * 4)[..]);
+                narrow(dtype, wide, recv.bytes_mut(), avg);
+            }
+        }
+        Ok(())
+    }
+
+    /// All-to-all: `MPI_Alltoall`, or `MPI_Alltoallv` with per-peer `counts` (checked across
+    /// ranks first).
+    fn all_to_all(
+        &self,
+        send: BufRef<'_>,
+        mut recv: BufMut<'_>,
+        counts: Option<AllToAllCounts<'_>>,
+        s: &mut Scratch,
+        ctx: &CallContext<'_>,
+    ) -> Result<()> {
+        let (n, comm, mt, rt) = (self.size, self.comm(), move_type(send.dtype()), &self.rt);
+        let sp = cptr(send.bytes());
+        let rp = mptr(recv.bytes_mut());
+        match counts {
+            None => {
+                let piece = cint(send.len() / n, ctx)?;
+                check(
+                    rt.call(|| unsafe { ffi::MPI_Alltoall(sp, piece, mt, rp, piece, mt, comm) }),
+                    "MPI_Alltoall",
+                )
+            }
+            Some(c) => {
+                self.check_all_to_all_counts(c.send, c.recv, s, ctx)?;
+                cint(send.len(), ctx)?;
+                cint(recv.len(), ctx)?;
+                let mut ints = std::mem::take(&mut s.ints);
+                ints.clear();
+                for counts in [c.send, c.recv] {
+                    offsets_into(counts, &mut s.offsets);
+                    ints.extend(counts.iter().map(|&x| x as c_int));
+                    ints.extend(s.offsets.iter().map(|&x| x as c_int));
+                }
+                let (sc, sd, rc, rd) = (
+                    ints.as_ptr(),
+                    ints[n..].as_ptr(),
+                    ints[2 * n..].as_ptr(),
+                    ints[3 * n..].as_ptr(),
+                );
+                let r = check(
+                    rt.call(|| unsafe { ffi::MPI_Alltoallv(sp, sc, sd, mt, rp, rc, rd, mt, comm) }),
+                    "MPI_Alltoallv",
+                );
+                s.ints = ints;
+                r
             }
         }
     }

@@ -16,8 +16,8 @@
 
 use super::{DevicePtr, NcclComm, UniqueId, WaitFailure, error};
 use crate::backend::{Backend, CallContext};
-use crate::collective::{Collective, offsets_into};
-use crate::{BufMut, BufRef, CommError, DType, Result, wire};
+use crate::collective::{AllToAllCounts, Collective, Counts, offsets_into};
+use crate::{BufMut, BufRef, CommError, DType, ReduceOp, Result, wire};
 use cudarc::driver::result as cu;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -176,6 +176,7 @@ impl NcclBackend {
         Ok(())
     }
 
+    /// Moves the data of a call every rank agreed on (after the handshake).
     fn run(
         &self,
         call: Collective<'_>,
@@ -183,170 +184,235 @@ impl NcclBackend {
         ctx: &CallContext<'_>,
         started: Instant,
     ) -> Result<()> {
-        let n = self.comm.size();
-        let me = self.comm.rank();
-        let stream = self.comm.stream();
-        let dtype = call.dtype();
-        let es = dtype.size() as u64;
+        let t = Timing { ctx, started };
         match call {
             Collective::Barrier => Ok(()),
-            Collective::AllReduce { mut buf, op } => {
-                let a = s.a.ensure(buf.bytes().len())?;
-                self.h2d(a, buf.bytes())?;
-                // SAFETY: `a` holds the buffer.
-                unsafe {
-                    self.comm
-                        .all_reduce_device(a, a, buf.len(), dtype, op, stream)?
-                };
-                self.d2h(buf.bytes_mut(), a)?;
-                self.wait(ctx, started)
-            }
-            Collective::Broadcast { mut buf, root } => {
-                let a = s.a.ensure(buf.bytes().len())?;
-                self.h2d(a, buf.bytes())?;
-                // SAFETY: `a` holds the buffer.
-                unsafe {
-                    self.comm
-                        .broadcast_device(a, a, buf.len(), dtype, root, stream)?
-                };
-                self.d2h(buf.bytes_mut(), a)?;
-                self.wait(ctx, started)
-            }
-            Collective::Reduce { mut buf, op, root } => {
-                let a = s.a.ensure(buf.bytes().len())?;
-                self.h2d(a, buf.bytes())?;
-                // SAFETY: `a` holds the buffer (in place on the root).
-                unsafe {
-                    self.comm
-                        .reduce_device(a, a, buf.len(), dtype, op, root, stream)?
-                };
-                if me == root {
-                    self.d2h(buf.bytes_mut(), a)?;
-                }
-                self.wait(ctx, started)
-            }
-            Collective::AllGather {
-                send,
-                mut recv,
-                counts,
-            } => {
-                let a = s.a.ensure(send.bytes().len())?;
-                let b = s.b.ensure(recv.bytes().len())?;
-                self.h2d(a, send.bytes())?;
-                match counts {
-                    // SAFETY: `a` holds `send`, `b` holds `recv`.
-                    None => unsafe {
-                        self.comm
-                            .all_gather_device(a, b, send.len(), dtype, stream)?
-                    },
-                    Some(counts) => {
-                        offsets_into(counts, &mut s.offsets);
-                        cudarc::nccl::result::group_start().map_err(|e| error(format!("{e:?}")))?;
-                        let mut r = Ok(());
-                        for (root, (&c, &off)) in counts.iter().zip(&s.offsets).enumerate() {
-                            let dst = b + off as u64 * es;
-                            let src = if root == me { a } else { dst };
-                            if r.is_ok() {
-                                // SAFETY: pieces of `b` by validated counts.
-                                r = unsafe {
-                                    self.comm.broadcast_device(src, dst, c, dtype, root, stream)
-                                };
-                            }
-                        }
-                        let end =
-                            cudarc::nccl::result::group_end().map_err(|e| error(format!("{e:?}")));
-                        r.and(end)?;
-                    }
-                }
-                self.d2h(recv.bytes_mut(), b)?;
-                self.wait(ctx, started)
+            Collective::AllReduce { buf, op } => self.all_reduce(buf, op, s, t),
+            Collective::Broadcast { buf, root } => self.broadcast(buf, root, s, t),
+            Collective::Reduce { buf, op, root } => self.reduce(buf, op, root, s, t),
+            Collective::AllGather { send, recv, counts } => {
+                self.all_gather(send, recv, counts, s, t)
             }
             Collective::ReduceScatter {
                 send,
-                mut recv,
+                recv,
                 op,
                 counts,
-            } => {
-                let a = s.a.ensure(send.bytes().len())?;
-                let b = s.b.ensure(recv.bytes().len())?;
-                self.h2d(a, send.bytes())?;
-                match counts {
-                    // SAFETY: `a` holds `send`, `b` holds `recv`.
-                    None => unsafe {
-                        self.comm
-                            .reduce_scatter_device(a, b, recv.len(), dtype, op, stream)?
-                    },
-                    Some(counts) => {
-                        // One reduce per root, fused: the same bytes as a reduce-scatter, in
-                        // n smaller kernels.
-                        offsets_into(counts, &mut s.offsets);
-                        cudarc::nccl::result::group_start().map_err(|e| error(format!("{e:?}")))?;
-                        let mut r = Ok(());
-                        for (root, (&c, &off)) in counts.iter().zip(&s.offsets).enumerate() {
-                            if r.is_ok() {
-                                // SAFETY: pieces of `a` by validated counts; `b` on the root.
-                                r = unsafe {
-                                    self.comm.reduce_device(
-                                        a + off as u64 * es,
-                                        b,
-                                        c,
-                                        dtype,
-                                        op,
-                                        root,
-                                        stream,
-                                    )
-                                };
-                            }
-                        }
-                        let end =
-                            cudarc::nccl::result::group_end().map_err(|e| error(format!("{e:?}")));
-                        r.and(end)?;
-                    }
-                }
-                self.d2h(recv.bytes_mut(), b)?;
-                self.wait(ctx, started)
-            }
-            Collective::AllToAll {
-                send,
-                mut recv,
-                counts,
-            } => {
-                s.counts.clear();
-                let (send_counts, recv_counts): (&[usize], &[usize]) = match counts {
-                    Some(c) => {
-                        let mut row: Vec<u64> = c.send.iter().map(|&x| x as u64).collect();
-                        row.extend(c.recv.iter().map(|&x| x as u64));
-                        self.gather_words(&row, s, ctx, started)?;
-                        ctx.check_all_to_all_counts(
-                            n,
-                            |i, j| s.matrix[i * 2 * n + j] as usize,
-                            |i, j| s.matrix[j * 2 * n + n + i] as usize,
-                        )?;
-                        (c.send, c.recv)
-                    }
-                    None => {
-                        s.counts.extend(std::iter::repeat_n(send.len() / n, n));
-                        (&s.counts[..], &s.counts[..])
-                    }
-                };
-                let a = s.a.ensure(send.bytes().len())?;
-                let b = s.b.ensure(recv.bytes().len())?;
-                self.h2d(a, send.bytes())?;
-                offsets_into(send_counts, &mut s.offsets);
-                offsets_into(recv_counts, &mut s.offsets2);
-                let sends: Vec<(DevicePtr, usize, usize)> = (0..n)
-                    .map(|j| (a + s.offsets[j] as u64 * es, send_counts[j], j))
-                    .collect();
-                let recvs: Vec<(DevicePtr, usize, usize)> = (0..n)
-                    .map(|j| (b + s.offsets2[j] as u64 * es, recv_counts[j], j))
-                    .collect();
-                // SAFETY: pieces of `a` and `b` by validated counts.
-                unsafe { self.comm.exchange_device(&sends, &recvs, dtype, stream)? };
-                self.d2h(recv.bytes_mut(), b)?;
-                self.wait(ctx, started)
+            } => self.reduce_scatter(send, recv, op, counts, s, t),
+            Collective::AllToAll { send, recv, counts } => {
+                self.all_to_all(send, recv, counts, s, t)
             }
         }
     }
+
+    /// All-reduce, in place in device scratch.
+    fn all_reduce(
+        &self,
+        mut buf: BufMut<'_>,
+        op: ReduceOp,
+        s: &mut Scratch,
+        t: Timing<'_>,
+    ) -> Result<()> {
+        let (stream, dtype) = (self.comm.stream(), buf.dtype());
+        let a = s.a.ensure(buf.bytes().len())?;
+        self.h2d(a, buf.bytes())?;
+        // SAFETY: `a` holds the buffer.
+        unsafe {
+            self.comm
+                .all_reduce_device(a, a, buf.len(), dtype, op, stream)?
+        };
+        self.d2h(buf.bytes_mut(), a)?;
+        self.wait(t.ctx, t.started)
+    }
+
+    /// Broadcast from `root`, in place in device scratch.
+    fn broadcast(
+        &self,
+        mut buf: BufMut<'_>,
+        root: usize,
+        s: &mut Scratch,
+        t: Timing<'_>,
+    ) -> Result<()> {
+        let (stream, dtype) = (self.comm.stream(), buf.dtype());
+        let a = s.a.ensure(buf.bytes().len())?;
+        self.h2d(a, buf.bytes())?;
+        // SAFETY: `a` holds the buffer.
+        unsafe {
+            self.comm
+                .broadcast_device(a, a, buf.len(), dtype, root, stream)?
+        };
+        self.d2h(buf.bytes_mut(), a)?;
+        self.wait(t.ctx, t.started)
+    }
+
+    /// Reduce to `root`, in place in device scratch; only the root copies the result back.
+    fn reduce(
+        &self,
+        mut buf: BufMut<'_>,
+        op: ReduceOp,
+        root: usize,
+        s: &mut Scratch,
+        t: Timing<'_>,
+    ) -> Result<()> {
+        let (stream, dtype) = (self.comm.stream(), buf.dtype());
+        let a = s.a.ensure(buf.bytes().len())?;
+        self.h2d(a, buf.bytes())?;
+        // SAFETY: `a` holds the buffer (in place on the root).
+        unsafe {
+            self.comm
+                .reduce_device(a, a, buf.len(), dtype, op, root, stream)?
+        };
+        if self.comm.rank() == root {
+            self.d2h(buf.bytes_mut(), a)?;
+        }
+        self.wait(t.ctx, t.started)
+    }
+
+    /// All-gather; uneven (`counts`): one grouped broadcast per rank.
+    fn all_gather(
+        &self,
+        send: BufRef<'_>,
+        mut recv: BufMut<'_>,
+        counts: Counts<'_>,
+        s: &mut Scratch,
+        t: Timing<'_>,
+    ) -> Result<()> {
+        let (me, stream, dtype) = (self.comm.rank(), self.comm.stream(), send.dtype());
+        let es = dtype.size() as u64;
+        let a = s.a.ensure(send.bytes().len())?;
+        let b = s.b.ensure(recv.bytes().len())?;
+        self.h2d(a, send.bytes())?;
+        match counts {
+            // SAFETY: `a` holds `send`, `b` holds `recv`.
+            None => unsafe {
+                self.comm
+                    .all_gather_device(a, b, send.len(), dtype, stream)?
+            },
+            Some(counts) => {
+                offsets_into(counts, &mut s.offsets);
+                cudarc::nccl::result::group_start().map_err(|e| error(format!("{e:?}")))?;
+                let mut r = Ok(());
+                for (root, (&c, &off)) in counts.iter().zip(&s.offsets).enumerate() {
+                    let dst = b + off as u64 * es;
+                    let src = if root == me { a } else { dst };
+                    if r.is_ok() {
+                        // SAFETY: pieces of `b` by validated counts.
+                        r = unsafe { self.comm.broadcast_device(src, dst, c, dtype, root, stream) };
+                    }
+                }
+                let end = cudarc::nccl::result::group_end().map_err(|e| error(format!("{e:?}")));
+                r.and(end)?;
+            }
+        }
+        self.d2h(recv.bytes_mut(), b)?;
+        self.wait(t.ctx, t.started)
+    }
+
+    /// Reduce-scatter; uneven (`counts`): one grouped reduce per root.
+    fn reduce_scatter(
+        &self,
+        send: BufRef<'_>,
+        mut recv: BufMut<'_>,
+        op: ReduceOp,
+        counts: Counts<'_>,
+        s: &mut Scratch,
+        t: Timing<'_>,
+    ) -> Result<()> {
+        let (stream, dtype) = (self.comm.stream(), send.dtype());
+        let es = dtype.size() as u64;
+        let a = s.a.ensure(send.bytes().len())?;
+        let b = s.b.ensure(recv.bytes().len())?;
+        self.h2d(a, send.bytes())?;
+        match counts {
+            // SAFETY: `a` holds `send`, `b` holds `recv`.
+            None => unsafe {
+                self.comm
+                    .reduce_scatter_device(a, b, recv.len(), dtype, op, stream)?
+            },
+            Some(counts) => {
+                // One reduce per root, fused: the same bytes as a reduce-scatter, in
+                // n smaller kernels.
+                offsets_into(counts, &mut s.offsets);
+                cudarc::nccl::result::group_start().map_err(|e| error(format!("{e:?}")))?;
+                let mut r = Ok(());
+                for (root, (&c, &off)) in counts.iter().zip(&s.offsets).enumerate() {
+                    if r.is_ok() {
+                        // SAFETY: pieces of `a` by validated counts; `b` on the root.
+                        r = unsafe {
+                            self.comm.reduce_device(
+                                a + off as u64 * es,
+                                b,
+                                c,
+                                dtype,
+                                op,
+                                root,
+                                stream,
+                            )
+                        };
+                    }
+                }
+                let end = cudarc::nccl::result::group_end().map_err(|e| error(format!("{e:?}")));
+                r.and(end)?;
+            }
+        }
+        self.d2h(recv.bytes_mut(), b)?;
+        self.wait(t.ctx, t.started)
+    }
+
+    /// All-to-all as grouped send/recv; uneven (`counts`): every rank checks every pair's
+    /// counts first.
+    fn all_to_all(
+        &self,
+        send: BufRef<'_>,
+        mut recv: BufMut<'_>,
+        counts: Option<AllToAllCounts<'_>>,
+        s: &mut Scratch,
+        t: Timing<'_>,
+    ) -> Result<()> {
+        let (n, stream, dtype) = (self.comm.size(), self.comm.stream(), send.dtype());
+        let es = dtype.size() as u64;
+        s.counts.clear();
+        let (send_counts, recv_counts): (&[usize], &[usize]) = match counts {
+            Some(c) => {
+                let mut row: Vec<u64> = c.send.iter().map(|&x| x as u64).collect();
+                row.extend(c.recv.iter().map(|&x| x as u64));
+                self.gather_words(&row, s, t.ctx, t.started)?;
+                t.ctx.check_all_to_all_counts(
+                    n,
+                    |i, j| s.matrix[i * 2 * n + j] as usize,
+                    |i, j| s.matrix[j * 2 * n + n + i] as usize,
+                )?;
+                (c.send, c.recv)
+            }
+            None => {
+                s.counts.extend(std::iter::repeat_n(send.len() / n, n));
+                (&s.counts[..], &s.counts[..])
+            }
+        };
+        let a = s.a.ensure(send.bytes().len())?;
+        let b = s.b.ensure(recv.bytes().len())?;
+        self.h2d(a, send.bytes())?;
+        offsets_into(send_counts, &mut s.offsets);
+        offsets_into(recv_counts, &mut s.offsets2);
+        let sends: Vec<(DevicePtr, usize, usize)> = (0..n)
+            .map(|j| (a + s.offsets[j] as u64 * es, send_counts[j], j))
+            .collect();
+        let recvs: Vec<(DevicePtr, usize, usize)> = (0..n)
+            .map(|j| (b + s.offsets2[j] as u64 * es, recv_counts[j], j))
+            .collect();
+        // SAFETY: pieces of `a` and `b` by validated counts.
+        unsafe { self.comm.exchange_device(&sends, &recvs, dtype, stream)? };
+        self.d2h(recv.bytes_mut(), b)?;
+        self.wait(t.ctx, t.started)
+    }
+}
+
+/// What the waits of a collective need: the call's context (timeout, errors) and when it
+/// started.
+#[derive(Clone, Copy)]
+struct Timing<'a> {
+    ctx: &'a CallContext<'a>,
+    started: Instant,
 }
 
 impl Drop for NcclBackend {

@@ -12,10 +12,10 @@
 
 use super::shared::{GroupShared, Message, POOL_LIMIT, Slot};
 use crate::backend::{Backend, CallContext};
-use crate::collective::{Collective, offsets_into};
+use crate::collective::{AllToAllCounts, Collective, Counts, offsets_into};
 use crate::memops::{copy_bytes, fence};
 use crate::reduce::{Operands, reduce_raw};
-use crate::{BufMut, BufRef, DType, Result};
+use crate::{BufMut, BufRef, DType, ReduceOp, Result};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -296,112 +296,232 @@ impl ThreadBackend {
         me: usize,
         size: usize,
     ) {
-        let dtype = call.dtype();
-        let mine = slots[me].recv;
-        // SAFETY (whole body): see the function contract; ranges come from validated lengths.
+        let x = Exchange {
+            slots,
+            n,
+            me,
+            size,
+            dtype: call.dtype(),
+        };
+        // SAFETY (every arm): forwarded from this function's contract, which is each
+        // `Exchange` method's.
         unsafe {
             match call {
-                Collective::AllReduce { buf, op } => {
-                    let r = chunk(buf.len(), n, me, dtype);
-                    let at = |k: usize| slots[k].recv.add(r.start * size);
-                    let io = Operands {
-                        n_src: n,
-                        src: &|k| at(k),
-                        n_dst: n,
-                        dst: &at,
-                        stream: buf.bytes().len() * n >= STREAM_THRESHOLD,
-                    };
-                    reduce_raw(dtype, *op, n, r.len(), &io);
-                }
-                Collective::Reduce { buf, op, root } => {
-                    let r = chunk(buf.len(), n, me, dtype);
-                    let at = |k: usize| slots[k].recv.add(r.start * size);
-                    let io = Operands {
-                        n_src: n,
-                        src: &|k| at(k),
-                        n_dst: 1,
-                        dst: &|_| at(*root),
-                        stream: buf.bytes().len() * n >= STREAM_THRESHOLD,
-                    };
-                    reduce_raw(dtype, *op, n, r.len(), &io);
-                }
-                Collective::Broadcast { buf, root } => {
-                    if me != *root {
-                        let stream = buf.bytes().len() * n >= STREAM_THRESHOLD;
-                        copy((slots[*root].recv, 0), (mine, 0), buf.len(), size, stream);
-                    }
-                }
+                Collective::AllReduce { buf, op } => x.all_reduce(buf, *op),
+                Collective::Reduce { buf, op, root } => x.reduce(buf, *op, *root),
+                Collective::Broadcast { buf, root } => x.broadcast(buf, *root),
                 Collective::AllGather { send, recv, counts } => {
-                    let stream = recv.bytes().len() * n >= STREAM_THRESHOLD;
-                    match counts {
-                        None => {
-                            for (k, slot) in slots.iter().enumerate() {
-                                let len = send.len();
-                                copy((slot.send, 0), (mine, k * len), len, size, stream);
-                            }
-                        }
-                        Some(counts) => {
-                            offsets_into(counts, offsets);
-                            for (k, slot) in slots.iter().enumerate() {
-                                copy((slot.send, 0), (mine, offsets[k]), counts[k], size, stream);
-                            }
-                        }
-                    }
+                    x.all_gather(send, recv, *counts, offsets)
                 }
                 Collective::ReduceScatter {
                     send,
                     recv,
                     op,
                     counts,
-                } => {
-                    let start = match counts {
-                        None => me * recv.len(),
-                        Some(counts) => counts[..me].iter().sum(),
-                    };
-                    let src = |k: usize| slots[k].send.add(start * size);
-                    let io = Operands {
-                        n_src: n,
-                        src: &src,
-                        n_dst: 1,
-                        dst: &|_| mine,
-                        stream: send.bytes().len() * n >= STREAM_THRESHOLD,
-                    };
-                    reduce_raw(dtype, *op, n, recv.len(), &io);
-                }
-                Collective::AllToAll { send, counts, .. } => {
-                    let stream = send.bytes().len() * n >= STREAM_THRESHOLD;
-                    match counts {
-                        None => {
-                            let piece = send.len() / n;
-                            for (k, slot) in slots.iter().enumerate() {
-                                copy(
-                                    (slot.send, me * piece),
-                                    (mine, k * piece),
-                                    piece,
-                                    size,
-                                    stream,
-                                );
-                            }
-                        }
-                        Some(c) => {
-                            offsets_into(c.recv, offsets);
-                            for (k, slot) in slots.iter().enumerate() {
-                                let sender_counts = std::slice::from_raw_parts(slot.send_counts, n);
-                                let from: usize = sender_counts[..me].iter().sum();
-                                copy(
-                                    (slot.send, from),
-                                    (mine, offsets[k]),
-                                    c.recv[k],
-                                    size,
-                                    stream,
-                                );
-                            }
-                        }
-                    }
-                }
+                } => x.reduce_scatter(send, recv, *op, *counts),
+                Collective::AllToAll { send, counts, .. } => x.all_to_all(send, *counts, offsets),
                 Collective::Barrier => {}
             }
         }
         fence();
+    }
+}
+
+/// One rank's view of a matched collective between the barriers: every rank's slot. Each
+/// `unsafe` method moves this rank's share of the data of one kind of collective.
+struct Exchange<'a> {
+    /// Every rank's published call, in rank order.
+    slots: &'a [Slot],
+    /// The group size.
+    n: usize,
+    /// This rank.
+    me: usize,
+    /// Bytes per element.
+    size: usize,
+    dtype: DType,
+}
+
+impl Exchange<'_> {
+    /// This rank's receive buffer (its only buffer for in-place calls).
+    fn mine(&self) -> *mut u8 {
+        self.slots[self.me].recv
+    }
+
+    /// Whether the buffers of all ranks together, `bytes` each, call for streaming writes.
+    fn stream(&self, bytes: usize) -> bool {
+        bytes * self.n >= STREAM_THRESHOLD
+    }
+
+    /// All-reduce: this rank reduces its chunk across all buffers into every buffer.
+    ///
+    /// # Safety
+    /// Called between the barriers with a snapshot of validated, matching slots; the buffers
+    /// passed are this rank's own, as published in its slot.
+    unsafe fn all_reduce(&self, buf: &BufMut<'_>, op: ReduceOp) {
+        let (slots, n, size) = (self.slots, self.n, self.size);
+        // SAFETY: see the function contract; ranges come from validated lengths.
+        unsafe {
+            let r = chunk(buf.len(), n, self.me, self.dtype);
+            let at = |k: usize| slots[k].recv.add(r.start * size);
+            let io = Operands {
+                n_src: n,
+                src: &|k| at(k),
+                n_dst: n,
+                dst: &at,
+                stream: self.stream(buf.bytes().len()),
+            };
+            reduce_raw(self.dtype, op, n, r.len(), &io);
+        }
+    }
+
+    /// Reduce: this rank reduces its chunk across all buffers into `root`'s.
+    ///
+    /// # Safety
+    /// Called between the barriers with a snapshot of validated, matching slots; the buffers
+    /// passed are this rank's own, as published in its slot.
+    unsafe fn reduce(&self, buf: &BufMut<'_>, op: ReduceOp, root: usize) {
+        let (slots, n, size) = (self.slots, self.n, self.size);
+        // SAFETY: see the function contract; ranges come from validated lengths.
+        unsafe {
+            let r = chunk(buf.len(), n, self.me, self.dtype);
+            let at = |k: usize| slots[k].recv.add(r.start * size);
+            let io = Operands {
+                n_src: n,
+                src: &|k| at(k),
+                n_dst: 1,
+                dst: &|_| at(root),
+                stream: self.stream(buf.bytes().len()),
+            };
+            reduce_raw(self.dtype, op, n, r.len(), &io);
+        }
+    }
+
+    /// Broadcast: every rank but `root` copies `root`'s buffer into its own.
+    ///
+    /// # Safety
+    /// Called between the barriers with a snapshot of validated, matching slots; the buffers
+    /// passed are this rank's own, as published in its slot.
+    unsafe fn broadcast(&self, buf: &BufMut<'_>, root: usize) {
+        if self.me != root {
+            let stream = self.stream(buf.bytes().len());
+            let from = self.slots[root].recv;
+            // SAFETY: see the function contract; both buffers hold `buf.len()` elements.
+            unsafe { copy((from, 0), (self.mine(), 0), buf.len(), self.size, stream) };
+        }
+    }
+
+    /// All-gather: this rank copies every rank's send buffer into its place in its own receive
+    /// buffer (`counts[k]` elements from rank k when uneven).
+    ///
+    /// # Safety
+    /// Called between the barriers with a snapshot of validated, matching slots; the buffers
+    /// passed are this rank's own, as published in its slot.
+    unsafe fn all_gather(
+        &self,
+        send: &BufRef<'_>,
+        recv: &BufMut<'_>,
+        counts: Counts<'_>,
+        offsets: &mut Vec<usize>,
+    ) {
+        let (mine, size) = (self.mine(), self.size);
+        let stream = self.stream(recv.bytes().len());
+        // SAFETY: see the function contract; ranges come from validated lengths.
+        unsafe {
+            match counts {
+                None => {
+                    for (k, slot) in self.slots.iter().enumerate() {
+                        let len = send.len();
+                        copy((slot.send, 0), (mine, k * len), len, size, stream);
+                    }
+                }
+                Some(counts) => {
+                    offsets_into(counts, offsets);
+                    for (k, slot) in self.slots.iter().enumerate() {
+                        copy((slot.send, 0), (mine, offsets[k]), counts[k], size, stream);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Reduce-scatter: this rank reduces its piece of every rank's send buffer into its own
+    /// receive buffer.
+    ///
+    /// # Safety
+    /// Called between the barriers with a snapshot of validated, matching slots; the buffers
+    /// passed are this rank's own, as published in its slot.
+    unsafe fn reduce_scatter(
+        &self,
+        send: &BufRef<'_>,
+        recv: &BufMut<'_>,
+        op: ReduceOp,
+        counts: Counts<'_>,
+    ) {
+        let (slots, me, size) = (self.slots, self.me, self.size);
+        let mine = self.mine();
+        // SAFETY: see the function contract; ranges come from validated lengths.
+        unsafe {
+            let start = match counts {
+                None => me * recv.len(),
+                Some(counts) => counts[..me].iter().sum(),
+            };
+            let src = |k: usize| slots[k].send.add(start * size);
+            let io = Operands {
+                n_src: self.n,
+                src: &src,
+                n_dst: 1,
+                dst: &|_| mine,
+                stream: self.stream(send.bytes().len()),
+            };
+            reduce_raw(self.dtype, op, self.n, recv.len(), &io);
+        }
+    }
+
+    /// All-to-all: this rank copies its piece of every rank's send buffer into its own
+    /// receive buffer, in rank order (per-peer `counts` when uneven).
+    ///
+    /// # Safety
+    /// Called between the barriers with a snapshot of validated, matching slots; the buffers
+    /// passed are this rank's own, as published in its slot.
+    unsafe fn all_to_all(
+        &self,
+        send: &BufRef<'_>,
+        counts: Option<AllToAllCounts<'_>>,
+        offsets: &mut Vec<usize>,
+    ) {
+        let (n, me, size, mine) = (self.n, self.me, self.size, self.mine());
+        let stream = self.stream(send.bytes().len());
+        // SAFETY: see the function contract; ranges come from validated lengths, and each
+        // sender's count array has `n` entries (checked before data moves).
+        unsafe {
+            match counts {
+                None => {
+                    let piece = send.len() / n;
+                    for (k, slot) in self.slots.iter().enumerate() {
+                        copy(
+                            (slot.send, me * piece),
+                            (mine, k * piece),
+                            piece,
+                            size,
+                            stream,
+                        );
+                    }
+                }
+                Some(c) => {
+                    offsets_into(c.recv, offsets);
+                    for (k, slot) in self.slots.iter().enumerate() {
+                        let sender_counts = std::slice::from_raw_parts(slot.send_counts, n);
+                        let from: usize = sender_counts[..me].iter().sum();
+                        copy(
+                            (slot.send, from),
+                            (mine, offsets[k]),
+                            c.recv[k],
+                            size,
+                            stream,
+                        );
+                    }
+                }
+            }
+        }
     }
 }

@@ -9,7 +9,7 @@
 use super::{CollectiveKind, CollectiveSpec};
 use crate::debug::record;
 use bonfire_comm::OpKind;
-use bonfire_comm::{CommError, Element as CommElement, ProcessGroup, bf16, f16};
+use bonfire_comm::{CommError, Element as CommElement, ProcessGroup, ReduceOp, bf16, f16};
 use burn::tensor::{DType, Element as BurnElement, TensorData};
 use std::borrow::Cow;
 
@@ -83,14 +83,13 @@ fn all_equal(v: &[usize]) -> bool {
     v.windows(2).all(|w| w[0] == w[1])
 }
 
+/// Runs the communicating part of `spec` on `data`, whose elements are `T`.
 fn typed<T>(mut data: TensorData, spec: &CollectiveSpec) -> TensorData
 where
     T: CommElement + BurnElement + Copy,
 {
     let pg: &ProcessGroup = &spec.group;
-    let me = pg.rank();
-    let shape: Vec<usize> = data.shape().iter().copied().collect();
-    let out_shape = spec.output_shape(&shape);
+    let out_shape = spec.output_shape(&shape_of(&data));
     let zero = T::from_f64(0.0);
     match &spec.kind {
         CollectiveKind::AllReduce { op } | CollectiveKind::ReduceFromGroup { op } => {
@@ -107,39 +106,16 @@ where
             record(OpKind::Reduce);
             let buf = slice_mut::<T>(&mut data);
             check(pg.reduce(buf, *op, *root), "reduce");
-            if me != *root {
+            if pg.rank() != *root {
                 buf.fill(zero);
             }
             data
         }
         CollectiveKind::AllGather { dim, sizes } | CollectiveKind::Gather { dim, sizes } => {
-            record(OpKind::AllGather);
-            let (pre, post) = outer_inner(&shape, *dim);
-            let send = slice::<T>(&data);
-            let mut recv = vec![zero; pre * post * sizes.iter().sum::<usize>()];
-            if all_equal(sizes) {
-                check(pg.all_gather(send, &mut recv), "all_gather");
-            } else {
-                let counts: Vec<usize> = sizes.iter().map(|s| pre * s * post).collect();
-                check(pg.all_gather_uneven(send, &mut recv, &counts), "all_gather");
-            }
-            TensorData::new(unpack(recv, pre, sizes, post, zero), out_shape)
+            all_gather::<T>(pg, &data, out_shape, Along::new(*dim, sizes))
         }
         CollectiveKind::ReduceScatter { dim, sizes, op } => {
-            record(OpKind::ReduceScatter);
-            let (pre, post) = outer_inner(&shape, *dim);
-            let send = pack(slice::<T>(&data), pre, sizes, post);
-            let mut recv = vec![zero; pre * sizes[me] * post];
-            if all_equal(sizes) {
-                check(pg.reduce_scatter(&send, &mut recv, *op), "reduce_scatter");
-            } else {
-                let counts: Vec<usize> = sizes.iter().map(|s| pre * s * post).collect();
-                check(
-                    pg.reduce_scatter_uneven(&send, &mut recv, &counts, *op),
-                    "reduce_scatter",
-                );
-            }
-            TensorData::new(recv, out_shape)
+            reduce_scatter::<T>(pg, &data, out_shape, Along::new(*dim, sizes), *op)
         }
         CollectiveKind::AllToAll {
             split_dim,
@@ -147,25 +123,8 @@ where
             cat_dim,
             cat_sizes,
         } => {
-            record(OpKind::AllToAll);
-            let (pre_s, post_s) = outer_inner(&shape, *split_dim);
-            let send = pack(slice::<T>(&data), pre_s, split_sizes, post_s);
-            let send_counts: Vec<usize> = split_sizes.iter().map(|s| pre_s * s * post_s).collect();
-            // The piece from rank r: the output shape with `cat_sizes[r]` along `cat_dim`.
-            let (pre_c, post_c) = outer_inner(&out_shape, *cat_dim);
-            let recv_counts: Vec<usize> = cat_sizes.iter().map(|s| pre_c * s * post_c).collect();
-            let mut recv = vec![zero; recv_counts.iter().sum()];
-            // Decide from the sizes, which every rank of the group shares, so that all ranks
-            // make the same (even or uneven) call.
-            if all_equal(split_sizes) && all_equal(cat_sizes) {
-                check(pg.all_to_all(&send, &mut recv), "all_to_all");
-            } else {
-                check(
-                    pg.all_to_all_uneven(&send, &send_counts, &mut recv, &recv_counts),
-                    "all_to_all",
-                );
-            }
-            TensorData::new(unpack(recv, pre_c, cat_sizes, post_c, zero), out_shape)
+            let split = Along::new(*split_dim, split_sizes);
+            all_to_all::<T>(pg, &data, out_shape, split, Along::new(*cat_dim, cat_sizes))
         }
         CollectiveKind::Send { dst, tag } => {
             record(OpKind::Send);
@@ -184,6 +143,113 @@ where
             unreachable!("{:?} does not communicate in forward", spec.kind)
         }
     }
+}
+
+/// The shape of `data`.
+fn shape_of(data: &TensorData) -> Vec<usize> {
+    data.shape().iter().copied().collect()
+}
+
+/// A dim of a tensor and the size of each rank's piece along it.
+#[derive(Clone, Copy)]
+struct Along<'a> {
+    dim: usize,
+    sizes: &'a [usize],
+}
+
+impl<'a> Along<'a> {
+    /// The pieces of `sizes` along `dim`.
+    fn new(dim: usize, sizes: &'a [usize]) -> Self {
+        Self { dim, sizes }
+    }
+}
+
+/// All-gather (or gather) of every rank's piece of `data` along `along`, in rank order.
+fn all_gather<T>(
+    pg: &ProcessGroup,
+    data: &TensorData,
+    out_shape: Vec<usize>,
+    along: Along,
+) -> TensorData
+where
+    T: CommElement + BurnElement + Copy,
+{
+    record(OpKind::AllGather);
+    let zero = T::from_f64(0.0);
+    let (pre, post) = outer_inner(&shape_of(data), along.dim);
+    let sizes = along.sizes;
+    let send = slice::<T>(data);
+    let mut recv = vec![zero; pre * post * sizes.iter().sum::<usize>()];
+    if all_equal(sizes) {
+        check(pg.all_gather(send, &mut recv), "all_gather");
+    } else {
+        let counts: Vec<usize> = sizes.iter().map(|s| pre * s * post).collect();
+        check(pg.all_gather_uneven(send, &mut recv, &counts), "all_gather");
+    }
+    TensorData::new(unpack(recv, pre, sizes, post, zero), out_shape)
+}
+
+/// Reduce-scatter of `data` with `op`: this rank gets its piece along `along`, reduced.
+fn reduce_scatter<T>(
+    pg: &ProcessGroup,
+    data: &TensorData,
+    out_shape: Vec<usize>,
+    along: Along,
+    op: ReduceOp,
+) -> TensorData
+where
+    T: CommElement + BurnElement + Copy,
+{
+    record(OpKind::ReduceScatter);
+    let zero = T::from_f64(0.0);
+    let (pre, post) = outer_inner(&shape_of(data), along.dim);
+    let sizes = along.sizes;
+    let send = pack(slice::<T>(data), pre, sizes, post);
+    let mut recv = vec![zero; pre * sizes[pg.rank()] * post];
+    if all_equal(sizes) {
+        check(pg.reduce_scatter(&send, &mut recv, op), "reduce_scatter");
+    } else {
+        let counts: Vec<usize> = sizes.iter().map(|s| pre * s * post).collect();
+        check(
+            pg.reduce_scatter_uneven(&send, &mut recv, &counts, op),
+            "reduce_scatter",
+        );
+    }
+    TensorData::new(recv, out_shape)
+}
+
+/// All-to-all: `data` split into one piece per rank along `split`, the pieces received
+/// concatenated in rank order along `cat`.
+fn all_to_all<T>(
+    pg: &ProcessGroup,
+    data: &TensorData,
+    out_shape: Vec<usize>,
+    split: Along,
+    cat: Along,
+) -> TensorData
+where
+    T: CommElement + BurnElement + Copy,
+{
+    record(OpKind::AllToAll);
+    let zero = T::from_f64(0.0);
+    let (pre_s, post_s) = outer_inner(&shape_of(data), split.dim);
+    let send = pack(slice::<T>(data), pre_s, split.sizes, post_s);
+    let send_counts: Vec<usize> = split.sizes.iter().map(|s| pre_s * s * post_s).collect();
+    // The piece from rank r: the output shape with `cat.sizes[r]` along `cat.dim`.
+    let (pre_c, post_c) = outer_inner(&out_shape, cat.dim);
+    let recv_counts: Vec<usize> = cat.sizes.iter().map(|s| pre_c * s * post_c).collect();
+    let mut recv = vec![zero; recv_counts.iter().sum()];
+    // Decide from the sizes, which every rank of the group shares, so that all ranks
+    // make the same (even or uneven) call.
+    if all_equal(split.sizes) && all_equal(cat.sizes) {
+        check(pg.all_to_all(&send, &mut recv), "all_to_all");
+    } else {
+        check(
+            pg.all_to_all_uneven(&send, &send_counts, &mut recv, &recv_counts),
+            "all_to_all",
+        );
+    }
+    TensorData::new(unpack(recv, pre_c, cat.sizes, post_c, zero), out_shape)
 }
 
 fn slice<T: BurnElement>(data: &TensorData) -> &[T] {

@@ -4,7 +4,7 @@
 use super::layers::{
     Applied, KEY_CONTAINER, LayerKind, ParallelState, set_state, state_of, with_fresh_keys,
 };
-use super::style::{Layout, ParallelStyle};
+use super::style::{ParallelStyle, PrepareModuleInput, PrepareModuleOutput};
 use crate::{DTensorError, DeviceMesh, chunk_range};
 use burn::module::{Module, ModuleMapper, ModuleVisitor, Param};
 use burn::tensor::Tensor;
@@ -173,218 +173,171 @@ impl ModuleVisitor for Survey {
 
 /// One validated assignment: the layer at `path` gets `applied`.
 #[derive(Debug, Clone)]
-struct Assignment {
-    kind: LayerKind,
-    applied: Applied,
+pub(super) struct Assignment {
+    pub(super) kind: LayerKind,
+    pub(super) applied: Applied,
 }
 
+/// The validated assignments by layer path, each with the plan entry (pattern) that made it.
+type Assignments = BTreeMap<String, (String, Assignment)>;
+
+/// A module a plan entry matched, as its style sees it while assigning itself: what the
+/// survey knows of it, what is assigned so far, and the tensor-parallel group.
+pub(super) struct Site<'a> {
+    survey: &'a Survey,
+    held: &'a Assignments,
+    pattern: &'a str,
+    path: &'a str,
+    style: &'static str,
+    /// The tensor-parallel group size.
+    pub(super) parts: usize,
+    /// This rank's index in the tensor-parallel group.
+    pub(super) rank: usize,
+}
+
+impl Site<'_> {
+    /// The module's path.
+    pub(super) fn path(&self) -> &str {
+        self.path
+    }
+
+    /// The module's parallel-aware layer kind, if it is one.
+    pub(super) fn kind(&self) -> Option<LayerKind> {
+        self.survey.kind(self.path)
+    }
+
+    /// The error of the style not fitting this module.
+    pub(super) fn wrong_module(&self) -> ParallelError {
+        self.wrong_module_found(self.survey.describe(self.path))
+    }
+
+    /// The error of the style not fitting this module, which is `found`.
+    fn wrong_module_found(&self, found: String) -> ParallelError {
+        ParallelError::WrongModule {
+            pattern: self.pattern.to_string(),
+            path: self.path.to_string(),
+            style: self.style,
+            found,
+        }
+    }
+
+    /// The error of a layout the style does not support here.
+    pub(super) fn layout_error(&self, message: impl Into<String>) -> ParallelError {
+        ParallelError::Layout {
+            pattern: self.pattern.to_string(),
+            path: self.path.to_string(),
+            message: message.into(),
+        }
+    }
+
+    /// The length of dim `dim` (named `what`) of the module's weight, which must divide over
+    /// the group.
+    pub(super) fn weight_len(&self, dim: usize, what: &str) -> Result<usize, ParallelError> {
+        let name = format!("{}.weight", self.path);
+        let len = self.survey.params.get(&name).map(|s| s[dim]).unwrap_or(0);
+        if len % self.parts != 0 {
+            return Err(ParallelError::NotDivisible {
+                path: name,
+                what: what.into(),
+                len,
+                parts: self.parts,
+            });
+        }
+        Ok(len)
+    }
+
+    /// The path of the `ParallelIo` that prepares this module's input and output: the module
+    /// itself, or its one `ParallelIo` child.
+    pub(super) fn io_path(&self) -> Result<String, ParallelError> {
+        if self.kind() == Some(LayerKind::Io) {
+            return Ok(self.path.to_string());
+        }
+        let survey = self.survey;
+        let ios: Vec<&String> = survey
+            .children(self.path)
+            .into_iter()
+            .filter(|c| survey.kind(c) == Some(LayerKind::Io))
+            .collect();
+        match ios.as_slice() {
+            [one] => Ok((*one).clone()),
+            [] => Err(self.wrong_module_found(format!(
+                "{} without a ParallelIo field: add `io: ParallelIo` and \
+                 call `self.io.input(x)` / `self.io.output(y)` in forward",
+                survey.describe(self.path)
+            ))),
+            _ => Err(self.wrong_module()),
+        }
+    }
+
+    /// What earlier entries already prepare at the `ParallelIo` at `io`: (input, output).
+    pub(super) fn held_io(
+        &self,
+        io: &str,
+    ) -> (Option<PrepareModuleInput>, Option<PrepareModuleOutput>) {
+        match self.held.get(io) {
+            Some((
+                _,
+                Assignment {
+                    applied: Applied::Io { input, output },
+                    ..
+                },
+            )) => (*input, *output),
+            _ => (None, None),
+        }
+    }
+}
+
+/// The modules `pattern` matches; an error naming a few module paths if none.
+fn matched_modules<'a>(
+    survey: &'a Survey,
+    pattern: &str,
+) -> Result<Vec<&'a String>, ParallelError> {
+    let matched: Vec<&String> = survey
+        .modules
+        .iter()
+        .filter(|m| path_matches(pattern, m))
+        .collect();
+    if matched.is_empty() {
+        let examples: Vec<&str> = survey
+            .modules
+            .iter()
+            .filter(|m| !survey.params.contains_key(*m) && !m.ends_with(".key"))
+            .take(6)
+            .map(|s| s.as_str())
+            .collect();
+        return Err(ParallelError::NoMatch {
+            pattern: pattern.to_string(),
+            examples: examples.join(", "),
+        });
+    }
+    Ok(matched)
+}
+
+/// Matches every plan entry to module paths and lets its style assign itself to each; every
+/// layer gets one assignment (two entries preparing one `ParallelIo` merge).
 fn validate(
     survey: &Survey,
     plan: &ParallelPlan,
     parts: usize,
     rank: usize,
-) -> Result<BTreeMap<String, (String, Assignment)>, ParallelError> {
-    let mut out: BTreeMap<String, (String, Assignment)> = BTreeMap::new();
+) -> Result<Assignments, ParallelError> {
+    let mut out: Assignments = BTreeMap::new();
     for (pattern, style) in plan.entries() {
-        let matched: Vec<&String> = survey
-            .modules
-            .iter()
-            .filter(|m| path_matches(pattern, m))
-            .collect();
-        if matched.is_empty() {
-            let examples: Vec<&str> = survey
-                .modules
-                .iter()
-                .filter(|m| !survey.params.contains_key(*m) && !m.ends_with(".key"))
-                .take(6)
-                .map(|s| s.as_str())
-                .collect();
-            return Err(ParallelError::NoMatch {
-                pattern: pattern.clone(),
-                examples: examples.join(", "),
-            });
-        }
-        for path in matched {
-            let wrong = || ParallelError::WrongModule {
-                pattern: pattern.clone(),
-                path: path.clone(),
+        for path in matched_modules(survey, pattern)? {
+            let site = Site {
+                survey,
+                held: &out,
+                pattern,
+                path,
                 style: style.name(),
-                found: survey.describe(path),
+                parts,
+                rank,
             };
-            let layout_err = |message: String| ParallelError::Layout {
-                pattern: pattern.clone(),
-                path: path.clone(),
-                message,
-            };
-            // Column- and row-wise layers both hand back local Burn tensors.
-            let local_output = |use_local_output: bool| {
-                if use_local_output {
-                    Ok(())
-                } else {
-                    Err(layout_err(
-                        "use_local_output = false: Bonfire layers return local Burn tensors; \
-                         wrap the output with DTensor::from_local instead"
-                            .into(),
-                    ))
-                }
-            };
-            let weight = |dim: usize, what: &str| -> Result<usize, ParallelError> {
-                let name = format!("{path}.weight");
-                let len = survey.params.get(&name).map(|s| s[dim]).unwrap_or(0);
-                if len % parts != 0 {
-                    return Err(ParallelError::NotDivisible {
-                        path: name,
-                        what: what.into(),
-                        len,
-                        parts,
-                    });
-                }
-                Ok(len)
-            };
-            let kind = survey.kind(path);
-            let (target, assignment) = match (style, kind) {
-                (
-                    ParallelStyle::Colwise(s),
-                    Some(k @ (LayerKind::Linear | LayerKind::Embedding)),
-                ) => {
-                    local_output(s.use_local_output)?;
-                    if k == LayerKind::Linear {
-                        weight(0, "out_features")?;
-                        if s.input_layout == Layout::Partial
-                            || s.input_layout.shard_dim(3) == Some(2)
-                        {
-                            return Err(layout_err(format!(
-                                "input layout {:?}: a column-wise layer takes a replicated or \
-                                 sequence-sharded input",
-                                s.input_layout
-                            )));
-                        }
-                    } else {
-                        weight(1, "embedding dim")?;
-                        if s.input_layout != Layout::Replicate {
-                            return Err(layout_err("an embedding's ids must be Replicate".into()));
-                        }
-                    }
-                    if s.output_layout == Layout::Partial {
-                        return Err(layout_err(
-                            "output layout Partial: use Replicate or Shard".into(),
-                        ));
-                    }
-                    (
-                        path.clone(),
-                        Assignment {
-                            kind: k,
-                            applied: Applied::Colwise(*s),
-                        },
-                    )
-                }
-                (
-                    ParallelStyle::Rowwise(s),
-                    Some(k @ (LayerKind::Linear | LayerKind::Embedding)),
-                ) => {
-                    local_output(s.use_local_output)?;
-                    if s.output_layout == Layout::Partial || s.output_layout.shard_dim(3) == Some(2)
-                    {
-                        return Err(layout_err(format!(
-                            "output layout {:?}: a row-wise layer's output is Replicate or \
-                             sharded on the sequence (Shard(1))",
-                            s.output_layout
-                        )));
-                    }
-                    let offset = if k == LayerKind::Linear {
-                        weight(1, "in_features")?;
-                        if s.input_layout == Layout::Partial {
-                            return Err(layout_err("input layout Partial".into()));
-                        }
-                        0
-                    } else {
-                        let rows = weight(0, "vocabulary size")?;
-                        if s.input_layout != Layout::Replicate {
-                            return Err(layout_err("an embedding's ids must be Replicate".into()));
-                        }
-                        chunk_range(rows, parts, rank).start
-                    };
-                    (
-                        path.clone(),
-                        Assignment {
-                            kind: k,
-                            applied: Applied::Rowwise { style: *s, offset },
-                        },
-                    )
-                }
-                (
-                    ParallelStyle::Sequence(s),
-                    Some(k @ (LayerKind::Norm | LayerKind::Embedding)),
-                ) => (
-                    path.clone(),
-                    Assignment {
-                        kind: k,
-                        applied: Applied::Sequence(*s),
-                    },
-                ),
-                (ParallelStyle::PrepareInput(_) | ParallelStyle::PrepareOutput(_), _) => {
-                    let io = if kind == Some(LayerKind::Io) {
-                        path.clone()
-                    } else {
-                        let ios: Vec<&String> = survey
-                            .children(path)
-                            .into_iter()
-                            .filter(|c| survey.kind(c) == Some(LayerKind::Io))
-                            .collect();
-                        match ios.as_slice() {
-                            [one] => (*one).clone(),
-                            [] => {
-                                return Err(ParallelError::WrongModule {
-                                    pattern: pattern.clone(),
-                                    path: path.clone(),
-                                    style: style.name(),
-                                    found: format!(
-                                        "{} without a ParallelIo field: add `io: ParallelIo` and \
-                                         call `self.io.input(x)` / `self.io.output(y)` in forward",
-                                        survey.describe(path)
-                                    ),
-                                });
-                            }
-                            _ => return Err(wrong()),
-                        }
-                    };
-                    let (mut input, mut output) = match out.get(&io) {
-                        Some((
-                            _,
-                            Assignment {
-                                applied: Applied::Io { input, output },
-                                ..
-                            },
-                        )) => (*input, *output),
-                        _ => (None, None),
-                    };
-                    match style {
-                        ParallelStyle::PrepareInput(p) => {
-                            if p.desired_input_layout == Layout::Partial {
-                                return Err(layout_err("desired input layout Partial".into()));
-                            }
-                            input = Some(*p)
-                        }
-                        ParallelStyle::PrepareOutput(p) => {
-                            if p.desired_output_layout == Layout::Partial {
-                                return Err(layout_err("desired output layout Partial".into()));
-                            }
-                            output = Some(*p)
-                        }
-                        _ => unreachable!(),
-                    }
-                    out.remove(&io);
-                    (
-                        io,
-                        Assignment {
-                            kind: LayerKind::Io,
-                            applied: Applied::Io { input, output },
-                        },
-                    )
-                }
-                _ => return Err(wrong()),
-            };
-            if let Some((first, _)) = out.get(&target) {
+            let (target, assignment) = style.assign(&site)?;
+            // Entries preparing one ParallelIo merge: the new assignment already holds what
+            // the earlier ones prepared there, and replaces theirs.
+            let merges = matches!(assignment.applied, Applied::Io { .. });
+            if !merges && let Some((first, _)) = out.get(&target) {
                 return Err(ParallelError::Conflict {
                     path: target,
                     first: first.clone(),
@@ -392,7 +345,7 @@ fn validate(
                 });
             }
             if !survey.keys.contains_key(&target) {
-                return Err(wrong());
+                return Err(site.wrong_module());
             }
             out.insert(target, (pattern.clone(), assignment));
         }
@@ -413,7 +366,7 @@ fn shard_dim(kind: LayerKind, applied: &Applied, field: &str) -> Option<usize> {
 
 struct Sharder<'a> {
     stack: Vec<String>,
-    assignments: &'a BTreeMap<String, (String, Assignment)>,
+    assignments: &'a Assignments,
     parts: usize,
     rank: usize,
 }

@@ -7,6 +7,10 @@
 //! parallel state; the parallel-aware layers ([`crate::parallel::ParallelLinear`], …) read that
 //! state in `forward`.
 
+use super::layers::{Applied, LayerKind};
+use super::plan::{Assignment, ParallelError, Site};
+use crate::chunk_range;
+
 /// How an activation is laid out over the tensor-parallel group.
 ///
 /// `Shard(d)` counts dims from the front when `d ≥ 0` and from the back when `d < 0`
@@ -181,6 +185,150 @@ impl ParallelStyle {
             ParallelStyle::PrepareInput(_) => "PrepareModuleInput",
             ParallelStyle::PrepareOutput(_) => "PrepareModuleOutput",
         }
+    }
+
+    /// Checks the style fits the matched module at `site`; the path of the layer it applies to
+    /// (the module, or its `ParallelIo`) and that layer's assignment.
+    pub(super) fn assign(&self, site: &Site) -> Result<(String, Assignment), ParallelError> {
+        let at_site = |assignment| Ok((site.path().to_string(), assignment));
+        match (self, site.kind()) {
+            (Self::Colwise(s), Some(k @ (LayerKind::Linear | LayerKind::Embedding))) => {
+                at_site(s.assign(site, k)?)
+            }
+            (Self::Rowwise(s), Some(k @ (LayerKind::Linear | LayerKind::Embedding))) => {
+                at_site(s.assign(site, k)?)
+            }
+            (Self::Sequence(s), Some(k @ (LayerKind::Norm | LayerKind::Embedding))) => {
+                at_site(s.assign(k))
+            }
+            (Self::PrepareInput(p), _) => p.assign(site),
+            (Self::PrepareOutput(p), _) => p.assign(site),
+            _ => Err(site.wrong_module()),
+        }
+    }
+}
+
+/// Column- and row-wise layers both hand back local Burn tensors: an error unless
+/// `use_local_output`.
+fn require_local_output(site: &Site, use_local_output: bool) -> Result<(), ParallelError> {
+    if use_local_output {
+        Ok(())
+    } else {
+        Err(site.layout_error(
+            "use_local_output = false: Bonfire layers return local Burn tensors; \
+             wrap the output with DTensor::from_local instead",
+        ))
+    }
+}
+
+impl ColwiseParallel {
+    /// Checks the layouts and the split dim of the linear or embedding (`kind`) at `site`.
+    fn assign(&self, site: &Site, kind: LayerKind) -> Result<Assignment, ParallelError> {
+        require_local_output(site, self.use_local_output)?;
+        if kind == LayerKind::Linear {
+            site.weight_len(0, "out_features")?;
+            if self.input_layout == Layout::Partial || self.input_layout.shard_dim(3) == Some(2) {
+                return Err(site.layout_error(format!(
+                    "input layout {:?}: a column-wise layer takes a replicated or \
+                     sequence-sharded input",
+                    self.input_layout
+                )));
+            }
+        } else {
+            site.weight_len(1, "embedding dim")?;
+            if self.input_layout != Layout::Replicate {
+                return Err(site.layout_error("an embedding's ids must be Replicate"));
+            }
+        }
+        if self.output_layout == Layout::Partial {
+            return Err(site.layout_error("output layout Partial: use Replicate or Shard"));
+        }
+        Ok(Assignment {
+            kind,
+            applied: Applied::Colwise(*self),
+        })
+    }
+}
+
+impl RowwiseParallel {
+    /// Checks the layouts and the split dim of the linear or embedding (`kind`) at `site`; an
+    /// embedding also gets the first vocabulary row this rank holds.
+    fn assign(&self, site: &Site, kind: LayerKind) -> Result<Assignment, ParallelError> {
+        require_local_output(site, self.use_local_output)?;
+        if self.output_layout == Layout::Partial || self.output_layout.shard_dim(3) == Some(2) {
+            return Err(site.layout_error(format!(
+                "output layout {:?}: a row-wise layer's output is Replicate or \
+                 sharded on the sequence (Shard(1))",
+                self.output_layout
+            )));
+        }
+        let offset = if kind == LayerKind::Linear {
+            site.weight_len(1, "in_features")?;
+            if self.input_layout == Layout::Partial {
+                return Err(site.layout_error("input layout Partial"));
+            }
+            0
+        } else {
+            let rows = site.weight_len(0, "vocabulary size")?;
+            if self.input_layout != Layout::Replicate {
+                return Err(site.layout_error("an embedding's ids must be Replicate"));
+            }
+            chunk_range(rows, site.parts, site.rank).start
+        };
+        Ok(Assignment {
+            kind,
+            applied: Applied::Rowwise {
+                style: *self,
+                offset,
+            },
+        })
+    }
+}
+
+impl SequenceParallel {
+    /// The assignment of a norm or embedding (`kind`): nothing to check.
+    fn assign(&self, kind: LayerKind) -> Assignment {
+        Assignment {
+            kind,
+            applied: Applied::Sequence(*self),
+        }
+    }
+}
+
+impl PrepareModuleInput {
+    /// Checks the desired layout; the `ParallelIo` of the module at `site`, preparing this
+    /// input and any output an earlier entry prepared there.
+    fn assign(&self, site: &Site) -> Result<(String, Assignment), ParallelError> {
+        let io = site.io_path()?;
+        let (_, output) = site.held_io(&io);
+        if self.desired_input_layout == Layout::Partial {
+            return Err(site.layout_error("desired input layout Partial"));
+        }
+        Ok((io, io_assignment(Some(*self), output)))
+    }
+}
+
+impl PrepareModuleOutput {
+    /// Checks the desired layout; the `ParallelIo` of the module at `site`, preparing this
+    /// output and any input an earlier entry prepared there.
+    fn assign(&self, site: &Site) -> Result<(String, Assignment), ParallelError> {
+        let io = site.io_path()?;
+        let (input, _) = site.held_io(&io);
+        if self.desired_output_layout == Layout::Partial {
+            return Err(site.layout_error("desired output layout Partial"));
+        }
+        Ok((io, io_assignment(input, Some(*self))))
+    }
+}
+
+/// The assignment of a `ParallelIo` preparing `input` and `output`.
+fn io_assignment(
+    input: Option<PrepareModuleInput>,
+    output: Option<PrepareModuleOutput>,
+) -> Assignment {
+    Assignment {
+        kind: LayerKind::Io,
+        applied: Applied::Io { input, output },
     }
 }
 

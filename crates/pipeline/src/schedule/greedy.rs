@@ -92,119 +92,186 @@ pub fn list_schedule(
     policy: &Policy,
     costs: Costs,
 ) -> Schedule {
-    let p = stage_map.ranks();
-    let v = stage_map.chunks();
-    let stages = stage_map.stages();
-    let m = microbatches;
-    let split = policy.backward == BackwardKind::Split;
-    // Finish time of (kind, mb, stage).
-    let mut done: HashMap<(Kind, usize, usize), u64> = HashMap::new();
-    let mut order: Vec<Vec<Action>> = vec![Vec::new(); p];
-    let mut busy_until = vec![0u64; p];
-    let mut in_flight = vec![0usize; p];
-    let mut alive = vec![0usize; p];
-    let mut remaining: Vec<Vec<(Kind, usize, usize)>> = (0..p)
-        .map(|r| {
-            let mut todo = Vec::new();
-            for c in 0..v {
-                for mb in 0..m {
-                    todo.push((Kind::F, mb, c));
-                    todo.push((Kind::B, mb, c));
-                    if split {
-                        todo.push((Kind::W, mb, c));
-                    }
+    let mut sim = Simulation::new(stage_map, microbatches, policy, costs);
+    while sim.remaining.iter().any(|r| !r.is_empty()) {
+        let started = sim.start_idle_ranks();
+        sim.advance_clock(started);
+    }
+    Schedule::from_compute_order(name, stage_map, microbatches, sim.order)
+}
+
+/// A computation still to run on a rank: (kind, micro-batch, local chunk).
+type Task = (Kind, usize, usize);
+
+/// The list scheduler's simulated pipeline, one time step at a time.
+struct Simulation<'a> {
+    stage_map: StageMap,
+    policy: &'a Policy,
+    costs: Costs,
+    /// Whether backwards are split into B and W.
+    split: bool,
+    /// Finish time of (kind, mb, stage).
+    done: HashMap<(Kind, usize, usize), u64>,
+    /// The computations each rank has started, in order.
+    order: Vec<Vec<Action>>,
+    busy_until: Vec<u64>,
+    /// Forwards per rank whose backward has not started.
+    in_flight: Vec<usize>,
+    /// Forwards per rank whose weight gradient has not started.
+    alive: Vec<usize>,
+    remaining: Vec<Vec<Task>>,
+    /// The simulated time.
+    t: u64,
+    /// Whether the in-flight and weight limits are lifted because the simulation stalled.
+    relax: bool,
+}
+
+impl<'a> Simulation<'a> {
+    /// The simulation at time 0, every rank with all its computations to run.
+    fn new(stage_map: StageMap, microbatches: usize, policy: &'a Policy, costs: Costs) -> Self {
+        let p = stage_map.ranks();
+        let split = policy.backward == BackwardKind::Split;
+        let mut todo = Vec::new();
+        for c in 0..stage_map.chunks() {
+            for mb in 0..microbatches {
+                todo.push((Kind::F, mb, c));
+                todo.push((Kind::B, mb, c));
+                if split {
+                    todo.push((Kind::W, mb, c));
                 }
             }
-            let _ = r;
-            todo
-        })
-        .collect();
-    let finished =
-        |done: &HashMap<(Kind, usize, usize), u64>, k: Kind, mb: usize, s: usize, t: u64| {
-            done.get(&(k, mb, s)).is_some_and(|&e| e <= t)
-        };
-    let mut t = 0u64;
-    let mut relax = false;
-    while remaining.iter().any(|r| !r.is_empty()) {
+        }
+        Self {
+            stage_map,
+            policy,
+            costs,
+            split,
+            done: HashMap::new(),
+            order: vec![Vec::new(); p],
+            busy_until: vec![0; p],
+            in_flight: vec![0; p],
+            alive: vec![0; p],
+            remaining: vec![todo; p],
+            t: 0,
+            relax: false,
+        }
+    }
+
+    /// Lets every idle rank with work left start its best ready computation, rank by rank;
+    /// whether any started.
+    fn start_idle_ranks(&mut self) -> bool {
         let mut started = false;
-        for r in 0..p {
-            if busy_until[r] > t || remaining[r].is_empty() {
+        for r in 0..self.stage_map.ranks() {
+            if self.busy_until[r] > self.t || self.remaining[r].is_empty() {
                 continue;
             }
-            let ready = |&(k, mb, c): &(Kind, usize, usize)| {
-                let s = stage_map.stage(r, c);
-                match k {
-                    Kind::F => s == 0 || finished(&done, Kind::F, mb, s - 1, t),
-                    Kind::B => {
-                        finished(&done, Kind::F, mb, s, t)
-                            && (s + 1 == stages || finished(&done, Kind::B, mb, s + 1, t))
-                    }
-                    Kind::W => finished(&done, Kind::B, mb, s, t),
-                }
-            };
-            let best = |kind: Kind, key: &dyn Fn(usize, usize) -> (usize, usize, usize)| {
-                remaining[r]
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, a)| a.0 == kind && ready(a))
-                    .min_by_key(|(_, a)| key(a.1, a.2))
-                    .map(|(i, _)| i)
-            };
-            let fkey = |mb, c| (policy.forward_key)(mb, c, p, v);
-            let bkey = |mb, c| (policy.backward_key)(mb, c, p, v);
-            let f = best(Kind::F, &fkey).filter(|_| {
-                relax
-                    || (in_flight[r] < policy.in_flight[r].max(1)
-                        && policy
-                            .weight_limit
-                            .as_ref()
-                            .is_none_or(|l| alive[r] < l[r].max(1)))
-            });
-            let b = best(Kind::B, &bkey);
-            let w = best(Kind::W, &bkey);
-            let pick = if policy.backward_first {
-                b.or(f).or(w)
-            } else {
-                f.or(b).or(w)
-            };
-            let Some(i) = pick else { continue };
-            let (k, mb, c) = remaining[r].remove(i);
-            let s = stage_map.stage(r, c);
-            let cost = match (k, split) {
-                (Kind::F, _) => costs.forward,
-                (Kind::B, true) => costs.backward_input,
-                (Kind::B, false) => costs.backward_input + costs.backward_weight,
-                (Kind::W, _) => costs.backward_weight,
-            };
-            busy_until[r] = t + cost;
-            done.insert((k, mb, s), t + cost);
-            match k {
-                Kind::F => {
-                    in_flight[r] += 1;
-                    alive[r] += 1;
-                }
-                Kind::B => {
-                    in_flight[r] -= 1;
-                    if !split {
-                        alive[r] -= 1;
-                    }
-                }
-                Kind::W => alive[r] -= 1,
-            }
-            order[r].push(match (k, split) {
-                (Kind::F, _) => Action::Forward { mb, chunk: c },
-                (Kind::B, false) => Action::Backward { mb, chunk: c },
-                (Kind::B, true) => Action::BackwardInput { mb, chunk: c },
-                (Kind::W, _) => Action::BackwardWeight { mb, chunk: c },
-            });
+            let Some(i) = self.pick(r) else { continue };
+            self.start(r, i);
             started = true;
-            relax = false;
         }
-        match busy_until.iter().copied().filter(|&b| b > t).min() {
-            Some(next) => t = next,
-            None if !started => relax = true,
+        started
+    }
+
+    /// Moves the clock to the next finish time, or lifts the limits if nothing runs or starts.
+    fn advance_clock(&mut self, started: bool) {
+        let t = self.t;
+        match self.busy_until.iter().copied().filter(|&b| b > t).min() {
+            Some(next) => self.t = next,
+            None if !started => self.relax = true,
             None => {}
         }
     }
-    Schedule::from_compute_order(name, stage_map, microbatches, order)
+
+    /// Whether `(kind, mb, stage)` has finished by now.
+    fn finished(&self, kind: Kind, mb: usize, stage: usize) -> bool {
+        self.done
+            .get(&(kind, mb, stage))
+            .is_some_and(|&e| e <= self.t)
+    }
+
+    /// Whether what `task` on rank `r` depends on has finished.
+    fn ready(&self, r: usize, &(k, mb, c): &Task) -> bool {
+        let s = self.stage_map.stage(r, c);
+        match k {
+            Kind::F => s == 0 || self.finished(Kind::F, mb, s - 1),
+            Kind::B => {
+                self.finished(Kind::F, mb, s)
+                    && (s + 1 == self.stage_map.stages() || self.finished(Kind::B, mb, s + 1))
+            }
+            Kind::W => self.finished(Kind::B, mb, s),
+        }
+    }
+
+    /// The index in rank `r`'s remaining work of its highest-priority ready task of `kind`.
+    fn best(&self, r: usize, kind: Kind) -> Option<usize> {
+        let (p, v) = (self.stage_map.ranks(), self.stage_map.chunks());
+        let key = match kind {
+            Kind::F => self.policy.forward_key,
+            Kind::B | Kind::W => self.policy.backward_key,
+        };
+        self.remaining[r]
+            .iter()
+            .enumerate()
+            .filter(|(_, a)| a.0 == kind && self.ready(r, a))
+            .min_by_key(|(_, a)| key(a.1, a.2, p, v))
+            .map(|(i, _)| i)
+    }
+
+    /// Whether rank `r` may start another forward under its activation-memory limits.
+    fn may_start_forward(&self, r: usize) -> bool {
+        let policy = self.policy;
+        self.relax
+            || (self.in_flight[r] < policy.in_flight[r].max(1)
+                && policy
+                    .weight_limit
+                    .as_ref()
+                    .is_none_or(|l| self.alive[r] < l[r].max(1)))
+    }
+
+    /// The index in rank `r`'s remaining work of the task the policy starts next, if any.
+    fn pick(&self, r: usize) -> Option<usize> {
+        let f = self.best(r, Kind::F).filter(|_| self.may_start_forward(r));
+        let b = self.best(r, Kind::B);
+        let w = self.best(r, Kind::W);
+        if self.policy.backward_first {
+            b.or(f).or(w)
+        } else {
+            f.or(b).or(w)
+        }
+    }
+
+    /// Starts rank `r`'s remaining task `i` now: records its finish time and its action.
+    fn start(&mut self, r: usize, i: usize) {
+        let (k, mb, c) = self.remaining[r].remove(i);
+        let s = self.stage_map.stage(r, c);
+        let costs = self.costs;
+        let cost = match (k, self.split) {
+            (Kind::F, _) => costs.forward,
+            (Kind::B, true) => costs.backward_input,
+            (Kind::B, false) => costs.backward_input + costs.backward_weight,
+            (Kind::W, _) => costs.backward_weight,
+        };
+        self.busy_until[r] = self.t + cost;
+        self.done.insert((k, mb, s), self.t + cost);
+        match k {
+            Kind::F => {
+                self.in_flight[r] += 1;
+                self.alive[r] += 1;
+            }
+            Kind::B => {
+                self.in_flight[r] -= 1;
+                if !self.split {
+                    self.alive[r] -= 1;
+                }
+            }
+            Kind::W => self.alive[r] -= 1,
+        }
+        self.order[r].push(match (k, self.split) {
+            (Kind::F, _) => Action::Forward { mb, chunk: c },
+            (Kind::B, false) => Action::Backward { mb, chunk: c },
+            (Kind::B, true) => Action::BackwardInput { mb, chunk: c },
+            (Kind::W, _) => Action::BackwardWeight { mb, chunk: c },
+        });
+        self.relax = false;
+    }
 }
