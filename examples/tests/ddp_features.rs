@@ -154,9 +154,9 @@ fn data_parallel_primitives_match_the_full_batch_gradient() {
     let full_loss = params::to_host(loss.clone().detach())[0];
     let infos = params::inventory(&local);
     let mut g = GradientsParams::from_grads(loss.backward(), &local);
-    let full: Vec<f32> = params::take_grads(&local, &infos, &mut g)
+    let full: Vec<f32> = params::take_flat_grads(&local, &infos, &mut g)
         .into_iter()
-        .flat_map(|g| g.unwrap())
+        .flat_map(|g| params::to_host(g.unwrap()))
         .collect();
     // scatter 6 rows over 4 ranks: 2, 2, 1, 1.
     let inputs: Vec<_> = data_parallel::scatter(ids.clone(), 4)
@@ -169,9 +169,9 @@ fn data_parallel_primitives_match_the_full_batch_gradient() {
         .collect();
     let (dp_loss, mut grads) =
         data_parallel::gradients(&model, &device, inputs, &weights, |m, (i, t)| m.loss(i, t));
-    let dp: Vec<f32> = params::take_grads(&model, &params::inventory(&model), &mut grads)
+    let dp: Vec<f32> = params::take_flat_grads(&model, &params::inventory(&model), &mut grads)
         .into_iter()
-        .flat_map(|g| g.unwrap())
+        .flat_map(|g| params::to_host(g.unwrap()))
         .collect();
     assert!((dp_loss - full_loss).abs() <= 1e-5 * full_loss);
     assert_close("grads", &dp, &full, SGD);

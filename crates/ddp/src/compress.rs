@@ -1,13 +1,16 @@
-//! Gradient compression for the all-reduce, with error feedback.
+//! Gradient compression for the all-reduce, with error feedback, on the device.
 //!
-//! Each bucket is sent in 16 bits (half the bytes of f32). What rounding loses is kept per
-//! bucket (the *residual*) and added to the next step's gradient before rounding, so the
-//! error does not accumulate over training (error feedback, as in 1-bit SGD / PowerSGD).
-//! The gradient is divided by the world size before rounding (as PyTorch's fp16 hook does)
-//! so the 16-bit sum cannot overflow.
+//! Each bucket is cast to 16 bits on its device (half the bytes of f32 to carry). What rounding
+//! loses is kept per bucket (the *residual*, a device tensor) and added to the next step's
+//! gradient before rounding, so the error does not accumulate over training (error feedback,
+//! as in 1-bit SGD / PowerSGD). The gradient is divided by the world size before rounding (as
+//! PyTorch's fp16 hook does) so the 16-bit sum cannot overflow.
 
-use crate::timing::Stamp;
-use bonfire_comm::{Element, ProcessGroup, ReduceOp, Work, bf16, f16};
+use crate::error::DdpError;
+use crate::timing::Span;
+use bonfire_comm::{ProcessGroup, ReduceOp};
+use bonfire_dtensor::plane::{self, PendingTensor};
+use burn::tensor::{DType, Tensor};
 
 /// How gradients travel in the all-reduce.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -21,92 +24,86 @@ pub enum Compression {
     Fp16,
 }
 
+/// A bucket's all-reduce in flight.
+pub(crate) struct InFlight {
+    pending: PendingTensor<1>,
+    /// Whether the result is 16-bit, to widen back to f32.
+    widen: bool,
+}
+
+impl InFlight {
+    /// The averaged f32 bucket on the device, and when the communication thread ran it.
+    pub(crate) fn wait(self) -> Result<(Tensor<1>, Span), DdpError> {
+        let (t, ran) = self.pending.wait_timed()?;
+        let t = if self.widen { t.cast(DType::F32) } else { t };
+        let epoch = crate::timing::epoch();
+        let us = |i: std::time::Instant| i.saturating_duration_since(epoch).as_secs_f64() * 1e6;
+        Ok((
+            t,
+            Span {
+                start_us: us(ran.start),
+                end_us: us(ran.end),
+            },
+        ))
+    }
+}
+
 impl Compression {
-    /// Starts the all-reduce (average) of `buf` on `pg`'s communication thread; `residual`
-    /// is this bucket's error-feedback state (ignored without compression).
+    /// Starts the all-reduce (average) of the flat `bucket` on `pg`'s communication thread;
+    /// `residual` is this bucket's error-feedback state (unused without compression).
     pub(crate) fn launch(
         self,
         pg: &ProcessGroup,
-        mut buf: Vec<f32>,
-        residual: &mut Vec<f32>,
-        stamp: Stamp,
-    ) -> Work<Vec<f32>> {
-        let n = pg.size() as f32;
-        match self {
-            Compression::None => pg.run_async(move |pg| {
-                stamp.start();
-                let r = pg.all_reduce(&mut buf, ReduceOp::Avg).map(|_| buf);
-                stamp.end();
-                r
-            }),
-            Compression::Bf16 => {
-                let q = quantize(&buf, residual, n, bf16::from_f32, bf16::to_f32);
-                sum_quantized(pg, buf, q, stamp, bf16::to_f32)
+        bucket: Tensor<1>,
+        residual: &mut Option<Tensor<1>>,
+    ) -> InFlight {
+        let dtype = match self {
+            Compression::None => {
+                return InFlight {
+                    pending: plane::all_reduce_async(bucket, ReduceOp::Avg, pg),
+                    widen: false,
+                };
             }
-            Compression::Fp16 => {
-                let q = quantize(&buf, residual, n, f16::from_f32, f16::to_f32);
-                sum_quantized(pg, buf, q, stamp, f16::to_f32)
-            }
+            Compression::Bf16 => DType::BF16,
+            Compression::Fp16 => DType::F16,
+        };
+        let q = quantize(bucket, residual, pg.size(), dtype);
+        InFlight {
+            pending: plane::all_reduce_async(q, ReduceOp::Sum, pg),
+            widen: true,
         }
     }
 }
 
-/// Sums the already-scaled 16-bit `q` over `pg` on its communication thread and widens the
-/// result back into `buf` (the average, since `q` was divided by the world size).
-fn sum_quantized<H: Element>(
-    pg: &ProcessGroup,
-    mut buf: Vec<f32>,
-    mut q: Vec<H>,
-    stamp: Stamp,
-    widen: fn(H) -> f32,
-) -> Work<Vec<f32>> {
-    pg.run_async(move |pg| {
-        stamp.start();
-        pg.all_reduce(&mut q, ReduceOp::Sum)?;
-        buf.iter_mut().zip(&q).for_each(|(o, &v)| *o = widen(v));
-        stamp.end();
-        Ok(buf)
-    })
-}
-
-/// Rounds `g / n + residual` to 16 bits and keeps what was lost in `residual`.
-fn quantize<H: Copy>(
-    g: &[f32],
-    residual: &mut Vec<f32>,
-    n: f32,
-    to: impl Fn(f32) -> H,
-    from: impl Fn(H) -> f32,
-) -> Vec<H> {
-    if residual.len() != g.len() {
-        *residual = vec![0.0; g.len()];
+/// Rounds `g / n + residual` to `dtype` and keeps what was lost in `residual`.
+fn quantize(g: Tensor<1>, residual: &mut Option<Tensor<1>>, n: usize, dtype: DType) -> Tensor<1> {
+    let mut v = g / n as f64;
+    if let Some(r) = residual.take().filter(|r| r.dims() == v.dims()) {
+        v = v + r;
     }
-    g.iter()
-        .zip(residual.iter_mut())
-        .map(|(&x, r)| {
-            let v = x / n + *r;
-            let q = to(v);
-            *r = v - from(q);
-            q
-        })
-        .collect()
+    let q = v.clone().cast(dtype);
+    *residual = Some(v - q.clone().cast(DType::F32));
+    q
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use burn::tensor::Device;
 
     #[test]
     fn error_feedback_keeps_the_running_sum_exact() {
         // Sending the same small gradient repeatedly: without feedback bf16 rounding biases
         // every step the same way; with it the sum of what was sent tracks the true sum.
-        let g = vec![1.0 + 1.0 / 512.0; 4];
-        let mut residual = Vec::new();
+        let device = Device::flex();
+        let g = Tensor::<1>::full([4], 1.0 + 1.0 / 512.0, &device);
+        let mut residual = None;
         let mut sent = 0.0f32;
         for _ in 0..100 {
-            let q = quantize(&g, &mut residual, 1.0, bf16::from_f32, bf16::to_f32);
-            sent += q[0].to_f32();
+            let q = quantize(g.clone(), &mut residual, 1, DType::BF16);
+            sent += bonfire_dtensor::params::to_host(q.cast(DType::F32))[0];
         }
-        let truth = 100.0 * g[0];
+        let truth = 100.0 * (1.0 + 1.0 / 512.0);
         assert!((sent - truth).abs() <= 0.01, "{sent} vs {truth}");
     }
 }

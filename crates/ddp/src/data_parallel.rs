@@ -5,6 +5,7 @@
 //! with backward) — use it for quick experiments and inference.
 
 use crate::params::{self, ParamInfo};
+use bonfire_dtensor::plane::{self, ledger::Reason};
 use burn::module::Module;
 use burn::optim::GradientsParams;
 use burn::tensor::kind::Basic;
@@ -88,19 +89,29 @@ where
     let infos_ref = &infos;
     let results = parallel_apply(replicas, inputs, |replica, input| {
         let loss = loss_fn(&replica, input);
-        let value = params::to_host(loss.clone().detach())[0];
+        let value = plane::to_host(loss.clone().detach(), Reason::Report)[0];
         let mut grads = GradientsParams::from_grads(loss.backward(), &replica);
-        (value, params::take_grads(&replica, infos_ref, &mut grads))
+        (
+            value,
+            params::take_flat_grads(&replica, infos_ref, &mut grads),
+        )
     });
     let mut loss = 0.0;
-    let mut sums: Vec<Vec<f32>> = infos.iter().map(|p| vec![0.0; p.numel()]).collect();
+    let mut sums: Vec<Option<Tensor<1>>> = vec![None; infos.len()];
     for ((value, grads), &w) in results.into_iter().zip(weights) {
         loss += w * value;
         for (sum, g) in sums.iter_mut().zip(grads) {
             if let Some(g) = g {
-                sum.iter_mut().zip(g).for_each(|(s, v)| *s += w * v);
+                let g = g * w;
+                *sum = Some(match sum.take() {
+                    Some(s) => s + g,
+                    None => g,
+                });
             }
         }
     }
-    (loss, params::grads_from_host(module, &infos, |i| &sums[i]))
+    (
+        loss,
+        params::grads_from_parts(module, &infos, |i| sums[i].clone()),
+    )
 }

@@ -4,14 +4,15 @@ use crate::bucket::BucketPlan;
 use crate::config::{DdpConfig, SyncMode};
 use crate::error::DdpError;
 use crate::params::{self, ParamInfo, ParamValues};
-use crate::reducer::{Reducer, add_into};
+use crate::reducer::Reducer;
 use crate::timing::{self, StepTiming};
 use bonfire_comm::{ProcessGroup, ReduceOp};
 use bonfire_dtensor::graph::{SharedSink, SinkHook};
+use bonfire_dtensor::plane::{self, ledger::Reason};
 use bonfire_dtensor::{DataParallel, DeviceMesh, install_layer_hook};
 use burn::module::{Module, ParamId};
 use burn::optim::{GradientsParams, ModuleOptimizer};
-use burn::tensor::{Gradients, Tensor};
+use burn::tensor::{Device, Gradients, Tensor};
 use std::collections::HashMap;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -34,16 +35,15 @@ pub struct DistributedDataParallel<M: Module> {
     infos: Arc<Vec<ParamInfo>>,
     index: Arc<HashMap<ParamId, usize>>,
     plan: Arc<BucketPlan>,
-    residuals: Vec<Vec<f32>>,
-    /// Gradients summed over `no_sync` backwards and micro-batches, per bucket.
-    accumulated: Option<Vec<Vec<f32>>>,
-    /// Parameters that got a gradient in the accumulated backwards.
-    seen: Vec<bool>,
+    /// Error-feedback residual of each bucket (compression), on the device.
+    residuals: Vec<Option<Tensor<1>>>,
+    /// Gradients summed over `no_sync` backwards and micro-batches, per parameter, flat.
+    accumulated: Vec<Option<Tensor<1>>>,
     pending: Option<SharedSink<Reducer>>,
     syncing: bool,
     grads: Option<GradientsParams>,
-    /// The gradients of the last backward, per bucket (averaged when synchronized).
-    last_buckets: Option<Vec<Vec<f32>>>,
+    /// The gradients of the last backward, per bucket, flat (averaged when synchronized).
+    last_buckets: Option<Vec<Tensor<1>>>,
     /// Layers entered with a float input in the forwards since construction.
     layers: Arc<AtomicUsize>,
     told_no_layers: AtomicBool,
@@ -70,13 +70,12 @@ impl<M: Module> DistributedDataParallel<M> {
             model: Some(model),
             optim: optim.into(),
             index: Arc::new(params::index_of(&infos)),
-            seen: vec![false; infos.len()],
+            accumulated: vec![None; infos.len()],
             infos: Arc::new(infos),
-            residuals: vec![Vec::new(); plan.num_buckets()],
+            residuals: vec![None; plan.num_buckets()],
             plan: Arc::new(plan),
             pg,
             config,
-            accumulated: None,
             pending: None,
             syncing: true,
             grads: None,
@@ -137,7 +136,9 @@ impl<M: Module> DistributedDataParallel<M> {
         self.syncing && self.config.sync == SyncMode::EveryStep
     }
 
-    fn new_reducer(&mut self, accumulated: Option<Vec<Vec<f32>>>) -> Reducer {
+    /// A reducer for this step, starting from the accumulated gradients.
+    fn new_reducer(&mut self) -> Reducer {
+        let accumulated = std::mem::replace(&mut self.accumulated, vec![None; self.infos.len()]);
         Reducer::new(
             self.pg.clone(),
             self.plan.clone(),
@@ -175,37 +176,52 @@ impl<M: Module> DistributedDataParallel<M> {
         out
     }
 
-    fn zero_buckets(&self) -> Vec<Vec<f32>> {
-        self.plan.lens.iter().map(|&n| vec![0.0; n]).collect()
-    }
-
-    /// Adds per-parameter host gradients to the accumulated buckets.
-    fn add_accumulated(&mut self, grads: Vec<Option<Vec<f32>>>) {
-        let mut local = self
-            .accumulated
-            .take()
-            .unwrap_or_else(|| self.zero_buckets());
-        for (i, g) in grads.into_iter().enumerate() {
+    /// Adds per-parameter flat gradients to the accumulated ones.
+    fn add_accumulated(&mut self, grads: Vec<Option<Tensor<1>>>) {
+        for (acc, g) in self.accumulated.iter_mut().zip(grads) {
             if let Some(g) = g {
-                let (b, off) = self.plan.loc[i];
-                add_into(&mut local[b][off..off + g.len()], &g);
-                self.seen[i] = true;
+                *acc = Some(match acc.take() {
+                    Some(sum) => sum + g,
+                    None => g,
+                });
             }
         }
-        self.accumulated = Some(local);
+    }
+
+    /// The accumulated gradients packed into buckets (zeros for a parameter without one),
+    /// for local SGD, which steps on them unreduced.
+    fn local_buckets(&mut self) -> Vec<Tensor<1>> {
+        let device = self.accumulated.iter().flatten().next().map(Tensor::device);
+        let device = device.unwrap_or_else(Device::flex);
+        let mut parts = std::mem::replace(&mut self.accumulated, vec![None; self.infos.len()]);
+        self.plan
+            .buckets
+            .iter()
+            .map(|members| {
+                let pieces: Vec<Tensor<1>> = members
+                    .iter()
+                    .map(|&i| {
+                        parts[i]
+                            .take()
+                            .unwrap_or_else(|| Tensor::zeros([self.infos[i].numel()], &device))
+                    })
+                    .collect();
+                Tensor::cat(pieces, 0)
+            })
+            .collect()
     }
 
     /// Finishes a reduction: the reducer's averaged buckets become the optimizer's gradients.
     fn finish(
         &mut self,
         reducer: Reducer,
-        leftover: Vec<Option<Vec<f32>>>,
+        leftover: Vec<Option<Tensor<1>>>,
     ) -> Result<(), DdpError> {
         let finished = match reducer.finish(leftover, self.config.unused) {
             Ok(f) => f,
             Err(e) => {
                 // Residuals come back only on success; start fresh otherwise.
-                self.residuals = vec![Vec::new(); self.plan.num_buckets()];
+                self.residuals = vec![None; self.plan.num_buckets()];
                 return Err(e);
             }
         };
@@ -216,12 +232,13 @@ impl<M: Module> DistributedDataParallel<M> {
         Ok(())
     }
 
-    fn set_grads(&mut self, buckets: Vec<Vec<f32>>) {
+    /// The optimizer's gradients: each parameter's slice of its bucket, on the device.
+    fn set_grads(&mut self, buckets: Vec<Tensor<1>>) {
         let plan = &self.plan;
         let infos = &self.infos;
-        self.grads = Some(params::grads_from_host(self.model(), infos, |i| {
+        self.grads = Some(params::grads_from_parts(self.model(), infos, |i| {
             let (b, off) = plan.loc[i];
-            &buckets[b][off..off + infos[i].numel()]
+            Some(buckets[b].clone().narrow(0, off, infos[i].numel()))
         }));
         self.last_buckets = Some(buckets);
     }
@@ -240,10 +257,7 @@ impl<M: Module> DataParallel<M> for DistributedDataParallel<M> {
         let start = timing::now();
         self.pending = None;
         let out = if self.reduces_this_step() {
-            let accumulated = self.accumulated.take();
-            self.seen.fill(false);
-            let shared: SharedSink<Reducer> =
-                Arc::new(Mutex::new(Some(self.new_reducer(accumulated))));
+            let shared: SharedSink<Reducer> = Arc::new(Mutex::new(Some(self.new_reducer())));
             self.pending = Some(shared.clone());
             if self.config.overlap {
                 let hook = SinkHook::new(shared, self.index.clone(), self.layers.clone());
@@ -270,7 +284,7 @@ impl<M: Module> DataParallel<M> for DistributedDataParallel<M> {
         self.timing.backward = timing::span_since(start);
         let wait_start = timing::now();
         let mut gp = GradientsParams::from_grads(grads, self.model());
-        let leftover = params::take_grads(self.model(), &self.infos, &mut gp);
+        let leftover = params::take_flat_grads(self.model(), &self.infos, &mut gp);
         let reducer = self
             .pending
             .take()
@@ -287,8 +301,7 @@ impl<M: Module> DataParallel<M> for DistributedDataParallel<M> {
                 self.add_accumulated(leftover);
                 if self.syncing {
                     // Local SGD: step on the local gradient.
-                    let local = self.accumulated.take().expect("just accumulated");
-                    self.seen.fill(false);
+                    let local = self.local_buckets();
                     self.set_grads(local);
                 }
             }
@@ -303,29 +316,16 @@ impl<M: Module> DataParallel<M> for DistributedDataParallel<M> {
 
     fn accumulate(&mut self, grads: &mut Gradients) -> Result<(), DdpError> {
         let mut gp = GradientsParams::from_module(grads, self.model());
-        let host = params::take_grads(self.model(), &self.infos, &mut gp);
-        self.add_accumulated(host);
+        let parts = params::take_flat_grads(self.model(), &self.infos, &mut gp);
+        self.add_accumulated(parts);
         Ok(())
     }
 
     /// One bucketed all-reduce of the accumulated gradients (nothing overlaps: the backwards
     /// are over).
     fn reduce(&mut self) -> Result<(), DdpError> {
-        let accumulated = self
-            .accumulated
-            .take()
-            .unwrap_or_else(|| self.zero_buckets());
-        let plan = self.plan.clone();
-        let leftover: Vec<Option<Vec<f32>>> = (0..self.infos.len())
-            .map(|i| {
-                let (b, off) = plan.loc[i];
-                self.seen[i].then(|| accumulated[b][off..off + self.infos[i].numel()].to_vec())
-            })
-            .collect();
-        drop(accumulated);
-        self.seen.fill(false);
-        let reducer = self.new_reducer(None);
-        self.finish(reducer, leftover)
+        let reducer = self.new_reducer();
+        self.finish(reducer, vec![None; self.infos.len()])
     }
 
     /// Applies the optimizer with the gradients of the last synchronized backward; under
@@ -341,9 +341,9 @@ impl<M: Module> DataParallel<M> for DistributedDataParallel<M> {
         self.steps += 1;
         let model = match self.config.sync {
             SyncMode::Periodic { every } if every > 0 && self.steps % every == 0 => {
-                let mut flat = params::flatten_values(&model, &self.infos);
-                self.pg.all_reduce(&mut flat, ReduceOp::Avg)?;
-                params::assign_values(model, &self.infos, &flat)
+                let flat = params::flat(&model, &self.infos);
+                let flat = plane::all_reduce(flat, ReduceOp::Avg, &self.pg)?;
+                params::assign_flat(model, &self.infos, &flat)
             }
             _ => model,
         };
@@ -363,6 +363,10 @@ impl<M: Module> DataParallel<M> for DistributedDataParallel<M> {
         let Some(buckets) = &self.last_buckets else {
             return Ok(Vec::new());
         };
+        let host: Vec<Vec<f32>> = buckets
+            .iter()
+            .map(|b| plane::to_host(b.clone(), Reason::Export))
+            .collect();
         Ok(self
             .infos
             .iter()
@@ -372,7 +376,7 @@ impl<M: Module> DataParallel<M> for DistributedDataParallel<M> {
                 ParamValues {
                     path: p.path.clone(),
                     shape: p.shape.clone(),
-                    values: buckets[b][off..off + p.numel()].to_vec(),
+                    values: host[b][off..off + p.numel()].to_vec(),
                 }
             })
             .collect())

@@ -1,17 +1,20 @@
-//! One synchronized step's gradient reduction: hooks ([`bonfire_dtensor::graph::SinkHook`])
-//! deposit gradients into bucket buffers;
-//! each bucket's all-reduce starts, in bucket order, as soon as it is complete; `finish`
-//! fills in whatever backward did not deliver through hooks and waits for everything.
+//! One synchronized step's gradient reduction, on the device: hooks
+//! ([`bonfire_dtensor::graph::SinkHook`]) hand each parameter's gradient as a tensor; when
+//! all the parameters of a bucket are in, the bucket is packed into one flat tensor (Burn ops,
+//! on the device) and its all-reduce starts on the group's communication thread, in bucket
+//! order; `finish` adds whatever backward did not deliver through hooks, waits for every
+//! bucket, and returns the averaged buckets.
 
 use crate::bucket::BucketPlan;
-use crate::compress::Compression;
+use crate::compress::{Compression, InFlight};
 use crate::config::UnusedParams;
 use crate::error::DdpError;
 use crate::params::ParamInfo;
-use crate::timing::{Span, Stamp};
-use bonfire_comm::{ProcessGroup, ReduceOp, Work};
+use crate::timing::Span;
+use bonfire_comm::{ProcessGroup, ReduceOp};
 use bonfire_dtensor::graph::GradSink;
-use std::sync::{Arc, Mutex};
+use burn::tensor::{Device, Tensor};
+use std::sync::Arc;
 
 pub(crate) struct Reducer {
     pg: ProcessGroup,
@@ -19,36 +22,34 @@ pub(crate) struct Reducer {
     infos: Arc<Vec<ParamInfo>>,
     compression: Compression,
     /// Error-feedback residual of each bucket (lent by the DDP wrapper for the step).
-    residuals: Vec<Vec<f32>>,
-    bufs: Vec<Option<Vec<f32>>>,
+    residuals: Vec<Option<Tensor<1>>>,
+    /// Each parameter's gradient so far (summed over its uses and accumulated micro-batches).
+    parts: Vec<Option<Tensor<1>>>,
     /// Hooks attached to each parameter this step, and how many have fired.
     expected: Vec<u32>,
     arrived: Vec<u32>,
     /// Parameters of each bucket not yet complete through hooks.
     incomplete: Vec<usize>,
     next_launch: usize,
-    works: Vec<Option<Work<Vec<f32>>>>,
-    spans: Option<Arc<Mutex<Vec<Span>>>>,
+    in_flight: Vec<Option<InFlight>>,
     /// When each bucket was handed to the communication thread (µs since the epoch).
     launches: Vec<f64>,
+    record: bool,
 }
 
 impl Reducer {
-    #[allow(clippy::too_many_arguments)]
+    /// A reducer starting from `accumulated` gradients (per parameter, from `no_sync`
+    /// backwards or micro-batches).
     pub(crate) fn new(
         pg: ProcessGroup,
         plan: Arc<BucketPlan>,
         infos: Arc<Vec<ParamInfo>>,
         compression: Compression,
-        residuals: Vec<Vec<f32>>,
-        accumulated: Option<Vec<Vec<f32>>>,
+        residuals: Vec<Option<Tensor<1>>>,
+        accumulated: Vec<Option<Tensor<1>>>,
         record: bool,
     ) -> Self {
         let nb = plan.num_buckets();
-        let bufs = match accumulated {
-            Some(acc) => acc.into_iter().map(Some).collect(),
-            None => plan.lens.iter().map(|&n| Some(vec![0.0; n])).collect(),
-        };
         let incomplete = plan.buckets.iter().map(Vec::len).collect();
         Self {
             expected: vec![0; infos.len()],
@@ -58,13 +59,20 @@ impl Reducer {
             infos,
             compression,
             residuals,
-            bufs,
+            parts: accumulated,
             incomplete,
             next_launch: 0,
-            works: (0..nb).map(|_| None).collect(),
-            spans: record.then(|| Arc::new(Mutex::new(vec![Span::default(); nb]))),
+            in_flight: (0..nb).map(|_| None).collect(),
             launches: vec![0.0; nb],
+            record,
         }
+    }
+
+    fn add(&mut self, i: usize, grad: Tensor<1>) {
+        self.parts[i] = Some(match self.parts[i].take() {
+            Some(sum) => sum + grad,
+            None => grad,
+        });
     }
 
     /// Starts, in bucket order, every bucket whose parameters are all complete.
@@ -75,40 +83,53 @@ impl Reducer {
         }
     }
 
-    fn launch(&mut self, b: usize) {
-        let buf = self.bufs[b].take().expect("a bucket is launched once");
-        let stamp = Stamp::new(self.spans.as_ref().map(|s| (s.clone(), b)));
-        if self.spans.is_some() {
-            self.launches[b] = crate::timing::now();
-        }
-        self.works[b] = Some(
-            self.compression
-                .launch(&self.pg, buf, &mut self.residuals[b], stamp),
-        );
+    /// The device of the gradients (any parameter's).
+    fn device(&self) -> Option<Device> {
+        self.parts.iter().flatten().next().map(Tensor::device)
     }
 
-    /// Completes the step: `leftover[i]` is parameter i's gradient that did not come
-    /// through a hook (or `None`). Returns the averaged bucket buffers, the residuals and the
-    /// bucket timings.
+    /// Packs bucket `b` (its parameters' gradients in bucket order, zeros for a parameter that
+    /// got none) and starts its all-reduce.
+    fn launch(&mut self, b: usize) {
+        let device = self.device().unwrap_or_else(Device::flex);
+        let parts: Vec<Tensor<1>> = self.plan.buckets[b]
+            .iter()
+            .map(|&i| {
+                self.parts[i]
+                    .take()
+                    .unwrap_or_else(|| Tensor::zeros([self.infos[i].numel()], &device))
+            })
+            .collect();
+        let bucket = Tensor::cat(parts, 0);
+        if self.record {
+            self.launches[b] = crate::timing::now();
+        }
+        let residual = &mut self.residuals[b];
+        self.in_flight[b] = Some(self.compression.launch(&self.pg, bucket, residual));
+    }
+
+    /// Completes the step: `leftover[i]` is parameter i's gradient that did not come through
+    /// a hook (or `None`). Returns the averaged buckets, the residuals and the bucket timings.
     pub(crate) fn finish(
         mut self,
-        leftover: Vec<Option<Vec<f32>>>,
+        leftover: Vec<Option<Tensor<1>>>,
         unused: UnusedParams,
     ) -> Result<Finished, DdpError> {
         let mut first_error = None;
         let mut unused_flags = vec![0u8; self.infos.len()];
         for (i, grad) in leftover.into_iter().enumerate() {
-            let (b, off) = self.plan.loc[i];
+            let b = self.plan.loc[i].0;
             let complete = self.expected[i] > 0 && self.arrived[i] == self.expected[i];
-            match (grad, self.bufs[b].as_mut()) {
-                (Some(g), Some(buf)) => {
-                    add_into(&mut buf[off..off + g.len()], &g);
-                }
-                (Some(_), None) => {
+            let launched = b < self.next_launch;
+            match grad {
+                Some(_) if launched => {
                     first_error.get_or_insert(DdpError::LateGradient(self.infos[i].path.clone()));
                 }
-                (None, _) if self.arrived[i] == 0 => unused_flags[i] = 1,
-                (None, _) => {}
+                Some(g) => self.add(i, g),
+                None if self.arrived[i] == 0 && self.parts[i].is_none() && !launched => {
+                    unused_flags[i] = 1
+                }
+                None => {}
             }
             if !complete {
                 self.incomplete[b] -= 1;
@@ -118,19 +139,24 @@ impl Reducer {
         // same sequence of collectives whatever happened locally.
         self.launch_ready();
         debug_assert_eq!(self.next_launch, self.plan.num_buckets());
-        let mut outs = Vec::with_capacity(self.works.len());
+        let mut buckets = Vec::with_capacity(self.in_flight.len());
+        let mut spans = Vec::with_capacity(self.in_flight.len());
         let mut comm_error = None;
-        for w in self.works.iter_mut() {
+        for w in self.in_flight.iter_mut() {
             match w.take().expect("every bucket was launched").wait() {
-                Ok(v) => outs.push(v),
+                Ok((t, span)) => {
+                    buckets.push(Some(t));
+                    spans.push(span);
+                }
                 Err(e) => {
                     comm_error.get_or_insert(e);
-                    outs.push(Vec::new());
+                    buckets.push(None);
+                    spans.push(Span::default());
                 }
             }
         }
         if let Some(e) = comm_error {
-            return Err(e.into());
+            return Err(e);
         }
         if unused == UnusedParams::Error {
             // Agree across ranks before failing, so that every rank fails alike.
@@ -148,14 +174,10 @@ impl Reducer {
         if let Some(e) = first_error {
             return Err(e);
         }
-        let spans = self
-            .spans
-            .map(|s| s.lock().unwrap().clone())
-            .unwrap_or_default();
         Ok(Finished {
-            buckets: outs,
+            buckets: buckets.into_iter().map(|b| b.expect("no error")).collect(),
             residuals: self.residuals,
-            spans,
+            spans: if self.record { spans } else { Vec::new() },
             launches: self.launches,
         })
     }
@@ -166,11 +188,14 @@ impl GradSink for Reducer {
         self.expected[i] += 1;
     }
 
-    fn deposit(&mut self, i: usize, grad: &[f32]) {
-        let (b, off) = self.plan.loc[i];
-        if let Some(buf) = self.bufs[b].as_mut() {
-            add_into(&mut buf[off..off + grad.len()], grad);
+    fn deposit(&mut self, i: usize, grad: Tensor<1>) {
+        let b = self.plan.loc[i].0;
+        if b < self.next_launch {
+            // Its bucket already left: `finish` reports it if the gradient is also seen there;
+            // a hook firing after its step (a stale graph) has nowhere to go.
+            return;
         }
+        self.add(i, grad);
         self.arrived[i] += 1;
         if self.arrived[i] == self.expected[i] {
             self.incomplete[b] -= 1;
@@ -180,12 +205,9 @@ impl GradSink for Reducer {
 }
 
 pub(crate) struct Finished {
-    pub buckets: Vec<Vec<f32>>,
-    pub residuals: Vec<Vec<f32>>,
+    /// The averaged gradient of each bucket, flat, on the device.
+    pub buckets: Vec<Tensor<1>>,
+    pub residuals: Vec<Option<Tensor<1>>>,
     pub spans: Vec<Span>,
     pub launches: Vec<f64>,
-}
-
-pub(crate) fn add_into(dst: &mut [f32], src: &[f32]) {
-    dst.iter_mut().zip(src).for_each(|(d, s)| *d += s);
 }

@@ -1,7 +1,7 @@
 //! Per-step timings (forward, backward, each bucket's all-reduce) and their Chrome-trace
 //! form, so that overlap can be measured and seen on one timeline.
 
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::OnceLock;
 use std::time::Instant;
 
 /// A process-wide time origin, so every rank's timestamps share one timeline.
@@ -60,28 +60,6 @@ impl StepTiming {
             .map(|b| b.overlap_us(&self.backward))
             .sum();
         hidden / total
-    }
-}
-
-/// Records one bucket's communication span from the communication thread.
-#[derive(Clone)]
-pub(crate) struct Stamp {
-    slot: Option<(Arc<Mutex<Vec<Span>>>, usize)>,
-}
-
-impl Stamp {
-    pub(crate) fn new(slot: Option<(Arc<Mutex<Vec<Span>>>, usize)>) -> Self {
-        Self { slot }
-    }
-    pub(crate) fn start(&self) {
-        if let Some((spans, b)) = &self.slot {
-            spans.lock().unwrap()[*b].start_us = now_us();
-        }
-    }
-    pub(crate) fn end(&self) {
-        if let Some((spans, b)) = &self.slot {
-            spans.lock().unwrap()[*b].end_us = now_us();
-        }
     }
 }
 

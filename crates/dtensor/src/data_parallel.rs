@@ -72,7 +72,8 @@ pub trait DataParallel<M: Module> {
         loss_fn: impl FnOnce(&M) -> Tensor<1>,
     ) -> Result<f32, Self::Error> {
         let loss = self.forward(loss_fn);
-        let value = crate::params::to_host(loss.clone().detach())[0];
+        let value =
+            crate::plane::to_host(loss.clone().detach(), crate::plane::ledger::Reason::Report)[0];
         self.backward(loss)?;
         self.step(lr)?;
         Ok(value)

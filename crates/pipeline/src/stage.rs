@@ -19,6 +19,7 @@
 
 use crate::runtime::{Activation, PipelineError, StageCompute};
 use crate::schedule::Schedule;
+use bonfire_dtensor::plane::{self, ledger::Reason};
 use burn::module::Module;
 use burn::optim::{GradientsAccumulator, GradientsParams};
 use burn::tensor::{Device, Gradients, Tensor, TensorData};
@@ -278,14 +279,18 @@ impl<'a, M: Block<D>, H: StageParams<Vec<Vec<M>>>, const D: usize> BurnStage<'a,
         (self.params, loss)
     }
 
+    /// An activation that crossed a stage boundary, on this stage's device (counted in the
+    /// transfer ledger where the device is not host memory).
     fn to_tensor(&self, a: Activation) -> Tensor<D> {
-        Tensor::from_data(TensorData::new(a.data, a.shape), &self.device)
+        let data = TensorData::new(a.data, a.shape);
+        plane::from_data(data, &self.device, Reason::Activation)
     }
 
+    /// An activation leaving this stage, on the host (counted likewise).
     fn to_host(t: Tensor<D>) -> Result<Activation, PipelineError> {
         let shape = t.dims().to_vec();
-        let data = t
-            .into_data()
+        let data = plane::to_data(t, Reason::Activation)
+            .convert::<f32>()
             .try_into_vec::<f32>()
             .map_err(|e| PipelineError::Invalid(format!("activation is not f32: {e:?}")))?;
         Ok(Activation { shape, data })
@@ -354,7 +359,7 @@ impl<M: Block<D>, H: StageParams<Vec<Vec<M>>>, const D: usize> StageCompute
                 PipelineError::Invalid("the last stage needs a loss (with_loss)".into())
             })?;
             let loss = loss_fn(mb, out).mul_scalar(weight);
-            let value: f32 = loss.clone().into_scalar();
+            let value = plane::to_host(loss.clone().detach(), Reason::Report)[0];
             self.loss_total += f64::from(value);
             self.saved.insert((mb, chunk), (leaf, Saved::Loss(loss)));
             Ok(None)

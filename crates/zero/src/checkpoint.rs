@@ -13,6 +13,7 @@ use crate::config::Stage;
 use crate::error::{Result, ZeroError};
 use crate::optim::FlatState;
 use crate::zero::Zero;
+use bonfire_dtensor::plane::{self, ledger::Reason};
 use burn::module::Module;
 use burn_pack::Scalar;
 use safetensors::tensor::{Dtype, TensorView};
@@ -274,7 +275,7 @@ impl<M: Module> Zero<M> {
     /// Writes every parameter in full to `path` (safetensors, module paths), from rank 0.
     /// A collective (parameters are gathered at stage 3).
     pub fn save_consolidated(&self, path: impl AsRef<Path>) -> Result<()> {
-        let flat = self.full_values()?;
+        let flat = plane::to_host(self.full_tensor()?, Reason::Checkpoint);
         if self.pg.rank() == 0 {
             let tensors: Vec<_> = self
                 .infos
@@ -301,7 +302,9 @@ impl<M: Module> Zero<M> {
         let dir = dir.as_ref();
         std::fs::create_dir_all(dir).map_err(err)?;
         let own = self.own_range();
-        let values = self.own_values();
+        let values = self
+            .own_tensor()
+            .map_or_else(Vec::new, |t| plane::to_host(t, Reason::Checkpoint));
         let mut tensors = Vec::new();
         let mut pieces = Vec::new();
         let write_rank = self.config.stage != Stage::Zero0 || self.pg.rank() == 0;
@@ -377,14 +380,18 @@ impl<M: Module> Zero<M> {
                 values[r]
                     .copy_from_slice(&store.values(&info(piece.param).path, piece.within.clone())?);
             }
-            self.set_shard(values);
+            let n = values.len();
+            let t = plane::from_host(values, [n], &self.device, Reason::Checkpoint);
+            self.set_shard(Some(t));
         } else {
             let mut flat = vec![0.0; self.part.total()];
             for (i, p) in self.infos.iter().enumerate() {
                 let r = self.part.offsets[i]..self.part.offsets[i + 1];
                 flat[r].copy_from_slice(&store.values(&p.path, 0..p.numel())?);
             }
-            self.set_full_values(flat);
+            let n = flat.len();
+            let t = plane::from_host(flat, [n], &self.device, Reason::Checkpoint);
+            self.set_full_values(t);
         }
         let states = self
             .optim

@@ -34,8 +34,12 @@ pub struct ZeroConfig {
     /// forward entered its layers; the next parameter for a first forward or outside layer
     /// scopes) while the current layer computes.
     pub prefetch: bool,
-    /// Keep the optimizer state in a host store between steps (ZeRO-Offload).
+    /// ZeRO-Offload: the optimizer state and the update live on `offload_device` (a CPU
+    /// device), the gradient goes down to it and the updated parameters come back.
     pub offload: bool,
+    /// Where offloaded optimizer state and updates live: Burn's CPU device (plain, no
+    /// autodiff) by default — a device of its own, distinct from the one the model trains on.
+    pub offload_device: burn::tensor::Device,
     /// Stage 3: backward re-gathers each layer's parameters instead of keeping them from
     /// forward (the wrapper computes on its device with Burn's Balanced gradient
     /// checkpointing; FSDP's `reshard_after_forward`). On by default; off keeps the gathered
@@ -54,6 +58,7 @@ impl ZeroConfig {
             bucket_bytes: 4 << 20,
             prefetch: true,
             offload: false,
+            offload_device: burn::tensor::Device::flex(),
             recompute: true,
             report_no_layers: true,
         }
@@ -68,6 +73,11 @@ impl ZeroConfig {
     }
     pub fn with_offload(mut self, offload: bool) -> Self {
         self.offload = offload;
+        self
+    }
+    /// Offload to `device` (with offload on).
+    pub fn with_offload_device(mut self, device: burn::tensor::Device) -> Self {
+        self.offload_device = device;
         self
     }
     pub fn with_prefetch(mut self, prefetch: bool) -> Self {

@@ -200,7 +200,12 @@ impl GatherPlan {
             st.started[k] = true;
             st.live.prefetched += self.bytes(k);
         }
-        let handle = std::thread::spawn(move || ops.into_iter().map(|op| op()).collect());
+        // The helper counts its transfers into the rank thread's ledgers.
+        let ledger = bonfire_dtensor::plane::ledger::current();
+        let handle = std::thread::spawn(move || {
+            let _counting = ledger.enter();
+            ops.into_iter().map(|op| op()).collect()
+        });
         st.inflight = Some((set, handle));
     }
 

@@ -14,9 +14,9 @@ pub struct MemoryReport {
     pub params: usize,
     /// Gradients held for the step (full for stages 0–1, the own range for 2–3).
     pub grads: usize,
-    /// Optimizer state on the device.
+    /// Optimizer state on the model's device.
     pub optim_device: usize,
-    /// Optimizer state in the host store (offload).
+    /// Optimizer state on the offload device (ZeRO-Offload).
     pub optim_host: usize,
     /// Stage 3: the most bytes of gathered parameters alive at once in the last forward —
     /// the transient "live gathered layer" term of the formula (with layers entered through
@@ -71,11 +71,12 @@ impl<M: Module> Zero<M> {
             Some(s) => s.shape().num_elements() * 4 + held_param_bytes(self.model()),
             None => held_param_bytes(self.model()),
         };
+        let grads = self.grads.as_ref().and_then(Option::as_ref);
         MemoryReport {
             params,
-            grads: self.grads.as_ref().map_or(0, |g| g.len() * 4),
+            grads: grads.map_or(0, |g| g.shape().num_elements() * 4),
             optim_device: self.optim.device_bytes(),
-            optim_host: self.optim.host_bytes(),
+            optim_host: self.optim.offload_bytes(),
             gathered_peak: self.last_gather.peak_live_bytes,
             gathered_total: self.last_gather.total_bytes,
         }

@@ -1,7 +1,10 @@
 //! The optimizer on a rank's own range: Burn's own [`ModuleOptimizer`] (SGD, Adam, AdamW,
 //! whatever the user built) stepping one 1-d parameter that holds the rank's whole range of the
-//! flat parameter vector. Its state is therefore exactly this rank's shard of the optimizer
-//! state, kept by Burn; with offload it is moved to a host store between steps.
+//! flat parameter vector, as a tensor. Its state is therefore exactly this rank's shard of the
+//! optimizer state, kept by Burn on the device the step runs on: the model's device, or, with
+//! offload (ZeRO-Offload), a separate CPU device — the gradient goes down, the step runs
+//! there, the updated range comes back up (counted in the transfer ledger where a device
+//! boundary is crossed).
 //!
 //! Burn's optimizers are element-wise, so stepping a slice of the flat vector with the same
 //! slice of the gradient gives exactly the values the whole-tensor step gives for those
@@ -15,6 +18,8 @@
 
 use crate::error::{Result, ZeroError};
 use crate::partition::Piece;
+use bonfire_dtensor::params;
+use bonfire_dtensor::plane::{self, ledger::Reason};
 use burn::module::{Module, Param, ParamId};
 use burn::optim::{GradientsParams, ModuleOptimizer};
 use burn::tensor::{Device, Tensor, TensorData};
@@ -57,22 +62,6 @@ struct Range1d {
     values: Param<Tensor<1>>,
 }
 
-/// The host store of offloaded optimizer state (ZeRO-Offload): state lives here between steps
-/// and is moved to the device for the step only.
-#[derive(Debug, Default)]
-pub struct HostStore {
-    state: Option<FlatState>,
-    /// Bytes moved host → device and device → host so far.
-    pub bytes_in: u64,
-    pub bytes_out: u64,
-}
-
-impl HostStore {
-    pub fn bytes(&self) -> usize {
-        self.state.as_ref().map_or(0, FlatState::bytes)
-    }
-}
-
 /// Burn's optimizer over one rank's range.
 pub struct ShardOptimizer {
     optim: ModuleOptimizer,
@@ -83,19 +72,22 @@ pub struct ShardOptimizer {
     /// Start of the rank's range in the flat vector.
     pub(crate) own_start: usize,
     own_len: usize,
-    device: Device,
-    host: Option<HostStore>,
+    /// Where the step runs and the state lives: the model's device, or the offload device.
+    step_device: Device,
+    /// Whether `step_device` is the offload device.
+    offloaded: bool,
 }
 
 impl ShardOptimizer {
     /// `optim` over the range made of `pieces` (starting at `own_start` in the flat vector),
-    /// stepped on `device`. Fails for an optimizer that clips gradients (not element-wise).
+    /// stepped on `device`, or on `offload` when given. Fails for an optimizer that clips
+    /// gradients (not element-wise).
     pub fn new(
         optim: ModuleOptimizer,
         pieces: Vec<Piece>,
         own_start: usize,
         device: Device,
-        offload: bool,
+        offload: Option<Device>,
     ) -> Result<Self> {
         if optim.has_gradient_clipping() {
             return Err(ZeroError::Usage(
@@ -112,40 +104,44 @@ impl ShardOptimizer {
             pieces,
             own_start,
             own_len,
-            device,
-            host: offload.then(HostStore::default),
+            offloaded: offload.is_some(),
+            step_device: offload.unwrap_or(device),
         })
     }
 
-    /// Steps the range: `values` and `grads` are the rank's own range of the flat vector.
-    pub fn step(&mut self, lr: f64, values: &mut [f32], grads: &[f32]) {
-        if self.own_len == 0 {
-            return;
-        }
-        let n = values.len();
-        let tensor = Tensor::<1>::from_data(TensorData::new(values.to_vec(), [n]), &self.device);
-        let grad = Tensor::<1>::from_data(TensorData::new(grads.to_vec(), [n]), &self.device);
-        let mut gp = GradientsParams::new();
-        gp.register::<1>(self.id, grad);
-        if let Some(state) = self.host.as_mut().and_then(|h| {
-            let s = h.state.take()?;
-            h.bytes_in += s.bytes() as u64;
-            Some(s)
-        }) {
-            self.optim = self.load(state);
-        }
-        let module = Range1d {
-            values: Param::initialized(self.id, tensor),
+    /// Steps the range: `values` and `grads` are the rank's own range of the flat vector, on
+    /// the model's device; returns the updated range there. With offload the step runs on the
+    /// offload device (gradient and values down, the update back up).
+    pub fn step(&mut self, lr: f64, values: Tensor<1>, grads: Tensor<1>) -> Tensor<1> {
+        let home = values.device();
+        let (values, grads) = (values.inner(), grads.inner());
+        let (values, grads) = if self.offloaded {
+            let to = &self.step_device;
+            let v = plane::to_device(values, to, Reason::Offload);
+            (v, plane::to_device(grads, to, Reason::Offload))
+        } else {
+            (values, grads)
         };
-        let module = self.optim.step(lr, module, gp);
-        let out = module.values.val().into_data().convert::<f32>();
-        values.copy_from_slice(&out.try_into_vec::<f32>().expect("f32 parameters"));
-        if let Some(state) = self.host.is_some().then(|| self.read()).flatten() {
-            let host = self.host.as_mut().expect("offloading");
-            host.bytes_out += state.bytes() as u64;
-            host.state = Some(state);
-            self.optim = self.blank.clone();
-        }
+        let mut gp = GradientsParams::new();
+        gp.register::<1>(self.id, grads);
+        // Burn's optimizers step autodiff parameters (they ask whether one is distributed);
+        // the state they keep is on the inner device.
+        let module = Range1d {
+            values: Param::initialized(self.id, values.autodiff()),
+        };
+        let updated = self.optim.step(lr, module, gp).values.val().inner();
+        let updated = if self.offloaded {
+            plane::to_device(updated, &home.clone().inner(), Reason::Offload)
+        } else {
+            updated
+        };
+        params::with_context_of(updated, &home)
+    }
+
+    /// The device the optimizer steps on and keeps its state: the offload device with
+    /// offload, else the model's.
+    pub fn state_device(&self) -> &Device {
+        &self.step_device
     }
 
     /// The range's state as Burn records it (`None` before the first step).
@@ -195,10 +191,7 @@ impl ShardOptimizer {
     }
 
     fn state(&self) -> Option<FlatState> {
-        match &self.host {
-            Some(host) => host.state.clone(),
-            None => self.read(),
-        }
+        self.read()
     }
 
     /// Piece `k`'s state (a copy; for checkpoints).
@@ -244,27 +237,30 @@ impl ShardOptimizer {
                 Some(whole)
             }
         };
-        match (&mut self.host, state) {
-            (Some(host), state) => host.state = state,
-            (None, Some(state)) => self.optim = self.load(state),
-            (None, None) => self.optim = self.blank.clone(),
-        }
+        self.optim = match state {
+            Some(state) => self.load(state),
+            None => self.blank.clone(),
+        };
         Ok(())
     }
 
-    /// Bytes of optimizer state resident on the device (zero at rest with offload).
+    /// Bytes of optimizer state on the model's device (zero with offload).
     pub fn device_bytes(&self) -> usize {
-        match &self.host {
-            Some(_) => 0,
-            None => self.read().map_or(0, |s| s.bytes()),
+        if self.offloaded {
+            0
+        } else {
+            self.state_bytes()
         }
     }
-    /// Bytes of optimizer state in the host store.
-    pub fn host_bytes(&self) -> usize {
-        self.host.as_ref().map_or(0, HostStore::bytes)
+    /// Bytes of optimizer state on the offload device.
+    pub fn offload_bytes(&self) -> usize {
+        if self.offloaded {
+            self.state_bytes()
+        } else {
+            0
+        }
     }
-    /// The host store, when offloading.
-    pub fn host_store(&self) -> Option<&HostStore> {
-        self.host.as_ref()
+    fn state_bytes(&self) -> usize {
+        self.read().map_or(0, |s| s.bytes())
     }
 }

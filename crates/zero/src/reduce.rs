@@ -1,9 +1,11 @@
 //! Stage 2's gradient reduction: gradient buckets reduce-scattered while backward runs.
 //!
 //! The flat gradient vector is cut into buckets of `bucket_bytes`, from its end (the order in
-//! which backward produces gradients). A bucket is reduce-scattered (average) — each rank
-//! receiving its own range's part — as soon as every parameter in it has its gradient, and
-//! its buffer is dropped: a rank keeps only its own range, plus the buckets still filling.
+//! which backward produces gradients). Each parameter's gradient, a tensor on the device, is
+//! cut into its buckets' pieces as it arrives; a bucket is packed (its pieces concatenated,
+//! on the device) and reduce-scattered (average) — each rank receiving its own range's part —
+//! as soon as every parameter in it has its gradient, and its pieces are dropped: a rank keeps
+//! only its own range, plus the buckets still filling.
 //!
 //! Gradients arrive two ways:
 //! - during backward, for the layers a model runs through [`bonfire_dtensor::layer`]: each
@@ -20,6 +22,9 @@ use crate::params::ParamInfo;
 use crate::partition::Partition;
 use bonfire_comm::{ProcessGroup, ReduceOp};
 use bonfire_dtensor::graph::GradSink;
+use bonfire_dtensor::plane;
+use burn::tensor::{Device, Tensor};
+use std::collections::BTreeMap;
 use std::ops::Range;
 use std::sync::Arc;
 
@@ -31,8 +36,8 @@ pub(crate) struct GradBuckets {
     bounds: Vec<Range<usize>>,
     /// The buckets each parameter overlaps.
     buckets_of: Vec<Vec<usize>>,
-    /// Buffers of the buckets being filled (allocated by their first gradient).
-    bufs: Vec<Option<Vec<f32>>>,
+    /// The pieces of each bucket filled so far, by parameter (summed over its uses).
+    pieces: Vec<BTreeMap<usize, Tensor<1>>>,
     launched: Vec<bool>,
     /// Hooks attached to each parameter, and how many have fired.
     expected: Vec<u32>,
@@ -40,8 +45,9 @@ pub(crate) struct GradBuckets {
     /// Parameters of each bucket whose gradient is not complete yet.
     incomplete: Vec<usize>,
     next: usize,
-    /// This rank's range of the averaged gradient.
-    own: Vec<f32>,
+    /// This rank's parts of the averaged gradient, by offset in its own range.
+    own: BTreeMap<usize, Tensor<1>>,
+    device: Option<Device>,
     error: Option<ZeroError>,
 }
 
@@ -73,15 +79,15 @@ impl GradBuckets {
             .iter()
             .flatten()
             .for_each(|&k| incomplete[k] += 1);
-        let own = vec![0.0; part.ranges[pg.rank()].len()];
         Self {
-            bufs: vec![None; bounds.len()],
+            pieces: vec![BTreeMap::new(); bounds.len()],
             launched: vec![false; bounds.len()],
             expected: vec![0; infos.len()],
             arrived: vec![0; infos.len()],
             incomplete,
             next: 0,
-            own,
+            own: BTreeMap::new(),
+            device: None,
             error: None,
             pg,
             part,
@@ -91,9 +97,10 @@ impl GradBuckets {
         }
     }
 
-    /// Adds parameter `p`'s gradient (or a part of it, from one use) into its buckets.
-    fn add(&mut self, p: usize, grad: &[f32]) -> Result<()> {
+    /// Cuts parameter `p`'s flat gradient (or a part of it, from one use) into its buckets.
+    fn add(&mut self, p: usize, grad: Tensor<1>) -> Result<()> {
         let a = self.part.offsets[p];
+        self.device.get_or_insert_with(|| grad.device());
         for &k in &self.buckets_of[p] {
             if self.launched[k] {
                 return Err(ZeroError::Usage(format!(
@@ -104,12 +111,10 @@ impl GradBuckets {
                 )));
             }
             let range = self.bounds[k].clone();
-            let buf = self.bufs[k].get_or_insert_with(|| vec![0.0; range.len()]);
-            let (s, e) = (range.start.max(a), range.end.min(a + grad.len()));
-            buf[s - range.start..e - range.start]
-                .iter_mut()
-                .zip(&grad[s - a..e - a])
-                .for_each(|(acc, g)| *acc += g);
+            let (s, e) = (range.start.max(a), range.end.min(self.part.offsets[p + 1]));
+            let piece = grad.clone().narrow(0, s - a, e - s);
+            let slot = self.pieces[k].remove(&p);
+            self.pieces[k].insert(p, slot.map_or(piece.clone(), |sum| sum + piece));
         }
         Ok(())
     }
@@ -120,6 +125,25 @@ impl GradBuckets {
         }
     }
 
+    /// Bucket `k` packed: its parameters' pieces in flat order (zeros for a parameter that got
+    /// no gradient).
+    fn pack(&mut self, k: usize) -> Tensor<1> {
+        let range = self.bounds[k].clone();
+        let device = self.device.clone().unwrap_or_else(Device::flex);
+        let mut filled = std::mem::take(&mut self.pieces[k]);
+        let members = (0..self.part.num_params()).filter(|&p| self.buckets_of[p].contains(&k));
+        let parts: Vec<Tensor<1>> = members
+            .map(|p| {
+                filled.remove(&p).unwrap_or_else(|| {
+                    let (a, b) = (self.part.offsets[p], self.part.offsets[p + 1]);
+                    let n = range.end.min(b) - range.start.max(a);
+                    Tensor::zeros([n], &device)
+                })
+            })
+            .collect();
+        Tensor::cat(parts, 0)
+    }
+
     /// Reduce-scatters, in bucket order, every bucket whose parameters are all complete.
     fn launch_ready(&mut self) -> Result<()> {
         while self.next < self.bounds.len() && self.incomplete[self.next] == 0 {
@@ -127,18 +151,13 @@ impl GradBuckets {
             self.next += 1;
             self.launched[k] = true;
             let range = self.bounds[k].clone();
-            let send = self.bufs[k]
-                .take()
-                .unwrap_or_else(|| vec![0.0; range.len()]);
+            let bucket = self.pack(k);
             let counts = self.part.sub_counts(&range);
-            let mine = counts[self.pg.rank()];
-            let mut recv = vec![0.0f32; mine];
-            self.pg
-                .reduce_scatter_uneven(&send, &mut recv, &counts, ReduceOp::Avg)?;
-            if mine > 0 {
+            let mine = plane::reduce_scatter(bucket, &counts, ReduceOp::Avg, &self.pg)?;
+            if let Some(mine) = mine {
                 let own_start = self.part.ranges[self.pg.rank()].start;
-                let at = own_start.max(range.start) - own_start;
-                self.own[at..at + mine].copy_from_slice(&recv);
+                self.own
+                    .insert(own_start.max(range.start) - own_start, mine);
             }
         }
         Ok(())
@@ -146,21 +165,22 @@ impl GradBuckets {
 
     /// After backward: adds the gradients that did not come through hooks (`leftover[p]`,
     /// `None` for none), reduces the remaining buckets and returns this rank's range of the
-    /// averaged gradient.
-    pub(crate) fn finish(mut self, leftover: Vec<Option<Vec<f32>>>) -> Result<Vec<f32>> {
+    /// averaged gradient (`None` when it owns nothing).
+    pub(crate) fn finish(mut self, leftover: Vec<Option<Tensor<1>>>) -> Result<Option<Tensor<1>>> {
         if let Some(e) = self.error.take() {
             return Err(e);
         }
         for (p, grad) in leftover.into_iter().enumerate() {
             if let Some(g) = grad {
-                self.add(p, &g)?;
+                self.add(p, g)?;
             }
             if self.expected[p] == 0 || self.arrived[p] < self.expected[p] {
                 self.complete(p);
             }
         }
         self.launch_ready()?;
-        Ok(self.own)
+        let parts: Vec<Tensor<1>> = std::mem::take(&mut self.own).into_values().collect();
+        Ok((!parts.is_empty()).then(|| Tensor::cat(parts, 0)))
     }
 }
 
@@ -169,7 +189,7 @@ impl GradSink for GradBuckets {
         self.expected[p] += 1;
     }
 
-    fn deposit(&mut self, p: usize, grad: &[f32]) {
+    fn deposit(&mut self, p: usize, grad: Tensor<1>) {
         if self.error.is_some() {
             return;
         }

@@ -17,6 +17,7 @@ use crate::reduce::GradBuckets;
 use crate::zero::Zero;
 use bonfire_comm::{ProcessGroup, ReduceOp};
 use bonfire_dtensor::graph::SinkHook;
+use bonfire_dtensor::plane::{self, ledger::Reason};
 use bonfire_dtensor::{DataParallel, install_layer_hook};
 use burn::module::Module;
 use burn::optim::GradientsParams;
@@ -72,36 +73,36 @@ impl<M: Module> Zero<M> {
         }
     }
 
-    /// Adds per-parameter host gradients (stages 0–2) to the micro-batch sum.
-    fn add_accumulated(&mut self, per_param: Vec<Option<Vec<f32>>>) {
-        let total = self.part.total();
-        let acc = self.accumulated.get_or_insert_with(|| vec![0.0; total]);
-        for (p, g) in per_param.into_iter().enumerate() {
+    /// Adds per-parameter flat gradients (stages 0–2) to the micro-batch sum.
+    fn add_accumulated(&mut self, per_param: Vec<Option<Tensor<1>>>) {
+        for (acc, g) in self.accumulated.iter_mut().zip(per_param) {
             if let Some(g) = g {
-                let dst = &mut acc[self.part.offsets[p]..self.part.offsets[p + 1]];
-                dst.iter_mut().zip(g).for_each(|(d, g)| *d += g);
-                self.seen[p] = true;
+                *acc = Some(match acc.take() {
+                    Some(sum) => sum + g,
+                    None => g,
+                });
             }
         }
     }
 
-    /// Averages per-parameter host gradients (stages 0–2; `None` for a parameter without
-    /// one) over the group and keeps what this stage holds: the full vector (0–1) or the own
-    /// range (2, through the buckets of the forward in flight, if any).
-    fn reduce_host(&mut self, per_param: Vec<Option<Vec<f32>>>) -> Result<()> {
+    /// Averages per-parameter flat gradients (stages 0–2; `None` for a parameter without
+    /// one) over the group and keeps what this stage holds: the full vector (0–1, one
+    /// all-reduce of the packed vector) or the own range (2, through the buckets of the
+    /// forward in flight, if any).
+    fn reduce_parts(&mut self, per_param: Vec<Option<Tensor<1>>>) -> Result<()> {
         match self.config.stage {
             Stage::Zero0 | Stage::Zero1 => {
-                let mut flat = vec![0.0; self.part.total()];
-                for (p, g) in per_param.iter().enumerate() {
-                    if let Some(g) = g {
-                        flat[self.part.offsets[p]..self.part.offsets[p + 1]].copy_from_slice(g);
-                    }
-                }
-                drop(per_param);
+                let device = self.device.clone();
+                let parts: Vec<Tensor<1>> = per_param
+                    .into_iter()
+                    .zip(self.infos.iter())
+                    .map(|(g, p)| g.unwrap_or_else(|| Tensor::zeros([p.numel()], &device)))
+                    .collect();
+                let mut flat = Tensor::cat(parts, 0);
                 if self.pg.size() > 1 {
-                    self.pg.all_reduce(&mut flat, ReduceOp::Avg)?;
+                    flat = plane::all_reduce(flat, ReduceOp::Avg, &self.pg)?;
                 }
-                self.grads = Some(flat);
+                self.grads = Some(Some(flat));
             }
             Stage::Zero2 => {
                 let pending = self.buckets.lock().unwrap().take();
@@ -122,18 +123,18 @@ impl<M: Module> Zero<M> {
         )
     }
 
-    /// The averaged gradient of every parameter from the last backward, in module order
-    /// (all-gathered from the owners at stages 2–3).
-    fn full_gradient_values(&self) -> Result<Option<Vec<f32>>> {
+    /// The averaged gradient of every parameter from the last backward, in module order, on
+    /// the device (all-gathered from the owners at stages 2–3).
+    fn full_gradient(&self) -> Result<Option<Tensor<1>>> {
         let Some(g) = &self.grads else {
             return Ok(None);
         };
-        if g.len() == self.part.total() {
-            return Ok(Some(g.clone()));
+        if self.config.stage <= Stage::Zero1 {
+            return Ok(g.clone());
         }
-        let mut flat = vec![0.0; self.part.total()];
-        self.pg
-            .all_gather_uneven(g, &mut flat, &self.part.counts())?;
+        let counts = self.part.counts();
+        let dtype = burn::tensor::DType::F32;
+        let flat = plane::all_gather(g.clone(), &counts, dtype, &self.pg, &self.device)?;
         Ok(Some(flat))
     }
 }
@@ -201,9 +202,9 @@ impl<M: Module> DataParallel<M> for Zero<M> {
             return self.reduce();
         }
         let mut gp = GradientsParams::from_grads(grads, self.model());
-        let per_param = params::take_grads(self.model(), &self.infos, &mut gp);
+        let per_param = params::take_flat_grads(self.model(), &self.infos, &mut gp);
         drop(gp);
-        self.reduce_host(per_param)
+        self.reduce_parts(per_param)
     }
 
     fn forward_micro<R>(&mut self, f: impl FnOnce(&M) -> R) -> R {
@@ -216,21 +217,17 @@ impl<M: Module> DataParallel<M> for Zero<M> {
     fn accumulate(&mut self, grads: &mut Gradients) -> Result<()> {
         if self.config.stage != Stage::Zero3 {
             let mut gp = GradientsParams::from_module(grads, self.model());
-            let per_param = params::take_grads(self.model(), &self.infos, &mut gp);
+            let per_param = params::take_flat_grads(self.model(), &self.infos, &mut gp);
             self.add_accumulated(per_param);
             return Ok(());
         }
-        let n = self.own_range().len();
-        let acc = self.accumulated.get_or_insert_with(|| vec![0.0; n]);
+        let acc = &mut self.accumulated_own;
         // Each forward's pieces get gradients from that forward's backward only.
         self.pieces
             .retain(|(slot, piece)| match piece.grad_remove(grads) {
                 Some(g) => {
-                    let g = params::to_host(g);
-                    acc[slot.clone()]
-                        .iter_mut()
-                        .zip(g)
-                        .for_each(|(a, x)| *a += x);
+                    let sum = acc.remove(&slot.start);
+                    acc.insert(slot.start, sum.map_or(g.clone(), |s| s + g));
                     false
                 }
                 None => true,
@@ -241,60 +238,58 @@ impl<M: Module> DataParallel<M> for Zero<M> {
     fn reduce(&mut self) -> Result<()> {
         if self.config.stage == Stage::Zero3 {
             // The gathers' backward already summed every rank's gradient onto the owners.
-            let mut g = self
-                .accumulated
-                .take()
-                .unwrap_or_else(|| vec![0.0; self.own_range().len()]);
-            let scale = 1.0 / self.pg.size() as f32;
-            g.iter_mut().for_each(|x| *x *= scale);
+            let own = self.own_range();
+            let mut pieces = std::mem::take(&mut self.accumulated_own);
+            let mut parts = Vec::new();
+            let mut at = 0;
+            for piece in self.optim.pieces.iter() {
+                let slot = piece.flat.start - own.start;
+                let g = pieces.remove(&slot);
+                parts.push(g.unwrap_or_else(|| Tensor::zeros([piece.len()], &self.device)));
+                at = slot + piece.len();
+            }
+            debug_assert_eq!(at, own.len());
+            let g = (!parts.is_empty()).then(|| Tensor::cat(parts, 0) / self.pg.size() as f64);
             self.grads = Some(g);
             self.pieces.clear();
             return Ok(());
         }
-        let acc = self.accumulated.take();
-        let per_param = (0..self.infos.len())
-            .map(|p| {
-                let r = self.part.offsets[p]..self.part.offsets[p + 1];
-                let seen = std::mem::replace(&mut self.seen[p], false);
-                acc.as_ref().filter(|_| seen).map(|a| a[r].to_vec())
-            })
-            .collect();
-        drop(acc);
-        self.reduce_host(per_param)
+        let per_param = std::mem::replace(&mut self.accumulated, vec![None; self.infos.len()]);
+        self.reduce_parts(per_param)
     }
 
     /// Steps the optimizer on this rank's range and brings every rank's updated range back
-    /// where parameters are replicated (all-gather at stages 1–2).
+    /// where parameters are replicated (all-gather at stages 1–2), all on the device.
     fn step(&mut self, lr: f64) -> Result<()> {
         let grads = self
             .grads
             .take()
             .ok_or_else(|| ZeroError::Usage("step needs gradients: call backward first".into()))?;
         let own = self.own_range();
-        match self.config.stage {
-            Stage::Zero3 => {
-                let mut values = self.own_values();
-                self.optim.step(lr, &mut values, &grads);
-                self.set_shard(values);
-            }
-            stage => {
-                let mut flat = params::flatten_values(self.model(), &self.infos);
-                let own_grads = if stage == Stage::Zero2 {
-                    &grads[..]
+        let updated = match (self.own_tensor(), grads) {
+            (Some(values), Some(g)) => {
+                let g = if self.config.stage <= Stage::Zero1 {
+                    g.narrow(0, own.start, own.len())
                 } else {
-                    &grads[own.clone()]
+                    g
                 };
-                let mut mine = flat[own.clone()].to_vec();
-                self.optim.step(lr, &mut mine, own_grads);
-                drop(grads);
-                if stage == Stage::Zero0 {
-                    flat[own].copy_from_slice(&mine);
-                } else {
-                    self.pg
-                        .all_gather_uneven(&mine, &mut flat, &self.part.counts())?;
-                }
+                Some(self.optim.step(lr, values, g))
+            }
+            _ => None,
+        };
+        match self.config.stage {
+            Stage::Zero3 => self.set_shard(updated),
+            Stage::Zero0 => {
                 let model = self.model.take().expect("model");
-                self.model = Some(params::assign_values(model, &self.infos, &flat));
+                let flat = updated.expect("stage 0 owns everything");
+                self.model = Some(params::assign_flat(model, &self.infos, &flat));
+            }
+            _ => {
+                let counts = self.part.counts();
+                let dtype = burn::tensor::DType::F32;
+                let flat = plane::all_gather(updated, &counts, dtype, &self.pg, &self.device)?;
+                let model = self.model.take().expect("model");
+                self.model = Some(params::assign_flat(model, &self.infos, &flat));
             }
         }
         self.steps += 1;
@@ -305,8 +300,8 @@ impl<M: Module> DataParallel<M> for Zero<M> {
     /// from the owners at stages 2–3: a collective there). Empty before the first backward or
     /// after the step.
     fn gradients(&self) -> Result<Vec<ParamValues>> {
-        Ok(match self.full_gradient_values()? {
-            Some(flat) => params::named(&self.infos, &flat),
+        Ok(match self.full_gradient()? {
+            Some(flat) => params::named(&self.infos, &plane::to_host(flat, Reason::Export)),
             None => Vec::new(),
         })
     }

@@ -12,9 +12,10 @@ use crate::reduce::GradBuckets;
 use bonfire_comm::ProcessGroup;
 use bonfire_dtensor::DeviceMesh;
 use bonfire_dtensor::graph::SharedSink;
+use bonfire_dtensor::plane::{self, ledger::Reason};
 use burn::module::{Module, ModuleMapper, Param};
 use burn::optim::ModuleOptimizer;
-use burn::tensor::{Device, Tensor, TensorData};
+use burn::tensor::{Device, Tensor};
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicUsize};
 use std::sync::{Arc, Mutex};
@@ -36,13 +37,13 @@ pub struct Zero<M: Module> {
     pub(crate) shard: Option<Tensor<1>>,
     pub(crate) device: Device,
     pub(crate) optim: ShardOptimizer,
-    /// Stages 0–1: the averaged full gradient. Stages 2–3: the averaged own range.
-    pub(crate) grads: Option<Vec<f32>>,
-    /// Micro-batch gradients summed since the last reduction: the full flat vector (stages
-    /// 0–2) or the own range (stage 3).
-    pub(crate) accumulated: Option<Vec<f32>>,
-    /// Stages 0–2: the parameters that got a gradient in the accumulated micro-batches.
-    pub(crate) seen: Vec<bool>,
+    /// The averaged gradient after a reduction, flat, on the device: the full vector (stages
+    /// 0–1) or the own range (2–3; `None` when the rank owns nothing).
+    pub(crate) grads: Option<Option<Tensor<1>>>,
+    /// Stages 0–2: micro-batch gradients summed since the last reduction, per parameter.
+    pub(crate) accumulated: Vec<Option<Tensor<1>>>,
+    /// Stage 3: micro-batch gradients of the own pieces, by offset in the own range.
+    pub(crate) accumulated_own: std::collections::BTreeMap<usize, Tensor<1>>,
     /// Stage 2: the gradient buckets of the forward in flight.
     pub(crate) buckets: SharedSink<GradBuckets>,
     /// Stage 3: the pieces (autodiff leaves) of the forwards whose gradients have not been
@@ -96,8 +97,8 @@ impl<M: Module> Zero<M> {
         config: ZeroConfig,
     ) -> Result<Self> {
         let (model, infos) = params::sync_from_root(model, &pg)?;
-        let flat = params::flatten_values(&model, &infos);
         let device = compute_device(&model, &config);
+        let flat = plane::to_device(params::flat(&model, &infos), &device, Reason::Collective);
         let total: usize = infos.iter().map(ParamInfo::numel).sum();
         if config.stage == Stage::Zero3 && total.div_ceil(pg.size()) * (pg.size() - 1) >= total {
             return Err(ZeroError::Usage(format!(
@@ -122,12 +123,13 @@ impl<M: Module> Zero<M> {
         let owners = if sharded { pg.size() } else { 1 };
         let part = Partition::balanced(&infos, owners);
         let me = if sharded { pg.rank() } else { 0 };
+        let offload = config.offload.then(|| config.offload_device.clone());
         let optim = ShardOptimizer::new(
             optim,
             part.pieces(me),
             part.ranges[me].start,
             device.clone(),
-            config.offload,
+            offload,
         )?;
         let model = if config.stage == Stage::Zero3 {
             hollow(model, &device)
@@ -135,7 +137,8 @@ impl<M: Module> Zero<M> {
             model
         };
         Ok(Self {
-            seen: vec![false; infos.len()],
+            accumulated: vec![None; infos.len()],
+            accumulated_own: Default::default(),
             pg,
             config,
             infos: Arc::new(infos),
@@ -145,7 +148,6 @@ impl<M: Module> Zero<M> {
             device,
             optim,
             grads: None,
-            accumulated: None,
             buckets: Arc::new(Mutex::new(None)),
             pieces: Vec::new(),
             last_gather: GatherSummary::default(),
@@ -186,61 +188,83 @@ impl<M: Module> Zero<M> {
         &self.optim
     }
 
-    /// Installs the full flat parameter vector (every rank passes the same values).
-    pub(crate) fn set_full_values(&mut self, flat: Vec<f32>) {
-        let own = self.own_range();
+    /// Installs the full flat parameter vector (every rank passes the same values), a tensor
+    /// on the wrapper's device.
+    pub(crate) fn set_full_values(&mut self, flat: Tensor<1>) {
         if self.config.stage == Stage::Zero3 {
-            self.set_shard(flat[own].to_vec());
+            let own = self.own_range();
+            let mine = (!own.is_empty()).then(|| flat.narrow(0, own.start, own.len()));
+            self.set_shard(mine);
         } else {
             let model = self.model.take().expect("model");
-            self.model = Some(params::assign_values(model, &self.infos, &flat));
+            self.model = Some(params::assign_flat(model, &self.infos, &flat));
         }
     }
 
-    pub(crate) fn set_shard(&mut self, own: Vec<f32>) {
-        let n = own.len();
-        let t = Tensor::<1>::from_data(TensorData::new(own, [n]), &self.device);
+    /// Stage 3: this rank's range becomes `own` (an autodiff leaf; a rank owning nothing is
+    /// refused at construction, so `own` is `Some` in practice).
+    pub(crate) fn set_shard(&mut self, own: Option<Tensor<1>>) {
+        let own = own.expect("every stage-3 rank owns part of the parameters");
         // Kept an autodiff leaf although each forward's pieces (views of it, detached) are the
         // leaves that get gradients: measured, an untracked shard makes backward hold one
         // more shard-sized buffer (tests/layer_release.rs).
+        let own = own.detach();
         self.shard = Some(if self.device.is_autodiff() {
-            t.require_grad()
+            own.require_grad()
         } else {
-            t
+            own
         });
     }
 
-    /// This rank's range of the flat parameter vector.
+    /// This rank's range of the flat parameter vector, on the device (`None` when it owns
+    /// nothing).
+    pub fn own_tensor(&self) -> Option<Tensor<1>> {
+        let own = self.own_range();
+        if own.is_empty() {
+            return None;
+        }
+        Some(match &self.shard {
+            Some(s) => s.clone().detach(),
+            None => params::flat(self.model(), &self.infos).narrow(0, own.start, own.len()),
+        })
+    }
+
+    /// This rank's range of the flat parameter vector, on the host.
     pub fn own_values(&self) -> Vec<f32> {
+        self.own_tensor()
+            .map_or_else(Vec::new, |t| plane::to_host(t, Reason::Export))
+    }
+
+    /// Every parameter, concatenated in module order, on the device (an all-gather at stage
+    /// 3).
+    pub fn full_tensor(&self) -> Result<Tensor<1>> {
         match &self.shard {
-            Some(s) => params::to_host(s.clone().detach()),
-            None => {
-                let own = self.own_range();
-                params::flatten_values(self.model(), &self.infos)[own].to_vec()
+            Some(_) => {
+                let counts = self.part.counts();
+                let dtype = burn::tensor::DType::F32;
+                Ok(plane::all_gather(
+                    self.own_tensor(),
+                    &counts,
+                    dtype,
+                    &self.pg,
+                    &self.device,
+                )?)
             }
+            None => Ok(params::flat(self.model(), &self.infos)),
         }
     }
 
-    /// Every parameter, concatenated in module order (a collective at stage 3).
+    /// Every parameter, concatenated in module order, on the host (a collective at stage 3).
     pub fn full_values(&self) -> Result<Vec<f32>> {
-        match &self.shard {
-            Some(_) => {
-                let own = self.own_values();
-                let mut flat = vec![0.0; self.part.total()];
-                self.pg
-                    .all_gather_uneven(&own, &mut flat, &self.part.counts())?;
-                Ok(flat)
-            }
-            None => Ok(params::flatten_values(self.model(), &self.infos)),
-        }
+        Ok(plane::to_host(self.full_tensor()?, Reason::Export))
     }
 
     /// The module with every parameter in full, as a plain single-device model would hold
     /// it (a collective at stage 3).
     pub fn full_model(&self) -> Result<M> {
-        let flat = self.full_values()?;
+        let flat = self.full_tensor()?;
         let model = self.model().clone();
-        Ok(params::assign_values(model, &self.infos, &flat))
+        Ok(params::assign_flat(model, &self.infos, &flat))
     }
 
     /// The replica (stages 0–2) or the hollow skeleton (stage 3, parameters without values:
@@ -251,10 +275,10 @@ impl<M: Module> Zero<M> {
             .expect("the model is present between calls")
     }
 
-    /// The averaged gradient this rank holds after `backward`: the full flat vector (stages
-    /// 0–1) or the own range (2–3).
-    pub fn held_gradients(&self) -> Option<&[f32]> {
-        self.grads.as_deref()
+    /// The averaged gradient this rank holds after `backward`, on the device: the full flat
+    /// vector (stages 0–1) or the own range (2–3).
+    pub fn held_gradients(&self) -> Option<&Tensor<1>> {
+        self.grads.as_ref().and_then(Option::as_ref)
     }
 }
 

@@ -203,13 +203,22 @@ fn stage2_reduces_gradients_layer_by_layer() {
     );
     // Without hooks every full gradient exists when backward returns; with them each
     // layer's bucket is reduce-scattered and dropped during backward.
+    // (the two rank threads' peaks need not coincide: three quarters of the sum)
     assert!(
-        plain.backward_peak >= RANKS * LAYERS * LAYER_BYTES * 9 / 10,
+        plain.backward_peak >= RANKS * LAYERS * LAYER_BYTES * 3 / 4,
         "{}",
         plain.backward_peak
     );
+    // With them a rank holds its gradient shard (LAYERS/RANKS layers, kept for the step)
+    // plus the couple of layers' full gradients in flight.
+    let own = LAYERS * LAYER_BYTES / RANKS;
     assert!(
-        scoped.backward_peak + RANKS * (LAYERS / 2) * LAYER_BYTES <= plain.backward_peak,
+        scoped.backward_peak <= RANKS * (own + 3 * LAYER_BYTES),
+        "with hooks {} bytes, own shard {own} per rank",
+        scoped.backward_peak
+    );
+    assert!(
+        scoped.backward_peak + RANKS * 2 * LAYER_BYTES <= plain.backward_peak,
         "with hooks {} bytes, without {}",
         scoped.backward_peak,
         plain.backward_peak

@@ -13,7 +13,7 @@ use burn::tensor::{Scalar, Shape, Slice};
 /// the `cuda` feature, `Cube` (staging through host memory for now; the NCCL device path is
 /// future work). Call it through the functions of [`crate::functional`], or directly:
 /// `Tensor::from_dispatch(<Dispatch as CollectiveBackend>::collective(t.into_dispatch(), spec))`.
-#[backend_extension(Autodiff, Flex, Cube: cfg(feature = "cuda"))]
+#[backend_extension(Autodiff, Flex, Cube: cfg(any(feature = "cuda", feature = "wgpu")))]
 pub trait CollectiveBackend: Backend {
     /// Runs the collective described by `spec` on `tensor` (see [`CollectiveKind`]).
     ///
@@ -24,8 +24,13 @@ pub trait CollectiveBackend: Backend {
 }
 
 /// The forward of `spec` on any concrete backend: local kinds with the backend's own ops,
-/// communicating kinds through host memory.
-pub(crate) fn forward<B: Backend>(tensor: FloatTensor<B>, spec: &CollectiveSpec) -> FloatTensor<B> {
+/// communicating kinds through host memory — the buffer itself on a host backend (`host`),
+/// a copy each way, counted in the transfer ledger, on any other.
+pub(crate) fn forward<B: Backend>(
+    tensor: FloatTensor<B>,
+    spec: &CollectiveSpec,
+    host: bool,
+) -> FloatTensor<B> {
     let me = spec.group.rank();
     match &spec.kind {
         CollectiveKind::CopyToGroup => tensor,
@@ -53,10 +58,21 @@ pub(crate) fn forward<B: Backend>(tensor: FloatTensor<B>, spec: &CollectiveSpec)
             }
         }
         _ => {
+            use crate::plane::ledger::{self, Direction, Reason};
             let device = tensor.device();
             let data = burn::tensor::read_sync(B::float_into_data(tensor))
                 .expect("bonfire-dtensor: could not read the tensor to communicate it");
-            B::float_from_data(host::execute(data, spec), &device)
+            let sent = data.bytes().len();
+            if !host {
+                ledger::record(Direction::DeviceToHost, Reason::Collective, sent);
+            }
+            let out = host::execute(data, spec);
+            let received = out.bytes().len();
+            ledger::record_payload(sent.max(received));
+            if !host {
+                ledger::record(Direction::HostToDevice, Reason::Collective, received);
+            }
+            B::float_from_data(out, &device)
         }
     }
 }
@@ -102,14 +118,15 @@ pub(crate) fn zeros_like<B: Backend>(like: &FloatTensor<B>, shape: &[usize]) -> 
 
 impl CollectiveBackend for Flex {
     fn collective(tensor: FloatTensor<Self>, spec: CollectiveSpec) -> FloatTensor<Self> {
-        forward::<Self>(tensor, &spec)
+        forward::<Self>(tensor, &spec, true)
     }
 }
 
-#[cfg(feature = "cuda")]
+#[cfg(any(feature = "cuda", feature = "wgpu"))]
 impl CollectiveBackend for burn::backend::Cube {
     fn collective(tensor: FloatTensor<Self>, spec: CollectiveSpec) -> FloatTensor<Self> {
-        // Staged through host memory: the NCCL device path belongs to the NCCL backend.
-        forward::<Self>(tensor, &spec)
+        // Staged through host memory (counted); CUDA tensors on a group with NCCL run on the
+        // device buffers instead (`crate::plane` with the `cuda` feature).
+        forward::<Self>(tensor, &spec, false)
     }
 }

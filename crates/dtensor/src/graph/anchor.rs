@@ -23,7 +23,7 @@ use std::marker::PhantomData;
 
 /// Burn backends that can place a node below an anchor (`Flex`, `Autodiff<B>`, and `Cube`
 /// with the `cuda` feature).
-#[backend_extension(Autodiff, Flex, Cube: cfg(feature = "cuda"))]
+#[backend_extension(Autodiff, Flex, Cube: cfg(any(feature = "cuda", feature = "wgpu")))]
 pub trait AnchorBackend: Backend {
     /// Returns `tensor` unchanged; in backward its gradient passes through, after the
     /// consumers of `anchor` (which gets no gradient from it).
@@ -36,7 +36,7 @@ impl AnchorBackend for Flex {
     }
 }
 
-#[cfg(feature = "cuda")]
+#[cfg(any(feature = "cuda", feature = "wgpu"))]
 impl AnchorBackend for burn::backend::Cube {
     fn anchored(tensor: FloatTensor<Self>, _anchor: FloatTensor<Self>) -> FloatTensor<Self> {
         tensor

@@ -14,26 +14,22 @@ use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops};
 use burn::backend::tensor::FloatTensor;
-use burn::backend::{Backend, Dispatch, Flex, backend_extension};
-use burn::tensor::{DType, DispatchTensor, Tensor, TensorData};
+use burn::backend::{
+    Backend, BackendTensor, Dispatch, DispatchKindConversion, Flex, backend_extension,
+};
+use burn::tensor::{DispatchTensor, Shape, Tensor};
 use std::sync::Arc;
 
-/// The closure a [`GradHookBackend::grad_hook`] calls with the finished gradient (host data).
+/// The closure a [`GradHookBackend::grad_hook`] calls with the finished gradient, flattened to
+/// one dimension, on the device it was computed on (no autodiff: a value, as in Burn's
+/// `Gradients`).
 #[derive(Clone)]
-pub struct GradHook(pub Arc<dyn Fn(TensorData) + Send + Sync>);
+pub struct GradHook(pub Arc<dyn Fn(Tensor<1>) + Send + Sync>);
 
 impl GradHook {
-    /// A hook that receives the gradient as f32 host values (converted from any float
-    /// dtype).
-    pub fn f32(f: impl Fn(Vec<f32>) + Send + Sync + 'static) -> Self {
-        Self(Arc::new(move |data: TensorData| {
-            let values = if data.dtype() == DType::F32 {
-                data.try_into_vec::<f32>()
-            } else {
-                data.convert::<f32>().try_into_vec::<f32>()
-            };
-            f(values.expect("a float gradient"))
-        }))
+    /// A hook calling `f` with each gradient.
+    pub fn new(f: impl Fn(Tensor<1>) + Send + Sync + 'static) -> Self {
+        Self(Arc::new(f))
     }
 }
 
@@ -44,8 +40,8 @@ impl std::fmt::Debug for GradHook {
 }
 
 /// Burn backends that support gradient hooks (`Flex`, `Autodiff<B>`, and `Cube` with the
-/// `cuda` feature).
-#[backend_extension(Autodiff, Flex, Cube: cfg(feature = "cuda"))]
+/// `cuda` or `wgpu` feature).
+#[backend_extension(Autodiff, Flex, Cube: cfg(any(feature = "cuda", feature = "wgpu")))]
 pub trait GradHookBackend: Backend {
     /// Returns `weight` unchanged; in backward, passes its gradient to `hook` (and stores
     /// none). `anchor` places the node in the graph (see the module docs).
@@ -72,7 +68,7 @@ macro_rules! forward_is_identity {
 }
 
 forward_is_identity!(Flex);
-#[cfg(feature = "cuda")]
+#[cfg(any(feature = "cuda", feature = "wgpu"))]
 forward_is_identity!(burn::backend::Cube);
 
 #[derive(Debug)]
@@ -80,18 +76,26 @@ struct HookBackward {
     hook: GradHook,
 }
 
-impl<B: Backend> Backward<B, 2> for HookBackward {
+impl<B: Backend> Backward<B, 2> for HookBackward
+where
+    DispatchTensor: DispatchKindConversion<B>,
+{
     type State = ();
 
     fn backward(self, ops: Ops<(), 2>, grads: &mut Gradients, _checkpointer: &mut Checkpointer) {
         let grad = grads.consume::<B>(&ops.node);
-        let data = burn::tensor::read_sync(B::float_into_data(grad))
-            .expect("bonfire-ddp: could not read a gradient back to the host");
-        (self.hook.0)(data);
+        let n = burn::backend::TensorMetadata::shape(&grad).num_elements();
+        let flat = B::float_reshape(grad, Shape::new([n]));
+        let dispatch =
+            <DispatchTensor as DispatchKindConversion<B>>::from_backend(BackendTensor::Float(flat));
+        (self.hook.0)(Tensor::from_dispatch(dispatch));
     }
 }
 
-impl<B: GradHookBackend, C: CheckpointStrategy> GradHookBackend for Autodiff<B, C> {
+impl<B: GradHookBackend, C: CheckpointStrategy> GradHookBackend for Autodiff<B, C>
+where
+    DispatchTensor: DispatchKindConversion<B>,
+{
     fn grad_hook(
         weight: FloatTensor<Self>,
         anchor: FloatTensor<Self>,

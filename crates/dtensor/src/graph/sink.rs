@@ -12,7 +12,7 @@
 use super::{GradHook, hooked_dispatch};
 use crate::LayerHook;
 use burn::module::ParamId;
-use burn::tensor::DispatchTensor;
+use burn::tensor::{DispatchTensor, Tensor};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -22,8 +22,9 @@ use std::sync::{Arc, Mutex};
 pub trait GradSink: Send + 'static {
     /// A hook on `param` was attached in forward: one more gradient to wait for.
     fn expect(&mut self, param: usize);
-    /// Backward delivered (one use of) `param`'s gradient, as f32 host values.
-    fn deposit(&mut self, param: usize, grad: &[f32]);
+    /// Backward delivered (one use of) `param`'s gradient, flattened, on the device it was
+    /// computed on.
+    fn deposit(&mut self, param: usize, grad: Tensor<1>);
 }
 
 /// One step's sink, shared between the wrapper and the hooks of its forward; the wrapper
@@ -80,9 +81,9 @@ impl<S: GradSink> LayerHook for SinkHook<S> {
             None => return value,
         }
         let sink = self.sink.clone();
-        let hook = GradHook::f32(move |grad| {
+        let hook = GradHook::new(move |grad| {
             if let Some(s) = sink.lock().unwrap().as_mut() {
-                s.deposit(param, &grad);
+                s.deposit(param, grad);
             }
         });
         hooked_dispatch(value, anchor.clone(), hook)

@@ -1,17 +1,21 @@
 //! A module's parameters as the data-parallel strategies see them (DDP, ZeRO): a flat,
-//! ordered inventory (visit order, dotted paths, shapes), and host copies of values and
-//! gradients in that order. It lives here, below the strategies, so that they share one
+//! ordered inventory (visit order, dotted paths, shapes), the parameters and their gradients
+//! as one flat tensor on their device in that order ([`flat`], [`assign_flat`],
+//! [`take_flat_grads`], [`grads_from_parts`]), and host copies for the user (exports, counted
+//! by the transfer ledger). It lives here, below the strategies, so that they share one
 //! definition of "the parameter order" — the order every rank must agree on — and one way of
-//! agreeing on it ([`sync`]: every rank checks it holds the same parameters, then takes the
-//! root's values).
+//! agreeing on it ([`sync_from_root`]: every rank checks it holds the same parameters, then
+//! takes the root's values, broadcast on the device).
 
+mod flat;
 mod sync;
+
+pub use flat::{assign_flat, flat, grads_from_flat, grads_from_parts, take_flat_grads};
 
 pub use sync::{check_same, model_device, sync_from_root};
 
 use burn::module::{Module, ModuleMapper, ModuleVisitor, Param, ParamId};
-use burn::optim::GradientsParams;
-use burn::tensor::{Tensor, TensorData};
+use burn::tensor::Tensor;
 use std::collections::HashMap;
 
 /// One trainable parameter.
@@ -88,72 +92,28 @@ pub fn inventory<M: Module>(module: &M) -> Vec<ParamInfo> {
     v.out
 }
 
-/// A tensor's values as `f32` on the host.
+/// A tensor's values as `f32` on the host, to hand to the user (counted in the transfer
+/// ledger as an export where the device is not host memory).
 pub fn to_host<const D: usize>(tensor: Tensor<D>) -> Vec<f32> {
-    tensor
-        .into_data()
-        .convert::<f32>()
-        .try_into_vec::<f32>()
-        .expect("an f32 tensor")
+    crate::plane::to_host(tensor, crate::plane::ledger::Reason::Export)
 }
 
-/// The values of every parameter of `infos`, concatenated in order.
+/// The values of every parameter of `infos`, concatenated in order, on the host (an export:
+/// see [`flat`] for the device tensor).
 pub fn flatten_values<M: Module>(module: &M, infos: &[ParamInfo]) -> Vec<f32> {
-    struct Values<'a> {
-        index: HashMap<ParamId, usize>,
-        offsets: Vec<usize>,
-        out: &'a mut [f32],
-    }
-    impl ModuleVisitor for Values<'_> {
-        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
-            if let Some(&i) = self.index.get(&param.id) {
-                let v = to_host(param.val());
-                self.out[self.offsets[i]..self.offsets[i] + v.len()].copy_from_slice(&v);
-            }
-        }
-    }
-    let offsets = offsets_of(infos);
-    let mut out = vec![0.0; offsets.last().copied().unwrap_or(0)];
-    module.visit(&mut Values {
-        index: index_of(infos),
-        offsets,
-        out: &mut out,
-    });
-    out
+    to_host(flat(module, infos))
 }
 
-/// `module` with every parameter of `infos` replaced by its slice of `flat` (same device,
-/// same `require_grad`, same [`ParamId`]).
+/// `module` with every parameter of `infos` replaced by its slice of the host values `flat`
+/// (same device, same `require_grad`, same [`ParamId`]): an import, see [`assign_flat`] for a
+/// device tensor.
 pub fn assign_values<M: Module>(module: M, infos: &[ParamInfo], flat: &[f32]) -> M {
-    struct Assign<'a> {
-        index: HashMap<ParamId, usize>,
-        offsets: Vec<usize>,
-        infos: &'a [ParamInfo],
-        flat: &'a [f32],
-    }
-    impl ModuleMapper for Assign<'_> {
-        fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
-            let Some(&i) = self.index.get(&param.id) else {
-                return param;
-            };
-            let (id, old, mapper) = param.consume();
-            let device = old.device();
-            let require_grad = old.is_require_grad();
-            let values = self.flat[self.offsets[i]..self.offsets[i + 1]].to_vec();
-            let data = TensorData::new(values, self.infos[i].shape.clone());
-            let mut new = Tensor::<D>::from_data(data, &device);
-            if require_grad {
-                new = new.require_grad();
-            }
-            Param::from_mapped_value(id, new, mapper)
-        }
-    }
-    module.map(&mut Assign {
-        index: index_of(infos),
-        offsets: offsets_of(infos),
-        infos,
-        flat,
-    })
+    let Some(device) = model_device(&module) else {
+        return module;
+    };
+    let reason = crate::plane::ledger::Reason::Export;
+    let t = crate::plane::from_host(flat.to_vec(), [flat.len()], &device, reason);
+    assign_flat(module, infos, &t)
 }
 
 /// `module` with fresh autodiff leaves on `device` (same ids and `require_grad`), like
@@ -167,12 +127,7 @@ pub fn fork<M: Module>(module: M, device: &burn::tensor::Device) -> M {
         fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
             let (id, old, mapper) = param.consume();
             let require_grad = old.is_require_grad();
-            let mut new = old.to_device(self.0).detach();
-            if let Some(strategy) = self.0.gradient_checkpointing_strategy() {
-                new = new
-                    .autodiff()
-                    .with_gradient_checkpointing_strategy(strategy);
-            }
+            let mut new = with_context_of(old.to_device(self.0).detach(), self.0);
             if require_grad {
                 new = new.require_grad();
             }
@@ -182,66 +137,18 @@ pub fn fork<M: Module>(module: M, device: &burn::tensor::Device) -> M {
     module.map(&mut Fork(device))
 }
 
-/// Takes the gradient of each parameter of `infos` out of `grads` onto the host
-/// (`None` where a parameter got no gradient).
-pub fn take_grads<M: Module>(
-    module: &M,
-    infos: &[ParamInfo],
-    grads: &mut GradientsParams,
-) -> Vec<Option<Vec<f32>>> {
-    struct Take<'a> {
-        index: HashMap<ParamId, usize>,
-        grads: &'a mut GradientsParams,
-        out: Vec<Option<Vec<f32>>>,
+/// `tensor` with `device`'s autodiff context where `device` has one (autodiff with the
+/// device's gradient-checkpointing strategy); unchanged on a plain device.
+pub fn with_context_of<const D: usize>(
+    tensor: Tensor<D>,
+    device: &burn::tensor::Device,
+) -> Tensor<D> {
+    match device.gradient_checkpointing_strategy() {
+        Some(strategy) => tensor
+            .autodiff()
+            .with_gradient_checkpointing_strategy(strategy),
+        None => tensor,
     }
-    impl ModuleVisitor for Take<'_> {
-        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
-            if let Some(&i) = self.index.get(&param.id)
-                && let Some(g) = self.grads.remove::<D>(param.id)
-            {
-                self.out[i] = Some(to_host(g));
-            }
-        }
-    }
-    let mut take = Take {
-        index: index_of(infos),
-        grads,
-        out: vec![None; infos.len()],
-    };
-    module.visit(&mut take);
-    take.out
-}
-
-/// Gradients for the optimizer, built from host buffers (`values(i)` is parameter i's).
-pub fn grads_from_host<'a, M: Module>(
-    module: &M,
-    infos: &[ParamInfo],
-    values: impl Fn(usize) -> &'a [f32],
-) -> GradientsParams {
-    struct Build<'a, F> {
-        index: HashMap<ParamId, usize>,
-        infos: &'a [ParamInfo],
-        values: F,
-        out: GradientsParams,
-    }
-    impl<'b, F: Fn(usize) -> &'b [f32]> ModuleVisitor for Build<'_, F> {
-        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
-            if let Some(&i) = self.index.get(&param.id) {
-                let device = param.lazy_device().inner();
-                let data = TensorData::new((self.values)(i).to_vec(), self.infos[i].shape.clone());
-                self.out
-                    .register::<D>(param.id, Tensor::<D>::from_data(data, &device));
-            }
-        }
-    }
-    let mut build = Build {
-        index: index_of(infos),
-        infos,
-        values,
-        out: GradientsParams::new(),
-    };
-    module.visit(&mut build);
-    build.out
 }
 
 /// The whole row-major tensor from this rank's shard `values` (of local `shape`), split

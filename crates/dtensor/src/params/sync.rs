@@ -2,7 +2,7 @@
 //! shapes, in order), or a data-parallel wrapper would silently average unrelated tensors (or
 //! hang on mismatched sizes); then every rank takes the root's values.
 
-use super::{ParamInfo, assign_values, flatten_values, inventory};
+use super::{ParamInfo, assign_flat, flat, inventory};
 use crate::{DTensorError, Result};
 use bonfire_comm::ProcessGroup;
 use burn::module::{Module, ModuleVisitor, Param};
@@ -96,9 +96,8 @@ pub fn sync_from_root<M: Module>(module: M, pg: &ProcessGroup) -> Result<(M, Vec
         return Ok((module, infos));
     }
     check_same(pg, &infos)?;
-    let mut flat = flatten_values(&module, &infos);
-    pg.broadcast(&mut flat, 0)?;
-    Ok((assign_values(module, &infos, &flat), infos))
+    let values = crate::plane::broadcast(flat(&module, &infos), 0, pg)?;
+    Ok((assign_flat(module, &infos, &values), infos))
 }
 
 /// The device of `module`'s first float parameter (`None` for a module without any).

@@ -62,6 +62,13 @@ pub fn from_data<const D: usize>(data: TensorData, device: &Device, reason: Reas
     Tensor::from_data(data, (device, dtype))
 }
 
+/// `tensor` moved to `device` (another Burn device: an offload device, another backend), for
+/// `reason`: through its data, counted device→host and host→device where a side is not host
+/// memory (between two host devices nothing is copied or counted).
+pub fn to_device<const D: usize>(tensor: Tensor<D>, device: &Device, reason: Reason) -> Tensor<D> {
+    from_data(to_data(tensor, reason), device, reason)
+}
+
 /// `tensor`'s values as f32 on the host, for `reason` (see [`to_data`]).
 pub fn to_host<const D: usize>(tensor: Tensor<D>, reason: Reason) -> Vec<f32> {
     let data = to_data(tensor, reason);
@@ -143,15 +150,27 @@ pub fn all_reduce<const D: usize>(
 /// A collective running on the group's communication thread; [`wait`](Self::wait) returns
 /// its tensor on the device it came from.
 pub struct PendingTensor<const D: usize> {
-    work: Work<TensorData>,
+    work: Work<(TensorData, Ran)>,
     device: Device,
+}
+
+/// When the communication thread started and finished a collective.
+#[derive(Debug, Clone, Copy)]
+pub struct Ran {
+    pub start: std::time::Instant,
+    pub end: std::time::Instant,
 }
 
 impl<const D: usize> PendingTensor<D> {
     /// The result, on the original device (waits for the communication).
     pub fn wait(self) -> Result<Tensor<D>> {
-        let data = self.work.wait()?;
-        Ok(from_data(data, &self.device, Reason::Collective))
+        Ok(self.wait_timed()?.0)
+    }
+
+    /// The result, and when the communication thread ran it.
+    pub fn wait_timed(self) -> Result<(Tensor<D>, Ran)> {
+        let (data, ran) = self.work.wait()?;
+        Ok((from_data(data, &self.device, Reason::Collective), ran))
     }
 }
 
@@ -167,6 +186,7 @@ pub fn all_reduce_async<const D: usize>(
     let data = to_data(tensor, Reason::Collective);
     ledger::record_payload(data.bytes().len());
     let work = group.run_async(move |pg| {
+        let start = std::time::Instant::now();
         let run = || -> Result<TensorData> {
             let shape = data.shape().to_vec();
             Ok(with_values!(data, v => {
@@ -174,7 +194,11 @@ pub fn all_reduce_async<const D: usize>(
                 TensorData::new(v, shape)
             }))
         };
-        run().map_err(|e| match e {
+        let ran = |data| {
+            let end = std::time::Instant::now();
+            (data, Ran { start, end })
+        };
+        run().map(ran).map_err(|e| match e {
             DTensorError::Comm(c) => c,
             other => CommError::Unsupported {
                 backend: "bonfire-dtensor data plane",

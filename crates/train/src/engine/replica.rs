@@ -11,6 +11,7 @@ use crate::wrapper::{DpWrapper, WrapperReport};
 use bonfire_comm::ReduceOp;
 use bonfire_dtensor::DataParallel;
 use bonfire_dtensor::params::ParamValues;
+use bonfire_dtensor::plane::{self, ledger::Reason};
 
 pub(crate) struct ReplicaEngine<M: ParallelModel> {
     at: RankMesh,
@@ -37,7 +38,7 @@ impl<M: ParallelModel> Engine<M::Batch> for ReplicaEngine<M> {
         let rows = self.at.replica_rows(batch.rows());
         let local = batch.narrow_rows(rows.start, rows.len());
         let loss = self.wrapper.forward(|m| m.loss(local));
-        let mut value = [loss.clone().detach().into_scalar::<f32>()];
+        let mut value = [plane::to_host(loss.clone().detach(), Reason::Report)[0]];
         self.wrapper.backward(loss)?;
         // Every tp rank of a replica holds the same loss: the mean over replicas is global.
         self.at
