@@ -20,7 +20,7 @@ use bonfire_dtensor::params;
 use bonfire_examples::cli::{LayoutArgs, fail, init_logging};
 use bonfire_examples::corpus::{self, CharTokenizer};
 use bonfire_examples::parallel::TokenBatch;
-use bonfire_examples::{Gpt, GptConfig, checkpoint, default_device};
+use bonfire_examples::{Gpt, GptConfig, checkpoint, default_device, harness};
 use bonfire_train::{
     Engine, FitConfig, Hooks, Launcher, OptimizerKind, ParallelDims, TrainError, Trainer, fit,
 };
@@ -61,6 +61,10 @@ struct Cli {
     /// Seed of the initial model and of the batches.
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// The Burn device every rank computes on: `flex` (CPU) or `wgpu` (a build with
+    /// `--features wgpu`).
+    #[arg(long, default_value = "flex")]
+    device: String,
     /// Print the loss every this many steps.
     #[arg(long, default_value_t = 25)]
     log_every: usize,
@@ -144,7 +148,7 @@ fn main() {
     let launcher = Launcher::parse(&cli.launcher, dims.world_size()).unwrap_or_else(|e| fail(e));
     let text = corpus::generate(400_000, cli.seed);
     let tokens = CharTokenizer.encode(&text);
-    let device = default_device();
+    let device = harness::device(&cli.device).unwrap_or_else(|e| fail(e));
     device.seed(cli.seed);
     let model = Gpt::new(&cfg, &device);
     let rows = cli.batch * dims.dp();

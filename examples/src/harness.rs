@@ -23,7 +23,7 @@ pub struct HarnessArgs {
     pub data: PathBuf,
     pub dims: ParallelDims,
     pub optim: OptimizerKind,
-    /// The Burn device every rank computes on (`flex`).
+    /// The Burn device every rank computes on (`flex` or `wgpu`).
     pub device: String,
     pub steps: usize,
     pub lr: f64,
@@ -57,13 +57,24 @@ impl HarnessResult {
     }
 }
 
-/// The Burn device `--device` names (`flex`; `wgpu` is refused until this build runs on it).
+/// The Burn device `--device` names: `flex` (Burn's CPU backend) or `wgpu` (Burn's wgpu
+/// backend, the first CPU adapter: Mesa's software Vulkan on a machine without a GPU; needs
+/// a build with the `wgpu` feature), autodiff-enabled.
 pub fn device(name: &str) -> Result<Device, String> {
     match name {
         "flex" => Ok(default_device()),
+        #[cfg(feature = "wgpu")]
+        "wgpu" => {
+            if std::env::var_os("XDG_RUNTIME_DIR").is_none() {
+                // SAFETY: called from the main thread before any rank thread starts.
+                unsafe { std::env::set_var("XDG_RUNTIME_DIR", std::env::temp_dir()) };
+            }
+            Ok(Device::wgpu(burn::tensor::DeviceKind::Cpu).autodiff())
+        }
+        #[cfg(not(feature = "wgpu"))]
         "wgpu" => Err(
-            "--device wgpu: not supported by this build yet (the data plane stages through \
-             the host; see the device-resident data plane issue)"
+            "--device wgpu: this binary was built without Burn's wgpu backend; rebuild with \
+             `--features wgpu`"
                 .into(),
         ),
         other => Err(format!("--device {other}: expected `flex` or `wgpu`")),

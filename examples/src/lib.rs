@@ -39,6 +39,7 @@ pub mod data;
 pub mod gpt;
 pub mod harness;
 pub mod layers;
+pub mod ledger;
 pub mod parallel;
 pub mod tensor_file;
 

@@ -188,13 +188,20 @@ fn layouts_that_do_not_fit_are_refused_clearly() {
         let err = refused(&dir, case.clone());
         assert!(err.contains(expected), "{case:?}: {err}");
     }
-    let mut wgpu = args(&dir, layout("dp=2"), OptimizerKind::Sgd).unwrap();
-    wgpu.device = "wgpu".into();
-    let err = harness::run(&wgpu).unwrap_err();
+    // `--device` names one of two backends; wgpu only in a build with it.
+    let mut other = args(&dir, layout("dp=2"), OptimizerKind::Sgd).unwrap();
+    other.device = "metal".into();
+    let err = harness::run(&other).unwrap_err();
     assert!(
-        err.contains("--device wgpu: not supported by this build yet"),
+        err.contains("--device metal: expected `flex` or `wgpu`"),
         "{err}"
     );
+    #[cfg(not(feature = "wgpu"))]
+    {
+        other.device = "wgpu".into();
+        let err = harness::run(&other).unwrap_err();
+        assert!(err.contains("rebuild with `--features wgpu`"), "{err}");
+    }
     // The tiny model runs pp=2 interleaved (4 stages of one piece each).
     let ok = LayoutArgs {
         schedule: Some("interleaved".into()),

@@ -30,6 +30,7 @@ const BENCH_TARGETS: &[BenchTarget] = &[
     BenchTarget::new("tp", "bonfire-examples", "tp_memory"),
     BenchTarget::new("zero", "bonfire-examples", "zero_memory"),
     BenchTarget::new("pipeline", "bonfire-pipeline", "bubble"),
+    BenchTarget::new("ledger", "bonfire-examples", "ledger"),
 ];
 
 /// Runs `cargo bench -p <package> --bench <bench> -- <extra_args>`.
@@ -60,8 +61,23 @@ pub fn run(target_name: &str, extra_args: &[String]) -> Result {
     };
 
     let mut command = process::cargo();
-    command
-        .args(["bench", "-p", target.package, "--bench", target.bench, "--"])
-        .args(extra_args);
+    command.args(["bench", "-p", target.package, "--bench", target.bench]);
+    if target.name == "ledger" {
+        ledger_options(&mut command);
+    }
+    command.arg("--").args(extra_args);
     process::run(command)
+}
+
+/// The ledger counts bytes, not time: it runs in the dev profile (dependencies optimised),
+/// sharing the wgpu build of the gate's `wgpu` step, with `--features wgpu` where Mesa's
+/// lavapipe is installed (Flex only, said by the bench, elsewhere).
+fn ledger_options(command: &mut std::process::Command) {
+    command.args(["--profile", "dev"]);
+    if crate::packages::lavapipe_present() {
+        command.args(["--features", "wgpu"]);
+        if std::env::var_os("XDG_RUNTIME_DIR").is_none() {
+            command.env("XDG_RUNTIME_DIR", std::env::temp_dir());
+        }
+    }
 }

@@ -27,10 +27,20 @@ const GPU_TEST_SUITES: &[GpuTestSuite] = &[
         features: "nccl",
         min_gpus: 1,
     },
+    // The data plane's CUDA path: Burn CUDA tensors through NCCL, nothing staged.
+    GpuTestSuite {
+        package: "bonfire-dtensor",
+        features: "cuda",
+        min_gpus: 1,
+    },
 ];
 
 /// GPU feature builds checked by `cargo xtask check-gpu`, as `package/feature`.
-const GPU_FEATURE_BUILDS: &[&str] = &["bonfire-comm/nccl", "bonfire-dtensor/cuda"];
+const GPU_FEATURE_BUILDS: &[&str] = &[
+    "bonfire-comm/nccl",
+    "bonfire-dtensor/cuda",
+    "bonfire-kernels/cuda",
+];
 
 pub fn test_multi_gpu() -> Result {
     let Some(gpu_count) = detect_gpus() else {
@@ -72,7 +82,8 @@ pub fn test_multi_gpu() -> Result {
     Ok(())
 }
 
-/// Type-checks the GPU feature builds. `DOCS_RS=1` tells GPU bindings' build
+/// Type-checks the GPU feature builds, tests included (the `#[ignore]`d GPU suites).
+/// `DOCS_RS=1` tells GPU bindings' build
 /// scripts not to look for the CUDA toolkit, so this works on CPU-only machines.
 pub fn check_gpu() -> Result {
     if GPU_FEATURE_BUILDS.is_empty() {
@@ -83,6 +94,7 @@ pub fn check_gpu() -> Result {
     command.env("DOCS_RS", "1").args([
         "check",
         "--workspace",
+        "--all-targets",
         "--features",
         &GPU_FEATURE_BUILDS.join(","),
     ]);

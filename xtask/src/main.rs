@@ -13,6 +13,7 @@ mod bench;
 mod gpu;
 mod mpi;
 mod mpi_train;
+mod packages;
 mod process;
 mod tally;
 mod test;

@@ -12,7 +12,7 @@ use crate::process::{self, Failure, Result};
 
 /// How to enable the MPI step on a machine without MPI.
 pub const HOW_TO_ENABLE: &str = "mpirun not found; install openmpi-bin libopenmpi-dev \
-     libclang-dev (see .ci/run) to enable";
+     libclang-dev (`cargo xtask test` does, in CI or as root) to enable";
 
 /// Process counts the conformance suite runs at (oversubscribed on small machines).
 const CONFORMANCE_RANKS: &[usize] = &[2, 4];

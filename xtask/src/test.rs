@@ -50,6 +50,11 @@ fn steps() -> Vec<Step> {
             run: test_suite,
         },
         Step {
+            name: "wgpu",
+            is_lint: false,
+            run: wgpu,
+        },
+        Step {
             name: "mpi",
             is_lint: false,
             run: mpi,
@@ -63,6 +68,7 @@ fn steps() -> Vec<Step> {
 }
 
 pub fn run(skip_lint: bool) -> Result {
+    crate::packages::ensure_all();
     let steps: Vec<Step> = steps()
         .into_iter()
         .filter(|step| !(skip_lint && step.is_lint))
@@ -143,6 +149,39 @@ fn clippy() -> Result<Outcome> {
 fn test_suite() -> Result<Outcome> {
     let mut command = process::cargo();
     command.args(["test", "--workspace", "--no-fail-fast"]);
+    process::run_tests(command)?;
+    Ok(Outcome::Passed)
+}
+
+/// The packages whose `wgpu` feature the wgpu step turns on, each with a `tests/wgpu.rs`.
+const WGPU_PACKAGES: [&str; 3] = ["bonfire-kernels", "bonfire-dtensor", "bonfire-examples"];
+
+/// The suites on Burn's wgpu backend over Mesa's software Vulkan (lavapipe): the kernels
+/// against their fallbacks, the data plane, and every strategy against Flex with its transfer
+/// ledger. One cargo invocation, so that burn is built with wgpu once. Skipped, saying how to
+/// enable it, where lavapipe is not installed.
+fn wgpu() -> Result<Outcome> {
+    if !crate::packages::lavapipe_present() {
+        return Ok(Outcome::Skipped {
+            reason: crate::packages::how_to_enable(&crate::packages::VULKAN),
+        });
+    }
+    let features: Vec<String> = WGPU_PACKAGES.iter().map(|p| format!("{p}/wgpu")).collect();
+    let mut command = process::cargo();
+    command.arg("test");
+    for package in WGPU_PACKAGES {
+        command.args(["-p", package]);
+    }
+    command.args(["--features", &features.join(","), "--test", "wgpu"]);
+    if std::env::var_os("XDG_RUNTIME_DIR").is_none() {
+        // wgpu's Vulkan loader wants a runtime directory; a fresh container has none.
+        let dir = std::env::temp_dir().join("bonfire-xdg-runtime");
+        std::fs::create_dir_all(&dir).map_err(|e| Failure {
+            message: format!("{}: {e}", dir.display()),
+            exit_code: 1,
+        })?;
+        command.env("XDG_RUNTIME_DIR", dir);
+    }
     process::run_tests(command)?;
     Ok(Outcome::Passed)
 }

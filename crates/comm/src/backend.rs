@@ -9,6 +9,7 @@
 //!   ([`CallContext::timeout_error`]) and abort the group so peers fail fast too;
 //! - turn a peer's failure into [`CallContext::peer_failed`] rather than waiting forever.
 
+use crate::device::{DeviceBuf, DeviceCollective};
 use crate::{BufMut, BufRef, Collective, CommError, Fingerprint, FlightRecorder, Result};
 use std::time::Duration;
 
@@ -121,4 +122,50 @@ pub trait Backend: Send + Sync + 'static {
     fn new_group(&self, ranks: &[usize], timeout: Duration) -> Result<Box<dyn Backend>>;
     /// The world rank of every group rank (for messages that must name processes).
     fn world_ranks(&self) -> Vec<usize>;
+
+    /// Whether this transport reads and writes device memory itself ([`crate::device`]):
+    /// NCCL does; host transports (threads, MPI) do not, and their callers stage.
+    fn takes_device_buffers(&self) -> bool {
+        false
+    }
+
+    /// Runs a validated collective on device buffers (see [`crate::device`]).
+    ///
+    /// # Safety
+    /// Every buffer is an allocation of this backend's device holding its `len` elements,
+    /// written before the call and not touched by anything else until it returns.
+    unsafe fn device_collective(
+        &self,
+        call: DeviceCollective<'_>,
+        ctx: &CallContext<'_>,
+    ) -> Result<()> {
+        let _ = (call, ctx);
+        Err(self.no_device_buffers())
+    }
+
+    /// Sends the device buffer `buf` to group rank `dst` (see [`Backend::send`]).
+    ///
+    /// # Safety
+    /// As [`Backend::device_collective`].
+    unsafe fn device_send(&self, buf: DeviceBuf, dst: usize, ctx: &CallContext<'_>) -> Result<()> {
+        let _ = (buf, dst, ctx);
+        Err(self.no_device_buffers())
+    }
+
+    /// Receives into the device buffer `buf` from group rank `src` (see [`Backend::recv`]).
+    ///
+    /// # Safety
+    /// As [`Backend::device_collective`].
+    unsafe fn device_recv(&self, buf: DeviceBuf, src: usize, ctx: &CallContext<'_>) -> Result<()> {
+        let _ = (buf, src, ctx);
+        Err(self.no_device_buffers())
+    }
+
+    /// The error of a device-buffer call on a host transport.
+    fn no_device_buffers(&self) -> CommError {
+        CommError::Unsupported {
+            backend: self.name(),
+            what: "device buffers (a host transport: stage through host memory)".into(),
+        }
+    }
 }

@@ -65,42 +65,103 @@ pub struct AllToAllCounts<'a> {
 impl Collective<'_> {
     /// The kind of this call.
     pub fn kind(&self) -> OpKind {
-        match self {
-            Collective::AllReduce { .. } => OpKind::AllReduce,
-            Collective::Broadcast { .. } => OpKind::Broadcast,
-            Collective::Reduce { .. } => OpKind::Reduce,
-            Collective::AllGather { .. } => OpKind::AllGather,
-            Collective::ReduceScatter { .. } => OpKind::ReduceScatter,
-            Collective::AllToAll { .. } => OpKind::AllToAll,
-            Collective::Barrier => OpKind::Barrier,
-        }
+        self.shape().kind
     }
 
-    /// The element type moved (f32 for a barrier, which moves nothing).
+    /// The element type moved (u8 for a barrier, which moves nothing).
     pub fn dtype(&self) -> DType {
+        self.shape().send.0
+    }
+
+    /// What checks and fingerprints read of this call.
+    pub fn shape(&self) -> Shape<'_> {
+        let one = |kind, buf: &BufMut<'_>, root: Option<usize>, op| Shape {
+            kind,
+            send: (buf.dtype(), buf.len()),
+            recv: (buf.dtype(), buf.len()),
+            counts: None,
+            all_to_all: None,
+            root,
+            op,
+        };
+        let two = |kind, send: &BufRef<'_>, recv: &BufMut<'_>| Shape {
+            kind,
+            send: (send.dtype(), send.len()),
+            recv: (recv.dtype(), recv.len()),
+            counts: None,
+            all_to_all: None,
+            root: None,
+            op: None,
+        };
         match self {
-            Collective::AllReduce { buf, .. }
-            | Collective::Broadcast { buf, .. }
-            | Collective::Reduce { buf, .. } => buf.dtype(),
-            Collective::AllGather { send, .. }
-            | Collective::ReduceScatter { send, .. }
-            | Collective::AllToAll { send, .. } => send.dtype(),
-            Collective::Barrier => DType::U8,
+            Collective::AllReduce { buf, op } => one(OpKind::AllReduce, buf, None, Some(*op)),
+            Collective::Broadcast { buf, root } => one(OpKind::Broadcast, buf, Some(*root), None),
+            Collective::Reduce { buf, op, root } => {
+                one(OpKind::Reduce, buf, Some(*root), Some(*op))
+            }
+            Collective::AllGather { send, recv, counts } => Shape {
+                counts: *counts,
+                ..two(OpKind::AllGather, send, recv)
+            },
+            Collective::ReduceScatter {
+                send,
+                recv,
+                op,
+                counts,
+            } => Shape {
+                counts: *counts,
+                op: Some(*op),
+                ..two(OpKind::ReduceScatter, send, recv)
+            },
+            Collective::AllToAll { send, recv, counts } => Shape {
+                all_to_all: *counts,
+                ..two(OpKind::AllToAll, send, recv)
+            },
+            Collective::Barrier => Shape {
+                kind: OpKind::Barrier,
+                send: (DType::U8, 0),
+                recv: (DType::U8, 0),
+                counts: None,
+                all_to_all: None,
+                root: None,
+                op: None,
+            },
         }
     }
 
     /// Checks this rank's arguments for a group of `size` ranks in which it is `rank`.
     /// Returns a message describing the first problem found.
     pub fn validate(&self, rank: usize, size: usize) -> Result<(), String> {
-        let check_root = |root: usize| {
-            if root >= size {
-                Err(format!(
-                    "root {root} is out of range for a group of {size} ranks"
-                ))
-            } else {
-                Ok(())
-            }
-        };
+        self.shape().validate(rank, size)
+    }
+
+    /// The fingerprint of this call at position `seq` (after [`Collective::validate`]).
+    pub fn fingerprint(&self, seq: u64, size: usize) -> Fingerprint {
+        self.shape().fingerprint(seq, size)
+    }
+}
+
+/// What argument checks and fingerprints read of a call — kind, element types and lengths,
+/// counts, root, reduce op — the same whether its buffers are host slices ([`Collective`])
+/// or device memory ([`crate::DeviceCollective`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Shape<'a> {
+    pub kind: OpKind,
+    /// Element type and length of the input buffer (the one buffer of an in-place call).
+    pub send: (DType, usize),
+    /// Element type and length of the output buffer (the same as `send` in place).
+    pub recv: (DType, usize),
+    /// Per-rank counts of an uneven all-gather or reduce-scatter.
+    pub counts: Counts<'a>,
+    /// Per-peer counts of an uneven all-to-all.
+    pub all_to_all: Option<AllToAllCounts<'a>>,
+    pub root: Option<usize>,
+    pub op: Option<ReduceOp>,
+}
+
+impl Shape<'_> {
+    /// Checks the call's arguments for a group of `size` ranks in which it is `rank`.
+    pub fn validate(&self, rank: usize, size: usize) -> Result<(), String> {
         let check_counts = |counts: &[usize], what: &str| {
             if counts.len() != size {
                 Err(format!(
@@ -111,45 +172,44 @@ impl Collective<'_> {
                 Ok(())
             }
         };
-        match self {
-            Collective::AllReduce { .. } | Collective::Barrier => Ok(()),
-            Collective::Broadcast { root, .. } | Collective::Reduce { root, .. } => {
-                check_root(*root)
-            }
-            Collective::AllGather { send, recv, counts } => {
-                same_dtype(send.dtype(), recv.dtype())?;
-                match counts {
-                    None => expect_len("recv", recv.len(), send.len() * size, "send.len() × ranks"),
+        if let Some(root) = self.root.filter(|&r| r >= size) {
+            return Err(format!(
+                "root {root} is out of range for a group of {size} ranks"
+            ));
+        }
+        let ((_, send), (_, recv)) = (self.send, self.recv);
+        match self.kind {
+            OpKind::AllGather => {
+                same_dtype(self.send.0, self.recv.0)?;
+                match self.counts {
+                    None => expect_len("recv", recv, send * size, "send.len() × ranks"),
                     Some(counts) => {
                         check_counts(counts, "counts")?;
-                        expect_len("send", send.len(), counts[rank], "counts[rank]")?;
-                        expect_len("recv", recv.len(), counts.iter().sum(), "sum(counts)")
+                        expect_len("send", send, counts[rank], "counts[rank]")?;
+                        expect_len("recv", recv, counts.iter().sum(), "sum(counts)")
                     }
                 }
             }
-            Collective::ReduceScatter {
-                send, recv, counts, ..
-            } => {
-                same_dtype(send.dtype(), recv.dtype())?;
-                match counts {
-                    None => expect_len("send", send.len(), recv.len() * size, "recv.len() × ranks"),
+            OpKind::ReduceScatter => {
+                same_dtype(self.send.0, self.recv.0)?;
+                match self.counts {
+                    None => expect_len("send", send, recv * size, "recv.len() × ranks"),
                     Some(counts) => {
                         check_counts(counts, "counts")?;
-                        expect_len("recv", recv.len(), counts[rank], "counts[rank]")?;
-                        expect_len("send", send.len(), counts.iter().sum(), "sum(counts)")
+                        expect_len("recv", recv, counts[rank], "counts[rank]")?;
+                        expect_len("send", send, counts.iter().sum(), "sum(counts)")
                     }
                 }
             }
-            Collective::AllToAll { send, recv, counts } => {
-                same_dtype(send.dtype(), recv.dtype())?;
-                match counts {
+            OpKind::AllToAll => {
+                same_dtype(self.send.0, self.recv.0)?;
+                match self.all_to_all {
                     None => {
-                        expect_len("recv", recv.len(), send.len(), "send.len()")?;
-                        if send.len() % size != 0 {
+                        expect_len("recv", recv, send, "send.len()")?;
+                        if send % size != 0 {
                             return Err(format!(
-                                "send length {} is not divisible by the {size} ranks \
-                                 (use the uneven form with explicit counts)",
-                                send.len()
+                                "send length {send} is not divisible by the {size} ranks \
+                                 (use the uneven form with explicit counts)"
                             ));
                         }
                         Ok(())
@@ -157,43 +217,38 @@ impl Collective<'_> {
                     Some(c) => {
                         check_counts(c.send, "send_counts")?;
                         check_counts(c.recv, "recv_counts")?;
-                        expect_len("send", send.len(), c.send.iter().sum(), "sum(send_counts)")?;
-                        expect_len("recv", recv.len(), c.recv.iter().sum(), "sum(recv_counts)")
+                        expect_len("send", send, c.send.iter().sum(), "sum(send_counts)")?;
+                        expect_len("recv", recv, c.recv.iter().sum(), "sum(recv_counts)")
                     }
                 }
             }
+            _ => Ok(()),
         }
     }
 
-    /// The fingerprint of this call at position `seq` (after [`Collective::validate`]).
+    /// The fingerprint of the call at position `seq` (after [`Shape::validate`]).
     pub fn fingerprint(&self, seq: u64, size: usize) -> Fingerprint {
-        let (count, layout, root, reduce_op) = match self {
-            Collective::AllReduce { buf, op } => (buf.len(), 0, None, Some(*op)),
-            Collective::Broadcast { buf, root } => (buf.len(), 0, Some(*root), None),
-            Collective::Reduce { buf, op, root } => (buf.len(), 0, Some(*root), Some(*op)),
-            Collective::AllGather { recv, counts, .. } => {
-                (recv.len(), counts.map_or(0, digest_counts), None, None)
-            }
-            Collective::ReduceScatter {
-                send, op, counts, ..
-            } => (send.len(), counts.map_or(0, digest_counts), None, Some(*op)),
+        let ((_, send), (_, recv)) = (self.send, self.recv);
+        let (count, layout) = match self.kind {
+            OpKind::AllGather => (recv, self.counts.map_or(0, digest_counts)),
+            OpKind::ReduceScatter => (send, self.counts.map_or(0, digest_counts)),
             // Per-rank totals legitimately differ in an uneven all-to-all; backends check that
             // every (sender, receiver) pair agrees instead. The layout marks the form, so an
             // even call can never be paired with an uneven one (even with empty buffers).
-            Collective::AllToAll { send, counts, .. } => match counts {
-                None => (send.len() * size, 0, None, None),
-                Some(_) => (0, UNEVEN_ALL_TO_ALL, None, None),
+            OpKind::AllToAll => match self.all_to_all {
+                None => (send * size, 0),
+                Some(_) => (0, UNEVEN_ALL_TO_ALL),
             },
-            Collective::Barrier => (0, 0, None, None),
+            _ => (send, 0),
         };
         Fingerprint {
             seq,
-            op: self.kind(),
-            dtype: self.dtype(),
+            op: self.kind,
+            dtype: self.send.0,
             count: count as u64,
             layout,
-            root: root.map(|r| r as u32),
-            reduce_op,
+            root: self.root.map(|r| r as u32),
+            reduce_op: self.op,
             tag: None,
         }
     }

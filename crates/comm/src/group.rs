@@ -2,6 +2,7 @@
 
 use crate::backend::{Backend, CallContext};
 use crate::collective::{AllToAllCounts, Collective};
+use crate::device::{DeviceBuf, DeviceCollective};
 use crate::work::{Executor, Work};
 use crate::{BufMut, BufRef, CommError, Element, Fingerprint, FlightRecorder, OpKind, ReduceOp};
 use crate::{DType, Result};
@@ -368,6 +369,58 @@ impl ProcessGroup {
     pub fn recv_raw(&self, buf: BufMut<'_>, src: usize, tag: u64) -> Result<()> {
         let fp = self.p2p_fingerprint(OpKind::Recv, src, tag, buf.dtype(), buf.len())?;
         self.record(fp, |ctx| self.inner.backend.recv(buf, src, ctx))
+    }
+
+    // ----- device buffers ----------------------------------------------------------------------
+
+    /// Whether this group's backend moves device buffers itself (NCCL); when it does not,
+    /// the device-buffer calls below return [`CommError::Unsupported`] and callers stage
+    /// through host memory.
+    pub fn takes_device_buffers(&self) -> bool {
+        self.inner.backend.takes_device_buffers()
+    }
+
+    /// Runs `call` on device buffers, with the checks, fingerprint, timeout and flight
+    /// record of a host collective (see [`crate::device`]).
+    ///
+    /// # Safety
+    /// Every buffer of `call` is an allocation of the backend's device holding its `len`
+    /// elements, written before the call and not touched by anything else until it returns.
+    pub unsafe fn device_collective(&self, call: DeviceCollective<'_>) -> Result<()> {
+        let kind = call.shape().kind;
+        call.validate(self.rank(), self.size())
+            .map_err(|m| self.invalid(kind, m))?;
+        self.inner.collectives.drain();
+        let seq = self.inner.seq.fetch_add(1, Ordering::Relaxed);
+        let fingerprint = call.shape().fingerprint(seq, self.size());
+        // SAFETY: forwarded from the caller.
+        self.record(fingerprint, |ctx| unsafe {
+            self.inner.backend.device_collective(call, ctx)
+        })
+    }
+
+    /// [`send`](Self::send) of a device buffer.
+    ///
+    /// # Safety
+    /// As [`device_collective`](Self::device_collective).
+    pub unsafe fn device_send(&self, buf: DeviceBuf, dst: usize, tag: u64) -> Result<()> {
+        let fp = self.p2p_fingerprint(OpKind::Send, dst, tag, buf.dtype, buf.len)?;
+        // SAFETY: forwarded from the caller.
+        self.record(fp, |ctx| unsafe {
+            self.inner.backend.device_send(buf, dst, ctx)
+        })
+    }
+
+    /// [`recv`](Self::recv) into a device buffer.
+    ///
+    /// # Safety
+    /// As [`device_collective`](Self::device_collective).
+    pub unsafe fn device_recv(&self, buf: DeviceBuf, src: usize, tag: u64) -> Result<()> {
+        let fp = self.p2p_fingerprint(OpKind::Recv, src, tag, buf.dtype, buf.len)?;
+        // SAFETY: forwarded from the caller.
+        self.record(fp, |ctx| unsafe {
+            self.inner.backend.device_recv(buf, src, ctx)
+        })
     }
 
     // ----- asynchronous API ------------------------------------------------------------------

@@ -43,6 +43,7 @@
 
 mod backend;
 mod collective;
+pub mod device;
 mod dtype;
 mod error;
 mod fingerprint;
@@ -63,7 +64,8 @@ mod work;
 pub mod world;
 
 pub use backend::{Backend, CallContext};
-pub use collective::{AllToAllCounts, Collective, Counts, even_piece, offsets_into};
+pub use collective::{AllToAllCounts, Collective, Counts, Shape, even_piece, offsets_into};
+pub use device::{DeviceBuf, DeviceCollective};
 pub use dtype::{BufMut, BufRef, DType, Element};
 pub use error::{CommError, Result};
 pub use fingerprint::{Fingerprint, OpKind, digest_counts};

@@ -115,3 +115,137 @@ fn gpu_tcp_rendezvous_bootstrap_and_device_pointer_all_reduce() {
         }
     });
 }
+
+/// One rank's checks of the device-buffer API of a [`ProcessGroup`] over NCCL: all-reduce,
+/// broadcast, uneven all-gather and reduce-scatter on device memory, and device and host
+/// send/recv between neighbours (even ranks send first: NCCL's sends are rendezvous).
+fn device_buffers(
+    pg: &ProcessGroup,
+    comm_stream: bonfire_comm::nccl::Stream,
+) -> Result<(), String> {
+    use bonfire_comm::{DeviceBuf, DeviceCollective};
+    use cudarc::driver::result as cu;
+    let (n, me) = (pg.size(), pg.rank());
+    let upload = |v: &[f32]| -> u64 {
+        // SAFETY: a fresh allocation of `v.len()` f32, filled synchronously.
+        unsafe {
+            let dev = cu::malloc_sync(v.len().max(1) * 4).unwrap();
+            cu::memcpy_htod_sync(dev, v).unwrap();
+            dev
+        }
+    };
+    let download = |dev: u64, len: usize| -> Vec<f32> {
+        let mut v = vec![0f32; len];
+        // SAFETY: `dev` holds `len` f32 written by a finished call.
+        unsafe { cu::memcpy_dtoh_sync(&mut v, dev).unwrap() };
+        v
+    };
+    let buf = |ptr, len| DeviceBuf::new(ptr, len, DType::F32);
+    let _ = comm_stream;
+    let err = |e: bonfire_comm::CommError| e.to_string();
+    // All-reduce (out of place) and broadcast.
+    let (a, b) = (upload(&vec![(me + 1) as f32; 1000]), upload(&[0.0; 1000]));
+    // SAFETY (every call below): buffers allocated above with the stated lengths.
+    unsafe {
+        let call = DeviceCollective::AllReduce {
+            send: buf(a, 1000),
+            recv: buf(b, 1000),
+            op: ReduceOp::Sum,
+        };
+        pg.device_collective(call).map_err(err)?;
+    }
+    let want = (n * (n + 1) / 2) as f32;
+    if download(b, 1000).iter().any(|&x| x != want) {
+        return Err("device all-reduce".into());
+    }
+    unsafe {
+        let call = DeviceCollective::Broadcast {
+            send: buf(a, 1000),
+            recv: buf(b, 1000),
+            root: n - 1,
+        };
+        pg.device_collective(call).map_err(err)?;
+    }
+    if download(b, 1000).iter().any(|&x| x != n as f32) {
+        return Err("device broadcast".into());
+    }
+    // Uneven all-gather: rank r contributes r + 1 values of r.
+    let counts: Vec<usize> = (1..=n).collect();
+    let total: usize = counts.iter().sum();
+    let (piece, all) = (upload(&vec![me as f32; me + 1]), upload(&vec![0.0; total]));
+    unsafe {
+        let call = DeviceCollective::AllGather {
+            send: buf(piece, me + 1),
+            recv: buf(all, total),
+            counts: Some(&counts),
+        };
+        pg.device_collective(call).map_err(err)?;
+    }
+    let want: Vec<f32> = (0..n).flat_map(|r| vec![r as f32; r + 1]).collect();
+    if download(all, total) != want {
+        return Err("device uneven all-gather".into());
+    }
+    // Reduce-scatter of the gathered vector back: every rank's piece times n.
+    unsafe {
+        let call = DeviceCollective::ReduceScatter {
+            send: buf(all, total),
+            recv: buf(piece, me + 1),
+            op: ReduceOp::Sum,
+            counts: Some(&counts),
+        };
+        pg.device_collective(call).map_err(err)?;
+    }
+    if download(piece, me + 1)
+        .iter()
+        .any(|&x| x != (me * n) as f32)
+    {
+        return Err("device uneven reduce-scatter".into());
+    }
+    if n > 1 {
+        let (next, prev) = ((me + 1) % n, (me + n - 1) % n);
+        let out = upload(&[me as f32; 64]);
+        let inbox = upload(&[0.0; 64]);
+        let send = || unsafe { pg.device_send(buf(out, 64), next, 7) };
+        let recv = || unsafe { pg.device_recv(buf(inbox, 64), prev, 7) };
+        if me % 2 == 0 {
+            send().and_then(|_| recv())
+        } else {
+            recv().and_then(|_| send())
+        }
+        .map_err(err)?;
+        if download(inbox, 64).iter().any(|&x| x != prev as f32) {
+            return Err("device send/recv".into());
+        }
+        let mut host = vec![0f64; 8];
+        let send = || pg.send(&[me as f64; 8], next, 3);
+        if me % 2 == 0 {
+            send().and_then(|_| pg.recv(&mut host, prev, 3))
+        } else {
+            pg.recv(&mut host, prev, 3).and_then(|_| send())
+        }
+        .map_err(err)?;
+        if host.iter().any(|&x| x != prev as f64) {
+            return Err("host send/recv over NCCL".into());
+        }
+    }
+    Ok(())
+}
+
+#[test]
+#[ignore = "needs NVIDIA GPUs: cargo xtask test-multi-gpu"]
+fn gpu_device_buffers_through_the_process_group() {
+    let n = gpus();
+    let id = UniqueId::new().unwrap();
+    std::thread::scope(|s| {
+        for rank in 0..n {
+            s.spawn(move || {
+                let comm = NcclComm::init(&id, rank, n, rank).unwrap();
+                let stream = comm.stream();
+                let pg = comm.into_group("gpu-device");
+                pg.set_timeout(Duration::from_secs(60));
+                assert!(pg.takes_device_buffers());
+                device_buffers(&pg, stream).unwrap_or_else(|e| panic!("GPU rank {rank}: {e}"));
+            });
+        }
+    });
+}

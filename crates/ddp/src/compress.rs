@@ -10,7 +10,7 @@ use crate::error::DdpError;
 use crate::timing::Span;
 use bonfire_comm::{ProcessGroup, ReduceOp};
 use bonfire_dtensor::plane::{self, PendingTensor};
-use burn::tensor::{DType, Tensor};
+use burn::tensor::{DType, Device, Tensor};
 
 /// How gradients travel in the all-reduce.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -49,6 +49,30 @@ impl InFlight {
 }
 
 impl Compression {
+    /// The 16-bit type buckets are rounded to (`None` without compression).
+    fn dtype(self) -> Option<DType> {
+        match self {
+            Compression::None => None,
+            Compression::Bf16 => Some(DType::BF16),
+            Compression::Fp16 => Some(DType::F16),
+        }
+    }
+
+    /// An error, before anything is built, where a device of the model cannot store the
+    /// compressed type (Mesa's software Vulkan has no bf16, for one).
+    pub(crate) fn check_device(self, devices: &[Device]) -> Result<(), DdpError> {
+        let Some(dtype) = self.dtype() else {
+            return Ok(());
+        };
+        match devices.iter().find(|d| !bonfire_kernels::stores(d, dtype)) {
+            Some(device) => Err(DdpError::Usage(format!(
+                "compression {self:?}: the model's device {device:?} cannot store {dtype:?}; \
+                 choose another Compression"
+            ))),
+            None => Ok(()),
+        }
+    }
+
     /// Starts the all-reduce (average) of the flat `bucket` on `pg`'s communication thread;
     /// `residual` is this bucket's error-feedback state (unused without compression).
     pub(crate) fn launch(
@@ -57,15 +81,11 @@ impl Compression {
         bucket: Tensor<1>,
         residual: &mut Option<Tensor<1>>,
     ) -> InFlight {
-        let dtype = match self {
-            Compression::None => {
-                return InFlight {
-                    pending: plane::all_reduce_async(bucket, ReduceOp::Avg, pg),
-                    widen: false,
-                };
-            }
-            Compression::Bf16 => DType::BF16,
-            Compression::Fp16 => DType::F16,
+        let Some(dtype) = self.dtype() else {
+            return InFlight {
+                pending: plane::all_reduce_async(bucket, ReduceOp::Avg, pg),
+                widen: false,
+            };
         };
         let q = quantize(bucket, residual, pg.size(), dtype);
         InFlight {
@@ -75,14 +95,12 @@ impl Compression {
     }
 }
 
-/// Rounds `g / n + residual` to `dtype` and keeps what was lost in `residual`.
+/// Rounds `g / n + residual` to `dtype` and keeps what was lost in `residual` (one kernel on
+/// a CubeCL device, see `bonfire_kernels::quantize_with_feedback`).
 fn quantize(g: Tensor<1>, residual: &mut Option<Tensor<1>>, n: usize, dtype: DType) -> Tensor<1> {
-    let mut v = g / n as f64;
-    if let Some(r) = residual.take().filter(|r| r.dims() == v.dims()) {
-        v = v + r;
-    }
-    let q = v.clone().cast(dtype);
-    *residual = Some(v - q.clone().cast(DType::F32));
+    let previous = residual.take().filter(|r| r.dims() == g.dims());
+    let (q, lost) = bonfire_kernels::quantize_with_feedback(g, previous, 1.0 / n as f32, dtype);
+    *residual = Some(lost);
     q
 }
 

@@ -64,6 +64,7 @@ impl<M: Module> DistributedDataParallel<M> {
         pg: ProcessGroup,
         config: DdpConfig,
     ) -> Result<Self, DdpError> {
+        config.compression.check_device(&model.devices())?;
         let (model, infos) = params::sync_from_root(model, &pg)?;
         let plan = BucketPlan::new(&infos, config.bucket_bytes);
         Ok(Self {
@@ -206,7 +207,7 @@ impl<M: Module> DistributedDataParallel<M> {
                             .unwrap_or_else(|| Tensor::zeros([self.infos[i].numel()], &device))
                     })
                     .collect();
-                Tensor::cat(pieces, 0)
+                bonfire_kernels::pack_scaled(&pieces, 1.0)
             })
             .collect()
     }

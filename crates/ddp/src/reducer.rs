@@ -100,7 +100,7 @@ impl Reducer {
                     .unwrap_or_else(|| Tensor::zeros([self.infos[i].numel()], &device))
             })
             .collect();
-        let bucket = Tensor::cat(parts, 0);
+        let bucket = bonfire_kernels::pack_scaled(&parts, 1.0);
         if self.record {
             self.launches[b] = crate::timing::now();
         }

@@ -286,9 +286,11 @@ impl<'a, M: Block<D>, H: StageParams<Vec<Vec<M>>>, const D: usize> BurnStage<'a,
         plane::from_data(data, &self.device, Reason::Activation)
     }
 
-    /// An activation leaving this stage, on the host (counted likewise).
+    /// An activation leaving this stage, on the host (counted likewise, and as payload:
+    /// what the send carries).
     fn to_host(t: Tensor<D>) -> Result<Activation, PipelineError> {
         let shape = t.dims().to_vec();
+        plane::ledger::record_payload(4 * t.shape().num_elements());
         let data = plane::to_data(t, Reason::Activation)
             .convert::<f32>()
             .try_into_vec::<f32>()

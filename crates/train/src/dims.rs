@@ -83,7 +83,8 @@ pub struct ParallelDims {
     degrees: [usize; 3],
     /// ZeRO stage on the dp axis (stage 0 is DDP).
     pub zero: Stage,
-    /// ZeRO-Offload: the optimizer state lives on the host between steps (stage ≥ 1).
+    /// ZeRO-Offload: the optimizer state, its master values and the update live on a CPU
+    /// device while the model trains on its own (stage ≥ 1).
     pub offload: bool,
     pub tp: TpOptions,
     pub pp: PpOptions,

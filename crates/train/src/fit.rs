@@ -5,6 +5,8 @@
 
 use crate::engine::Engine;
 use crate::error::TrainError;
+use bonfire_dtensor::plane::ledger::Direction;
+use bonfire_dtensor::plane::{TransferLedger, Transfers};
 use burn::tensor::Device;
 use indicatif::{ProgressBar, ProgressStyle};
 use std::io::Write;
@@ -36,6 +38,12 @@ pub struct StepReport {
     /// per step).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tokens_per_s: Option<f64>,
+    /// Bytes this rank's forward, backward and optimizer step moved device→host and
+    /// host→device (the transfer ledger; zero on a host device such as Flex), and the bytes
+    /// its collectives carried.
+    pub d2h_bytes: u64,
+    pub h2d_bytes: u64,
+    pub payload_bytes: u64,
 }
 
 /// Called by the loop at fixed points of each step (collectives inside are fine: every rank
@@ -204,16 +212,25 @@ pub fn fit<B>(
     for step in config.start_step..config.steps {
         let start = Instant::now();
         let batch = data.batch(step, engine.device());
+        let (ledger, mut moved) = (TransferLedger::start(), Transfers::default());
         let loss = engine.forward_backward(&batch)?;
         drop(batch);
+        moved.add(&ledger.snapshot());
+        drop(ledger);
         hooks.after_backward(step, engine)?;
+        let ledger = TransferLedger::start();
         engine.step(config.lr)?;
+        moved.add(&ledger.snapshot());
+        drop(ledger);
         let seconds = start.elapsed().as_secs_f64();
         let report = StepReport {
             step,
             loss,
             step_ms: seconds * 1e3,
             tokens_per_s: config.tokens_per_step.map(|t| t as f64 / seconds),
+            d2h_bytes: moved.total(Direction::DeviceToHost),
+            h2d_bytes: moved.total(Direction::HostToDevice),
+            payload_bytes: moved.payload,
         };
         reporter.report(&report, step + 1 == config.steps)?;
         hooks.after_step(&report, engine)?;

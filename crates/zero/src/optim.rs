@@ -76,6 +76,11 @@ pub struct ShardOptimizer {
     step_device: Device,
     /// Whether `step_device` is the offload device.
     offloaded: bool,
+    /// With offload: the range's values as of the last step, kept on the offload device (the
+    /// fp32 master of ZeRO-Offload), so that a step sends only the gradient down and the
+    /// update up. Taken at the first step; dropped when the values are replaced from outside
+    /// (a checkpoint load, through [`import`](Self::import)).
+    master: Option<Tensor<1>>,
 }
 
 impl ShardOptimizer {
@@ -106,18 +111,23 @@ impl ShardOptimizer {
             own_len,
             offloaded: offload.is_some(),
             step_device: offload.unwrap_or(device),
+            master: None,
         })
     }
 
     /// Steps the range: `values` and `grads` are the rank's own range of the flat vector, on
     /// the model's device; returns the updated range there. With offload the step runs on the
-    /// offload device (gradient and values down, the update back up).
+    /// offload device against its master copy of the values (the gradient goes down, the
+    /// update comes back up; the values go down once, at the first step).
     pub fn step(&mut self, lr: f64, values: Tensor<1>, grads: Tensor<1>) -> Tensor<1> {
         let home = values.device();
         let (values, grads) = (values.inner(), grads.inner());
         let (values, grads) = if self.offloaded {
             let to = &self.step_device;
-            let v = plane::to_device(values, to, Reason::Offload);
+            let v = match self.master.take() {
+                Some(master) => master,
+                None => plane::to_device(values, to, Reason::Offload),
+            };
             (v, plane::to_device(grads, to, Reason::Offload))
         } else {
             (values, grads)
@@ -131,6 +141,7 @@ impl ShardOptimizer {
         };
         let updated = self.optim.step(lr, module, gp).values.val().inner();
         let updated = if self.offloaded {
+            self.master = Some(updated.clone());
             plane::to_device(updated, &home.clone().inner(), Reason::Offload)
         } else {
             updated
@@ -202,7 +213,8 @@ impl ShardOptimizer {
     }
 
     /// Replaces the state of the whole range with the pieces' states (`None`: the optimizer
-    /// starts fresh, as before its first step). Either every piece has a state or none.
+    /// starts fresh, as before its first step). Either every piece has a state or none. The
+    /// offload master copy is dropped: the next step takes the values from the model's device.
     pub fn import(&mut self, pieces: Vec<Option<FlatState>>) -> Result<()> {
         let state = match pieces.iter().flatten().next() {
             None => None,
@@ -241,6 +253,7 @@ impl ShardOptimizer {
             Some(state) => self.load(state),
             None => self.blank.clone(),
         };
+        self.master = None;
         Ok(())
     }
 
@@ -252,10 +265,14 @@ impl ShardOptimizer {
             self.state_bytes()
         }
     }
-    /// Bytes of optimizer state on the offload device.
+    /// Bytes on the offload device: the optimizer state and the master copy of the values.
     pub fn offload_bytes(&self) -> usize {
         if self.offloaded {
-            self.state_bytes()
+            let master = self
+                .master
+                .as_ref()
+                .map_or(0, |m| m.dtype().size() * m.dims()[0]);
+            self.state_bytes() + master
         } else {
             0
         }

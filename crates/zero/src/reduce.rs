@@ -141,7 +141,7 @@ impl GradBuckets {
                 })
             })
             .collect();
-        Tensor::cat(parts, 0)
+        bonfire_kernels::pack_scaled(&parts, 1.0)
     }
 
     /// Reduce-scatters, in bucket order, every bucket whose parameters are all complete.
@@ -180,7 +180,7 @@ impl GradBuckets {
         }
         self.launch_ready()?;
         let parts: Vec<Tensor<1>> = std::mem::take(&mut self.own).into_values().collect();
-        Ok((!parts.is_empty()).then(|| Tensor::cat(parts, 0)))
+        Ok((!parts.is_empty()).then(|| bonfire_kernels::pack_scaled(&parts, 1.0)))
     }
 }
 

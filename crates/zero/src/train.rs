@@ -98,7 +98,7 @@ impl<M: Module> Zero<M> {
                     .zip(self.infos.iter())
                     .map(|(g, p)| g.unwrap_or_else(|| Tensor::zeros([p.numel()], &device)))
                     .collect();
-                let mut flat = Tensor::cat(parts, 0);
+                let mut flat = bonfire_kernels::pack_scaled(&parts, 1.0);
                 if self.pg.size() > 1 {
                     flat = plane::all_reduce(flat, ReduceOp::Avg, &self.pg)?;
                 }
@@ -249,7 +249,8 @@ impl<M: Module> DataParallel<M> for Zero<M> {
                 at = slot + piece.len();
             }
             debug_assert_eq!(at, own.len());
-            let g = (!parts.is_empty()).then(|| Tensor::cat(parts, 0) / self.pg.size() as f64);
+            let scale = 1.0 / self.pg.size() as f32;
+            let g = (!parts.is_empty()).then(|| bonfire_kernels::pack_scaled(&parts, scale));
             self.grads = Some(g);
             self.pieces.clear();
             return Ok(());

@@ -127,8 +127,9 @@ fn offload_keeps_the_optimizer_state_on_its_own_device() {
                 );
                 assert_eq!(
                     optim.offload_bytes(),
-                    8 * own,
-                    "{stage:?}: Adam's two moments per element, on the offload device"
+                    12 * own,
+                    "{stage:?}: Adam's two moments and the master value per element, on the \
+                     offload device"
                 );
                 let shard = z.own_tensor().unwrap();
                 assert!(

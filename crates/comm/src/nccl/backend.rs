@@ -1,8 +1,6 @@
-//! [`NcclBackend`]: a [`ProcessGroup`](crate::ProcessGroup) backend over NCCL for *host*
-//! buffers, staged through device scratch that is reused across calls. It exists so that
-//! the conformance suite, fingerprint checks and timeouts run on GPUs exactly as on the
-//! other backends; tensors that already live on the GPU use the `*_device` methods of
-//! [`NcclComm`] directly (no staging).
+//! [`NcclBackend`]: a [`ProcessGroup`](crate::ProcessGroup) backend over NCCL. Host buffers
+//! are staged through device scratch that is reused across calls, so that the conformance
+//! suite, fingerprint checks and timeouts run on GPUs exactly as on the other backends.
 //!
 //! Each collective first all-gathers the 64-byte encoded fingerprint of every rank (one tiny
 //! NCCL all-gather), compares them on the host and fails on every rank with both views if
@@ -10,27 +8,27 @@
 //! uneven reduce-scatter a grouped reduce per root, all-to-all grouped send/recv. Every
 //! wait polls the stream against the group's timeout and aborts the communicator on expiry.
 //!
-//! Host point-to-point (`send`/`recv`) is not offered: NCCL sends block until the peer's
-//! receive runs and cannot be matched by tag, so the buffered, tag-matched semantics of the
-//! other backends cannot be honoured; use [`NcclComm::exchange_device`] (grouped).
+//! It also takes device buffers itself (`device_collective`, `device_send`, `device_recv`:
+//! the same fingerprint handshake, then NCCL on the caller's memory; see `ops.rs`). Host
+//! point-to-point is staged through scratch and has NCCL's rendezvous semantics (`ops.rs`).
 
 use super::{DevicePtr, NcclComm, UniqueId, WaitFailure, error};
 use crate::backend::{Backend, CallContext};
 use crate::collective::{AllToAllCounts, Collective, Counts, offsets_into};
-use crate::{BufMut, BufRef, CommError, DType, ReduceOp, Result, wire};
+use crate::{BufMut, BufRef, DType, DeviceBuf, DeviceCollective, ReduceOp, Result, wire};
 use cudarc::driver::result as cu;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 /// A grow-only device allocation.
 #[derive(Default)]
-struct DeviceBuf {
+pub(super) struct ScratchBuf {
     ptr: DevicePtr,
     bytes: usize,
 }
 
-impl DeviceBuf {
-    fn ensure(&mut self, bytes: usize) -> Result<DevicePtr> {
+impl ScratchBuf {
+    pub(super) fn ensure(&mut self, bytes: usize) -> Result<DevicePtr> {
         if self.bytes < bytes.max(1) {
             self.release();
             // SAFETY: the communicator's context is current (ensure_usable).
@@ -40,6 +38,13 @@ impl DeviceBuf {
         }
         Ok(self.ptr)
     }
+    /// Copies host `bytes` into the buffer (grown as needed), on the communicator's stream.
+    fn stage(&mut self, backend: &NcclBackend, bytes: &[u8]) -> Result<DevicePtr> {
+        let ptr = self.ensure(bytes.len())?;
+        backend.h2d(ptr, bytes)?;
+        Ok(ptr)
+    }
+
     fn release(&mut self) {
         if self.bytes > 0 {
             // SAFETY: allocated by `ensure`, freed once.
@@ -50,12 +55,12 @@ impl DeviceBuf {
 }
 
 #[derive(Default)]
-struct Scratch {
-    a: DeviceBuf,
-    b: DeviceBuf,
-    fps: DeviceBuf,
+pub(super) struct Scratch {
+    a: ScratchBuf,
+    b: ScratchBuf,
+    pub(super) fps: ScratchBuf,
     host_fps: Vec<u8>,
-    offsets: Vec<usize>,
+    pub(super) offsets: Vec<usize>,
     offsets2: Vec<usize>,
     counts: Vec<usize>,
     matrix: Vec<u64>,
@@ -81,8 +86,16 @@ impl NcclBackend {
         }
     }
 
+    pub(super) fn comm(&self) -> &NcclComm {
+        &self.comm
+    }
+
+    pub(super) fn lock_scratch(&self) -> std::sync::MutexGuard<'_, Scratch> {
+        self.scratch.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// Waits for the communicator's stream, mapping failures to the call's errors.
-    fn wait(&self, ctx: &CallContext<'_>, started: Instant) -> Result<()> {
+    pub(super) fn wait(&self, ctx: &CallContext<'_>, started: Instant) -> Result<()> {
         let deadline = started + ctx.timeout;
         self.comm.wait_own(deadline).map_err(|f| match f {
             // NCCL cannot tell which peers are missing: name them all.
@@ -96,7 +109,7 @@ impl NcclBackend {
         })
     }
 
-    fn h2d(&self, dst: DevicePtr, src: &[u8]) -> Result<()> {
+    pub(super) fn h2d(&self, dst: DevicePtr, src: &[u8]) -> Result<()> {
         if src.is_empty() {
             return Ok(());
         }
@@ -105,7 +118,7 @@ impl NcclBackend {
             .map_err(|e| error(format!("cuMemcpyHtoDAsync: {e:?}")))
     }
 
-    fn d2h(&self, dst: &mut [u8], src: DevicePtr) -> Result<()> {
+    pub(super) fn d2h(&self, dst: &mut [u8], src: DevicePtr) -> Result<()> {
         if dst.is_empty() {
             return Ok(());
         }
@@ -145,7 +158,12 @@ impl NcclBackend {
         self.wait(ctx, started)
     }
 
-    fn handshake(&self, s: &mut Scratch, ctx: &CallContext<'_>, started: Instant) -> Result<()> {
+    pub(super) fn handshake(
+        &self,
+        s: &mut Scratch,
+        ctx: &CallContext<'_>,
+        started: Instant,
+    ) -> Result<()> {
         let n = self.comm.size();
         let me = self.comm.rank();
         let dev = s.fps.ensure(wire::BYTES * n)?;
@@ -213,15 +231,16 @@ impl NcclBackend {
         s: &mut Scratch,
         t: Timing<'_>,
     ) -> Result<()> {
-        let (stream, dtype) = (self.comm.stream(), buf.dtype());
-        let a = s.a.ensure(buf.bytes().len())?;
-        self.h2d(a, buf.bytes())?;
-        // SAFETY: `a` holds the buffer.
-        unsafe {
-            self.comm
-                .all_reduce_device(a, a, buf.len(), dtype, op, stream)?
+        let a = s.a.stage(self, buf.bytes())?;
+        let a = DeviceBuf::new(a, buf.len(), buf.dtype());
+        let call = DeviceCollective::AllReduce {
+            send: a,
+            recv: a,
+            op,
         };
-        self.d2h(buf.bytes_mut(), a)?;
+        // SAFETY: `a` holds the buffer.
+        unsafe { self.enqueue(call, s)? };
+        self.d2h(buf.bytes_mut(), a.ptr)?;
         self.wait(t.ctx, t.started)
     }
 
@@ -233,15 +252,16 @@ impl NcclBackend {
         s: &mut Scratch,
         t: Timing<'_>,
     ) -> Result<()> {
-        let (stream, dtype) = (self.comm.stream(), buf.dtype());
-        let a = s.a.ensure(buf.bytes().len())?;
-        self.h2d(a, buf.bytes())?;
-        // SAFETY: `a` holds the buffer.
-        unsafe {
-            self.comm
-                .broadcast_device(a, a, buf.len(), dtype, root, stream)?
+        let a = s.a.stage(self, buf.bytes())?;
+        let a = DeviceBuf::new(a, buf.len(), buf.dtype());
+        let call = DeviceCollective::Broadcast {
+            send: a,
+            recv: a,
+            root,
         };
-        self.d2h(buf.bytes_mut(), a)?;
+        // SAFETY: `a` holds the buffer.
+        unsafe { self.enqueue(call, s)? };
+        self.d2h(buf.bytes_mut(), a.ptr)?;
         self.wait(t.ctx, t.started)
     }
 
@@ -268,7 +288,7 @@ impl NcclBackend {
         self.wait(t.ctx, t.started)
     }
 
-    /// All-gather; uneven (`counts`): one grouped broadcast per rank.
+    /// All-gather through device scratch (see [`Self::enqueue`]).
     fn all_gather(
         &self,
         send: BufRef<'_>,
@@ -277,38 +297,21 @@ impl NcclBackend {
         s: &mut Scratch,
         t: Timing<'_>,
     ) -> Result<()> {
-        let (me, stream, dtype) = (self.comm.rank(), self.comm.stream(), send.dtype());
-        let es = dtype.size() as u64;
-        let a = s.a.ensure(send.bytes().len())?;
-        let b = s.b.ensure(recv.bytes().len())?;
-        self.h2d(a, send.bytes())?;
-        match counts {
-            // SAFETY: `a` holds `send`, `b` holds `recv`.
-            None => unsafe {
-                self.comm
-                    .all_gather_device(a, b, send.len(), dtype, stream)?
-            },
-            Some(counts) => {
-                offsets_into(counts, &mut s.offsets);
-                cudarc::nccl::result::group_start().map_err(|e| error(format!("{e:?}")))?;
-                let mut r = Ok(());
-                for (root, (&c, &off)) in counts.iter().zip(&s.offsets).enumerate() {
-                    let dst = b + off as u64 * es;
-                    let src = if root == me { a } else { dst };
-                    if r.is_ok() {
-                        // SAFETY: pieces of `b` by validated counts.
-                        r = unsafe { self.comm.broadcast_device(src, dst, c, dtype, root, stream) };
-                    }
-                }
-                let end = cudarc::nccl::result::group_end().map_err(|e| error(format!("{e:?}")));
-                r.and(end)?;
-            }
-        }
-        self.d2h(recv.bytes_mut(), b)?;
+        let dtype = send.dtype();
+        let a = DeviceBuf::new(s.a.stage(self, send.bytes())?, send.len(), dtype);
+        let b = DeviceBuf::new(s.b.ensure(recv.bytes().len())?, recv.len(), dtype);
+        let call = DeviceCollective::AllGather {
+            send: a,
+            recv: b,
+            counts,
+        };
+        // SAFETY: `a` holds `send`, `b` has room for `recv`.
+        unsafe { self.enqueue(call, s)? };
+        self.d2h(recv.bytes_mut(), b.ptr)?;
         self.wait(t.ctx, t.started)
     }
 
-    /// Reduce-scatter; uneven (`counts`): one grouped reduce per root.
+    /// Reduce-scatter through device scratch (see [`Self::enqueue`]).
     fn reduce_scatter(
         &self,
         send: BufRef<'_>,
@@ -318,44 +321,18 @@ impl NcclBackend {
         s: &mut Scratch,
         t: Timing<'_>,
     ) -> Result<()> {
-        let (stream, dtype) = (self.comm.stream(), send.dtype());
-        let es = dtype.size() as u64;
-        let a = s.a.ensure(send.bytes().len())?;
-        let b = s.b.ensure(recv.bytes().len())?;
-        self.h2d(a, send.bytes())?;
-        match counts {
-            // SAFETY: `a` holds `send`, `b` holds `recv`.
-            None => unsafe {
-                self.comm
-                    .reduce_scatter_device(a, b, recv.len(), dtype, op, stream)?
-            },
-            Some(counts) => {
-                // One reduce per root, fused: the same bytes as a reduce-scatter, in
-                // n smaller kernels.
-                offsets_into(counts, &mut s.offsets);
-                cudarc::nccl::result::group_start().map_err(|e| error(format!("{e:?}")))?;
-                let mut r = Ok(());
-                for (root, (&c, &off)) in counts.iter().zip(&s.offsets).enumerate() {
-                    if r.is_ok() {
-                        // SAFETY: pieces of `a` by validated counts; `b` on the root.
-                        r = unsafe {
-                            self.comm.reduce_device(
-                                a + off as u64 * es,
-                                b,
-                                c,
-                                dtype,
-                                op,
-                                root,
-                                stream,
-                            )
-                        };
-                    }
-                }
-                let end = cudarc::nccl::result::group_end().map_err(|e| error(format!("{e:?}")));
-                r.and(end)?;
-            }
-        }
-        self.d2h(recv.bytes_mut(), b)?;
+        let dtype = send.dtype();
+        let a = DeviceBuf::new(s.a.stage(self, send.bytes())?, send.len(), dtype);
+        let b = DeviceBuf::new(s.b.ensure(recv.bytes().len())?, recv.len(), dtype);
+        let call = DeviceCollective::ReduceScatter {
+            send: a,
+            recv: b,
+            op,
+            counts,
+        };
+        // SAFETY: `a` holds `send`, `b` has room for `recv`.
+        unsafe { self.enqueue(call, s)? };
+        self.d2h(recv.bytes_mut(), b.ptr)?;
         self.wait(t.ctx, t.started)
     }
 
@@ -446,17 +423,42 @@ impl Backend for NcclBackend {
         self.run(call, &mut guard, ctx, started)
     }
 
-    fn send(&self, _buf: BufRef<'_>, _dst: usize, _ctx: &CallContext<'_>) -> Result<()> {
-        Err(CommError::Unsupported {
-            backend: "nccl",
-            what: "host send/recv (NCCL sends block until matched and have no tags; use \
-                   NcclComm::exchange_device for grouped device-side exchanges)"
-                .into(),
-        })
+    /// Host send: staged into device scratch, then [`Self::send_device`]'s rendezvous.
+    fn send(&self, buf: BufRef<'_>, dst: usize, ctx: &CallContext<'_>) -> Result<()> {
+        let mut s = self.lock_scratch();
+        let staged = s.a.stage(self, buf.bytes())?;
+        let staged = DeviceBuf::new(staged, buf.len(), buf.dtype());
+        self.send_device(staged, dst, &mut s, ctx)
     }
 
-    fn recv(&self, _buf: BufMut<'_>, src: usize, ctx: &CallContext<'_>) -> Result<()> {
-        self.send(BufRef::new::<u8>(&[]), src, ctx)
+    /// Host receive: into device scratch by [`Self::recv_device`], then copied out.
+    fn recv(&self, mut buf: BufMut<'_>, src: usize, ctx: &CallContext<'_>) -> Result<()> {
+        let mut s = self.lock_scratch();
+        let staged = s.a.ensure(buf.bytes().len())?;
+        let staged = DeviceBuf::new(staged, buf.len(), buf.dtype());
+        self.recv_device(staged, src, &mut s, ctx)?;
+        self.d2h(buf.bytes_mut(), staged.ptr)?;
+        self.wait(ctx, Instant::now())
+    }
+
+    fn takes_device_buffers(&self) -> bool {
+        true
+    }
+
+    unsafe fn device_collective(
+        &self,
+        call: DeviceCollective<'_>,
+        ctx: &CallContext<'_>,
+    ) -> Result<()> {
+        self.run_device(call, ctx)
+    }
+
+    unsafe fn device_send(&self, buf: DeviceBuf, dst: usize, ctx: &CallContext<'_>) -> Result<()> {
+        self.send_device(buf, dst, &mut self.lock_scratch(), ctx)
+    }
+
+    unsafe fn device_recv(&self, buf: DeviceBuf, src: usize, ctx: &CallContext<'_>) -> Result<()> {
+        self.recv_device(buf, src, &mut self.lock_scratch(), ctx)
     }
 
     /// Sub-groups: the new group's first rank creates an id and sends it to the other members

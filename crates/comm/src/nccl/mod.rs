@@ -13,9 +13,11 @@
 //!   `*_device` methods take raw device pointers and a caller stream: this is the path from
 //!   Burn CUDA tensors to NCCL (no host staging) that `bonfire-dtensor`'s `Cube` backend uses
 //!   — see `docs/multi-process.md`.
-//! - [`NcclComm::into_group`] wraps it as a [`ProcessGroup`] over *host* buffers (staged
-//!   through device scratch), so the conformance suite, mismatch detection and timeouts work
-//!   exactly as on the other backends.
+//! - [`NcclComm::into_group`] wraps it as a [`ProcessGroup`]: host buffers staged through
+//!   device scratch (so the conformance suite, mismatch detection and timeouts work exactly
+//!   as on the other backends), and device buffers taken as they are
+//!   ([`ProcessGroup::device_collective`], `device_send`, `device_recv`), the path of Burn
+//!   CUDA tensors through `bonfire-dtensor`'s data plane.
 //!
 //! Failure semantics: NCCL calls are enqueued on a stream; the host polls the stream and
 //! `ncclCommGetAsyncError` against the group's timeout and, on timeout or error, calls
@@ -31,6 +33,7 @@ mod backend;
 mod comm;
 mod device;
 mod id;
+mod ops;
 
 pub use backend::NcclBackend;
 pub use comm::{DevicePtr, NcclComm, Stream, WaitFailure};

@@ -151,6 +151,13 @@ pub struct Transfers {
 }
 
 impl Transfers {
+    /// Adds `other`'s counts to these.
+    pub fn add(&mut self, other: &Transfers) {
+        for (key, bytes) in &other.moved {
+            *self.moved.entry(*key).or_insert(0) += bytes;
+        }
+        self.payload += other.payload;
+    }
     /// Bytes moved in `direction`, for every reason.
     pub fn total(&self, direction: Direction) -> u64 {
         self.moved

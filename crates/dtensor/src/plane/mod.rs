@@ -13,10 +13,13 @@
 //! - **Other devices** (wgpu, CUDA without NCCL): the buffer is staged through the host, and
 //!   every staged byte is counted in the [`ledger`] (device→host, host→device, reason
 //!   `Collective`).
-//! - **CUDA with NCCL** (feature `cuda`): runs on the device buffers (see `nccl.rs`).
+//! - **CUDA with NCCL** (feature `cuda`): runs on the device buffers, nothing staged (see
+//!   `cuda.rs`).
 //!
 //! Every collective also records the bytes it carries (`payload`).
 
+#[cfg(feature = "cuda")]
+mod cuda;
 pub mod ledger;
 
 use crate::{DTensorError, Result};
@@ -136,6 +139,13 @@ pub fn all_reduce<const D: usize>(
     op: ReduceOp,
     group: &ProcessGroup,
 ) -> Result<Tensor<D>> {
+    if group.size() == 1 {
+        return Ok(tensor); // every op of one value is that value
+    }
+    #[cfg(feature = "cuda")]
+    if cuda::applies(&tensor.device(), tensor.dtype(), group) {
+        return cuda::all_reduce(tensor, op, group);
+    }
     let device = tensor.device();
     let data = to_data(tensor, Reason::Collective);
     ledger::record_payload(data.bytes().len());
@@ -150,8 +160,17 @@ pub fn all_reduce<const D: usize>(
 /// A collective running on the group's communication thread; [`wait`](Self::wait) returns
 /// its tensor on the device it came from.
 pub struct PendingTensor<const D: usize> {
-    work: Work<(TensorData, Ran)>,
-    device: Device,
+    state: Pending<D>,
+}
+
+enum Pending<const D: usize> {
+    /// On the communication thread.
+    Running {
+        work: Work<(TensorData, Ran)>,
+        device: Device,
+    },
+    /// A group of one: nothing to communicate.
+    Ready(Box<(Tensor<D>, Ran)>),
 }
 
 /// When the communication thread started and finished a collective.
@@ -169,8 +188,13 @@ impl<const D: usize> PendingTensor<D> {
 
     /// The result, and when the communication thread ran it.
     pub fn wait_timed(self) -> Result<(Tensor<D>, Ran)> {
-        let (data, ran) = self.work.wait()?;
-        Ok((from_data(data, &self.device, Reason::Collective), ran))
+        match self.state {
+            Pending::Running { work, device } => {
+                let (data, ran) = work.wait()?;
+                Ok((from_data(data, &device, Reason::Collective), ran))
+            }
+            Pending::Ready(ready) => Ok(*ready),
+        }
     }
 }
 
@@ -182,6 +206,16 @@ pub fn all_reduce_async<const D: usize>(
     op: ReduceOp,
     group: &ProcessGroup,
 ) -> PendingTensor<D> {
+    if group.size() == 1 {
+        let now = std::time::Instant::now();
+        let ran = Ran {
+            start: now,
+            end: now,
+        };
+        return PendingTensor {
+            state: Pending::Ready(Box::new((tensor, ran))),
+        };
+    }
     let device = tensor.device();
     let data = to_data(tensor, Reason::Collective);
     ledger::record_payload(data.bytes().len());
@@ -206,7 +240,9 @@ pub fn all_reduce_async<const D: usize>(
             },
         })
     });
-    PendingTensor { work, device }
+    PendingTensor {
+        state: Pending::Running { work, device },
+    }
 }
 
 /// `root`'s tensor on every rank of `group`.
@@ -215,6 +251,13 @@ pub fn broadcast<const D: usize>(
     root: usize,
     group: &ProcessGroup,
 ) -> Result<Tensor<D>> {
+    if group.size() == 1 {
+        return Ok(tensor);
+    }
+    #[cfg(feature = "cuda")]
+    if cuda::applies(&tensor.device(), tensor.dtype(), group) {
+        return cuda::broadcast(tensor, root, group);
+    }
     let device = tensor.device();
     let data = to_data(tensor, Reason::Collective);
     ledger::record_payload(data.bytes().len());
@@ -235,8 +278,15 @@ pub fn reduce_scatter(
     op: ReduceOp,
     group: &ProcessGroup,
 ) -> Result<Option<Tensor<1>>> {
-    let device = tensor.device();
     let mine = counts[group.rank()];
+    if group.size() == 1 {
+        return Ok((mine > 0).then_some(tensor));
+    }
+    #[cfg(feature = "cuda")]
+    if cuda::applies(&tensor.device(), tensor.dtype(), group) {
+        return cuda::reduce_scatter(tensor, counts, op, group);
+    }
+    let device = tensor.device();
     let data = to_data(tensor, Reason::Collective);
     ledger::record_payload(data.bytes().len());
     let out = with_values!(data, v => {
@@ -258,6 +308,19 @@ pub fn all_gather(
     device: &Device,
 ) -> Result<Tensor<1>> {
     let total: usize = counts.iter().sum();
+    if let (1, Some(piece)) = (group.size(), &piece) {
+        let same = piece.device() == *device && piece.is_autodiff() == device.is_autodiff();
+        let piece = piece.clone();
+        return Ok(if same {
+            piece
+        } else {
+            to_device(piece, device, Reason::Collective)
+        });
+    }
+    #[cfg(feature = "cuda")]
+    if cuda::applies(device, dtype, group) {
+        return cuda::all_gather(piece, counts, dtype, group, device);
+    }
     let data = match piece {
         Some(t) => to_data(t, Reason::Collective),
         None => TensorData::new(Vec::<f32>::new(), [0]).convert_dtype(dtype),
@@ -278,6 +341,10 @@ pub fn send<const D: usize>(
     tag: u64,
     group: &ProcessGroup,
 ) -> Result<()> {
+    #[cfg(feature = "cuda")]
+    if cuda::applies(&tensor.device(), tensor.dtype(), group) {
+        return cuda::send(tensor, dst, tag, group);
+    }
     let data = to_data(tensor, Reason::Activation);
     ledger::record_payload(data.bytes().len());
     with_values!(data, v => group.send(&v, dst, tag)?);
@@ -294,6 +361,10 @@ pub fn recv<const D: usize>(
     group: &ProcessGroup,
     device: &Device,
 ) -> Result<Tensor<D>> {
+    #[cfg(feature = "cuda")]
+    if cuda::applies(device, dtype, group) {
+        return cuda::recv(shape, dtype, src, tag, group, device);
+    }
     let n: usize = shape.iter().product();
     let data = TensorData::new(vec![0.0f32; n], shape).convert_dtype(dtype);
     let data = with_values!(data, v => {

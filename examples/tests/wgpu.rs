@@ -1,0 +1,267 @@
+//! Every strategy on Burn's wgpu backend (on a machine without a GPU, Mesa's software
+//! Vulkan), a device whose memory is not the host's: DDP, ZeRO-1/2/3 (with and without
+//! offload), tensor and pipeline parallelism train to the same losses, step-0 gradients and
+//! parameters as the same layout on Flex, with SGD and with AdamW; and the transfer ledger
+//! of one training step shows each bucket staged down and up exactly once, and no parameter
+//! or optimizer round trip. Run with `--features wgpu` (`cargo xtask test` does).
+
+#![cfg(feature = "wgpu")]
+
+mod common;
+
+use bonfire_comm::testing::Tolerance;
+use bonfire_dtensor::params;
+use bonfire_dtensor::plane::Transfers;
+use bonfire_dtensor::plane::ledger::{Direction, Reason};
+use bonfire_examples::cli::LayoutArgs;
+use bonfire_examples::data::Batches;
+use bonfire_examples::harness::{self, HarnessResult};
+use bonfire_examples::ledger;
+use bonfire_examples::{Gpt, GptConfig, default_device};
+use bonfire_train::{OptimizerKind, ParallelDims};
+use bonfire_zero::Stage;
+use burn::tensor::Device;
+use std::sync::OnceLock;
+
+const STEPS: usize = 2;
+const ROWS: usize = 4;
+
+fn wgpu() -> Device {
+    harness::device("wgpu").unwrap()
+}
+
+/// Two layers, d 16, vocab 32, seq 8: small enough for a software GPU.
+fn cfg() -> GptConfig {
+    GptConfig::tiny()
+}
+
+struct Fixture {
+    flex: Gpt,
+    wgpu: Gpt,
+    batches: Batches,
+}
+
+fn fixture() -> &'static Fixture {
+    static F: OnceLock<Fixture> = OnceLock::new();
+    F.get_or_init(|| {
+        let device = default_device();
+        device.seed(5);
+        let flex = Gpt::new(&cfg(), &device);
+        let wgpu = params::fork(flex.clone(), &wgpu());
+        Fixture {
+            flex,
+            wgpu,
+            batches: common::random_batches(&cfg(), STEPS, ROWS, 11),
+        }
+    })
+}
+
+fn dims(mesh: &str, zero: usize, offload: bool) -> ParallelDims {
+    LayoutArgs {
+        zero,
+        offload,
+        ..LayoutArgs::mesh(mesh)
+    }
+    .dims("dp=1")
+    .unwrap()
+}
+
+fn lr(optim: OptimizerKind) -> f64 {
+    match optim {
+        OptimizerKind::Sgd => 0.5,
+        OptimizerKind::AdamW => 0.01,
+    }
+}
+
+fn train(model: &Gpt, dims: &ParallelDims, optim: OptimizerKind) -> HarnessResult {
+    let f = fixture();
+    harness::train(model, &f.batches, dims, optim, STEPS, lr(optim))
+        .unwrap_or_else(|e| panic!("{dims}: {e}"))
+}
+
+/// The layouts run on both devices: DDP, ZeRO 1–3, offload, TP, PP.
+fn layouts() -> Vec<ParallelDims> {
+    vec![
+        dims("dp=2", 0, false),
+        dims("dp=2", 1, false),
+        dims("dp=2", 2, false),
+        dims("dp=2", 3, false),
+        dims("dp=2", 2, true),
+        dims("tp=2", 0, false),
+        LayoutArgs {
+            schedule: Some("1f1b".into()),
+            microbatches: Some(2),
+            ..LayoutArgs::mesh("pp=2")
+        }
+        .dims("dp=1")
+        .unwrap(),
+    ]
+}
+
+#[test]
+fn every_strategy_on_wgpu_matches_flex() {
+    let f = fixture();
+    for optim in [OptimizerKind::Sgd, OptimizerKind::AdamW] {
+        // Two backends round differently (wgpu's kernels fuse multiply-adds, reduce in other
+        // trees and have their own exp): the layouts' relative tolerance, with an absolute
+        // floor of 1e-6 under SGD (measured: 1.2e-7 on a gradient of 7e-4) and 5e-3·lr under
+        // AdamW (2.5× the layouts' floor: measured 2.3e-3·lr, an element whose gradient is a
+        // cancellation, which Adam's normalisation turns into a step of up to lr).
+        let tol = match optim {
+            OptimizerKind::Sgd => Tolerance::new(common::SGD.rel, 1e-6),
+            OptimizerKind::AdamW => Tolerance::new(common::SGD.rel, 5e-3 * lr(optim) as f32),
+        };
+        for dims in layouts() {
+            let what = format!("{dims} {} wgpu vs flex", optim.name());
+            let on_wgpu = train(&f.wgpu, &dims, optim);
+            let on_flex = train(&f.flex, &dims, optim);
+            let closeness = common::assert_same_run(&what, &on_wgpu, &on_flex, tol);
+            println!("parity {what}: {closeness}");
+        }
+    }
+}
+
+/// Every rank's transfers during its second training step under `dims` on wgpu, and the
+/// model's number of parameter elements.
+fn second_step(dims: &ParallelDims) -> (Vec<Transfers>, usize) {
+    let f = fixture();
+    let batch = |s: usize, device: &Device| f.batches.rows(s, 0, ROWS, device);
+    let ranks = ledger::second_step(&f.wgpu, dims, OptimizerKind::AdamW, 0.01, batch)
+        .unwrap_or_else(|e| panic!("{dims}: {e}"));
+    let numel = params::inventory(&f.wgpu).iter().map(|p| p.numel()).sum();
+    (ranks, numel)
+}
+
+/// Bytes staged (down, up) for the collectives of one step of a data-parallel layout on two
+/// ranks, with `b` the bytes of every gradient (one bucket: the tiny model fits one).
+/// ZeRO-3's gathers depend on the layer split; it is bounded below by ZeRO-2's.
+fn data_parallel_staging(zero: Stage, b: u64) -> Option<(u64, u64)> {
+    match zero {
+        // All-reduce of the bucket: down once, up once.
+        Stage::Zero0 => Some((b, b)),
+        // All-reduce of the gradients, then all-gather of the updated parameters (own half
+        // down, every half up).
+        Stage::Zero1 => Some((b + b / 2, b + b)),
+        // Reduce-scatter of the gradients (all down, own half up), all-gather as above.
+        Stage::Zero2 => Some((b + b / 2, b / 2 + b)),
+        Stage::Zero3 => None,
+    }
+}
+
+#[test]
+fn one_staged_copy_down_and_up_per_bucket() {
+    use Direction::{DeviceToHost as Down, HostToDevice as Up};
+    for dims in layouts() {
+        let (ranks, numel) = second_step(&dims);
+        let b = 4 * numel as u64;
+        for (rank, t) in ranks.iter().enumerate() {
+            println!(
+                "ledger {dims} rank {rank}: {t} ({numel} parameters) {:?}",
+                t.moved
+            );
+            let of = |d, r| t.of(d, r);
+            for d in [Down, Up] {
+                for r in [Reason::Export, Reason::Checkpoint] {
+                    assert_eq!(of(d, r), 0, "{dims} rank {rank}: no parameter round trip");
+                }
+            }
+            // Only the rank holding the loss reads it (four bytes a micro-batch) for the report.
+            let (last, m) = (rank + 1 == ranks.len(), dims.microbatches() as u64);
+            let report = if dims.pp() == 1 {
+                4
+            } else {
+                4 * m * last as u64
+            };
+            assert_eq!(
+                of(Down, Reason::Report),
+                report,
+                "{dims} rank {rank}: the loss"
+            );
+            if dims.pp() > 1 {
+                // The stage boundary: activations down and up forward, their gradients
+                // backward, [ROWS, seq, d] f32 each; a data-parallel group of one moves nothing.
+                let boundary = (ROWS * cfg().max_seq_len * cfg().d_model * 4) as u64;
+                let staged = (of(Down, Reason::Activation), of(Up, Reason::Activation));
+                assert_eq!(
+                    staged,
+                    (boundary, boundary),
+                    "{dims} rank {rank}: activations"
+                );
+                let collective = (of(Down, Reason::Collective), of(Up, Reason::Collective));
+                assert_eq!(
+                    collective,
+                    (0, 0),
+                    "{dims} rank {rank}: dp=1 reduces nothing"
+                );
+                continue;
+            }
+            if dims.tp() > 1 {
+                continue; // partial sums of activations: counted by the TP tests
+            }
+            let what = format!("{dims} rank {rank}: collective staging");
+            let staged = (of(Down, Reason::Collective), of(Up, Reason::Collective));
+            match data_parallel_staging(dims.zero, b) {
+                Some(expected) => assert_eq!(staged, expected, "{what}"),
+                None => assert!(staged.0 >= b + b / 2 && staged.1 >= b + b / 2, "{what}"),
+            }
+            let offloaded = if dims.offload { (b / 2, b / 2) } else { (0, 0) };
+            assert_eq!(
+                (of(Down, Reason::Offload), of(Up, Reason::Offload)),
+                offloaded,
+                "{dims} rank {rank}: offload sends the gradient shard down and the update up"
+            );
+        }
+    }
+}
+
+/// ZeRO-Offload with the model on wgpu: the optimizer state and its master values live on
+/// Flex (a different device: its memory is the host's), the parameters and gradients on wgpu.
+#[test]
+fn offload_keeps_the_state_on_flex_and_the_model_on_wgpu() {
+    use bonfire_comm::ThreadWorld;
+    use bonfire_zero::{DataParallel, Zero, ZeroConfig};
+    let f = fixture();
+    ThreadWorld::new(2)
+        .launch(|pg| {
+            for stage in [Stage::Zero1, Stage::Zero2, Stage::Zero3] {
+                let config = ZeroConfig::new(stage).with_offload(true);
+                let model = params::fork(f.wgpu.clone(), &wgpu());
+                let optim = OptimizerKind::AdamW.build();
+                let mut z = Zero::new(model, optim, pg.clone(), config.clone()).unwrap();
+                for s in 0..2 {
+                    let (x, y) = f.batches.rows(s, pg.rank() * 2, 2, z.device());
+                    let loss = z.forward(|m: &Gpt| m.loss(x, y));
+                    z.backward(loss).unwrap();
+                    let g = z.held_gradients().expect("gradients after backward");
+                    assert!(
+                        bonfire_kernels::runs_kernels(&g.device()),
+                        "{stage:?}: grads on wgpu"
+                    );
+                    z.step(0.01).unwrap();
+                }
+                let optim = z.optimizer();
+                assert!(
+                    !bonfire_kernels::runs_kernels(optim.state_device()),
+                    "{stage:?}"
+                );
+                assert_eq!(
+                    optim.state_device(),
+                    &Device::flex(),
+                    "{stage:?}: state on Flex"
+                );
+                assert_eq!(optim.device_bytes(), 0, "{stage:?}: no state on wgpu");
+                let own = z.own_range().len();
+                assert_eq!(
+                    optim.offload_bytes(),
+                    12 * own,
+                    "{stage:?}: moments and master"
+                );
+                let shard = z.own_tensor().unwrap();
+                assert!(
+                    bonfire_kernels::runs_kernels(&shard.device()),
+                    "{stage:?}: params on wgpu"
+                );
+            }
+        })
+        .unwrap();
+}

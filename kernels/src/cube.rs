@@ -1,0 +1,73 @@
+//! Between Burn tensors and CubeCL launches: a tensor's `CubeTensor` (its client, its device
+//! buffer), empty outputs on the same device, and the launch grid of an element-wise kernel.
+
+use burn::backend::{Cube, DispatchDevice};
+use burn::tensor::{DType, Device, Shape, Tensor};
+use burn_cubecl::kernel::into_contiguous;
+use burn_cubecl::tensor::CubeTensor;
+use cubecl::prelude::*;
+
+/// Whether `device` is a CubeCL device (wgpu, CUDA …), autodiff or not.
+pub fn is_cube(device: &Device) -> bool {
+    fn cube(d: &DispatchDevice) -> bool {
+        match d {
+            DispatchDevice::Cube(_) => true,
+            DispatchDevice::Autodiff(inner) => cube(&inner.clone().inner()),
+            #[allow(unreachable_patterns)]
+            _ => false,
+        }
+    }
+    cube(device.as_dispatch())
+}
+
+/// `tensor` (on a CubeCL device; autodiff is dropped) as a contiguous `CubeTensor`.
+pub fn to_cube<const D: usize>(tensor: Tensor<D>) -> CubeTensor {
+    let primitive = tensor
+        .inner()
+        .try_into_primitive::<Cube>()
+        .expect("a tensor on a CubeCL device");
+    into_contiguous(primitive)
+}
+
+/// The Burn tensor of a `CubeTensor`.
+pub fn from_cube<const D: usize>(tensor: CubeTensor) -> Tensor<D> {
+    Tensor::from_primitive::<Cube>(tensor)
+}
+
+/// An uninitialised contiguous tensor of `shape` and `dtype` on `like`'s device.
+pub fn empty(like: &CubeTensor, shape: Shape, dtype: DType) -> CubeTensor {
+    let handle = like.client.empty(shape.num_elements() * dtype.size());
+    CubeTensor::new_contiguous(
+        like.client.clone(),
+        like.device.clone(),
+        shape,
+        handle,
+        dtype,
+    )
+}
+
+/// The cube count and dimension that give one unit per element of `n`.
+pub(crate) fn grid(client: &Client, n: usize) -> (CubeCount, CubeDim) {
+    let dim = CubeDim::new(client, n.max(1));
+    (cubecl::calculate_cube_count_elemwise(client, n, dim), dim)
+}
+
+/// The number of elements of a (contiguous) `CubeTensor`.
+pub fn len(tensor: &CubeTensor) -> usize {
+    tensor.meta.num_elements()
+}
+
+/// Whether the CubeCL `device` stores `dtype` in buffers and converts it (see [`crate::stores`]).
+pub(crate) fn stores(device: &Device, dtype: DType) -> bool {
+    use cubecl::ir::features::TypeUsage;
+    use half::{bf16, f16};
+    let client = to_cube(Tensor::<1>::zeros([1], device)).client;
+    let uses = match dtype {
+        DType::BF16 => bf16::supported_uses(&client),
+        DType::F16 => f16::supported_uses(&client),
+        DType::F32 => f32::supported_uses(&client),
+        DType::F64 => f64::supported_uses(&client),
+        _ => return true,
+    };
+    uses.contains(TypeUsage::Buffer) && uses.contains(TypeUsage::Conversion)
+}

@@ -1,0 +1,62 @@
+//! Bonfire's device kernels: what Burn's tensor ops do slowly or in several passes on a
+//! device, written once in CubeCL.
+//!
+//! - [`pack_scaled`] / [`unpack_scaled`]: a bucket's gradients copied into one flat tensor
+//!   (and back out) with a scale factor applied on the way, one pass per part.
+//! - [`quantize_with_feedback`]: a gradient scaled, plus the error-feedback residual, cast to
+//!   bf16 or fp16, with the new residual (what rounding lost), in one pass.
+//! - [`FusedAdamW`]: Burn's AdamW as one kernel over a flat tensor (a Burn [`Optimizer`]
+//!   whose state is Burn's own `AdamWState`, so records and checkpoints are interchangeable).
+//!
+//! Every op takes and returns Burn tensors. On a CubeCL device (features `wgpu`, `cuda`) it
+//! launches its kernel on the tensors' own buffers; on every other device, for a dtype the
+//! kernel does not cover, or a 16-bit type the device cannot store, it runs its plain-Burn
+//! fallback ([`fallback`]), which is also the reference each kernel is tested against.
+//!
+//! [`Optimizer`]: burn::optim::Optimizer
+
+mod adamw;
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+pub mod cube;
+mod pack;
+mod quantize;
+
+pub use adamw::{FusedAdamW, FusedAdamWConfig};
+pub use pack::{pack_scaled, unpack_scaled};
+pub use quantize::quantize_with_feedback;
+
+/// The plain-Burn implementations: what every op runs off a CubeCL device, and the
+/// reference its kernel is tested against.
+pub mod fallback {
+    pub use crate::adamw::fallback::adamw_step;
+    pub use crate::pack::fallback::{pack_scaled, unpack_scaled};
+    pub use crate::quantize::fallback::quantize_with_feedback;
+}
+
+use burn::tensor::{DType, Device};
+
+/// Whether ops on `device`'s tensors run Bonfire's CubeCL kernels (a CubeCL device in a build
+/// with its runtime's feature), rather than their plain-Burn fallbacks.
+pub fn runs_kernels(device: &Device) -> bool {
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    {
+        cube::is_cube(device)
+    }
+    #[cfg(not(any(feature = "wgpu", feature = "cuda")))]
+    {
+        let _ = device;
+        false
+    }
+}
+
+/// Whether `device` can hold tensors of `dtype` and convert them to and from f32: always off
+/// a CubeCL device; on one, what its runtime reports (Vulkan drivers often lack bf16, and a
+/// cast Burn lowers to an unsupported type returns garbage rather than an error).
+pub fn stores(device: &Device, dtype: DType) -> bool {
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    if cube::is_cube(device) {
+        return cube::stores(device, dtype);
+    }
+    let _ = (device, dtype);
+    true
+}
