@@ -146,8 +146,8 @@ mod kernel {
             let mut m1 = g * (1.0 - s.beta_1);
             let mut v1 = g * g * (1.0 - s.beta_2);
             if !first {
-                m1 = m[i] * s.beta_1 + m1;
-                v1 = v[i] * s.beta_2 + v1;
+                m1 += m[i] * s.beta_1;
+                v1 += v[i] * s.beta_2;
             }
             m_out[i] = m1;
             v_out[i] = v1;
@@ -207,7 +207,7 @@ mod kernel {
                 first,
             );
         }
-        let [p, m, v] = outs.map(|t| from_cube::<D>(t));
+        let [p, m, v] = outs.map(from_cube::<D>);
         debug_assert_eq!(p.dims(), dims);
         let momentum = AdaptiveMomentumState::new(time, m, v);
         (p, AdamWState::new(momentum))

@@ -2,32 +2,16 @@
 //! values computed here element by element; and `FusedAdamW` against Burn's `AdamW` through a
 //! `ModuleOptimizer`, records included.
 
+mod common;
+
 use bonfire_kernels::{
     FusedAdamWConfig, pack_scaled, quantize_with_feedback, runs_kernels, unpack_scaled,
 };
 use burn::nn::{Linear, LinearConfig};
 use burn::optim::{GradientsParams, ModuleOptimizer};
 use burn::tensor::{DType, Device, Tensor, TensorData};
+use common::{host, tensor, values};
 use half::{bf16, f16};
-
-fn host(t: Tensor<1>) -> Vec<f32> {
-    t.cast(DType::F32)
-        .into_data()
-        .convert::<f32>()
-        .try_to_vec::<f32>()
-        .unwrap()
-}
-
-fn tensor(values: &[f32], device: &Device) -> Tensor<1> {
-    Tensor::from_data(TensorData::new(values.to_vec(), [values.len()]), device)
-}
-
-fn values(n: usize, seed: u32) -> Vec<f32> {
-    (0..n)
-        .map(|i| ((i as u32).wrapping_mul(2654435761) ^ seed) % 1000)
-        .map(|x| x as f32 / 137.0 - 3.5)
-        .collect()
-}
 
 #[test]
 fn flex_runs_the_fallbacks() {
@@ -93,8 +77,8 @@ fn fused_adamw_is_burns_adamw_and_shares_its_records() {
     let a = train(model.clone(), &mut fused, 3);
     let b = train(model.clone(), &mut burn, 3);
     assert_eq!(
-        host(a.weight.val().flatten(0, 1)),
-        host(b.weight.val().flatten(0, 1))
+        host(a.weight.val().flatten::<1>(0, 1)),
+        host(b.weight.val().flatten::<1>(0, 1))
     );
     // Burn's AdamW resumes from the fused optimizer's record, and the reverse.
     let mut resumed = config
@@ -109,7 +93,7 @@ fn fused_adamw_is_burns_adamw_and_shares_its_records() {
     let a = train(a, &mut resumed, 2);
     let b = train(b, &mut back, 2);
     assert_eq!(
-        host(a.weight.val().flatten(0, 1)),
-        host(b.weight.val().flatten(0, 1))
+        host(a.weight.val().flatten::<1>(0, 1)),
+        host(b.weight.val().flatten::<1>(0, 1))
     );
 }

@@ -5,11 +5,14 @@
 
 #![cfg(feature = "wgpu")]
 
+mod common;
+
 use bonfire_kernels::{
     FusedAdamWConfig, fallback, pack_scaled, quantize_with_feedback, runs_kernels, unpack_scaled,
 };
 use burn::optim::Optimizer;
 use burn::tensor::{DType, Device, DeviceKind, Tensor, TensorData};
+use common::{host, tensor, values};
 
 fn wgpu() -> Device {
     if std::env::var_os("XDG_RUNTIME_DIR").is_none() {
@@ -17,25 +20,6 @@ fn wgpu() -> Device {
         unsafe { std::env::set_var("XDG_RUNTIME_DIR", std::env::temp_dir()) };
     }
     Device::wgpu(DeviceKind::Cpu)
-}
-
-fn host<const D: usize>(t: Tensor<D>) -> Vec<f32> {
-    t.cast(DType::F32)
-        .into_data()
-        .convert::<f32>()
-        .try_to_vec::<f32>()
-        .unwrap()
-}
-
-fn tensor(values: &[f32], device: &Device) -> Tensor<1> {
-    Tensor::from_data(TensorData::new(values.to_vec(), [values.len()]), device)
-}
-
-fn values(n: usize, seed: u32) -> Vec<f32> {
-    (0..n)
-        .map(|i| ((i as u32).wrapping_mul(2654435761) ^ seed) % 1000)
-        .map(|x| x as f32 / 137.0 - 3.5)
-        .collect()
 }
 
 #[test]

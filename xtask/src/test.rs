@@ -156,6 +156,18 @@ fn test_suite() -> Result<Outcome> {
 /// The packages whose `wgpu` feature the wgpu step turns on, each with a `tests/wgpu.rs`.
 const WGPU_PACKAGES: [&str; 3] = ["bonfire-kernels", "bonfire-dtensor", "bonfire-examples"];
 
+/// `cargo <subcommand>` on [`WGPU_PACKAGES`] with their `wgpu` features.
+fn wgpu_cargo(subcommand: &str) -> std::process::Command {
+    let features: Vec<String> = WGPU_PACKAGES.iter().map(|p| format!("{p}/wgpu")).collect();
+    let mut command = process::cargo();
+    command.arg(subcommand);
+    for package in WGPU_PACKAGES {
+        command.args(["-p", package]);
+    }
+    command.args(["--features", &features.join(",")]);
+    command
+}
+
 /// The suites on Burn's wgpu backend over Mesa's software Vulkan (lavapipe): the kernels
 /// against their fallbacks, the data plane, and every strategy against Flex with its transfer
 /// ledger. One cargo invocation, so that burn is built with wgpu once. Skipped, saying how to
@@ -166,13 +178,8 @@ fn wgpu() -> Result<Outcome> {
             reason: crate::packages::how_to_enable(&crate::packages::VULKAN),
         });
     }
-    let features: Vec<String> = WGPU_PACKAGES.iter().map(|p| format!("{p}/wgpu")).collect();
-    let mut command = process::cargo();
-    command.arg("test");
-    for package in WGPU_PACKAGES {
-        command.args(["-p", package]);
-    }
-    command.args(["--features", &features.join(","), "--test", "wgpu"]);
+    let mut command = wgpu_cargo("test");
+    command.args(["--test", "wgpu"]);
     if std::env::var_os("XDG_RUNTIME_DIR").is_none() {
         // wgpu's Vulkan loader wants a runtime directory; a fresh container has none.
         let dir = std::env::temp_dir().join("bonfire-xdg-runtime");
@@ -198,8 +205,8 @@ fn mpi() -> Result<Outcome> {
     }
 }
 
-/// Clippy on the feature-gated backends: `nccl` always (it builds without CUDA), `mpi` when
-/// MPI is installed.
+/// Clippy on the feature-gated code: the comm backends (`nccl` always — it builds without
+/// CUDA —, `mpi` when MPI is installed) and the wgpu paths.
 fn clippy_features() -> Result<Outcome> {
     let features = if crate::mpi::mpirun_available() {
         "nccl,mpi"
@@ -218,6 +225,10 @@ fn clippy_features() -> Result<Outcome> {
         "-D",
         "warnings",
     ]);
+    process::run(command)?;
+    // The wgpu code paths (kernels, the plane's wgpu tests, the examples' wgpu suite).
+    let mut command = wgpu_cargo("clippy");
+    command.args(["--all-targets", "--", "-D", "warnings"]);
     process::run(command)?;
     Ok(Outcome::Passed)
 }

@@ -76,22 +76,12 @@ impl Collective<'_> {
     /// What checks and fingerprints read of this call.
     pub fn shape(&self) -> Shape<'_> {
         let one = |kind, buf: &BufMut<'_>, root: Option<usize>, op| Shape {
-            kind,
-            send: (buf.dtype(), buf.len()),
-            recv: (buf.dtype(), buf.len()),
-            counts: None,
-            all_to_all: None,
             root,
             op,
+            ..Shape::of(kind, (buf.dtype(), buf.len()), (buf.dtype(), buf.len()))
         };
-        let two = |kind, send: &BufRef<'_>, recv: &BufMut<'_>| Shape {
-            kind,
-            send: (send.dtype(), send.len()),
-            recv: (recv.dtype(), recv.len()),
-            counts: None,
-            all_to_all: None,
-            root: None,
-            op: None,
+        let two = |kind, send: &BufRef<'_>, recv: &BufMut<'_>| {
+            Shape::of(kind, (send.dtype(), send.len()), (recv.dtype(), recv.len()))
         };
         match self {
             Collective::AllReduce { buf, op } => one(OpKind::AllReduce, buf, None, Some(*op)),
@@ -117,15 +107,7 @@ impl Collective<'_> {
                 all_to_all: *counts,
                 ..two(OpKind::AllToAll, send, recv)
             },
-            Collective::Barrier => Shape {
-                kind: OpKind::Barrier,
-                send: (DType::U8, 0),
-                recv: (DType::U8, 0),
-                counts: None,
-                all_to_all: None,
-                root: None,
-                op: None,
-            },
+            Collective::Barrier => Shape::of(OpKind::Barrier, (DType::U8, 0), (DType::U8, 0)),
         }
     }
 
@@ -160,6 +142,20 @@ pub struct Shape<'a> {
 }
 
 impl Shape<'_> {
+    /// A call of `kind` from `send` to `recv` (element type, length), with no counts, root
+    /// or reduce op.
+    pub fn of(kind: OpKind, send: (DType, usize), recv: (DType, usize)) -> Self {
+        Shape {
+            kind,
+            send,
+            recv,
+            counts: None,
+            all_to_all: None,
+            root: None,
+            op: None,
+        }
+    }
+
     /// Checks the call's arguments for a group of `size` ranks in which it is `rank`.
     pub fn validate(&self, rank: usize, size: usize) -> Result<(), String> {
         let check_counts = |counts: &[usize], what: &str| {

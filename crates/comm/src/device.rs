@@ -74,14 +74,8 @@ pub enum DeviceCollective<'a> {
 impl<'a> DeviceCollective<'a> {
     /// What checks and fingerprints read of the call (the host calls' [`Shape`]).
     pub fn shape(&self) -> Shape<'a> {
-        let shape = |kind, send: &DeviceBuf, recv: &DeviceBuf| Shape {
-            kind,
-            send: (send.dtype, send.len),
-            recv: (recv.dtype, recv.len),
-            counts: None,
-            all_to_all: None,
-            root: None,
-            op: None,
+        let shape = |kind, send: &DeviceBuf, recv: &DeviceBuf| {
+            Shape::of(kind, (send.dtype, send.len), (recv.dtype, recv.len))
         };
         match self {
             Self::AllReduce { send, recv, op } => Shape {

@@ -223,6 +223,31 @@ impl NcclBackend {
         }
     }
 
+    /// Runs `call(send, recv)` through device scratch: `send` (or, in place, `recv`'s own
+    /// values) staged into `a`, the output in `b` (in place: `a`), copied back into `recv`.
+    fn staged<'c>(
+        &self,
+        send: Option<BufRef<'_>>,
+        recv: &mut BufMut<'_>,
+        s: &mut Scratch,
+        t: Timing<'_>,
+        call: impl FnOnce(DeviceBuf, DeviceBuf) -> DeviceCollective<'c>,
+    ) -> Result<()> {
+        let (bytes, len, dtype) = match &send {
+            Some(b) => (b.bytes(), b.len(), b.dtype()),
+            None => (recv.bytes(), recv.len(), recv.dtype()),
+        };
+        let a = DeviceBuf::new(s.a.stage(self, bytes)?, len, dtype);
+        let b = match send {
+            Some(_) => DeviceBuf::new(s.b.ensure(recv.bytes().len())?, recv.len(), dtype),
+            None => a,
+        };
+        // SAFETY: `a` holds the input, `b` has room for the output.
+        unsafe { self.enqueue(call(a, b), s)? };
+        self.d2h(recv.bytes_mut(), b.ptr)?;
+        self.wait(t.ctx, t.started)
+    }
+
     /// All-reduce, in place in device scratch.
     fn all_reduce(
         &self,
@@ -231,17 +256,9 @@ impl NcclBackend {
         s: &mut Scratch,
         t: Timing<'_>,
     ) -> Result<()> {
-        let a = s.a.stage(self, buf.bytes())?;
-        let a = DeviceBuf::new(a, buf.len(), buf.dtype());
-        let call = DeviceCollective::AllReduce {
-            send: a,
-            recv: a,
-            op,
-        };
-        // SAFETY: `a` holds the buffer.
-        unsafe { self.enqueue(call, s)? };
-        self.d2h(buf.bytes_mut(), a.ptr)?;
-        self.wait(t.ctx, t.started)
+        self.staged(None, &mut buf, s, t, |send, recv| {
+            DeviceCollective::AllReduce { send, recv, op }
+        })
     }
 
     /// Broadcast from `root`, in place in device scratch.
@@ -252,17 +269,9 @@ impl NcclBackend {
         s: &mut Scratch,
         t: Timing<'_>,
     ) -> Result<()> {
-        let a = s.a.stage(self, buf.bytes())?;
-        let a = DeviceBuf::new(a, buf.len(), buf.dtype());
-        let call = DeviceCollective::Broadcast {
-            send: a,
-            recv: a,
-            root,
-        };
-        // SAFETY: `a` holds the buffer.
-        unsafe { self.enqueue(call, s)? };
-        self.d2h(buf.bytes_mut(), a.ptr)?;
-        self.wait(t.ctx, t.started)
+        self.staged(None, &mut buf, s, t, |send, recv| {
+            DeviceCollective::Broadcast { send, recv, root }
+        })
     }
 
     /// Reduce to `root`, in place in device scratch; only the root copies the result back.
@@ -297,18 +306,9 @@ impl NcclBackend {
         s: &mut Scratch,
         t: Timing<'_>,
     ) -> Result<()> {
-        let dtype = send.dtype();
-        let a = DeviceBuf::new(s.a.stage(self, send.bytes())?, send.len(), dtype);
-        let b = DeviceBuf::new(s.b.ensure(recv.bytes().len())?, recv.len(), dtype);
-        let call = DeviceCollective::AllGather {
-            send: a,
-            recv: b,
-            counts,
-        };
-        // SAFETY: `a` holds `send`, `b` has room for `recv`.
-        unsafe { self.enqueue(call, s)? };
-        self.d2h(recv.bytes_mut(), b.ptr)?;
-        self.wait(t.ctx, t.started)
+        self.staged(Some(send), &mut recv, s, t, |send, recv| {
+            DeviceCollective::AllGather { send, recv, counts }
+        })
     }
 
     /// Reduce-scatter through device scratch (see [`Self::enqueue`]).
@@ -321,19 +321,14 @@ impl NcclBackend {
         s: &mut Scratch,
         t: Timing<'_>,
     ) -> Result<()> {
-        let dtype = send.dtype();
-        let a = DeviceBuf::new(s.a.stage(self, send.bytes())?, send.len(), dtype);
-        let b = DeviceBuf::new(s.b.ensure(recv.bytes().len())?, recv.len(), dtype);
-        let call = DeviceCollective::ReduceScatter {
-            send: a,
-            recv: b,
-            op,
-            counts,
-        };
-        // SAFETY: `a` holds `send`, `b` has room for `recv`.
-        unsafe { self.enqueue(call, s)? };
-        self.d2h(recv.bytes_mut(), b.ptr)?;
-        self.wait(t.ctx, t.started)
+        self.staged(Some(send), &mut recv, s, t, |send, recv| {
+            DeviceCollective::ReduceScatter {
+                send,
+                recv,
+                op,
+                counts,
+            }
+        })
     }
 
     /// All-to-all as grouped send/recv; uneven (`counts`): every rank checks every pair's
