@@ -119,30 +119,68 @@ fn gpu_tcp_rendezvous_bootstrap_and_device_pointer_all_reduce() {
 /// One rank's checks of the device-buffer API of a [`ProcessGroup`] over NCCL: all-reduce,
 /// broadcast, uneven all-gather and reduce-scatter on device memory, and device and host
 /// send/recv between neighbours (even ranks send first: NCCL's sends are rendezvous).
-fn device_buffers(
-    pg: &ProcessGroup,
-    comm_stream: bonfire_comm::nccl::Stream,
-) -> Result<(), String> {
-    use bonfire_comm::{DeviceBuf, DeviceCollective};
+fn upload(v: &[f32]) -> u64 {
     use cudarc::driver::result as cu;
+    // SAFETY: a fresh allocation of `v.len()` f32, filled synchronously.
+    unsafe {
+        let dev = cu::malloc_sync(v.len().max(1) * 4).unwrap();
+        cu::memcpy_htod_sync(dev, v).unwrap();
+        dev
+    }
+}
+
+fn download(dev: u64, len: usize) -> Vec<f32> {
+    use cudarc::driver::result as cu;
+    let mut v = vec![0f32; len];
+    // SAFETY: `dev` holds `len` f32 written by a finished call.
+    unsafe { cu::memcpy_dtoh_sync(&mut v, dev).unwrap() };
+    v
+}
+
+fn buf(ptr: u64, len: usize) -> bonfire_comm::DeviceBuf {
+    bonfire_comm::DeviceBuf::new(ptr, len, DType::F32)
+}
+
+fn err(e: bonfire_comm::CommError) -> String {
+    e.to_string()
+}
+
+/// Device and host send/recv between ring neighbours (even ranks send first: NCCL's sends
+/// are rendezvous).
+fn neighbours(pg: &ProcessGroup) -> Result<(), String> {
     let (n, me) = (pg.size(), pg.rank());
-    let upload = |v: &[f32]| -> u64 {
-        // SAFETY: a fresh allocation of `v.len()` f32, filled synchronously.
-        unsafe {
-            let dev = cu::malloc_sync(v.len().max(1) * 4).unwrap();
-            cu::memcpy_htod_sync(dev, v).unwrap();
-            dev
-        }
-    };
-    let download = |dev: u64, len: usize| -> Vec<f32> {
-        let mut v = vec![0f32; len];
-        // SAFETY: `dev` holds `len` f32 written by a finished call.
-        unsafe { cu::memcpy_dtoh_sync(&mut v, dev).unwrap() };
-        v
-    };
-    let buf = |ptr, len| DeviceBuf::new(ptr, len, DType::F32);
-    let _ = comm_stream;
-    let err = |e: bonfire_comm::CommError| e.to_string();
+
+    let (next, prev) = ((me + 1) % n, (me + n - 1) % n);
+    let out = upload(&[me as f32; 64]);
+    let inbox = upload(&[0.0; 64]);
+    let send = || unsafe { pg.device_send(buf(out, 64), next, 7) };
+    let recv = || unsafe { pg.device_recv(buf(inbox, 64), prev, 7) };
+    if me % 2 == 0 {
+        send().and_then(|_| recv())
+    } else {
+        recv().and_then(|_| send())
+    }
+    .map_err(err)?;
+    if download(inbox, 64).iter().any(|&x| x != prev as f32) {
+        return Err("device send/recv".into());
+    }
+    let mut host = vec![0f64; 8];
+    let send = || pg.send(&[me as f64; 8], next, 3);
+    if me % 2 == 0 {
+        send().and_then(|_| pg.recv(&mut host, prev, 3))
+    } else {
+        pg.recv(&mut host, prev, 3).and_then(|_| send())
+    }
+    .map_err(err)?;
+    if host.iter().any(|&x| x != prev as f64) {
+        return Err("host send/recv over NCCL".into());
+    }
+    Ok(())
+}
+
+fn device_buffers(pg: &ProcessGroup) -> Result<(), String> {
+    use bonfire_comm::DeviceCollective;
+    let (n, me) = (pg.size(), pg.rank());
     // All-reduce (out of place) and broadcast.
     let (a, b) = (upload(&vec![(me + 1) as f32; 1000]), upload(&[0.0; 1000]));
     // SAFETY (every call below): buffers allocated above with the stated lengths.
@@ -202,31 +240,7 @@ fn device_buffers(
         return Err("device uneven reduce-scatter".into());
     }
     if n > 1 {
-        let (next, prev) = ((me + 1) % n, (me + n - 1) % n);
-        let out = upload(&[me as f32; 64]);
-        let inbox = upload(&[0.0; 64]);
-        let send = || unsafe { pg.device_send(buf(out, 64), next, 7) };
-        let recv = || unsafe { pg.device_recv(buf(inbox, 64), prev, 7) };
-        if me % 2 == 0 {
-            send().and_then(|_| recv())
-        } else {
-            recv().and_then(|_| send())
-        }
-        .map_err(err)?;
-        if download(inbox, 64).iter().any(|&x| x != prev as f32) {
-            return Err("device send/recv".into());
-        }
-        let mut host = vec![0f64; 8];
-        let send = || pg.send(&[me as f64; 8], next, 3);
-        if me % 2 == 0 {
-            send().and_then(|_| pg.recv(&mut host, prev, 3))
-        } else {
-            pg.recv(&mut host, prev, 3).and_then(|_| send())
-        }
-        .map_err(err)?;
-        if host.iter().any(|&x| x != prev as f64) {
-            return Err("host send/recv over NCCL".into());
-        }
+        neighbours(pg)?;
     }
     Ok(())
 }
@@ -240,11 +254,10 @@ fn gpu_device_buffers_through_the_process_group() {
         for rank in 0..n {
             s.spawn(move || {
                 let comm = NcclComm::init(&id, rank, n, rank).unwrap();
-                let stream = comm.stream();
                 let pg = comm.into_group("gpu-device");
                 pg.set_timeout(Duration::from_secs(60));
                 assert!(pg.takes_device_buffers());
-                device_buffers(&pg, stream).unwrap_or_else(|e| panic!("GPU rank {rank}: {e}"));
+                device_buffers(&pg).unwrap_or_else(|e| panic!("GPU rank {rank}: {e}"));
             });
         }
     });
