@@ -116,9 +116,7 @@ fn gpu_tcp_rendezvous_bootstrap_and_device_pointer_all_reduce() {
     });
 }
 
-/// One rank's checks of the device-buffer API of a [`ProcessGroup`] over NCCL: all-reduce,
-/// broadcast, uneven all-gather and reduce-scatter on device memory, and device and host
-/// send/recv between neighbours (even ranks send first: NCCL's sends are rendezvous).
+/// `v` in a fresh device allocation.
 fn upload(v: &[f32]) -> u64 {
     use cudarc::driver::result as cu;
     // SAFETY: a fresh allocation of `v.len()` f32, filled synchronously.
@@ -178,6 +176,9 @@ fn neighbours(pg: &ProcessGroup) -> Result<(), String> {
     Ok(())
 }
 
+/// One rank's checks of the device-buffer API of a [`ProcessGroup`] over NCCL: all-reduce,
+/// broadcast, uneven all-gather and reduce-scatter on device memory, and device and host
+/// send/recv between neighbours (even ranks send first: NCCL's sends are rendezvous).
 fn device_buffers(pg: &ProcessGroup) -> Result<(), String> {
     use bonfire_comm::DeviceCollective;
     let (n, me) = (pg.size(), pg.rank());
