@@ -59,14 +59,22 @@ pub fn len(tensor: &CubeTensor) -> usize {
 
 /// Whether the CubeCL `device` stores `dtype` in buffers and converts it (see [`crate::stores`]).
 pub(crate) fn stores(device: &Device, dtype: DType) -> bool {
+    client_stores(&to_cube(Tensor::<1>::zeros([1], device)).client, dtype)
+}
+
+/// [`stores`] for the device of `t` (asked through its own client: nothing allocated).
+pub(crate) fn stores_like(t: &Tensor<1>, dtype: DType) -> bool {
+    client_stores(&to_cube(t.clone()).client, dtype)
+}
+
+fn client_stores(client: &Client, dtype: DType) -> bool {
     use cubecl::ir::features::TypeUsage;
     use half::{bf16, f16};
-    let client = to_cube(Tensor::<1>::zeros([1], device)).client;
     let uses = match dtype {
-        DType::BF16 => bf16::supported_uses(&client),
-        DType::F16 => f16::supported_uses(&client),
-        DType::F32 => f32::supported_uses(&client),
-        DType::F64 => f64::supported_uses(&client),
+        DType::BF16 => bf16::supported_uses(client),
+        DType::F16 => f16::supported_uses(client),
+        DType::F32 => f32::supported_uses(client),
+        DType::F64 => f64::supported_uses(client),
         _ => return true,
     };
     uses.contains(TypeUsage::Buffer) && uses.contains(TypeUsage::Conversion)

@@ -21,17 +21,27 @@ pub fn quantize_with_feedback(
         "quantize_with_feedback: {dtype:?} is not a 16-bit float type"
     );
     assert!(
-        crate::stores(&g.device(), dtype),
+        stores(&g, dtype),
         "quantize_with_feedback: the device of this gradient cannot store {dtype:?}"
     );
     if let Some(r) = &residual {
         assert_eq!(r.dims(), g.dims(), "quantize_with_feedback: residual shape");
     }
     #[cfg(any(feature = "wgpu", feature = "cuda"))]
-    if kernel::covers(&g, dtype) {
+    if kernel::covers(&g) {
         return kernel::quantize_with_feedback(g, residual, scale, dtype);
     }
     fallback::quantize_with_feedback(g, residual, scale, dtype)
+}
+
+/// [`crate::stores`] for `g`'s device, asked through `g` itself.
+fn stores(g: &Tensor<1>, dtype: DType) -> bool {
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    if crate::cube::is_cube(&g.device()) {
+        return crate::cube::stores_like(g, dtype);
+    }
+    let _ = (g, dtype);
+    true
 }
 
 pub(crate) mod fallback {
@@ -61,9 +71,10 @@ mod kernel {
     use cubecl::prelude::*;
     use half::{bf16, f16};
 
-    /// Whether the kernel handles `g` → `dtype`: f32 on a CubeCL device that stores `dtype`.
-    pub(super) fn covers(g: &Tensor<1>, dtype: DType) -> bool {
-        g.dtype() == DType::F32 && cube::is_cube(&g.device()) && crate::stores(&g.device(), dtype)
+    /// Whether the kernel handles `g`: f32 on a CubeCL device (which stores the target
+    /// dtype: checked by the caller).
+    pub(super) fn covers(g: &Tensor<1>) -> bool {
+        g.dtype() == DType::F32 && cube::is_cube(&g.device())
     }
 
     #[cube(launch_unchecked)]

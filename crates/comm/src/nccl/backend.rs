@@ -167,9 +167,7 @@ impl NcclBackend {
         let n = self.comm.size();
         let me = self.comm.rank();
         let dev = s.fps.ensure(wire::BYTES * n)?;
-        let mut mine = [0u8; wire::BYTES];
-        wire::to_bytes(&wire::encode(&ctx.fingerprint), &mut mine);
-        self.h2d(dev + (me * wire::BYTES) as u64, &mine)?;
+        self.h2d(dev + (me * wire::BYTES) as u64, &encoded(ctx))?;
         // SAFETY: in-place all-gather inside `dev`.
         unsafe {
             self.comm.all_gather_device(
@@ -184,12 +182,7 @@ impl NcclBackend {
         self.d2h(&mut s.host_fps, dev)?;
         self.wait(ctx, started)?;
         for peer in (0..n).filter(|&p| p != me) {
-            let words = wire::from_bytes(&s.host_fps[peer * wire::BYTES..]);
-            match words.as_ref().and_then(wire::decode) {
-                Some(fp) if fp == ctx.fingerprint => {}
-                Some(fp) => return Err(ctx.mismatch(peer, fp)),
-                None => return Err(error(format!("rank {peer} sent a malformed fingerprint"))),
-            }
+            check_peer(&s.host_fps[peer * wire::BYTES..], peer, ctx)?;
         }
         Ok(())
     }
@@ -376,6 +369,23 @@ impl NcclBackend {
         unsafe { self.comm.exchange_device(&sends, &recvs, dtype, stream)? };
         self.d2h(recv.bytes_mut(), b)?;
         self.wait(t.ctx, t.started)
+    }
+}
+
+/// This call's fingerprint as the bytes peers compare.
+pub(super) fn encoded(ctx: &CallContext<'_>) -> [u8; wire::BYTES] {
+    let mut bytes = [0u8; wire::BYTES];
+    wire::to_bytes(&wire::encode(&ctx.fingerprint), &mut bytes);
+    bytes
+}
+
+/// Checks the fingerprint `peer` sent (its wire bytes) against this call's: the same
+/// collective, or the send matching this receive; a mismatch fails with both views.
+pub(super) fn check_peer(bytes: &[u8], peer: usize, ctx: &CallContext<'_>) -> Result<()> {
+    match wire::from_bytes(bytes).as_ref().and_then(wire::decode) {
+        Some(remote) if remote.matches(&ctx.fingerprint) => Ok(()),
+        Some(remote) => Err(ctx.mismatch(peer, remote)),
+        None => Err(error(format!("rank {peer} sent a malformed fingerprint"))),
     }
 }
 

@@ -10,7 +10,7 @@
 //! timeout, so a schedule whose two peers both send before receiving fails with a timeout
 //! instead of hanging.
 
-use super::backend::{NcclBackend, Scratch};
+use super::backend::{NcclBackend, Scratch, check_peer, encoded};
 use super::{DevicePtr, error};
 use crate::backend::CallContext;
 use crate::collective::offsets_into;
@@ -111,9 +111,7 @@ impl NcclBackend {
         self.comm().ensure_usable()?;
         let started = Instant::now();
         let fp = s.fps.ensure(wire::BYTES)?;
-        let mut mine = [0u8; wire::BYTES];
-        wire::to_bytes(&wire::encode(&ctx.fingerprint), &mut mine);
-        self.h2d(fp, &mine)?;
+        self.h2d(fp, &encoded(ctx))?;
         self.exchange(&[(fp, wire::BYTES, dst)], &[], DType::U8)?;
         self.wait(ctx, started)?;
         self.exchange(&[(buf.ptr, buf.len, dst)], &[], buf.dtype)?;
@@ -136,11 +134,7 @@ impl NcclBackend {
         let mut theirs = [0u8; wire::BYTES];
         self.d2h(&mut theirs, fp)?;
         self.wait(ctx, started)?;
-        match wire::from_bytes(&theirs).as_ref().and_then(wire::decode) {
-            Some(remote) if remote.matches(&ctx.fingerprint) => {}
-            Some(remote) => return Err(ctx.mismatch(src, remote)),
-            None => return Err(error(format!("rank {src} sent a malformed fingerprint"))),
-        }
+        check_peer(&theirs, src, ctx)?;
         self.exchange(&[], &[(buf.ptr, buf.len, src)], buf.dtype)?;
         self.wait(ctx, started)
     }

@@ -204,10 +204,9 @@ pub(super) fn recv<const D: usize>(
     group: &ProcessGroup,
     device: &Device,
 ) -> Result<Tensor<D>> {
-    let like = to_cube(Tensor::<1>::zeros([1], (device, dtype)));
-    let t = empty(&like, Shape::new(shape), dtype);
+    let t = to_cube(Tensor::<D>::empty(shape, (device, dtype)));
     let n = t.meta.num_elements();
-    sync(&like)?;
+    sync(&t)?;
     with_pointers(&t, &t, |ptr, _| {
         // SAFETY: a fresh, pinned allocation of `n` elements of this device.
         unsafe { group.device_recv(buf(ptr, n, dtype), src, tag) }

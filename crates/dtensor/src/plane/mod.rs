@@ -308,15 +308,17 @@ pub fn all_gather(
     device: &Device,
 ) -> Result<Tensor<1>> {
     let total: usize = counts.iter().sum();
-    if let (1, Some(piece)) = (group.size(), &piece) {
-        let same = piece.device() == *device && piece.is_autodiff() == device.is_autodiff();
-        let piece = piece.clone();
-        return Ok(if same {
-            piece
-        } else {
-            to_device(piece, device, Reason::Collective)
-        });
-    }
+    let piece = match (group.size(), piece) {
+        (1, Some(piece)) => {
+            let same = piece.device() == *device && piece.is_autodiff() == device.is_autodiff();
+            return Ok(if same {
+                piece
+            } else {
+                to_device(piece, device, Reason::Collective)
+            });
+        }
+        (_, piece) => piece,
+    };
     #[cfg(feature = "cuda")]
     if cuda::applies(device, dtype, group) {
         return cuda::all_gather(piece, counts, dtype, group, device);
