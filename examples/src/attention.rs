@@ -43,6 +43,7 @@ impl Attention {
         let v = split(self.v.forward(x));
         let scores = q.matmul(k.swap_dims(2, 3)) / (dh as f64).sqrt();
         let mask = causal_mask(t, &scores.device());
+        let mask = mask.cast(scores.dtype());
         let scores = scores + mask.unsqueeze::<4>();
         let attn = softmax(scores, 3);
         let y = attn.matmul(v).swap_dims(1, 2).reshape([b, t, local]);

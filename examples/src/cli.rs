@@ -2,7 +2,7 @@
 //! front end (`train_gpt`, the parity harness), and how a program starts and fails.
 
 use bonfire_pipeline::ScheduleKind;
-use bonfire_train::ParallelDims;
+use bonfire_train::{ActivationCheckpointing, MixedPrecision, ParallelDims};
 use bonfire_zero::Stage;
 
 /// The layout options of a command line, as given (checked further when the run is built).
@@ -30,6 +30,16 @@ pub struct LayoutArgs {
     /// Keep ZeRO's optimizer state on the host between steps (needs --zero 1..3).
     #[arg(long)]
     pub offload: bool,
+    /// Compute/parameter dtype: f32, bf16 or f16 (fp32 master weights and optimizer state,
+    /// gradients reduced in fp32; f16 adds dynamic loss scaling).
+    #[arg(long, value_name = "f32|bf16|f16")]
+    pub precision: Option<String>,
+    /// Reduce gradients in the compute dtype instead of fp32 (with --precision bf16|f16).
+    #[arg(long)]
+    pub reduce_in_half: bool,
+    /// Recompute activations in backward: alone, every layer; `K`, every K-th layer.
+    #[arg(long, num_args = 0..=1, default_missing_value = "1", value_name = "K")]
+    pub activation_checkpointing: Option<usize>,
 }
 
 impl LayoutArgs {
@@ -56,7 +66,23 @@ impl LayoutArgs {
             dims = dims.with_schedule(kind);
         }
         dims.pp.microbatches = self.microbatches;
+        let name = self.precision.as_deref().unwrap_or("f32");
+        let mut precision = MixedPrecision::parse(name)
+            .ok_or_else(|| format!("--precision {name}: unknown (known: f32, bf16, f16)"))?;
+        if self.reduce_in_half {
+            if !precision.is_mixed() {
+                return Err("--reduce-in-half needs --precision bf16 or f16".into());
+            }
+            precision = precision.with_reduce_dtype(precision.param_dtype);
+        }
+        let ac = match self.activation_checkpointing {
+            None => ActivationCheckpointing::Off,
+            Some(0) => return Err("--activation-checkpointing K: K must be at least 1".into()),
+            Some(k) => ActivationCheckpointing::Every(k),
+        };
         Ok(dims
+            .with_precision(precision)
+            .with_activation_checkpointing(ac)
             .with_sequence_parallel(self.sequence_parallel)
             .with_loss_parallel(self.loss_parallel)
             .with_offload(self.offload))

@@ -68,6 +68,7 @@ fn layout(
         sequence_parallel: flags.contains("sp"),
         loss_parallel: flags.contains("lp"),
         offload: flags.contains("offload"),
+        ..LayoutArgs::default()
     }
 }
 

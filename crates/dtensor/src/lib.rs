@@ -93,6 +93,7 @@ pub mod parallel;
 pub mod params;
 mod placement;
 pub mod plane;
+pub mod precision;
 pub mod redistribute;
 pub mod scope;
 
@@ -105,4 +106,5 @@ pub use dtensor::{DTensor, DTensorSpec, distribute_tensor};
 pub use error::{DTensorError, Result};
 pub use mesh::DeviceMesh;
 pub use placement::{Placement, chunk_range, chunk_sizes};
+pub use precision::MixedPrecision;
 pub use scope::{LayerHook, LayerHookGuard, LayerInput, install_layer_hook, layer};

@@ -8,7 +8,7 @@
 
 use crate::error::LayoutError;
 use bonfire_comm::ProcessGroup;
-use bonfire_dtensor::DeviceMesh;
+use bonfire_dtensor::{DeviceMesh, MixedPrecision};
 use bonfire_pipeline::ScheduleKind;
 use bonfire_zero::Stage;
 use std::fmt;
@@ -75,6 +75,43 @@ pub struct PpOptions {
     pub split_points: Option<Vec<String>>,
 }
 
+/// Which layers recompute their activations in backward instead of keeping them
+/// (activation checkpointing), counted over the model's checkpointable layers (the GPT's
+/// transformer blocks) in order.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum ActivationCheckpointing {
+    /// Every activation is kept.
+    #[default]
+    Off,
+    /// Layers 0, k, 2k, … recompute (`Every(1)`: every layer).
+    Every(usize),
+}
+
+impl ActivationCheckpointing {
+    /// Whether checkpointable layer `i` recomputes.
+    pub fn applies_to(&self, i: usize) -> bool {
+        match *self {
+            ActivationCheckpointing::Off => false,
+            ActivationCheckpointing::Every(k) => k > 0 && i % k == 0,
+        }
+    }
+    /// Whether any layer recomputes.
+    pub fn is_on(&self) -> bool {
+        matches!(*self, ActivationCheckpointing::Every(k) if k > 0)
+    }
+}
+
+impl fmt::Display for ActivationCheckpointing {
+    /// `off`, `every` (every layer) or `every-k`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            ActivationCheckpointing::Off | ActivationCheckpointing::Every(0) => f.write_str("off"),
+            ActivationCheckpointing::Every(1) => f.write_str("every"),
+            ActivationCheckpointing::Every(k) => write!(f, "every-{k}"),
+        }
+    }
+}
+
 /// A training layout: degrees per axis and their options. Build one with the `with_*`
 /// methods or [`ParallelDims::parse_mesh`]; the trainer validates it against the world, the
 /// model and the batch before building anything.
@@ -88,6 +125,11 @@ pub struct ParallelDims {
     pub offload: bool,
     pub tp: TpOptions,
     pub pp: PpOptions,
+    /// Mixed precision on every axis: compute/param dtype, gradient-reduction dtype (an
+    /// fp32 master copy and fp32 optimizer state under a half type).
+    pub precision: MixedPrecision,
+    /// Activation checkpointing of the model's checkpointable layers.
+    pub activation_checkpointing: ActivationCheckpointing,
 }
 
 impl Default for ParallelDims {
@@ -105,6 +147,8 @@ impl ParallelDims {
             offload: false,
             tp: TpOptions::default(),
             pp: PpOptions::default(),
+            precision: MixedPrecision::f32(),
+            activation_checkpointing: ActivationCheckpointing::Off,
         }
     }
 
@@ -191,6 +235,14 @@ impl ParallelDims {
         self.pp.microbatches = Some(m);
         self
     }
+    pub fn with_precision(mut self, precision: MixedPrecision) -> Self {
+        self.precision = precision;
+        self
+    }
+    pub fn with_activation_checkpointing(mut self, ac: ActivationCheckpointing) -> Self {
+        self.activation_checkpointing = ac;
+        self
+    }
     pub fn with_split_points(mut self, points: Vec<String>) -> Self {
         self.pp.split_points = Some(points);
         self
@@ -211,6 +263,9 @@ impl ParallelDims {
                 product: self.world_size(),
                 world,
             });
+        }
+        if let Err(reason) = self.precision.validate() {
+            return Err(axis_error(Axis::Dp, self.dp(), &reason));
         }
         let (tp, pp) = (self.tp(), self.pp());
         if tp == 1 && self.tp.sequence_parallel {
@@ -302,6 +357,12 @@ impl fmt::Display for ParallelDims {
         }
         if let Some(kind) = &self.pp.schedule {
             write!(f, " schedule={} m={}", kind.name(), self.microbatches())?;
+        }
+        if self.precision.is_mixed() {
+            write!(f, " precision={}", self.precision)?;
+        }
+        if self.activation_checkpointing.is_on() {
+            write!(f, " ac={}", self.activation_checkpointing)?;
         }
         Ok(())
     }

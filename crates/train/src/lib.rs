@@ -69,7 +69,8 @@ mod optim;
 mod trainer;
 mod wrapper;
 
-pub use dims::{Axis, ParallelDims, PpOptions, TpOptions};
+pub use bonfire_dtensor::MixedPrecision;
+pub use dims::{ActivationCheckpointing, Axis, ParallelDims, PpOptions, TpOptions};
 pub use engine::{Engine, RankMesh};
 pub use error::{LayoutError, TrainError};
 pub use fit::{DataSource, FitConfig, Hooks, StepReport, fit};
