@@ -115,6 +115,7 @@ fn layouts(world: usize) -> Vec<LayoutArgs> {
                     sequence_parallel: sp,
                     loss_parallel: lp,
                     offload: false,
+                    ..LayoutArgs::default()
                 });
             }
         }
