@@ -7,7 +7,7 @@ use bonfire_dtensor::layer;
 use bonfire_dtensor::parallel::loss_parallel;
 use burn::module::Module;
 use burn::tensor::activation::log_softmax;
-use burn::tensor::{Device, Int, Tensor};
+use burn::tensor::{DType, Device, Int, Tensor};
 
 /// A GPT-style decoder. Parameter paths are the contract's names (`tok_emb.weight`,
 /// `blocks.0.attn.q.weight`, ..., `head.weight`) in PyTorch layout.
@@ -72,8 +72,10 @@ pub fn head(ln_f: &LayerNorm, head: &Linear, x: Tensor<3>) -> Tensor<3> {
     layer(head, &x).forward(h)
 }
 
-/// Mean over positions of `−log softmax(logits)[target]`.
+/// Mean over positions of `−log softmax(logits)[target]`, computed in fp32 whatever the
+/// logits' dtype (as autocast does: half-precision logits are upcast for the softmax).
 pub fn cross_entropy(logits: Tensor<3>, targets: Tensor<2, Int>) -> Tensor<1> {
+    let logits = logits.cast(DType::F32);
     let [b, t, v] = logits.dims();
     let logp = log_softmax(logits.reshape([b * t, v]), 1);
     let picked = logp.gather(1, targets.reshape([b * t, 1]));

@@ -40,6 +40,9 @@ pub struct DdpConfig {
     /// Say once (on rank 0, at the first forward) when the model shows no layers, so every
     /// bucket waits for the end of backward. The trainer turns it off: it says so itself.
     pub report_no_layers: bool,
+    /// Mixed precision: the replica computes in the param dtype, gradients are all-reduced
+    /// in the reduce dtype, the optimizer steps an fp32 master.
+    pub precision: bonfire_dtensor::MixedPrecision,
 }
 
 impl Default for DdpConfig {
@@ -60,7 +63,12 @@ impl DdpConfig {
             compression: Compression::None,
             record_timings: false,
             report_no_layers: true,
+            precision: bonfire_dtensor::MixedPrecision::f32(),
         }
+    }
+    pub fn with_precision(mut self, precision: bonfire_dtensor::MixedPrecision) -> Self {
+        self.precision = precision;
+        self
     }
     /// Bucket capacity in MiB.
     pub fn with_bucket_mb(mut self, mib: f64) -> Self {

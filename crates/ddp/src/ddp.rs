@@ -7,12 +7,14 @@ use crate::params::{self, ParamInfo, ParamValues};
 use crate::reducer::Reducer;
 use crate::timing::{self, StepTiming};
 use bonfire_comm::{ProcessGroup, ReduceOp};
+use bonfire_dtensor::data_parallel::scale_and_check;
 use bonfire_dtensor::graph::{SharedSink, SinkHook};
 use bonfire_dtensor::plane::{self, ledger::Reason};
+use bonfire_dtensor::precision::cast_module;
 use bonfire_dtensor::{DataParallel, DeviceMesh, install_layer_hook};
 use burn::module::{Module, ParamId};
 use burn::optim::{GradientsParams, ModuleOptimizer};
-use burn::tensor::{Device, Gradients, Tensor};
+use burn::tensor::{DType, Device, Gradients, Tensor};
 use std::collections::HashMap;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -28,7 +30,10 @@ use std::sync::{Arc, Mutex};
 /// the background as soon as backward has produced them (for models that call
 /// [`bonfire_dtensor::layer`]), and `backward` returns once all have arrived.
 pub struct DistributedDataParallel<M: Module> {
+    /// The replica the forward runs (in the param dtype under mixed precision).
     model: Option<M>,
+    /// Mixed precision: the fp32 master the optimizer steps; the replica is cast from it.
+    master: Option<M>,
     optim: ModuleOptimizer,
     pg: ProcessGroup,
     config: DdpConfig,
@@ -67,8 +72,17 @@ impl<M: Module> DistributedDataParallel<M> {
         config.compression.check_device(&model.devices())?;
         let (model, infos) = params::sync_from_root(model, &pg)?;
         let plan = BucketPlan::new(&infos, config.bucket_bytes);
+        let precision = config.precision;
+        let (model, master) = match precision.is_mixed() {
+            true => (
+                cast_module(model.clone(), precision.param_dtype),
+                Some(model),
+            ),
+            false => (model, None),
+        };
         Ok(Self {
             model: Some(model),
+            master,
             optim: optim.into(),
             index: Arc::new(params::index_of(&infos)),
             accumulated: vec![None; infos.len()],
@@ -109,9 +123,10 @@ impl<M: Module> DistributedDataParallel<M> {
             .as_ref()
             .expect("the model is present between calls")
     }
-    /// Unwraps the replica and its optimizer.
+    /// Unwraps the replica (the fp32 master under mixed precision) and its optimizer.
     pub fn into_parts(mut self) -> (M, ModuleOptimizer) {
-        (self.model.take().expect("model"), self.optim)
+        let model = self.model.take().expect("model");
+        (self.master.take().unwrap_or(model), self.optim)
     }
     pub fn config(&self) -> &DdpConfig {
         &self.config
@@ -148,6 +163,7 @@ impl<M: Module> DistributedDataParallel<M> {
             std::mem::take(&mut self.residuals),
             accumulated,
             self.config.record_timings,
+            self.config.precision.reduce_dtype,
         )
     }
 
@@ -179,8 +195,10 @@ impl<M: Module> DistributedDataParallel<M> {
 
     /// Adds per-parameter flat gradients to the accumulated ones.
     fn add_accumulated(&mut self, grads: Vec<Option<Tensor<1>>>) {
+        let dtype = self.config.precision.reduce_dtype;
         for (acc, g) in self.accumulated.iter_mut().zip(grads) {
             if let Some(g) = g {
+                let g = g.cast(dtype);
                 *acc = Some(match acc.take() {
                     Some(sum) => sum + g,
                     None => g,
@@ -237,9 +255,12 @@ impl<M: Module> DistributedDataParallel<M> {
     fn set_grads(&mut self, buckets: Vec<Tensor<1>>) {
         let plan = &self.plan;
         let infos = &self.infos;
+        // The optimizer steps the fp32 master under mixed precision.
+        let dtype = self.master.as_ref().map(|_| DType::F32);
         self.grads = Some(params::grads_from_parts(self.model(), infos, |i| {
             let (b, off) = plan.loc[i];
-            Some(buckets[b].clone().narrow(0, off, infos[i].numel()))
+            let g = buckets[b].clone().narrow(0, off, infos[i].numel());
+            Some(dtype.map_or(g.clone(), |d| g.cast(d)))
         }));
         self.last_buckets = Some(buckets);
     }
@@ -338,6 +359,7 @@ impl<M: Module> DataParallel<M> for DistributedDataParallel<M> {
             )
         })?;
         let model = self.model.take().expect("model");
+        let model = self.master.take().unwrap_or(model);
         let model = self.optim.step(lr, model, grads);
         self.steps += 1;
         let model = match self.config.sync {
@@ -348,7 +370,15 @@ impl<M: Module> DataParallel<M> for DistributedDataParallel<M> {
             }
             _ => model,
         };
-        self.model = Some(model);
+        let precision = self.config.precision;
+        self.model = Some(match precision.is_mixed() {
+            true => {
+                let half = cast_module(model.clone(), precision.param_dtype);
+                self.master = Some(model);
+                half
+            }
+            false => model,
+        });
         if self.config.record_timings {
             let mut t = std::mem::take(&mut self.timing);
             t.rank = self.pg.rank();
@@ -356,6 +386,23 @@ impl<M: Module> DataParallel<M> for DistributedDataParallel<M> {
             self.timings.push(t);
         }
         Ok(())
+    }
+
+    fn unscale_gradients(&mut self, factor: f32) -> Result<bool, DdpError> {
+        let Some(buckets) = self.last_buckets.take() else {
+            return Ok(true);
+        };
+        let mut finite = true;
+        let buckets = buckets
+            .into_iter()
+            .map(|b| {
+                let (b, ok) = scale_and_check(b, factor);
+                finite &= ok;
+                b
+            })
+            .collect();
+        self.set_grads(buckets);
+        Ok(finite)
     }
 
     /// The gradient of each parameter from the last backward (averaged over the group when
@@ -385,7 +432,8 @@ impl<M: Module> DataParallel<M> for DistributedDataParallel<M> {
 
     /// The replica's parameters (every rank holds them whole). No communication.
     fn parameters(&self) -> Result<Vec<ParamValues>, DdpError> {
-        let flat = params::flatten_values(self.model(), &self.infos);
+        let model = self.master.as_ref().unwrap_or(self.model());
+        let flat = params::flatten_values(model, &self.infos);
         Ok(params::named(&self.infos, &flat))
     }
 

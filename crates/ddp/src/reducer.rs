@@ -13,7 +13,7 @@ use crate::params::ParamInfo;
 use crate::timing::Span;
 use bonfire_comm::{ProcessGroup, ReduceOp};
 use bonfire_dtensor::graph::GradSink;
-use burn::tensor::{Device, Tensor};
+use burn::tensor::{DType, Device, Tensor};
 use std::sync::Arc;
 
 pub(crate) struct Reducer {
@@ -35,6 +35,8 @@ pub(crate) struct Reducer {
     /// When each bucket was handed to the communication thread (µs since the epoch).
     launches: Vec<f64>,
     record: bool,
+    /// What gradients are all-reduced in (the mixed-precision reduce dtype).
+    dtype: DType,
 }
 
 impl Reducer {
@@ -48,6 +50,7 @@ impl Reducer {
         residuals: Vec<Option<Tensor<1>>>,
         accumulated: Vec<Option<Tensor<1>>>,
         record: bool,
+        dtype: DType,
     ) -> Self {
         let nb = plan.num_buckets();
         let incomplete = plan.buckets.iter().map(Vec::len).collect();
@@ -65,10 +68,12 @@ impl Reducer {
             in_flight: (0..nb).map(|_| None).collect(),
             launches: vec![0.0; nb],
             record,
+            dtype,
         }
     }
 
     fn add(&mut self, i: usize, grad: Tensor<1>) {
+        let grad = grad.cast(self.dtype);
         self.parts[i] = Some(match self.parts[i].take() {
             Some(sum) => sum + grad,
             None => grad,
@@ -95,9 +100,9 @@ impl Reducer {
         let parts: Vec<Tensor<1>> = self.plan.buckets[b]
             .iter()
             .map(|&i| {
-                self.parts[i]
-                    .take()
-                    .unwrap_or_else(|| Tensor::zeros([self.infos[i].numel()], &device))
+                self.parts[i].take().unwrap_or_else(|| {
+                    Tensor::zeros([self.infos[i].numel()], (&device, self.dtype))
+                })
             })
             .collect();
         let bucket = bonfire_kernels::pack_scaled(&parts, 1.0);

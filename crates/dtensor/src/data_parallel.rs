@@ -64,6 +64,12 @@ pub trait DataParallel<M: Module> {
     /// every rank that computes with them.
     fn step(&mut self, lr: f64) -> Result<(), Self::Error>;
 
+    /// Multiplies the gradients this rank holds after the last reduction by `factor` (the
+    /// inverse loss scale of dynamic loss scaling) and says whether every one of them is
+    /// finite — this rank's view only: the caller agrees across ranks before stepping or
+    /// skipping. No communication.
+    fn unscale_gradients(&mut self, factor: f32) -> Result<bool, Self::Error>;
+
     /// [`forward`](Self::forward) with `loss_fn`, [`backward`](Self::backward),
     /// [`step`](Self::step); returns this rank's loss.
     fn train_step(
@@ -93,4 +99,21 @@ pub trait DataParallel<M: Module> {
     fn into_model(self) -> Result<M, Self::Error>
     where
         Self: Sized;
+}
+
+/// `tensor × factor`, and whether every element is finite (one scalar read: `Σ x·0` is 0
+/// for finite values and NaN as soon as one is infinite or NaN).
+pub fn scale_and_check(tensor: Tensor<1>, factor: f32) -> (Tensor<1>, bool) {
+    let tensor = if factor == 1.0 {
+        tensor
+    } else {
+        tensor.mul_scalar(factor)
+    };
+    let probe = tensor
+        .clone()
+        .mul_scalar(0.0)
+        .sum()
+        .cast(burn::tensor::DType::F32);
+    let probe = crate::plane::to_host(probe, crate::plane::ledger::Reason::Report)[0];
+    (tensor, probe == 0.0)
 }

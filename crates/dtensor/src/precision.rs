@@ -10,7 +10,8 @@
 //! sharded like the optimizer state (the ZeRO paper's K = 12 bytes per parameter for Adam:
 //! master, momentum, variance).
 
-use burn::tensor::DType;
+use burn::module::{Module, ModuleMapper, Param};
+use burn::tensor::{DType, Tensor};
 use std::fmt;
 
 /// Compute/parameter dtype and gradient-reduction dtype. The default is full fp32.
@@ -89,6 +90,27 @@ impl MixedPrecision {
     }
 }
 
+/// `module` with every float parameter cast to `dtype` (same ids; a parameter that required
+/// gradients is a fresh leaf that requires them). A parameter already in `dtype` is kept.
+pub fn cast_module<M: Module>(module: M, dtype: DType) -> M {
+    struct Cast(DType);
+    impl ModuleMapper for Cast {
+        fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
+            let (id, old, mapper) = param.consume();
+            if old.dtype() == self.0 {
+                return Param::from_mapped_value(id, old, mapper);
+            }
+            let require_grad = old.is_require_grad();
+            let mut new = old.cast(self.0).detach();
+            if require_grad {
+                new = new.require_grad();
+            }
+            Param::from_mapped_value(id, new, mapper)
+        }
+    }
+    module.map(&mut Cast(dtype))
+}
+
 /// The short name of a float dtype (`f32`, `bf16`, `f16`).
 pub fn dtype_name(dtype: DType) -> &'static str {
     match dtype {
@@ -120,9 +142,17 @@ mod tests {
         assert_eq!(MixedPrecision::parse("bf16"), Some(MixedPrecision::bf16()));
         assert!(MixedPrecision::parse("int8").is_none());
         assert!(MixedPrecision::bf16().is_mixed() && !MixedPrecision::f32().is_mixed());
-        MixedPrecision::bf16().with_reduce_dtype(DType::BF16).validate().unwrap();
-        let bad = MixedPrecision::f16().with_reduce_dtype(DType::BF16).validate();
-        assert!(bad.unwrap_err().contains("reduced in f32 or in the param dtype"));
+        MixedPrecision::bf16()
+            .with_reduce_dtype(DType::BF16)
+            .validate()
+            .unwrap();
+        let bad = MixedPrecision::f16()
+            .with_reduce_dtype(DType::BF16)
+            .validate();
+        assert!(
+            bad.unwrap_err()
+                .contains("reduced in f32 or in the param dtype")
+        );
         assert_eq!(MixedPrecision::bf16().to_string(), "bf16");
     }
 }

@@ -22,7 +22,7 @@ use crate::schedule::Schedule;
 use bonfire_dtensor::plane::{self, ledger::Reason};
 use burn::module::Module;
 use burn::optim::{GradientsAccumulator, GradientsParams};
-use burn::tensor::{Device, Gradients, Tensor, TensorData};
+use burn::tensor::{DType, Device, Gradients, Tensor, TensorData};
 use std::collections::HashMap;
 
 /// A block of a pipelined model: maps an activation to an activation of the same rank `D`.
@@ -229,6 +229,9 @@ pub struct BurnStage<'a, M: Block<D>, H: StageParams<Vec<Vec<M>>>, const D: usiz
     /// Zero-bubble: the gradients of a "B" waiting for their "W".
     pending: HashMap<(usize, usize), Gradients>,
     loss_total: f64,
+    /// The dtype the blocks compute in (activations and their gradients travel as f32 and
+    /// are cast back to it on arrival; a half type round-trips exactly).
+    dtype: DType,
     _blocks: std::marker::PhantomData<fn() -> M>,
 }
 
@@ -255,6 +258,7 @@ impl<'a, M: Block<D>, H: StageParams<Vec<Vec<M>>>, const D: usize> BurnStage<'a,
             saved: HashMap::new(),
             pending: HashMap::new(),
             loss_total: 0.0,
+            dtype: DType::F32,
             _blocks: std::marker::PhantomData,
         }
     }
@@ -262,6 +266,12 @@ impl<'a, M: Block<D>, H: StageParams<Vec<Vec<M>>>, const D: usize> BurnStage<'a,
     /// The micro-batches' inputs (needed on the rank holding the first stage).
     pub fn with_inputs(mut self, inputs: Vec<Tensor<D>>) -> Self {
         self.inputs = inputs;
+        self
+    }
+
+    /// The dtype the blocks compute in (mixed precision), F32 by default.
+    pub fn with_dtype(mut self, dtype: DType) -> Self {
+        self.dtype = dtype;
         self
     }
 
@@ -283,7 +293,7 @@ impl<'a, M: Block<D>, H: StageParams<Vec<Vec<M>>>, const D: usize> BurnStage<'a,
     /// transfer ledger where the device is not host memory).
     fn to_tensor(&self, a: Activation) -> Tensor<D> {
         let data = TensorData::new(a.data, a.shape);
-        plane::from_data(data, &self.device, Reason::Activation)
+        plane::from_data::<D>(data, &self.device, Reason::Activation).cast(self.dtype)
     }
 
     /// An activation leaving this stage, on the host (counted likewise, and as payload:

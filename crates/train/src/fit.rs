@@ -5,9 +5,10 @@
 
 use crate::engine::Engine;
 use crate::error::TrainError;
+use crate::scaler::{LossScaler, LossScaling};
 use bonfire_dtensor::plane::ledger::Direction;
 use bonfire_dtensor::plane::{TransferLedger, Transfers};
-use burn::tensor::Device;
+use burn::tensor::{DType, Device};
 use indicatif::{ProgressBar, ProgressStyle};
 use std::io::Write;
 use std::path::PathBuf;
@@ -44,6 +45,12 @@ pub struct StepReport {
     pub d2h_bytes: u64,
     pub h2d_bytes: u64,
     pub payload_bytes: u64,
+    /// With dynamic loss scaling: the scale this step's loss was multiplied by.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub loss_scale: Option<f32>,
+    /// Whether the optimizer step was skipped (an infinite or NaN gradient under loss
+    /// scaling).
+    pub skipped: bool,
 }
 
 /// Called by the loop at fixed points of each step (collectives inside are fine: every rank
@@ -97,6 +104,9 @@ pub struct FitConfig {
     pub metrics: Option<PathBuf>,
     /// Call [`Hooks::checkpoint`] every this many steps (and at the end).
     pub checkpoint_every: Option<usize>,
+    /// Dynamic loss scaling (`None`: on with the defaults when the layout computes in f16,
+    /// off otherwise).
+    pub loss_scaling: Option<LossScaling>,
 }
 
 impl FitConfig {
@@ -111,6 +121,7 @@ impl FitConfig {
             log_every: 0,
             metrics: None,
             checkpoint_every: None,
+            loss_scaling: None,
         }
     }
 }
@@ -209,17 +220,40 @@ pub fn fit<B>(
 ) -> Result<Vec<StepReport>, TrainError> {
     let mut reporter = Reporter::new(config, engine.world().rank())?;
     let mut reports = Vec::with_capacity(config.steps.saturating_sub(config.start_step));
+    let f16 = engine.dims().precision.param_dtype == DType::F16;
+    let mut scaler = config
+        .loss_scaling
+        .or_else(|| f16.then(LossScaling::default))
+        .map(LossScaler::new);
     for step in config.start_step..config.steps {
         let start = Instant::now();
         let batch = data.batch(step, engine.device());
         let (ledger, mut moved) = (TransferLedger::start(), Transfers::default());
+        let loss_scale = scaler.as_ref().map(LossScaler::scale);
+        engine.set_loss_scale(loss_scale.unwrap_or(1.0));
         let loss = engine.forward_backward(&batch)?;
         drop(batch);
+        let finite = match (&mut scaler, loss_scale) {
+            (Some(s), Some(scale)) => {
+                let finite = engine.unscale(scale)?;
+                s.update(finite);
+                finite
+            }
+            _ => true,
+        };
         moved.add(&ledger.snapshot());
         drop(ledger);
         hooks.after_backward(step, engine)?;
         let ledger = TransferLedger::start();
-        engine.step(config.lr)?;
+        if finite {
+            engine.step(config.lr)?;
+        } else if engine.world().rank() == 0 {
+            tracing::info!(
+                "step {step}: a gradient overflowed at loss scale {}; step skipped, scale now {}",
+                loss_scale.unwrap_or(1.0),
+                scaler.as_ref().map_or(1.0, LossScaler::scale)
+            );
+        }
         moved.add(&ledger.snapshot());
         drop(ledger);
         let seconds = start.elapsed().as_secs_f64();
@@ -231,6 +265,8 @@ pub fn fit<B>(
             d2h_bytes: moved.total(Direction::DeviceToHost),
             h2d_bytes: moved.total(Direction::HostToDevice),
             payload_bytes: moved.payload,
+            loss_scale,
+            skipped: !finite,
         };
         reporter.report(&report, step + 1 == config.steps)?;
         hooks.after_step(&report, engine)?;

@@ -66,6 +66,7 @@ mod fit;
 mod launch;
 mod model;
 mod optim;
+mod scaler;
 mod trainer;
 mod wrapper;
 
@@ -77,5 +78,6 @@ pub use fit::{DataSource, FitConfig, Hooks, StepReport, fit};
 pub use launch::Launcher;
 pub use model::{ParallelModel, Pipeline, Rows};
 pub use optim::OptimizerKind;
+pub use scaler::{LossScaler, LossScaling};
 pub use trainer::Trainer;
 pub use wrapper::{DpSpec, DpWrapper, OptimizerFactory, Staged, WrapperReport};

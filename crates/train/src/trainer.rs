@@ -148,7 +148,12 @@ impl Trainer {
             );
         }
         let layout = ModelLayout::of(&model);
-        let at = RankMesh { dims, mesh, device };
+        let at = RankMesh {
+            dims,
+            mesh,
+            device,
+            loss_scale: 1.0,
+        };
         if at.dims.pp() == 1 {
             let wrapper = self.dp.build(model, &at.mesh, Axis::Dp.name())?;
             return Ok(Box::new(ReplicaEngine::new(at, wrapper, layout)));

@@ -24,6 +24,8 @@ pub type OptimizerFactory = Arc<dyn Fn() -> ModuleOptimizer + Send + Sync>;
 pub struct DpSpec {
     pub stage: Stage,
     pub offload: bool,
+    /// Mixed precision (the layout's), given to DDP and ZeRO.
+    pub precision: bonfire_dtensor::MixedPrecision,
     pub optimizer: OptimizerFactory,
     pub ddp: DdpConfig,
     pub zero: ZeroConfig,
@@ -35,6 +37,7 @@ impl DpSpec {
         Self {
             stage: dims.zero,
             offload: dims.offload,
+            precision: dims.precision,
             optimizer,
             ddp: DdpConfig::new().with_report_no_layers(false),
             zero: ZeroConfig::new(dims.zero).with_report_no_layers(false),
@@ -55,10 +58,14 @@ impl DpSpec {
                 optim,
                 mesh,
                 axis,
-                self.ddp.clone(),
+                self.ddp.clone().with_precision(self.precision),
             )?)),
             stage => {
-                let mut config = self.zero.clone().with_offload(self.offload);
+                let mut config = self
+                    .zero
+                    .clone()
+                    .with_offload(self.offload)
+                    .with_precision(self.precision);
                 config.stage = stage;
                 DpWrapper::Zero(Box::new(Zero::on_mesh(model, optim, mesh, axis, config)?))
             }
@@ -137,6 +144,9 @@ impl<M: Module> DataParallel<M> for DpWrapper<M> {
     }
     fn step(&mut self, lr: f64) -> Result<(), TrainError> {
         each!(self, w => w.step(lr))
+    }
+    fn unscale_gradients(&mut self, factor: f32) -> Result<bool, TrainError> {
+        each!(self, w => w.unscale_gradients(factor))
     }
     fn gradients(&self) -> Result<Vec<ParamValues>, TrainError> {
         each!(self, w => w.gradients())

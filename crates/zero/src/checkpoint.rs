@@ -303,7 +303,7 @@ impl<M: Module> Zero<M> {
         std::fs::create_dir_all(dir).map_err(err)?;
         let own = self.own_range();
         let values = self
-            .own_tensor()
+            .own_master()
             .map_or_else(Vec::new, |t| plane::to_host(t, Reason::Checkpoint));
         let mut tensors = Vec::new();
         let mut pieces = Vec::new();

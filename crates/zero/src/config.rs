@@ -49,6 +49,11 @@ pub struct ZeroConfig {
     /// then reduces after backward, stage 3 gathers for the whole forward). The trainer turns
     /// it off: it says so itself.
     pub report_no_layers: bool,
+    /// Mixed precision: stages 0–2 hold the model in the param dtype and keep an fp32 master
+    /// of the own range with the optimizer state; stage 3 keeps its shard in fp32 (the master)
+    /// and gathers parameters in the param dtype (FSDP2's policy). Gradients are reduced in
+    /// the reduce dtype.
+    pub precision: bonfire_dtensor::MixedPrecision,
 }
 
 impl ZeroConfig {
@@ -61,7 +66,12 @@ impl ZeroConfig {
             offload_device: burn::tensor::Device::flex(),
             recompute: true,
             report_no_layers: true,
+            precision: bonfire_dtensor::MixedPrecision::f32(),
         }
+    }
+    pub fn with_precision(mut self, precision: bonfire_dtensor::MixedPrecision) -> Self {
+        self.precision = precision;
+        self
     }
     pub fn with_report_no_layers(mut self, report: bool) -> Self {
         self.report_no_layers = report;

@@ -25,6 +25,7 @@ use crate::params::ParamInfo;
 use crate::partition::Partition;
 use bonfire_comm::ProcessGroup;
 use bonfire_dtensor::LayerHook;
+use bonfire_dtensor::MixedPrecision;
 use burn::module::{Module, ModuleMapper, Param, ParamId};
 use burn::tensor::{DispatchTensor, Tensor};
 use std::collections::HashMap;
@@ -87,6 +88,10 @@ pub(crate) struct GatherPlan {
     prefetch: bool,
     /// The previous forward's layers.
     previous: Vec<Vec<usize>>,
+    /// Mixed precision: gathered parameters are cast to the param dtype — after the gather
+    /// when gradients are reduced in fp32 (the gather moves fp32 and its backward
+    /// reduce-scatters fp32), before it when they are reduced in the param dtype.
+    precision: MixedPrecision,
     state: Mutex<PlanState>,
 }
 
@@ -98,6 +103,7 @@ impl GatherPlan {
         shard: Tensor<1>,
         prefetch: bool,
         previous: Vec<Vec<usize>>,
+        precision: MixedPrecision,
     ) -> Self {
         let n = infos.len();
         let rank = pg.rank();
@@ -127,6 +133,7 @@ impl GatherPlan {
             slots,
             prefetch,
             previous,
+            precision,
             state: Mutex::new(PlanState {
                 started: vec![false; n],
                 ready: HashMap::new(),
@@ -163,10 +170,16 @@ impl GatherPlan {
         let padded: Vec<usize> = counts.iter().map(|&c| c.max(1)).collect();
         let numel = self.infos[i].numel();
         let pg = self.pg.clone();
+        let MixedPrecision {
+            param_dtype,
+            reduce_dtype,
+        } = self.precision;
         move || {
+            let piece = piece.cast(reduce_dtype);
             bonfire_dtensor::functional::all_gather_recomputable(piece, &pg, 0, &padded)
                 .unwrap_or_else(|e| panic!("bonfire-zero: stage-3 all-gather failed: {e}"))
                 .narrow(0, before, numel)
+                .cast(param_dtype)
         }
     }
 

@@ -22,7 +22,7 @@ use bonfire_dtensor::params;
 use bonfire_dtensor::plane::{self, ledger::Reason};
 use burn::module::{Module, Param, ParamId};
 use burn::optim::{GradientsParams, ModuleOptimizer};
-use burn::tensor::{Device, Tensor, TensorData};
+use burn::tensor::{DType, Device, Tensor, TensorData};
 use burn_pack::Scalar;
 
 /// One piece's (or one range's) optimizer state on the host: named element vectors (all of
@@ -76,11 +76,15 @@ pub struct ShardOptimizer {
     step_device: Device,
     /// Whether `step_device` is the offload device.
     offloaded: bool,
-    /// With offload: the range's values as of the last step, kept on the offload device (the
-    /// fp32 master of ZeRO-Offload), so that a step sends only the gradient down and the
-    /// update up. Taken at the first step; dropped when the values are replaced from outside
-    /// (a checkpoint load, through [`import`](Self::import)).
+    /// The range's fp32 values as of the last step, on the step device: with offload (the
+    /// master of ZeRO-Offload, so that a step sends only the gradient down and the update
+    /// up; taken at the first step) and under mixed precision (the master the half-precision
+    /// model is cast from; given by [`set_master`](Self::set_master)). Dropped when the
+    /// values are replaced from outside without a master (a checkpoint load through
+    /// [`import`](Self::import) under offload alone).
     master: Option<Tensor<1>>,
+    /// Whether the values the model holds are a half type (so the master is kept).
+    mixed: bool,
 }
 
 impl ShardOptimizer {
@@ -112,23 +116,53 @@ impl ShardOptimizer {
             offloaded: offload.is_some(),
             step_device: offload.unwrap_or(device),
             master: None,
+            mixed: false,
         })
+    }
+
+    /// Mixed precision: the range's fp32 values (`None` when it is empty), kept on the step
+    /// device as the master the optimizer steps; the model holds them in a half type.
+    pub fn set_master(&mut self, values: Option<Tensor<1>>) {
+        self.mixed = true;
+        self.master = values.map(|v| {
+            let v = v.inner().cast(DType::F32);
+            if self.offloaded {
+                plane::to_device(v, &self.step_device, Reason::Offload)
+            } else {
+                v
+            }
+        });
+    }
+
+    /// The range's fp32 master (mixed precision, or offload after its first step).
+    pub fn master(&self) -> Option<&Tensor<1>> {
+        self.master.as_ref()
     }
 
     /// Steps the range: `values` and `grads` are the rank's own range of the flat vector, on
     /// the model's device; returns the updated range there. With offload the step runs on the
     /// offload device against its master copy of the values (the gradient goes down, the
     /// update comes back up; the values go down once, at the first step).
+    ///
+    /// Under mixed precision `values` are in the model's half type: the step runs on the fp32
+    /// master with the gradient cast to fp32, and the update comes back in `values`' dtype.
     pub fn step(&mut self, lr: f64, values: Tensor<1>, grads: Tensor<1>) -> Tensor<1> {
         let home = values.device();
-        let (values, grads) = (values.inner(), grads.inner());
-        let (values, grads) = if self.offloaded {
+        let dtype = values.dtype();
+        let (values, grads) = (values.inner(), grads.inner().cast(DType::F32));
+        let keep_master = self.offloaded || self.mixed;
+        let (values, grads) = if keep_master {
             let to = &self.step_device;
             let v = match self.master.take() {
                 Some(master) => master,
-                None => plane::to_device(values, to, Reason::Offload),
+                None => plane::to_device(values.cast(DType::F32), to, Reason::Offload),
             };
-            (v, plane::to_device(grads, to, Reason::Offload))
+            let g = if self.offloaded {
+                plane::to_device(grads, to, Reason::Offload)
+            } else {
+                grads
+            };
+            (v, g)
         } else {
             (values, grads)
         };
@@ -140,8 +174,11 @@ impl ShardOptimizer {
             values: Param::initialized(self.id, values.autodiff()),
         };
         let updated = self.optim.step(lr, module, gp).values.val().inner();
-        let updated = if self.offloaded {
+        if keep_master {
             self.master = Some(updated.clone());
+        }
+        let updated = updated.cast(dtype);
+        let updated = if self.offloaded {
             plane::to_device(updated, &home.clone().inner(), Reason::Offload)
         } else {
             updated
@@ -253,26 +290,30 @@ impl ShardOptimizer {
             Some(state) => self.load(state),
             None => self.blank.clone(),
         };
-        self.master = None;
+        if !self.mixed {
+            self.master = None;
+        }
         Ok(())
     }
 
-    /// Bytes of optimizer state on the model's device (zero with offload).
+    /// Bytes of optimizer state (and the fp32 master under mixed precision) on the model's
+    /// device (zero with offload).
     pub fn device_bytes(&self) -> usize {
         if self.offloaded {
             0
         } else {
-            self.state_bytes()
+            self.state_bytes() + self.master_bytes()
         }
+    }
+    fn master_bytes(&self) -> usize {
+        self.master
+            .as_ref()
+            .map_or(0, |m| m.dtype().size() * m.dims()[0])
     }
     /// Bytes on the offload device: the optimizer state and the master copy of the values.
     pub fn offload_bytes(&self) -> usize {
         if self.offloaded {
-            let master = self
-                .master
-                .as_ref()
-                .map_or(0, |m| m.dtype().size() * m.dims()[0]);
-            self.state_bytes() + master
+            self.state_bytes() + self.master_bytes()
         } else {
             0
         }

@@ -23,7 +23,7 @@ use crate::partition::Partition;
 use bonfire_comm::{ProcessGroup, ReduceOp};
 use bonfire_dtensor::graph::GradSink;
 use bonfire_dtensor::plane;
-use burn::tensor::{Device, Tensor};
+use burn::tensor::{DType, Device, Tensor};
 use std::collections::BTreeMap;
 use std::ops::Range;
 use std::sync::Arc;
@@ -48,6 +48,8 @@ pub(crate) struct GradBuckets {
     /// This rank's parts of the averaged gradient, by offset in its own range.
     own: BTreeMap<usize, Tensor<1>>,
     device: Option<Device>,
+    /// What gradients are reduce-scattered in (the mixed-precision reduce dtype).
+    dtype: DType,
     error: Option<ZeroError>,
 }
 
@@ -57,6 +59,7 @@ impl GradBuckets {
         part: Arc<Partition>,
         infos: Arc<Vec<ParamInfo>>,
         bucket_bytes: usize,
+        dtype: DType,
     ) -> Self {
         let cap = (bucket_bytes / 4).max(1);
         let mut bounds = Vec::new();
@@ -88,6 +91,7 @@ impl GradBuckets {
             next: 0,
             own: BTreeMap::new(),
             device: None,
+            dtype,
             error: None,
             pg,
             part,
@@ -101,6 +105,7 @@ impl GradBuckets {
     fn add(&mut self, p: usize, grad: Tensor<1>) -> Result<()> {
         let a = self.part.offsets[p];
         self.device.get_or_insert_with(|| grad.device());
+        let grad = grad.cast(self.dtype);
         for &k in &self.buckets_of[p] {
             if self.launched[k] {
                 return Err(ZeroError::Usage(format!(
@@ -137,7 +142,7 @@ impl GradBuckets {
                 filled.remove(&p).unwrap_or_else(|| {
                     let (a, b) = (self.part.offsets[p], self.part.offsets[p + 1]);
                     let n = range.end.min(b) - range.start.max(a);
-                    Tensor::zeros([n], &device)
+                    Tensor::zeros([n], (&device, self.dtype))
                 })
             })
             .collect();

@@ -21,7 +21,7 @@ use bonfire_dtensor::plane::{self, ledger::Reason};
 use bonfire_dtensor::{DataParallel, install_layer_hook};
 use burn::module::Module;
 use burn::optim::GradientsParams;
-use burn::tensor::{Gradients, Tensor};
+use burn::tensor::{DType, Gradients, Tensor};
 use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
 use std::rc::Rc;
 use std::sync::Arc;
@@ -44,6 +44,7 @@ impl<M: Module> Zero<M> {
             shard,
             self.config.prefetch,
             std::mem::take(&mut self.last_gather.layers),
+            self.config.precision,
         ));
         let module = lazy_module(self.model().clone(), plan.clone());
         let hook = install_layer_hook(Rc::new(ZeroLayerHook::new(plan.clone())));
@@ -93,10 +94,14 @@ impl<M: Module> Zero<M> {
         match self.config.stage {
             Stage::Zero0 | Stage::Zero1 => {
                 let device = self.device.clone();
+                let dtype = self.config.precision.reduce_dtype;
                 let parts: Vec<Tensor<1>> = per_param
                     .into_iter()
                     .zip(self.infos.iter())
-                    .map(|(g, p)| g.unwrap_or_else(|| Tensor::zeros([p.numel()], &device)))
+                    .map(|(g, p)| match g {
+                        Some(g) => g.cast(dtype),
+                        None => Tensor::zeros([p.numel()], (&device, dtype)),
+                    })
                     .collect();
                 let mut flat = bonfire_kernels::pack_scaled(&parts, 1.0);
                 if self.pg.size() > 1 {
@@ -120,6 +125,7 @@ impl<M: Module> Zero<M> {
             self.part.clone(),
             self.infos.clone(),
             self.config.bucket_bytes,
+            self.config.precision.reduce_dtype,
         )
     }
 
@@ -133,7 +139,11 @@ impl<M: Module> Zero<M> {
             return Ok(g.clone());
         }
         let counts = self.part.counts();
-        let dtype = burn::tensor::DType::F32;
+        // Stage 3's gradients land on its fp32 shard; stage 2's are in the reduce dtype.
+        let dtype = match self.config.stage {
+            Stage::Zero3 => DType::F32,
+            _ => self.config.precision.reduce_dtype,
+        };
         let flat = plane::all_gather(g.clone(), &counts, dtype, &self.pg, &self.device)?;
         Ok(Some(flat))
     }
@@ -287,7 +297,7 @@ impl<M: Module> DataParallel<M> for Zero<M> {
             }
             _ => {
                 let counts = self.part.counts();
-                let dtype = burn::tensor::DType::F32;
+                let dtype = self.config.precision.param_dtype;
                 let flat = plane::all_gather(updated, &counts, dtype, &self.pg, &self.device)?;
                 let model = self.model.take().expect("model");
                 self.model = Some(params::assign_flat(model, &self.infos, &flat));
@@ -295,6 +305,15 @@ impl<M: Module> DataParallel<M> for Zero<M> {
         }
         self.steps += 1;
         Ok(())
+    }
+
+    fn unscale_gradients(&mut self, factor: f32) -> Result<bool> {
+        let Some(g) = self.grads.as_mut().and_then(Option::take) else {
+            return Ok(true);
+        };
+        let (g, finite) = bonfire_dtensor::data_parallel::scale_and_check(g, factor);
+        self.grads = Some(Some(g));
+        Ok(finite)
     }
 
     /// The averaged gradient of every parameter from the last backward, whole (all-gathered

@@ -15,7 +15,7 @@ use bonfire_dtensor::graph::SharedSink;
 use bonfire_dtensor::plane::{self, ledger::Reason};
 use burn::module::{Module, ModuleMapper, Param};
 use burn::optim::ModuleOptimizer;
-use burn::tensor::{Device, Tensor};
+use burn::tensor::{DType, Device, Tensor};
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicUsize};
 use std::sync::{Arc, Mutex};
@@ -190,7 +190,21 @@ impl<M: Module> Zero<M> {
 
     /// Installs the full flat parameter vector (every rank passes the same values), a tensor
     /// on the wrapper's device.
+    ///
+    /// Under mixed precision stages 0–2 hand the own range to the optimizer as its fp32
+    /// master and hold the model in the param dtype; stage 3's shard stays fp32 (the master).
     pub(crate) fn set_full_values(&mut self, flat: Tensor<1>) {
+        let flat = flat.cast(DType::F32);
+        let precision = self.config.precision;
+        if precision.is_mixed() && self.config.stage != Stage::Zero3 {
+            let own = self.own_range();
+            let mine = (!own.is_empty()).then(|| flat.clone().narrow(0, own.start, own.len()));
+            self.optim.set_master(mine);
+            let model = self.model.take().expect("model");
+            let half = flat.cast(precision.param_dtype);
+            self.model = Some(params::assign_flat(model, &self.infos, &half));
+            return;
+        }
         if self.config.stage == Stage::Zero3 {
             let own = self.own_range();
             let mine = (!own.is_empty()).then(|| flat.narrow(0, own.start, own.len()));
@@ -229,29 +243,46 @@ impl<M: Module> Zero<M> {
         })
     }
 
-    /// This rank's range of the flat parameter vector, on the host.
+    /// This rank's range of the flat parameter vector in fp32, on the device: under mixed
+    /// precision the optimizer's master (stages 0–2) rather than the half-precision copy the
+    /// model computes with.
+    pub fn own_master(&self) -> Option<Tensor<1>> {
+        if self.config.precision.is_mixed() && self.config.stage != Stage::Zero3 {
+            let home = self.device.clone().inner();
+            return self.optim.master().map(|m| {
+                let m = plane::to_device(m.clone(), &home, Reason::Offload);
+                params::with_context_of(m, &self.device)
+            });
+        }
+        self.own_tensor().map(|t| t.cast(DType::F32))
+    }
+
+    /// This rank's range of the flat parameter vector (fp32: the master), on the host.
     pub fn own_values(&self) -> Vec<f32> {
-        self.own_tensor()
+        self.own_master()
             .map_or_else(Vec::new, |t| plane::to_host(t, Reason::Export))
     }
 
     /// Every parameter, concatenated in module order, on the device (an all-gather at stage
     /// 3).
+    /// In fp32 (under mixed precision, the masters).
     pub fn full_tensor(&self) -> Result<Tensor<1>> {
-        match &self.shard {
-            Some(_) => {
-                let counts = self.part.counts();
-                let dtype = burn::tensor::DType::F32;
-                Ok(plane::all_gather(
-                    self.own_tensor(),
-                    &counts,
-                    dtype,
-                    &self.pg,
-                    &self.device,
-                )?)
-            }
-            None => Ok(params::flat(self.model(), &self.infos)),
+        let sharded = self.shard.is_some()
+            || (self.config.precision.is_mixed() && self.config.stage != Stage::Zero0);
+        if !sharded {
+            return Ok(match self.config.precision.is_mixed() {
+                true => self.own_master().expect("stage 0 owns everything"),
+                false => params::flat(self.model(), &self.infos),
+            });
         }
+        let counts = self.part.counts();
+        Ok(plane::all_gather(
+            self.own_master(),
+            &counts,
+            DType::F32,
+            &self.pg,
+            &self.device,
+        )?)
     }
 
     /// Every parameter, concatenated in module order, on the host (a collective at stage 3).

@@ -335,8 +335,9 @@ impl ParallelEmbedding {
                     .bool_and(ids.clone().lower_elem((offset + rows) as i64));
                 // Ids owned by another rank read row 0 (masked out below).
                 let local = (ids - offset as i64).mask_fill(in_range.clone().bool_not(), 0);
-                let partial =
-                    Self::lookup(self.weight.val(), local) * in_range.float().unsqueeze_dim::<3>(2);
+                let rows = Self::lookup(self.weight.val(), local);
+                let keep = in_range.float().cast(rows.dtype()).unsqueeze_dim::<3>(2);
+                let partial = rows * keep;
                 relayout(partial, Layout::Partial, style.output_layout, g)
             }
             Applied::Colwise(style) => {

@@ -19,6 +19,8 @@ pub fn loss_parallel(
     targets: Tensor<2, Int>,
     group: &ProcessGroup,
 ) -> Tensor<1> {
+    // In fp32 whatever the logits' dtype (half-precision logits are upcast, as autocast does).
+    let local_logits = local_logits.cast(burn::tensor::DType::F32);
     let [b, t, v] = local_logits.dims();
     let n = b * t;
     let logits = local_logits.reshape([n, v]);

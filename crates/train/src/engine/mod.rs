@@ -40,6 +40,13 @@ pub trait Engine<B> {
     /// Burn's optimizer step on what this rank owns. A collective where the dp wrapper
     /// gathers updated parameters.
     fn step(&mut self, lr: f64) -> Result<(), TrainError>;
+    /// The loss scale the next [`forward_backward`](Self::forward_backward) multiplies its
+    /// loss by before backward (dynamic loss scaling; 1 by default). The loss it returns is
+    /// unscaled.
+    fn set_loss_scale(&mut self, scale: f32);
+    /// Divides the reduced gradients by the loss scale and says whether they are finite on
+    /// every rank (a collective: one flag all-reduced over the world).
+    fn unscale(&mut self, scale: f32) -> Result<bool, TrainError>;
     /// The averaged gradient of every parameter from the last backward, whole (gathered over
     /// shards and stages), in the model's order. A collective.
     fn gradients(&mut self) -> Result<Vec<ParamValues>, TrainError>;
@@ -55,6 +62,8 @@ pub struct RankMesh {
     pub(crate) dims: ParallelDims,
     pub(crate) mesh: bonfire_dtensor::DeviceMesh,
     pub(crate) device: Device,
+    /// The loss scale of the next forward/backward (dynamic loss scaling).
+    pub(crate) loss_scale: f32,
 }
 
 impl RankMesh {
@@ -74,6 +83,15 @@ impl RankMesh {
             .coord(axis.name())
             .expect("every axis is on the mesh")
     }
+    /// Whether `local_finite` holds on every rank of the world (a collective).
+    pub(crate) fn all_finite(&self, local_finite: bool) -> Result<bool, TrainError> {
+        let mut bad = [u8::from(!local_finite)];
+        self.mesh
+            .world()
+            .all_reduce(&mut bad, bonfire_comm::ReduceOp::Max)?;
+        Ok(bad[0] == 0)
+    }
+
     /// This replica's rows of a global batch of `rows` rows (a multiple of dp, checked).
     pub(crate) fn replica_rows(&self, rows: usize) -> std::ops::Range<usize> {
         let per = rows / self.dims.dp();

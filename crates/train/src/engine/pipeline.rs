@@ -253,6 +253,7 @@ impl<P: Block<D>, const D: usize, B: Rows> Engine<B> for PipelineEngine<P, D, B>
         let loss_fn = self.loss.clone();
         let weights = microbatch_weights(rows.len(), m);
         let device = self.at.device.clone();
+        let scale = self.at.loss_scale;
         let mut stage = BurnStage::new(
             Staged(&mut self.wrapper),
             &self.schedule,
@@ -261,7 +262,11 @@ impl<P: Block<D>, const D: usize, B: Rows> Engine<B> for PipelineEngine<P, D, B>
             weights,
         )
         .with_inputs(inputs)
-        .with_loss(move |mb, out| loss_fn(out, &micro[mb]));
+        .with_dtype(self.at.dims.precision.param_dtype)
+        .with_loss(move |mb, out| {
+            let loss = loss_fn(out, &micro[mb]);
+            if scale == 1.0 { loss } else { loss * scale }
+        });
         run_schedule(&self.at.mesh, Axis::Pp.name(), &self.schedule, &mut stage)?;
         let (_, loss) = stage.finish();
         self.wrapper.reduce()?;
@@ -272,11 +277,20 @@ impl<P: Block<D>, const D: usize, B: Rows> Engine<B> for PipelineEngine<P, D, B>
             .mesh
             .world()
             .all_reduce(&mut global, ReduceOp::Sum)?;
-        Ok(global[0] as f32)
+        Ok((global[0] / scale as f64) as f32)
     }
 
     fn step(&mut self, lr: f64) -> Result<(), TrainError> {
         self.wrapper.step(lr)
+    }
+
+    fn set_loss_scale(&mut self, scale: f32) {
+        self.at.loss_scale = scale;
+    }
+
+    fn unscale(&mut self, scale: f32) -> Result<bool, TrainError> {
+        let finite = self.wrapper.unscale_gradients(1.0 / scale)?;
+        self.at.all_finite(finite)
     }
 
     fn gradients(&mut self) -> Result<Vec<ParamValues>, TrainError> {

@@ -39,7 +39,9 @@ impl<M: ParallelModel> Engine<M::Batch> for ReplicaEngine<M> {
         let local = batch.narrow_rows(rows.start, rows.len());
         let loss = self.wrapper.forward(|m| m.loss(local));
         let mut value = [plane::to_host(loss.clone().detach(), Reason::Report)[0]];
-        self.wrapper.backward(loss)?;
+        let scale = self.at.loss_scale;
+        self.wrapper
+            .backward(if scale == 1.0 { loss } else { loss * scale })?;
         // Every tp rank of a replica holds the same loss: the mean over replicas is global.
         self.at
             .group(Axis::Dp)
@@ -49,6 +51,15 @@ impl<M: ParallelModel> Engine<M::Batch> for ReplicaEngine<M> {
 
     fn step(&mut self, lr: f64) -> Result<(), TrainError> {
         self.wrapper.step(lr)
+    }
+
+    fn set_loss_scale(&mut self, scale: f32) {
+        self.at.loss_scale = scale;
+    }
+
+    fn unscale(&mut self, scale: f32) -> Result<bool, TrainError> {
+        let finite = self.wrapper.unscale_gradients(1.0 / scale)?;
+        self.at.all_finite(finite)
     }
 
     fn gradients(&mut self) -> Result<Vec<ParamValues>, TrainError> {
