@@ -1,7 +1,8 @@
 //! How the GPT is parallelized, from outside its code: its [`ParallelModel`] description —
 //! the tensor-parallel plan (like torchtitan's Llama plan), the checks a plan cannot see, the
 //! layers it runs through `bonfire_dtensor::layer`, and its pipeline pieces, which run the
-//! very functions [`Gpt::forward`] runs ([`embed`], `Block::forward`, [`head`]).
+//! very functions [`Gpt::forward`] runs ([`embed`], `Block::forward`, [`head`]), the
+//! transformer blocks among them checkpointable (activation checkpointing).
 //!
 //! | module | without SP | with sequence parallelism |
 //! |---|---|---|
@@ -128,15 +129,18 @@ impl ParallelModel for Gpt {
 
     /// The embeddings, each block, the final norm with the head; token ids enter as floats
     /// `[B, T, 1]`; the loss is cross-entropy, vocab-parallel when the head's logits stay
-    /// sharded.
+    /// sharded. The transformer blocks are the checkpointable layers.
     fn pipeline(self) -> Option<Pipeline<TokenBatch>> {
+        let blocks: Vec<String> = (0..self.blocks.len())
+            .map(|i| format!("blocks.{i}"))
+            .collect();
         let group = self.head.output_shard_group();
         let loss = move |logits: Tensor<3>, (_, targets): &TokenBatch| match &group {
             Some(g) => loss_parallel(logits, targets.clone(), g),
             None => cross_entropy(logits, targets.clone()),
         };
         let input = |(ids, _): &TokenBatch| ids.clone().float().unsqueeze_dim::<3>(2);
-        Some(Pipeline::new(pieces(self), input, loss))
+        Some(Pipeline::new(pieces(self), input, loss).with_checkpointable(blocks))
     }
 }
 

@@ -159,11 +159,9 @@ impl<M: Module> DistributedDataParallel<M> {
             self.pg.clone(),
             self.plan.clone(),
             self.infos.clone(),
-            self.config.compression,
+            &self.config,
             std::mem::take(&mut self.residuals),
             accumulated,
-            self.config.record_timings,
-            self.config.precision.reduce_dtype,
         )
     }
 

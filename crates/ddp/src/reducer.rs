@@ -7,7 +7,7 @@
 
 use crate::bucket::BucketPlan;
 use crate::compress::{Compression, InFlight};
-use crate::config::UnusedParams;
+use crate::config::{DdpConfig, UnusedParams};
 use crate::error::DdpError;
 use crate::params::ParamInfo;
 use crate::timing::Span;
@@ -42,16 +42,17 @@ pub(crate) struct Reducer {
 impl Reducer {
     /// A reducer starting from `accumulated` gradients (per parameter, from `no_sync`
     /// backwards or micro-batches).
+    /// The compression, timing record and reduce dtype come from `config`.
     pub(crate) fn new(
         pg: ProcessGroup,
         plan: Arc<BucketPlan>,
         infos: Arc<Vec<ParamInfo>>,
-        compression: Compression,
+        config: &DdpConfig,
         residuals: Vec<Option<Tensor<1>>>,
         accumulated: Vec<Option<Tensor<1>>>,
-        record: bool,
-        dtype: DType,
     ) -> Self {
+        let (compression, record) = (config.compression, config.record_timings);
+        let dtype = config.precision.reduce_dtype;
         let nb = plan.num_buckets();
         let incomplete = plan.buckets.iter().map(Vec::len).collect();
         Self {

@@ -24,6 +24,8 @@
 //!   overlapped buckets and ZeRO's layer-by-layer gradient reduction.
 //! - [`layer`]: the one call a model makes per layer so that data-parallel wrappers (DDP's
 //!   overlapped buckets, ZeRO-3's per-layer gathers) see its layers — see [`scope`].
+//! - [`checkpoint()`]: activation checkpointing of one region (a layer, a block) — its
+//!   activations recomputed in backward instead of kept, inside any wrapper's hooks.
 //! - [`CommCounter`]: counts the collectives a region issued, backward included, like
 //!   PyTorch's `CommDebugMode`.
 //! - [`DataParallel`]: the one interface of the data-parallel wrappers (DDP, ZeRO 0–3), and
@@ -82,6 +84,7 @@
 //! assert!(grads.iter().all(|g| g == &vec![2.0; 8]));
 //! ```
 
+pub mod checkpoint;
 mod collectives;
 pub mod data_parallel;
 mod debug;
@@ -97,6 +100,7 @@ pub mod precision;
 pub mod redistribute;
 pub mod scope;
 
+pub use checkpoint::{CheckpointBackend, checkpoint};
 pub use collectives::{
     BACKWARD_TAG_BIT, CollectiveBackend, CollectiveKind, CollectiveSpec, functional,
 };
@@ -107,4 +111,6 @@ pub use error::{DTensorError, Result};
 pub use mesh::DeviceMesh;
 pub use placement::{Placement, chunk_range, chunk_sizes};
 pub use precision::MixedPrecision;
-pub use scope::{LayerHook, LayerHookGuard, LayerInput, install_layer_hook, layer};
+pub use scope::{
+    LayerHook, LayerHookGuard, LayerInput, install_layer_hook, layer, without_layer_hooks,
+};

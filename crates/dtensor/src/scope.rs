@@ -73,6 +73,27 @@ pub fn install_layer_hook(hook: Rc<dyn LayerHook>) -> LayerHookGuard {
     LayerHookGuard { hook }
 }
 
+/// Runs `f` with this thread's layer hooks set aside: every [`layer`] entered inside is a
+/// plain clone (activation checkpointing runs a region whose parameters are already hooked or
+/// gathered this way, see [`crate::checkpoint()`]). The hooks are back when `f` returns or
+/// panics.
+pub fn without_layer_hooks<R>(f: impl FnOnce() -> R) -> R {
+    struct Restore(Vec<Rc<dyn LayerHook>>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            HOOKS.with(|h| {
+                let mut hooks = h.borrow_mut();
+                // Hooks installed inside `f` and not removed stay, innermost last.
+                let inner = std::mem::take(&mut *hooks);
+                *hooks = std::mem::take(&mut self.0);
+                hooks.extend(inner);
+            });
+        }
+    }
+    let _restore = Restore(HOOKS.with(|h| std::mem::take(&mut *h.borrow_mut())));
+    f()
+}
+
 /// Removes its hook from the thread's hooks when dropped.
 #[must_use = "the hook is removed when the guard drops"]
 pub struct LayerHookGuard {

@@ -37,6 +37,9 @@ pub enum LayoutError {
         degree: usize,
         reason: String,
     },
+    /// Activation checkpointing the model cannot do (it names no checkpointable layer, …).
+    #[error("activation checkpointing ({setting}): {reason}")]
+    Checkpointing { setting: String, reason: String },
 }
 
 /// Why building an engine or training failed.

@@ -9,7 +9,10 @@
 //!   them), and [`ParallelModel::check_layout`] for what a plan cannot see (heads divisible);
 //! - pipeline parallelism: [`ParallelModel::pipeline`], the model cut into pieces named by
 //!   module path, with how a batch enters the first piece and how the last one's output
-//!   becomes the loss.
+//!   becomes the loss;
+//! - activation checkpointing (any layout): the pipeline pieces that are checkpointable
+//!   layers, [`Pipeline::with_checkpointable`] (e.g. the transformer blocks); the layout's
+//!   `activation_checkpointing` picks which of them recompute.
 
 use crate::dims::{ParallelDims, TpOptions};
 use crate::engine::Engine;
@@ -93,7 +96,9 @@ pub trait ParallelModel: Module + Sized + 'static {
     }
 
     /// The model cut into pipeline pieces (`None`: the model has none, and a layout with
-    /// pp > 1 is refused). Called after tensor parallelism is applied.
+    /// pp > 1 is refused). Called after tensor parallelism is applied. The pieces named
+    /// [checkpointable](Pipeline::with_checkpointable) are what activation checkpointing
+    /// recomputes, in any layout (without a pipeline too).
     fn pipeline(self) -> Option<Pipeline<Self::Batch>> {
         None
     }
@@ -103,6 +108,12 @@ pub trait ParallelModel: Module + Sized + 'static {
 /// (split points name these), with how a batch enters the first piece and how the last
 /// piece's output and the batch make the loss. The pieces must hold the model's parameters
 /// in the model's order (the trainer checks).
+///
+/// The same pieces serve activation checkpointing in every layout, pipelined or not: the
+/// pieces named [checkpointable](Self::with_checkpointable) are the layers that
+/// `ParallelDims::activation_checkpointing` counts (`Every(k)`: the 0th, k-th, 2k-th, … of
+/// them, in model order), each recomputed in backward as one region
+/// (`bonfire_dtensor::checkpoint`).
 pub struct Pipeline<B> {
     pub(crate) inner: Box<dyn BuildPipeline<B>>,
 }
@@ -124,10 +135,33 @@ impl<B: Rows> Pipeline<B> {
     pub fn names(&self) -> Vec<String> {
         self.inner.names()
     }
+
+    /// Names the pieces (by their names) that are checkpointable layers — typically every
+    /// transformer block, not the embedding or the head. With activation checkpointing on,
+    /// the layout's choice among them recompute their activations in backward.
+    pub fn with_checkpointable<S: Into<String>>(
+        mut self,
+        names: impl IntoIterator<Item = S>,
+    ) -> Self {
+        self.inner
+            .set_checkpointable(names.into_iter().map(Into::into).collect());
+        self
+    }
+
+    /// The checkpointable pieces' names, in the order given.
+    pub fn checkpointable(&self) -> Vec<String> {
+        self.inner.checkpointable().to_vec()
+    }
 }
 
-/// A pipeline description with its piece type erased: it builds its rank's engine.
+/// A pipeline description with its piece type erased: it builds its rank's engine, or runs
+/// the whole loss through its pieces (activation checkpointing without a pipeline).
 pub(crate) trait BuildPipeline<B> {
     fn names(&self) -> Vec<String>;
+    fn checkpointable(&self) -> &[String];
+    fn set_checkpointable(&mut self, names: Vec<String>);
     fn build(self: Box<Self>, ctx: PipelineContext) -> Result<Box<dyn Engine<B>>, TrainError>;
+    /// The loss of `batch` through every piece in order, piece `i` recomputed in backward
+    /// where `recompute[i]`.
+    fn loss(self: Box<Self>, batch: &B, recompute: &[bool]) -> Tensor<1>;
 }

@@ -6,6 +6,7 @@
 use crate::dims::{Axis, ParallelDims, axis_error};
 use crate::engine::Engine;
 use crate::engine::RankMesh;
+use crate::engine::checkpointing;
 use crate::engine::export::ModelLayout;
 use crate::engine::pipeline::{PipelineContext, split_points};
 use crate::engine::replica::ReplicaEngine;
@@ -87,6 +88,9 @@ impl Trainer {
         }
         model.check_layout(dims)?;
         model.check_batch(dims, batch)?;
+        if dims.activation_checkpointing.is_on() {
+            checkpointing::check(model.clone().pipeline().as_ref(), dims)?;
+        }
         if dims.pp() > 1 {
             let per_replica = rows / dims.dp();
             let m = dims.microbatches();

@@ -5,6 +5,7 @@
 //! and tensor-parallel on tp). Both hand back whole parameters and gradients, named as in the
 //! model, whatever the layout ([`export`]).
 
+pub(crate) mod checkpointing;
 pub(crate) mod export;
 pub(crate) mod pipeline;
 pub(crate) mod replica;

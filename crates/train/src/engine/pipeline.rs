@@ -4,6 +4,7 @@
 //! schedule) and runs the schedule on the pp axis; tensor-parallel pieces exchange their tp
 //! shard's activations with the same tp rank of the next stage.
 
+use super::checkpointing::{Recomputing, forward_piece, recompute_flags};
 use super::export::ModelLayout;
 use super::{Engine, RankMesh};
 use crate::dims::{Axis, axis_error};
@@ -30,6 +31,8 @@ pub(crate) struct Pieces<P, const D: usize, B> {
     pieces: Vec<(String, P)>,
     input: InputFn<B, D>,
     loss: LossFn<B, D>,
+    /// The pieces that are checkpointable layers (activation checkpointing).
+    checkpointable: Vec<String>,
 }
 
 impl<P, const D: usize, B> Pieces<P, D, B> {
@@ -42,6 +45,7 @@ impl<P, const D: usize, B> Pieces<P, D, B> {
             pieces,
             input: Arc::new(input),
             loss: Arc::new(loss),
+            checkpointable: Vec::new(),
         }
     }
 }
@@ -159,6 +163,24 @@ where
         self.pieces.iter().map(|(n, _)| n.clone()).collect()
     }
 
+    fn checkpointable(&self) -> &[String] {
+        &self.checkpointable
+    }
+
+    fn set_checkpointable(&mut self, names: Vec<String>) {
+        self.checkpointable = names;
+    }
+
+    fn loss(self: Box<Self>, batch: &B, recompute: &[bool]) -> Tensor<1> {
+        let x = (self.input)(batch);
+        let x = self
+            .pieces
+            .iter()
+            .zip(recompute)
+            .fold(x, |x, ((_, piece), &r)| forward_piece(piece, x, r));
+        (self.loss)(x, batch)
+    }
+
     fn build(self: Box<Self>, ctx: PipelineContext) -> Result<Box<dyn Engine<B>>, TrainError> {
         let dims = &ctx.at.dims;
         let kind = dims
@@ -174,6 +196,8 @@ where
             dims.pp(),
         )?;
         let ranges = piece_params(&self.pieces, &ctx.layout)?;
+        let ac = dims.activation_checkpointing;
+        let flags = recompute_flags(&names, &self.checkpointable, ac);
         let stage_starts: Vec<usize> = std::iter::once(0).chain(points.iter().copied()).collect();
         let pp_rank = ctx.at.coord(Axis::Pp);
         // The model parameters of this rank's chunks, in the wrapper's order.
@@ -182,6 +206,14 @@ where
                 let s = schedule.stage_map.stage(pp_rank, c);
                 let end = stage_starts.get(s + 1).copied().unwrap_or(names.len());
                 ranges[stage_starts[s]].start..ranges[end - 1].end
+            })
+            .collect();
+        // Which pieces of each of this rank's chunks recompute.
+        let recompute: Vec<Vec<bool>> = (0..schedule.stage_map.chunks())
+            .map(|c| {
+                let s = schedule.stage_map.stage(pp_rank, c);
+                let end = stage_starts.get(s + 1).copied().unwrap_or(names.len());
+                flags[stage_starts[s]..end].to_vec()
             })
             .collect();
         let pieces: Vec<P> = self.pieces.into_iter().map(|(_, p)| p).collect();
@@ -194,6 +226,7 @@ where
             schedule,
             wrapper,
             indices,
+            recompute,
             layout: ctx.layout,
             input: self.input,
             loss: self.loss,
@@ -207,6 +240,8 @@ struct PipelineEngine<P: Block<D>, const D: usize, B> {
     wrapper: DpWrapper<Vec<Vec<P>>>,
     /// The model parameter of each of the wrapper's parameters.
     indices: Vec<usize>,
+    /// Whether each piece of each local chunk recomputes (activation checkpointing).
+    recompute: Vec<Vec<bool>>,
     layout: ModelLayout,
     input: InputFn<B, D>,
     loss: LossFn<B, D>,
@@ -226,7 +261,7 @@ impl<P: Block<D>, const D: usize, B: Rows> PipelineEngine<P, D, B> {
     }
 }
 
-impl<P: Block<D>, const D: usize, B: Rows> Engine<B> for PipelineEngine<P, D, B> {
+impl<P: Block<D> + 'static, const D: usize, B: Rows> Engine<B> for PipelineEngine<P, D, B> {
     fn place(&self) -> &RankMesh {
         &self.at
     }
@@ -255,7 +290,7 @@ impl<P: Block<D>, const D: usize, B: Rows> Engine<B> for PipelineEngine<P, D, B>
         let device = self.at.device.clone();
         let scale = self.at.loss_scale;
         let mut stage = BurnStage::new(
-            Staged(&mut self.wrapper),
+            Recomputing::new(Staged(&mut self.wrapper), &self.recompute),
             &self.schedule,
             pp_rank,
             device,

@@ -1,7 +1,9 @@
 //! The engine without a pipeline: every rank holds its replica's model (its tensor-parallel
 //! shards under tp), wrapped on the dp axis by DDP or ZeRO, and runs the model's own loss on
-//! its replica's rows.
+//! its replica's rows (through its pipeline pieces, the chosen ones recomputed, under
+//! activation checkpointing).
 
+use super::checkpointing;
 use super::export::ModelLayout;
 use super::{Engine, RankMesh};
 use crate::dims::Axis;
@@ -37,7 +39,8 @@ impl<M: ParallelModel> Engine<M::Batch> for ReplicaEngine<M> {
     fn forward_backward(&mut self, batch: &M::Batch) -> Result<f32, TrainError> {
         let rows = self.at.replica_rows(batch.rows());
         let local = batch.narrow_rows(rows.start, rows.len());
-        let loss = self.wrapper.forward(|m| m.loss(local));
+        let ac = self.at.dims.activation_checkpointing;
+        let loss = self.wrapper.forward(|m| checkpointing::loss(m, local, ac));
         let mut value = [plane::to_host(loss.clone().detach(), Reason::Report)[0]];
         let scale = self.at.loss_scale;
         self.wrapper

@@ -1,0 +1,227 @@
+//! Activation checkpointing in both engines, applied from outside the model (like
+//! torchtitan, per transformer block, after tensor parallelism and inside the dp wrapper):
+//! the model's pipeline pieces that it names checkpointable ([`crate::Pipeline`]) are the
+//! layers `ActivationCheckpointing` counts, in model order, whatever the stage; a chosen
+//! piece runs as one `bonfire_dtensor::checkpoint` region.
+//!
+//! - Without a pipeline, [`loss`] runs the model's loss through its pieces (a clone of the
+//!   wrapper's module cut by `ParallelModel::pipeline`: the clone shares the parameters, the
+//!   wrapper's hooks and gathers see them as usual), or the model's own loss when
+//!   checkpointing is off.
+//! - Under a pipeline, [`Recomputing`] lends the stage its chunks as [`StagePiece`]s that
+//!   know whether they recompute.
+
+use crate::dims::{ActivationCheckpointing, ParallelDims};
+use crate::error::LayoutError;
+use crate::model::{ParallelModel, Pipeline, Rows};
+use bonfire_pipeline::{Block, PipelineError, StageParams};
+use burn::module::{Devices, Module, ModuleMapper, ModuleVisitor};
+use burn::tensor::{Device, Gradients, Tensor};
+
+/// Whether each piece (of `names`, in model order) recomputes under `ac`: the k-th piece of
+/// `checkpointable` met in model order when `ac.applies_to(k)`.
+pub(crate) fn recompute_flags(
+    names: &[String],
+    checkpointable: &[String],
+    ac: ActivationCheckpointing,
+) -> Vec<bool> {
+    let mut k = 0;
+    names
+        .iter()
+        .map(|name| {
+            if !checkpointable.contains(name) {
+                return false;
+            }
+            k += 1;
+            ac.applies_to(k - 1)
+        })
+        .collect()
+}
+
+/// Checks that a model can checkpoint what `dims` asks: with checkpointing on, it has
+/// pipeline pieces, names checkpointable ones, and only pieces it has.
+pub(crate) fn check<B: Rows>(
+    pipeline: Option<&Pipeline<B>>,
+    dims: &ParallelDims,
+) -> Result<(), LayoutError> {
+    let ac = dims.activation_checkpointing;
+    if !ac.is_on() {
+        return Ok(());
+    }
+    let error = |reason: String| LayoutError::Checkpointing {
+        setting: ac.to_string(),
+        reason,
+    };
+    let Some(pipeline) = pipeline else {
+        return Err(error(
+            "the model names no checkpointable layer: it has no pipeline pieces \
+             (ParallelModel::pipeline, with Pipeline::with_checkpointable)"
+                .into(),
+        ));
+    };
+    let names = pipeline.names();
+    let checkpointable = pipeline.checkpointable();
+    if checkpointable.is_empty() {
+        return Err(error(
+            "the model names no checkpointable layer (Pipeline::with_checkpointable)".into(),
+        ));
+    }
+    match checkpointable.iter().find(|c| !names.contains(c)) {
+        Some(unknown) => Err(error(format!(
+            "checkpointable layer `{unknown}` names no pipeline piece (pieces: {})",
+            names.join(", ")
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// The loss of `batch` on `model` (a replica's module, inside its wrapper's forward): the
+/// model's own loss, or with checkpointing on, the loss through its pipeline pieces with
+/// the chosen ones recomputed.
+pub(crate) fn loss<M: ParallelModel>(
+    model: &M,
+    batch: M::Batch,
+    ac: ActivationCheckpointing,
+) -> Tensor<1> {
+    if !ac.is_on() {
+        return model.loss(batch);
+    }
+    let pipeline = model
+        .clone()
+        .pipeline()
+        .expect("checked: activation checkpointing needs pipeline pieces");
+    let flags = recompute_flags(&pipeline.names(), &pipeline.checkpointable(), ac);
+    pipeline.inner.loss(&batch, &flags)
+}
+
+/// `piece` as a stage runs it: recomputed in backward when `recompute`. As a module it is
+/// `piece` itself (same parameters, same paths).
+#[derive(Clone, Debug)]
+pub(crate) struct StagePiece<P> {
+    piece: P,
+    recompute: bool,
+}
+
+impl<P: Module> Module for StagePiece<P> {
+    fn collect_devices(&self, devices: Devices) -> Devices {
+        self.piece.collect_devices(devices)
+    }
+    fn fork(self, device: &Device) -> Self {
+        let recompute = self.recompute;
+        let piece = self.piece.fork(device);
+        Self { piece, recompute }
+    }
+    fn to_device(self, device: &Device) -> Self {
+        let recompute = self.recompute;
+        let piece = self.piece.to_device(device);
+        Self { piece, recompute }
+    }
+    fn train(self) -> Self {
+        let recompute = self.recompute;
+        let piece = self.piece.train();
+        Self { piece, recompute }
+    }
+    fn valid(&self) -> Self {
+        let piece = self.piece.valid();
+        Self {
+            piece,
+            recompute: self.recompute,
+        }
+    }
+    fn materialize(self) -> Self {
+        let recompute = self.recompute;
+        let piece = self.piece.materialize();
+        Self { piece, recompute }
+    }
+    fn visit<V: ModuleVisitor>(&self, visitor: &mut V) {
+        self.piece.visit(visitor)
+    }
+    fn map<M: ModuleMapper>(self, mapper: &mut M) -> Self {
+        let recompute = self.recompute;
+        let piece = self.piece.map(mapper);
+        Self { piece, recompute }
+    }
+}
+
+/// `x` through `piece`, recomputed in backward when `recompute`.
+pub(crate) fn forward_piece<P, const D: usize>(
+    piece: &P,
+    x: Tensor<D>,
+    recompute: bool,
+) -> Tensor<D>
+where
+    P: Block<D> + 'static,
+{
+    match recompute {
+        true => bonfire_dtensor::checkpoint(piece, x, |p: &P, x| p.forward(x)),
+        false => piece.forward(x),
+    }
+}
+
+impl<P: Block<D> + 'static, const D: usize> Block<D> for StagePiece<P> {
+    fn forward(&self, x: Tensor<D>) -> Tensor<D> {
+        forward_piece(&self.piece, x, self.recompute)
+    }
+}
+
+/// A stage's chunk holder lending its chunks as [`StagePiece`]s: `flags[c][j]` says whether
+/// piece `j` of local chunk `c` recomputes. The pieces are clones sharing the holder's
+/// parameters (a ZeRO-3 module's stay value-less).
+pub(crate) struct Recomputing<'a, H> {
+    inner: H,
+    flags: &'a [Vec<bool>],
+}
+
+impl<'a, H> Recomputing<'a, H> {
+    pub fn new(inner: H, flags: &'a [Vec<bool>]) -> Self {
+        Self { inner, flags }
+    }
+}
+
+impl<P: Module, H: StageParams<Vec<Vec<P>>>> StageParams<Vec<Vec<StagePiece<P>>>>
+    for Recomputing<'_, H>
+{
+    fn forward<R>(&mut self, f: impl FnOnce(&Vec<Vec<StagePiece<P>>>) -> R) -> R {
+        let flags = self.flags;
+        self.inner.forward(|chunks| {
+            let lent = chunks
+                .iter()
+                .zip(flags)
+                .map(|(chunk, flags)| {
+                    chunk
+                        .iter()
+                        .zip(flags)
+                        .map(|(piece, &recompute)| StagePiece {
+                            piece: piece.clone(),
+                            recompute,
+                        })
+                        .collect()
+                })
+                .collect();
+            f(&lent)
+        })
+    }
+
+    fn accumulate(&mut self, grads: &mut Gradients) -> Result<(), PipelineError> {
+        self.inner.accumulate(grads)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flags_count_checkpointable_pieces_in_model_order() {
+        let names: Vec<String> = ["embed", "b0", "b1", "b2", "b3", "head"]
+            .map(String::from)
+            .to_vec();
+        let blocks: Vec<String> = ["b0", "b1", "b2", "b3"].map(String::from).to_vec();
+        let every = |k| recompute_flags(&names, &blocks, ActivationCheckpointing::Every(k));
+        assert_eq!(every(1), [false, true, true, true, true, false]);
+        assert_eq!(every(2), [false, true, false, true, false, false]);
+        assert_eq!(every(3), [false, true, false, false, true, false]);
+        let off = recompute_flags(&names, &blocks, ActivationCheckpointing::Off);
+        assert!(off.iter().all(|f| !f));
+    }
+}
