@@ -15,10 +15,18 @@
 //!
 //! From the same `--seed` every layout trains on the same global batches from the same
 //! initial model, so the loss curve is the same whatever the layout.
+//!
+//! Memory: the program allocates through `bonfire_examples::memory::RankAllocator`, which
+//! charges every heap block to the rank thread that allocated it. At the end it prints each
+//! rank's peak (`peak_bytes rank=R bytes=N`). `--memory-budget 300MiB` caps every rank's live
+//! bytes: a rank that would go over aborts the run with one line such as `out of memory: rank
+//! 1 asked for 25165824 bytes with 1073741824 live; its budget is 1100000000 bytes
+//! (--memory-budget)` — a device out-of-memory error, on the CPU.
 
 use bonfire_dtensor::params;
 use bonfire_examples::cli::{LayoutArgs, fail, init_logging};
 use bonfire_examples::corpus::{self, CharTokenizer};
+use bonfire_examples::memory::{self, RankAllocator};
 use bonfire_examples::parallel::TokenBatch;
 use bonfire_examples::{Gpt, GptConfig, checkpoint, default_device, harness};
 use bonfire_train::{
@@ -28,6 +36,9 @@ use burn::module::Module;
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use clap::Parser;
 use std::path::PathBuf;
+
+#[global_allocator]
+static HEAP: RankAllocator = RankAllocator;
 
 #[derive(Parser, Debug, Clone)]
 #[command(about = "Train a small GPT on CPU ranks under any dp × ZeRO × tp × pp layout")]
@@ -74,10 +85,18 @@ struct Cli {
     /// Where to save the trained parameters (safetensors, PyTorch layout).
     #[arg(long, default_value = "target/train_gpt/gpt.safetensors")]
     checkpoint: PathBuf,
+    /// Train only: no checkpoint (rank 0 gathers the whole model to save it), no sample.
+    #[arg(long)]
+    no_save: bool,
     /// `threads`: every rank a thread of this process; `env`: this process is one rank of a
     /// job started by a launcher (`mpirun`; build with `--features mpi`).
     #[arg(long, default_value = "threads")]
     launcher: String,
+    /// Cap every rank's live heap bytes (`300MiB`, `1.5GiB`, `64M`, bytes): an allocation that
+    /// would go over aborts the run with one `out of memory` line naming the rank, the bytes
+    /// it asked for, its live bytes and the budget.
+    #[arg(long, value_name = "BYTES", value_parser = memory::parse_bytes)]
+    memory_budget: Option<usize>,
 }
 
 impl Cli {
@@ -106,7 +125,8 @@ impl Cli {
 /// Saves the whole model when the loop says a checkpoint is due (rank 0 writes).
 struct SaveAtEnd<'a> {
     cfg: GptConfig,
-    path: &'a PathBuf,
+    /// `None`: `--no-save`.
+    path: Option<&'a PathBuf>,
     trained: Option<Gpt>,
 }
 
@@ -116,6 +136,9 @@ impl Hooks<TokenBatch> for SaveAtEnd<'_> {
         _step: usize,
         engine: &mut dyn Engine<TokenBatch>,
     ) -> Result<(), TrainError> {
+        let Some(path) = self.path else {
+            return Ok(());
+        };
         let whole = engine.parameters()?;
         if engine.world().rank() != 0 {
             return Ok(());
@@ -124,13 +147,13 @@ impl Hooks<TokenBatch> for SaveAtEnd<'_> {
         let infos = params::inventory(&model);
         let flat: Vec<f32> = whole.into_iter().flat_map(|p| p.values).collect();
         let model = params::assign_values(model, &infos, &flat);
-        checkpoint::save(&model, self.path).map_err(TrainError::Io)?;
-        let cfg_path = self.path.with_extension("json");
+        checkpoint::save(&model, path).map_err(TrainError::Io)?;
+        let cfg_path = path.with_extension("json");
         std::fs::write(&cfg_path, serde_json::to_string_pretty(&self.cfg).unwrap())
             .map_err(|e| TrainError::Io(e.to_string()))?;
         println!(
             "saved checkpoint to {} (config {})",
-            self.path.display(),
+            path.display(),
             cfg_path.display()
         );
         self.trained = Some(model);
@@ -176,23 +199,34 @@ fn main() {
         metrics: cli.metrics.clone(),
         ..FitConfig::new(cli.steps, cli.lr)
     };
+    memory::set_budget(cli.memory_budget);
     let trained = launcher
-        .run("train_gpt", |pg| -> Result<Option<Gpt>, TrainError> {
-            let first = data(0, &device);
-            let mut engine = trainer.build(model.clone(), &pg, &first)?;
-            let mut save = SaveAtEnd {
-                cfg,
-                path: &cli.checkpoint,
-                trained: None,
-            };
-            fit(engine.as_mut(), &data, &config, &mut save)?;
-            Ok(save.trained)
-        })
+        .run(
+            "train_gpt",
+            |pg| -> Result<(Option<Gpt>, usize), TrainError> {
+                let rank = pg.rank();
+                let _counted = memory::enter_rank(rank);
+                let first = data(0, &device);
+                let mut engine = trainer.build(model.clone(), &pg, &first)?;
+                let mut save = SaveAtEnd {
+                    cfg,
+                    path: (!cli.no_save).then_some(&cli.checkpoint),
+                    trained: None,
+                };
+                fit(engine.as_mut(), &data, &config, &mut save)?;
+                Ok((save.trained, rank))
+            },
+        )
         .unwrap_or_else(|e| fail(e));
-    let trained = trained
+    let ranks: Vec<(Option<Gpt>, usize)> = trained
         .into_iter()
-        .next()
-        .and_then(|r| r.unwrap_or_else(|e| fail(e)));
+        .map(|r| r.unwrap_or_else(|e| fail(e)))
+        .collect();
+    // Each rank's most live heap bytes over the run (build, steps, checkpoint), measured.
+    for (_, rank) in &ranks {
+        println!("peak_bytes rank={rank} bytes={}", memory::peak(*rank));
+    }
+    let trained = ranks.into_iter().next().and_then(|(model, _)| model);
     if let Some(model) = trained {
         println!("sample: {:?}", sample(&model.valid(), "the ", 120, cli.seq));
     }

@@ -13,6 +13,8 @@
 //! - [`harness`]: the parity harness behind `cargo run --release -p bonfire-examples
 //!   --example parity -- ...`, any layout through the trainer's one loop.
 //! - [`corpus`]: a small generated text corpus and character tokenizer for `train_gpt`.
+//! - [`memory`]: a global allocator that counts live and peak bytes per rank (and enforces a
+//!   per-rank budget); [`memory_formula`]: what the ZeRO formula says a rank should hold.
 //!
 //! ```
 //! use bonfire_examples::{Gpt, GptConfig, default_device};
@@ -40,6 +42,8 @@ pub mod gpt;
 pub mod harness;
 pub mod layers;
 pub mod ledger;
+pub mod memory;
+pub mod memory_formula;
 pub mod parallel;
 pub mod tensor_file;
 

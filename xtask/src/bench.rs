@@ -28,7 +28,7 @@ const BENCH_TARGETS: &[BenchTarget] = &[
     BenchTarget::new("comm", "bonfire-comm", "collectives"),
     BenchTarget::new("ddp", "bonfire-examples", "ddp"),
     BenchTarget::new("tp", "bonfire-examples", "tp_memory"),
-    BenchTarget::new("zero", "bonfire-examples", "zero_memory"),
+    BenchTarget::new("memory", "bonfire-examples", "memory"),
     BenchTarget::new("pipeline", "bonfire-pipeline", "bubble"),
     BenchTarget::new("ledger", "bonfire-examples", "ledger"),
 ];
@@ -49,6 +49,13 @@ pub fn run(target_name: &str, extra_args: &[String]) -> Result {
             )));
         }
     }
+    if target_name == "zero" {
+        return Err(Failure::usage(
+            "`bench zero` was retired: its bytes per rank were computed from tensor shapes, not \
+             measured. Run `cargo xtask bench memory`: bytes per rank from a counting allocator \
+             for DDP, ZeRO 1-3 (+ offload), TP and PP, next to the ZeRO formula",
+        ));
+    }
     let Some(target) = BENCH_TARGETS
         .iter()
         .find(|target| target.name == target_name)
@@ -62,8 +69,13 @@ pub fn run(target_name: &str, extra_args: &[String]) -> Result {
 
     let mut command = process::cargo();
     command.args(["bench", "-p", target.package, "--bench", target.bench]);
-    if target.name == "ledger" {
-        ledger_options(&mut command);
+    match target.name {
+        "ledger" => ledger_options(&mut command),
+        // Bytes from the allocator, not time: the dev profile (dependencies optimised).
+        "memory" => {
+            command.args(["--profile", "dev"]);
+        }
+        _ => {}
     }
     command.arg("--").args(extra_args);
     process::run(command)

@@ -1,0 +1,426 @@
+//! `cargo xtask bench memory` (or `cargo bench -p bonfire-examples --bench memory`): bytes
+//! per rank *measured by the allocator* — [`bonfire_examples::memory::RankAllocator`] is this
+//! binary's global allocator and charges every heap block to the rank thread that allocated
+//! it — for DDP, ZeRO 1–3 (± offload), TP 2 and 4 (± sequence parallelism), PP 2 and 4 under
+//! every schedule, ± activation checkpointing, in f32 and bf16, each built by the one trainer
+//! (`Trainer::build`) and trained a few real AdamW steps on rank threads, next to the ZeRO
+//! formula ([`bonfire_examples::memory_formula::formula`]) for the same rank.
+//!
+//! The model: the GPT with vocab 8192, d 1024, 16 heads, 4 layers, seq 64, d_ff 4096
+//! (Ψ = 67,229,696); 4 rows of 32 tokens per step (global batch); AdamW.
+//!
+//! Phases, per rank, in bytes the rank's thread has live (its baseline, taken before the
+//! build, subtracted):
+//! - `params_bytes`: live after `Trainer::build` (the parameters as the layout holds them,
+//!   plus whatever the wrapper keeps from the start);
+//! - `grads_bytes`: what the first forward+backward left live on top (gradients, and any
+//!   reduction buffer the wrapper keeps);
+//! - `measured_bytes`: live after the *last* forward+backward, before its optimizer step —
+//!   parameters + gradients + optimizer state (steady state: the state exists after the
+//!   first step); `optim_bytes` = measured − params − grads;
+//! - `activation_bytes`: the peak during a forward+backward minus what was live right before
+//!   the forward (the largest over steps): saved activations and the transient buffers of
+//!   forward and backward (gradients being produced, gathered parameters, collectives);
+//! - `peak_bytes`: the most bytes live at once over the whole run (build, forwards,
+//!   backwards, optimizer steps); `steady_peak_bytes`: the same over the steps after the
+//!   first (no build, no first step).
+//!
+//! `measured_bytes`, `formula_bytes` and `ratio` are those of the rank holding the most
+//! (`rank=`); `ratio_min`/`ratio_max` cover every rank; `peak_bytes` is the largest over
+//! ranks. Threads with no rank (communication helpers, ZeRO-3's prefetch thread, the main
+//! thread holding the initial model) charge a separate bucket: `other_peak_bytes` is its
+//! peak during the run over what it held before (the initial model), `other_held_bytes`
+//! its growth at the measured point — all ranks' helpers together, so not in any rank's
+//! figures (DDP's asynchronous all-reduce, for one, hands some reduced gradient buffers back
+//! allocated by the communication thread). `left_bytes`: the most bytes a rank still had
+//! charged once its thread had ended (blocks something else keeps alive after the run); each
+//! run charges fresh allocator ids, so such blocks, freed later, do not disturb the next run.
+//! Offload keeps the optimizer state in the same host allocator here, so it counts in the
+//! rank's bytes and in the formula. Where the phases and the formula part, and why, is
+//! written up in `docs/zero.md` (Memory).
+//!
+//! The budget lines (issue point 4): with `--budget` bytes per rank (default 1.1 GiB), which
+//! of DDP, ZeRO-3, TP=2 and PP=2 (1F1B) on the same 2 ranks fit, from their measured peaks.
+//!
+//! Options: `--steps K` (≥ 2, default 2), `--only NAME,NAME` (layouts whose name contains
+//! one of them), `--budget BYTES`, `--trace` (every rank's live and peak bytes at every
+//! phase boundary, on stderr).
+
+use bonfire_examples::cli::LayoutArgs;
+use bonfire_examples::memory::{self, RankAllocator};
+use bonfire_examples::memory_formula::{FormulaBytes, formula, gpt_rank_params};
+use bonfire_examples::parallel::TokenBatch;
+use bonfire_examples::{Gpt, GptConfig, default_device};
+use bonfire_train::{Launcher, OptimizerKind, ParallelDims, TrainError, Trainer};
+use burn::tensor::{Device, Int, Tensor, TensorData};
+use std::time::Instant;
+
+#[global_allocator]
+static HEAP: RankAllocator = RankAllocator;
+
+const CFG: GptConfig = GptConfig {
+    vocab_size: 8192,
+    d_model: 1024,
+    n_heads: 16,
+    n_layers: 4,
+    max_seq_len: 64,
+    d_ff: 4096,
+};
+const ROWS: usize = 4;
+const SEQ: usize = 32;
+const LR: f64 = 1e-4;
+
+/// The global batch of `step`.
+fn batch(step: usize, device: &Device) -> TokenBatch {
+    let make = |a: usize, b: usize| {
+        let v: Vec<i64> = (0..ROWS * SEQ)
+            .map(|i| ((i * a + step * b + 1) % CFG.vocab_size) as i64)
+            .collect();
+        Tensor::<2, Int>::from_data(TensorData::new(v, [ROWS, SEQ]), device)
+    };
+    (make(31, 7), make(17, 3))
+}
+
+/// One layout to measure.
+struct Case {
+    name: String,
+    dims: ParallelDims,
+}
+
+fn case(name: &str, mesh: &str, edit: impl FnOnce(&mut LayoutArgs)) -> Case {
+    let mut args = LayoutArgs::mesh(mesh);
+    args.loss_parallel = mesh.starts_with("tp");
+    edit(&mut args);
+    let dims = args.dims(mesh).expect("a valid layout");
+    Case {
+        name: name.into(),
+        dims,
+    }
+}
+
+/// Every layout of the table: each item (stages, offload, TP ± SP, PP schedules, AC, bf16)
+/// at least once, within about ten minutes on 2 cores.
+fn cases() -> Vec<Case> {
+    let mut out = vec![case("ddp", "dp=2", |_| {})];
+    for z in 1..=3 {
+        out.push(case(&format!("zero{z}"), "dp=2", |a| a.zero = z));
+    }
+    for z in [1, 3] {
+        out.push(case(&format!("zero{z}+offload"), "dp=2", |a| {
+            a.zero = z;
+            a.offload = true;
+        }));
+    }
+    for tp in [2, 4] {
+        out.push(case(&format!("tp{tp}"), &format!("tp={tp}"), |_| {}));
+        out.push(case(&format!("tp{tp}+sp"), &format!("tp={tp}"), |a| {
+            a.sequence_parallel = true
+        }));
+    }
+    for (pp, schedules) in [
+        (2, &["gpipe", "1f1b", "zb", "zb-v", "interleaved"][..]),
+        (4, &["gpipe", "1f1b", "zb"][..]),
+    ] {
+        for s in schedules {
+            out.push(case(&format!("pp{pp}-{s}"), &format!("pp={pp}"), |a| {
+                a.schedule = Some(s.to_string())
+            }));
+        }
+    }
+    let ac = |a: &mut LayoutArgs| a.activation_checkpointing = Some(1);
+    out.push(case("ddp", "dp=2", ac));
+    out.push(case("zero3", "dp=2", |a| {
+        a.zero = 3;
+        ac(a);
+    }));
+    out.push(case("tp2+sp", "tp=2", |a| {
+        a.sequence_parallel = true;
+        ac(a);
+    }));
+    out.push(case("pp2-1f1b", "pp=2", |a| {
+        a.schedule = Some("1f1b".into());
+        ac(a);
+    }));
+    let bf16 = |a: &mut LayoutArgs| a.precision = Some("bf16".into());
+    out.push(case("ddp", "dp=2", bf16));
+    for z in [1, 3] {
+        out.push(case(&format!("zero{z}"), "dp=2", |a| {
+            a.zero = z;
+            bf16(a);
+        }));
+    }
+    out.push(case("tp2", "tp=2", bf16));
+    out.push(case("pp2-1f1b", "pp=2", |a| {
+        a.schedule = Some("1f1b".into());
+        bf16(a);
+    }));
+    out
+}
+
+/// What one rank measured: live bytes at the phase boundaries, over its baseline.
+#[derive(Debug, Clone, Copy, Default)]
+struct RankMemory {
+    params: usize,
+    /// Live after the first forward+backward.
+    after_backward: usize,
+    /// Live after the last forward+backward (params + grads + optimizer state).
+    held: usize,
+    activations: usize,
+    peak: usize,
+    /// The peak over the steps after the first (steady state: no build, no first step).
+    steady_peak: usize,
+    /// The other bucket's live bytes at the measured point, over its bytes before the run
+    /// (every rank's helpers together).
+    other_held: isize,
+    step_ms: f64,
+}
+
+impl RankMemory {
+    fn grads(&self) -> isize {
+        self.after_backward as isize - self.params as isize
+    }
+    fn optim(&self) -> isize {
+        self.held as isize - self.after_backward as isize
+    }
+}
+
+/// `--trace`: every rank's live bytes at every phase boundary, on stderr.
+static TRACE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+fn trace(rank: usize, phase: &str, base: usize) {
+    if TRACE.load(std::sync::atomic::Ordering::Relaxed) {
+        eprintln!(
+            "trace rank={rank} phase={phase} live={} peak={} other_live={}",
+            memory::live(rank) as isize - base as isize,
+            memory::peak(rank) as isize - base as isize,
+            memory::other_live()
+        );
+    }
+}
+
+/// Builds the engine on this rank and trains `steps` steps, reading the allocator at each
+/// phase boundary (see the file's docs).
+fn measure_rank(
+    pg: bonfire_comm::ProcessGroup,
+    trainer: &Trainer,
+    model: &Gpt,
+    steps: usize,
+    ids: Accounts,
+) -> Result<RankMemory, TrainError> {
+    let r = ids.first + pg.rank();
+    let _rank = memory::enter_rank(r);
+    let first = batch(0, &default_device());
+    let base = memory::live(r);
+    memory::reset_peak(r);
+    let mut engine = trainer.build(model.clone(), &pg, &first)?;
+    drop(first);
+    trace(r, "build", base);
+    let mut m = RankMemory {
+        params: memory::live(r) - base,
+        peak: memory::peak(r) - base,
+        ..RankMemory::default()
+    };
+    let start = Instant::now();
+    for step in 0..steps {
+        let batch = batch(step, engine.device());
+        let before = memory::live(r);
+        memory::reset_peak(r);
+        engine.forward_backward(&batch)?;
+        drop(batch);
+        trace(r, &format!("forward_backward{step}"), base);
+        m.activations = m.activations.max(memory::peak(r) - before);
+        m.held = memory::live(r) - base;
+        m.other_held = memory::other_live() as isize - ids.other_base as isize;
+        if step == 0 {
+            m.after_backward = m.held;
+        }
+        engine.step(LR)?;
+        trace(r, &format!("step{step}"), base);
+        m.peak = m.peak.max(memory::peak(r) - base);
+        if step > 0 {
+            m.steady_peak = m.steady_peak.max(memory::peak(r) - base);
+        }
+    }
+    m.step_ms = start.elapsed().as_secs_f64() * 1e3 / steps as f64;
+    Ok(m)
+}
+
+/// The allocator ids of a run's ranks (`first + rank`: each run its own, see
+/// [`memory`]'s docs) and the other bucket's live bytes before it.
+#[derive(Clone, Copy)]
+struct Accounts {
+    first: usize,
+    other_base: usize,
+}
+
+/// What a run measured: every rank, the other bucket's peak over its bytes before the run,
+/// and the most bytes a rank still had charged after its thread ended.
+struct Run {
+    ranks: Vec<RankMemory>,
+    other_peak: usize,
+    left: usize,
+}
+
+/// Every rank's measurement of `case`; its ranks are ids `first..first + world`.
+fn run(case: &Case, model: &Gpt, steps: usize, first: usize) -> Run {
+    let trainer = Trainer::new(case.dims.clone(), || OptimizerKind::AdamW.build());
+    let ranks = case.dims.world_size();
+    let ids = Accounts {
+        first,
+        other_base: memory::other_live(),
+    };
+    memory::reset_other_peak();
+    let measured = Launcher::Threads { ranks }
+        .run("bench-memory", |pg| {
+            measure_rank(pg, &trainer, model, steps, ids)
+        })
+        .expect("bench run")
+        .into_iter()
+        .map(|r| r.expect("bench rank"))
+        .collect();
+    Run {
+        ranks: measured,
+        other_peak: memory::other_peak().saturating_sub(ids.other_base),
+        left: (first..first + ranks).map(memory::live).max().unwrap_or(0),
+    }
+}
+
+/// The formula for every rank of `dims`.
+fn formulas(dims: &ParallelDims) -> Vec<FormulaBytes> {
+    (0..dims.world_size())
+        .map(|r| {
+            let psi = gpt_rank_params(&CFG, dims, r);
+            formula(dims.zero, psi, dims.dp(), &dims.precision)
+        })
+        .collect()
+}
+
+/// The table's line for `case`; returns (ratio, peak) of the case.
+fn report(case: &Case, run: &Run) -> (f64, usize) {
+    let ranks = &run.ranks;
+    let f = formulas(&case.dims);
+    let ratio = |r: usize| ranks[r].held as f64 / f[r].total();
+    let top = (0..ranks.len()).max_by_key(|&r| ranks[r].held).unwrap();
+    let ratios: Vec<f64> = (0..ranks.len()).map(ratio).collect();
+    let (lo, hi) = ratios
+        .iter()
+        .fold((f64::MAX, f64::MIN), |(a, b), &x| (a.min(x), b.max(x)));
+    let peak = ranks.iter().map(|m| m.peak).max().unwrap();
+    let (m, dims, ft) = (&ranks[top], &case.dims, &f[top]);
+    let ac = if dims.activation_checkpointing.is_on() {
+        "on"
+    } else {
+        "off"
+    };
+    println!(
+        "bench memory layout={} precision={} ac={ac} measured_bytes={} formula_bytes={:.0} \
+         ratio={:.4} peak_bytes={peak} params_bytes={} grads_bytes={} optim_bytes={} \
+         activation_bytes={} rank={top} ranks={} ratio_min={lo:.4} ratio_max={hi:.4} \
+         formula_params={:.0} formula_grads={:.0} formula_optim={:.0} other_peak_bytes={} \
+         other_held_bytes={} left_bytes={} steady_peak_bytes={} step_ms={:.0}",
+        case.name,
+        bonfire_dtensor::precision::dtype_name(dims.precision.param_dtype),
+        m.held,
+        ft.total(),
+        ratio(top),
+        m.params,
+        m.grads(),
+        m.optim(),
+        m.activations,
+        ranks.len(),
+        ft.params,
+        ft.grads,
+        ft.optim,
+        run.other_peak,
+        m.other_held,
+        run.left,
+        ranks.iter().map(|m| m.steady_peak).max().unwrap(),
+        ranks[0].step_ms,
+    );
+    (ratio(top), peak)
+}
+
+/// Issue point 4 at full scale: which of DDP, ZeRO-3, TP=2 and PP=2 fit `budget` per rank on
+/// the same 2 ranks (their measured peaks).
+fn budget_lines(budget: usize, peaks: &[(String, usize)]) -> (bool, bool) {
+    let mut ddp_fits = true;
+    let mut others_fit = true;
+    for name in ["ddp", "zero3", "tp2", "pp2-1f1b"] {
+        let Some((_, peak)) = peaks.iter().find(|(n, _)| n == name) else {
+            continue;
+        };
+        let fits = *peak <= budget;
+        println!(
+            "bench memory budget={budget} layout={name} ranks=2 fits={fits} needed_bytes={peak}"
+        );
+        if name == "ddp" {
+            ddp_fits = fits;
+        } else {
+            others_fit &= fits;
+        }
+    }
+    (ddp_fits, others_fit)
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let value = |name: &str| {
+        let i = args.iter().position(|a| a == name)?;
+        args.get(i + 1).cloned()
+    };
+    let steps: usize = value("--steps").map_or(2, |s| s.parse().expect("--steps K"));
+    assert!(
+        steps >= 2,
+        "--steps must be at least 2 (the state exists after step 1)"
+    );
+    let only: Vec<String> = value("--only")
+        .map(|s| s.split(',').map(str::to_string).collect())
+        .unwrap_or_default();
+    let budget = memory::parse_bytes(&value("--budget").unwrap_or_else(|| "1.1GiB".into()))
+        .expect("--budget BYTES");
+    let flag = args.iter().any(|a| a == "--trace");
+    TRACE.store(flag, std::sync::atomic::Ordering::Relaxed);
+    let clock = Instant::now();
+    let model = Gpt::new(&CFG, &default_device());
+    println!(
+        "bench memory model=gpt vocab={} d={} heads={} layers={} seq={} d_ff={} params={} \
+         rows={ROWS} tokens_per_row={SEQ} optimizer=adamw steps={steps} backend=flex \
+         machine=cpu-threads",
+        CFG.vocab_size,
+        CFG.d_model,
+        CFG.n_heads,
+        CFG.n_layers,
+        CFG.max_seq_len,
+        CFG.d_ff,
+        CFG.num_params()
+    );
+    let (mut rows, mut within, mut worst) = (0, 0, (String::new(), 1.0f64));
+    let mut peaks = Vec::new();
+    let mut first = 0;
+    for case in cases() {
+        if !only.is_empty() && !only.iter().any(|o| case.name.contains(o.as_str())) {
+            continue;
+        }
+        let measured = run(&case, &model, steps, first);
+        first += case.dims.world_size();
+        let (ratio, peak) = report(&case, &measured);
+        rows += 1;
+        within += usize::from((ratio - 1.0).abs() <= 0.10);
+        if (ratio - 1.0).abs() > (worst.1 - 1.0).abs() {
+            worst = (case.name.clone(), ratio);
+        }
+        let plain = !case.dims.precision.is_mixed() && !case.dims.activation_checkpointing.is_on();
+        if plain && case.dims.world_size() == 2 {
+            peaks.push((case.name.clone(), peak));
+        }
+    }
+    let (ddp_fits, others_fit) = budget_lines(budget, &peaks);
+    println!(
+        "bench memory summary rows={rows} within_10pct={within} worst_layout={} \
+         worst_ratio={:.4} budget={budget} ddp_fits={ddp_fits} others_fit={others_fit} \
+         elapsed_s={:.0}",
+        worst.0,
+        worst.1,
+        clock.elapsed().as_secs_f64()
+    );
+}

@@ -1,0 +1,225 @@
+//! What a rank *should* hold for parameters, gradients and optimizer state — the ZeRO
+//! paper's formula ([`formula`]) — and the GPT's parameter count per rank after tensor and
+//! pipeline parallelism ([`gpt_rank_params`]), the Ψ the formula takes. The measured side is
+//! [`crate::memory`]'s allocator (`cargo xtask bench memory`); nothing here is measured.
+
+use crate::config::GptConfig;
+use bonfire_train::{MixedPrecision, ParallelDims};
+use bonfire_zero::Stage;
+
+/// Bytes one rank should hold, by part.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct FormulaBytes {
+    pub params: f64,
+    pub grads: f64,
+    /// Optimizer state (and the fp32 master under mixed precision). With ZeRO-Offload this
+    /// lives on the offload device — here the same host allocator, so it is kept in the sum.
+    pub optim: f64,
+}
+
+impl FormulaBytes {
+    pub fn total(&self) -> f64 {
+        self.params + self.grads + self.optim
+    }
+}
+
+/// Per-parameter bytes of `precision`: (param pb, reduced gradient rb, optimizer K). K is 8
+/// for Adam's two fp32 moments, 12 with the fp32 master of a half param dtype.
+pub fn bytes_per_param(precision: &MixedPrecision) -> (f64, f64, f64) {
+    let pb = precision.param_dtype.size() as f64;
+    let rb = precision.reduce_dtype.size() as f64;
+    let k = if precision.is_mixed() { 12.0 } else { 8.0 };
+    (pb, rb, k)
+}
+
+/// The ZeRO paper's bytes per rank for `psi` parameters (this rank's, after tensor and
+/// pipeline sharding) on `n` data-parallel ranks with Adam under `precision`:
+/// stage 0 Ψpb + Ψrb + ΨK; 1 Ψpb + Ψrb + ΨK/N; 2 Ψpb + Ψrb/N + ΨK/N; 3 (Ψpb + Ψrb + ΨK)/N.
+pub fn formula(stage: Stage, psi: usize, n: usize, precision: &MixedPrecision) -> FormulaBytes {
+    let (pb, rb, k) = bytes_per_param(precision);
+    let (psi, n) = (psi as f64, n as f64);
+    let (p, g, o) = (psi * pb, psi * rb, psi * k);
+    let (p, g, o) = match stage {
+        Stage::Zero0 => (p, g, o),
+        Stage::Zero1 => (p, g, o / n),
+        Stage::Zero2 => (p, g / n, o / n),
+        Stage::Zero3 => (p / n, g / n, o / n),
+    };
+    FormulaBytes {
+        params: p,
+        grads: g,
+        optim: o,
+    }
+}
+
+/// Parameters of the GPT's pipeline piece `piece` (0: the embeddings, 1..=L: the blocks,
+/// L + 1: the final norm and the head) on one rank of `tp` (the plan of
+/// [`crate::parallel::gpt_tp_plan`]: the vocabulary, q/k/v/fc1 (weights and biases) and the
+/// o/fc2 weights are split; norms, positions and the o/fc2 biases are whole).
+pub fn gpt_piece_params(cfg: &GptConfig, tp: usize, piece: usize) -> usize {
+    let (v, d, t, f) = (cfg.vocab_size, cfg.d_model, cfg.max_seq_len, cfg.d_ff);
+    if piece == 0 {
+        return v * d / tp + t * d;
+    }
+    if piece == cfg.n_layers + 1 {
+        return 2 * d + v * d / tp;
+    }
+    let sharded = 3 * (d * d + d) + d * d + (f * d + f) + d * f;
+    let whole = 4 * d + d + d;
+    sharded / tp + whole
+}
+
+/// The pieces each pipeline stage runs: `[start, end)` per stage (an even split, the first
+/// stages one larger, or at `named` pieces), as the trainer splits them.
+fn stage_ranges(cfg: &GptConfig, stages: usize, named: Option<&[String]>) -> Vec<(usize, usize)> {
+    let n = cfg.n_layers + 2;
+    let points: Vec<usize> = match named {
+        Some(names) => names
+            .iter()
+            .map(|name| match name.as_str() {
+                "tok_emb" => 0,
+                "ln_f" => n - 1,
+                other => {
+                    1 + other
+                        .strip_prefix("blocks.")
+                        .and_then(|i| i.parse::<usize>().ok())
+                        .expect("a piece name")
+                }
+            })
+            .collect(),
+        None => {
+            let mut at = 0;
+            (0..stages - 1)
+                .map(|i| {
+                    at += n / stages + usize::from(i < n % stages);
+                    at
+                })
+                .collect()
+        }
+    };
+    let mut starts = vec![0];
+    starts.extend(points);
+    starts.push(n);
+    starts.windows(2).map(|w| (w[0], w[1])).collect()
+}
+
+/// This world rank's own parameter count Ψ under `dims`: its tensor-parallel shard of the
+/// pieces of the pipeline stages it runs (before any ZeRO sharding over dp).
+pub fn gpt_rank_params(cfg: &GptConfig, dims: &ParallelDims, rank: usize) -> usize {
+    let tp = dims.tp();
+    let Some(kind) = dims.pp.schedule.filter(|_| dims.pp() > 1) else {
+        return (0..cfg.n_layers + 2)
+            .map(|p| gpt_piece_params(cfg, tp, p))
+            .sum();
+    };
+    let stage_map = kind.generate(dims.pp(), dims.microbatches()).stage_map;
+    let ranges = stage_ranges(cfg, stage_map.stages(), dims.pp.split_points.as_deref());
+    let pp_rank = rank / (dims.dp() * tp);
+    (0..stage_map.chunks())
+        .map(|c| ranges[stage_map.stage(pp_rank, c)])
+        .flat_map(|(a, b)| a..b)
+        .map(|p| gpt_piece_params(cfg, tp, p))
+        .sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gpt::{Gpt, default_device};
+    use crate::parallel::{gpt_tp_plan, pieces};
+    use bonfire_comm::ThreadWorld;
+    use bonfire_dtensor::DeviceMesh;
+    use bonfire_dtensor::parallel::parallelize_module;
+    use bonfire_pipeline::ScheduleKind;
+    use burn::module::Module;
+
+    fn cfg() -> GptConfig {
+        GptConfig {
+            vocab_size: 32,
+            d_model: 16,
+            n_heads: 4,
+            n_layers: 4,
+            max_seq_len: 8,
+            d_ff: 32,
+        }
+    }
+
+    #[test]
+    fn the_zero_formula_per_stage() {
+        let (psi, n) = (1000, 4);
+        let f32 = MixedPrecision::f32();
+        let total = |s| formula(s, psi, n, &f32).total();
+        assert_eq!(total(Stage::Zero0), 16_000.0);
+        assert_eq!(total(Stage::Zero1), 8_000.0 + 2_000.0);
+        assert_eq!(total(Stage::Zero2), 4_000.0 + 1_000.0 + 2_000.0);
+        assert_eq!(total(Stage::Zero3), 4_000.0);
+        // Mixed: pb = 2, rb = 4 (reduce in fp32), K = 12 — and rb = 2 reducing in bf16.
+        let bf16 = MixedPrecision::bf16();
+        assert_eq!(formula(Stage::Zero0, psi, n, &bf16).total(), 18_000.0);
+        let z2 = formula(Stage::Zero2, psi, n, &bf16);
+        assert_eq!((z2.params, z2.grads, z2.optim), (2_000.0, 1_000.0, 3_000.0));
+        let half = bf16.with_reduce_dtype(burn::tensor::DType::BF16);
+        assert_eq!(formula(Stage::Zero3, psi, n, &half).total(), 4_000.0);
+    }
+
+    #[test]
+    fn whole_model_and_pipeline_pieces_count_as_the_model() {
+        let cfg = cfg();
+        let model = Gpt::new(&cfg, &default_device());
+        assert_eq!(
+            gpt_rank_params(&cfg, &ParallelDims::new(), 0),
+            model.num_params()
+        );
+        for (i, (_, piece)) in pieces(model).into_iter().enumerate() {
+            assert_eq!(
+                gpt_piece_params(&cfg, 1, i),
+                piece.num_params(),
+                "piece {i}"
+            );
+        }
+    }
+
+    #[test]
+    fn stages_split_as_the_schedule_places_them() {
+        let cfg = cfg(); // 6 pieces: embed, 4 blocks, head
+        let (e, b, h) = (
+            gpt_piece_params(&cfg, 1, 0),
+            gpt_piece_params(&cfg, 1, 1),
+            gpt_piece_params(&cfg, 1, 5),
+        );
+        let dims = |mesh: &str, kind| ParallelDims::parse_mesh(mesh).unwrap().with_schedule(kind);
+        let pp2 = dims("pp=2,dp=2", ScheduleKind::OneFOneB);
+        assert_eq!(gpt_rank_params(&cfg, &pp2, 1), e + 2 * b);
+        assert_eq!(gpt_rank_params(&cfg, &pp2, 2), 2 * b + h);
+        let pp4 = dims("pp=4", ScheduleKind::GPipe);
+        let got: Vec<usize> = (0..4).map(|r| gpt_rank_params(&cfg, &pp4, r)).collect();
+        assert_eq!(got, [e + b, 2 * b, b, h]);
+        // ZB-V on 2 ranks: 4 stages of 2, 2, 1, 1 pieces; stages 0 and 3 on rank 0.
+        let zbv = dims("pp=2", ScheduleKind::ZbV);
+        assert_eq!(gpt_rank_params(&cfg, &zbv, 0), e + b + h);
+        assert_eq!(gpt_rank_params(&cfg, &zbv, 1), 3 * b);
+        let inter = dims("pp=2", ScheduleKind::Interleaved { chunks: 2 });
+        assert_eq!(gpt_rank_params(&cfg, &inter, 0), e + 2 * b);
+        assert_eq!(gpt_rank_params(&cfg, &inter, 1), 2 * b + h);
+    }
+
+    #[test]
+    fn tensor_parallel_shards_count_as_the_plan_splits() {
+        let cfg = cfg();
+        let model = Gpt::new(&cfg, &default_device());
+        for (tp, sp) in [(2, false), (2, true), (4, true)] {
+            let counts = ThreadWorld::new(tp)
+                .launch(|pg| {
+                    let mesh = DeviceMesh::one_d(&pg, "tp").unwrap();
+                    let m = model.clone().fork(&default_device());
+                    let m = parallelize_module(m, &mesh, "tp", &gpt_tp_plan(sp, true)).unwrap();
+                    m.num_params()
+                })
+                .unwrap();
+            let dims = ParallelDims::parse_mesh(&format!("tp={tp}")).unwrap();
+            for (rank, n) in counts.into_iter().enumerate() {
+                assert_eq!(gpt_rank_params(&cfg, &dims, rank), n, "tp={tp} sp={sp}");
+            }
+        }
+    }
+}
