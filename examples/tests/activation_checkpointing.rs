@@ -33,13 +33,6 @@ const OPTIMIZERS: [OptimizerKind; 2] = [OptimizerKind::Sgd, OptimizerKind::AdamW
 /// values, so no difference at all (the issue asks for 1e-6 relative).
 const SAME: Tolerance = Tolerance::new(0.0, 0.0);
 
-fn lr(optim: OptimizerKind) -> f64 {
-    match optim {
-        OptimizerKind::Sgd => 0.5,
-        OptimizerKind::AdamW => 0.01,
-    }
-}
-
 /// 4 heads, 4 blocks (6 pipeline pieces): tp=2, pp=2 with two blocks per stage.
 fn cfg() -> GptConfig {
     GptConfig {
@@ -65,7 +58,7 @@ fn fixture() -> &'static Fixture {
         let batches = common::random_batches(&cfg, STEPS, ROWS, 7);
         let reference = OPTIMIZERS.map(|optim| {
             let dims = ParallelDims::new();
-            harness::train(&model, &batches, &dims, optim, STEPS, lr(optim)).unwrap()
+            harness::train(&model, &batches, &dims, optim, STEPS, common::gpt_lr(optim)).unwrap()
         });
         Fixture {
             model,
@@ -94,11 +87,18 @@ fn check(cases: &[LayoutArgs]) {
     for (k, optim) in OPTIMIZERS.into_iter().enumerate() {
         let tol = match optim {
             OptimizerKind::Sgd => common::SGD,
-            OptimizerKind::AdamW => common::adamw(lr(optim)),
+            OptimizerKind::AdamW => common::adamw(common::gpt_lr(optim)),
         };
         let train = |dims: &ParallelDims| {
-            harness::train(&f.model, &f.batches, dims, optim, STEPS, lr(optim))
-                .unwrap_or_else(|e| panic!("{dims}: {e}"))
+            harness::train(
+                &f.model,
+                &f.batches,
+                dims,
+                optim,
+                STEPS,
+                common::gpt_lr(optim),
+            )
+            .unwrap_or_else(|e| panic!("{dims}: {e}"))
         };
         for case in cases {
             let off = case.dims("dp=1").unwrap();
@@ -174,8 +174,15 @@ fn mixed_precision_with_checkpointing() {
             .with_activation_checkpointing(ActivationCheckpointing::Every(1));
         let optim = OptimizerKind::AdamW;
         let [plain, got] = [&off, &on].map(|dims| {
-            harness::train(&f.model, &f.batches, dims, optim, STEPS, lr(optim))
-                .unwrap_or_else(|e| panic!("{dims}: {e}"))
+            harness::train(
+                &f.model,
+                &f.batches,
+                dims,
+                optim,
+                STEPS,
+                common::gpt_lr(optim),
+            )
+            .unwrap_or_else(|e| panic!("{dims}: {e}"))
         });
         common::assert_same_run(&format!("{on}"), &got, &plain, SAME);
     }

@@ -18,13 +18,6 @@ use std::sync::OnceLock;
 const STEPS: usize = 3;
 const ROWS: usize = 8;
 
-fn lr(optim: OptimizerKind) -> f64 {
-    match optim {
-        OptimizerKind::Sgd => 0.5,
-        OptimizerKind::AdamW => 0.01,
-    }
-}
-
 struct Fixture {
     model: Gpt,
     batches: Batches,
@@ -41,7 +34,7 @@ fn fixture() -> &'static Fixture {
         let batches = common::random_batches(&cfg, STEPS, ROWS, 7);
         let single = |optim| {
             let dims = layout("dp=1", 0, None, None, "").dims("dp=1").unwrap();
-            harness::train(&model, &batches, &dims, optim, STEPS, lr(optim)).unwrap()
+            harness::train(&model, &batches, &dims, optim, STEPS, common::gpt_lr(optim)).unwrap()
         };
         let reference = [single(OptimizerKind::Sgd), single(OptimizerKind::AdamW)];
         Fixture {
@@ -81,13 +74,20 @@ fn check(cases: &[LayoutArgs]) {
     {
         let tol = match optim {
             OptimizerKind::Sgd => common::SGD,
-            OptimizerKind::AdamW => common::adamw(lr(optim)),
+            OptimizerKind::AdamW => common::adamw(common::gpt_lr(optim)),
         };
         for case in cases {
             let dims = case.dims("dp=1").unwrap();
             let what = format!("{dims} {}", optim.name());
-            let got = harness::train(&f.model, &f.batches, &dims, optim, STEPS, lr(optim))
-                .unwrap_or_else(|e| panic!("{what}: {e}"));
+            let got = harness::train(
+                &f.model,
+                &f.batches,
+                &dims,
+                optim,
+                STEPS,
+                common::gpt_lr(optim),
+            )
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
             let closeness = common::assert_same_run(&what, &got, &f.reference[k], tol);
             println!("parity {what}: {closeness}");
         }

@@ -25,13 +25,6 @@ use std::sync::OnceLock;
 const STEPS: usize = 3;
 const ROWS: usize = 8;
 
-fn lr(optim: OptimizerKind) -> f64 {
-    match optim {
-        OptimizerKind::Sgd => 0.5,
-        OptimizerKind::AdamW => 0.01,
-    }
-}
-
 struct Fixture {
     model: Gpt,
     batches: Batches,
@@ -66,8 +59,15 @@ fn dims(mesh: &str, zero: usize, schedule: Option<&str>, flags: &str) -> Paralle
 
 fn train(dims: &ParallelDims, optim: OptimizerKind) -> HarnessResult {
     let f = fixture();
-    harness::train(&f.model, &f.batches, dims, optim, STEPS, lr(optim))
-        .unwrap_or_else(|e| panic!("{dims}: {e}"))
+    harness::train(
+        &f.model,
+        &f.batches,
+        dims,
+        optim,
+        STEPS,
+        common::gpt_lr(optim),
+    )
+    .unwrap_or_else(|e| panic!("{dims}: {e}"))
 }
 
 /// Layouts under `policy` against the same policy on one device.

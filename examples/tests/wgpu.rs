@@ -66,16 +66,9 @@ fn dims(mesh: &str, zero: usize, offload: bool) -> ParallelDims {
     .unwrap()
 }
 
-fn lr(optim: OptimizerKind) -> f64 {
-    match optim {
-        OptimizerKind::Sgd => 0.5,
-        OptimizerKind::AdamW => 0.01,
-    }
-}
-
 fn train(model: &Gpt, dims: &ParallelDims, optim: OptimizerKind) -> HarnessResult {
     let f = fixture();
-    harness::train(model, &f.batches, dims, optim, STEPS, lr(optim))
+    harness::train(model, &f.batches, dims, optim, STEPS, common::gpt_lr(optim))
         .unwrap_or_else(|e| panic!("{dims}: {e}"))
 }
 
@@ -109,7 +102,9 @@ fn every_strategy_on_wgpu_matches_flex() {
         // cancellation, which Adam's normalisation turns into a step of up to lr).
         let tol = match optim {
             OptimizerKind::Sgd => Tolerance::new(common::SGD.rel, 1e-6),
-            OptimizerKind::AdamW => Tolerance::new(common::SGD.rel, 5e-3 * lr(optim) as f32),
+            OptimizerKind::AdamW => {
+                Tolerance::new(common::SGD.rel, 5e-3 * common::gpt_lr(optim) as f32)
+            }
         };
         for dims in layouts() {
             let what = format!("{dims} {} wgpu vs flex", optim.name());

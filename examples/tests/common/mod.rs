@@ -23,6 +23,14 @@ pub fn adamw(lr: f64) -> Tolerance {
     Tolerance::new(1e-5, 2e-3 * lr as f32)
 }
 
+/// The learning rate of the GPT parity suites: 0.5 with SGD, 0.01 with AdamW.
+pub fn gpt_lr(optim: bonfire_train::OptimizerKind) -> f64 {
+    match optim {
+        bonfire_train::OptimizerKind::Sgd => 0.5,
+        bonfire_train::OptimizerKind::AdamW => 0.01,
+    }
+}
+
 /// vocab 32, d 16, 4 heads, 6 layers (8 pipeline pieces), seq 8, d_ff 32: tp ∈ {1, 2, 4},
 /// pp up to 4 with two chunks per rank.
 pub fn gpt_cfg() -> GptConfig {
