@@ -258,7 +258,10 @@ impl<M: Module> DistributedDataParallel<M> {
         self.grads = Some(params::grads_from_parts(self.model(), infos, |i| {
             let (b, off) = plan.loc[i];
             let g = buckets[b].clone().narrow(0, off, infos[i].numel());
-            Some(dtype.map_or(g.clone(), |d| g.cast(d)))
+            Some(match dtype {
+                Some(d) => g.cast(d),
+                None => g,
+            })
         }));
         self.last_buckets = Some(buckets);
     }
