@@ -175,11 +175,13 @@ impl GatherPlan {
             reduce_dtype,
         } = self.precision;
         move || {
+            // Cast to the param dtype inside the recomputable gather: a cast after it would
+            // be a compute-bound op whose half-precision output Burn keeps until backward.
             let piece = piece.cast(reduce_dtype);
-            bonfire_dtensor::functional::all_gather_recomputable(piece, &pg, 0, &padded)
+            let out = (param_dtype != reduce_dtype).then_some(param_dtype);
+            bonfire_dtensor::functional::all_gather_recomputable_as(piece, &pg, 0, &padded, out)
                 .unwrap_or_else(|e| panic!("bonfire-zero: stage-3 all-gather failed: {e}"))
                 .narrow(0, before, numel)
-                .cast(param_dtype)
         }
     }
 

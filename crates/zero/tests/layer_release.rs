@@ -9,7 +9,7 @@
 
 use bonfire_comm::ThreadWorld;
 use bonfire_comm::testing::memory::CountingAllocator;
-use bonfire_dtensor::layer;
+use bonfire_dtensor::{MixedPrecision, layer};
 use bonfire_zero::{DataParallel, Stage, Zero, ZeroConfig};
 use burn::module::Module;
 use burn::nn::{Linear, LinearConfig};
@@ -56,6 +56,8 @@ struct Run {
     backward_peak: usize,
     /// The wrapper's own account of live gathered bytes (per rank).
     tracked_peak: usize,
+    /// Heap growth kept from the end of forward until backward, all ranks together.
+    held: usize,
     values: Vec<f32>,
 }
 
@@ -68,13 +70,18 @@ fn device() -> Device {
 static SERIAL: Mutex<()> = Mutex::new(());
 
 fn run(model: &Deep, stage: Stage, scoped: bool) -> Run {
+    run_in(model, stage, scoped, MixedPrecision::f32())
+}
+
+fn run_in(model: &Deep, stage: Stage, scoped: bool, precision: MixedPrecision) -> Run {
     let device = device();
     let out = ThreadWorld::new(RANKS)
         .timeout(Duration::from_secs(120))
         .launch(|pg| {
             let config = ZeroConfig::new(stage)
                 .with_prefetch(true)
-                .with_bucket_bytes(LAYER_BYTES);
+                .with_bucket_bytes(LAYER_BYTES)
+                .with_precision(precision);
             let replica = model.clone().fork(&device);
             let mut z = Zero::new(replica, SgdConfig::new().build(), pg.clone(), config).unwrap();
             let x = |s: usize| {
@@ -82,6 +89,7 @@ fn run(model: &Deep, stage: Stage, scoped: bool) -> Run {
                     .map(|i| (((i * 7 + s * 3 + pg.rank() * 11) % 13) as f32 - 6.0) / 6.0)
                     .collect();
                 Tensor::<2>::from_data(burn::tensor::TensorData::new(rows, [2, WIDTH]), &device)
+                    .cast(precision.param_dtype)
             };
             // Step 1 records the layer order; step 2 prefetches by it and is measured.
             z.train_step(0.1, |m: &Deep| m.loss(x(0), scoped)).unwrap();
@@ -95,6 +103,7 @@ fn run(model: &Deep, stage: Stage, scoped: bool) -> Run {
             let loss = z.forward(|m: &Deep| m.loss(input, scoped));
             pg.barrier().unwrap();
             let heap_peak = (HEAP.peak() - base).max(0) as usize;
+            let held = (HEAP.live() - base).max(0) as usize;
             let tracked_peak = z.memory().gathered_peak;
             pg.barrier().unwrap();
             let base = HEAP.live();
@@ -107,12 +116,13 @@ fn run(model: &Deep, stage: Stage, scoped: bool) -> Run {
             let backward_peak = (HEAP.peak() - base).max(0) as usize;
             z.step(0.1).unwrap();
             let values = z.full_values().unwrap();
-            (heap_peak, backward_peak, tracked_peak, values)
+            (heap_peak, backward_peak, tracked_peak, held, values)
         })
         .unwrap();
-    let (heap_peak, backward_peak, tracked_peak, values) = out.into_iter().next().unwrap();
+    let (heap_peak, backward_peak, tracked_peak, held, values) = out.into_iter().next().unwrap();
     Run {
         heap_peak,
+        held,
         backward_peak,
         tracked_peak,
         values,
@@ -224,4 +234,28 @@ fn stage2_reduces_gradients_layer_by_layer() {
         plain.backward_peak
     );
     assert_eq!(plain.values, scoped.values);
+}
+
+#[test]
+fn stage3_bf16_keeps_no_gathered_copy_until_backward() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let model = model();
+    let f32_run = run(&model, Stage::Zero3, true);
+    let bf16 = run_in(&model, Stage::Zero3, true, MixedPrecision::bf16());
+    eprintln!(
+        "held from forward to backward, {RANKS} ranks: f32 {:.2} MiB, bf16 {:.2} MiB; \
+         the bf16 model gathered = {:.2} MiB per rank",
+        mib(f32_run.held),
+        mib(bf16.held),
+        mib(LAYERS * LAYER_BYTES / 2)
+    );
+    // The gather hands out bf16 inside the recomputable collective, so backward re-gathers
+    // (and re-casts) instead of keeping each layer's half-precision parameters: what stays
+    // is activations, far below the gathered model on each rank.
+    assert!(
+        bf16.held < RANKS * LAYERS * LAYER_BYTES / 2 / 4,
+        "bf16 ZeRO-3 keeps {} bytes from forward to backward",
+        bf16.held
+    );
+    assert!(bf16.held <= f32_run.held + RANKS * LAYER_BYTES / 2);
 }

@@ -22,13 +22,20 @@ use std::marker::PhantomData;
 struct CollectiveBackward {
     spec: CollectiveSpec,
     input_shape: Vec<usize>,
+    /// The input's dtype when the output was cast ([`CollectiveSpec::output_dtype`]).
+    input_dtype: Option<burn::tensor::DType>,
 }
 
 impl<B: CollectiveBackend> Backward<B, 1> for CollectiveBackward {
     type State = ();
 
     fn backward(self, ops: Ops<(), 1>, grads: &mut Gradients, _checkpointer: &mut Checkpointer) {
-        let grad = grads.consume::<B>(&ops.node);
+        let mut grad = grads.consume::<B>(&ops.node);
+        if let Some(dtype) = self.input_dtype
+            && grad.dtype() != dtype
+        {
+            grad = B::float_cast(grad, dtype.into());
+        }
         // The dual collective runs whether or not the parent wants a gradient: the peers
         // wait for it.
         let input_grad = backward_of::<B>(&self.spec, grad, &self.input_shape);
@@ -160,9 +167,11 @@ impl<B: CollectiveBackend, C: CheckpointStrategy> CollectiveBackend for Autodiff
             };
         }
         let input_shape: Vec<usize> = tensor.primitive().shape().iter().copied().collect();
+        let input_dtype = spec.output_dtype.map(|_| tensor.primitive().dtype());
         let step = CollectiveBackward {
             spec: spec.clone(),
             input_shape,
+            input_dtype,
         };
         let prep = step.prepare::<C>([tensor.node()]);
         if spec.recompute {

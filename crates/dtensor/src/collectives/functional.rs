@@ -333,9 +333,21 @@ pub fn all_gather_recomputable<const D: usize>(
     dim: usize,
     sizes: &[usize],
 ) -> Result<Tensor<D>> {
+    all_gather_recomputable_as(tensor, group, dim, sizes, None)
+}
+
+/// [`all_gather_recomputable`] whose output is cast to `dtype` inside the collective (the
+/// gradient cast back before the reduce-scatter), so that the recompute re-runs the cast too
+/// and no half-precision copy is kept from forward to backward (mixed-precision ZeRO-3).
+pub fn all_gather_recomputable_as<const D: usize>(
+    tensor: Tensor<D>,
+    group: &ProcessGroup,
+    dim: usize,
+    sizes: &[usize],
+    dtype: Option<burn::tensor::DType>,
+) -> Result<Tensor<D>> {
     let kind = all_gather_kind(&tensor, group, dim, sizes)?;
-    Ok(collective(
-        tensor,
-        CollectiveSpec::new(group, kind).recomputable(),
-    ))
+    let mut spec = CollectiveSpec::new(group, kind).recomputable();
+    spec.output_dtype = dtype;
+    Ok(collective(tensor, spec))
 }

@@ -111,6 +111,11 @@ pub struct CollectiveSpec {
     /// output in backward gets it by re-running the collective there (e.g. re-gathering a
     /// ZeRO-3 parameter) rather than keeping it alive since forward.
     pub recompute: bool,
+    /// Cast the output to this dtype (the input's dtype when `None`). The backward casts the
+    /// gradient back to the input's dtype before its dual collective: e.g. ZeRO-3 gathers
+    /// fp32 shards and hands out bf16 parameters, and a recomputable gather then re-runs the
+    /// cast with it instead of keeping the half-precision copy since forward.
+    pub output_dtype: Option<burn::tensor::DType>,
 }
 
 impl CollectiveSpec {
@@ -120,7 +125,14 @@ impl CollectiveSpec {
             group: group.clone(),
             kind,
             recompute: false,
+            output_dtype: None,
         }
+    }
+
+    /// The same spec, its output cast to `dtype`.
+    pub fn cast_output(mut self, dtype: burn::tensor::DType) -> Self {
+        self.output_dtype = Some(dtype);
+        self
     }
 
     /// The same spec, marked recomputable.

@@ -31,6 +31,19 @@ pub(crate) fn forward<B: Backend>(
     spec: &CollectiveSpec,
     host: bool,
 ) -> FloatTensor<B> {
+    let output = forward_kind::<B>(tensor, spec, host);
+    match spec.output_dtype {
+        Some(dtype) if output.dtype() != dtype => B::float_cast(output, dtype.into()),
+        _ => output,
+    }
+}
+
+/// The collective itself, in the input's dtype.
+fn forward_kind<B: Backend>(
+    tensor: FloatTensor<B>,
+    spec: &CollectiveSpec,
+    host: bool,
+) -> FloatTensor<B> {
     let me = spec.group.rank();
     match &spec.kind {
         CollectiveKind::CopyToGroup => tensor,
