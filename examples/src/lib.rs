@@ -14,7 +14,9 @@
 //!   --example parity -- ...`, any layout through the trainer's one loop.
 //! - [`corpus`]: a small generated text corpus and character tokenizer for `train_gpt`.
 //! - [`memory`]: a global allocator that counts live and peak bytes per rank (and enforces a
-//!   per-rank budget); [`memory_formula`]: what the ZeRO formula says a rank should hold.
+//!   per-rank budget); [`memory_formula`]: what the ZeRO formula says a rank should hold;
+//!   [`planner`]: the planner (`bonfire_plan`) on the GPT, the trainer's layouts and this
+//!   machine (`--mesh auto`, `cargo run --example plan`).
 //!
 //! ```
 //! use bonfire_examples::{Gpt, GptConfig, default_device};
@@ -46,6 +48,7 @@ pub mod memory;
 pub mod memory_formula;
 pub mod parallel;
 pub mod tensor_file;
+pub mod planner;
 
 pub use config::GptConfig;
 pub use gpt::{Gpt, cross_entropy, default_device};

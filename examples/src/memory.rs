@@ -161,32 +161,9 @@ pub fn over_budget(live: usize, asked: usize, budget: Option<usize>) -> bool {
 }
 
 /// Parses a byte count with an optional suffix: `300MiB`, `1.5GiB`, `64k`, `1000000`
-/// (k/M/G are powers of 1000, KiB/MiB/GiB of 1024; case-insensitive; `B` optional).
-pub fn parse_bytes(text: &str) -> Result<usize, String> {
-    let t = text.trim();
-    let split = t
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(t.len());
-    let (number, suffix) = t.split_at(split);
-    let scale: f64 = match suffix.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 1.0,
-        "k" | "kb" => 1e3,
-        "m" | "mb" => 1e6,
-        "g" | "gb" => 1e9,
-        "ki" | "kib" => 1024.0,
-        "mi" | "mib" => 1024.0 * 1024.0,
-        "gi" | "gib" => 1024.0 * 1024.0 * 1024.0,
-        other => {
-            return Err(format!(
-                "`{text}`: unknown unit `{other}` (use B, KiB, MiB, GiB, k, M, G)"
-            ));
-        }
-    };
-    let value: f64 = number
-        .parse()
-        .map_err(|_| format!("`{text}`: expected a byte count such as 300MiB"))?;
-    Ok((value * scale).round() as usize)
-}
+/// (k/M/G/T are powers of 1000, KiB/MiB/GiB/TiB of 1024; case-insensitive; `B` optional) —
+/// the planner's parser, one for every byte flag.
+pub use bonfire_plan::parse_bytes;
 
 /// A line formatted on the stack (the allocator must not allocate to report).
 pub struct StackLine {

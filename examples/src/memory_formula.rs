@@ -1,55 +1,31 @@
 //! What a rank *should* hold for parameters, gradients and optimizer state — the ZeRO
 //! paper's formula ([`formula`]) — and the GPT's parameter count per rank after tensor and
-//! pipeline parallelism ([`gpt_rank_params`]), the Ψ the formula takes. The measured side is
-//! [`crate::memory`]'s allocator (`cargo xtask bench memory`); nothing here is measured.
+//! pipeline parallelism ([`gpt_rank_params`]), the Ψ the formula takes. Both are owned by the
+//! planner's cost model (`bonfire_plan::memory::formula`, `bonfire_plan::ModelSpec`); this
+//! file maps Bonfire's own types onto it (`MixedPrecision`, `Stage`, `ParallelDims`, the
+//! pipeline's stage map). The measured side is [`crate::memory`]'s allocator (`cargo xtask
+//! bench memory`); nothing here is measured.
 
 use crate::config::GptConfig;
+use crate::planner::{gpt_spec, plan_precision};
+use bonfire_plan::ZeroStage;
 use bonfire_train::{MixedPrecision, ParallelDims};
 use bonfire_zero::Stage;
 
-/// Bytes one rank should hold, by part.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct FormulaBytes {
-    pub params: f64,
-    pub grads: f64,
-    /// Optimizer state (and the fp32 master under mixed precision). With ZeRO-Offload this
-    /// lives on the offload device — here the same host allocator, so it is kept in the sum.
-    pub optim: f64,
-}
-
-impl FormulaBytes {
-    pub fn total(&self) -> f64 {
-        self.params + self.grads + self.optim
-    }
-}
+pub use bonfire_plan::memory::FormulaBytes;
 
 /// Per-parameter bytes of `precision`: (param pb, reduced gradient rb, optimizer K). K is 8
 /// for Adam's two fp32 moments, 12 with the fp32 master of a half param dtype.
 pub fn bytes_per_param(precision: &MixedPrecision) -> (f64, f64, f64) {
-    let pb = precision.param_dtype.size() as f64;
-    let rb = precision.reduce_dtype.size() as f64;
-    let k = if precision.is_mixed() { 12.0 } else { 8.0 };
-    (pb, rb, k)
+    bonfire_plan::memory::bytes_per_param(plan_precision(precision))
 }
 
 /// The ZeRO paper's bytes per rank for `psi` parameters (this rank's, after tensor and
 /// pipeline sharding) on `n` data-parallel ranks with Adam under `precision`:
 /// stage 0 Ψpb + Ψrb + ΨK; 1 Ψpb + Ψrb + ΨK/N; 2 Ψpb + Ψrb/N + ΨK/N; 3 (Ψpb + Ψrb + ΨK)/N.
 pub fn formula(stage: Stage, psi: usize, n: usize, precision: &MixedPrecision) -> FormulaBytes {
-    let (pb, rb, k) = bytes_per_param(precision);
-    let (psi, n) = (psi as f64, n as f64);
-    let (p, g, o) = (psi * pb, psi * rb, psi * k);
-    let (p, g, o) = match stage {
-        Stage::Zero0 => (p, g, o),
-        Stage::Zero1 => (p, g, o / n),
-        Stage::Zero2 => (p, g / n, o / n),
-        Stage::Zero3 => (p / n, g / n, o / n),
-    };
-    FormulaBytes {
-        params: p,
-        grads: g,
-        optim: o,
-    }
+    let stage = ZeroStage::from_index(stage.index()).expect("a ZeRO stage 0..=3");
+    bonfire_plan::memory::formula(stage, psi, n, plan_precision(precision))
 }
 
 /// Parameters of the GPT's pipeline piece `piece` (0: the embeddings, 1..=L: the blocks,
@@ -57,54 +33,27 @@ pub fn formula(stage: Stage, psi: usize, n: usize, precision: &MixedPrecision) -
 /// [`crate::parallel::gpt_tp_plan`]: the vocabulary, q/k/v/fc1 (weights and biases) and the
 /// o/fc2 weights are split; norms, positions and the o/fc2 biases are whole).
 pub fn gpt_piece_params(cfg: &GptConfig, tp: usize, piece: usize) -> usize {
-    let (v, d, t, f) = (cfg.vocab_size, cfg.d_model, cfg.max_seq_len, cfg.d_ff);
-    if piece == 0 {
-        return v * d / tp + t * d;
-    }
-    if piece == cfg.n_layers + 1 {
-        return 2 * d + v * d / tp;
-    }
-    let sharded = 3 * (d * d + d) + d * d + (f * d + f) + d * f;
-    let whole = 4 * d + d + d;
-    sharded / tp + whole
+    gpt_spec(cfg).piece_params(tp, piece)
 }
 
-/// The pieces each pipeline stage runs: `[start, end)` per stage (an even split, the first
-/// stages one larger, or at `named` pieces), as the trainer splits them.
-fn stage_ranges(cfg: &GptConfig, stages: usize, named: Option<&[String]>) -> Vec<(usize, usize)> {
-    let n = cfg.n_layers + 2;
-    let points: Vec<usize> = match named {
-        Some(names) => names
-            .iter()
-            .map(|name| match name.as_str() {
-                "tok_emb" => 0,
-                "ln_f" => n - 1,
-                other => {
-                    1 + other
-                        .strip_prefix("blocks.")
-                        .and_then(|i| i.parse::<usize>().ok())
-                        .expect("a piece name")
-                }
-            })
-            .collect(),
-        None => {
-            let mut at = 0;
-            (0..stages - 1)
-                .map(|i| {
-                    at += n / stages + usize::from(i < n % stages);
-                    at
-                })
-                .collect()
+/// The piece index of a split point's module path (`tok_emb`, `blocks.i`, `ln_f`).
+fn piece_index(cfg: &GptConfig, name: &str) -> usize {
+    match name {
+        "tok_emb" => 0,
+        "ln_f" => cfg.n_layers + 1,
+        other => {
+            1 + other
+                .strip_prefix("blocks.")
+                .and_then(|i| i.parse::<usize>().ok())
+                .expect("a piece name")
         }
-    };
-    let mut starts = vec![0];
-    starts.extend(points);
-    starts.push(n);
-    starts.windows(2).map(|w| (w[0], w[1])).collect()
+    }
 }
 
 /// This world rank's own parameter count Ψ under `dims`: its tensor-parallel shard of the
-/// pieces of the pipeline stages it runs (before any ZeRO sharding over dp).
+/// pieces of the pipeline stages it runs (before any ZeRO sharding over dp). The stages are
+/// placed by the schedule's own stage map (`bonfire_pipeline`), the pieces split as the
+/// trainer splits them ([`bonfire_plan::stage_ranges`]).
 pub fn gpt_rank_params(cfg: &GptConfig, dims: &ParallelDims, rank: usize) -> usize {
     let tp = dims.tp();
     let Some(kind) = dims.pp.schedule.filter(|_| dims.pp() > 1) else {
@@ -113,7 +62,13 @@ pub fn gpt_rank_params(cfg: &GptConfig, dims: &ParallelDims, rank: usize) -> usi
             .sum();
     };
     let stage_map = kind.generate(dims.pp(), dims.microbatches()).stage_map;
-    let ranges = stage_ranges(cfg, stage_map.stages(), dims.pp.split_points.as_deref());
+    let points: Option<Vec<usize>> = dims
+        .pp
+        .split_points
+        .as_ref()
+        .map(|names| names.iter().map(|n| piece_index(cfg, n)).collect());
+    let ranges =
+        bonfire_plan::stage_ranges(cfg.n_layers + 2, stage_map.stages(), points.as_deref());
     let pp_rank = rank / (dims.dp() * tp);
     (0..stage_map.chunks())
         .map(|c| ranges[stage_map.stage(pp_rank, c)])

@@ -26,6 +26,9 @@
 //!   and one training loop (`Trainer`, `fit`) for any Burn model implementing
 //!   `ParallelModel`, with DDP or ZeRO on dp, tensor parallelism on tp and any pipeline
 //!   schedule on pp.
+//! - [`plan`] (`bonfire-plan`): the planner — a cost model (bytes per rank, step time) of
+//!   every layout and a search that ranks the ones that fit a cluster, with the reasons;
+//!   a leaf on no other crate (`docs/planner.md`).
 //!
 //! See `docs/architecture.md` in the repository for the full picture.
 //!
@@ -47,6 +50,7 @@ pub use bonfire_comm as comm;
 pub use bonfire_ddp as ddp;
 pub use bonfire_dtensor as dtensor;
 pub use bonfire_pipeline as pipeline;
+pub use bonfire_plan as plan;
 pub use bonfire_train as train;
 pub use bonfire_zero as zero;
 

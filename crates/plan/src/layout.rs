@@ -1,0 +1,262 @@
+//! [`Layout`]: one way to train — the degrees of the `[pp, dp, tp]` mesh and their options
+//! (ZeRO stage, sequence parallelism, pipeline schedule and micro-batches, activation
+//! recomputation, precision), the planner's mirror of `bonfire_train::ParallelDims` without
+//! its dependencies — and what a schedule implies: its bubble and the micro-batches a rank
+//! keeps in flight.
+
+use crate::model::{ModelSpec, stage_ranges};
+use std::fmt;
+
+/// ZeRO stage on the dp axis (0: DDP).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum ZeroStage {
+    Z0,
+    Z1,
+    Z2,
+    Z3,
+}
+
+impl ZeroStage {
+    pub const ALL: [ZeroStage; 4] = [Self::Z0, Self::Z1, Self::Z2, Self::Z3];
+    pub fn index(self) -> usize {
+        self as usize
+    }
+    pub fn from_index(i: usize) -> Option<Self> {
+        Self::ALL.get(i).copied()
+    }
+}
+
+/// Bytes per value of the parameters (and compute) and of the gradients' reduction; a half
+/// parameter type means an fp32 master copy and fp32 optimizer state (mixed precision).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Precision {
+    pub param_bytes: usize,
+    pub reduce_bytes: usize,
+}
+
+impl Precision {
+    pub const F32: Precision = Precision {
+        param_bytes: 4,
+        reduce_bytes: 4,
+    };
+    /// bf16 compute and parameters, gradients reduced in fp32.
+    pub const BF16: Precision = Precision {
+        param_bytes: 2,
+        reduce_bytes: 4,
+    };
+
+    pub fn is_mixed(&self) -> bool {
+        self.param_bytes < 4
+    }
+    /// `f32`, `bf16`, or `bf16-reduce-bf16`.
+    pub fn name(&self) -> &'static str {
+        match (self.param_bytes, self.reduce_bytes) {
+            (4, _) => "f32",
+            (_, 4) => "bf16",
+            _ => "bf16-reduce-bf16",
+        }
+    }
+    pub fn parse(name: &str) -> Option<Self> {
+        match name {
+            "f32" => Some(Self::F32),
+            "bf16" => Some(Self::BF16),
+            "bf16-reduce-bf16" => Some(Precision {
+                param_bytes: 2,
+                reduce_bytes: 2,
+            }),
+            _ => None,
+        }
+    }
+}
+
+/// A pipeline schedule (`bonfire_pipeline::ScheduleKind`'s names).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Schedule {
+    GPipe,
+    OneFOneB,
+    Interleaved { chunks: usize },
+    ZbH1,
+    ZbV,
+}
+
+impl Schedule {
+    /// The schedules the planner tries.
+    pub const SEARCHED: [Schedule; 5] = [
+        Self::GPipe,
+        Self::OneFOneB,
+        Self::Interleaved { chunks: 2 },
+        Self::ZbH1,
+        Self::ZbV,
+    ];
+
+    /// The name `ScheduleKind::parse` reads.
+    pub fn name(&self) -> String {
+        match *self {
+            Self::GPipe => "gpipe".into(),
+            Self::OneFOneB => "1f1b".into(),
+            Self::Interleaved { chunks } => format!("interleaved:{chunks}"),
+            Self::ZbH1 => "zb-h1".into(),
+            Self::ZbV => "zb-v".into(),
+        }
+    }
+
+    /// Model chunks per rank.
+    pub fn chunks(&self) -> usize {
+        match *self {
+            Self::Interleaved { chunks } => chunks,
+            Self::ZbV => 2,
+            _ => 1,
+        }
+    }
+
+    /// The global stage `rank`'s `chunk` runs: round robin (stage `c·p + r`), or V-shaped
+    /// for ZB-V (`r`, then `2p − 1 − r`).
+    pub fn stage(&self, ranks: usize, rank: usize, chunk: usize) -> usize {
+        match (*self, chunk) {
+            (Self::ZbV, 1) => 2 * ranks - 1 - rank,
+            _ => chunk * ranks + rank,
+        }
+    }
+
+    /// The idle fraction of a step with equal forward, input-backward and weight-backward
+    /// times: `(p−1)/(m+p−1)` for GPipe and 1F1B, `(p−1)/(v·m+p−1)` interleaved,
+    /// `(p−1)/(3m+p−1)` for ZB-H1 (Qi et al. 2024), and for ZB-V — no closed form — the
+    /// planner's assumption `(p−1)/(6m+p−1)` (ZB-H1's with two chunks).
+    pub fn bubble(&self, p: usize, m: usize) -> f64 {
+        let (p, m) = (p as f64, m as f64);
+        let work = match *self {
+            Self::GPipe | Self::OneFOneB => m,
+            Self::Interleaved { chunks } => chunks as f64 * m,
+            Self::ZbH1 => 3.0 * m,
+            Self::ZbV => 6.0 * m,
+        };
+        (p - 1.0) / (work + p - 1.0)
+    }
+
+    /// How many micro-batches' worth of its layers' activations the busiest rank (the first)
+    /// keeps at once: GPipe all `m`; 1F1B, ZB-H1 and ZB-V `min(m, p)`; interleaved Megatron's
+    /// warm-up of `(v−1)·p + 2(p−1) + 1` chunk-forwards, in whole-rank units.
+    pub fn in_flight(&self, p: usize, m: usize) -> f64 {
+        let m_f = m as f64;
+        match *self {
+            Self::GPipe => m_f,
+            Self::OneFOneB | Self::ZbH1 | Self::ZbV => m.min(p) as f64,
+            Self::Interleaved { chunks: v } => {
+                let warm = ((v - 1) * p + 2 * (p - 1) + 1) as f64 / v as f64;
+                warm.min(m_f)
+            }
+        }
+    }
+}
+
+/// One layout.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Layout {
+    pub dp: usize,
+    pub zero: ZeroStage,
+    pub tp: usize,
+    /// Sequence parallelism on tp (Megatron-SP).
+    pub sp: bool,
+    pub pp: usize,
+    /// Required with pp > 1.
+    pub schedule: Option<Schedule>,
+    /// Micro-batches per step (1 without a pipeline).
+    pub microbatches: usize,
+    /// Every block recomputes its activations in backward (activation checkpointing).
+    pub recompute: bool,
+    pub precision: Precision,
+}
+
+impl Layout {
+    /// DDP on `dp` ranks in f32.
+    pub fn ddp(dp: usize) -> Self {
+        Self {
+            dp,
+            zero: ZeroStage::Z0,
+            tp: 1,
+            sp: false,
+            pp: 1,
+            schedule: None,
+            microbatches: 1,
+            recompute: false,
+            precision: Precision::F32,
+        }
+    }
+
+    /// Ranks the layout needs.
+    pub fn world(&self) -> usize {
+        self.dp * self.tp * self.pp
+    }
+
+    /// The pieces pipeline rank `pp_rank` runs (every piece without a pipeline).
+    pub fn rank_pieces(&self, model: &ModelSpec, pp_rank: usize) -> Vec<usize> {
+        let Some(schedule) = self.schedule.filter(|_| self.pp > 1) else {
+            return (0..model.pieces()).collect();
+        };
+        let ranges = stage_ranges(model.pieces(), self.pp * schedule.chunks(), None);
+        (0..schedule.chunks())
+            .map(|c| ranges[schedule.stage(self.pp, pp_rank, c)])
+            .flat_map(|(a, b)| a..b)
+            .collect()
+    }
+
+    /// This rank's parameters before ZeRO: its tp shard of its pipeline pieces.
+    pub fn rank_params(&self, model: &ModelSpec, pp_rank: usize) -> usize {
+        self.rank_pieces(model, pp_rank)
+            .into_iter()
+            .map(|p| model.piece_params(self.tp, p))
+            .sum()
+    }
+
+    /// Whether the layout can run `model` on `global_batch` sequences: tp divides the heads,
+    /// key/value heads, d_ff and the vocabulary; each stage gets a piece; the batch splits
+    /// into dp replicas and micro-batches. `Err` says which does not.
+    pub fn check(&self, model: &ModelSpec, global_batch: usize) -> Result<(), String> {
+        let t = self.tp;
+        for (name, n) in [
+            ("n_heads", model.n_heads),
+            ("n_kv_heads", model.n_kv_heads),
+            ("d_ff", model.d_ff),
+            ("vocab_size", model.vocab_size),
+        ] {
+            if n % t != 0 {
+                return Err(format!("tp={t} does not divide {name} {n}"));
+            }
+        }
+        let chunks = self.schedule.map_or(1, |s| s.chunks());
+        if self.pp * chunks > model.pieces() {
+            return Err(format!(
+                "{} stages for {} pieces",
+                self.pp * chunks,
+                model.pieces()
+            ));
+        }
+        if global_batch % (self.dp * self.microbatches) != 0 {
+            return Err(format!(
+                "the global batch {global_batch} does not split into dp={} × {} micro-batches",
+                self.dp, self.microbatches
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Display for Layout {
+    /// `dp=… zero=… tp=… sp=… pp=… schedule=… microbatches=… recompute=… precision=…`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let on = |b: bool| if b { "on" } else { "off" };
+        write!(
+            f,
+            "dp={} zero={} tp={} sp={} pp={} schedule={} microbatches={} recompute={} precision={}",
+            self.dp,
+            self.zero.index(),
+            self.tp,
+            on(self.sp),
+            self.pp,
+            self.schedule.map_or("none".into(), |s| s.name()),
+            self.microbatches,
+            on(self.recompute),
+            self.precision.name()
+        )
+    }
+}

@@ -1,0 +1,60 @@
+//! # bonfire-plan
+//!
+//! From a model and a cluster to the layout that trains it fastest, with its memory and
+//! time predicted — and the reasons. A pure cost model (no Burn, no other Bonfire crate):
+//!
+//! - [`model`]: [`ModelSpec`] (Bonfire's GPT or Llama, presets `gpt-bench`, `gpt3-175b`,
+//!   `llama3-8b`, `llama3-70b`, `llama3-405b`), parameters per pipeline piece and tp rank,
+//!   FLOPs, activations kept for backward;
+//! - [`cluster`]: [`ClusterSpec`] (nodes, devices per node, [`DeviceSpec`] presets `h100`,
+//!   `a100` or a measured CPU rate, [`LinkSpec`] presets `nvlink`, `pcie`, `ib`, `ethernet`);
+//! - [`layout`]: [`Layout`], the planner's mirror of `bonfire_train::ParallelDims`;
+//! - [`memory`]: the ZeRO paper's formula ([`memory::formula`], which `cargo xtask bench
+//!   memory` checks against a counting allocator), what Bonfire holds, activations and
+//!   transients;
+//! - [`time`] and [`cost`]: step time from FLOPs, ring collectives on the links a group
+//!   crosses, overlap, the pipeline bubble per schedule, the optimizer step;
+//! - [`search`]: [`plan`] ranks every layout that fits and says why the first won, or fails
+//!   with [`PlanError::Infeasible`] naming what does not fit where.
+//!
+//! Descriptions read from JSON ([`ModelSpec::from_json`], [`ClusterSpec::from_json`]) fail
+//! with one [`PlanError::Field`] naming the missing or impossible field.
+//!
+//! ```
+//! use bonfire_plan::{ClusterSpec, DeviceSpec, LinkSpec, ModelSpec, Precision, Request, plan};
+//! let model = ModelSpec::preset("llama3-8b").unwrap();
+//! let cluster = ClusterSpec {
+//!     nodes: 1,
+//!     gpus_per_node: 8,
+//!     device: DeviceSpec::preset("h100").unwrap(),
+//!     intra: LinkSpec::preset("nvlink").unwrap(),
+//!     inter: LinkSpec::preset("ib").unwrap(),
+//!     overlap: 1.0,
+//! };
+//! let req = Request { global_batch: 64, seq: 8192, precisions: vec![Precision::BF16], memory_fraction: 0.9 };
+//! let plan = plan(&model, &cluster, &req).unwrap();
+//! let top = &plan.ranked[0];
+//! assert_eq!(top.layout.world(), 8);
+//! assert!(top.bytes() <= 0.9 * (80u64 << 30) as f64);
+//! ```
+//!
+//! `docs/planner.md` explains the model and its measured accuracy.
+
+pub mod bytes;
+pub mod cluster;
+pub mod cost;
+pub mod error;
+mod json;
+pub mod layout;
+pub mod memory;
+pub mod model;
+pub mod search;
+pub mod time;
+
+pub use bytes::{format_bytes, parse_bytes};
+pub use cluster::{ClusterSpec, DeviceSpec, LinkSpec};
+pub use cost::{Estimate, MemoryParts, Request, estimate, rank_shapes};
+pub use error::PlanError;
+pub use layout::{Layout, Precision, Schedule, ZeroStage};
+pub use model::{Arch, Attention, ModelSpec, PRESETS, stage_ranges};
+pub use search::{Plan, candidates, estimate_all, plan};

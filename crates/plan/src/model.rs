@@ -1,0 +1,331 @@
+//! [`ModelSpec`]: a decoder-only transformer as the cost model sees it — its sizes, its
+//! architecture (Bonfire's GPT or Llama), its parameters per pipeline piece and per
+//! tensor-parallel rank, its FLOPs and the activations it keeps for backward — and the
+//! presets `gpt-bench`, `gpt3-175b`, `llama3-8b`, `llama3-70b`, `llama3-405b`.
+//!
+//! Pieces are the pipeline's unit, as the trainer cuts the GPT: piece 0 is the embeddings,
+//! pieces 1..=L the blocks, piece L + 1 the final norm and the head.
+
+use crate::error::PlanError;
+use crate::json::Fields;
+
+/// The block's architecture.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Arch {
+    /// Bonfire's GPT (`bonfire_examples::Gpt`, GPT-2/3 style): learned positions, LayerNorm
+    /// with bias, biases on every linear, GELU MLP (`fc1`, `fc2`), untied head.
+    Gpt,
+    /// Llama: RoPE (no position table), RMSNorm, no biases, grouped-query attention,
+    /// SwiGLU MLP (gate, up, down), untied head.
+    Llama,
+}
+
+/// How attention keeps its scores for backward.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Attention {
+    /// The score and probability matrices (heads × seq per token) are kept (Bonfire's GPT;
+    /// Megatron in 2021).
+    Materialized,
+    /// Fused (FlashAttention): no seq-sized buffer is kept.
+    Flash,
+}
+
+/// The sizes of a decoder-only transformer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelSpec {
+    pub name: String,
+    pub arch: Arch,
+    pub attention: Attention,
+    pub vocab_size: usize,
+    pub d_model: usize,
+    pub n_heads: usize,
+    /// Key/value heads (grouped-query attention); `n_heads` for plain multi-head attention.
+    pub n_kv_heads: usize,
+    pub n_layers: usize,
+    /// Context length: the position table's rows (GPT) and the default tokens per sequence.
+    pub seq_len: usize,
+    pub d_ff: usize,
+}
+
+/// The presets' names.
+pub const PRESETS: [&str; 5] = [
+    "gpt-bench",
+    "gpt3-175b",
+    "llama3-8b",
+    "llama3-70b",
+    "llama3-405b",
+];
+
+const FIELDS: [&str; 10] = [
+    "name",
+    "arch",
+    "attention",
+    "vocab_size",
+    "d_model",
+    "n_heads",
+    "n_kv_heads",
+    "n_layers",
+    "seq_len",
+    "d_ff",
+];
+
+impl ModelSpec {
+    /// Bonfire's GPT with `attention` materialized.
+    #[allow(clippy::too_many_arguments)]
+    pub fn gpt(
+        name: &str,
+        vocab_size: usize,
+        d_model: usize,
+        n_heads: usize,
+        n_layers: usize,
+        seq_len: usize,
+        d_ff: usize,
+    ) -> Self {
+        Self {
+            name: name.to_string(),
+            arch: Arch::Gpt,
+            attention: Attention::Materialized,
+            vocab_size,
+            d_model,
+            n_heads,
+            n_kv_heads: n_heads,
+            n_layers,
+            seq_len,
+            d_ff,
+        }
+    }
+
+    /// A Llama 3 model (vocabulary 128,256, 8 key/value heads, flash attention, 8K context).
+    fn llama3(name: &str, d_model: usize, n_heads: usize, n_layers: usize, d_ff: usize) -> Self {
+        Self {
+            name: name.to_string(),
+            arch: Arch::Llama,
+            attention: Attention::Flash,
+            vocab_size: 128_256,
+            d_model,
+            n_heads,
+            n_kv_heads: 8,
+            n_layers,
+            seq_len: 8192,
+            d_ff,
+        }
+    }
+
+    /// A preset by name (see [`PRESETS`]; sources in `docs/planner.md`).
+    pub fn preset(name: &str) -> Option<Self> {
+        Some(match name {
+            // The bench GPT (`GptConfig::bench`).
+            "gpt-bench" => Self::gpt(name, 4096, 256, 8, 4, 128, 1024),
+            // GPT-3 175B (Brown et al. 2020, Table 2.1) with Megatron's padded vocabulary
+            // (Narayanan et al. 2021): 96 layers, d 12288, 96 heads, context 2048.
+            "gpt3-175b" => Self::gpt(name, 51_200, 12_288, 96, 96, 2048, 4 * 12_288),
+            // Llama 3 (Dubey et al. 2024, Table 3).
+            "llama3-8b" => Self::llama3(name, 4096, 32, 32, 14_336),
+            "llama3-70b" => Self::llama3(name, 8192, 64, 80, 28_672),
+            "llama3-405b" => Self::llama3(name, 16_384, 128, 126, 53_248),
+            _ => return None,
+        })
+    }
+
+    /// A model from a JSON object (`what` names it in errors): `vocab_size`, `d_model`,
+    /// `n_heads`, `n_layers`, `seq_len`, `d_ff` required; `arch` (`gpt` | `llama`, default
+    /// gpt), `attention` (`materialized` | `flash`, default materialized for gpt, flash for
+    /// llama), `n_kv_heads` (default `n_heads`), `name` optional.
+    pub fn from_json(what: &str, text: &str) -> Result<Self, PlanError> {
+        let mut f = Fields::parse(what, text)?;
+        let arch = match f.string_opt("arch")?.as_deref() {
+            None | Some("gpt") => Arch::Gpt,
+            Some("llama") => Arch::Llama,
+            Some(other) => {
+                return Err(f.error("arch", format!("`{other}` is unknown (gpt, llama)")));
+            }
+        };
+        let attention = match f.string_opt("attention")?.as_deref() {
+            None if arch == Arch::Llama => Attention::Flash,
+            None | Some("materialized") => Attention::Materialized,
+            Some("flash") => Attention::Flash,
+            Some(other) => {
+                return Err(f.error(
+                    "attention",
+                    format!("`{other}` is unknown (materialized, flash)"),
+                ));
+            }
+        };
+        let name = f.string_opt("name")?.unwrap_or_else(|| what.to_string());
+        let n_heads = f.count("n_heads")?;
+        let spec = Self {
+            name,
+            arch,
+            attention,
+            vocab_size: f.count("vocab_size")?,
+            d_model: f.count("d_model")?,
+            n_heads,
+            n_kv_heads: f.count_opt("n_kv_heads")?.unwrap_or(n_heads),
+            n_layers: f.count("n_layers")?,
+            seq_len: f.count("seq_len")?,
+            d_ff: f.count("d_ff")?,
+        };
+        let what = f.what().to_string();
+        f.finish(&FIELDS)?;
+        spec.validate(&what)?;
+        Ok(spec)
+    }
+
+    /// Checks the sizes fit together (`what` names the description in errors).
+    pub fn validate(&self, what: &str) -> Result<(), PlanError> {
+        let bad = |field: &str, reason: String| Err(PlanError::field(what, field, reason));
+        for (field, v) in [
+            ("vocab_size", self.vocab_size),
+            ("d_model", self.d_model),
+            ("n_heads", self.n_heads),
+            ("n_kv_heads", self.n_kv_heads),
+            ("n_layers", self.n_layers),
+            ("seq_len", self.seq_len),
+            ("d_ff", self.d_ff),
+        ] {
+            if v == 0 {
+                return bad(field, "must be at least 1, got 0".into());
+            }
+        }
+        if self.d_model % self.n_heads != 0 {
+            return bad(
+                "n_heads",
+                format!(
+                    "{} heads do not divide d_model {}",
+                    self.n_heads, self.d_model
+                ),
+            );
+        }
+        if self.n_kv_heads > self.n_heads || self.n_heads % self.n_kv_heads != 0 {
+            return bad(
+                "n_kv_heads",
+                format!(
+                    "{} key/value heads must divide the {} heads",
+                    self.n_kv_heads, self.n_heads
+                ),
+            );
+        }
+        if self.arch == Arch::Gpt && self.n_kv_heads != self.n_heads {
+            return bad(
+                "n_kv_heads",
+                "grouped-query attention needs arch `llama`".into(),
+            );
+        }
+        Ok(())
+    }
+
+    /// Pipeline pieces: embeddings, the blocks, the head.
+    pub fn pieces(&self) -> usize {
+        self.n_layers + 2
+    }
+
+    fn kv_dim(&self) -> usize {
+        self.d_model / self.n_heads * self.n_kv_heads
+    }
+
+    /// A block's (split over tp, whole on every tp rank) parameters — the split ones divided
+    /// by `tp` by the caller. GPT: q/k/v/fc1 weights and biases and the o/fc2 weights split,
+    /// norms and the o/fc2 biases whole (Bonfire's TP plan); Llama: every matrix split.
+    fn block_params(&self) -> (usize, usize) {
+        let (d, f, kv) = (self.d_model, self.d_ff, self.kv_dim());
+        match self.arch {
+            Arch::Gpt => (3 * (d * d + d) + d * d + (f * d + f) + d * f, 4 * d + d + d),
+            Arch::Llama => (2 * d * d + 2 * d * kv + 3 * d * f, 2 * d),
+        }
+    }
+
+    /// Parameters of piece `piece` on one rank of `tp` (the vocabulary is split).
+    pub fn piece_params(&self, tp: usize, piece: usize) -> usize {
+        let (v, d) = (self.vocab_size, self.d_model);
+        let positions = match self.arch {
+            Arch::Gpt => self.seq_len * d,
+            Arch::Llama => 0,
+        };
+        let norm = match self.arch {
+            Arch::Gpt => 2 * d,
+            Arch::Llama => d,
+        };
+        if piece == 0 {
+            v * d / tp + positions
+        } else if piece == self.n_layers + 1 {
+            norm + v * d / tp
+        } else {
+            let (split, whole) = self.block_params();
+            split / tp + whole
+        }
+    }
+
+    /// Every parameter.
+    pub fn num_params(&self) -> usize {
+        (0..self.pieces()).map(|p| self.piece_params(1, p)).sum()
+    }
+
+    /// Forward FLOPs of piece `piece` per token on one rank of `tp`, for sequences of `seq`
+    /// tokens: 2 per weight of every matrix product (the embedding lookup has none), plus
+    /// attention's two products (QKᵀ and AV, 2·seq·d each, causal mask not discounted).
+    pub fn piece_flops_per_token(&self, tp: usize, piece: usize, seq: usize) -> f64 {
+        let (v, d) = (self.vocab_size as f64, self.d_model as f64);
+        if piece == 0 {
+            return 0.0;
+        }
+        if piece == self.n_layers + 1 {
+            return 2.0 * v * d / tp as f64;
+        }
+        let (f, kv) = (self.d_ff as f64, self.kv_dim() as f64);
+        let matmuls = match self.arch {
+            Arch::Gpt => 4.0 * d * d + 2.0 * d * f,
+            Arch::Llama => 2.0 * d * d + 2.0 * d * kv + 3.0 * d * f,
+        };
+        (2.0 * matmuls + 4.0 * seq as f64 * d) / tp as f64
+    }
+
+    /// Elements a block keeps for backward per token, on one rank of `tp` (sequences of
+    /// `seq`), after Korthikanti et al. 2022 (§4) without dropout: the two norm inputs and
+    /// the inputs of the q/k/v and fc1 products (4d, replicated over tp unless sequence
+    /// parallel), q, k, v and the attention output (4d), the MLP's hidden activations (2·d_ff
+    /// GELU, 3·d_ff SwiGLU), and with materialized attention the scores and probabilities
+    /// (2·heads·seq); everything but the replicated 4d is split over tp.
+    pub fn block_activation_elems(&self, tp: usize, sp: bool, seq: usize) -> f64 {
+        let (d, f, h) = (self.d_model as f64, self.d_ff as f64, self.n_heads as f64);
+        let mlp = match self.arch {
+            Arch::Gpt => 2.0 * f,
+            Arch::Llama => 3.0 * f,
+        };
+        let scores = match self.attention {
+            Attention::Materialized => 2.0 * h * seq as f64,
+            Attention::Flash => 0.0,
+        };
+        let t = tp as f64;
+        let replicated = if sp { 4.0 * d / t } else { 4.0 * d };
+        replicated + (4.0 * d + mlp + scores) / t
+    }
+
+    /// Bytes of the largest single layer's parameters in `param_bytes` per value, on one
+    /// rank of `tp` (the largest of a block and the vocabulary matrix).
+    pub fn largest_layer_params(&self, tp: usize) -> usize {
+        let block = self.piece_params(tp, 1);
+        block.max(self.vocab_size * self.d_model / tp)
+    }
+}
+
+/// The pieces each of `stages` pipeline stages runs, `[start, end)` per stage: an even split
+/// of `pieces` (the first stages one larger), or at the piece indices `points` — the split
+/// the trainer makes.
+pub fn stage_ranges(pieces: usize, stages: usize, points: Option<&[usize]>) -> Vec<(usize, usize)> {
+    let points: Vec<usize> = match points {
+        Some(p) => p.to_vec(),
+        None => {
+            let mut at = 0;
+            (0..stages.saturating_sub(1))
+                .map(|i| {
+                    at += pieces / stages + usize::from(i < pieces % stages);
+                    at
+                })
+                .collect()
+        }
+    };
+    let mut starts = vec![0];
+    starts.extend(points);
+    starts.push(pieces);
+    starts.windows(2).map(|w| (w[0], w[1])).collect()
+}

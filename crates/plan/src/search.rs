@@ -1,0 +1,301 @@
+//! The search ([`plan`]): every layout of the cluster's ranks the model admits — tp within a
+//! node (a divisor of the devices per node), pp up to the pipeline pieces, dp the rest; each
+//! ZeRO stage, ± sequence parallelism, each schedule and micro-batch count, ± recompute, each
+//! requested precision — costed by [`estimate`], the ones that fit ranked by predicted step
+//! time, and the reasons for the top one ([`explain`]).
+
+use crate::bytes::format_bytes;
+use crate::cluster::ClusterSpec;
+use crate::cost::{Estimate, Request, estimate, rank_shapes, schedule_fits};
+use crate::error::PlanError;
+use crate::layout::{Layout, Schedule, ZeroStage};
+use crate::model::ModelSpec;
+
+/// The planner's answer: the layouts that fit, fastest first, and why the first won.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    pub ranked: Vec<Estimate>,
+    pub why: Vec<String>,
+}
+
+fn divisors(n: usize) -> impl Iterator<Item = usize> {
+    (1..=n).filter(move |d| n % d == 0)
+}
+
+/// Micro-batch counts tried for `pp` stages and `local` sequences per replica: `pp`, `2pp`,
+/// `4pp`, … dividing `local` (at least one micro-batch per stage keeps every stage busy).
+fn microbatch_counts(pp: usize, local: usize) -> Vec<usize> {
+    if pp == 1 {
+        return vec![1];
+    }
+    let mut out = Vec::new();
+    let mut m = pp;
+    while m <= local {
+        if local % m == 0 {
+            out.push(m);
+        }
+        m *= 2;
+    }
+    out
+}
+
+/// Every layout the model and the batch admit on the cluster (before memory), and the
+/// reasons for the (tp, pp) pairs that were turned away.
+pub fn candidates(
+    model: &ModelSpec,
+    cluster: &ClusterSpec,
+    req: &Request,
+) -> (Vec<Layout>, Vec<String>) {
+    let world = cluster.world();
+    let (mut out, mut refused) = (Vec::new(), Vec::new());
+    for tp in divisors(cluster.gpus_per_node) {
+        for pp in divisors(world / tp) {
+            let dp = world / tp / pp;
+            let base = Layout {
+                tp,
+                pp,
+                ..Layout::ddp(dp)
+            };
+            if let Err(reason) = base.check(model, req.global_batch) {
+                refused.push(format!("tp={tp} pp={pp} dp={dp}: {reason}"));
+                continue;
+            }
+            let schedules: Vec<Option<Schedule>> = if pp > 1 {
+                Schedule::SEARCHED.into_iter().map(Some).collect()
+            } else {
+                vec![None]
+            };
+            let stages: &[ZeroStage] = if dp > 1 {
+                &ZeroStage::ALL
+            } else {
+                &ZeroStage::ALL[..1]
+            };
+            for schedule in schedules {
+                for m in microbatch_counts(pp, req.global_batch / dp) {
+                    let l = Layout {
+                        schedule,
+                        microbatches: m,
+                        ..base.clone()
+                    };
+                    if schedule.is_some_and(|s| !schedule_fits(s, pp, m))
+                        || l.check(model, req.global_batch).is_err()
+                    {
+                        continue;
+                    }
+                    for &zero in stages {
+                        for sp in [false, true].into_iter().filter(|&s| !s || tp > 1) {
+                            for recompute in [false, true] {
+                                for &precision in &req.precisions {
+                                    out.push(Layout {
+                                        zero,
+                                        sp,
+                                        recompute,
+                                        precision,
+                                        ..l.clone()
+                                    });
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    (out, refused)
+}
+
+/// Costs every candidate (ranks' shapes computed once per tp, pp and schedule).
+pub fn estimate_all(
+    model: &ModelSpec,
+    cluster: &ClusterSpec,
+    req: &Request,
+) -> (Vec<Estimate>, Vec<String>) {
+    let (layouts, refused) = candidates(model, cluster, req);
+    let mut shapes = Vec::new();
+    let mut key = None;
+    let estimates = layouts
+        .iter()
+        .map(|l| {
+            let k = (l.tp, l.pp, l.schedule);
+            if key != Some(k) {
+                shapes = rank_shapes(model, l, req.seq);
+                key = Some(k);
+            }
+            estimate(model, cluster, req, l, &shapes)
+        })
+        .collect();
+    (estimates, refused)
+}
+
+/// Ranks the layouts of `model` on `cluster` for `req`: the feasible ones fastest first (ties:
+/// fewer bytes), with the reasons for the first. `Err(Infeasible)` when nothing fits, saying
+/// what does not fit where.
+pub fn plan(model: &ModelSpec, cluster: &ClusterSpec, req: &Request) -> Result<Plan, PlanError> {
+    let (all, refused) = estimate_all(model, cluster, req);
+    let capacity = cluster.device.memory as f64 * req.memory_fraction;
+    if all.is_empty() {
+        return Err(PlanError::Infeasible {
+            reason: format!(
+                "no layout of {} ranks can split the model and the batch: {}",
+                cluster.world(),
+                refused.join("; ")
+            ),
+        });
+    }
+    let mut ranked: Vec<Estimate> = all
+        .iter()
+        .filter(|e| e.bytes() <= capacity)
+        .cloned()
+        .collect();
+    if ranked.is_empty() {
+        let smallest = all
+            .iter()
+            .min_by(|a, b| a.bytes().total_cmp(&b.bytes()))
+            .expect("candidates");
+        let m = &smallest.memory;
+        return Err(PlanError::Infeasible {
+            reason: format!(
+                "the smallest layout ({}) needs {} per rank (parameters, gradients and optimizer \
+                 state {}, activations {}, transients {}), but a {} rank may use {} ({} of {}); \
+                 {} ranks are too few for {} parameters at this batch",
+                smallest.layout,
+                format_bytes(smallest.bytes()),
+                format_bytes(m.state.total()),
+                format_bytes(m.activations),
+                format_bytes(m.transient),
+                cluster.device.name,
+                format_bytes(capacity),
+                req.memory_fraction,
+                format_bytes(cluster.device.memory as f64),
+                cluster.world(),
+                model.num_params(),
+            ),
+        });
+    }
+    ranked.sort_by(|a, b| {
+        a.time
+            .total()
+            .total_cmp(&b.time.total())
+            .then(a.time.dp_hidden.total_cmp(&b.time.dp_hidden))
+            .then(a.bytes().total_cmp(&b.bytes()))
+    });
+    let why = explain(model, cluster, req, &ranked, &all, capacity);
+    Ok(Plan { ranked, why })
+}
+
+/// Whether a layout belongs to a family.
+type Member = fn(&Layout) -> bool;
+
+/// The families the reasons compare the winner with.
+const FAMILIES: [(&str, Member); 4] = [
+    ("DDP", |l| l.tp == 1 && l.pp == 1 && l.zero == ZeroStage::Z0),
+    ("ZeRO alone", |l| {
+        l.tp == 1 && l.pp == 1 && l.zero != ZeroStage::Z0
+    }),
+    ("with tensor parallelism", |l| l.tp > 1),
+    ("with a pipeline", |l| l.pp > 1),
+];
+
+/// Why the first of `ranked` won: its memory against the device, the part of the step that
+/// bounds it, each family's best (or why none of it fits) and the runner-up.
+pub fn explain(
+    model: &ModelSpec,
+    cluster: &ClusterSpec,
+    req: &Request,
+    ranked: &[Estimate],
+    all: &[Estimate],
+    capacity: f64,
+) -> Vec<String> {
+    let top = &ranked[0];
+    let t = &top.time;
+    let mut why = vec![
+        format!(
+            "memory: {} of {} per rank: state {} (Ψ = {} parameters over {} ranks), activations {}, transients {}",
+            format_bytes(top.bytes()),
+            format_bytes(capacity),
+            format_bytes(top.memory.state.total()),
+            model.num_params(),
+            cluster.world(),
+            format_bytes(top.memory.activations),
+            format_bytes(top.memory.transient),
+        ),
+        format!(
+            "time: {:.3} ms = compute {:.3} + bubble {:.3} + tp {:.3} + pp {:.3} + dp exposed {:.3} + optimizer {:.3}; bound by {}",
+            top.step_ms(),
+            t.compute * 1e3,
+            t.bubble * 1e3,
+            t.tp_comm * 1e3,
+            t.pp_comm * 1e3,
+            t.dp_comm * 1e3,
+            t.optimizer * 1e3,
+            t.bound().0
+        ),
+    ];
+    for (name, member) in FAMILIES {
+        why.push(family_line(
+            name, member, top, ranked, all, capacity, cluster,
+        ));
+    }
+    if cluster.gpus_per_node > 1 || cluster.nodes > 1 {
+        why.push(format!(
+            "rule: tp ≤ {} devices per node, so tensor-parallel groups stay on {} ({:.0} GB/s); \
+             the dp and pp groups that leave a node use {} ({:.0} GB/s)",
+            cluster.gpus_per_node,
+            cluster.intra.name,
+            cluster.intra.bandwidth / 1e9,
+            cluster.inter.name,
+            cluster.inter.bandwidth / 1e9
+        ));
+    }
+    if let Some(next) = ranked.get(1) {
+        why.push(format!(
+            "runner-up: {} at {:.3} ms (+{:.1} %)",
+            next.layout,
+            next.step_ms(),
+            (next.time.total() / top.time.total() - 1.0) * 100.0
+        ));
+    }
+    let _ = req;
+    why
+}
+
+fn family_line(
+    name: &str,
+    member: Member,
+    top: &Estimate,
+    ranked: &[Estimate],
+    all: &[Estimate],
+    capacity: f64,
+    cluster: &ClusterSpec,
+) -> String {
+    if member(&top.layout) {
+        return format!("{name}: the winner is one");
+    }
+    if let Some(best) = ranked.iter().find(|e| member(&e.layout)) {
+        return format!(
+            "{name}: fastest that fits is {} at {:.3} ms (+{:.1} %)",
+            best.layout,
+            best.step_ms(),
+            (best.time.total() / top.time.total() - 1.0) * 100.0
+        );
+    }
+    match all
+        .iter()
+        .filter(|e| member(&e.layout))
+        .min_by(|a, b| a.bytes().total_cmp(&b.bytes()))
+    {
+        Some(small) => format!(
+            "{name}: none fits: the smallest ({}) needs {} > {}",
+            small.layout,
+            format_bytes(small.bytes()),
+            format_bytes(capacity)
+        ),
+        None if name.contains("tensor") && cluster.gpus_per_node == 1 => {
+            format!("{name}: not tried: one device per node (tp stays inside a node)")
+        }
+        None => format!(
+            "{name}: not possible with {} ranks and this model and batch",
+            cluster.world()
+        ),
+    }
+}

@@ -1,0 +1,223 @@
+//! The planner's own checks (no machine measured here; `examples/tests/planner.rs` holds the
+//! predictions against the allocator and the clock): the presets' sizes, the formula, the
+//! schedules' bubble and placement, the rules of thumb the ranking must reproduce, an
+//! infeasible request, and bad descriptions failing with one error naming the field.
+
+use bonfire_plan::memory::formula;
+use bonfire_plan::{
+    ClusterSpec, DeviceSpec, Layout, LinkSpec, ModelSpec, PlanError, Precision, Request, Schedule,
+    ZeroStage, plan,
+};
+
+fn cluster(nodes: usize, g: usize, device: &str, intra: &str, inter: &str) -> ClusterSpec {
+    ClusterSpec {
+        nodes,
+        gpus_per_node: g,
+        device: DeviceSpec::preset(device).unwrap(),
+        intra: LinkSpec::preset(intra).unwrap(),
+        inter: LinkSpec::preset(inter).unwrap(),
+        overlap: 1.0,
+    }
+}
+
+fn bf16(global_batch: usize, seq: usize) -> Request {
+    Request {
+        global_batch,
+        seq,
+        precisions: vec![Precision::BF16],
+        memory_fraction: 0.9,
+    }
+}
+
+#[test]
+fn presets_have_their_published_sizes() {
+    let params = |n: &str| ModelSpec::preset(n).unwrap().num_params() as f64 / 1e9;
+    // Llama 3: 8.03 B, 70.6 B, 405.9 B (untied embeddings); GPT-3: 175 B.
+    assert!(
+        (params("llama3-8b") - 8.03).abs() < 0.01,
+        "{}",
+        params("llama3-8b")
+    );
+    assert!(
+        (params("llama3-70b") - 70.55).abs() < 0.1,
+        "{}",
+        params("llama3-70b")
+    );
+    assert!(
+        (params("llama3-405b") - 405.85).abs() < 0.5,
+        "{}",
+        params("llama3-405b")
+    );
+    assert!(
+        (params("gpt3-175b") - 175.2).abs() < 0.5,
+        "{}",
+        params("gpt3-175b")
+    );
+    // The bench GPT (`GptConfig::bench().num_params()`).
+    assert_eq!(
+        ModelSpec::preset("gpt-bench").unwrap().num_params(),
+        5_289_472
+    );
+    assert!(ModelSpec::preset("gpt-5").is_none());
+}
+
+#[test]
+fn the_zero_formula_per_stage() {
+    let (psi, n) = (1000, 4);
+    let total = |s| formula(s, psi, n, Precision::F32).total();
+    assert_eq!(total(ZeroStage::Z0), 16_000.0);
+    assert_eq!(total(ZeroStage::Z1), 8_000.0 + 2_000.0);
+    assert_eq!(total(ZeroStage::Z2), 4_000.0 + 1_000.0 + 2_000.0);
+    assert_eq!(total(ZeroStage::Z3), 4_000.0);
+    let z2 = formula(ZeroStage::Z2, psi, n, Precision::BF16);
+    assert_eq!((z2.params, z2.grads, z2.optim), (2_000.0, 1_000.0, 3_000.0));
+}
+
+#[test]
+fn schedules_bubble_and_place_stages() {
+    assert_eq!(Schedule::OneFOneB.bubble(4, 4), 3.0 / 7.0);
+    assert_eq!(Schedule::Interleaved { chunks: 2 }.bubble(4, 4), 3.0 / 11.0);
+    assert_eq!(Schedule::ZbH1.bubble(4, 4), 3.0 / 15.0);
+    assert!(Schedule::ZbV.bubble(4, 4) < Schedule::ZbH1.bubble(4, 4));
+    assert_eq!(Schedule::GPipe.in_flight(4, 8), 8.0);
+    assert_eq!(Schedule::OneFOneB.in_flight(4, 8), 4.0);
+    // 6 pieces (embeddings, 4 blocks, head) on 2 ranks: ZB-V's 4 stages of 2, 2, 1, 1
+    // pieces, stages 0 and 3 on rank 0 — as `bonfire_pipeline` places them.
+    let model = ModelSpec::gpt("t", 32, 16, 4, 4, 8, 32);
+    let zbv = Layout {
+        pp: 2,
+        schedule: Some(Schedule::ZbV),
+        microbatches: 2,
+        ..Layout::ddp(1)
+    };
+    assert_eq!(zbv.rank_pieces(&model, 0), [0, 1, 5]);
+    assert_eq!(zbv.rank_pieces(&model, 1), [2, 3, 4]);
+}
+
+#[test]
+fn a_model_that_fits_one_device_trains_data_parallel() {
+    let p = plan(
+        &ModelSpec::preset("gpt-bench").unwrap(),
+        &cluster(1, 8, "h100", "nvlink", "ib"),
+        &bf16(1024, 128),
+    )
+    .unwrap();
+    let top = &p.ranked[0].layout;
+    // Data parallel on all 8 (DDP or ZeRO: ZeRO's sharded optimizer step may be faster).
+    assert_eq!((top.tp, top.pp, top.dp), (1, 1, 8), "{top}");
+    assert!(
+        p.why.iter().any(|w| w.starts_with("memory: ")),
+        "{:?}",
+        p.why
+    );
+}
+
+#[test]
+fn tp_stays_inside_a_node_and_pcie_prefers_pipelines() {
+    let model = ModelSpec::preset("llama3-70b").unwrap();
+    let fast = plan(
+        &model,
+        &cluster(8, 8, "h100", "nvlink", "ib"),
+        &bf16(256, 4096),
+    )
+    .unwrap();
+    assert!(fast.ranked.iter().all(|e| e.layout.tp <= 8));
+    let slow = plan(
+        &model,
+        &cluster(8, 8, "h100", "pcie", "ethernet"),
+        &bf16(256, 4096),
+    )
+    .unwrap();
+    let (f, s) = (&fast.ranked[0].layout, &slow.ranked[0].layout);
+    assert!(s.tp < f.tp, "without NVLink, less TP: {s} vs {f}");
+    assert!(
+        s.pp >= f.pp,
+        "without NVLink, the pipeline takes over: {s} vs {f}"
+    );
+    assert!(fast.ranked[0].bytes() <= 0.9 * (80u64 << 30) as f64);
+}
+
+#[test]
+fn a_model_too_large_for_the_cluster_is_infeasible_with_the_reason() {
+    let e = plan(
+        &ModelSpec::preset("llama3-405b").unwrap(),
+        &cluster(1, 8, "h100", "nvlink", "ib"),
+        &bf16(8, 8192),
+    )
+    .unwrap_err();
+    let PlanError::Infeasible { reason } = &e else {
+        panic!("{e}")
+    };
+    assert!(
+        reason.contains("the smallest layout (") && reason.contains("needs"),
+        "{reason}"
+    );
+    assert!(e.to_string().starts_with("no layout fits: "), "{e}");
+}
+
+#[test]
+fn bad_descriptions_name_the_field() {
+    let model = |text: &str| {
+        ModelSpec::from_json("model m.json", text)
+            .unwrap_err()
+            .to_string()
+    };
+    let ok = r#""vocab_size": 32, "d_model": 16, "n_heads": 4, "n_layers": 2, "seq_len": 8"#;
+    assert_eq!(
+        model(&format!("{{{ok}}}")),
+        "model m.json: field `d_ff`: missing (a positive integer)"
+    );
+    assert!(model(&format!(r#"{{{ok}, "d_ff": 0}}"#)).contains("field `d_ff`: must be at least 1"));
+    assert!(
+        model(&format!(r#"{{{ok}, "d_ff": "big"}}"#))
+            .contains("field `d_ff`: expected a positive integer, found a string")
+    );
+    assert!(
+        model(&format!(r#"{{{ok}, "d_ff": 64, "dff": 3}}"#)).contains("field `dff`: unknown field")
+    );
+    assert!(model(&format!(r#"{{{ok}, "d_ff": 64, "arch": "rnn"}}"#)).contains("field `arch`"));
+    let heads = r#"{"vocab_size": 32, "d_model": 16, "n_heads": 5, "n_layers": 2, "seq_len": 8, "d_ff": 64}"#;
+    assert!(model(heads).contains("field `n_heads`: 5 heads do not divide d_model 16"));
+    assert!(model("[1, 2]").contains("expected a JSON object"));
+    let good = ModelSpec::from_json("m", &format!(r#"{{{ok}, "d_ff": 64}}"#)).unwrap();
+    assert_eq!(
+        good.num_params(),
+        ModelSpec::gpt("m", 32, 16, 4, 2, 8, 64).num_params()
+    );
+
+    let cl = |text: &str| {
+        ClusterSpec::from_json("cluster c.json", text)
+            .unwrap_err()
+            .to_string()
+    };
+    assert_eq!(
+        cl(r#"{"nodes": 2, "device": "h100"}"#),
+        "cluster c.json: field `gpus_per_node`: missing (a positive integer)"
+    );
+    assert!(cl(r#"{"nodes": 0, "gpus_per_node": 8, "device": "h100"}"#).contains("field `nodes`"));
+    assert!(
+        cl(r#"{"nodes": 1, "gpus_per_node": 8, "device": "tpu"}"#)
+            .contains("field `device`: `tpu` is unknown")
+    );
+    assert!(
+        cl(r#"{"nodes": 1, "gpus_per_node": 8, "device": "h100", "device_memory": "80 parsecs"}"#)
+            .contains("field `device_memory`")
+    );
+    assert!(
+        cl(r#"{"nodes": 1, "gpus_per_node": 8, "device": "h100", "intra": "wifi"}"#)
+            .contains("field `intra`")
+    );
+    assert!(
+        cl(r#"{"nodes": 1, "gpus_per_node": 8, "device": "h100", "overlap": 2}"#)
+            .contains("field `overlap`")
+    );
+    assert!(
+        cl(r#"{"nodes": 1, "gpus_per_node": 8, "flops": 1e12}"#)
+            .contains("field `device_memory`: missing")
+    );
+    let c = ClusterSpec::from_json("c", r#"{"nodes": 2, "gpus_per_node": 8, "device": "a100", "device_memory": "40GiB", "inter": "ethernet"}"#).unwrap();
+    assert_eq!(
+        (c.world(), c.device.memory, c.inter.name.as_str()),
+        (16, 40 << 30, "ethernet")
+    );
+}

@@ -1,0 +1,268 @@
+//! The planner (`bonfire_plan`) on Bonfire's own types and on this machine: the GPT as a
+//! [`ModelSpec`] ([`gpt_spec`]), a plan's [`Layout`] as the trainer's [`ParallelDims`]
+//! ([`to_dims`], and back: [`from_dims`]), and this machine as a [`ClusterSpec`]
+//! ([`this_machine`]): one node of CPU rank threads whose matrix-product rate, communication
+//! bandwidth and latency, and memory bandwidth are measured on the spot ([`calibrate`]),
+//! and whose memory per rank is a budget or `/proc/meminfo`'s available bytes over the ranks.
+
+use crate::config::GptConfig;
+use bonfire_comm::{ReduceOp, ThreadWorld};
+use bonfire_pipeline::ScheduleKind;
+use bonfire_plan::{
+    ClusterSpec, DeviceSpec, Layout, LinkSpec, ModelSpec, Precision, Schedule, ZeroStage,
+};
+use bonfire_train::{ActivationCheckpointing, MixedPrecision, ParallelDims};
+use bonfire_zero::Stage;
+use burn::tensor::{Device, Tensor, TensorData};
+use std::time::{Duration, Instant};
+
+/// The GPT as the planner sees it (its position table has `max_seq_len` rows).
+pub fn gpt_spec(cfg: &GptConfig) -> ModelSpec {
+    ModelSpec::gpt(
+        "gpt",
+        cfg.vocab_size,
+        cfg.d_model,
+        cfg.n_heads,
+        cfg.n_layers,
+        cfg.max_seq_len,
+        cfg.d_ff,
+    )
+}
+
+/// The planner's bytes per value of a [`MixedPrecision`].
+pub fn plan_precision(p: &MixedPrecision) -> Precision {
+    Precision {
+        param_bytes: p.param_dtype.size(),
+        reduce_bytes: p.reduce_dtype.size(),
+    }
+}
+
+/// The trainer's layout for a plan's (tp runs the parallel loss, as `bench memory` does).
+pub fn to_dims(l: &Layout) -> Result<ParallelDims, String> {
+    let mesh = format!("pp={},dp={},tp={}", l.pp, l.dp, l.tp);
+    let mut dims = ParallelDims::parse_mesh(&mesh).map_err(|e| e.to_string())?;
+    dims = dims
+        .with_zero(Stage::from_index(l.zero.index()).expect("stage 0..=3"))
+        .with_sequence_parallel(l.sp)
+        .with_loss_parallel(l.tp > 1);
+    if let Some(s) = l.schedule.filter(|_| l.pp > 1) {
+        let kind =
+            ScheduleKind::parse(&s.name()).ok_or_else(|| format!("schedule {}", s.name()))?;
+        dims = dims.with_schedule(kind).with_microbatches(l.microbatches);
+    }
+    let mut precision = MixedPrecision::parse(if l.precision.is_mixed() {
+        "bf16"
+    } else {
+        "f32"
+    })
+    .expect("f32 and bf16 parse");
+    if l.precision.is_mixed() && l.precision.reduce_bytes < 4 {
+        precision = precision.with_reduce_dtype(precision.param_dtype);
+    }
+    let ac = if l.recompute {
+        ActivationCheckpointing::Every(1)
+    } else {
+        ActivationCheckpointing::Off
+    };
+    Ok(dims
+        .with_precision(precision)
+        .with_activation_checkpointing(ac))
+}
+
+/// The planner's layout for a trainer's (`None`: options the planner does not model —
+/// offload, split points, checkpointing every k > 1 layers).
+pub fn from_dims(d: &ParallelDims) -> Option<Layout> {
+    let schedule = d.pp.schedule.map(|kind| match kind {
+        ScheduleKind::GPipe => Schedule::GPipe,
+        ScheduleKind::OneFOneB => Schedule::OneFOneB,
+        ScheduleKind::Interleaved { chunks } => Schedule::Interleaved { chunks },
+        ScheduleKind::ZbH1 => Schedule::ZbH1,
+        ScheduleKind::ZbV => Schedule::ZbV,
+    });
+    let recompute = match d.activation_checkpointing {
+        ActivationCheckpointing::Off => false,
+        ActivationCheckpointing::Every(1) => true,
+        ActivationCheckpointing::Every(_) => return None,
+    };
+    if d.offload || d.pp.split_points.is_some() {
+        return None;
+    }
+    Some(Layout {
+        dp: d.dp(),
+        zero: ZeroStage::from_index(d.zero.index())?,
+        tp: d.tp(),
+        sp: d.tp.sequence_parallel,
+        pp: d.pp(),
+        schedule,
+        microbatches: if d.pp() > 1 { d.microbatches() } else { 1 },
+        recompute,
+        precision: plan_precision(&d.precision),
+    })
+}
+
+/// This machine, measured: per-rank matrix-product FLOP/s with `ranks` threads computing at
+/// once, the rank threads' all-reduce bandwidth and latency, memory bandwidth.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Calibration {
+    pub flops: f64,
+    pub bandwidth: f64,
+    pub latency: f64,
+    pub mem_bw: f64,
+}
+
+/// Measures this machine for `ranks` rank threads (about a second): `[rows, k] × [k, n]`
+/// products on Burn's CPU backend on every rank at once, ring all-reduces of 1 value and of
+/// 1 M values on a [`ThreadWorld`] (α from the small one, β from the difference), and a sum
+/// over 64 MiB.
+pub fn calibrate(ranks: usize, rows: usize, k: usize, n: usize) -> Calibration {
+    let flops = matmul_rate(ranks, rows, k, n);
+    let (bandwidth, latency) = if ranks > 1 {
+        link_rate(ranks)
+    } else {
+        let shm = LinkSpec::preset("shm").expect("preset");
+        (shm.bandwidth, shm.latency)
+    };
+    Calibration {
+        flops,
+        bandwidth,
+        latency,
+        mem_bw: memory_rate(),
+    }
+}
+
+fn matmul_rate(ranks: usize, rows: usize, k: usize, n: usize) -> f64 {
+    let rates: Vec<f64> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..ranks)
+            .map(|_| {
+                s.spawn(move || {
+                    let device = Device::flex();
+                    let a = Tensor::<2>::from_data(
+                        TensorData::new(vec![0.5f32; rows * k], [rows, k]),
+                        &device,
+                    );
+                    let b = Tensor::<2>::from_data(
+                        TensorData::new(vec![0.25f32; k * n], [k, n]),
+                        &device,
+                    );
+                    let _ = a.clone().matmul(b.clone()).into_data();
+                    let (start, mut reps) = (Instant::now(), 0usize);
+                    while start.elapsed() < Duration::from_millis(300) || reps < 2 {
+                        let _ = a.clone().matmul(b.clone()).into_data();
+                        reps += 1;
+                    }
+                    2.0 * (rows * k * n * reps) as f64 / start.elapsed().as_secs_f64()
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("matmul thread"))
+            .collect()
+    });
+    rates.iter().sum::<f64>() / rates.len() as f64
+}
+
+fn link_rate(ranks: usize) -> (f64, f64) {
+    let times = ThreadWorld::new(ranks)
+        .launch(|pg| {
+            let time = |len: usize, reps: usize| {
+                let mut v = vec![1.0f32; len];
+                pg.all_reduce(&mut v, ReduceOp::Sum).expect("all-reduce");
+                let start = Instant::now();
+                for _ in 0..reps {
+                    pg.all_reduce(&mut v, ReduceOp::Sum).expect("all-reduce");
+                }
+                start.elapsed().as_secs_f64() / reps as f64
+            };
+            (time(1, 50), time(1 << 20, 5))
+        })
+        .expect("calibration ranks");
+    let (small, big) = times[0];
+    let k = (ranks - 1) as f64;
+    let latency = small / (2.0 * k);
+    let bandwidth = 2.0 * k / ranks as f64 * (4 << 20) as f64 / (big - small).max(1e-9);
+    (bandwidth, latency)
+}
+
+fn memory_rate() -> f64 {
+    let v = vec![1.0f32; 16 << 20];
+    let start = Instant::now();
+    let mut total = 0.0f32;
+    for _ in 0..4 {
+        total += std::hint::black_box(&v).iter().sum::<f32>();
+    }
+    std::hint::black_box(total);
+    (4 * v.len() * 4) as f64 / start.elapsed().as_secs_f64()
+}
+
+/// Bytes of memory available on this machine (`MemAvailable` of `/proc/meminfo`).
+pub fn available_memory() -> Option<usize> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: usize = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+/// This machine as one node of `ranks` CPU ranks: `memory` bytes each, the measured rates,
+/// rank threads linked by shared memory inside and outside the "node" alike, and no overlap
+/// of communication with compute (the ranks' threads share the cores).
+pub fn this_machine(ranks: usize, memory: usize, c: &Calibration) -> ClusterSpec {
+    let link = LinkSpec::measured("shm", c.bandwidth, c.latency);
+    ClusterSpec {
+        nodes: 1,
+        gpus_per_node: ranks,
+        device: DeviceSpec::cpu(c.flops, memory, c.mem_bw),
+        intra: link.clone(),
+        inter: link,
+        overlap: 0.0,
+    }
+}
+
+/// `train_gpt --mesh auto`: the fastest layout the planner finds for `cfg` on `ranks` CPU
+/// rank threads of this machine, `rows` sequences of `seq` tokens per step, in `precision`,
+/// each rank holding at most `memory` bytes (`--memory-budget`; default: the available
+/// memory over the ranks, 90 % of it). Returns the layout and the lines that say what was
+/// chosen and why; `Err` when nothing fits (what does not fit where).
+pub fn auto_layout(
+    cfg: &GptConfig,
+    ranks: usize,
+    rows: usize,
+    seq: usize,
+    precision: &MixedPrecision,
+    memory: Option<usize>,
+) -> Result<(ParallelDims, Vec<String>), String> {
+    let model = gpt_spec(cfg);
+    let (capacity, fraction) = match memory {
+        Some(m) => (m, 1.0),
+        None => (available_memory().unwrap_or(1 << 30) / ranks.max(1), 0.9),
+    };
+    let calib = calibrate(ranks, (rows * seq / ranks).max(1), cfg.d_model, cfg.d_ff);
+    let cluster = this_machine(ranks, capacity, &calib);
+    let req = bonfire_plan::Request {
+        global_batch: rows,
+        seq,
+        precisions: vec![plan_precision(precision)],
+        memory_fraction: fraction,
+    };
+    let plan =
+        bonfire_plan::plan(&model, &cluster, &req).map_err(|e| format!("--mesh auto: {e}"))?;
+    let top = &plan.ranked[0];
+    let dims = to_dims(&top.layout)?;
+    let mut lines = vec![
+        format!(
+            "auto: {ranks} CPU ranks measured at {:.2} GFLOP/s each (both busy), all-reduce {:.2} GB/s; {} per rank",
+            calib.flops / 1e9,
+            calib.bandwidth / 1e9,
+            bonfire_plan::format_bytes(capacity as f64 * fraction),
+        ),
+        format!(
+            "auto: plan rank=1 {} bytes_per_rank={:.0} step_ms={:.1} ({} feasible layouts)",
+            top.layout,
+            top.bytes(),
+            top.step_ms(),
+            plan.ranked.len()
+        ),
+    ];
+    lines.extend(plan.why.iter().map(|w| format!("auto: why: {w}")));
+    Ok((dims, lines))
+}

@@ -1,0 +1,212 @@
+//! Issue 18, point 3: the planner's predictions against measurements on this machine, for
+//! the bench GPT (vocab 4096, d 256, 8 heads, 4 layers, seq 128, d_ff 1024) training a global
+//! batch of 8 sequences on 2 rank threads with AdamW, under layouts the trainer runs.
+//!
+//! - **Bytes.** This binary's global allocator is [`RankAllocator`]: each layout trains 3
+//!   steps; per rank, the state held after the last forward+backward (parameters, gradients,
+//!   optimizer state) and the steady peak (the most bytes live during the steps after the
+//!   first) are read, over the rank's baseline. The planner's state
+//!   ([`bonfire_plan::memory::state_bytes`]) must be within 10 % of the held bytes and its
+//!   bytes per rank (state + activations + transients) within 25 % of the steady peak, on
+//!   the fullest rank.
+//! - **Time.** The same runs time steps 2 and 3 (a clock around `forward_backward` +
+//!   `step` on rank 0); a layout's time is its fastest step over two round-robin rounds (the
+//!   machine is shared with builds: a busy spell then hits every layout). The planner,
+//!   calibrated on this machine ([`planner::calibrate`]: matmul rate with both rank threads
+//!   busy, all-reduce bandwidth and latency), predicts every layout's step time; both are
+//!   printed (`planner-check` lines) but the ranking is not asserted: on this machine it does
+//!   not hold (see docs/planner.md). The layouts: DDP, ZeRO-3, DDP with recompute (4/3 of DDP's compute), TP = 2
+//!   with SP, PP = 2 GPipe with 2 micro-batches (bubble 1/3) and 1F1B with 1 (bubble 1/2).
+
+use bonfire_examples::memory::{self, RankAllocator};
+use bonfire_examples::parallel::TokenBatch;
+use bonfire_examples::planner::{self, calibrate, from_dims, gpt_spec, this_machine};
+use bonfire_examples::{Gpt, GptConfig, default_device};
+use bonfire_plan::{Precision, Request, estimate, rank_shapes};
+use bonfire_train::{Launcher, OptimizerKind, ParallelDims, TrainError, Trainer};
+use burn::tensor::{Device, Int, Tensor, TensorData};
+use std::time::Instant;
+
+#[global_allocator]
+static HEAP: RankAllocator = RankAllocator;
+
+const CFG: GptConfig = GptConfig {
+    vocab_size: 4096,
+    d_model: 256,
+    n_heads: 8,
+    n_layers: 4,
+    max_seq_len: 128,
+    d_ff: 1024,
+};
+const ROWS: usize = 8;
+const SEQ: usize = 128;
+const STEPS: usize = 3;
+/// Rounds over the layouts (a layout's time is its fastest step over all rounds: the
+/// machine is shared, and round robin spreads a busy spell over every layout).
+const ROUNDS: usize = 2;
+
+fn batch(step: usize, device: &Device) -> TokenBatch {
+    let make = |a: usize, b: usize| {
+        let v: Vec<i64> = (0..ROWS * SEQ)
+            .map(|i| ((i * a + step * b + 1) % CFG.vocab_size) as i64)
+            .collect();
+        Tensor::<2, Int>::from_data(TensorData::new(v, [ROWS, SEQ]), device)
+    };
+    (make(31, 7), make(17, 3))
+}
+
+/// One rank's measurement.
+#[derive(Debug, Clone, Copy, Default)]
+struct RankRun {
+    held: usize,
+    steady_peak: usize,
+    step_ms: f64,
+}
+
+fn measure_rank(
+    pg: bonfire_comm::ProcessGroup,
+    trainer: &Trainer,
+    model: &Gpt,
+    first: usize,
+) -> Result<RankRun, TrainError> {
+    let r = first + pg.rank();
+    let _rank = memory::enter_rank(r);
+    let b0 = batch(0, &default_device());
+    let base = memory::live(r);
+    let mut engine = trainer.build(model.clone(), &pg, &b0)?;
+    drop(b0);
+    let mut run = RankRun::default();
+    let mut timed = f64::MAX;
+    for step in 0..STEPS {
+        let b = batch(step, engine.device());
+        memory::reset_peak(r);
+        let start = Instant::now();
+        engine.forward_backward(&b)?;
+        drop(b);
+        run.held = memory::live(r) - base;
+        engine.step(1e-4)?;
+        if step > 0 {
+            timed = f64::min(timed, start.elapsed().as_secs_f64());
+            run.steady_peak = run.steady_peak.max(memory::peak(r) - base);
+        }
+    }
+    run.step_ms = timed * 1e3;
+    Ok(run)
+}
+
+/// (held, steady peak) of the fullest rank, and rank 0's step time.
+fn measure(dims: &ParallelDims, model: &Gpt, first: usize) -> (usize, usize, f64) {
+    let trainer = Trainer::new(dims.clone(), || OptimizerKind::AdamW.build());
+    let runs: Vec<RankRun> = Launcher::Threads {
+        ranks: dims.world_size(),
+    }
+    .run("planner-test", |pg| {
+        measure_rank(pg, &trainer, model, first)
+    })
+    .expect("launch")
+    .into_iter()
+    .map(|r| r.expect("rank"))
+    .collect();
+    let held = runs.iter().map(|r| r.held).max().unwrap();
+    let peak = runs.iter().map(|r| r.steady_peak).max().unwrap();
+    (held, peak, runs[0].step_ms)
+}
+
+fn layouts() -> Vec<(&'static str, ParallelDims)> {
+    use bonfire_examples::cli::LayoutArgs;
+    let dims = |mesh: &str, edit: &dyn Fn(&mut LayoutArgs)| {
+        let mut a = LayoutArgs::mesh(mesh);
+        a.loss_parallel = mesh.starts_with("tp");
+        edit(&mut a);
+        a.dims(mesh).expect("a layout")
+    };
+    vec![
+        ("ddp", dims("dp=2", &|_| {})),
+        ("zero3", dims("dp=2", &|a| a.zero = 3)),
+        (
+            "ddp+ac",
+            dims("dp=2", &|a| a.activation_checkpointing = Some(1)),
+        ),
+        ("tp2+sp", dims("tp=2", &|a| a.sequence_parallel = true)),
+        (
+            "pp2-gpipe-m2",
+            dims("pp=2", &|a| a.schedule = Some("gpipe".into())),
+        ),
+        (
+            "pp2-1f1b-m1",
+            dims("pp=2", &|a| {
+                a.schedule = Some("1f1b".into());
+                a.microbatches = Some(1);
+            }),
+        ),
+    ]
+}
+
+#[test]
+fn predictions_match_the_allocator_and_the_clock() {
+    let spec = gpt_spec(&CFG);
+    let calib = calibrate(2, ROWS / 2 * SEQ, CFG.d_model, CFG.d_ff);
+    let cluster = this_machine(2, 8 << 30, &calib);
+    eprintln!("calibration {calib:?}");
+    let req = Request {
+        global_batch: ROWS,
+        seq: SEQ,
+        precisions: vec![Precision::F32],
+        memory_fraction: 1.0,
+    };
+    let model = Gpt::new(&CFG, &default_device());
+    let cases = layouts();
+    let mut measured = vec![(0usize, 0usize, f64::MAX); cases.len()];
+    for round in 0..ROUNDS {
+        for (i, (_, dims)) in cases.iter().enumerate() {
+            let (held, peak, ms) = measure(dims, &model, (round * cases.len() + i) * 2);
+            let m = &mut measured[i];
+            *m = (m.0.max(held), m.1.max(peak), m.2.min(ms));
+        }
+    }
+    let mut rows = Vec::new();
+    for ((name, dims), (held, peak, ms)) in cases.iter().zip(measured) {
+        let layout = from_dims(dims).expect("a layout the planner models");
+        assert_eq!(
+            from_dims(&planner::to_dims(&layout).unwrap()),
+            Some(layout.clone()),
+            "{name}: round trip"
+        );
+        let shapes = rank_shapes(&spec, &layout, SEQ);
+        let est = estimate(&spec, &cluster, &req, &layout, &shapes);
+        let state = held as f64 / est.memory.state.total();
+        let bytes = peak as f64 / est.bytes();
+        eprintln!(
+            "planner-check layout={name} measured_held={held} predicted_state={:.0} ratio={state:.3} \
+             measured_peak={peak} predicted_bytes={:.0} ratio={bytes:.3} (activations {:.0} transient {:.0}) \
+             measured_ms={ms:.1} predicted_ms={:.1}",
+            est.memory.state.total(),
+            est.bytes(),
+            est.memory.activations,
+            est.memory.transient,
+            est.step_ms()
+        );
+        rows.push((*name, state, bytes, ms, est.step_ms()));
+    }
+    for &(name, state, bytes, _, _) in &rows {
+        assert!(
+            (state - 1.0).abs() <= 0.10,
+            "{name}: state measured/predicted {state:.3}"
+        );
+        // The whole peak (state + activations + transients): within 25 % (see
+        // docs/planner.md for which layouts are within 10 % and why the others are not).
+        assert!(
+            (bytes - 1.0).abs() <= 0.25,
+            "{name}: peak measured/predicted {bytes:.3}"
+        );
+    }
+    // Time: printed above, not asserted. On this machine the measured ranking does not
+    // follow the predicted one (docs/planner.md, "Accuracy"): Burn's CPU matmul spreads over
+    // both cores whenever the other rank idles (a bubble, a TP wait), and the shared machine's
+    // load moves step times by 2× between rounds — the check is the printed table.
+    let within_10 = rows.iter().filter(|r| (r.2 - 1.0).abs() <= 0.10).count();
+    eprintln!(
+        "planner-check peak within 10 %: {within_10} of {}",
+        rows.len()
+    );
+}
