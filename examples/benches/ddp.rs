@@ -14,11 +14,10 @@
 //! (b)/contended isolates what DDP adds.
 
 use bonfire_ddp::{DdpConfig, StepTiming, chrome_trace};
-use bonfire_examples::corpus::Rng;
 use bonfire_examples::data::Batches;
-use bonfire_examples::parallel::TokenBatch;
+use bonfire_examples::throughput::{self, Hosts, RankRun, Steps};
 use bonfire_examples::{Gpt, GptConfig, default_device};
-use bonfire_train::{Axis, FitConfig, Launcher, ParallelDims, Trainer, WrapperReport, fit};
+use bonfire_train::{Axis, ParallelDims, Trainer};
 use burn::optim::SgdConfig;
 use burn::tensor::Device;
 use clap::Parser;
@@ -47,103 +46,57 @@ struct Args {
     bench: bool,
 }
 
-fn batches(cfg: &GptConfig, rows: usize, steps: usize) -> Batches {
-    let mut rng = Rng::new(3);
-    let n = steps * rows * cfg.max_seq_len;
-    let mut draw = || {
-        (0..n)
-            .map(|_| rng.below(cfg.vocab_size) as i64)
-            .collect::<Vec<_>>()
-    };
-    let ids = draw();
-    let targets = draw();
-    Batches::new(ids, targets, [steps, rows, cfg.max_seq_len])
+impl Args {
+    fn steps(&self) -> Steps {
+        Steps {
+            warmup: self.warmup,
+            timed: self.steps,
+        }
+    }
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
-/// Trains `dims` on rank threads through the trainer's loop (SGD); returns each rank's step
-/// times and what its dp wrapper recorded. `rows(rank, step, device)` is what rank `rank`'s
-/// engine is given as the global batch of a step.
-fn run_loop(
+/// Trains `dims` with `ddp` on `hosts` through the trainer's loop (SGD).
+fn run(
     model: &Gpt,
-    dims: &ParallelDims,
-    ranks: usize,
+    dims: ParallelDims,
+    hosts: Hosts,
     ddp: DdpConfig,
     args: &Args,
-    rows: &(dyn Fn(usize, usize, &Device) -> TokenBatch + Sync),
-) -> Vec<(Vec<f64>, WrapperReport)> {
-    let trainer = Trainer::new(dims.clone(), || SgdConfig::new().init()).with_ddp(ddp);
-    let config = FitConfig::new(args.warmup + args.steps, 0.01);
-    let one = |pg: bonfire_comm::ProcessGroup, rank: usize| {
-        let data = |s: usize, device: &Device| rows(rank, s, device);
-        let mut engine = trainer.build(model.clone(), &pg, &data(0, &default_device()))?;
-        let reports = fit(engine.as_mut(), &data, &config, &mut ())?;
-        let times = reports.iter().map(|r| r.step_ms).collect();
-        Ok::<_, bonfire_train::TrainError>((times, engine.wrapper_report()))
-    };
-    let out = if dims.world_size() == ranks {
-        Launcher::Threads { ranks }.run("bench-ddp", |pg| one(pg.clone(), pg.rank()))
-    } else {
-        // One engine of its own per rank thread: the same work, no communication.
-        std::thread::scope(|s| {
-            let handles: Vec<_> = (0..ranks)
-                .map(|rank| {
-                    s.spawn(move || {
-                        Launcher::Threads { ranks: 1 }.run("bench-alone", |pg| one(pg, rank))
-                    })
-                })
-                .collect();
-            let mut all = Vec::new();
-            for h in handles {
-                all.extend(h.join().expect("a rank thread")?);
-            }
-            Ok(all)
-        })
-    };
-    out.expect("bench run")
-        .into_iter()
-        .map(|r| r.expect("bench rank"))
-        .collect()
-}
-
-/// The median over timed steps of the slowest rank's step time.
-fn slowest(per_rank: &[(Vec<f64>, WrapperReport)], args: &Args) -> f64 {
-    median(
-        (args.warmup..args.warmup + args.steps)
-            .map(|s| per_rank.iter().map(|(t, _)| t[s]).fold(0.0, f64::max))
-            .collect(),
-    )
+    rows: throughput::Rows<'_>,
+) -> Vec<RankRun> {
+    let trainer = Trainer::new(dims, || SgdConfig::new().init()).with_ddp(ddp);
+    throughput::train(model, &trainer, hosts, args.steps(), rows).expect("bench run")
 }
 
 /// (a): one rank alone, the per-rank batch.
 fn single(model: &Gpt, data: &Batches, args: &Args) -> f64 {
     let rows = |_: usize, s: usize, d: &Device| data.rows(s, 0, args.batch, d);
-    slowest(
-        &run_loop(
-            model,
-            &ParallelDims::new(),
-            1,
-            DdpConfig::new(),
-            args,
-            &rows,
-        ),
+    let hosts = Hosts::Threads { ranks: 1 };
+    let runs = run(
+        model,
+        ParallelDims::new(),
+        hosts,
+        DdpConfig::new(),
         args,
-    )
+        &rows,
+    );
+    args.steps().slowest(&runs)
 }
 
 /// (a′): every rank runs the same one-rank steps on its rows at the same time, with no
 /// communication; the median step time of the slowest rank.
 fn contended(model: &Gpt, data: &Batches, args: &Args) -> f64 {
     let rows = |r: usize, s: usize, d: &Device| data.rows(s, r * args.batch, args.batch, d);
-    let dims = ParallelDims::new();
-    slowest(
-        &run_loop(model, &dims, args.ranks, DdpConfig::new(), args, &rows),
+    let hosts = Hosts::Alone { copies: args.ranks };
+    let runs = run(
+        model,
+        ParallelDims::new(),
+        hosts,
+        DdpConfig::new(),
         args,
-    )
+        &rows,
+    );
+    args.steps().slowest(&runs)
 }
 
 /// (b)/(c): DDP; returns the median step time (slowest rank) and every step's timings.
@@ -154,11 +107,12 @@ fn ddp(model: &Gpt, data: &Batches, args: &Args, overlap: bool) -> (f64, Vec<Ste
         .with_record_timings(true);
     let dims = ParallelDims::new().with_degree(Axis::Dp, args.ranks);
     let rows = |_: usize, s: usize, d: &Device| data.rows(s, 0, args.ranks * args.batch, d);
-    let per_rank = run_loop(model, &dims, args.ranks, config, args, &rows);
-    let step_ms = slowest(&per_rank, args);
+    let hosts = Hosts::Threads { ranks: args.ranks };
+    let per_rank = run(model, dims, hosts, config, args, &rows);
+    let step_ms = args.steps().slowest(&per_rank);
     let timings = per_rank
         .into_iter()
-        .flat_map(|(_, w)| w.timings.into_iter().skip(args.warmup))
+        .flat_map(|r| r.report.timings.into_iter().skip(args.warmup))
         .collect();
     (step_ms, timings)
 }
@@ -168,7 +122,7 @@ fn main() {
     let cfg = GptConfig::bench();
     let device = default_device();
     let model = Gpt::new(&cfg, &device);
-    let data = batches(&cfg, args.ranks * args.batch, args.warmup + args.steps);
+    let data = throughput::random_batches(&cfg, args.ranks * args.batch, args.warmup + args.steps);
     eprintln!(
         "GPT bench size: {} parameters ({:.1} MiB of f32 gradients), batch {} x {} tokens per rank, buckets {} MiB",
         cfg.num_params(),

@@ -3,11 +3,11 @@
 use crate::attention::Attention;
 use crate::layers::{LayerNorm, Linear};
 use bonfire_dtensor::layer;
+use bonfire_kernels::gelu;
 use burn::module::Module;
-use burn::tensor::activation::gelu;
 use burn::tensor::{Device, Tensor};
 
-/// `fc2(GELU(fc1(x)))` with the exact (erf) GELU.
+/// `fc2(GELU(fc1(x)))` with the exact (erf) GELU ([`bonfire_kernels::gelu`]).
 #[derive(Module, Debug)]
 pub struct Mlp {
     pub fc1: Linear,

@@ -6,7 +6,6 @@ use crate::layers::{Embedding, LayerNorm, Linear};
 use bonfire_dtensor::layer;
 use bonfire_dtensor::parallel::loss_parallel;
 use burn::module::Module;
-use burn::tensor::activation::log_softmax;
 use burn::tensor::{DType, Device, Int, Tensor};
 
 /// A GPT-style decoder. Parameter paths are the contract's names (`tok_emb.weight`,
@@ -73,13 +72,12 @@ pub fn head(ln_f: &LayerNorm, head: &Linear, x: Tensor<3>) -> Tensor<3> {
 }
 
 /// Mean over positions of `−log softmax(logits)[target]`, computed in fp32 whatever the
-/// logits' dtype (as autocast does: half-precision logits are upcast for the softmax).
+/// logits' dtype (as autocast does: half-precision logits are upcast for the softmax), as
+/// one fused op ([`bonfire_kernels::cross_entropy`]).
 pub fn cross_entropy(logits: Tensor<3>, targets: Tensor<2, Int>) -> Tensor<1> {
     let logits = logits.cast(DType::F32);
     let [b, t, v] = logits.dims();
-    let logp = log_softmax(logits.reshape([b * t, v]), 1);
-    let picked = logp.gather(1, targets.reshape([b * t, 1]));
-    picked.mean().neg()
+    bonfire_kernels::cross_entropy(logits.reshape([b * t, v]), targets.reshape([b * t]))
 }
 
 /// The device every example trains on: the CPU (Flex) with autodiff.

@@ -13,6 +13,7 @@
 //! - [`harness`]: the parity harness behind `cargo run --release -p bonfire-examples
 //!   --example parity -- ...`, any layout through the trainer's one loop.
 //! - [`corpus`]: a small generated text corpus and character tokenizer for `train_gpt`.
+//! - [`throughput`]: step times of a layout through the trainer's loop, for the benches.
 //! - [`memory`]: a global allocator that counts live and peak bytes per rank (and enforces a
 //!   per-rank budget); [`memory_formula`]: what the ZeRO formula says a rank should hold;
 //!   [`planner`]: the planner (`bonfire_plan`) on the GPT, the trainer's layouts and this
@@ -48,6 +49,7 @@ pub mod memory;
 pub mod memory_formula;
 pub mod parallel;
 pub mod tensor_file;
+pub mod throughput;
 pub mod planner;
 
 pub use config::GptConfig;

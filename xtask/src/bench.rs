@@ -27,16 +27,21 @@ impl BenchTarget {
 const BENCH_TARGETS: &[BenchTarget] = &[
     BenchTarget::new("comm", "bonfire-comm", "collectives"),
     BenchTarget::new("ddp", "bonfire-examples", "ddp"),
+    BenchTarget::new("train", "bonfire-examples", "train"),
+    BenchTarget::new("profile", "bonfire-examples", "profile"),
     BenchTarget::new("tp", "bonfire-examples", "tp_memory"),
     BenchTarget::new("memory", "bonfire-examples", "memory"),
     BenchTarget::new("pipeline", "bonfire-pipeline", "bubble"),
+    // The same name again: its `workload=gpt` lines (the GPT's stages live in the examples).
+    BenchTarget::new("pipeline", "bonfire-examples", "pipeline_gpt"),
     BenchTarget::new("ledger", "bonfire-examples", "ledger"),
 ];
 
-/// Runs `cargo bench -p <package> --bench <bench> -- <extra_args>`.
+/// Runs `cargo bench -p <package> --bench <bench> -- <extra_args>` for each target named
+/// `target_name`.
 ///
-/// `--backend mpi` (comm only) runs the MPI benchmark under `mpirun` instead; `--backend
-/// threads` is the default.
+/// `--backend mpi` (comm, train) runs the benchmark's ranks as processes under `mpirun`
+/// instead; `--backend threads` is the default.
 pub fn run(target_name: &str, extra_args: &[String]) -> Result {
     let (backend, extra_args) = crate::mpi::take_backend(extra_args);
     let extra_args = &extra_args[..];
@@ -44,8 +49,9 @@ pub fn run(target_name: &str, extra_args: &[String]) -> Result {
         (_, None | Some("threads")) => {}
         ("comm", Some("mpi")) => return crate::mpi::bench(extra_args),
         (_, Some(other)) => {
+        ("train", Some("mpi")) => return crate::mpi_bench::bench_train(extra_args),
             return Err(Failure::usage(format!(
-                "unknown backend `{other}` for bench target `{target_name}` (known: threads, mpi for comm)"
+                "unknown backend `{other}` for bench target `{target_name}` (known: threads; mpi for comm and train)"
             )));
         }
     }
@@ -56,18 +62,28 @@ pub fn run(target_name: &str, extra_args: &[String]) -> Result {
              for DDP, ZeRO 1-3 (+ offload), TP and PP, next to the ZeRO formula",
         ));
     }
-    let Some(target) = BENCH_TARGETS
+    let targets: Vec<&BenchTarget> = BENCH_TARGETS
         .iter()
-        .find(|target| target.name == target_name)
-    else {
-        let known: Vec<&str> = BENCH_TARGETS.iter().map(|target| target.name).collect();
+        .filter(|target| target.name == target_name)
+        .collect();
+    if targets.is_empty() {
+        let mut known: Vec<&str> = BENCH_TARGETS.iter().map(|target| target.name).collect();
+        known.dedup();
         return Err(Failure::usage(format!(
             "unknown bench target `{target_name}`; known targets: {}",
             known.join(", ")
         )));
-    };
+    }
+    // A name may cover several `[[bench]]` targets: they run in order, with the same args.
+    for target in targets {
+        run_target(target, extra_args)?;
+    }
+    Ok(())
+}
 
     let mut command = process::cargo();
+/// Runs one `[[bench]]` target with `extra_args`.
+fn run_target(target: &BenchTarget, extra_args: &[String]) -> Result {
     command.args(["bench", "-p", target.package, "--bench", target.bench]);
     match target.name {
         "ledger" => ledger_options(&mut command),

@@ -12,6 +12,7 @@
 mod bench;
 mod gpu;
 mod mpi;
+mod mpi_bench;
 mod mpi_train;
 mod packages;
 mod process;

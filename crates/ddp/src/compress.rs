@@ -36,15 +36,7 @@ impl InFlight {
     pub(crate) fn wait(self) -> Result<(Tensor<1>, Span), DdpError> {
         let (t, ran) = self.pending.wait_timed()?;
         let t = if self.widen { t.cast(DType::F32) } else { t };
-        let epoch = crate::timing::epoch();
-        let us = |i: std::time::Instant| i.saturating_duration_since(epoch).as_secs_f64() * 1e6;
-        Ok((
-            t,
-            Span {
-                start_us: us(ran.start),
-                end_us: us(ran.end),
-            },
-        ))
+        Ok((t, Span::from(ran)))
     }
 }
 

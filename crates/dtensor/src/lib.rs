@@ -26,6 +26,9 @@
 //!   overlapped buckets, ZeRO-3's per-layer gathers) see its layers — see [`scope`].
 //! - [`checkpoint()`]: activation checkpointing of one region (a layer, a block) — its
 //!   activations recomputed in backward instead of kept, inside any wrapper's hooks.
+//! - [`weight_grad`]: the zero-bubble pipeline's B/W split — linear layers run under
+//!   [`weight_grad::deferring`] leave their weight gradients (`dW = xᵀ·dy`) out of the
+//!   backward, to be computed later from what it kept.
 //! - [`CommCounter`]: counts the collectives a region issued, backward included, like
 //!   PyTorch's `CommDebugMode`.
 //! - [`DataParallel`]: the one interface of the data-parallel wrappers (DDP, ZeRO 0–3), and
@@ -99,6 +102,8 @@ pub mod plane;
 pub mod precision;
 pub mod redistribute;
 pub mod scope;
+pub mod timing;
+pub mod weight_grad;
 
 pub use checkpoint::{CheckpointBackend, checkpoint};
 pub use collectives::{

@@ -67,6 +67,30 @@ fn reduce_scatter_and_all_gather_uneven() {
     }
 }
 
+/// The asynchronous reduce-scatter returns what the synchronous one does (a rank owning
+/// nothing gets `None`), with when the communication thread ran it; two in flight at once
+/// come back in launch order.
+#[test]
+fn async_reduce_scatter_matches_the_synchronous_one() {
+    let counts = [3usize, 0, 2];
+    let out = world(3, |pg| {
+        let device = Device::flex().autodiff();
+        let r = pg.rank() as f32;
+        let x = Tensor::<1>::from_floats([r, r + 1.0, r + 2.0, r + 3.0, r + 4.0], &device);
+        let first = plane::reduce_scatter_async(x.clone(), &counts, ReduceOp::Sum, &pg).unwrap();
+        let second = plane::reduce_scatter_async(x * 2.0, &counts, ReduceOp::Avg, &pg).unwrap();
+        let (a, ran) = first.wait_timed().unwrap();
+        assert!(ran.end >= ran.start);
+        let b = second.wait().unwrap();
+        (a.map(values), b.map(values))
+    });
+    assert_eq!(out[0].0, Some(vec![3.0, 6.0, 9.0]));
+    assert_eq!(out[0].1, Some(vec![2.0, 4.0, 6.0]));
+    assert_eq!(out[1], (None, None), "rank 1 owns nothing");
+    assert_eq!(out[2].0, Some(vec![12.0, 15.0]));
+    assert_eq!(out[2].1, Some(vec![8.0, 10.0]));
+}
+
 fn whole_device_is(device: &Device) -> bool {
     plane::is_host(device)
 }

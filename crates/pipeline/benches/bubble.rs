@@ -10,6 +10,9 @@
 //!   and the zero-bubble split is real. Ranks are threads on a small machine, so this one
 //!   includes core contention.
 //!
+//! The third workload, `gpt` (the GPT's real stages), is `bonfire-examples`' `pipeline_gpt`
+//! bench, which `cargo xtask bench pipeline` runs after this one with the same flags.
+//!
 //! Prints `bench pipeline schedule=… p=… m=… bubble=… theory=… workload=… step_ms=…` and
 //! writes each configuration's last step as an SVG under `target/pipeline-timelines/`.
 
@@ -36,7 +39,7 @@ struct Args {
     /// Schedules: gpipe, 1f1b, interleaved[:v], zb-h1, zb-v.
     #[arg(long, value_delimiter = ',', default_values_t = vec!["gpipe".to_string(), "1f1b".into(), "interleaved:2".into(), "zb-h1".into(), "zb-v".into()])]
     schedules: Vec<String>,
-    /// Workloads: sleep, matmul.
+    /// Workloads: sleep, matmul (gpt: see `examples/benches/pipeline_gpt.rs`).
     #[arg(long, value_delimiter = ',', default_values_t = vec!["sleep".to_string(), "matmul".into()])]
     workloads: Vec<String>,
     /// Simulated forward time per rank and micro-batch (ms); backward is twice that. At 2 ms
@@ -276,9 +279,17 @@ fn main() {
         );
     }
     for workload in &args.workloads {
+        if workload == "gpt" {
+            // The GPT's stages live above this crate: `bonfire-examples`' `pipeline_gpt`
+            // bench, which `cargo xtask bench pipeline` runs after this one.
+            continue;
+        }
         for &p in &args.ranks {
             for &m in &args.microbatches {
                 for name in &args.schedules {
+                    if name.ends_with(":nosplit") {
+                        continue; // the gpt workload's variant (B/W split off)
+                    }
                     let Some(kind) = ScheduleKind::parse(name) else {
                         eprintln!("unknown schedule `{name}`");
                         std::process::exit(2);

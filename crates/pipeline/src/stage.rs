@@ -9,17 +9,23 @@
 //! steps once per batch.
 //!
 //! ## Zero-bubble B/W split
-//! Burn 0.22.1's autodiff computes every gradient of a graph in one `backward()`; it cannot
-//! compute the input gradient alone and the weight gradients later. [`BurnStage`] therefore
-//! runs the whole backward in [`StageCompute::backward_input`] (so the input gradient leaves
-//! early, which is what unblocks the previous stage) and defers only the *accumulation* of the
-//! weight gradients to [`StageCompute::backward_weight`]. The schedule's order is honoured and
-//! the numbers are exact, but the weight-gradient arithmetic is not moved into the bubbles. A
-//! stage with hand-written backward (the benchmark's matmul stage) separates them for real.
+//! Under a schedule with split backward steps (ZB-H1, ZB-V), each micro-batch's forward runs
+//! inside [`bonfire_dtensor::weight_grad::deferring`]: the linear layers
+//! (`bonfire_dtensor::parallel::ParallelLinear`, which carry almost all of a transformer's
+//! FLOPs) multiply by their weight as a constant and keep their input and, in backward, their
+//! output gradient. [`StageCompute::backward_input`] ("B") then runs a backward that computes
+//! the input gradient and the gradients of the cheap parameters (biases, norms, embeddings)
+//! but no weight-gradient matmul; [`StageCompute::backward_weight`] ("W") computes each
+//! `dW = xᵀ·dy` from what B kept (plain tensor ops, no second backward) and hands all of the
+//! micro-batch's gradients to the holder at once — bitwise the gradients of the undivided
+//! backward. Weights that are not parameter leaves (ZeRO-3's gathered values, activation-
+//! checkpointed pieces recomputed in backward) and other layer types (`burn::nn::Linear`)
+//! still get their gradients in B. [`BurnStage::with_weight_grad_split`] turns the split off.
 
 use crate::runtime::{Activation, PipelineError, StageCompute};
-use crate::schedule::Schedule;
+use crate::schedule::{Action, Schedule};
 use bonfire_dtensor::plane::{self, ledger::Reason};
+use bonfire_dtensor::weight_grad::{self, WeightGrads};
 use burn::module::Module;
 use burn::optim::{GradientsAccumulator, GradientsParams};
 use burn::tensor::{DType, Device, Gradients, Tensor, TensorData};
@@ -228,6 +234,11 @@ pub struct BurnStage<'a, M: Block<D>, H: StageParams<Vec<Vec<M>>>, const D: usiz
     saved: HashMap<(usize, usize), (Option<Tensor<D>>, Saved<D>)>,
     /// Zero-bubble: the gradients of a "B" waiting for their "W".
     pending: HashMap<(usize, usize), Gradients>,
+    /// Whether forwards defer their linear layers' weight gradients (the schedule splits
+    /// this rank's backward into B and W).
+    split: bool,
+    /// Zero-bubble: the weight gradients each forward deferred, computed in "W".
+    deferred: HashMap<(usize, usize), WeightGrads>,
     loss_total: f64,
     /// The dtype the blocks compute in (activations and their gradients travel as f32 and
     /// are cast back to it on arrival; a half type round-trips exactly).
@@ -257,6 +268,12 @@ impl<'a, M: Block<D>, H: StageParams<Vec<Vec<M>>>, const D: usize> BurnStage<'a,
             weights,
             saved: HashMap::new(),
             pending: HashMap::new(),
+            split: schedule.actions.get(rank).is_some_and(|actions| {
+                actions
+                    .iter()
+                    .any(|a| matches!(a, Action::BackwardInput { .. }))
+            }),
+            deferred: HashMap::new(),
             loss_total: 0.0,
             dtype: DType::F32,
             _blocks: std::marker::PhantomData,
@@ -272,6 +289,14 @@ impl<'a, M: Block<D>, H: StageParams<Vec<Vec<M>>>, const D: usize> BurnStage<'a,
     /// The dtype the blocks compute in (mixed precision), F32 by default.
     pub fn with_dtype(mut self, dtype: DType) -> Self {
         self.dtype = dtype;
+        self
+    }
+
+    /// Whether a schedule with split backward steps (ZB-H1, ZB-V) really splits them: on by
+    /// default; off, "B" runs the whole backward and "W" only hands its gradients over (the
+    /// order of the schedule is kept, the weight-gradient arithmetic is not moved).
+    pub fn with_weight_grad_split(mut self, split: bool) -> Self {
+        self.split &= split;
         self
     }
 
@@ -360,9 +385,15 @@ impl<M: Block<D>, H: StageParams<Vec<Vec<M>>>, const D: usize> StageCompute
             Some(a) => self.to_tensor(a).require_grad(),
         };
         let leaf = (!self.first[chunk]).then(|| x.clone());
-        let out = self
-            .params
-            .forward(|chunks| forward_chunk(&chunks[chunk], x));
+        let params = &mut self.params;
+        let run = move || params.forward(|chunks| forward_chunk(&chunks[chunk], x));
+        let out = if self.split {
+            let (out, deferred) = weight_grad::deferring(run);
+            self.deferred.insert((mb, chunk), deferred);
+            out
+        } else {
+            run()
+        };
         if self.last[chunk] {
             let weight = *self.weights.get(mb).ok_or_else(|| {
                 PipelineError::Invalid(format!("no loss weight for micro-batch {mb}"))
@@ -389,6 +420,9 @@ impl<M: Block<D>, H: StageParams<Vec<Vec<M>>>, const D: usize> StageCompute
         grad_output: Option<Activation>,
     ) -> Result<Option<Activation>, PipelineError> {
         let (grad_input, mut grads) = self.run_backward(mb, chunk, grad_output)?;
+        if let Some(deferred) = self.deferred.remove(&(mb, chunk)) {
+            deferred.apply(&mut grads);
+        }
         self.params.accumulate(&mut grads)?;
         Ok(grad_input)
     }
@@ -410,6 +444,9 @@ impl<M: Block<D>, H: StageParams<Vec<Vec<M>>>, const D: usize> StageCompute
                 "BackwardWeight(mb={mb}, chunk={chunk}) before its BackwardInput"
             ))
         })?;
+        if let Some(deferred) = self.deferred.remove(&(mb, chunk)) {
+            deferred.apply(&mut grads);
+        }
         self.params.accumulate(&mut grads)
     }
 }

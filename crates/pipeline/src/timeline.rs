@@ -94,6 +94,21 @@ impl Timeline {
     /// = cost units) and messages were instant; `None` if the schedule deadlocks. A full
     /// backward costs `backward_input + backward_weight`.
     pub fn simulate(schedule: &Schedule, costs: Costs) -> Option<Self> {
+        Self::simulate_with(schedule, |_, action| match action {
+            Action::Forward { .. } => costs.forward as f64,
+            Action::Backward { .. } => (costs.backward_input + costs.backward_weight) as f64,
+            Action::BackwardInput { .. } => costs.backward_input as f64,
+            Action::BackwardWeight { .. } => costs.backward_weight as f64,
+            _ => 0.0,
+        })
+    }
+
+    /// [`Timeline::simulate`] with each compute action costing `cost(rank, action)` seconds
+    /// (e.g. what it measured on that rank: unequal stages included).
+    pub fn simulate_with(
+        schedule: &Schedule,
+        cost: impl Fn(usize, &Action) -> f64,
+    ) -> Option<Self> {
         let p = schedule.ranks();
         let mut pc = vec![0usize; p];
         let mut clock = vec![0.0f64; p];
@@ -108,25 +123,22 @@ impl Timeline {
                     let s = pl.stage(r, action.chunk());
                     let mb = action.mb();
                     let cost = match action {
-                        Action::Forward { .. } => costs.forward,
-                        Action::Backward { .. } => costs.backward_input + costs.backward_weight,
-                        Action::BackwardInput { .. } => costs.backward_input,
-                        Action::BackwardWeight { .. } => costs.backward_weight,
                         Action::SendActivation { .. } => {
                             posted.insert((false, mb, s + 1), clock[r]);
-                            0
+                            0.0
                         }
                         Action::SendGrad { .. } => {
                             posted.insert((true, mb, s.wrapping_sub(1)), clock[r]);
-                            0
+                            0.0
                         }
                         Action::RecvActivation { .. } | Action::RecvGrad { .. } => {
                             let key = (matches!(action, Action::RecvGrad { .. }), mb, s);
                             let Some(&at) = posted.get(&key) else { break };
                             clock[r] = clock[r].max(at);
-                            0
+                            0.0
                         }
-                    } as f64;
+                        _ => cost(r, &action),
+                    };
                     spans[r].push(Span {
                         action,
                         start: clock[r],

@@ -95,7 +95,7 @@ impl<M: Module> DpWrapper<M> {
                 memory: None,
             },
             DpWrapper::Zero(z) => WrapperReport {
-                timings: Vec::new(),
+                timings: z.timings().to_vec(),
                 memory: Some(z.memory()),
             },
         }

@@ -54,6 +54,9 @@ pub struct ZeroConfig {
     /// and gathers parameters in the param dtype (FSDP2's policy). Gradients are reduced in
     /// the reduce dtype.
     pub precision: bonfire_dtensor::MixedPrecision,
+    /// Keep each step's timings (forward, backward, stage 2's bucket reduce-scatters):
+    /// [`crate::Zero::timings`].
+    pub record_timings: bool,
 }
 
 impl ZeroConfig {
@@ -67,6 +70,7 @@ impl ZeroConfig {
             recompute: true,
             report_no_layers: true,
             precision: bonfire_dtensor::MixedPrecision::f32(),
+            record_timings: false,
         }
     }
     pub fn with_precision(mut self, precision: bonfire_dtensor::MixedPrecision) -> Self {
@@ -92,6 +96,10 @@ impl ZeroConfig {
     }
     pub fn with_prefetch(mut self, prefetch: bool) -> Self {
         self.prefetch = prefetch;
+        self
+    }
+    pub fn with_record_timings(mut self, record: bool) -> Self {
+        self.record_timings = record;
         self
     }
     pub fn with_bucket_bytes(mut self, bytes: usize) -> Self {

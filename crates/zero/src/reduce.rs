@@ -3,9 +3,11 @@
 //! The flat gradient vector is cut into buckets of `bucket_bytes`, from its end (the order in
 //! which backward produces gradients). Each parameter's gradient, a tensor on the device, is
 //! cut into its buckets' pieces as it arrives; a bucket is packed (its pieces concatenated,
-//! on the device) and reduce-scattered (average) — each rank receiving its own range's part —
-//! as soon as every parameter in it has its gradient, and its pieces are dropped: a rank keeps
-//! only its own range, plus the buckets still filling.
+//! on the device) and its reduce-scatter (average) — each rank receiving its own range's part —
+//! starts on the group's communication thread as soon as every parameter in it has its
+//! gradient, while backward goes on (as DDP's all-reduces do); its pieces are dropped: a rank
+//! keeps only its own range, plus the buckets still filling or in flight. [`GradBuckets::finish`]
+//! waits for every bucket at the end of backward.
 //!
 //! Gradients arrive two ways:
 //! - during backward, for the layers a model runs through [`bonfire_dtensor::layer`]: each
@@ -22,7 +24,8 @@ use crate::params::ParamInfo;
 use crate::partition::Partition;
 use bonfire_comm::{ProcessGroup, ReduceOp};
 use bonfire_dtensor::graph::GradSink;
-use bonfire_dtensor::plane;
+use bonfire_dtensor::plane::{self, PendingPiece};
+use bonfire_dtensor::timing::{self, Span};
 use burn::tensor::{DType, Device, Tensor};
 use std::collections::BTreeMap;
 use std::ops::Range;
@@ -45,8 +48,11 @@ pub(crate) struct GradBuckets {
     /// Parameters of each bucket whose gradient is not complete yet.
     incomplete: Vec<usize>,
     next: usize,
-    /// This rank's parts of the averaged gradient, by offset in its own range.
-    own: BTreeMap<usize, Tensor<1>>,
+    /// The reduce-scatters in flight, in launch order, with where their part goes in this
+    /// rank's own range.
+    in_flight: Vec<(usize, PendingPiece)>,
+    /// When each bucket was handed to the communication thread (µs since the timing epoch).
+    launches: Vec<f64>,
     device: Option<Device>,
     /// What gradients are reduce-scattered in (the mixed-precision reduce dtype).
     dtype: DType,
@@ -89,7 +95,8 @@ impl GradBuckets {
             arrived: vec![0; infos.len()],
             incomplete,
             next: 0,
-            own: BTreeMap::new(),
+            in_flight: Vec::new(),
+            launches: Vec::new(),
             device: None,
             dtype,
             error: None,
@@ -149,7 +156,8 @@ impl GradBuckets {
         bonfire_kernels::pack_scaled(&parts, 1.0)
     }
 
-    /// Reduce-scatters, in bucket order, every bucket whose parameters are all complete.
+    /// Starts, in bucket order, the reduce-scatter of every bucket whose parameters are all
+    /// complete.
     fn launch_ready(&mut self) -> Result<()> {
         while self.next < self.bounds.len() && self.incomplete[self.next] == 0 {
             let k = self.next;
@@ -158,20 +166,20 @@ impl GradBuckets {
             let range = self.bounds[k].clone();
             let bucket = self.pack(k);
             let counts = self.part.sub_counts(&range);
-            let mine = plane::reduce_scatter(bucket, &counts, ReduceOp::Avg, &self.pg)?;
-            if let Some(mine) = mine {
-                let own_start = self.part.ranges[self.pg.rank()].start;
-                self.own
-                    .insert(own_start.max(range.start) - own_start, mine);
-            }
+            let own_start = self.part.ranges[self.pg.rank()].start;
+            let at = own_start.max(range.start).saturating_sub(own_start);
+            self.launches.push(timing::now());
+            let pending = plane::reduce_scatter_async(bucket, &counts, ReduceOp::Avg, &self.pg)?;
+            self.in_flight.push((at, pending));
         }
         Ok(())
     }
 
     /// After backward: adds the gradients that did not come through hooks (`leftover[p]`,
-    /// `None` for none), reduces the remaining buckets and returns this rank's range of the
-    /// averaged gradient (`None` when it owns nothing).
-    pub(crate) fn finish(mut self, leftover: Vec<Option<Tensor<1>>>) -> Result<Option<Tensor<1>>> {
+    /// `None` for none), reduces the remaining buckets, waits for every bucket and returns
+    /// this rank's range of the averaged gradient (`None` when it owns nothing), with when
+    /// each bucket was launched and ran.
+    pub(crate) fn finish(mut self, leftover: Vec<Option<Tensor<1>>>) -> Result<Reduced> {
         if let Some(e) = self.error.take() {
             return Err(e);
         }
@@ -184,9 +192,43 @@ impl GradBuckets {
             }
         }
         self.launch_ready()?;
-        let parts: Vec<Tensor<1>> = std::mem::take(&mut self.own).into_values().collect();
-        Ok((!parts.is_empty()).then(|| bonfire_kernels::pack_scaled(&parts, 1.0)))
+        let mut own = BTreeMap::new();
+        let mut spans = Vec::with_capacity(self.in_flight.len());
+        let mut first_error = None;
+        for (at, pending) in std::mem::take(&mut self.in_flight) {
+            // Every bucket is waited for, even after an error, so none is left running.
+            match pending.wait_timed() {
+                Ok((piece, ran)) => {
+                    spans.push(Span::from(ran));
+                    if let Some(piece) = piece {
+                        own.insert(at, piece);
+                    }
+                }
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        if let Some(e) = first_error {
+            return Err(e.into());
+        }
+        let parts: Vec<Tensor<1>> = own.into_values().collect();
+        Ok(Reduced {
+            own: (!parts.is_empty()).then(|| bonfire_kernels::pack_scaled(&parts, 1.0)),
+            spans,
+            launches: self.launches,
+        })
     }
+}
+
+/// What [`GradBuckets::finish`] returns.
+pub(crate) struct Reduced {
+    /// This rank's range of the averaged gradient (`None` when it owns nothing).
+    pub own: Option<Tensor<1>>,
+    /// When the communication thread ran each bucket's reduce-scatter, in bucket order.
+    pub spans: Vec<Span>,
+    /// When each bucket was handed to it (µs since the timing epoch).
+    pub launches: Vec<f64>,
 }
 
 impl GradSink for GradBuckets {

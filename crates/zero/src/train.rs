@@ -18,6 +18,7 @@ use crate::zero::Zero;
 use bonfire_comm::{ProcessGroup, ReduceOp};
 use bonfire_dtensor::graph::SinkHook;
 use bonfire_dtensor::plane::{self, ledger::Reason};
+use bonfire_dtensor::timing;
 use bonfire_dtensor::{DataParallel, install_layer_hook};
 use burn::module::Module;
 use burn::optim::GradientsParams;
@@ -112,11 +113,39 @@ impl<M: Module> Zero<M> {
             Stage::Zero2 => {
                 let pending = self.buckets.lock().unwrap().take();
                 let buckets = pending.unwrap_or_else(|| self.new_buckets());
-                self.grads = Some(buckets.finish(per_param)?);
+                let reduced = buckets.finish(per_param)?;
+                self.timing.buckets = reduced.spans;
+                self.timing.launches = reduced.launches;
+                self.timing.collective = "reduce_scatter";
+                self.grads = Some(reduced.own);
             }
             Stage::Zero3 => unreachable!("stage 3 keeps a shard"),
         }
         Ok(())
+    }
+
+    /// The forward of [`DataParallel::forward`]: stage 2 with its gradient hooks, stage 3
+    /// gathering.
+    fn forward_hooked<R>(&mut self, f: impl FnOnce(&M) -> R) -> R {
+        match self.config.stage {
+            Stage::Zero3 => self.gathered_forward(f),
+            Stage::Zero2 => {
+                if self.buckets.lock().unwrap().is_none() {
+                    let buckets = self.new_buckets();
+                    *self.buckets.lock().unwrap() = Some(buckets);
+                }
+                let index = Arc::new(params::index_of(&self.infos));
+                let hook = SinkHook::new(self.buckets.clone(), index, self.layers.clone());
+                let guard = install_layer_hook(Rc::new(hook));
+                let out = f(self.model());
+                drop(guard);
+                if self.layers.load(Ordering::Relaxed) == 0 {
+                    self.note_no_layers("reduce-scatters every bucket after backward");
+                }
+                out
+            }
+            Stage::Zero0 | Stage::Zero1 => f(self.model()),
+        }
     }
 
     fn new_buckets(&self) -> GradBuckets {
@@ -181,40 +210,31 @@ impl<M: Module> DataParallel<M> for Zero<M> {
     /// gradient hooks so that its gradient buckets are reduce-scattered while backward runs.
     /// At stage 3 parameters are gathered (see `gathered_forward` in the source).
     fn forward<R>(&mut self, f: impl FnOnce(&M) -> R) -> R {
-        match self.config.stage {
-            Stage::Zero3 => self.gathered_forward(f),
-            Stage::Zero2 => {
-                if self.buckets.lock().unwrap().is_none() {
-                    let buckets = self.new_buckets();
-                    *self.buckets.lock().unwrap() = Some(buckets);
-                }
-                let index = Arc::new(params::index_of(&self.infos));
-                let hook = SinkHook::new(self.buckets.clone(), index, self.layers.clone());
-                let guard = install_layer_hook(Rc::new(hook));
-                let out = f(self.model());
-                drop(guard);
-                if self.layers.load(Ordering::Relaxed) == 0 {
-                    self.note_no_layers("reduce-scatters every bucket after backward");
-                }
-                out
-            }
-            Stage::Zero0 | Stage::Zero1 => f(self.model()),
-        }
+        let start = timing::now();
+        let out = self.forward_hooked(f);
+        self.timing.forward = timing::span_since(start);
+        out
     }
 
     /// Leaves this stage's averaged gradients for `step`: all-reduced in full (stages 0–1),
-    /// reduce-scattered in buckets into the own range (stage 2), or reduce-scattered onto the
-    /// shard by the gathers' backward (stage 3).
+    /// reduce-scattered in buckets into the own range (stage 2, waiting here for the buckets
+    /// launched during backward), or reduce-scattered onto the shard by the gathers' backward
+    /// (stage 3).
     fn backward(&mut self, loss: Tensor<1>) -> Result<()> {
+        let start = timing::now();
         let mut grads = loss.backward();
-        if self.config.stage == Stage::Zero3 {
-            self.accumulate(&mut grads)?;
-            return self.reduce();
-        }
-        let mut gp = GradientsParams::from_grads(grads, self.model());
-        let per_param = params::take_flat_grads(self.model(), &self.infos, &mut gp);
-        drop(gp);
-        self.reduce_parts(per_param)
+        self.timing.backward = timing::span_since(start);
+        let wait_start = timing::now();
+        let out = if self.config.stage == Stage::Zero3 {
+            self.accumulate(&mut grads).and_then(|_| self.reduce())
+        } else {
+            let mut gp = GradientsParams::from_grads(grads, self.model());
+            let per_param = params::take_flat_grads(self.model(), &self.infos, &mut gp);
+            drop(gp);
+            self.reduce_parts(per_param)
+        };
+        self.timing.wait = timing::span_since(wait_start);
+        out
     }
 
     fn forward_micro<R>(&mut self, f: impl FnOnce(&M) -> R) -> R {
@@ -304,6 +324,12 @@ impl<M: Module> DataParallel<M> for Zero<M> {
             }
         }
         self.steps += 1;
+        if self.config.record_timings {
+            let mut t = std::mem::take(&mut self.timing);
+            t.rank = self.pg.rank();
+            t.step = self.steps - 1;
+            self.timings.push(t);
+        }
         Ok(())
     }
 

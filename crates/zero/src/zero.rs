@@ -13,6 +13,7 @@ use bonfire_comm::ProcessGroup;
 use bonfire_dtensor::DeviceMesh;
 use bonfire_dtensor::graph::SharedSink;
 use bonfire_dtensor::plane::{self, ledger::Reason};
+use bonfire_dtensor::timing::StepTiming;
 use burn::module::{Module, ModuleMapper, Param};
 use burn::optim::ModuleOptimizer;
 use burn::tensor::{DType, Device, Tensor};
@@ -55,6 +56,10 @@ pub struct Zero<M: Module> {
     pub(crate) layers: Arc<AtomicUsize>,
     pub(crate) told_no_layers: AtomicBool,
     pub(crate) steps: u64,
+    /// This step's timings so far, and those of the steps done (with
+    /// [`ZeroConfig::record_timings`]).
+    pub(crate) timing: StepTiming,
+    pub(crate) timings: Vec<StepTiming>,
 }
 
 impl<M: Module> Zero<M> {
@@ -154,6 +159,8 @@ impl<M: Module> Zero<M> {
             layers: Arc::new(AtomicUsize::new(0)),
             told_no_layers: AtomicBool::new(false),
             steps: 0,
+            timing: StepTiming::default(),
+            timings: Vec::new(),
         })
     }
 
@@ -177,6 +184,11 @@ impl<M: Module> Zero<M> {
     }
     pub fn steps(&self) -> u64 {
         self.steps
+    }
+    /// Each step's timings (with [`ZeroConfig::record_timings`]): forward, backward and, at
+    /// stage 2, every bucket's reduce-scatter.
+    pub fn timings(&self) -> &[StepTiming] {
+        &self.timings
     }
     /// The device this rank computes on; create inputs here (at stage 3 it carries the
     /// gradient-checkpointing strategy the wrapper's parameters use).

@@ -222,8 +222,10 @@ impl ParallelLinear {
         }
     }
 
+    /// `x Wᵀ`; inside a zero-bubble stage's forward the weight gradient is deferred to its
+    /// "W" step (see [`crate::weight_grad`]).
     fn matmul<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
-        x.matmul(self.weight.val().transpose().unsqueeze::<D>())
+        crate::weight_grad::linear_matmul(x, self.weight.val())
     }
 
     /// The layer on `x` `[..., in]` (or this rank's input shard, per the applied style).

@@ -219,30 +219,120 @@ pub fn all_reduce_async<const D: usize>(
     let device = tensor.device();
     let data = to_data(tensor, Reason::Collective);
     ledger::record_payload(data.bytes().len());
-    let work = group.run_async(move |pg| {
+    let work = run_timed(group, move |pg| {
+        let shape = data.shape().to_vec();
+        Ok(with_values!(data, v => {
+            pg.all_reduce(&mut v, op)?;
+            TensorData::new(v, shape)
+        }))
+    });
+    PendingTensor {
+        state: Pending::Running { work, device },
+    }
+}
+
+/// Queues `f` on `group`'s communication thread and records when that thread ran it.
+fn run_timed(
+    group: &ProcessGroup,
+    f: impl FnOnce(&ProcessGroup) -> Result<TensorData> + Send + 'static,
+) -> Work<(TensorData, Ran)> {
+    group.run_async(move |pg| {
         let start = std::time::Instant::now();
-        let run = || -> Result<TensorData> {
-            let shape = data.shape().to_vec();
-            Ok(with_values!(data, v => {
-                pg.all_reduce(&mut v, op)?;
-                TensorData::new(v, shape)
-            }))
-        };
         let ran = |data| {
             let end = std::time::Instant::now();
             (data, Ran { start, end })
         };
-        run().map(ran).map_err(|e| match e {
+        f(pg).map(ran).map_err(|e| match e {
             DTensorError::Comm(c) => c,
             other => CommError::Unsupported {
                 backend: "bonfire-dtensor data plane",
                 what: other.to_string(),
             },
         })
-    });
-    PendingTensor {
-        state: Pending::Running { work, device },
+    })
+}
+
+/// A [`reduce_scatter_async`] in flight: [`wait`](Self::wait) returns this rank's piece on
+/// the device the bucket came from (`None` when its count is 0).
+pub struct PendingPiece {
+    state: PieceState,
+}
+
+enum PieceState {
+    /// On the communication thread; `mine` is this rank's count.
+    Running {
+        work: Work<(TensorData, Ran)>,
+        device: Device,
+        mine: usize,
+    },
+    /// Done already (a group of one, or NCCL).
+    Ready(Box<(Option<Tensor<1>>, Ran)>),
+}
+
+impl PendingPiece {
+    /// This rank's piece (waits for the communication).
+    pub fn wait(self) -> Result<Option<Tensor<1>>> {
+        Ok(self.wait_timed()?.0)
     }
+
+    /// This rank's piece, and when the communication thread ran the reduce-scatter.
+    pub fn wait_timed(self) -> Result<(Option<Tensor<1>>, Ran)> {
+        match self.state {
+            PieceState::Running { work, device, mine } => {
+                let (data, ran) = work.wait()?;
+                let t = (mine > 0).then(|| from_data(data, &device, Reason::Collective));
+                Ok((t, ran))
+            }
+            PieceState::Ready(ready) => Ok(*ready),
+        }
+    }
+}
+
+/// [`reduce_scatter`] started on `group`'s communication thread, so that the caller goes on
+/// (ZeRO-2's buckets during backward). The staging down happens here, the staging up in
+/// [`PendingPiece::wait`], both on the caller's thread. On CUDA with NCCL it runs at once.
+pub fn reduce_scatter_async(
+    tensor: Tensor<1>,
+    counts: &[usize],
+    op: ReduceOp,
+    group: &ProcessGroup,
+) -> Result<PendingPiece> {
+    let mine = counts[group.rank()];
+    let ready = |t: Option<Tensor<1>>, start: std::time::Instant| {
+        let end = std::time::Instant::now();
+        PendingPiece {
+            state: PieceState::Ready(Box::new((t, Ran { start, end }))),
+        }
+    };
+    if group.size() == 1 {
+        return Ok(ready(
+            (mine > 0).then_some(tensor),
+            std::time::Instant::now(),
+        ));
+    }
+    #[cfg(feature = "cuda")]
+    if cuda::applies(&tensor.device(), tensor.dtype(), group) {
+        let start = std::time::Instant::now();
+        return Ok(ready(
+            cuda::reduce_scatter(tensor, counts, op, group)?,
+            start,
+        ));
+    }
+    let device = tensor.device();
+    let data = to_data(tensor, Reason::Collective);
+    ledger::record_payload(data.bytes().len());
+    let counts = counts.to_vec();
+    let work = run_timed(group, move |pg| {
+        Ok(with_values!(data, v => {
+            let mut recv = vec![Default::default(); mine];
+            pg.reduce_scatter_uneven(&v, &mut recv, &counts, op)?;
+            drop(v);
+            TensorData::new(recv, [mine])
+        }))
+    });
+    Ok(PendingPiece {
+        state: PieceState::Running { work, device, mine },
+    })
 }
 
 /// `root`'s tensor on every rank of `group`.

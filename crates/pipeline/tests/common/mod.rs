@@ -4,12 +4,12 @@
 use bonfire_comm::testing::{Tolerance, assert_close as check_close, is_close as is_close_flat};
 use bonfire_comm::{ProcessGroup, ReduceOp, ThreadWorld};
 use bonfire_dtensor::DeviceMesh;
+use bonfire_dtensor::parallel::{ParallelKey, ParallelLinear as Linear};
 use bonfire_pipeline::{
     Block, BurnStage, LocalChunks, Schedule, chunks_for_rank, forward_chunk, microbatch_weights,
     run_schedule, split_balanced, split_batch,
 };
 use burn::module::{Module, ModuleVisitor, Param};
-use burn::nn::Linear;
 use burn::optim::{GradientsParams, SgdConfig};
 use burn::tensor::{Device, Tensor, TensorData, activation::gelu};
 use std::time::Duration;
@@ -20,7 +20,8 @@ pub const ROWS: usize = 8;
 pub const STEPS: usize = 3;
 pub const LR: f64 = 0.5;
 
-/// Linear + GELU.
+/// Linear + GELU (Bonfire's linear layer, whose weight gradient the zero-bubble schedules
+/// defer to their "W" steps).
 #[derive(Module, Debug)]
 pub struct Mlp {
     pub linear: Linear,
@@ -62,6 +63,7 @@ pub fn model(device: &Device) -> Vec<Mlp> {
                 linear: Linear {
                     weight: Param::from_tensor(Tensor::from_data(w, device)),
                     bias: Some(Param::from_tensor(Tensor::from_data(b, device))),
+                    key: ParallelKey::default(),
                 },
             }
         })

@@ -1,0 +1,237 @@
+//! `cargo xtask bench profile`: where a one-rank training step of the bench GPT goes, op by
+//! op. Each piece of the model runs alone at the bench shapes on Burn's Flex with autodiff —
+//! forward, then backward of its output's sum — with fresh tracked inputs, the model's own
+//! code (`Linear`, `LayerNorm`, `causal_attention`, `cross_entropy`, ...); then the whole model
+//! and the SGD step.
+//!
+//! Prints `bench profile part=<name> count=<uses per step> fwd_ms=… bwd_ms=… step_ms=…` (one
+//! use's medians; `step_ms` = count × (fwd + bwd)), then `part=sum` (the pieces together),
+//! `part=model` (the whole forward and backward) and `part=sgd` (the optimizer step), so that
+//! the pieces can be compared with the whole step.
+
+use bonfire_examples::attention::{causal_attention, merge_heads, split_heads};
+use bonfire_examples::gpt::{cross_entropy, embed};
+use bonfire_examples::layers::{Embedding, LayerNorm, Linear};
+use bonfire_examples::throughput::{median, random_batches};
+use bonfire_examples::{Gpt, GptConfig, default_device};
+use bonfire_kernels::{causal_softmax, gelu};
+use burn::module::Module;
+use burn::optim::{GradientsParams, SgdConfig};
+use burn::tensor::activation::{gelu as burn_gelu, log_softmax, softmax};
+use burn::tensor::{Device, Distribution, Int, Tensor};
+use clap::Parser;
+use std::time::Instant;
+
+#[derive(Parser, Debug)]
+struct Args {
+    /// Sequences per step.
+    #[arg(long, default_value_t = 8)]
+    batch: usize,
+    /// Timed repetitions of each piece (after one warm-up).
+    #[arg(long, default_value_t = 5)]
+    reps: usize,
+    /// Ignored (passed by `cargo bench`).
+    #[arg(long, hide = true)]
+    bench: bool,
+}
+
+fn ms(start: Instant) -> f64 {
+    start.elapsed().as_secs_f64() * 1e3
+}
+
+/// The medians of `reps` runs of `f`'s forward and of the backward of its output's sum.
+fn time<const D: usize>(reps: usize, mut f: impl FnMut() -> Tensor<D>) -> (f64, f64) {
+    let (mut fwd, mut bwd) = (Vec::new(), Vec::new());
+    for rep in 0..=reps {
+        let start = Instant::now();
+        let y = f();
+        let f_ms = ms(start);
+        let start = Instant::now();
+        let grads = y.sum().backward();
+        let b_ms = ms(start);
+        drop(grads);
+        if rep > 0 {
+            fwd.push(f_ms);
+            bwd.push(b_ms);
+        }
+    }
+    (median(fwd), median(bwd))
+}
+
+fn leaf<const D: usize>(shape: [usize; D], device: &Device) -> Tensor<D> {
+    Tensor::random(shape, Distribution::Normal(0.0, 1.0), device).require_grad()
+}
+
+struct Report {
+    sum: f64,
+}
+
+impl Report {
+    fn line(&mut self, part: &str, count: usize, (fwd, bwd): (f64, f64)) {
+        let step = count as f64 * (fwd + bwd);
+        self.sum += step;
+        println!(
+            "bench profile part={part} count={count} fwd_ms={fwd:.2} bwd_ms={bwd:.2} step_ms={step:.1}"
+        );
+    }
+}
+
+fn main() {
+    let args = Args::parse();
+    let cfg = GptConfig::bench();
+    let dev = default_device();
+    let (b, t, d, h, f) = (
+        args.batch,
+        cfg.max_seq_len,
+        cfg.d_model,
+        cfg.n_heads,
+        cfg.d_ff,
+    );
+    let (dh, l, v, reps) = (d / h, cfg.n_layers, cfg.vocab_size, args.reps);
+    eprintln!(
+        "GPT bench size, batch {b} x {t}: Flex with autodiff, {reps} timed runs per piece; \
+         step_ms = uses per step x (forward + backward)"
+    );
+    let mut r = Report { sum: 0.0 };
+    let x = leaf([b, t, d], &dev);
+    let ids = Tensor::<2, Int>::random([b, t], Distribution::Uniform(0.0, v as f64), &dev);
+    let (tok, pos) = (Embedding::new(v, d, &dev), Embedding::new(t, d, &dev));
+    r.line("embed", 1, time(reps, || embed(&tok, &pos, ids.clone())));
+    let ln = LayerNorm::new(d, &dev);
+    r.line(
+        "layer_norm",
+        2 * l + 1,
+        time(reps, || ln.forward(x.clone())),
+    );
+    let proj = Linear::new(d, d, true, &dev);
+    r.line("linear_qkvo", 4 * l, time(reps, || proj.forward(x.clone())));
+    let (q, k, vv) = (
+        leaf([b, t, d], &dev),
+        leaf([b, t, d], &dev),
+        leaf([b, t, d], &dev),
+    );
+    r.line(
+        "attn_heads_split_merge",
+        l,
+        time(reps, || {
+            let y = split_heads(q.clone(), dh) + split_heads(k.clone(), dh);
+            merge_heads(y + split_heads(vv.clone(), dh))
+        }),
+    );
+    let (q4, k4, v4) = (
+        leaf([b, h, t, dh], &dev),
+        leaf([b, h, t, dh], &dev),
+        leaf([b, h, t, dh], &dev),
+    );
+    let attn = time(reps, || {
+        causal_attention(q4.clone(), k4.clone(), v4.clone())
+    });
+    r.line("attn_core", l, attn);
+    // Its parts, for the record (not added to the sum: attn_core holds them).
+    let sum_before = r.sum;
+    r.line(
+        "attn_core.scores",
+        l,
+        time(reps, || q4.clone().matmul(k4.clone().swap_dims(2, 3))),
+    );
+    let s = leaf([b, h, t, t], &dev);
+    r.line(
+        "attn_core.softmax",
+        l,
+        time(reps, || causal_softmax(s.clone(), 0.5)),
+    );
+    r.line(
+        "attn_core.pv",
+        l,
+        time(reps, || s.clone().matmul(v4.clone())),
+    );
+    r.sum = sum_before;
+    let fc1 = Linear::new(d, f, true, &dev);
+    let fc2 = Linear::new(f, d, true, &dev);
+    let hdn = leaf([b, t, f], &dev);
+    r.line("mlp_fc1", l, time(reps, || fc1.forward(x.clone())));
+    r.line("mlp_gelu", l, time(reps, || gelu(hdn.clone())));
+    r.line("mlp_fc2", l, time(reps, || fc2.forward(hdn.clone())));
+    r.line("residual_add", 2 * l, time(reps, || x.clone() + q.clone()));
+    let head = Linear::new(d, v, false, &dev);
+    r.line("head", 1, time(reps, || head.forward(x.clone())));
+    let logits = leaf([b, t, v], &dev);
+    let targets = Tensor::<2, Int>::random([b, t], Distribution::Uniform(0.0, v as f64), &dev);
+    r.line(
+        "cross_entropy",
+        1,
+        time(reps, || cross_entropy(logits.clone(), targets.clone())),
+    );
+    println!(
+        "bench profile part=sum count=1 step_ms={:.1} (forward + backward of the pieces)",
+        r.sum
+    );
+    // The same pieces written with Burn's own ops (what the model ran before its fused
+    // ops), for comparison; not in the sum.
+    let mask = Tensor::<2>::ones([t, t], &dev).triu(1) * -1e30;
+    r.line(
+        "burn.masked_softmax",
+        l,
+        time(reps, || {
+            softmax(s.clone() * 0.5 + mask.clone().unsqueeze::<4>(), 3)
+        }),
+    );
+    r.line("burn.gelu", l, time(reps, || burn_gelu(hdn.clone())));
+    let linear = |l: &Linear, x: Tensor<3>| {
+        let b = l.bias.as_ref().map(|b| b.val());
+        burn::tensor::module::linear(x, l.weight.val().transpose(), b)
+    };
+    r.line("burn.linear.fc1", l, time(reps, || linear(&fc1, x.clone())));
+    r.line(
+        "burn.linear.head",
+        1,
+        time(reps, || linear(&head, x.clone())),
+    );
+    r.line(
+        "burn.cross_entropy",
+        1,
+        time(reps, || {
+            let logp = log_softmax(logits.clone().reshape([b * t, v]), 1);
+            logp.gather(1, targets.clone().reshape([b * t, 1]))
+                .mean()
+                .neg()
+        }),
+    );
+    whole_model(&cfg, b, reps, &dev);
+}
+
+/// The whole model's forward and backward, and Burn's SGD step on its gradients.
+fn whole_model(cfg: &GptConfig, b: usize, reps: usize, dev: &Device) {
+    let mut model = Gpt::new(cfg, dev);
+    let data = random_batches(cfg, b, 1);
+    let (ids, targets) = data.rows(0, 0, b, dev);
+    let mut optim = SgdConfig::new().init();
+    let (mut fwd, mut bwd, mut opt) = (Vec::new(), Vec::new(), Vec::new());
+    for rep in 0..=reps {
+        let start = Instant::now();
+        let loss = model.loss(ids.clone(), targets.clone());
+        let f_ms = ms(start);
+        let start = Instant::now();
+        let grads = loss.backward();
+        let b_ms = ms(start);
+        let start = Instant::now();
+        let grads = GradientsParams::from_grads(grads, &model);
+        model = optim.step(0.01, model, grads);
+        let o_ms = ms(start);
+        if rep > 0 {
+            fwd.push(f_ms);
+            bwd.push(b_ms);
+            opt.push(o_ms);
+        }
+    }
+    let (f, b) = (median(fwd), median(bwd));
+    println!(
+        "bench profile part=model count=1 fwd_ms={f:.2} bwd_ms={b:.2} step_ms={:.1}",
+        f + b
+    );
+    println!(
+        "bench profile part=sgd count=1 step_ms={:.1} params={}",
+        median(opt),
+        model.num_params()
+    );
+}

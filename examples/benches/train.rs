@@ -1,0 +1,280 @@
+//! `cargo xtask bench train`: the bench GPT's training throughput in every layout, through the
+//! trainer's one loop (SGD), on rank threads — or as processes under `mpirun`
+//! (`--backend mpi`, which runs this binary with `--launcher env`).
+//!
+//! Prints one line per layout:
+//! `bench train layout=<single|ddp|zero1|zero2|zero3|tp|tp-sp|pp-1f1b|pp-zb-h1|pp-zb-v>
+//! ranks=N step_ms=… tokens_per_s=… backend=…` — the median over the timed steps (after
+//! warm-up) of the slowest rank's step, and the tokens of the global batch per second of it.
+//! Every multi-rank layout trains the same global batch (`batch` × `ranks` sequences), so
+//! their step times compare directly; `single` trains `batch` sequences on one rank. Extra
+//! fields: `ratio_vs_single` (ddp), `ratio_vs_ddp` (the other multi-rank layouts, when ddp ran
+//! in the same run), `fwd_ms` / `bwd_ms` / `wait_ms` (the median forward, backward and
+//! after-backward spans the dp wrapper recorded: `wait_ms` is the gradient reduction left
+//! after backward, the exposed communication; the rest of a step is the optimizer and the
+//! data), `hidden` (ddp, zero2: the fraction of bucket communication time that ran
+//! while backward was still computing, from the same timings, whose Chrome traces go to
+//! `target/bench-train/`).
+
+use bonfire_comm::{ReduceOp, World};
+use bonfire_ddp::{DdpConfig, StepTiming, chrome_trace};
+use bonfire_examples::throughput::{self, Hosts, RankRun, Steps, median};
+use bonfire_examples::{Gpt, GptConfig, default_device};
+use bonfire_pipeline::ScheduleKind;
+use bonfire_train::{Axis, ParallelDims, Trainer};
+use bonfire_zero::{Stage, ZeroConfig};
+use burn::optim::SgdConfig;
+use burn::tensor::Device;
+use clap::Parser;
+use std::path::PathBuf;
+
+const LAYOUTS: &[&str] = &[
+    "single", "ddp", "zero1", "zero2", "zero3", "tp", "tp-sp", "pp-1f1b", "pp-zb-h1", "pp-zb-v",
+];
+
+#[derive(Parser, Debug)]
+struct Args {
+    /// Ranks of every layout but `single`.
+    #[arg(long, default_value_t = 2)]
+    ranks: usize,
+    /// Sequences per rank (the global batch is `batch × ranks`).
+    #[arg(long, default_value_t = 8)]
+    batch: usize,
+    /// Timed steps (after `warmup`).
+    #[arg(long, default_value_t = 5)]
+    steps: usize,
+    #[arg(long, default_value_t = 2)]
+    warmup: usize,
+    /// Comma-separated layouts to run (default: all of them, in the order above).
+    #[arg(long, value_delimiter = ',')]
+    layouts: Vec<String>,
+    /// Micro-batches per step of the pipeline layouts.
+    #[arg(long, default_value_t = 4)]
+    microbatches: usize,
+    /// DDP's and ZeRO's gradient bucket size in MiB.
+    #[arg(long, default_value_t = 4.0)]
+    bucket_mb: f64,
+    /// `threads` (ranks as threads of this process) or `env` (this process is one rank of a
+    /// job `mpirun` started; `cargo xtask bench train --backend mpi` does that).
+    #[arg(long, default_value = "threads")]
+    launcher: String,
+    /// Where the Chrome traces go (default: `bench-train` in the workspace's target dir).
+    #[arg(long)]
+    out_dir: Option<PathBuf>,
+    /// Ignored (passed by `cargo bench`).
+    #[arg(long, hide = true)]
+    bench: bool,
+}
+
+/// A layout's mesh and options, and its rank count.
+fn layout(name: &str, args: &Args) -> Result<(ParallelDims, usize), String> {
+    let n = args.ranks;
+    let dp = || ParallelDims::new().with_degree(Axis::Dp, n);
+    let tp = || ParallelDims::new().with_degree(Axis::Tp, n);
+    let pp = |schedule: &str| {
+        let kind = ScheduleKind::parse(schedule).expect("a known schedule");
+        ParallelDims::new()
+            .with_degree(Axis::Pp, n)
+            .with_schedule(kind)
+            .with_microbatches(args.microbatches)
+    };
+    Ok(match name {
+        "single" => (ParallelDims::new(), 1),
+        "ddp" => (dp(), n),
+        "zero1" => (dp().with_zero(Stage::Zero1), n),
+        "zero2" => (dp().with_zero(Stage::Zero2), n),
+        "zero3" => (dp().with_zero(Stage::Zero3), n),
+        "tp" => (tp(), n),
+        "tp-sp" => (tp().with_sequence_parallel(true), n),
+        "pp-1f1b" => (pp("1f1b"), n),
+        "pp-zb-h1" => (pp("zb-h1"), n),
+        "pp-zb-v" => (pp("zb-v"), n),
+        other => {
+            return Err(format!(
+                "unknown layout `{other}`; known: {}",
+                LAYOUTS.join(", ")
+            ));
+        }
+    })
+}
+
+/// One layout's measurement.
+struct Measured {
+    step_ms: f64,
+    tokens_per_s: f64,
+    /// Every step's timings of this process's ranks (DDP, ZeRO-2), warm-up excluded.
+    timings: Vec<StepTiming>,
+}
+
+fn measure(
+    name: &str,
+    model: &Gpt,
+    data: &bonfire_examples::data::Batches,
+    args: &Args,
+    world: Option<&World>,
+) -> Result<Measured, String> {
+    let (dims, ranks) = layout(name, args)?;
+    let steps = Steps {
+        warmup: args.warmup,
+        timed: args.steps,
+    };
+    let bucket_bytes = (args.bucket_mb * (1 << 20) as f64) as usize;
+    let trainer = Trainer::new(dims.clone(), || SgdConfig::new().init())
+        .with_ddp(
+            DdpConfig::new()
+                .with_bucket_mb(args.bucket_mb)
+                .with_record_timings(true),
+        )
+        .with_zero(
+            ZeroConfig::new(dims.zero)
+                .with_bucket_bytes(bucket_bytes)
+                .with_record_timings(true),
+        );
+    let rows_per_step = if ranks == 1 {
+        args.batch
+    } else {
+        args.batch * ranks
+    };
+    let rows = |_: usize, s: usize, d: &Device| data.rows(s, 0, rows_per_step, d);
+    let hosts = match world {
+        None => Hosts::Threads { ranks },
+        Some(w) if w.size() == ranks => Hosts::Group(w.group().clone()),
+        Some(w) => {
+            return Err(format!(
+                "layout {name} needs {ranks} rank(s) but this job has {}",
+                w.size()
+            ));
+        }
+    };
+    let mut per_rank = throughput::train(model, &trainer, hosts, steps, &rows)
+        .map_err(|e| format!("layout {name}: {e}"))?;
+    if let Some(w) = world {
+        // The slowest rank of each step, across processes.
+        for run in &mut per_rank {
+            w.group()
+                .all_reduce(&mut run.step_ms, ReduceOp::Max)
+                .map_err(|e| e.to_string())?;
+        }
+    }
+    let step_ms = steps.slowest(&per_rank);
+    let tokens = (rows_per_step * data.seq) as f64;
+    // Steps the dp wrapper timed (the pipeline's engine times none).
+    let timings = per_rank
+        .into_iter()
+        .flat_map(|r: RankRun| r.report.timings.into_iter().skip(args.warmup))
+        .filter(|t| t.backward.duration_us() > 0.0)
+        .collect();
+    Ok(Measured {
+        step_ms,
+        tokens_per_s: tokens / (step_ms / 1e3),
+        timings,
+    })
+}
+
+/// The mean hidden fraction of the steps whose gradient buckets took time on the
+/// communication thread (DDP, ZeRO-2 on more than one rank); `None` where none did.
+fn hidden(timings: &[StepTiming]) -> Option<f64> {
+    let comm = |t: &&StepTiming| t.buckets.iter().any(|b| b.duration_us() > 0.0);
+    let reducing: Vec<&StepTiming> = timings.iter().filter(comm).collect();
+    (!reducing.is_empty())
+        .then(|| reducing.iter().map(|t| t.hidden_fraction()).sum::<f64>() / reducing.len() as f64)
+}
+
+/// The medians of the forward, backward and after-backward wait spans (ms) the wrapper
+/// recorded.
+fn phases(timings: &[StepTiming]) -> Option<[f64; 3]> {
+    let ms = |f: fn(&StepTiming) -> f64| median(timings.iter().map(f).collect()) / 1e3;
+    (!timings.is_empty()).then(|| {
+        [
+            ms(|t| t.forward.duration_us()),
+            ms(|t| t.backward.duration_us()),
+            ms(|t| t.wait.duration_us()),
+        ]
+    })
+}
+
+fn out_dir(args: &Args) -> PathBuf {
+    // `cargo bench` runs in the package directory: default to the workspace's target dir.
+    args.out_dir.clone().unwrap_or_else(|| {
+        std::env::var_os("CARGO_TARGET_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target"))
+            .join("bench-train")
+    })
+}
+
+fn main() -> Result<(), String> {
+    let args = Args::parse();
+    let world = match args.launcher.as_str() {
+        "threads" => None,
+        "env" => Some(World::from_env().map_err(|e| e.to_string())?),
+        other => return Err(format!("--launcher {other}: expected `threads` or `env`")),
+    };
+    let backend = if world.is_some() { "mpi" } else { "threads" };
+    let lead = world.as_ref().is_none_or(|w| w.rank() == 0);
+    let names: Vec<String> = if args.layouts.is_empty() {
+        LAYOUTS.iter().map(|s| s.to_string()).collect()
+    } else {
+        args.layouts.clone()
+    };
+    for name in &names {
+        layout(name, &args)?;
+    }
+    let cfg = GptConfig::bench();
+    let model = Gpt::new(&cfg, &default_device());
+    let data = throughput::random_batches(&cfg, args.ranks * args.batch, args.warmup + args.steps);
+    if lead {
+        eprintln!(
+            "GPT bench size: {} parameters, batch {} x {} tokens per rank, {} rank(s), {backend}, \
+             {} warm-up + {} timed steps",
+            cfg.num_params(),
+            args.batch,
+            cfg.max_seq_len,
+            args.ranks,
+            args.warmup,
+            args.steps
+        );
+    }
+    let mut single_ms = None;
+    let mut ddp_ms = None;
+    for name in &names {
+        let m = measure(name, &model, &data, &args, world.as_ref())?;
+        let ranks = layout(name, &args)?.1;
+        let mut line = format!(
+            "bench train layout={name} ranks={ranks} step_ms={:.1} tokens_per_s={:.0} backend={backend}",
+            m.step_ms, m.tokens_per_s
+        );
+        match name.as_str() {
+            "single" => single_ms = Some(m.step_ms),
+            "ddp" => {
+                ddp_ms = Some(m.step_ms);
+                if let Some(s) = single_ms {
+                    line += &format!(" ratio_vs_single={:.2}", m.step_ms / s);
+                }
+            }
+            _ => {
+                if let Some(d) = ddp_ms {
+                    line += &format!(" ratio_vs_ddp={:.2}", m.step_ms / d);
+                }
+            }
+        }
+        if let Some([fwd, bwd, wait]) = phases(&m.timings) {
+            line += &format!(" fwd_ms={fwd:.1} bwd_ms={bwd:.1} wait_ms={wait:.1}");
+        }
+        if let Some(h) = hidden(&m.timings) {
+            line += &format!(" hidden={h:.2}");
+            if lead {
+                let dir = out_dir(&args);
+                std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+                let path = dir.join(format!("trace-{name}-{backend}.json"));
+                std::fs::write(&path, chrome_trace(&m.timings)).map_err(|e| e.to_string())?;
+                eprintln!("trace: {}", path.display());
+            }
+        }
+        if lead {
+            println!("{line}");
+        }
+    }
+    drop(world);
+    Ok(())
+}

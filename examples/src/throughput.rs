@@ -1,0 +1,123 @@
+//! Step times of the GPT under a layout, for the benches (`cargo xtask bench ddp`, `bench
+//! train`): random token batches, training through the trainer's one loop ([`fit`]) with SGD
+//! on rank threads, alone, or as this process's rank of a launcher's job, and the median over
+//! the timed steps (after warm-up) of the slowest rank's step.
+
+use crate::config::GptConfig;
+use crate::corpus::Rng;
+use crate::data::Batches;
+use crate::gpt::{Gpt, default_device};
+use crate::parallel::TokenBatch;
+use bonfire_comm::ProcessGroup;
+use bonfire_train::{FitConfig, Launcher, TrainError, Trainer, WrapperReport, fit};
+use burn::tensor::Device;
+
+/// `steps` global batches of `rows` random sequences (ids and targets uniform over the
+/// vocabulary), the same on every rank and every run (a fixed seed).
+pub fn random_batches(cfg: &GptConfig, rows: usize, steps: usize) -> Batches {
+    let mut rng = Rng::new(3);
+    let n = steps * rows * cfg.max_seq_len;
+    let mut draw = || {
+        (0..n)
+            .map(|_| rng.below(cfg.vocab_size) as i64)
+            .collect::<Vec<_>>()
+    };
+    let ids = draw();
+    let targets = draw();
+    Batches::new(ids, targets, [steps, rows, cfg.max_seq_len])
+}
+
+/// The median of `v` (the upper one of an even count).
+pub fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// How many steps are run and how many of them are timed.
+#[derive(Debug, Clone, Copy)]
+pub struct Steps {
+    /// Steps run first and not timed.
+    pub warmup: usize,
+    /// Timed steps.
+    pub timed: usize,
+}
+
+impl Steps {
+    pub fn total(&self) -> usize {
+        self.warmup + self.timed
+    }
+
+    /// The median over the timed steps of the slowest rank's step time (ms).
+    pub fn slowest(&self, per_rank: &[RankRun]) -> f64 {
+        median(
+            (self.warmup..self.total())
+                .map(|s| per_rank.iter().map(|r| r.step_ms[s]).fold(0.0, f64::max))
+                .collect(),
+        )
+    }
+}
+
+/// What one rank measured: every step's time (ms) and what its dp wrapper recorded.
+pub struct RankRun {
+    pub step_ms: Vec<f64>,
+    pub report: WrapperReport,
+}
+
+/// Where the ranks of a run live.
+#[derive(Clone)]
+pub enum Hosts {
+    /// `ranks` threads of this process, one communicator.
+    Threads { ranks: usize },
+    /// `copies` threads, each a world of one: the same work at the same time with no
+    /// communication (what core sharing alone costs).
+    Alone { copies: usize },
+    /// This process's rank of a job a launcher started (its world's group, kept for every
+    /// run of the process: MPI initializes once per process).
+    Group(ProcessGroup),
+}
+
+/// What rank `rank` is given as the global batch of step `step` on `device`.
+pub type Rows<'a> = &'a (dyn Fn(usize, usize, &Device) -> TokenBatch + Sync);
+
+/// Trains `model` with `trainer` for `steps` SGD steps at learning rate 0.01 through [`fit`]
+/// on `hosts`; every rank's step times and wrapper report, in rank order (this process's
+/// ranks only).
+pub fn train(
+    model: &Gpt,
+    trainer: &Trainer,
+    hosts: Hosts,
+    steps: Steps,
+    rows: Rows<'_>,
+) -> Result<Vec<RankRun>, TrainError> {
+    let config = FitConfig::new(steps.total(), 0.01);
+    let one = |pg: ProcessGroup, rank: usize| {
+        let data = |s: usize, device: &Device| rows(rank, s, device);
+        let mut engine = trainer.build(model.clone(), &pg, &data(0, &default_device()))?;
+        let reports = fit(engine.as_mut(), &data, &config, &mut ())?;
+        Ok::<_, TrainError>(RankRun {
+            step_ms: reports.iter().map(|r| r.step_ms).collect(),
+            report: engine.wrapper_report(),
+        })
+    };
+    let out = match hosts {
+        Hosts::Threads { ranks } => {
+            Launcher::Threads { ranks }.run("bench", |pg| one(pg.clone(), pg.rank()))?
+        }
+        Hosts::Group(pg) => vec![one(pg.clone(), pg.rank())],
+        Hosts::Alone { copies } => std::thread::scope(|s| {
+            let handles: Vec<_> = (0..copies)
+                .map(|rank| {
+                    s.spawn(move || {
+                        Launcher::Threads { ranks: 1 }.run("bench-alone", |pg| one(pg, rank))
+                    })
+                })
+                .collect();
+            let mut all = Vec::new();
+            for h in handles {
+                all.extend(h.join().expect("a rank thread")?);
+            }
+            Ok::<_, TrainError>(all)
+        })?,
+    };
+    out.into_iter().collect()
+}

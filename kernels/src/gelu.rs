@@ -1,0 +1,160 @@
+//! The exact (erf) GELU and its derivative on host f32 buffers, written so that the compiler
+//! vectorizes them: no calls into `libm`, no branches. `erf` is Abramowitz & Stegun 7.1.26
+//! (absolute error ≤ 1.5e-7; its Taylor series near 0), its `exp(−x²)`
+//! and the derivative's `exp(−x²/2)` are the same value, computed once by range reduction
+//! (`2^k · p(r)`, `|r| ≤ ln 2 / 2`, a degree-7 polynomial: relative error below 1e-7).
+
+use burn::backend::Backend;
+use burn::backend::TensorMetadata;
+use burn::backend::tensor::FloatTensor;
+use burn::tensor::{TensorData, read_sync};
+
+const LOG2E: f32 = std::f32::consts::LOG2_E;
+const LN2_HI: f32 = 0.693_145_75;
+const LN2_LO: f32 = 1.428_606_8e-6;
+/// 1.5 · 2²³: adding it rounds to an integer, kept in the low mantissa bits.
+const MAGIC: f32 = 12_582_912.0;
+const FRAC_1_SQRT_2: f32 = std::f32::consts::FRAC_1_SQRT_2;
+/// 1 / √(2π).
+const INV_SQRT_2PI: f32 = 0.398_942_3;
+
+/// `e^x` for `x` in `[−87, 88]` (clamped there).
+#[inline(always)]
+fn exp(x: f32) -> f32 {
+    let x = x.clamp(-87.0, 88.0);
+    let t = x * LOG2E + MAGIC;
+    let k = t - MAGIC;
+    let r = x - k * LN2_HI - k * LN2_LO;
+    let p = 1.0
+        + r * (1.0
+            + r * (0.5
+                + r * (1.0 / 6.0
+                    + r * (1.0 / 24.0
+                        + r * (1.0 / 120.0 + r * (1.0 / 720.0 + r * (1.0 / 5040.0)))))));
+    let k = t.to_bits() as i32 - MAGIC.to_bits() as i32;
+    p * f32::from_bits(((k + 127) << 23) as u32)
+}
+
+/// `erf(x)` given `e = exp(−x²)`: its Taylor series below |x| = 0.5 (where 7.1.26's
+/// `1 − …` loses digits to cancellation), 7.1.26 above; both computed, one selected.
+#[inline(always)]
+fn erf_with(x: f32, e: f32) -> f32 {
+    let t = 1.0 / (1.0 + 0.327_591_1 * x.abs());
+    let poly = t
+        * (0.254_829_6
+            + t * (-0.284_496_74 + t * (1.421_413_8 + t * (-1.453_152_1 + t * 1.061_405_4))));
+    let far = (1.0 - poly * e).copysign(x);
+    let x2 = x * x;
+    let series = x
+        * std::f32::consts::FRAC_2_SQRT_PI
+        * (1.0
+            + x2 * (-1.0 / 3.0
+                + x2 * (1.0 / 10.0
+                    + x2 * (-1.0 / 42.0 + x2 * (1.0 / 216.0 + x2 * (-1.0 / 1320.0))))));
+    if x.abs() < 0.5 { series } else { far }
+}
+
+/// `0.5 · x · (1 + erf(x / √2))`.
+#[inline(always)]
+pub(crate) fn gelu(x: f32) -> f32 {
+    let e = exp(-0.5 * x * x);
+    0.5 * x * (1.0 + erf_with(x * FRAC_1_SQRT_2, e))
+}
+
+/// `g · (Φ(x) + x · φ(x))`.
+#[inline(always)]
+fn gelu_grad(x: f32, g: f32) -> f32 {
+    let e = exp(-0.5 * x * x);
+    let cdf = 0.5 * (1.0 + erf_with(x * FRAC_1_SQRT_2, e));
+    g * (cdf + x * INV_SQRT_2PI * e)
+}
+
+fn f32_values<B: Backend>(t: FloatTensor<B>) -> (Vec<f32>, Vec<usize>) {
+    let data = read_sync(B::float_into_data(t)).expect("bonfire-kernels: read a host tensor");
+    let shape = data.shape().to_vec();
+    (data.try_into_vec::<f32>().expect("an f32 tensor"), shape)
+}
+
+/// `f` applied to every value of the f32 tensor `x` (its buffer reused when not shared).
+pub(crate) fn map_f32<B: Backend>(x: FloatTensor<B>, f: impl Fn(f32) -> f32) -> FloatTensor<B> {
+    let device = x.device();
+    let (mut v, shape) = f32_values::<B>(x);
+    for e in v.iter_mut() {
+        *e = f(*e);
+    }
+    B::float_from_data(TensorData::new(v, shape), &device)
+}
+
+/// `grad · GELU′(x)` for f32 tensors of one shape.
+pub(crate) fn gelu_backward_f32<B: Backend>(
+    x: FloatTensor<B>,
+    grad: FloatTensor<B>,
+) -> FloatTensor<B> {
+    let device = grad.device();
+    let (x, _) = f32_values::<B>(x);
+    let (mut g, shape) = f32_values::<B>(grad);
+    assert_eq!(x.len(), g.len(), "gelu backward: x and grad differ in size");
+    for (g, &x) in g.iter_mut().zip(&x) {
+        *g = gelu_grad(x, *g);
+    }
+    B::float_from_data(TensorData::new(g, shape), &device)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// erf in f64 from its Taylor series (|x| ≤ 4: ~1e-9 absolute after cancellation) and
+    /// its continued fraction beyond.
+    fn erf64(x: f64) -> f64 {
+        if x.abs() > 4.0 {
+            return x.signum() * (1.0 - (-x * x).exp() / (x.abs() * std::f64::consts::PI.sqrt()));
+        }
+        let (mut sum, mut term, mut n) = (0.0, x, 0.0);
+        while term.abs() > 1e-18 || n < 3.0 {
+            sum += term / (2.0 * n + 1.0);
+            n += 1.0;
+            term *= -x * x / n;
+        }
+        sum * 2.0 / std::f64::consts::PI.sqrt()
+    }
+
+    fn grid() -> impl Iterator<Item = f32> {
+        (-12_000..=12_000).map(|i| i as f32 * 1e-3)
+    }
+
+    #[test]
+    fn exp_is_accurate() {
+        for x in (-8_700..=8_800).map(|i| i as f32 * 1e-2) {
+            let (got, want) = (exp(x) as f64, (x as f64).exp());
+            assert!(
+                ((got - want) / want).abs() < 3e-7,
+                "exp({x}) = {got}, not {want}"
+            );
+        }
+    }
+
+    #[test]
+    fn gelu_matches_the_erf_definition() {
+        for x in grid() {
+            let xd = x as f64;
+            let want = 0.5 * xd * (1.0 + erf64(xd / 2f64.sqrt()));
+            let got = gelu(x) as f64;
+            let tol = 2e-7 * xd.abs().max(1.0);
+            assert!((got - want).abs() < tol, "gelu({x}) = {got}, not {want}");
+        }
+    }
+
+    #[test]
+    fn gelu_grad_matches_the_derivative() {
+        for x in grid() {
+            let xd = x as f64;
+            let cdf = 0.5 * (1.0 + erf64(xd / 2f64.sqrt()));
+            let pdf = (-0.5 * xd * xd).exp() / (2.0 * std::f64::consts::PI).sqrt();
+            let want = 1.5 * (cdf + xd * pdf);
+            let got = gelu_grad(x, 1.5) as f64;
+            let tol = 3e-7 * xd.abs().max(1.0);
+            assert!((got - want).abs() < tol, "gelu'({x}) = {got}, not {want}");
+        }
+    }
+}
