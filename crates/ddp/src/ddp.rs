@@ -135,6 +135,33 @@ impl<M: Module> DistributedDataParallel<M> {
     pub fn params(&self) -> &[ParamInfo] {
         &self.infos
     }
+    /// Burn's optimizer over the replica (its state: every parameter's, keyed by id).
+    pub fn optimizer(&self) -> &ModuleOptimizer {
+        &self.optim
+    }
+    /// Replaces every parameter's values — `flat`, fp32, concatenated in
+    /// [`params`](Self::params) order — and the optimizer (resuming from a checkpoint); every
+    /// rank of the group passes the same. Gradients in flight and compression residuals are
+    /// dropped. No communication; call it between steps.
+    pub fn load_state(&mut self, flat: &[f32], optim: ModuleOptimizer) {
+        let model = self.model.take().expect("model");
+        let model = self.master.take().unwrap_or(model);
+        let model = params::assign_values(model, &self.infos, flat);
+        let precision = self.config.precision;
+        self.model = Some(match precision.is_mixed() {
+            true => {
+                let half = cast_module(model.clone(), precision.param_dtype);
+                self.master = Some(model);
+                half
+            }
+            false => model,
+        });
+        self.optim = optim;
+        self.grads = None;
+        self.last_buckets = None;
+        self.accumulated = vec![None; self.infos.len()];
+        self.residuals = vec![None; self.plan.num_buckets()];
+    }
     /// Number of gradient buckets.
     pub fn num_buckets(&self) -> usize {
         self.plan.num_buckets()

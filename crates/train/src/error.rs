@@ -68,4 +68,7 @@ pub enum TrainError {
     Launch(#[from] bonfire_comm::LaunchError),
     #[error("{0}")]
     Io(String),
+    /// A checkpoint that cannot be saved or loaded (raised before any state changes).
+    #[error(transparent)]
+    Checkpoint(#[from] crate::checkpoint::CheckpointError),
 }

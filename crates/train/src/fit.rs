@@ -80,6 +80,11 @@ pub trait Hooks<B> {
         let _ = (step, engine);
         Ok(())
     }
+    /// After the last step (a background checkpoint finishes here).
+    fn finish(&mut self, engine: &mut dyn Engine<B>) -> Result<(), TrainError> {
+        let _ = engine;
+        Ok(())
+    }
 }
 
 /// No hooks.
@@ -280,6 +285,7 @@ pub fn fit<B>(
         }
         reports.push(report);
     }
+    hooks.finish(engine)?;
     reporter.finish();
     Ok(reports)
 }

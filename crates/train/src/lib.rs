@@ -14,6 +14,8 @@
 //!   [`bonfire_dtensor::DataParallel`]), returning this rank's [`Engine`].
 //! - [`fit`] is the loop: batches from a [`DataSource`], steps, reports (progress bar,
 //!   `--metrics` JSON lines, tokens/s), hooks for gradients and checkpoints.
+//! - [`checkpoint`]: the whole training state saved in any layout (each rank its own slices,
+//!   an index, atomically, in the background) and resumed on any other layout and world size.
 //! - [`Launcher`]: ranks as threads, or as processes under `mpirun` (feature `mpi`).
 //!
 //! ```
@@ -59,6 +61,7 @@
 //!
 //! See `docs/architecture.md` and `docs/train.md`.
 
+pub mod checkpoint;
 mod dims;
 mod engine;
 mod error;
@@ -72,6 +75,7 @@ mod wrapper;
 
 pub use bonfire_dtensor::MixedPrecision;
 pub use dims::{ActivationCheckpointing, Axis, ParallelDims, PpOptions, TpOptions};
+pub use checkpoint::{CheckpointConfig, Checkpointer, resume};
 pub use engine::{Engine, RankMesh};
 pub use error::{LayoutError, TrainError};
 pub use fit::{DataSource, FitConfig, Hooks, StepReport, fit};

@@ -28,6 +28,16 @@ impl OptimizerKind {
         }
     }
 
+    /// Its name and hyper-parameters, as a checkpoint's index records them.
+    pub fn describe(self) -> serde_json::Value {
+        match self {
+            Self::Sgd => serde_json::json!({"name": "sgd", "momentum": null, "weight_decay": null}),
+            Self::AdamW => serde_json::json!({
+                "name": "adamw", "beta_1": 0.9, "beta_2": 0.95, "epsilon": 1e-6, "weight_decay": 0.1
+            }),
+        }
+    }
+
     /// A fresh Burn optimizer of this kind.
     pub fn build(self) -> ModuleOptimizer {
         match self {

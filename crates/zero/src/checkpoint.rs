@@ -371,36 +371,58 @@ impl<M: Module> Zero<M> {
     pub fn load_sharded(&mut self, dir: impl AsRef<Path>) -> Result<()> {
         let store = Pieces::load(dir.as_ref())?;
         let infos = self.infos.clone();
-        let info = |p: usize| &infos[p];
-        if self.config.stage == Stage::Zero3 {
-            let own = self.own_range();
-            let mut values = vec![0.0; own.len()];
+        let values = if self.config.stage == Stage::Zero3 {
+            let mut values = Vec::with_capacity(self.own_range().len());
             for piece in &self.optim.pieces {
-                let r = piece.flat.start - own.start..piece.flat.end - own.start;
-                values[r]
-                    .copy_from_slice(&store.values(&info(piece.param).path, piece.within.clone())?);
+                values.extend(store.values(&infos[piece.param].path, piece.within.clone())?);
             }
-            let n = values.len();
-            let t = plane::from_host(values, [n], &self.device, Reason::Checkpoint);
-            self.set_shard(Some(t));
+            values
         } else {
-            let mut flat = vec![0.0; self.part.total()];
-            for (i, p) in self.infos.iter().enumerate() {
-                let r = self.part.offsets[i]..self.part.offsets[i + 1];
-                flat[r].copy_from_slice(&store.values(&p.path, 0..p.numel())?);
+            let mut flat = Vec::with_capacity(self.part.total());
+            for p in infos.iter() {
+                flat.extend(store.values(&p.path, 0..p.numel())?);
             }
-            let n = flat.len();
-            let t = plane::from_host(flat, [n], &self.device, Reason::Checkpoint);
-            self.set_full_values(t);
-        }
+            flat
+        };
         let states = self
             .optim
             .pieces
             .iter()
-            .map(|piece| store.state(&info(piece.param).path, piece.within.clone()))
+            .map(|piece| store.state(&infos[piece.param].path, piece.within.clone()))
             .collect::<Result<Vec<_>>>()?;
-        self.optim.import(states)?;
+        self.load_state(values, states)?;
         self.pg.barrier()?;
+        Ok(())
+    }
+
+    /// Installs parameter values and optimizer state from outside (a checkpoint): `values`
+    /// are fp32, this rank's range of the flat vector at stage 3 and the whole flat vector at
+    /// stages 0–2 (every rank of the group passing the same); `states` are the state of each
+    /// of the optimizer's pieces ([`ShardOptimizer::pieces`](crate::ShardOptimizer::pieces)),
+    /// all `None` for a fresh optimizer. No communication; call it between steps.
+    pub fn load_state(&mut self, values: Vec<f32>, states: Vec<Option<FlatState>>) -> Result<()> {
+        let want = if self.config.stage == Stage::Zero3 {
+            self.own_range().len()
+        } else {
+            self.part.total()
+        };
+        if values.len() != want || states.len() != self.optim.pieces.len() {
+            return Err(err(format!(
+                "load_state: {} values and {} piece states for {want} values and {} pieces",
+                values.len(),
+                states.len(),
+                self.optim.pieces.len()
+            )));
+        }
+        let n = values.len();
+        let t = plane::from_host(values, [n], &self.device, Reason::Checkpoint);
+        if self.config.stage == Stage::Zero3 {
+            self.set_shard(Some(t));
+        } else {
+            self.set_full_values(t);
+        }
+        self.optim.import(states)?;
+        self.grads = None;
         Ok(())
     }
 }

@@ -24,6 +24,7 @@ use burn::module::{Module, Param, ParamId};
 use burn::optim::{GradientsParams, ModuleOptimizer};
 use burn::tensor::{DType, Device, Tensor, TensorData};
 use burn_pack::Scalar;
+use std::collections::BTreeMap;
 
 /// One piece's (or one range's) optimizer state on the host: named element vectors (all of
 /// the range's length for element-wise optimizers) and scalars (step counters).
@@ -194,52 +195,34 @@ impl ShardOptimizer {
 
     /// The range's state as Burn records it (`None` before the first step).
     fn read(&self) -> Option<FlatState> {
-        let bytes = self.optim.into_bytes().expect("optimizer state to bytes");
-        let reader = burn_pack::Reader::from_bytes(bytes).expect("Burn's own record");
-        let prefix = format!("{}.", self.id.val());
-        let scalars: Vec<(String, Scalar)> = reader
-            .scalars()
-            .iter()
-            .filter_map(|(k, v)| Some((k.strip_prefix(&prefix)?.to_string(), *v)))
-            .collect();
-        let mut tensors = Vec::new();
-        for t in reader.into_tensors().expect("record tensors") {
-            let (name, dtype, shape, _, bytes) = t.into_parts().expect("record tensor");
-            let Some(leaf) = name.strip_prefix(&prefix) else {
-                continue;
-            };
-            let data = TensorData::from_bytes(bytes, shape.clone(), dtype).convert::<f32>();
-            let values = data.try_into_vec::<f32>().expect("f32 state");
-            tensors.push((leaf.to_string(), shape.to_vec(), values));
-        }
-        let state = FlatState { tensors, scalars };
-        (!state.is_empty()).then_some(state)
+        record_states(&self.optim).remove(&self.id.val())
     }
 
     /// A stateless optimizer holding `state` for the range.
     fn load(&self, state: FlatState) -> ModuleOptimizer {
-        let id = self.id.val();
-        let tensors = state
-            .tensors
-            .into_iter()
-            .map(|(leaf, shape, values)| {
-                let (bytes, shape, dtype) = TensorData::new(values, shape).into_parts();
-                burn_pack::Tensor::new(format!("{id}.{leaf}"), dtype, shape, Some(id), bytes)
-            })
-            .collect();
-        let mut writer = burn_pack::Writer::new(tensors);
-        for (leaf, v) in &state.scalars {
-            writer = writer.with_scalar(&format!("{id}.{leaf}"), *v);
-        }
-        let bytes = writer.into_bytes().expect("optimizer state record");
-        self.blank
-            .clone()
-            .from_bytes(bytes)
-            .expect("Burn reads its own record")
+        with_states(self.blank.clone(), vec![(self.id, state)])
     }
 
     fn state(&self) -> Option<FlatState> {
         self.read()
+    }
+
+    /// The pieces of the range (a rank's slices of parameters), in flat order.
+    pub fn pieces(&self) -> &[Piece] {
+        &self.pieces
+    }
+
+    /// Every piece's state, in [`pieces`](Self::pieces) order (copies, read from Burn's record
+    /// once; `None` before the first step) — for checkpoints.
+    pub fn export_all(&self) -> Vec<Option<FlatState>> {
+        let state = self.state();
+        self.pieces
+            .iter()
+            .map(|p| {
+                let at = p.flat.start - self.own_start;
+                state.as_ref().map(|s| s.slice(at..at + p.len()))
+            })
+            .collect()
     }
 
     /// Piece `k`'s state (a copy; for checkpoints).
@@ -321,4 +304,59 @@ impl ShardOptimizer {
     fn state_bytes(&self) -> usize {
         self.read().map_or(0, |s| s.bytes())
     }
+}
+
+/// Every parameter's state in Burn's record of `optim`, by parameter id: its tensors (named by
+/// leaf, e.g. `momentum.moment_1`, as f32) and scalars (`momentum.time`, Burn's `__rank`).
+/// The one reading of Burn's optimizer record (ZeRO's range state, the trainer's checkpoints).
+pub fn record_states(optim: &ModuleOptimizer) -> BTreeMap<u64, FlatState> {
+    let bytes = optim.into_bytes().expect("optimizer state to bytes");
+    let reader = burn_pack::Reader::from_bytes(bytes).expect("Burn's own record");
+    let split = |name: &str| -> Option<(u64, String)> {
+        let (id, leaf) = name.split_once('.')?;
+        Some((id.parse().ok()?, leaf.to_string()))
+    };
+    let mut out: BTreeMap<u64, FlatState> = BTreeMap::new();
+    for (k, v) in reader.scalars() {
+        if let Some((id, leaf)) = split(k) {
+            out.entry(id).or_default().scalars.push((leaf, *v));
+        }
+    }
+    for t in reader.into_tensors().expect("record tensors") {
+        let (name, dtype, shape, _, bytes) = t.into_parts().expect("record tensor");
+        let Some((id, leaf)) = split(&name) else {
+            continue;
+        };
+        let data = TensorData::from_bytes(bytes, shape.clone(), dtype).convert::<f32>();
+        let values = data.try_into_vec::<f32>().expect("f32 state");
+        let entry = out.entry(id).or_default();
+        entry.tensors.push((leaf, shape.to_vec(), values));
+    }
+    out.retain(|_, s| !s.is_empty());
+    out
+}
+
+/// `optim` holding exactly `states` (every other parameter's state dropped): the inverse of
+/// [`record_states`], through Burn's own record. A state's scalars must include Burn's
+/// `__rank` (the parameter's number of dimensions).
+pub fn with_states(optim: ModuleOptimizer, states: Vec<(ParamId, FlatState)>) -> ModuleOptimizer {
+    let mut tensors = Vec::new();
+    let mut scalars = Vec::new();
+    for (id, state) in states {
+        let id = id.val();
+        for (leaf, shape, values) in state.tensors {
+            let (bytes, shape, dtype) = TensorData::new(values, shape).into_parts();
+            let name = format!("{id}.{leaf}");
+            tensors.push(burn_pack::Tensor::new(name, dtype, shape, Some(id), bytes));
+        }
+        for (leaf, v) in state.scalars {
+            scalars.push((format!("{id}.{leaf}"), v));
+        }
+    }
+    let mut writer = burn_pack::Writer::new(tensors);
+    for (k, v) in &scalars {
+        writer = writer.with_scalar(k, *v);
+    }
+    let bytes = writer.into_bytes().expect("optimizer state record");
+    optim.from_bytes(bytes).expect("Burn reads its own record")
 }

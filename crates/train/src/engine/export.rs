@@ -29,8 +29,20 @@ impl ModelLayout {
         Self { infos, shard_dims }
     }
 
+    /// The dimension parameter `i` is split along over tp (`None`: replicated on tp).
+    pub fn shard_dim(&self, i: usize) -> Option<usize> {
+        self.shard_dims[i]
+    }
+
+    /// Every parameter's path and whole shape, in model order, on a tp axis of `tp` ranks.
+    pub fn whole_params(&self, tp: usize) -> Vec<(String, Vec<usize>)> {
+        (0..self.infos.len())
+            .map(|i| (self.infos[i].path.clone(), self.whole_shape(i, tp)))
+            .collect()
+    }
+
     /// Parameter `i`'s whole shape.
-    fn whole_shape(&self, i: usize, tp: usize) -> Vec<usize> {
+    pub fn whole_shape(&self, i: usize, tp: usize) -> Vec<usize> {
         let mut shape = self.infos[i].shape.clone();
         if let Some(d) = self.shard_dims[i] {
             shape[d] *= tp;

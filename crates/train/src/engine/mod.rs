@@ -10,6 +10,7 @@ pub(crate) mod export;
 pub(crate) mod pipeline;
 pub(crate) mod replica;
 
+use crate::checkpoint::{Holding, Loaded, RankState, Wants};
 use crate::dims::ParallelDims;
 use crate::error::TrainError;
 use crate::wrapper::WrapperReport;
@@ -55,6 +56,15 @@ pub trait Engine<B> {
     fn parameters(&mut self) -> Result<Vec<ParamValues>, TrainError>;
     /// What this rank's dp wrapper measured (timings, bytes held), for benches and reports.
     fn wrapper_report(&self) -> WrapperReport;
+    /// What this rank writes to a checkpoint: its own slices of every parameter and of their
+    /// optimizer state, copied to the host (replicas and tp-replicated parameters: one rank
+    /// writes). No communication.
+    fn save_state(&mut self) -> Result<RankState, TrainError>;
+    /// The model as a checkpoint names it and the slices this rank must be given to resume.
+    fn state_wants(&self) -> Wants;
+    /// Installs the answer to [`state_wants`](Self::state_wants): parameter values and
+    /// optimizer state. No communication; call it between steps.
+    fn load_state(&mut self, loaded: Loaded) -> Result<(), TrainError>;
 }
 
 /// A rank's place in a layout: the layout, its mesh `[pp, dp, tp]`, and the device it
@@ -91,6 +101,21 @@ impl RankMesh {
             .world()
             .all_reduce(&mut bad, bonfire_comm::ReduceOp::Max)?;
         Ok(bad[0] == 0)
+    }
+
+    /// Where a dp wrapper holding model parameters `indices` sits, for checkpoints.
+    pub(crate) fn holding<'a>(
+        &self,
+        layout: &'a export::ModelLayout,
+        indices: &'a [usize],
+    ) -> Holding<'a> {
+        Holding {
+            layout,
+            indices,
+            tp_rank: self.coord(crate::Axis::Tp),
+            tp_size: self.dims.tp(),
+            dp_rank: self.coord(crate::Axis::Dp),
+        }
     }
 
     /// This replica's rows of a global batch of `rows` rows (a multiple of dp, checked).

@@ -7,6 +7,7 @@
 use super::checkpointing::{Recomputing, forward_piece, recompute_flags};
 use super::export::ModelLayout;
 use super::{Engine, RankMesh};
+use crate::checkpoint::{self, Loaded, RankState, Wants};
 use crate::dims::{Axis, axis_error};
 use crate::error::{LayoutError, TrainError};
 use crate::model::{BuildPipeline, Rows};
@@ -343,5 +344,18 @@ impl<P: Block<D> + 'static, const D: usize, B: Rows> Engine<B> for PipelineEngin
     fn parameters(&mut self) -> Result<Vec<ParamValues>, TrainError> {
         let local = self.wrapper.parameters()?;
         self.assemble(local)
+    }
+
+    fn save_state(&mut self) -> Result<RankState, TrainError> {
+        let holding = self.at.holding(&self.layout, &self.indices);
+        checkpoint::rank_state(&self.wrapper, &holding)
+    }
+
+    fn state_wants(&self) -> Wants {
+        checkpoint::wants(&self.wrapper, &self.at.holding(&self.layout, &self.indices))
+    }
+
+    fn load_state(&mut self, loaded: Loaded) -> Result<(), TrainError> {
+        checkpoint::load_wrapper(&mut self.wrapper, loaded)
     }
 }

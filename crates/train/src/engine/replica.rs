@@ -6,6 +6,7 @@
 use super::checkpointing;
 use super::export::ModelLayout;
 use super::{Engine, RankMesh};
+use crate::checkpoint::{self, Loaded, RankState, Wants};
 use crate::dims::Axis;
 use crate::error::TrainError;
 use crate::model::{ParallelModel, Rows};
@@ -19,14 +20,18 @@ pub(crate) struct ReplicaEngine<M: ParallelModel> {
     at: RankMesh,
     wrapper: DpWrapper<M>,
     layout: ModelLayout,
+    /// Every model parameter, in order (the wrapper holds them all).
+    indices: Vec<usize>,
 }
 
 impl<M: ParallelModel> ReplicaEngine<M> {
     pub fn new(at: RankMesh, wrapper: DpWrapper<M>, layout: ModelLayout) -> Self {
+        let indices = (0..layout.infos.len()).collect();
         Self {
             at,
             wrapper,
             layout,
+            indices,
         }
     }
 }
@@ -80,5 +85,18 @@ impl<M: ParallelModel> Engine<M::Batch> for ReplicaEngine<M> {
     fn parameters(&mut self) -> Result<Vec<ParamValues>, TrainError> {
         let local = self.wrapper.parameters()?;
         self.layout.whole_all(local, self.at.group(Axis::Tp))
+    }
+
+    fn save_state(&mut self) -> Result<RankState, TrainError> {
+        let holding = self.at.holding(&self.layout, &self.indices);
+        checkpoint::rank_state(&self.wrapper, &holding)
+    }
+
+    fn state_wants(&self) -> Wants {
+        checkpoint::wants(&self.wrapper, &self.at.holding(&self.layout, &self.indices))
+    }
+
+    fn load_state(&mut self, loaded: Loaded) -> Result<(), TrainError> {
+        checkpoint::load_wrapper(&mut self.wrapper, loaded)
     }
 }
