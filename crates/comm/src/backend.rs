@@ -123,6 +123,20 @@ pub trait Backend: Send + Sync + 'static {
     /// The world rank of every group rank (for messages that must name processes).
     fn world_ranks(&self) -> Vec<usize>;
 
+    /// After a failure: agrees with the other survivors on who is alive and returns this
+    /// rank's membership in a fresh group of them (the contract: [`crate::shrink`]). Waits at
+    /// most `timeout` for live ranks that have not joined; `group` names the group in errors.
+    /// Backends that cannot shrink say so.
+    fn shrink(&self, group: &str, timeout: Duration) -> Result<crate::shrink::Shrink> {
+        let _ = (group, timeout);
+        Err(CommError::Unsupported {
+            backend: self.name(),
+            what: "shrinking a group after a failure (a dead rank ends the job here: resume \
+                   from the last checkpoint on fewer processes)"
+                .into(),
+        })
+    }
+
     /// Whether this transport reads and writes device memory itself ([`crate::device`]):
     /// NCCL does; host transports (threads, MPI) do not, and their callers stage.
     fn takes_device_buffers(&self) -> bool {

@@ -155,6 +155,33 @@ impl ProcessGroup {
         Ok(Self::with_timeout(backend, name, self.timeout()))
     }
 
+    /// After a failure: agrees with the other survivors on who is alive and returns a fresh
+    /// group of them (ranks renumbered in the old order), as ULFM's `MPI_Comm_shrink`. Every
+    /// survivor calls it, at any point after its call failed; this handle is unusable
+    /// afterwards. Bounded by the timeout; backends that cannot shrink (MPI, NCCL) return
+    /// [`CommError::Unsupported`]. See [`crate::shrink`] for the contract.
+    pub fn shrink(&self) -> Result<crate::Shrunk> {
+        let shrink = self
+            .inner
+            .backend
+            .shrink(&self.inner.name, self.timeout())?;
+        let world: Vec<usize> = shrink.backend.world_ranks();
+        let name = format!("{}/shrunk{:?}", self.inner.name, world);
+        if self.rank() == shrink.survivors[0] {
+            tracing::warn!(
+                group = %self.inner.name,
+                "shrunk to old ranks {:?} after losing {:?}",
+                shrink.survivors,
+                shrink.failed
+            );
+        }
+        Ok(crate::Shrunk {
+            group: Self::with_timeout(shrink.backend, name, self.timeout()),
+            survivors: shrink.survivors,
+            failed: shrink.failed,
+        })
+    }
+
     fn context(&self, fingerprint: Fingerprint) -> CallContext<'_> {
         CallContext {
             fingerprint,

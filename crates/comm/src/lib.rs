@@ -56,6 +56,7 @@ pub mod nccl;
 mod recorder;
 pub mod reduce;
 pub mod rendezvous;
+pub mod shrink;
 pub mod testing;
 pub mod threads;
 #[cfg(any(feature = "mpi", feature = "nccl"))]
@@ -73,6 +74,7 @@ pub use group::{DEFAULT_TIMEOUT, ProcessGroup, default_timeout};
 pub use half::{bf16, f16};
 pub use recorder::{CallRecord, CallState, FlightRecorder, RECORDER_CAPACITY};
 pub use reduce::ReduceOp;
+pub use shrink::Shrunk;
 pub use threads::{LaunchError, RankFailure, ThreadWorld, launch};
 pub use work::Work;
 pub use world::{LaunchEnv, Launcher, World};

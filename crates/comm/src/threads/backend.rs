@@ -54,6 +54,12 @@ impl ThreadBackend {
             .unwrap_or_else(|e| e.into_inner()) = slot;
     }
 
+    /// Counts this call for the world's injected failure (which it may be).
+    fn enter_call(&self) -> Result<()> {
+        let world_rank = self.shared.members[self.me];
+        self.shared.world.enter_call(world_rank)
+    }
+
     /// Copies every member's slot into `out` (after the entry barrier).
     fn snapshot(&self, out: &mut Vec<Slot>) {
         out.clear();
@@ -115,6 +121,7 @@ impl Backend for ThreadBackend {
     }
 
     fn collective(&self, call: Collective<'_>, ctx: &CallContext<'_>) -> Result<()> {
+        self.enter_call()?;
         let n = self.size();
         let me = self.me;
         let dtype = call.dtype();
@@ -185,6 +192,7 @@ impl Backend for ThreadBackend {
     }
 
     fn send(&self, buf: BufRef<'_>, dst: usize, ctx: &CallContext<'_>) -> Result<()> {
+        self.enter_call()?;
         if let Some(reason) = self.shared.aborted() {
             return Err(ctx.aborted(reason));
         }
@@ -210,6 +218,7 @@ impl Backend for ThreadBackend {
     }
 
     fn recv(&self, mut buf: BufMut<'_>, src: usize, ctx: &CallContext<'_>) -> Result<()> {
+        self.enter_call()?;
         let key = (src, self.me, ctx.fingerprint.tag.unwrap_or(0));
         let started = Instant::now();
         let deadline = started + ctx.timeout;
@@ -267,6 +276,19 @@ impl Backend for ThreadBackend {
         let world_rank = self.shared.members[self.me];
         let shared = self.shared.world.join_group(world_rank, members);
         Ok(Box::new(ThreadBackend::new(shared, me)))
+    }
+
+    fn shrink(&self, group: &str, timeout: Duration) -> Result<crate::shrink::Shrink> {
+        let (shared, survivors, failed) = self.shared.shrink(self.me, group, timeout)?;
+        let me = survivors
+            .iter()
+            .position(|&r| r == self.me)
+            .expect("the agreement includes the caller");
+        Ok(crate::shrink::Shrink {
+            backend: Box::new(ThreadBackend::new(shared, me)),
+            survivors,
+            failed,
+        })
     }
 }
 

@@ -8,6 +8,7 @@
 mod backend;
 mod barrier;
 mod shared;
+mod shrink;
 mod world;
 
 use crate::work::panic_message;
@@ -46,6 +47,7 @@ pub struct ThreadWorld {
     size: usize,
     timeout: Duration,
     name: String,
+    fault: Option<(usize, u64)>,
 }
 
 impl ThreadWorld {
@@ -56,6 +58,7 @@ impl ThreadWorld {
             size,
             timeout: default_timeout(),
             name: "world".into(),
+            fault: None,
         }
     }
 
@@ -72,13 +75,27 @@ impl ThreadWorld {
         self
     }
 
+    /// Injects a failure (tests, chaos runs): world rank `rank` dies entering its `call`-th
+    /// communication call (collectives, sends and receives on any of its groups and threads,
+    /// counted from 0). It is marked failed — its peers' calls fail at once, naming it — and
+    /// that call returns an error; what the rank's code does afterwards no peer waits for.
+    pub fn inject_failure(mut self, rank: usize, call: u64) -> Self {
+        assert!(
+            rank < self.size,
+            "rank {rank} is not in a world of {}",
+            self.size
+        );
+        self.fault = Some((rank, call));
+        self
+    }
+
     /// Runs `f` on every rank and returns each rank's outcome, in rank order.
     pub fn launch_each<R, F>(&self, f: F) -> Vec<Result<R, RankFailure>>
     where
         R: Send,
         F: Fn(ProcessGroup) -> R + Sync,
     {
-        let world = WorldState::new(self.size);
+        let world = WorldState::with_fault(self.size, self.fault);
         let members: Vec<usize> = (0..self.size).collect();
         // Join the world group on this thread so every rank shares one state.
         let groups: Vec<ProcessGroup> = (0..self.size)
@@ -106,7 +123,10 @@ impl ThreadWorld {
                                 std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(pg)));
                             match out {
                                 Ok(value) => {
-                                    world.set_status(rank, RankStatus::Exited, None);
+                                    // A rank that died of an injected failure stays failed.
+                                    if world.status(rank) == RankStatus::Running {
+                                        world.set_status(rank, RankStatus::Exited, None);
+                                    }
                                     Ok(value)
                                 }
                                 Err(panic) => {

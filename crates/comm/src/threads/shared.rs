@@ -69,6 +69,8 @@ pub(crate) struct GroupShared {
     aborted: Mutex<Option<String>>,
     pub mailbox: Mutex<Mailbox>,
     pub mail: Condvar,
+    /// The survivors' agreement when the group is shrunk after a failure.
+    pub agreement: super::shrink::Agreement,
 }
 
 impl GroupShared {
@@ -82,6 +84,7 @@ impl GroupShared {
             aborted: Mutex::new(None),
             mailbox: Mutex::new(Mailbox::default()),
             mail: Condvar::new(),
+            agreement: super::shrink::Agreement::new(n),
         }
     }
 
@@ -92,6 +95,7 @@ impl GroupShared {
     /// Wakes every waiter of this group so that it re-checks peers and the abort flag.
     pub(crate) fn alert(&self) {
         self.entry.alert();
+        self.agreement.alert();
         let _mailbox = self.mailbox.lock().unwrap_or_else(|e| e.into_inner());
         self.mail.notify_all();
     }

@@ -3,7 +3,7 @@
 
 use super::shared::GroupShared;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
 /// What became of a rank thread.
@@ -28,10 +28,17 @@ pub(crate) struct WorldState {
     registry: Mutex<HashMap<GroupKey, Weak<GroupShared>>>,
     /// How many groups each world rank created with a given member list.
     created: Mutex<HashMap<(usize, Vec<usize>), u64>>,
+    /// Groups made by a shrink so far (their keys are apart from `new_group`'s).
+    fresh: AtomicU64,
+    /// An injected failure: this world rank dies entering its n-th call (counted from 0).
+    fault: Option<(usize, u64)>,
+    /// Calls (collectives, sends, receives, on any group and thread) each rank entered.
+    calls: Vec<AtomicU64>,
 }
 
 impl WorldState {
-    pub(crate) fn new(size: usize) -> Arc<Self> {
+    /// A world where `fault` = (world rank, call) dies entering that call.
+    pub(crate) fn with_fault(size: usize, fault: Option<(usize, u64)>) -> Arc<Self> {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         Arc::new(Self {
             spin: size <= cores,
@@ -41,6 +48,9 @@ impl WorldState {
             reasons: Mutex::new(vec![None; size]),
             registry: Mutex::new(HashMap::new()),
             created: Mutex::new(HashMap::new()),
+            fresh: AtomicU64::new(0),
+            fault,
+            calls: (0..size).map(|_| AtomicU64::new(0)).collect(),
         })
     }
 
@@ -62,6 +72,21 @@ impl WorldState {
         }
     }
 
+    /// Counts a call `world_rank` enters; when it is the injected failure's, the rank dies
+    /// there: marked failed (its peers stop waiting for it at once) and the call fails.
+    pub(crate) fn enter_call(&self, world_rank: usize) -> Result<(), crate::CommError> {
+        let n = self.calls[world_rank].fetch_add(1, Ordering::SeqCst);
+        if self.fault != Some((world_rank, n)) {
+            return Ok(());
+        }
+        let message = format!("injected failure: rank {world_rank} died entering its call #{n}");
+        self.set_status(world_rank, RankStatus::Failed, Some(message.clone()));
+        Err(crate::CommError::Backend {
+            backend: "threads",
+            message,
+        })
+    }
+
     /// Records that a rank thread ended and wakes every waiter so that peers stop waiting
     /// for it.
     pub(crate) fn set_status(&self, world_rank: usize, status: RankStatus, reason: Option<String>) {
@@ -77,6 +102,16 @@ impl WorldState {
         for group in groups {
             group.alert();
         }
+    }
+
+    /// A new group of these world ranks that no `join_group` can reach (the decision of a
+    /// shrink hands it to the survivors), registered so that failures alert it.
+    pub(crate) fn fresh_group(self: &Arc<Self>, members: Vec<usize>) -> Arc<GroupShared> {
+        let n = self.fresh.fetch_add(1, Ordering::SeqCst);
+        let group = Arc::new(GroupShared::new(self.clone(), members.clone()));
+        let mut registry = self.registry.lock().unwrap_or_else(|e| e.into_inner());
+        registry.insert((members, (1 << 63) | n), Arc::downgrade(&group));
+        group
     }
 
     /// The shared state of the group with these world ranks, as seen by member `me`:

@@ -1,0 +1,51 @@
+//! Shrinking a group after a failure: the survivors agree on who is alive and continue on a
+//! fresh group without the dead ranks ([`ProcessGroup::shrink`](crate::ProcessGroup::shrink)),
+//! as ULFM's `MPI_Comm_shrink` does for MPI and TorchFT's quorum for torch.distributed.
+//!
+//! The contract every backend that can shrink keeps:
+//! - **agreement**: every survivor that returns `Ok` gets the same member list, in the old
+//!   group's order, and the same new group;
+//! - **bounded**: the agreement waits at most the group's timeout for the ranks that are
+//!   alive but have not joined it; if some are still missing then, no group is made and every
+//!   caller gets the same error naming them (a live rank is never silently dropped);
+//! - **fresh**: the new group shares nothing with the old one (its own barrier, mailbox and
+//!   sequence numbers), so no message or call of the failed step can leak into it; the old
+//!   group is aborted for the caller, so peers still blocked on it fail fast;
+//! - a rank that dies *after* the agreement is in the new group, and the first collective
+//!   there fails naming it: shrink again.
+//!
+//! The threads backend shrinks (the agreement is a decision in shared memory, made once).
+//! MPI cannot here (that needs ULFM): there a failure ends the job with an error naming the
+//! dead rank, and the run resumes from a checkpoint on fewer processes (docs/checkpoint.md).
+
+use crate::ProcessGroup;
+use crate::backend::Backend;
+
+/// What a backend's shrink produced: the new group's transport and the agreement.
+pub struct Shrink {
+    /// This rank's membership in the new group.
+    pub backend: Box<dyn Backend>,
+    /// The old group's ranks that are in the new group, in order (new rank = position).
+    pub survivors: Vec<usize>,
+    /// The old group's ranks left out, each with why (it panicked, returned, …).
+    pub failed: Vec<(usize, String)>,
+}
+
+/// The outcome of [`ProcessGroup::shrink`]: the survivors' new group and who was left out.
+#[derive(Debug, Clone)]
+pub struct Shrunk {
+    /// The new group: its ranks are the survivors, renumbered `0..survivors.len()` in the old
+    /// order.
+    pub group: ProcessGroup,
+    /// The old group's ranks that survived, in order (`survivors[new_rank] = old_rank`).
+    pub survivors: Vec<usize>,
+    /// The old group's ranks that failed, each with the reason the backend knows.
+    pub failed: Vec<(usize, String)>,
+}
+
+impl Shrunk {
+    /// Whether any rank was left out (false: everyone was alive and joined).
+    pub fn lost_any(&self) -> bool {
+        !self.failed.is_empty()
+    }
+}
