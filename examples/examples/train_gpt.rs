@@ -8,6 +8,11 @@
 //! cargo run --release --example train_gpt -- --mesh dp=2,tp=2,pp=2 --zero 1 --schedule 1f1b
 //! cargo run --release --example train_gpt -- --mesh dp=4 --zero 3 --optim sgd --lr 0.5
 //! cargo run --release --example train_gpt -- --steps 20 --metrics target/train_gpt/metrics.jsonl
+//! # the planner chooses the layout for 4 rank threads under a per-rank budget (docs/planner.md):
+//! cargo run --release --example train_gpt -- --mesh auto --ranks 4 --memory-budget 300MiB
+//! # checkpoints of the whole training state, resumed on another layout:
+//! cargo run --release --example train_gpt -- --mesh dp=4 --steps 100 --checkpoint-dir ckpt --checkpoint-every 50
+//! cargo run --release --example train_gpt -- --mesh dp=2,tp=2 --zero 3 --steps 300 --resume ckpt
 //! # one rank per MPI process:
 //! cargo build --release -p bonfire-examples --features mpi --example train_gpt
 //! mpirun -np 4 target/release/examples/train_gpt --launcher env --mesh dp=2,tp=2
@@ -15,6 +20,12 @@
 //!
 //! From the same `--seed` every layout trains on the same global batches from the same
 //! initial model, so the loss curve is the same whatever the layout.
+//!
+//! `--checkpoint-dir` saves the whole training state (parameters and optimizer state, each
+//! rank its own slices) every `--checkpoint-every` steps and at the end; `--resume` continues
+//! the run it holds under any `--mesh`: the global batch, seed, sequence length, optimizer,
+//! learning rate and model come from the run (they must match the flags given), `--steps` is
+//! the run's total, and `--metrics` lines go on with the true step numbers.
 //!
 //! Memory: the program allocates through `bonfire_examples::memory::RankAllocator`, which
 //! charges every heap block to the rank thread that allocated it. At the end it prints each
@@ -24,13 +35,15 @@
 //! (--memory-budget)` — a device out-of-memory error, on the CPU.
 
 use bonfire_dtensor::params;
-use bonfire_examples::cli::{LayoutArgs, fail, init_logging};
+use bonfire_examples::cli::{CheckpointArgs, FaultArgs, LayoutArgs, fail, init_logging, survivors};
 use bonfire_examples::corpus::{self, CharTokenizer};
 use bonfire_examples::memory::{self, RankAllocator};
 use bonfire_examples::parallel::TokenBatch;
 use bonfire_examples::{Gpt, GptConfig, checkpoint, default_device, harness};
+use bonfire_train::checkpoint::{Checkpoint, Checkpointer, resume};
 use bonfire_train::{
-    Engine, FitConfig, Hooks, Launcher, OptimizerKind, ParallelDims, TrainError, Trainer, fit,
+    Engine, FitConfig, Hooks, Launcher, OptimizerKind, ParallelDims, StepReport, TrainError,
+    Trainer, fault, fit, fit_fault_tolerant,
 };
 use burn::module::Module;
 use burn::tensor::{Device, Int, Tensor, TensorData};
@@ -46,6 +59,12 @@ struct Cli {
     /// The layout (`--mesh`, default `dp=2`, and its options).
     #[command(flatten)]
     layout: LayoutArgs,
+    /// Distributed checkpoints and resuming.
+    #[command(flatten)]
+    ckpt: CheckpointArgs,
+    /// Fault tolerance (`--fault-tolerant`) and failure injection (`--kill-rank R --at-step S`).
+    #[command(flatten)]
+    fault: FaultArgs,
     /// Burn's optimizer: adamw (β1 0.9, β2 0.95, ε 1e-6, weight decay 0.1) or sgd.
     #[arg(long, default_value = "adamw")]
     optim: String,
@@ -69,6 +88,10 @@ struct Cli {
     layers: usize,
     #[arg(long, default_value_t = 512)]
     d_ff: usize,
+    /// Ranks for `--mesh auto` (the planner chooses their layout; the global batch is
+    /// `--batch` × `--ranks` sequences, split over the replicas the plan has).
+    #[arg(long, default_value_t = 2)]
+    ranks: usize,
     /// Seed of the initial model and of the batches.
     #[arg(long, default_value_t = 0)]
     seed: u64,
@@ -100,11 +123,52 @@ struct Cli {
 }
 
 impl Cli {
-    fn dims(&self) -> Result<ParallelDims, String> {
+    fn dims(&mut self) -> Result<ParallelDims, String> {
+        if self.layout.mesh.as_deref() == Some("auto") {
+            return self.auto_dims();
+        }
         let mut dims = self.layout.dims("dp=2")?;
         if dims.pp() > 1 && dims.pp.schedule.is_none() {
             dims = dims.with_schedule(bonfire_pipeline::ScheduleKind::OneFOneB);
         }
+        Ok(dims)
+    }
+
+    /// `--mesh auto`: the planner's fastest layout for `--ranks` CPU ranks of this machine
+    /// under `--memory-budget` (or the available memory), printed with its reasons; the
+    /// global batch stays `--batch` × `--ranks`, so `--batch` becomes the plan's per-replica
+    /// share.
+    fn auto_dims(&mut self) -> Result<ParallelDims, String> {
+        let chosen = LayoutArgs {
+            mesh: None,
+            precision: None,
+            reduce_in_half: false,
+            ..self.layout.clone()
+        };
+        if format!("{chosen:?}") != format!("{:?}", LayoutArgs::default())
+            || self.launcher != "threads"
+        {
+            return Err("--mesh auto chooses the layout for --ranks rank threads (--launcher threads): give no other layout option than --precision/--reduce-in-half".into());
+        }
+        let precision = LayoutArgs {
+            mesh: Some("dp=1".into()),
+            ..self.layout.clone()
+        }
+        .dims("dp=1")?
+        .precision;
+        let rows = self.batch * self.ranks;
+        let (dims, lines) = bonfire_examples::planner::auto_layout(
+            &self.config(),
+            self.ranks,
+            rows,
+            self.seq,
+            &precision,
+            self.memory_budget,
+        )?;
+        for line in lines {
+            println!("{line}");
+        }
+        self.batch = rows / dims.dp();
         Ok(dims)
     }
 
@@ -122,20 +186,18 @@ impl Cli {
     }
 }
 
-/// Saves the whole model when the loop says a checkpoint is due (rank 0 writes).
+/// Saves the whole model after the last step (rank 0 writes).
 struct SaveAtEnd<'a> {
     cfg: GptConfig,
     /// `None`: `--no-save`.
     path: Option<&'a PathBuf>,
+    /// The run's last step.
+    last: usize,
     trained: Option<Gpt>,
 }
 
-impl Hooks<TokenBatch> for SaveAtEnd<'_> {
-    fn checkpoint(
-        &mut self,
-        _step: usize,
-        engine: &mut dyn Engine<TokenBatch>,
-    ) -> Result<(), TrainError> {
+impl SaveAtEnd<'_> {
+    fn save(&mut self, engine: &mut dyn Engine<TokenBatch>) -> Result<(), TrainError> {
         let Some(path) = self.path else {
             return Ok(());
         };
@@ -152,7 +214,7 @@ impl Hooks<TokenBatch> for SaveAtEnd<'_> {
         std::fs::write(&cfg_path, serde_json::to_string_pretty(&self.cfg).unwrap())
             .map_err(|e| TrainError::Io(e.to_string()))?;
         println!(
-            "saved checkpoint to {} (config {})",
+            "saved model to {} (config {})",
             path.display(),
             cfg_path.display()
         );
@@ -161,20 +223,145 @@ impl Hooks<TokenBatch> for SaveAtEnd<'_> {
     }
 }
 
+/// The run's hooks: distributed checkpoints (`--checkpoint-dir`) and the model at the end.
+struct RunHooks<'a> {
+    checkpoints: Option<Checkpointer>,
+    model: SaveAtEnd<'a>,
+}
+
+impl Hooks<TokenBatch> for RunHooks<'_> {
+    fn after_step(
+        &mut self,
+        report: &StepReport,
+        engine: &mut dyn Engine<TokenBatch>,
+    ) -> Result<(), TrainError> {
+        match &mut self.checkpoints {
+            Some(c) => c.after_step(report, engine),
+            None => Ok(()),
+        }
+    }
+
+    fn checkpoint(
+        &mut self,
+        step: usize,
+        engine: &mut dyn Engine<TokenBatch>,
+    ) -> Result<(), TrainError> {
+        if let Some(c) = &mut self.checkpoints {
+            Hooks::<TokenBatch>::checkpoint(c, step, engine)?;
+        }
+        if step == self.model.last {
+            self.model.save(engine)?;
+        }
+        Ok(())
+    }
+
+    fn finish(&mut self, engine: &mut dyn Engine<TokenBatch>) -> Result<(), TrainError> {
+        if let Some(c) = &mut self.checkpoints {
+            Hooks::<TokenBatch>::finish(c, engine)?;
+            if engine.world().rank() == 0
+                && let Some(dir) = c.last()
+            {
+                println!("saved checkpoint {}", dir.display());
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What a checkpoint records of the run (its index's `extra`), to continue the same run.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+struct RunRecord {
+    model: GptConfig,
+    seed: u64,
+    seq: usize,
+    global_rows: usize,
+    optim: String,
+    lr: f64,
+}
+
+/// The run a resumed checkpoint continues: checks the flags agree with it.
+fn resumed_run(
+    ckpt: &Checkpoint,
+    mine: &RunRecord,
+    dp: usize,
+    steps: usize,
+) -> Result<RunRecord, String> {
+    let run: RunRecord = serde_json::from_value(ckpt.index.extra["run"].clone())
+        .map_err(|e| format!("{}: not a train_gpt checkpoint ({e})", ckpt.dir.display()))?;
+    let differs = |what: &str, there: String, here: String| {
+        Err(format!(
+            "--resume {}: the run has {what} {there}, this command line {here} (a resumed run \
+             continues the same run)",
+            ckpt.dir.display()
+        ))
+    };
+    if run.model != mine.model {
+        return differs(
+            "model",
+            format!("{:?}", run.model),
+            format!("{:?}", mine.model),
+        );
+    }
+    if (run.seed, run.seq) != (mine.seed, mine.seq) {
+        return differs(
+            "--seed/--seq",
+            format!("{}/{}", run.seed, run.seq),
+            format!("{}/{}", mine.seed, mine.seq),
+        );
+    }
+    if (&run.optim, run.lr) != (&mine.optim, mine.lr) {
+        return differs(
+            "--optim/--lr",
+            format!("{}/{}", run.optim, run.lr),
+            format!("{}/{}", mine.optim, mine.lr),
+        );
+    }
+    if run.global_rows % dp != 0 {
+        return Err(format!(
+            "--resume: the run's global batch of {} rows does not split over dp={dp}",
+            run.global_rows
+        ));
+    }
+    if ckpt.step() >= steps {
+        return Err(format!(
+            "--resume: the checkpoint is at step {}, --steps {steps} (the run's total) leaves nothing to train",
+            ckpt.step()
+        ));
+    }
+    Ok(run)
+}
+
 fn main() {
     init_logging();
-    let cli = Cli::parse();
+    let mut cli = Cli::parse();
     let dims = cli.dims().unwrap_or_else(|e| fail(e));
     let optim = OptimizerKind::parse(&cli.optim).unwrap_or_else(|e| fail(e));
     let cfg = cli.config();
     cfg.validate().unwrap_or_else(|e| fail(e));
     let launcher = Launcher::parse(&cli.launcher, dims.world_size()).unwrap_or_else(|e| fail(e));
+    let mut tolerance = cli
+        .fault
+        .options(&dims, launcher)
+        .unwrap_or_else(|e| fail(e));
     let text = corpus::generate(400_000, cli.seed);
     let tokens = CharTokenizer.encode(&text);
     let device = harness::device(&cli.device).unwrap_or_else(|e| fail(e));
     device.seed(cli.seed);
     let model = Gpt::new(&cfg, &device);
-    let rows = cli.batch * dims.dp();
+    let mut run = RunRecord {
+        model: cfg,
+        seed: cli.seed,
+        seq: cli.seq,
+        global_rows: cli.batch * dims.dp(),
+        optim: optim.name().into(),
+        lr: cli.lr,
+    };
+    let resumed = cli.ckpt.resume.as_ref().map(|path| {
+        let ckpt = Checkpoint::open(path).unwrap_or_else(|e| fail(e));
+        run = resumed_run(&ckpt, &run, dims.dp(), cli.steps).unwrap_or_else(|e| fail(e));
+        ckpt
+    });
+    let rows = run.global_rows;
     let data = |step: usize, device: &Device| {
         corpus::global_batch(&tokens, rows, cli.seq, cli.seed, step, device)
     };
@@ -182,6 +369,7 @@ fn main() {
     trainer
         .check(&model, dims.world_size(), &data(0, &device))
         .unwrap_or_else(|e| fail(e));
+    let start_step = resumed.as_ref().map_or(0, Checkpoint::step);
     println!(
         "train_gpt: {} parameters, layout {dims}, {} x {} tokens per step, {} {} steps at lr {}, corpus {} chars",
         cfg.num_params(),
@@ -192,36 +380,70 @@ fn main() {
         cli.lr,
         text.len()
     );
+    if let Some(ckpt) = &resumed {
+        println!(
+            "resuming from {} at step {} (saved under {} on {} ranks)",
+            ckpt.dir.display(),
+            start_step,
+            ckpt.index.layout.dims,
+            ckpt.index.layout.world
+        );
+    }
+    let checkpoints = cli.ckpt.config().unwrap_or_else(|e| fail(e)).map(|c| {
+        c.with_optimizer(optim.describe())
+            .with_rng(serde_json::json!({ "seed": cli.seed, "note": "batches are drawn from (seed, step); nothing else is random after initialization" }))
+            .with_extra(serde_json::json!({ "run": run }))
+    });
     let config = FitConfig {
+        start_step,
         tokens_per_step: Some(rows * cli.seq),
         progress: true,
         log_every: cli.log_every,
         metrics: cli.metrics.clone(),
+        checkpoint_every: cli.ckpt.checkpoint_every,
         ..FitConfig::new(cli.steps, cli.lr)
     };
     memory::set_budget(cli.memory_budget);
+    if let Some(t) = &mut tolerance {
+        t.resume = resumed.as_ref().map(|c| c.dir.clone());
+    }
+    let kill = cli.fault.kill();
     let trained = launcher
-        .run(
+        .run_each(
             "train_gpt",
             |pg| -> Result<(Option<Gpt>, usize), TrainError> {
                 let rank = pg.rank();
                 let _counted = memory::enter_rank(rank);
+                let mut hooks = RunHooks {
+                    checkpoints: checkpoints.clone().map(Checkpointer::new),
+                    model: SaveAtEnd {
+                        cfg,
+                        path: (!cli.no_save).then_some(&cli.checkpoint),
+                        last: cli.steps,
+                        trained: None,
+                    },
+                };
+                if let Some(t) = &tolerance {
+                    let run =
+                        fit_fault_tolerant(&trainer, &model, &pg, &data, &config, &mut hooks, t)?;
+                    if run.engine.world().rank() == 0 {
+                        fault::print_summary(&run);
+                    }
+                    return Ok((hooks.model.trained, rank));
+                }
                 let first = data(0, &device);
                 let mut engine = trainer.build(model.clone(), &pg, &first)?;
-                let mut save = SaveAtEnd {
-                    cfg,
-                    path: (!cli.no_save).then_some(&cli.checkpoint),
-                    trained: None,
-                };
-                fit(engine.as_mut(), &data, &config, &mut save)?;
-                Ok((save.trained, rank))
+                if let Some(ckpt) = &resumed {
+                    resume(engine.as_mut(), &ckpt.dir)?;
+                }
+                let data = fault::inject(&data, kill, rank);
+                fit(engine.as_mut(), &data, &config, &mut hooks)?;
+                Ok((hooks.model.trained, rank))
             },
         )
         .unwrap_or_else(|e| fail(e));
-    let ranks: Vec<(Option<Gpt>, usize)> = trained
-        .into_iter()
-        .map(|r| r.unwrap_or_else(|e| fail(e)))
-        .collect();
+    let ranks: Vec<(Option<Gpt>, usize)> =
+        survivors(trained, tolerance.is_some()).unwrap_or_else(|e| fail(e));
     // Each rank's most live heap bytes over the run (build, steps, checkpoint), measured.
     for (_, rank) in &ranks {
         println!("peak_bytes rank={rank} bytes={}", memory::peak(*rank));
@@ -241,8 +463,11 @@ fn sample(model: &Gpt, prompt: &str, n: usize, seq: usize) -> String {
         let t = window.len();
         let input = Tensor::<2, Int>::from_data(TensorData::new(window.to_vec(), [1, t]), &device);
         let logits = params::to_host(model.forward(input).narrow(1, t - 1, 1));
+        // Only the tokenizer's ids: the vocabulary is padded (to a multiple of tp), and an
+        // untrained padding row may win.
         let next = logits
             .iter()
+            .take(CharTokenizer.vocab_size())
             .enumerate()
             .max_by(|a, b| a.1.total_cmp(b.1))
             .map(|(i, _)| i as i64)

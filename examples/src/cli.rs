@@ -1,9 +1,11 @@
 //! What the example programs' command lines share: the layout options of every trainer
-//! front end (`train_gpt`, the parity harness), and how a program starts and fails.
+//! front end (`train_gpt`, the parity harness), the checkpoint options, and how a program
+//! starts and fails.
 
 use bonfire_pipeline::ScheduleKind;
-use bonfire_train::{ActivationCheckpointing, MixedPrecision, ParallelDims};
+use bonfire_train::{ActivationCheckpointing, CheckpointConfig, MixedPrecision, ParallelDims};
 use bonfire_zero::Stage;
+use std::path::PathBuf;
 
 /// The layout options of a command line, as given (checked further when the run is built).
 #[derive(Debug, Clone, Default, clap::Args)]
@@ -87,6 +89,143 @@ impl LayoutArgs {
             .with_loss_parallel(self.loss_parallel)
             .with_offload(self.offload))
     }
+}
+
+/// The checkpoint options of a training command line: distributed checkpoints of the whole
+/// training state (`bonfire_train::checkpoint`) and resuming from one in any layout.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct CheckpointArgs {
+    /// Save the whole training state here (each rank its own slices, rank 0 the index; one
+    /// `step-NNNNNNNN` directory per checkpoint): every --checkpoint-every steps and at the end.
+    #[arg(long, value_name = "DIR")]
+    pub checkpoint_dir: Option<PathBuf>,
+    /// Save a checkpoint every N steps (with --checkpoint-dir; always at the end).
+    #[arg(long, value_name = "N")]
+    pub checkpoint_every: Option<usize>,
+    /// Keep only the last K checkpoints in --checkpoint-dir.
+    #[arg(long, value_name = "K")]
+    pub keep: Option<usize>,
+    /// Resume from a checkpoint — a `step-N` directory, or a --checkpoint-dir (its latest) —
+    /// under this run's --mesh, which may differ from the one that saved it; --steps is the
+    /// run's total.
+    #[arg(long, value_name = "DIR")]
+    pub resume: Option<PathBuf>,
+    /// Write checkpoints before training goes on, instead of in a background thread.
+    #[arg(long)]
+    pub sync_save: bool,
+}
+
+impl CheckpointArgs {
+    /// The checkpoint configuration (`None` without --checkpoint-dir); fails on options that
+    /// need --checkpoint-dir without it.
+    pub fn config(&self) -> Result<Option<CheckpointConfig>, String> {
+        let Some(dir) = &self.checkpoint_dir else {
+            if self.checkpoint_every.is_some() || self.keep.is_some() {
+                return Err("--checkpoint-every and --keep need --checkpoint-dir".into());
+            }
+            return Ok(None);
+        };
+        if self.checkpoint_every == Some(0) {
+            return Err("--checkpoint-every N: N must be at least 1".into());
+        }
+        Ok(Some(
+            CheckpointConfig::new(dir)
+                .with_keep(self.keep)
+                .with_background(!self.sync_save),
+        ))
+    }
+}
+
+/// Fault tolerance and failure injection on a training command line.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct FaultArgs {
+    /// Keep training when a data-parallel rank dies: the survivors shrink the group, drop the
+    /// failed step and go on from their in-memory state (pure dp layouts, threads launcher).
+    #[arg(long)]
+    pub fault_tolerant: bool,
+    /// Inject a failure: rank R panics at the start of step --at-step S (tests, chaos runs).
+    #[arg(long, value_name = "R", requires = "at_step")]
+    pub kill_rank: Option<usize>,
+    /// The step --kill-rank strikes at.
+    #[arg(long, value_name = "S", requires = "kill_rank")]
+    pub at_step: Option<usize>,
+}
+
+impl FaultArgs {
+    /// The injected failure, if any.
+    pub fn kill(&self) -> Option<bonfire_train::KillAt> {
+        Some(bonfire_train::KillAt {
+            rank: self.kill_rank?,
+            step: self.at_step?,
+        })
+    }
+
+    /// The fault-tolerance options (`None` without --fault-tolerant), checked against the
+    /// layout and the launcher.
+    pub fn options(
+        &self,
+        dims: &ParallelDims,
+        launcher: bonfire_train::Launcher,
+    ) -> Result<Option<bonfire_train::FaultTolerance>, String> {
+        if let Some(r) = self.kill_rank.filter(|&r| r >= dims.world_size()) {
+            return Err(format!(
+                "--kill-rank {r}: the layout has {} ranks",
+                dims.world_size()
+            ));
+        }
+        if !self.fault_tolerant {
+            return Ok(None);
+        }
+        bonfire_train::fault::check_layout(dims).map_err(|e| format!("--fault-tolerant: {e}"))?;
+        if launcher == bonfire_train::Launcher::Env {
+            return Err(
+                "--fault-tolerant needs the threads launcher: under mpirun a \
+                        communicator cannot shrink, so a dead rank ends the job; save with \
+                        --checkpoint-dir and --resume on fewer processes instead"
+                    .into(),
+            );
+        }
+        Ok(Some(bonfire_train::FaultTolerance {
+            kill: self.kill(),
+            ..Default::default()
+        }))
+    }
+}
+
+/// Every rank's outcome of a run: the results of those that finished. A rank that died is an
+/// error naming it, unless the run is fault-tolerant (`tolerant`): then it is reported on
+/// stderr and the survivors' results are returned.
+pub fn survivors<R>(
+    outcomes: Vec<Result<Result<R, bonfire_train::TrainError>, bonfire_comm::RankFailure>>,
+    tolerant: bool,
+) -> Result<Vec<R>, String> {
+    let world_size = outcomes.len();
+    let (mut done, mut errors, mut failures) = (Vec::new(), Vec::new(), Vec::new());
+    for outcome in outcomes {
+        match outcome {
+            Ok(Ok(r)) => done.push(r),
+            Ok(Err(e)) => errors.push(e.to_string()),
+            Err(f) => failures.push(f),
+        }
+    }
+    if failures.is_empty() || (tolerant && !errors.is_empty()) {
+        return match errors.into_iter().next() {
+            Some(e) => Err(e),
+            None => Ok(done),
+        };
+    }
+    // The dead ranks are the root cause: name them first (their peers' errors follow them).
+    if !tolerant || done.is_empty() {
+        return Err(bonfire_comm::LaunchError {
+            world_size,
+            failures,
+        }
+        .to_string());
+    }
+    for f in &failures {
+        eprintln!("rank {} died: {}", f.rank, f.message);
+    }
+    Ok(done)
 }
 
 /// Logs (Bonfire's notices) to stderr, without timestamps.

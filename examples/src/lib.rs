@@ -48,9 +48,9 @@ pub mod ledger;
 pub mod memory;
 pub mod memory_formula;
 pub mod parallel;
+pub mod planner;
 pub mod tensor_file;
 pub mod throughput;
-pub mod planner;
 
 pub use config::GptConfig;
 pub use gpt::{Gpt, cross_entropy, default_device};

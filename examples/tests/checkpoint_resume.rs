@@ -11,7 +11,6 @@ mod common;
 use bonfire_comm::testing::assert_close;
 use bonfire_dtensor::params::ParamValues;
 use bonfire_examples::cli::LayoutArgs;
-use bonfire_examples::data::Batches;
 use bonfire_examples::parallel::TokenBatch;
 use bonfire_examples::{Gpt, GptConfig, checkpoint, default_device};
 use bonfire_train::checkpoint::{Checkpoint, CheckpointConfig, Checkpointer, Fault, resume};
@@ -27,22 +26,11 @@ const ROWS: usize = 8;
 const STEPS: usize = 20;
 const SPLIT: usize = 10;
 
-struct Fixture {
-    model: Gpt,
-    batches: Batches,
-}
+type Fixture = common::GptFixture;
 
 fn fixture() -> &'static Fixture {
     static F: OnceLock<Fixture> = OnceLock::new();
-    F.get_or_init(|| {
-        let cfg = common::gpt_cfg();
-        let device = default_device();
-        device.seed(3);
-        Fixture {
-            model: Gpt::new(&cfg, &device),
-            batches: common::random_batches(&cfg, STEPS, ROWS, 7),
-        }
-    })
+    common::gpt_fixture(&F, STEPS, ROWS, 3, 7)
 }
 
 fn tmp(name: &str) -> PathBuf {

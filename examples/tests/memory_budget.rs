@@ -13,43 +13,13 @@
 //! 77.3 MB under DDP, 53.4 MB under ZeRO-3, 39.7 MB under TP=2 and 43.2 MB under PP=2
 //! (1F1B). The budget, 64 MiB (67.1 MB), sits between.
 
+mod common;
+
 use std::path::PathBuf;
 use std::process::{Command, Output};
 
 const BUDGET: &str = "64MiB";
 const BUDGET_BYTES: usize = 64 << 20;
-
-/// `train_gpt`, built in the profile of this test binary.
-fn train_gpt() -> PathBuf {
-    let exe = std::env::current_exe().expect("test binary path");
-    // target/<profile>/deps/memory_budget-<hash>
-    let profile_dir = exe
-        .parent()
-        .and_then(|d| d.parent())
-        .expect("target/<profile>");
-    let profile = profile_dir
-        .file_name()
-        .unwrap()
-        .to_str()
-        .unwrap()
-        .to_string();
-    let mut build = Command::new(env!("CARGO"));
-    build.args([
-        "build",
-        "-q",
-        "-p",
-        "bonfire-examples",
-        "--example",
-        "train_gpt",
-    ]);
-    build.args([
-        "--profile",
-        if profile == "debug" { "dev" } else { &profile },
-    ]);
-    let status = build.status().expect("cargo build --example train_gpt");
-    assert!(status.success(), "building train_gpt failed");
-    profile_dir.join("examples").join("train_gpt")
-}
 
 /// `train_gpt` on 2 ranks under the budget with the layout `layout`.
 fn run(exe: &PathBuf, layout: &[&str]) -> Output {
@@ -98,7 +68,7 @@ fn peaks(out: &Output) -> Vec<usize> {
 
 #[test]
 fn ddp_runs_out_of_its_budget_where_zero3_tp_and_pp_train() {
-    let exe = train_gpt();
+    let exe = common::train_gpt();
 
     let ddp = run(&exe, &["--mesh", "dp=2"]);
     let stderr = String::from_utf8_lossy(&ddp.stderr);

@@ -12,9 +12,8 @@ mod common;
 
 use bonfire_comm::testing::Tolerance;
 use bonfire_examples::cli::LayoutArgs;
-use bonfire_examples::data::Batches;
+use bonfire_examples::default_device;
 use bonfire_examples::harness::{self, HarnessResult};
-use bonfire_examples::{Gpt, default_device};
 use bonfire_train::{
     FitConfig, Launcher, LossScaling, MixedPrecision, OptimizerKind, ParallelDims, TrainError,
     Trainer, fit,
@@ -25,22 +24,11 @@ use std::sync::OnceLock;
 const STEPS: usize = 3;
 const ROWS: usize = 8;
 
-struct Fixture {
-    model: Gpt,
-    batches: Batches,
-}
+type Fixture = common::GptFixture;
 
 fn fixture() -> &'static Fixture {
     static F: OnceLock<Fixture> = OnceLock::new();
-    F.get_or_init(|| {
-        let cfg = common::gpt_cfg();
-        let device = default_device();
-        device.seed(3);
-        Fixture {
-            model: Gpt::new(&cfg, &device),
-            batches: common::random_batches(&cfg, STEPS, ROWS, 7),
-        }
-    })
+    common::gpt_fixture(&F, STEPS, ROWS, 3, 7)
 }
 
 fn dims(mesh: &str, zero: usize, schedule: Option<&str>, flags: &str) -> ParallelDims {

@@ -35,6 +35,7 @@ const BENCH_TARGETS: &[BenchTarget] = &[
     // The same name again: its `workload=gpt` lines (the GPT's stages live in the examples).
     BenchTarget::new("pipeline", "bonfire-examples", "pipeline_gpt"),
     BenchTarget::new("ledger", "bonfire-examples", "ledger"),
+    BenchTarget::new("fault", "bonfire-examples", "fault"),
 ];
 
 /// Runs `cargo bench -p <package> --bench <bench> -- <extra_args>` for each target named
@@ -48,8 +49,8 @@ pub fn run(target_name: &str, extra_args: &[String]) -> Result {
     match (target_name, backend.as_deref()) {
         (_, None | Some("threads")) => {}
         ("comm", Some("mpi")) => return crate::mpi::bench(extra_args),
-        (_, Some(other)) => {
         ("train", Some("mpi")) => return crate::mpi_bench::bench_train(extra_args),
+        (_, Some(other)) => {
             return Err(Failure::usage(format!(
                 "unknown backend `{other}` for bench target `{target_name}` (known: threads; mpi for comm and train)"
             )));
@@ -81,9 +82,9 @@ pub fn run(target_name: &str, extra_args: &[String]) -> Result {
     Ok(())
 }
 
-    let mut command = process::cargo();
 /// Runs one `[[bench]]` target with `extra_args`.
 fn run_target(target: &BenchTarget, extra_args: &[String]) -> Result {
+    let mut command = process::cargo();
     command.args(["bench", "-p", target.package, "--bench", target.bench]);
     match target.name {
         "ledger" => ledger_options(&mut command),

@@ -13,6 +13,7 @@ mod bench;
 mod gpu;
 mod mpi;
 mod mpi_bench;
+mod mpi_fault;
 mod mpi_train;
 mod packages;
 mod process;

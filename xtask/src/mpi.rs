@@ -148,6 +148,7 @@ pub fn test_step() -> Result<bool> {
     ]);
     counted(process::run(ddp))?;
     crate::mpi_train::compare_layouts()?;
+    crate::mpi_fault::kill_then_resume()?;
     println!(
         "MPI: conformance on {CONFORMANCE_RANKS:?} processes, {} failure scenarios, DDP and \
          train_gpt across processes passed in {:.1}s",

@@ -39,8 +39,9 @@ const LAYOUTS: &[(&str, &[&str])] = &[
 /// The relative tolerance on each step's loss.
 const REL: f64 = 1e-5;
 
-pub fn compare_layouts() -> Result {
-    let binary = built_executable(
+/// `train_gpt` built with the `mpi` feature (its path).
+pub(crate) fn train_gpt_binary() -> Result<String> {
+    built_executable(
         &[
             "build",
             "-p",
@@ -51,7 +52,11 @@ pub fn compare_layouts() -> Result {
             "train_gpt",
         ],
         "train_gpt",
-    )?;
+    )
+}
+
+pub fn compare_layouts() -> Result {
+    let binary = train_gpt_binary()?;
     let dir = std::env::temp_dir().join(format!("bonfire-xtask-mpi-{}", std::process::id()));
     std::fs::create_dir_all(&dir).map_err(|e| fail(format!("{}: {e}", dir.display())))?;
     for (name, layout) in LAYOUTS {

@@ -2,7 +2,7 @@
 //! rank of a job started by a launcher (`mpirun`, with the `mpi` feature).
 
 use crate::error::TrainError;
-use bonfire_comm::{ProcessGroup, ThreadWorld, World};
+use bonfire_comm::{ProcessGroup, RankFailure, ThreadWorld, World};
 
 /// How ranks are started.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -38,6 +38,22 @@ impl Launcher {
                 let out = f(world.group().clone());
                 Ok(vec![out])
             }
+        }
+    }
+
+    /// Like [`run`](Self::run), but every rank's own outcome, in rank order: the ranks that
+    /// panicked as [`RankFailure`]s, the others' results — what a fault-tolerant run, whose
+    /// survivors finish without the dead, returns (under `Env` a panic ends the process).
+    pub fn run_each<R: Send>(
+        self,
+        name: &str,
+        f: impl Fn(ProcessGroup) -> R + Sync,
+    ) -> Result<Vec<Result<R, RankFailure>>, TrainError> {
+        match self {
+            Launcher::Threads { ranks } => Ok(ThreadWorld::new(ranks).name(name).launch_each(f)),
+            Launcher::Env => self
+                .run(name, f)
+                .map(|out| out.into_iter().map(Ok).collect()),
         }
     }
 }

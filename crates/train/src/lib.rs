@@ -16,6 +16,8 @@
 //!   `--metrics` JSON lines, tokens/s), hooks for gradients and checkpoints.
 //! - [`checkpoint`]: the whole training state saved in any layout (each rank its own slices,
 //!   an index, atomically, in the background) and resumed on any other layout and world size.
+//! - [`fault`]: fault-tolerant data parallelism — survivors of a dead rank shrink the group
+//!   and keep training from their in-memory state ([`fit_fault_tolerant`]).
 //! - [`Launcher`]: ranks as threads, or as processes under `mpirun` (feature `mpi`).
 //!
 //! ```
@@ -65,6 +67,7 @@ pub mod checkpoint;
 mod dims;
 mod engine;
 mod error;
+pub mod fault;
 mod fit;
 mod launch;
 mod model;
@@ -74,10 +77,11 @@ mod trainer;
 mod wrapper;
 
 pub use bonfire_dtensor::MixedPrecision;
-pub use dims::{ActivationCheckpointing, Axis, ParallelDims, PpOptions, TpOptions};
 pub use checkpoint::{CheckpointConfig, Checkpointer, resume};
+pub use dims::{ActivationCheckpointing, Axis, ParallelDims, PpOptions, TpOptions};
 pub use engine::{Engine, RankMesh};
 pub use error::{LayoutError, TrainError};
+pub use fault::{FaultTolerance, KillAt, fit_fault_tolerant};
 pub use fit::{DataSource, FitConfig, Hooks, StepReport, fit};
 pub use launch::Launcher;
 pub use model::{ParallelModel, Pipeline, Rows};

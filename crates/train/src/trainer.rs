@@ -58,6 +58,14 @@ impl Trainer {
     pub fn dims(&self) -> &ParallelDims {
         &self.dims
     }
+    /// The same training on `dp` data-parallel ranks, every other option kept: what the
+    /// survivors of a failure continue with ([`crate::fault`]).
+    pub(crate) fn with_dp(&self, dp: usize) -> Self {
+        Self {
+            dims: self.dims.clone().with_degree(Axis::Dp, dp),
+            dp: self.dp.clone(),
+        }
+    }
 
     /// Checks the layout against a world of `world` ranks, the model and a batch (one the
     /// data source produces, on any device): degrees, options, divisibility, stages and

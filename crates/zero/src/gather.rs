@@ -191,9 +191,10 @@ impl GatherPlan {
         if !st.ready.contains_key(&i)
             && let Some((set, handle)) = st.inflight.take()
         {
+            // A panic there (a collective that failed) is this thread's, with its message.
             let values = handle
                 .join()
-                .expect("bonfire-zero: prefetch thread panicked");
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
             st.ready.extend(set.into_iter().zip(values));
         }
         st.summary.total_bytes += self.bytes(i);

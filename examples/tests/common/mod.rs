@@ -57,6 +57,32 @@ pub fn random_batches(cfg: &GptConfig, steps: usize, batch: usize, seed: u64) ->
     Batches::new(ids, targets, [steps, batch, cfg.max_seq_len])
 }
 
+/// A suite's GPT and its batches: the model initialised from `model_seed`, `steps` global
+/// batches of `rows` random sequences from `data_seed`.
+pub struct GptFixture {
+    pub model: Gpt,
+    pub batches: Batches,
+}
+
+/// The suite's fixture, built once into `cell` (a `static` of the test binary).
+pub fn gpt_fixture(
+    cell: &'static std::sync::OnceLock<GptFixture>,
+    steps: usize,
+    rows: usize,
+    model_seed: u64,
+    data_seed: u64,
+) -> &'static GptFixture {
+    cell.get_or_init(|| {
+        let cfg = gpt_cfg();
+        let device = default_device();
+        device.seed(model_seed);
+        GptFixture {
+            model: Gpt::new(&cfg, &device),
+            batches: random_batches(&cfg, steps, rows, data_seed),
+        }
+    })
+}
+
 /// Losses and final parameters (flat, module order) of a run.
 #[derive(Debug, Clone)]
 pub struct Run {
@@ -147,4 +173,32 @@ pub fn assert_same_run(
         worst = worst.max(assert_close(&format!("{what} grad0.{name}"), gg, wg, tol));
     }
     worst
+}
+
+/// The `train_gpt` example, built in the profile of the calling test binary (for tests that
+/// run it as a child process).
+pub fn train_gpt() -> std::path::PathBuf {
+    example("train_gpt")
+}
+
+/// The example `name`, built in the profile of this test binary (for tests that run it as a
+/// child process).
+pub fn example(name: &str) -> std::path::PathBuf {
+    let exe = std::env::current_exe().expect("test binary path");
+    // target/<profile>/deps/<test>-<hash>
+    let profile_dir = exe
+        .parent()
+        .and_then(|d| d.parent())
+        .expect("target/<profile>");
+    let profile = profile_dir.file_name().unwrap().to_str().unwrap();
+    let status = std::process::Command::new(env!("CARGO"))
+        .args(["build", "-q", "-p", "bonfire-examples", "--example", name])
+        .args([
+            "--profile",
+            if profile == "debug" { "dev" } else { profile },
+        ])
+        .status()
+        .expect("cargo build --example");
+    assert!(status.success(), "building the example {name} failed");
+    profile_dir.join("examples").join(name)
 }

@@ -1,0 +1,200 @@
+//! Issue 18, points 2 and 4 end to end: the `plan` example ranks layouts and explains the
+//! first, fails with one line on an infeasible request and on a bad description (naming
+//! the field), and `train_gpt --mesh auto` trains under the layout the planner chose for
+//! this machine within a memory budget DDP does not fit (`tests/memory_budget.rs`: DDP
+//! peaks at 77.3 MB a rank on this model, over the 64 MiB budget).
+
+mod common;
+
+use std::process::{Command, Output};
+
+fn text(out: &Output) -> (String, String) {
+    (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn plan_ranks_explains_and_refuses() {
+    let plan = common::example("plan");
+    let out = Command::new(&plan)
+        .args([
+            "--model",
+            "llama3-70b",
+            "--nodes",
+            "8",
+            "--gpus-per-node",
+            "8",
+        ])
+        .args([
+            "--device",
+            "h100",
+            "--device-memory",
+            "80GiB",
+            "--intra",
+            "nvlink",
+        ])
+        .args([
+            "--inter",
+            "ib",
+            "--global-batch",
+            "256",
+            "--seq",
+            "4096",
+            "--top",
+            "5",
+        ])
+        .output()
+        .unwrap();
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stderr}");
+    let ranked: Vec<&str> = stdout
+        .lines()
+        .filter(|l| l.starts_with("plan rank="))
+        .collect();
+    assert_eq!(ranked.len(), 5, "{stdout}");
+    for key in [
+        "dp=",
+        "zero=",
+        "tp=",
+        "sp=",
+        "pp=",
+        "schedule=",
+        "microbatches=",
+        "recompute=",
+        "precision=",
+        "bytes_per_rank=",
+        "step_ms=",
+    ] {
+        assert!(ranked[0].contains(key), "{key} in {}", ranked[0]);
+    }
+    let ms: Vec<f64> = ranked
+        .iter()
+        .map(|l| l.rsplit("step_ms=").next().unwrap().parse().unwrap())
+        .collect();
+    assert!(ms.windows(2).all(|w| w[0] <= w[1]), "fastest first: {ms:?}");
+    assert!(
+        stdout.contains("why: memory: ") && stdout.contains("why: DDP: none fits"),
+        "{stdout}"
+    );
+
+    let out = Command::new(&plan)
+        .args([
+            "--model",
+            "llama3-405b",
+            "--gpus-per-node",
+            "8",
+            "--global-batch",
+            "8",
+        ])
+        .output()
+        .unwrap();
+    let (_, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.starts_with("error: no layout fits: the smallest layout ("),
+        "{stderr}"
+    );
+
+    let dir = std::env::temp_dir().join(format!("bonfire-plan-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let bad = dir.join("model.json");
+    std::fs::write(
+        &bad,
+        r#"{"vocab_size": 32, "d_model": 16, "n_heads": 4, "n_layers": 2, "seq_len": 8}"#,
+    )
+    .unwrap();
+    let out = Command::new(&plan)
+        .arg("--model")
+        .arg(&bad)
+        .output()
+        .unwrap();
+    let (_, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(
+        stderr.trim(),
+        format!(
+            "error: model {}: field `d_ff`: missing (a positive integer)",
+            bad.display()
+        )
+    );
+    let cluster = dir.join("cluster.json");
+    std::fs::write(
+        &cluster,
+        r#"{"nodes": 1, "gpus_per_node": 8, "device": "h100", "device_memory": "-3GB"}"#,
+    )
+    .unwrap();
+    let out = Command::new(&plan)
+        .args(["--model", "llama3-8b", "--cluster"])
+        .arg(&cluster)
+        .output()
+        .unwrap();
+    let (_, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr.contains("field `device_memory`"), "{stderr}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn train_gpt_mesh_auto_trains_the_planners_layout_within_the_budget() {
+    let out = Command::new(common::example("train_gpt"))
+        .args(["--mesh", "auto", "--ranks", "2", "--memory-budget", "64MiB"])
+        .args([
+            "--d-model",
+            "256",
+            "--heads",
+            "4",
+            "--layers",
+            "4",
+            "--d-ff",
+            "1024",
+        ])
+        .args([
+            "--seq",
+            "32",
+            "--batch",
+            "2",
+            "--steps",
+            "3",
+            "--log-every",
+            "0",
+            "--no-save",
+        ])
+        .output()
+        .unwrap();
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let chosen = stdout
+        .lines()
+        .find(|l| l.starts_with("auto: plan rank=1 "))
+        .unwrap_or_else(|| panic!("no plan line: {stdout}"));
+    assert!(stdout.contains("auto: why: memory: "), "{stdout}");
+    // DDP without recompute does not fit 64 MiB: the planner must not pick it.
+    assert!(
+        !chosen.contains("dp=2 zero=0 tp=1 sp=off pp=1 schedule=none microbatches=1 recompute=off"),
+        "{chosen}"
+    );
+    let predicted: f64 = chosen
+        .split("bytes_per_rank=")
+        .nth(1)
+        .unwrap()
+        .split(' ')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let peaks: Vec<usize> = stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("peak_bytes rank="))
+        .map(|l| l.split("bytes=").nth(1).unwrap().parse().unwrap())
+        .collect();
+    assert_eq!(peaks.len(), 2, "{stdout}");
+    let peak = *peaks.iter().max().unwrap();
+    assert!(peak <= 64 << 20, "the run stayed under the budget: {peak}");
+    eprintln!("mesh auto: {chosen}; measured peak {peak}, predicted {predicted:.0}");
+    assert!(
+        (peak as f64 / predicted - 1.0).abs() <= 0.25,
+        "peak {peak} vs predicted {predicted}"
+    );
+}
