@@ -15,7 +15,7 @@
 
 use bonfire_ddp::{DdpConfig, StepTiming, chrome_trace};
 use bonfire_examples::data::Batches;
-use bonfire_examples::throughput::{self, Hosts, RankRun, Steps};
+use bonfire_examples::throughput::{self, Hosts, RankRun, RunArgs};
 use bonfire_examples::{Gpt, GptConfig, default_device};
 use bonfire_train::{Axis, ParallelDims, Trainer};
 use burn::optim::SgdConfig;
@@ -25,16 +25,8 @@ use std::path::PathBuf;
 
 #[derive(Parser, Debug)]
 struct Args {
-    #[arg(long, default_value_t = 2)]
-    ranks: usize,
-    /// Sequences per rank.
-    #[arg(long, default_value_t = 8)]
-    batch: usize,
-    /// Timed steps (after `warmup`).
-    #[arg(long, default_value_t = 5)]
-    steps: usize,
-    #[arg(long, default_value_t = 2)]
-    warmup: usize,
+    #[command(flatten)]
+    run: RunArgs,
     /// DDP bucket size in MiB (the model has ~21 MiB of gradients).
     #[arg(long, default_value_t = 4.0)]
     bucket_mb: f64,
@@ -44,15 +36,6 @@ struct Args {
     /// Ignored (passed by `cargo bench`).
     #[arg(long, hide = true)]
     bench: bool,
-}
-
-impl Args {
-    fn steps(&self) -> Steps {
-        Steps {
-            warmup: self.warmup,
-            timed: self.steps,
-        }
-    }
 }
 
 /// Trains `dims` with `ddp` on `hosts` through the trainer's loop (SGD).
@@ -65,12 +48,12 @@ fn run(
     rows: throughput::Rows<'_>,
 ) -> Vec<RankRun> {
     let trainer = Trainer::new(dims, || SgdConfig::new().init()).with_ddp(ddp);
-    throughput::train(model, &trainer, hosts, args.steps(), rows).expect("bench run")
+    throughput::train(model, &trainer, hosts, args.run.schedule(), rows).expect("bench run")
 }
 
 /// (a): one rank alone, the per-rank batch.
 fn single(model: &Gpt, data: &Batches, args: &Args) -> f64 {
-    let rows = |_: usize, s: usize, d: &Device| data.rows(s, 0, args.batch, d);
+    let rows = |_: usize, s: usize, d: &Device| data.rows(s, 0, args.run.batch, d);
     let hosts = Hosts::Threads { ranks: 1 };
     let runs = run(
         model,
@@ -80,14 +63,16 @@ fn single(model: &Gpt, data: &Batches, args: &Args) -> f64 {
         args,
         &rows,
     );
-    args.steps().slowest(&runs)
+    args.run.schedule().slowest(&runs)
 }
 
 /// (a′): every rank runs the same one-rank steps on its rows at the same time, with no
 /// communication; the median step time of the slowest rank.
 fn contended(model: &Gpt, data: &Batches, args: &Args) -> f64 {
-    let rows = |r: usize, s: usize, d: &Device| data.rows(s, r * args.batch, args.batch, d);
-    let hosts = Hosts::Alone { copies: args.ranks };
+    let rows = |r: usize, s: usize, d: &Device| data.rows(s, r * args.run.batch, args.run.batch, d);
+    let hosts = Hosts::Alone {
+        copies: args.run.ranks,
+    };
     let runs = run(
         model,
         ParallelDims::new(),
@@ -96,7 +81,7 @@ fn contended(model: &Gpt, data: &Batches, args: &Args) -> f64 {
         args,
         &rows,
     );
-    args.steps().slowest(&runs)
+    args.run.schedule().slowest(&runs)
 }
 
 /// (b)/(c): DDP; returns the median step time (slowest rank) and every step's timings.
@@ -105,14 +90,16 @@ fn ddp(model: &Gpt, data: &Batches, args: &Args, overlap: bool) -> (f64, Vec<Ste
         .with_bucket_mb(args.bucket_mb)
         .with_overlap(overlap)
         .with_record_timings(true);
-    let dims = ParallelDims::new().with_degree(Axis::Dp, args.ranks);
-    let rows = |_: usize, s: usize, d: &Device| data.rows(s, 0, args.ranks * args.batch, d);
-    let hosts = Hosts::Threads { ranks: args.ranks };
+    let dims = ParallelDims::new().with_degree(Axis::Dp, args.run.ranks);
+    let rows = |_: usize, s: usize, d: &Device| data.rows(s, 0, args.run.ranks * args.run.batch, d);
+    let hosts = Hosts::Threads {
+        ranks: args.run.ranks,
+    };
     let per_rank = run(model, dims, hosts, config, args, &rows);
-    let step_ms = args.steps().slowest(&per_rank);
+    let step_ms = args.run.schedule().slowest(&per_rank);
     let timings = per_rank
         .into_iter()
-        .flat_map(|r| r.report.timings.into_iter().skip(args.warmup))
+        .flat_map(|r| r.report.timings.into_iter().skip(args.run.warmup))
         .collect();
     (step_ms, timings)
 }
@@ -122,12 +109,12 @@ fn main() {
     let cfg = GptConfig::bench();
     let device = default_device();
     let model = Gpt::new(&cfg, &device);
-    let data = throughput::random_batches(&cfg, args.ranks * args.batch, args.warmup + args.steps);
+    let data = args.run.batches(&cfg);
     eprintln!(
         "GPT bench size: {} parameters ({:.1} MiB of f32 gradients), batch {} x {} tokens per rank, buckets {} MiB",
         cfg.num_params(),
         cfg.num_params() as f64 * 4.0 / (1 << 20) as f64,
-        args.batch,
+        args.run.batch,
         cfg.max_seq_len,
         args.bucket_mb
     );
@@ -158,7 +145,7 @@ fn main() {
     }
     println!(
         "bench ddp ranks={} single_ms={single_ms:.1} ddp_ms={ddp_ms:.1} ddp_no_overlap_ms={no_overlap_ms:.1} ratio={:.2} hidden={hidden:.2} contended_ms={contended_ms:.1} ratio_vs_contended={:.2}",
-        args.ranks,
+        args.run.ranks,
         ddp_ms / single_ms,
         ddp_ms / contended_ms
     );

@@ -52,7 +52,7 @@ use bonfire_examples::memory_formula::{FormulaBytes, formula, gpt_rank_params};
 use bonfire_examples::parallel::TokenBatch;
 use bonfire_examples::{Gpt, GptConfig, default_device};
 use bonfire_train::{Launcher, OptimizerKind, ParallelDims, TrainError, Trainer};
-use burn::tensor::{Device, Int, Tensor, TensorData};
+use burn::tensor::Device;
 use std::time::Instant;
 
 #[global_allocator]
@@ -72,13 +72,7 @@ const LR: f64 = 1e-4;
 
 /// The global batch of `step`.
 fn batch(step: usize, device: &Device) -> TokenBatch {
-    let make = |a: usize, b: usize| {
-        let v: Vec<i64> = (0..ROWS * SEQ)
-            .map(|i| ((i * a + step * b + 1) % CFG.vocab_size) as i64)
-            .collect();
-        Tensor::<2, Int>::from_data(TensorData::new(v, [ROWS, SEQ]), device)
-    };
-    (make(31, 7), make(17, 3))
+    bonfire_examples::data::pattern_batch(CFG.vocab_size, ROWS, SEQ, step, device)
 }
 
 /// One layout to measure.

@@ -23,10 +23,9 @@
 
 use bonfire_comm::{ProcessGroup, ThreadWorld};
 use bonfire_examples::config::GptConfig;
-use bonfire_examples::corpus::Rng;
-use bonfire_examples::data::Batches;
 use bonfire_examples::gpt::{Gpt, cross_entropy, default_device};
 use bonfire_examples::parallel::{Piece, pieces};
+use bonfire_examples::throughput::{median, random_batches};
 use bonfire_pipeline::schedule::Costs;
 use bonfire_pipeline::{
     Action, Block, BurnStage, LocalChunks, RankTimeline, Schedule, ScheduleKind, Timeline, check,
@@ -67,28 +66,11 @@ struct Args {
     bench: bool,
 }
 
-/// `steps` batches of `rows` random sequences (ids and targets uniform over the vocabulary),
-/// the same on every rank (a fixed seed).
-fn random_batches(cfg: &GptConfig, rows: usize, steps: usize) -> Batches {
-    let mut rng = Rng::new(5);
-    let n = steps * rows * cfg.max_seq_len;
-    let mut draw = || -> Vec<i64> { (0..n).map(|_| rng.below(cfg.vocab_size) as i64).collect() };
-    let ids = draw();
-    let targets = draw();
-    Batches::new(ids, targets, [steps, rows, cfg.max_seq_len])
-}
-
-/// The median of `v` (the upper one of an even count).
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
 /// Each piece's forward-and-backward time (ms, the best of 8 runs) on one
 /// micro-batch of `rows` sequences under autodiff; the last piece's includes the loss.
 fn piece_costs(cfg: &GptConfig, rows: usize) -> Vec<f64> {
     let device = default_device();
-    let batches = random_batches(cfg, rows, 1);
+    let batches = random_batches(cfg, rows, 1, 5);
     let (ids, targets) = batches.rows(0, 0, rows, &device);
     let mut x: Tensor<3> = ids.float().unsqueeze_dim::<3>(2);
     let all = pieces(Gpt::new(cfg, &device));
@@ -178,7 +160,7 @@ fn rank_steps(
     let mut chunks = chunks_for_rank(&stages, schedule, pg.rank()).expect("stage map");
     drop(stages);
     let m = schedule.microbatches;
-    let batches = random_batches(cfg, rows, steps + 1);
+    let batches = random_batches(cfg, rows, steps + 1, 5);
     let mut timelines = Vec::with_capacity(steps);
     for s in 0..=steps {
         let micro: Vec<(Tensor<2, Int>, Tensor<2, Int>)> =

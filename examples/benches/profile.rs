@@ -80,14 +80,8 @@ fn main() {
     let args = Args::parse();
     let cfg = GptConfig::bench();
     let dev = default_device();
-    let (b, t, d, h, f) = (
-        args.batch,
-        cfg.max_seq_len,
-        cfg.d_model,
-        cfg.n_heads,
-        cfg.d_ff,
-    );
-    let (dh, l, v, reps) = (d / h, cfg.n_layers, cfg.vocab_size, args.reps);
+    let (b, t, d, f) = (args.batch, cfg.max_seq_len, cfg.d_model, cfg.d_ff);
+    let (l, v, reps) = (cfg.n_layers, cfg.vocab_size, args.reps);
     eprintln!(
         "GPT bench size, batch {b} x {t}: Flex with autodiff, {reps} timed runs per piece; \
          step_ms = uses per step x (forward + backward)"
@@ -105,47 +99,7 @@ fn main() {
     );
     let proj = Linear::new(d, d, true, &dev);
     r.line("linear_qkvo", 4 * l, time(reps, || proj.forward(x.clone())));
-    let (q, k, vv) = (
-        leaf([b, t, d], &dev),
-        leaf([b, t, d], &dev),
-        leaf([b, t, d], &dev),
-    );
-    r.line(
-        "attn_heads_split_merge",
-        l,
-        time(reps, || {
-            let y = split_heads(q.clone(), dh) + split_heads(k.clone(), dh);
-            merge_heads(y + split_heads(vv.clone(), dh))
-        }),
-    );
-    let (q4, k4, v4) = (
-        leaf([b, h, t, dh], &dev),
-        leaf([b, h, t, dh], &dev),
-        leaf([b, h, t, dh], &dev),
-    );
-    let attn = time(reps, || {
-        causal_attention(q4.clone(), k4.clone(), v4.clone())
-    });
-    r.line("attn_core", l, attn);
-    // Its parts, for the record (not added to the sum: attn_core holds them).
-    let sum_before = r.sum;
-    r.line(
-        "attn_core.scores",
-        l,
-        time(reps, || q4.clone().matmul(k4.clone().swap_dims(2, 3))),
-    );
-    let s = leaf([b, h, t, t], &dev);
-    r.line(
-        "attn_core.softmax",
-        l,
-        time(reps, || causal_softmax(s.clone(), 0.5)),
-    );
-    r.line(
-        "attn_core.pv",
-        l,
-        time(reps, || s.clone().matmul(v4.clone())),
-    );
-    r.sum = sum_before;
+    let (q, s) = attention(&mut r, &cfg, b, reps, &dev);
     let fc1 = Linear::new(d, f, true, &dev);
     let fc2 = Linear::new(f, d, true, &dev);
     let hdn = leaf([b, t, f], &dev);
@@ -200,10 +154,65 @@ fn main() {
     whole_model(&cfg, b, reps, &dev);
 }
 
+/// The attention's pieces: heads split and merged, its core, and the core's parts (for the
+/// record, not added to the sum). Returns a `[b, t, d]` leaf and the `[b, h, t, t]` scores.
+fn attention(
+    r: &mut Report,
+    cfg: &GptConfig,
+    b: usize,
+    reps: usize,
+    dev: &Device,
+) -> (Tensor<3>, Tensor<4>) {
+    let (t, d, h, l) = (cfg.max_seq_len, cfg.d_model, cfg.n_heads, cfg.n_layers);
+    let dh = d / h;
+    let (q, k, vv) = (
+        leaf([b, t, d], dev),
+        leaf([b, t, d], dev),
+        leaf([b, t, d], dev),
+    );
+    r.line(
+        "attn_heads_split_merge",
+        l,
+        time(reps, || {
+            let y = split_heads(q.clone(), dh) + split_heads(k.clone(), dh);
+            merge_heads(y + split_heads(vv.clone(), dh))
+        }),
+    );
+    let (q4, k4, v4) = (
+        leaf([b, h, t, dh], dev),
+        leaf([b, h, t, dh], dev),
+        leaf([b, h, t, dh], dev),
+    );
+    let attn = time(reps, || {
+        causal_attention(q4.clone(), k4.clone(), v4.clone())
+    });
+    r.line("attn_core", l, attn);
+    // Its parts, for the record (not added to the sum: attn_core holds them).
+    let sum_before = r.sum;
+    r.line(
+        "attn_core.scores",
+        l,
+        time(reps, || q4.clone().matmul(k4.clone().swap_dims(2, 3))),
+    );
+    let s = leaf([b, h, t, t], dev);
+    r.line(
+        "attn_core.softmax",
+        l,
+        time(reps, || causal_softmax(s.clone(), 0.5)),
+    );
+    r.line(
+        "attn_core.pv",
+        l,
+        time(reps, || s.clone().matmul(v4.clone())),
+    );
+    r.sum = sum_before;
+    (q, s)
+}
+
 /// The whole model's forward and backward, and Burn's SGD step on its gradients.
 fn whole_model(cfg: &GptConfig, b: usize, reps: usize, dev: &Device) {
     let mut model = Gpt::new(cfg, dev);
-    let data = random_batches(cfg, b, 1);
+    let data = random_batches(cfg, b, 1, 3);
     let (ids, targets) = data.rows(0, 0, b, dev);
     let mut optim = SgdConfig::new().init();
     let (mut fwd, mut bwd, mut opt) = (Vec::new(), Vec::new(), Vec::new());

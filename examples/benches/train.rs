@@ -18,7 +18,7 @@
 
 use bonfire_comm::{ReduceOp, World};
 use bonfire_ddp::{DdpConfig, StepTiming, chrome_trace};
-use bonfire_examples::throughput::{self, Hosts, RankRun, Steps, median};
+use bonfire_examples::throughput::{self, Hosts, RankRun, RunArgs, median};
 use bonfire_examples::{Gpt, GptConfig, default_device};
 use bonfire_pipeline::ScheduleKind;
 use bonfire_train::{Axis, ParallelDims, Trainer};
@@ -34,17 +34,8 @@ const LAYOUTS: &[&str] = &[
 
 #[derive(Parser, Debug)]
 struct Args {
-    /// Ranks of every layout but `single`.
-    #[arg(long, default_value_t = 2)]
-    ranks: usize,
-    /// Sequences per rank (the global batch is `batch × ranks`).
-    #[arg(long, default_value_t = 8)]
-    batch: usize,
-    /// Timed steps (after `warmup`).
-    #[arg(long, default_value_t = 5)]
-    steps: usize,
-    #[arg(long, default_value_t = 2)]
-    warmup: usize,
+    #[command(flatten)]
+    run: RunArgs,
     /// Comma-separated layouts to run (default: all of them, in the order above).
     #[arg(long, value_delimiter = ',')]
     layouts: Vec<String>,
@@ -68,7 +59,7 @@ struct Args {
 
 /// A layout's mesh and options, and its rank count.
 fn layout(name: &str, args: &Args) -> Result<(ParallelDims, usize), String> {
-    let n = args.ranks;
+    let n = args.run.ranks;
     let dp = || ParallelDims::new().with_degree(Axis::Dp, n);
     let tp = || ParallelDims::new().with_degree(Axis::Tp, n);
     let pp = |schedule: &str| {
@@ -114,10 +105,7 @@ fn measure(
     world: Option<&World>,
 ) -> Result<Measured, String> {
     let (dims, ranks) = layout(name, args)?;
-    let steps = Steps {
-        warmup: args.warmup,
-        timed: args.steps,
-    };
+    let steps = args.run.schedule();
     let bucket_bytes = (args.bucket_mb * (1 << 20) as f64) as usize;
     let trainer = Trainer::new(dims.clone(), || SgdConfig::new().init())
         .with_ddp(
@@ -131,9 +119,9 @@ fn measure(
                 .with_record_timings(true),
         );
     let rows_per_step = if ranks == 1 {
-        args.batch
+        args.run.batch
     } else {
-        args.batch * ranks
+        args.run.batch * ranks
     };
     let rows = |_: usize, s: usize, d: &Device| data.rows(s, 0, rows_per_step, d);
     let hosts = match world {
@@ -161,7 +149,7 @@ fn measure(
     // Steps the dp wrapper timed (the pipeline's engine times none).
     let timings = per_rank
         .into_iter()
-        .flat_map(|r: RankRun| r.report.timings.into_iter().skip(args.warmup))
+        .flat_map(|r: RankRun| r.report.timings.into_iter().skip(args.run.warmup))
         .filter(|t| t.backward.duration_us() > 0.0)
         .collect();
     Ok(Measured {
@@ -222,17 +210,17 @@ fn main() -> Result<(), String> {
     }
     let cfg = GptConfig::bench();
     let model = Gpt::new(&cfg, &default_device());
-    let data = throughput::random_batches(&cfg, args.ranks * args.batch, args.warmup + args.steps);
+    let data = args.run.batches(&cfg);
     if lead {
         eprintln!(
             "GPT bench size: {} parameters, batch {} x {} tokens per rank, {} rank(s), {backend}, \
              {} warm-up + {} timed steps",
             cfg.num_params(),
-            args.batch,
+            args.run.batch,
             cfg.max_seq_len,
-            args.ranks,
-            args.warmup,
-            args.steps
+            args.run.ranks,
+            args.run.warmup,
+            args.run.steps
         );
     }
     let mut single_ms = None;

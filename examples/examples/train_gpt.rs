@@ -134,6 +134,19 @@ impl Cli {
         Ok(dims)
     }
 
+    /// The loop's configuration: the run's steps from `start_step`, `rows` sequences a step.
+    fn fit_config(&self, start_step: usize, rows: usize) -> FitConfig {
+        FitConfig {
+            start_step,
+            tokens_per_step: Some(rows * self.seq),
+            progress: true,
+            log_every: self.log_every,
+            metrics: self.metrics.clone(),
+            checkpoint_every: self.ckpt.checkpoint_every,
+            ..FitConfig::new(self.steps, self.lr)
+        }
+    }
+
     /// `--mesh auto`: the planner's fastest layout for `--ranks` CPU ranks of this machine
     /// under `--memory-budget` (or the available memory), printed with its reasons; the
     /// global batch stays `--batch` × `--ranks`, so `--batch` becomes the plan's per-replica
@@ -370,39 +383,13 @@ fn main() {
         .check(&model, dims.world_size(), &data(0, &device))
         .unwrap_or_else(|e| fail(e));
     let start_step = resumed.as_ref().map_or(0, Checkpoint::step);
-    println!(
-        "train_gpt: {} parameters, layout {dims}, {} x {} tokens per step, {} {} steps at lr {}, corpus {} chars",
-        cfg.num_params(),
-        rows,
-        cli.seq,
-        optim.name(),
-        cli.steps,
-        cli.lr,
-        text.len()
-    );
-    if let Some(ckpt) = &resumed {
-        println!(
-            "resuming from {} at step {} (saved under {} on {} ranks)",
-            ckpt.dir.display(),
-            start_step,
-            ckpt.index.layout.dims,
-            ckpt.index.layout.world
-        );
-    }
+    announce(&cli, &dims, &run, optim, text.len(), resumed.as_ref());
     let checkpoints = cli.ckpt.config().unwrap_or_else(|e| fail(e)).map(|c| {
         c.with_optimizer(optim.describe())
             .with_rng(serde_json::json!({ "seed": cli.seed, "note": "batches are drawn from (seed, step); nothing else is random after initialization" }))
             .with_extra(serde_json::json!({ "run": run }))
     });
-    let config = FitConfig {
-        start_step,
-        tokens_per_step: Some(rows * cli.seq),
-        progress: true,
-        log_every: cli.log_every,
-        metrics: cli.metrics.clone(),
-        checkpoint_every: cli.ckpt.checkpoint_every,
-        ..FitConfig::new(cli.steps, cli.lr)
-    };
+    let config = cli.fit_config(start_step, rows);
     memory::set_budget(cli.memory_budget);
     if let Some(t) = &mut tolerance {
         t.resume = resumed.as_ref().map(|c| c.dir.clone());
@@ -451,6 +438,36 @@ fn main() {
     let trained = ranks.into_iter().next().and_then(|(model, _)| model);
     if let Some(model) = trained {
         println!("sample: {:?}", sample(&model.valid(), "the ", 120, cli.seq));
+    }
+}
+
+/// What the run trains, and where a resumed run starts.
+fn announce(
+    cli: &Cli,
+    dims: &ParallelDims,
+    run: &RunRecord,
+    optim: OptimizerKind,
+    corpus_chars: usize,
+    resumed: Option<&Checkpoint>,
+) {
+    println!(
+        "train_gpt: {} parameters, layout {dims}, {} x {} tokens per step, {} {} steps at lr {}, corpus {} chars",
+        run.model.num_params(),
+        run.global_rows,
+        cli.seq,
+        optim.name(),
+        cli.steps,
+        cli.lr,
+        corpus_chars
+    );
+    if let Some(ckpt) = resumed {
+        println!(
+            "resuming from {} at step {} (saved under {} on {} ranks)",
+            ckpt.dir.display(),
+            ckpt.step(),
+            ckpt.index.layout.dims,
+            ckpt.index.layout.world
+        );
     }
 }
 

@@ -27,7 +27,7 @@ impl GptConfig {
     }
 
     /// The benchmark size: vocab 4096, d 256, 8 heads, 4 layers, seq 128, d_ff 1024.
-    pub fn bench() -> Self {
+    pub const fn bench() -> Self {
         Self {
             vocab_size: 4096,
             d_model: 256,

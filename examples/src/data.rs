@@ -1,5 +1,6 @@
 //! Token batches: the harness's `batch.safetensors` (`input_ids`, `targets`, int64
-//! `[S, B, T']`) and their per-rank row slices.
+//! `[S, B, T']`) and their per-rank row slices; [`pattern_batch`], a batch from a fixed rule
+//! for the memory benches and tests.
 
 use crate::config::GptConfig;
 use crate::tensor_file::{self, HostTensor};
@@ -96,4 +97,23 @@ pub fn load_batches(path: impl AsRef<Path>, cfg: &GptConfig) -> Result<Batches, 
         ));
     }
     Ok(Batches::new(ids, targets, [shape[0], shape[1], shape[2]]))
+}
+
+/// The global batch of `step`, `rows` sequences of `seq` tokens (inputs, targets) from a
+/// fixed rule — no randomness, the same on every rank and run (the memory bench and the
+/// planner's validation, where only shapes matter).
+pub fn pattern_batch(
+    vocab: usize,
+    rows: usize,
+    seq: usize,
+    step: usize,
+    device: &Device,
+) -> crate::parallel::TokenBatch {
+    let make = |a: usize, b: usize| {
+        let v: Vec<i64> = (0..rows * seq)
+            .map(|i| ((i * a + step * b + 1) % vocab) as i64)
+            .collect();
+        Tensor::<2, Int>::from_data(TensorData::new(v, [rows, seq]), device)
+    };
+    (make(31, 7), make(17, 3))
 }

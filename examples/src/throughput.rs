@@ -13,9 +13,9 @@ use bonfire_train::{FitConfig, Launcher, TrainError, Trainer, WrapperReport, fit
 use burn::tensor::Device;
 
 /// `steps` global batches of `rows` random sequences (ids and targets uniform over the
-/// vocabulary), the same on every rank and every run (a fixed seed).
-pub fn random_batches(cfg: &GptConfig, rows: usize, steps: usize) -> Batches {
-    let mut rng = Rng::new(3);
+/// vocabulary), the same on every rank and every run of the same `seed`.
+pub fn random_batches(cfg: &GptConfig, rows: usize, steps: usize, seed: u64) -> Batches {
+    let mut rng = Rng::new(seed);
     let n = steps * rows * cfg.max_seq_len;
     let mut draw = || {
         (0..n)
@@ -25,6 +25,37 @@ pub fn random_batches(cfg: &GptConfig, rows: usize, steps: usize) -> Batches {
     let ids = draw();
     let targets = draw();
     Batches::new(ids, targets, [steps, rows, cfg.max_seq_len])
+}
+
+/// The run options the training benches share (`bench train`, `bench ddp`).
+#[derive(clap::Args, Debug, Clone)]
+pub struct RunArgs {
+    /// Ranks (`bench train`: of every layout but `single`).
+    #[arg(long, default_value_t = 2)]
+    pub ranks: usize,
+    /// Sequences per rank (the global batch is `batch × ranks`).
+    #[arg(long, default_value_t = 8)]
+    pub batch: usize,
+    /// Timed steps (after `warmup`).
+    #[arg(long, default_value_t = 5)]
+    pub steps: usize,
+    #[arg(long, default_value_t = 2)]
+    pub warmup: usize,
+}
+
+impl RunArgs {
+    /// The steps run and timed.
+    pub fn schedule(&self) -> Steps {
+        Steps {
+            warmup: self.warmup,
+            timed: self.steps,
+        }
+    }
+
+    /// Every step's global batch: `ranks × batch` random sequences (seed 3).
+    pub fn batches(&self, cfg: &GptConfig) -> Batches {
+        random_batches(cfg, self.ranks * self.batch, self.schedule().total(), 3)
+    }
 }
 
 /// The median of `v` (the upper one of an even count).

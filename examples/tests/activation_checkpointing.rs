@@ -13,7 +13,7 @@ use bonfire_comm::testing::Tolerance;
 use bonfire_dtensor::checkpoint::recomputations;
 use bonfire_examples::cli::LayoutArgs;
 use bonfire_examples::data::Batches;
-use bonfire_examples::harness::{self, HarnessResult};
+use bonfire_examples::harness::HarnessResult;
 use bonfire_examples::{Gpt, GptConfig, default_device};
 use bonfire_train::{
     ActivationCheckpointing, LayoutError, MixedPrecision, OptimizerKind, ParallelDims,
@@ -58,7 +58,7 @@ fn fixture() -> &'static Fixture {
         let batches = common::random_batches(&cfg, STEPS, ROWS, 7);
         let reference = OPTIMIZERS.map(|optim| {
             let dims = ParallelDims::new();
-            harness::train(&model, &batches, &dims, optim, STEPS, common::gpt_lr(optim)).unwrap()
+            common::train_layout(&model, &batches, &dims, optim, STEPS)
         });
         Fixture {
             model,
@@ -89,17 +89,8 @@ fn check(cases: &[LayoutArgs]) {
             OptimizerKind::Sgd => common::SGD,
             OptimizerKind::AdamW => common::adamw(common::gpt_lr(optim)),
         };
-        let train = |dims: &ParallelDims| {
-            harness::train(
-                &f.model,
-                &f.batches,
-                dims,
-                optim,
-                STEPS,
-                common::gpt_lr(optim),
-            )
-            .unwrap_or_else(|e| panic!("{dims}: {e}"))
-        };
+        let train =
+            |dims: &ParallelDims| common::train_layout(&f.model, &f.batches, dims, optim, STEPS);
         for case in cases {
             let off = case.dims("dp=1").unwrap();
             let plain = train(&off);
@@ -173,17 +164,8 @@ fn mixed_precision_with_checkpointing() {
             .clone()
             .with_activation_checkpointing(ActivationCheckpointing::Every(1));
         let optim = OptimizerKind::AdamW;
-        let [plain, got] = [&off, &on].map(|dims| {
-            harness::train(
-                &f.model,
-                &f.batches,
-                dims,
-                optim,
-                STEPS,
-                common::gpt_lr(optim),
-            )
-            .unwrap_or_else(|e| panic!("{dims}: {e}"))
-        });
+        let [plain, got] =
+            [&off, &on].map(|dims| common::train_layout(&f.model, &f.batches, dims, optim, STEPS));
         common::assert_same_run(&format!("{on}"), &got, &plain, SAME);
     }
 }

@@ -10,7 +10,7 @@ mod common;
 
 use bonfire_examples::cli::LayoutArgs;
 use bonfire_examples::data::Batches;
-use bonfire_examples::harness::{self, HarnessResult};
+use bonfire_examples::harness::HarnessResult;
 use bonfire_examples::{Gpt, default_device};
 use bonfire_train::OptimizerKind;
 use std::sync::OnceLock;
@@ -34,7 +34,7 @@ fn fixture() -> &'static Fixture {
         let batches = common::random_batches(&cfg, STEPS, ROWS, 7);
         let single = |optim| {
             let dims = layout("dp=1", 0, None, None, "").dims("dp=1").unwrap();
-            harness::train(&model, &batches, &dims, optim, STEPS, common::gpt_lr(optim)).unwrap()
+            common::train_layout(&model, &batches, &dims, optim, STEPS)
         };
         let reference = [single(OptimizerKind::Sgd), single(OptimizerKind::AdamW)];
         Fixture {
@@ -79,15 +79,7 @@ fn check(cases: &[LayoutArgs]) {
         for case in cases {
             let dims = case.dims("dp=1").unwrap();
             let what = format!("{dims} {}", optim.name());
-            let got = harness::train(
-                &f.model,
-                &f.batches,
-                &dims,
-                optim,
-                STEPS,
-                common::gpt_lr(optim),
-            )
-            .unwrap_or_else(|e| panic!("{what}: {e}"));
+            let got = common::train_layout(&f.model, &f.batches, &dims, optim, STEPS);
             let closeness = common::assert_same_run(&what, &got, &f.reference[k], tol);
             println!("parity {what}: {closeness}");
         }

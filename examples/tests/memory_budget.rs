@@ -26,26 +26,7 @@ fn run(exe: &PathBuf, layout: &[&str]) -> Output {
     let start = std::time::Instant::now();
     let out = Command::new(exe)
         .args(layout)
-        .args([
-            "--d-model",
-            "256",
-            "--heads",
-            "4",
-            "--layers",
-            "4",
-            "--d-ff",
-            "1024",
-        ])
-        .args([
-            "--seq",
-            "32",
-            "--batch",
-            "2",
-            "--steps",
-            "3",
-            "--log-every",
-            "0",
-        ])
+        .args(common::BUDGET_GPT)
         .args(["--no-save", "--memory-budget", BUDGET])
         .output()
         .expect("run train_gpt");

@@ -13,7 +13,7 @@ mod common;
 use bonfire_comm::testing::Tolerance;
 use bonfire_examples::cli::LayoutArgs;
 use bonfire_examples::default_device;
-use bonfire_examples::harness::{self, HarnessResult};
+use bonfire_examples::harness::HarnessResult;
 use bonfire_train::{
     FitConfig, Launcher, LossScaling, MixedPrecision, OptimizerKind, ParallelDims, TrainError,
     Trainer, fit,
@@ -47,15 +47,7 @@ fn dims(mesh: &str, zero: usize, schedule: Option<&str>, flags: &str) -> Paralle
 
 fn train(dims: &ParallelDims, optim: OptimizerKind) -> HarnessResult {
     let f = fixture();
-    harness::train(
-        &f.model,
-        &f.batches,
-        dims,
-        optim,
-        STEPS,
-        common::gpt_lr(optim),
-    )
-    .unwrap_or_else(|e| panic!("{dims}: {e}"))
+    common::train_layout(&f.model, &f.batches, dims, optim, STEPS)
 }
 
 /// Layouts under `policy` against the same policy on one device.

@@ -16,7 +16,7 @@ fn text(out: &Output) -> (String, String) {
 }
 
 #[test]
-fn plan_ranks_explains_and_refuses() {
+fn plan_ranks_the_layouts_and_explains_the_first() {
     let plan = common::example("plan");
     let out = Command::new(&plan)
         .args([
@@ -78,7 +78,11 @@ fn plan_ranks_explains_and_refuses() {
         stdout.contains("why: memory: ") && stdout.contains("why: DDP: none fits"),
         "{stdout}"
     );
+}
 
+#[test]
+fn plan_refuses_a_request_nothing_fits() {
+    let plan = common::example("plan");
     let out = Command::new(&plan)
         .args([
             "--model",
@@ -96,7 +100,11 @@ fn plan_ranks_explains_and_refuses() {
         stderr.starts_with("error: no layout fits: the smallest layout ("),
         "{stderr}"
     );
+}
 
+#[test]
+fn plan_names_the_bad_field_of_a_description() {
+    let plan = common::example("plan");
     let dir = std::env::temp_dir().join(format!("bonfire-plan-cli-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let bad = dir.join("model.json");
@@ -140,27 +148,8 @@ fn plan_ranks_explains_and_refuses() {
 fn train_gpt_mesh_auto_trains_the_planners_layout_within_the_budget() {
     let out = Command::new(common::example("train_gpt"))
         .args(["--mesh", "auto", "--ranks", "2", "--memory-budget", "64MiB"])
-        .args([
-            "--d-model",
-            "256",
-            "--heads",
-            "4",
-            "--layers",
-            "4",
-            "--d-ff",
-            "1024",
-        ])
-        .args([
-            "--seq",
-            "32",
-            "--batch",
-            "2",
-            "--steps",
-            "3",
-            "--log-every",
-            "0",
-            "--no-save",
-        ])
+        .args(common::BUDGET_GPT)
+        .args(["--no-save"])
         .output()
         .unwrap();
     let (stdout, stderr) = text(&out);

@@ -24,20 +24,14 @@ use bonfire_examples::planner::{self, calibrate, from_dims, gpt_spec, this_machi
 use bonfire_examples::{Gpt, GptConfig, default_device};
 use bonfire_plan::{Precision, Request, estimate, rank_shapes};
 use bonfire_train::{Launcher, OptimizerKind, ParallelDims, TrainError, Trainer};
-use burn::tensor::{Device, Int, Tensor, TensorData};
+use burn::tensor::Device;
 use std::time::Instant;
 
 #[global_allocator]
 static HEAP: RankAllocator = RankAllocator;
 
-const CFG: GptConfig = GptConfig {
-    vocab_size: 4096,
-    d_model: 256,
-    n_heads: 8,
-    n_layers: 4,
-    max_seq_len: 128,
-    d_ff: 1024,
-};
+/// The bench GPT.
+const CFG: GptConfig = GptConfig::bench();
 const ROWS: usize = 8;
 const SEQ: usize = 128;
 const STEPS: usize = 3;
@@ -46,13 +40,7 @@ const STEPS: usize = 3;
 const ROUNDS: usize = 2;
 
 fn batch(step: usize, device: &Device) -> TokenBatch {
-    let make = |a: usize, b: usize| {
-        let v: Vec<i64> = (0..ROWS * SEQ)
-            .map(|i| ((i * a + step * b + 1) % CFG.vocab_size) as i64)
-            .collect();
-        Tensor::<2, Int>::from_data(TensorData::new(v, [ROWS, SEQ]), device)
-    };
-    (make(31, 7), make(17, 3))
+    bonfire_examples::data::pattern_batch(CFG.vocab_size, ROWS, SEQ, step, device)
 }
 
 /// One rank's measurement.

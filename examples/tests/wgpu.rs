@@ -68,8 +68,7 @@ fn dims(mesh: &str, zero: usize, offload: bool) -> ParallelDims {
 
 fn train(model: &Gpt, dims: &ParallelDims, optim: OptimizerKind) -> HarnessResult {
     let f = fixture();
-    harness::train(model, &f.batches, dims, optim, STEPS, common::gpt_lr(optim))
-        .unwrap_or_else(|e| panic!("{dims}: {e}"))
+    common::train_layout(model, &f.batches, dims, optim, STEPS)
 }
 
 /// The layouts run on both devices: DDP, ZeRO 1–3, offload, TP, PP.

@@ -7,34 +7,15 @@
 //! the losses of the same resume run as rank threads.
 
 use crate::mpi::{counted, mpirun};
+use crate::mpi_train::TINY_GPT;
 use crate::process::{Failure, Result};
 use std::path::Path;
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-/// A small model and a few steps; 3 sequences per replica on 4 ranks: a global batch of 12
+/// With [`TINY_GPT`], a few steps of 3 sequences per replica on 4 ranks: a global batch of 12
 /// rows, which 3 survivors split evenly.
-const COMMON: &[&str] = &[
-    "--steps",
-    "8",
-    "--batch",
-    "3",
-    "--seq",
-    "16",
-    "--d-model",
-    "32",
-    "--heads",
-    "4",
-    "--layers",
-    "2",
-    "--d-ff",
-    "64",
-    "--log-every",
-    "0",
-    "--zero",
-    "2",
-    "--no-save",
-];
+const COMMON: &[&str] = &["--steps", "8", "--batch", "3", "--zero", "2", "--no-save"];
 
 /// The killed job must end this fast (start-up of 4 processes on a loaded machine included).
 const DEADLINE: Duration = Duration::from_secs(90);
@@ -58,6 +39,7 @@ fn killed_job(binary: &str, dir: &Path, ckpt: &Path) -> Result {
     let mut job = mpirun(4, DEADLINE.as_secs() as u32);
     job.arg(binary)
         .args(["--launcher", "env", "--mesh", "dp=4"])
+        .args(TINY_GPT)
         .args(COMMON)
         .args(["--checkpoint-every", "2", "--sync-save"])
         .args(["--kill-rank", "2", "--at-step", "5"])
@@ -107,6 +89,7 @@ fn resumed_on_fewer(binary: &str, dir: &Path, ckpt: &Path) -> Result {
     let mut job = mpirun(3, DEADLINE.as_secs() as u32);
     job.arg(binary)
         .args(["--launcher", "env", "--mesh", "dp=3"])
+        .args(TINY_GPT)
         .args(COMMON)
         .arg("--resume")
         .arg(ckpt)
@@ -123,6 +106,7 @@ fn resumed_on_fewer(binary: &str, dir: &Path, ckpt: &Path) -> Result {
     let mut local = Command::new(binary);
     local
         .args(["--mesh", "dp=3"])
+        .args(TINY_GPT)
         .args(COMMON)
         .arg("--resume")
         .arg(ckpt)

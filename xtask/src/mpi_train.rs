@@ -7,12 +7,9 @@ use crate::process::{Failure, Result};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// A small model and a few steps: the comparison, not the training, is the point.
-const COMMON: &[&str] = &[
-    "--steps",
-    "6",
-    "--batch",
-    "4",
+/// The small GPT of the MPI steps (`train_gpt` flags): the comparison, not the training, is
+/// the point.
+pub(crate) const TINY_GPT: &[&str] = &[
     "--seq",
     "16",
     "--d-model",
@@ -26,6 +23,9 @@ const COMMON: &[&str] = &[
     "--log-every",
     "0",
 ];
+
+/// A few steps of 4 sequences per replica.
+const COMMON: &[&str] = &["--steps", "6", "--batch", "4"];
 
 /// The layouts compared (4 ranks each).
 const LAYOUTS: &[(&str, &[&str])] = &[
@@ -70,10 +70,20 @@ fn compare(binary: &str, dir: &Path, name: &str, layout: &[&str]) -> Result {
     let threads = dir.join(format!("{name}-threads.jsonl"));
     let processes = dir.join(format!("{name}-mpi.jsonl"));
     let mut local = Command::new(binary);
-    run(local.args(COMMON).args(layout), &threads, dir, name)?;
+    run(
+        local.args(TINY_GPT).args(COMMON).args(layout),
+        &threads,
+        dir,
+        name,
+    )?;
     let mut mpi = mpirun(4, 180);
     mpi.arg(binary).args(["--launcher", "env"]);
-    run(mpi.args(COMMON).args(layout), &processes, dir, name)?;
+    run(
+        mpi.args(TINY_GPT).args(COMMON).args(layout),
+        &processes,
+        dir,
+        name,
+    )?;
     let (a, b) = (losses(&threads)?, losses(&processes)?);
     let worst = a
         .iter()

@@ -13,12 +13,12 @@ use bonfire_dtensor::functional::{all_gather_recomputable, copy_to_group, reduce
 use bonfire_dtensor::graph::anchored;
 use bonfire_dtensor::params::{fork, inventory, take_flat_grads};
 use bonfire_dtensor::{CommCounter, LayerHook, checkpoint, install_layer_hook, layer};
-use burn::module::{Module, Param, ParamId};
+use burn::module::{Module, ParamId};
 use burn::nn::{LayerNorm, LayerNormConfig, Linear, LinearConfig};
 use burn::optim::GradientsParams;
 use burn::tensor::activation::gelu;
 use burn::tensor::{Device, DispatchTensor, Tensor};
-use common::{tensor, vec_of, world};
+use common::{hollow, tensor, vec_of, world};
 use std::cell::RefCell;
 use std::rc::Rc;
 use std::sync::Arc;
@@ -297,18 +297,6 @@ impl LayerHook for Gather {
     fn supply(&self, _id: ParamId) -> Option<Tensor<1>> {
         Some(self.entering.borrow_mut().remove(0))
     }
-}
-
-/// `module` with every parameter value-less (its values must come from a hook).
-fn hollow<M: Module>(module: M) -> M {
-    struct Hollow;
-    impl burn::module::ModuleMapper for Hollow {
-        fn map_float<const D: usize>(&mut self, p: Param<Tensor<D>>) -> Param<Tensor<D>> {
-            let (id, shape, device) = (p.id, p.lazy_shape(), p.lazy_device());
-            Param::uninitialized(id, |_, _| panic!("supplied"), device, true, shape)
-        }
-    }
-    module.map(&mut Hollow)
 }
 
 #[test]

@@ -9,49 +9,27 @@
 mod common;
 
 use bonfire_comm::ProcessGroup;
+use bonfire_comm::testing::memory::CountingAllocator;
 use bonfire_dtensor::functional::all_gather_recomputable;
 use bonfire_dtensor::graph::anchored;
 use bonfire_dtensor::params::{flat, fork, inventory};
 use bonfire_dtensor::{LayerHook, checkpoint, install_layer_hook, layer};
-use burn::module::{Module, Param, ParamId};
+use burn::module::{Module, ParamId};
 use burn::nn::{Linear, LinearConfig};
 use burn::tensor::activation::gelu;
 use burn::tensor::{Device, DispatchTensor, Distribution, Tensor};
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::RefCell;
 use std::rc::Rc;
-use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
-
-struct Counting;
-
-static LIVE: AtomicUsize = AtomicUsize::new(0);
-static PEAK: AtomicUsize = AtomicUsize::new(0);
-
-// SAFETY: forwards to the system allocator; only counts.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        let p = unsafe { System.alloc(layout) };
-        if !p.is_null() {
-            let live = LIVE.fetch_add(layout.size(), Relaxed) + layout.size();
-            PEAK.fetch_max(live, Relaxed);
-        }
-        p
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        unsafe { System.dealloc(ptr, layout) };
-        LIVE.fetch_sub(layout.size(), Relaxed);
-    }
-}
 
 #[global_allocator]
-static HEAP: Counting = Counting;
+static HEAP: CountingAllocator = CountingAllocator::new();
 
 /// The heap's peak while `f` runs, above what was live when it started.
 fn peak_of(f: impl FnOnce()) -> usize {
-    let base = LIVE.load(Relaxed);
-    PEAK.store(base, Relaxed);
+    let base = HEAP.live();
+    HEAP.reset_peak();
     f();
-    PEAK.load(Relaxed) - base
+    (HEAP.peak() - base) as usize
 }
 
 #[derive(Module, Debug)]
@@ -78,7 +56,7 @@ fn stack(d: usize, d_ff: usize, n: usize, device: &Device) -> Vec<Mlp> {
 /// Forward and backward of `x` through `blocks`, checkpointed or not: the bytes the
 /// forward left for backward (live when backward starts, above the start).
 fn train_step(blocks: &[Mlp], x: Tensor<2>, ac: bool) -> usize {
-    let base = LIVE.load(Relaxed);
+    let base = HEAP.live();
     let x = x.require_grad();
     let mut h = x.clone();
     for b in blocks {
@@ -88,7 +66,7 @@ fn train_step(blocks: &[Mlp], x: Tensor<2>, ac: bool) -> usize {
         };
     }
     let loss = h.powi_scalar(2).mean();
-    let held = LIVE.load(Relaxed).saturating_sub(base);
+    let held = (HEAP.live() - base).max(0) as usize;
     let grads = loss.backward();
     assert!(x.grad(&grads).is_some());
     held
@@ -115,17 +93,6 @@ impl LayerHook for Gather {
     fn supply(&self, _id: ParamId) -> Option<Tensor<1>> {
         Some(self.entering.borrow_mut().remove(0))
     }
-}
-
-fn hollow<M: Module>(module: M) -> M {
-    struct Hollow;
-    impl burn::module::ModuleMapper for Hollow {
-        fn map_float<const D: usize>(&mut self, p: Param<Tensor<D>>) -> Param<Tensor<D>> {
-            let (id, shape, device) = (p.id, p.lazy_shape(), p.lazy_device());
-            Param::uninitialized(id, |_, _| panic!("supplied"), device, true, shape)
-        }
-    }
-    module.map(&mut Hollow)
 }
 
 #[test]
@@ -158,7 +125,7 @@ fn checkpointing_keeps_block_inputs_only_and_no_gathered_parameters() {
             })
             .collect();
         drop(all);
-        let lazy = hollow(blocks);
+        let lazy = common::hollow(blocks);
         let x = Tensor::<2>::random([4, 256], Distribution::Default, &device);
         let model_bytes = 4 * infos.iter().map(|p| p.numel()).sum::<usize>();
         for ac in [false, true] {

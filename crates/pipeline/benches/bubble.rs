@@ -290,75 +290,74 @@ fn main() {
                     if name.ends_with(":nosplit") {
                         continue; // the gpt workload's variant (B/W split off)
                     }
-                    let Some(kind) = ScheduleKind::parse(name) else {
-                        eprintln!("unknown schedule `{name}`");
-                        std::process::exit(2);
-                    };
-                    let schedule = kind.generate(p, m);
-                    check(&schedule).expect("generated schedules pass the checker");
-                    let v = kind.chunks();
-                    let (theory, theory_kind) = match kind.theory_bubble(p, m) {
-                        Some(t) => (t, "formula"),
-                        None => (
-                            Timeline::simulate(&schedule, Costs::default())
-                                .unwrap()
-                                .bubble(),
-                            "simulated",
-                        ),
-                    };
-                    let per_chunk = Duration::from_secs_f64(args.forward_ms / 1e3 / v as f64);
-                    let results = ThreadWorld::new(p)
-                        .timeout(Duration::from_secs(120))
-                        .launch(|pg| {
-                            let mut stage: Box<dyn StageCompute> = match workload.as_str() {
-                                "sleep" => Box::new(SleepStage {
-                                    forward: per_chunk,
-                                    backward_input: per_chunk,
-                                    backward_weight: per_chunk,
-                                }),
-                                "matmul" => Box::new(MatmulStage::new(
-                                    v,
-                                    args.layers,
-                                    args.rows,
-                                    args.width,
-                                )),
-                                other => panic!("unknown workload `{other}` (sleep, matmul)"),
-                            };
-                            step(&pg, &schedule, stage.as_mut()); // warm-up
-                            (0..args.steps)
-                                .map(|_| step(&pg, &schedule, stage.as_mut()))
-                                .collect::<Vec<_>>()
-                        })
-                        .unwrap_or_else(|e| panic!("{e}"));
-                    let mut per_rank: Vec<_> = results.into_iter().map(|r| r.into_iter()).collect();
-                    let mut bubbles = Vec::new();
-                    let mut makespans = Vec::new();
-                    let mut last = None;
-                    for _ in 0..args.steps {
-                        let t = Timeline::merge(
-                            per_rank.iter_mut().map(|r| r.next().unwrap()).collect(),
-                        );
-                        bubbles.push(t.bubble());
-                        makespans.push(t.makespan().as_secs_f64() * 1e3);
-                        last = Some(t);
-                    }
-                    let bubble = median(&mut bubbles);
-                    let step_ms = median(&mut makespans);
-                    println!(
-                        "bench pipeline schedule={} p={p} m={m} bubble={bubble:.4} theory={theory:.4} workload={workload} theory_from={theory_kind} step_ms={step_ms:.2} peak_act={}",
-                        kind.name(),
-                        schedule.peak_activations().iter().max().unwrap_or(&0)
-                    );
-                    if let Some(t) = last {
-                        let file = out.join(format!(
-                            "{workload}-{}-p{p}-m{m}.svg",
-                            kind.name().replace(':', "v")
-                        ));
-                        let title = format!("{} p={p} m={m} ({workload})", kind.name());
-                        std::fs::write(&file, t.to_svg(&title)).expect("write the SVG");
-                    }
+                    measure(&args, &out, workload, p, m, name);
                 }
             }
         }
+    }
+}
+
+/// One configuration of the synthetic workloads: `workload` on `p` rank threads, `m`
+/// micro-batches under schedule `name`; prints its line and writes its last step's SVG.
+fn measure(args: &Args, out: &std::path::Path, workload: &str, p: usize, m: usize, name: &str) {
+    let Some(kind) = ScheduleKind::parse(name) else {
+        eprintln!("unknown schedule `{name}`");
+        std::process::exit(2);
+    };
+    let schedule = kind.generate(p, m);
+    check(&schedule).expect("generated schedules pass the checker");
+    let v = kind.chunks();
+    let (theory, theory_kind) = match kind.theory_bubble(p, m) {
+        Some(t) => (t, "formula"),
+        None => (
+            Timeline::simulate(&schedule, Costs::default())
+                .unwrap()
+                .bubble(),
+            "simulated",
+        ),
+    };
+    let per_chunk = Duration::from_secs_f64(args.forward_ms / 1e3 / v as f64);
+    let results = ThreadWorld::new(p)
+        .timeout(Duration::from_secs(120))
+        .launch(|pg| {
+            let mut stage: Box<dyn StageCompute> = match workload {
+                "sleep" => Box::new(SleepStage {
+                    forward: per_chunk,
+                    backward_input: per_chunk,
+                    backward_weight: per_chunk,
+                }),
+                "matmul" => Box::new(MatmulStage::new(v, args.layers, args.rows, args.width)),
+                other => panic!("unknown workload `{other}` (sleep, matmul)"),
+            };
+            step(&pg, &schedule, stage.as_mut()); // warm-up
+            (0..args.steps)
+                .map(|_| step(&pg, &schedule, stage.as_mut()))
+                .collect::<Vec<_>>()
+        })
+        .unwrap_or_else(|e| panic!("{e}"));
+    let mut per_rank: Vec<_> = results.into_iter().map(|r| r.into_iter()).collect();
+    let mut bubbles = Vec::new();
+    let mut makespans = Vec::new();
+    let mut last = None;
+    for _ in 0..args.steps {
+        let t = Timeline::merge(per_rank.iter_mut().map(|r| r.next().unwrap()).collect());
+        bubbles.push(t.bubble());
+        makespans.push(t.makespan().as_secs_f64() * 1e3);
+        last = Some(t);
+    }
+    let bubble = median(&mut bubbles);
+    let step_ms = median(&mut makespans);
+    println!(
+        "bench pipeline schedule={} p={p} m={m} bubble={bubble:.4} theory={theory:.4} workload={workload} theory_from={theory_kind} step_ms={step_ms:.2} peak_act={}",
+        kind.name(),
+        schedule.peak_activations().iter().max().unwrap_or(&0)
+    );
+    if let Some(t) = last {
+        let file = out.join(format!(
+            "{workload}-{}-p{p}-m{m}.svg",
+            kind.name().replace(':', "v")
+        ));
+        let title = format!("{} p={p} m={m} ({workload})", kind.name());
+        std::fs::write(&file, t.to_svg(&title)).expect("write the SVG");
     }
 }

@@ -83,6 +83,19 @@ pub fn gpt_fixture(
     })
 }
 
+/// `steps` steps of `model` on `batches` under `dims` with `optim` at the suites' learning
+/// rate ([`gpt_lr`]), through the parity harness; panics naming the layout on an error.
+pub fn train_layout(
+    model: &Gpt,
+    batches: &Batches,
+    dims: &bonfire_train::ParallelDims,
+    optim: bonfire_train::OptimizerKind,
+    steps: usize,
+) -> HarnessResult {
+    bonfire_examples::harness::train(model, batches, dims, optim, steps, gpt_lr(optim))
+        .unwrap_or_else(|e| panic!("{dims} {}: {e}", optim.name()))
+}
+
 /// Losses and final parameters (flat, module order) of a run.
 #[derive(Debug, Clone)]
 pub struct Run {
@@ -174,6 +187,28 @@ pub fn assert_same_run(
     }
     worst
 }
+
+/// `train_gpt` flags of the GPT `tests/memory_budget.rs` sizes a 64 MiB per-rank budget by
+/// (d 256, 4 heads, 4 layers, d_ff 1024; 3 steps of 2 rows of 32 tokens per replica): DDP
+/// peaks above it on 2 ranks, ZeRO-3, TP = 2 and PP = 2 below.
+pub const BUDGET_GPT: &[&str] = &[
+    "--d-model",
+    "256",
+    "--heads",
+    "4",
+    "--layers",
+    "4",
+    "--d-ff",
+    "1024",
+    "--seq",
+    "32",
+    "--batch",
+    "2",
+    "--steps",
+    "3",
+    "--log-every",
+    "0",
+];
 
 /// The `train_gpt` example, built in the profile of the calling test binary (for tests that
 /// run it as a child process).

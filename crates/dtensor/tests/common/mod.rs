@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 use bonfire_comm::{ProcessGroup, ThreadWorld};
+use burn::module::{Module, Param};
 use burn::tensor::{Device, Tensor, TensorData};
 use std::time::Duration;
 
@@ -45,4 +46,16 @@ pub fn vec_of<const D: usize>(t: Tensor<D>) -> Vec<f32> {
 pub fn assert_close(a: &[f32], b: &[f32], what: &str) {
     let tol = bonfire_comm::testing::Tolerance::new(1e-4, 1e-4);
     bonfire_comm::testing::assert_close(what, a, b, tol);
+}
+
+/// `module` with every parameter value-less (its values must come from a hook).
+pub fn hollow<M: Module>(module: M) -> M {
+    struct Hollow;
+    impl burn::module::ModuleMapper for Hollow {
+        fn map_float<const D: usize>(&mut self, p: Param<Tensor<D>>) -> Param<Tensor<D>> {
+            let (id, shape, device) = (p.id, p.lazy_shape(), p.lazy_device());
+            Param::uninitialized(id, |_, _| panic!("supplied"), device, true, shape)
+        }
+    }
+    module.map(&mut Hollow)
 }
