@@ -29,9 +29,29 @@ pub type Result<T = ()> = std::result::Result<T, Failure>;
 
 /// The cargo binary to invoke: the one running us (`$CARGO`, set by `cargo run`)
 /// so that toolchain overrides are respected, falling back to `cargo` on PATH.
+///
+/// In CI (a fresh clone built once) incremental compilation only costs disk, so it is off.
 pub fn cargo() -> Command {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    Command::new(cargo)
+    let mut command = Command::new(cargo);
+    if std::env::var_os("CI").is_some() {
+        command.env("CARGO_INCREMENTAL", "0");
+    }
+    command
+}
+
+/// Free bytes on the file system holding `path`, from `df`; `None` where `df` cannot say.
+pub fn free_bytes(path: &std::path::Path) -> Option<u64> {
+    let output = Command::new("df").arg("-Pk").arg(path).output().ok()?;
+    let text = String::from_utf8(output.stdout).ok()?;
+    let kib: u64 = text
+        .lines()
+        .nth(1)?
+        .split_whitespace()
+        .nth(3)?
+        .parse()
+        .ok()?;
+    Some(kib * 1024)
 }
 
 /// Runs a `cargo test` command like [`run`], echoing its standard output line by line and

@@ -77,7 +77,11 @@ pub fn run(skip_lint: bool) -> Result {
     let mut passed = Vec::new();
     let mut skipped = Vec::new();
     for step in &steps {
-        println!("==> {}", step.name);
+        match crate::process::free_bytes(std::path::Path::new(".")) {
+            // A full disk kills the linker with a bus error; the banner says how close it is.
+            Some(free) => println!("==> {} (disk free: {:.1} GB)", step.name, free as f64 / 1e9),
+            None => println!("==> {}", step.name),
+        }
         match (step.run)() {
             Ok(Outcome::Passed) => passed.push(step.name),
             Ok(Outcome::Skipped { reason }) => {
