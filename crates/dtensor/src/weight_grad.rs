@@ -17,8 +17,8 @@
 //! The backward then yields input gradients and the gradients of everything else (biases,
 //! norms, embeddings: cheap element-wise and reduction ops, left in B). [`WeightGrads::apply`]
 //! later computes each `dW` from `(x, dy)` with plain tensor ops — no autodiff, no second
-//! backward — in exactly the order of autodiff's own matmul backward (`xᵀ·dy`, summed over
-//! the broadcast batch dimensions, transposed back to `[out, in]`), so the values are
+//! backward — in exactly the order of autodiff's own matmul backward (`xᵀ·dy` over the
+//! flattened rows, transposed back to `[out, in]`), so the values are
 //! bitwise those of the undivided backward; and adds it to the `Gradients` under the weight,
 //! where `GradientsParams::from_module` (and every data-parallel wrapper's `accumulate`)
 //! finds it.
@@ -220,42 +220,41 @@ pub fn is_deferring() -> bool {
 }
 
 /// `x Wᵀ` for `x` `[..., in]` and `weight` `[out, in]` (PyTorch's layout): the linear layer's
-/// matmul, `x.matmul(weight.transpose().unsqueeze())`. Inside [`deferring`], with a weight
-/// that is a parameter leaf and a tracked input, the weight's gradient is deferred to
-/// [`WeightGrads::apply`]; the output and the input's gradient are bitwise the same.
+/// matmul, run as one `[rows, in] × [in, out]` product over the flattened leading dimensions
+/// (as Burn's `module::linear` does), so that backward's weight gradient is one matmul with
+/// every row as its inner dimension instead of a batch of small ones summed afterwards.
+/// Inside [`deferring`], with a weight that is a parameter leaf and a tracked input, the
+/// weight's gradient is deferred to [`WeightGrads::apply`]; the output and the input's
+/// gradient are bitwise the same.
 pub fn linear_matmul<const D: usize>(x: Tensor<D>, weight: Tensor<2>) -> Tensor<D> {
+    let dims = x.dims();
+    let [rows, d_in] = [dims[..D - 1].iter().product(), dims[D - 1]];
+    let d_out = weight.dims()[0];
+    let mut out_dims = dims;
+    out_dims[D - 1] = d_out;
+    let x = x.reshape([rows, d_in]);
     if !(weight.is_require_grad() && x.is_tracked() && is_deferring()) {
-        return x.matmul(weight.transpose().unsqueeze::<D>());
+        return x.matmul(weight.transpose()).reshape(out_dims);
     }
     let constant = weight.clone().set_require_grad(false);
     let kept = x.clone().inner();
-    let y = x.matmul(constant.transpose().unsqueeze::<D>());
+    let y = x.matmul(constant.transpose());
     let slot = GradSlot::default();
-    let y = Tensor::from_dispatch(<burn::backend::Dispatch as WeightGradBackend>::keep_grad(
+    let y = Tensor::<2>::from_dispatch(<burn::backend::Dispatch as WeightGradBackend>::keep_grad(
         y.into_dispatch(),
         slot.clone(),
     ));
-    let grad: WeightGradFn = Box::new(move |dy| weight_grad(kept, Tensor::<D>::from_dispatch(dy)));
+    let grad: WeightGradFn = Box::new(move |dy| weight_grad(kept, Tensor::<2>::from_dispatch(dy)));
     QUEUE.with(|q| {
         if let Some(queue) = q.borrow_mut().as_mut() {
             queue.push(Deferred { weight, slot, grad });
         }
     });
-    y
+    y.reshape(out_dims)
 }
 
-/// `dW` `[out, in]` of `y = x Wᵀ` from `x` `[..., in]` and `dy` `[..., out]`, step for step
-/// as autodiff's backward of `x.matmul(W.transpose().unsqueeze())` computes it: `xᵀ·dy`
-/// (batched), summed over the dimensions the unsqueezed weight was broadcast along, reshaped
-/// to `[in, out]` and transposed.
-fn weight_grad<const D: usize>(x: Tensor<D>, dy: Tensor<D>) -> Tensor<2> {
-    let g = x.transpose().matmul(dy);
-    let dims = g.dims();
-    let broadcast: Vec<usize> = (0..D.saturating_sub(2)).filter(|&i| dims[i] != 1).collect();
-    let g = match broadcast.as_slice() {
-        [] => g,
-        [d] => g.sum_dim(*d),
-        ds => g.sum_dims(ds),
-    };
-    g.reshape([dims[D - 2], dims[D - 1]]).transpose()
+/// `dW` `[out, in]` of `y = x Wᵀ` from `x` `[rows, in]` and `dy` `[rows, out]`, as autodiff's
+/// backward of `x.matmul(W.transpose())` computes it: `xᵀ·dy` `[in, out]`, transposed back.
+fn weight_grad(x: Tensor<2>, dy: Tensor<2>) -> Tensor<2> {
+    x.transpose().matmul(dy).transpose()
 }
