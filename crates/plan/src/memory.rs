@@ -114,13 +114,9 @@ pub fn activation_bytes(
         } else {
             1.0
         };
-        // Two more logits-sized buffers live at the loss's backward under every engine but
-        // ZeRO-3's (measured: `examples/tests/planner.rs`, 2.2 per micro-batch).
-        let backward = if layout.zero == ZeroStage::Z3 {
-            2.0
-        } else {
-            4.0
-        };
+        // Two more logits-sized buffers live at the loss's backward: the logits' gradient
+        // and the cross-entropy's kept probabilities (measured: `examples/tests/planner.rs`).
+        let backward = 2.0;
         model.vocab_size as f64 / t * tokens * 4.0 * (head_flight + backward)
     } else {
         0.0
@@ -128,26 +124,16 @@ pub fn activation_bytes(
     kept + head
 }
 
-/// Transient bytes of backward and the optimizer step, as multiples of the rank's
-/// parameters in the param dtype (Ψ·pb): the full gradient Burn materialises before the
-/// engine reduces or shards it, the optimizer's new values beside the old ones, and — with
-/// a pipeline — the per-micro-batch gradients beside their running sum. The multiples are
-/// the steady peaks of `bench memory` (Ψ = 67 M, `docs/zero.md`) over [`state_bytes`]:
-/// DDP 1.1, ZeRO 1–3 1.5, TP 2.0, PP 3.0 (the largest that applies); ZeRO-3 adds two
-/// gathered layers (the one computing and the prefetched one).
+/// Transient bytes beyond the state and the activations at the step's peak, as multiples of
+/// the rank's parameters in the param dtype (Ψ·pb): none for DDP, ZeRO and pipelines (the
+/// peak is backward's start, before most gradients exist, and the linear layers' weight
+/// gradients are single products with no per-sequence buffers); 2 Ψ·pb with tensor
+/// parallelism (its collectives' send and receive copies); ZeRO-3 adds two gathered layers
+/// (the one computing and the prefetched one). Measured on the bench GPT's six layouts of
+/// `examples/tests/planner.rs` (the fitted part of the model; docs/planner.md).
 pub fn transient_bytes(model: &ModelSpec, layout: &Layout, psi: usize) -> f64 {
     let pb = layout.precision.param_bytes as f64;
-    let mut c: f64 = if layout.zero == ZeroStage::Z0 {
-        1.1
-    } else {
-        1.5
-    };
-    if layout.tp > 1 {
-        c = c.max(2.0);
-    }
-    if layout.pp > 1 {
-        c = c.max(3.0);
-    }
+    let c = if layout.tp > 1 { 2.0 } else { 0.0 };
     let mut bytes = c * psi as f64 * pb;
     if layout.zero == ZeroStage::Z3 {
         bytes += 2.0 * model.largest_layer_params(layout.tp) as f64 * pb;
