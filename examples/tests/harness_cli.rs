@@ -14,11 +14,18 @@ use std::path::{Path, PathBuf};
 fn write_inputs(dir: &Path, cfg: &GptConfig) {
     std::fs::create_dir_all(dir).unwrap();
     std::fs::write(dir.join("cfg.json"), serde_json::to_string(cfg).unwrap()).unwrap();
-    checkpoint::save(
-        &Gpt::new(cfg, &default_device()),
-        dir.join("init.safetensors"),
-    )
-    .unwrap();
+    // A seeded model: AdamW's parity floor is met with room to spare for this draw, and a
+    // rerun compares the same numbers (unseeded, one draw in a few dozen came within 1.1 of
+    // the floor: an element whose gradient cancels turns summation-order noise into a step).
+    // The seed and the draw under one lock: this binary's tests write their inputs at once.
+    static INIT: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let model = {
+        let _init = INIT.lock().unwrap_or_else(|e| e.into_inner());
+        let device = default_device();
+        device.seed(7);
+        Gpt::new(cfg, &device)
+    };
+    checkpoint::save(&model, dir.join("init.safetensors")).unwrap();
     let (s, bb, t) = (3usize, 4usize, 6usize);
     let b = common::random_batches(cfg, s, bb, 11);
     let full = cfg.max_seq_len;

@@ -221,3 +221,21 @@ fn bad_descriptions_name_the_field() {
         (16, 40 << 30, "ethernet")
     );
 }
+
+/// A published choice reproduced: torchtitan trains Llama 3 8B on one 8-GPU node with FSDP
+/// (ZeRO-3) over all eight devices and no tensor or pipeline parallelism.
+#[test]
+fn llama3_8b_on_one_node_is_fsdp_over_eight() {
+    let p = plan(
+        &ModelSpec::preset("llama3-8b").unwrap(),
+        &cluster(1, 8, "h100", "nvlink", "ib"),
+        &bf16(8, 8192),
+    )
+    .unwrap();
+    let top = &p.ranked[0].layout;
+    assert_eq!(
+        (top.dp, top.zero, top.tp, top.pp),
+        (8, ZeroStage::Z3, 1, 1),
+        "{top}"
+    );
+}
