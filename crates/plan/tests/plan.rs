@@ -94,14 +94,19 @@ fn schedules_bubble_and_place_stages() {
     assert_eq!(zbv.rank_pieces(&model, 1), [2, 3, 4]);
 }
 
+/// The plan for a preset model on one node of eight H100s linked by NVLink, in bf16.
+fn plan_one_h100_node(model: &str, global_batch: usize, seq: usize) -> bonfire_plan::Plan {
+    plan(
+        &ModelSpec::preset(model).unwrap(),
+        &cluster(1, 8, "h100", "nvlink", "ib"),
+        &bf16(global_batch, seq),
+    )
+    .unwrap()
+}
+
 #[test]
 fn a_model_that_fits_one_device_trains_data_parallel() {
-    let p = plan(
-        &ModelSpec::preset("gpt-bench").unwrap(),
-        &cluster(1, 8, "h100", "nvlink", "ib"),
-        &bf16(1024, 128),
-    )
-    .unwrap();
+    let p = plan_one_h100_node("gpt-bench", 1024, 128);
     let top = &p.ranked[0].layout;
     // Data parallel on all 8 (DDP or ZeRO: ZeRO's sharded optimizer step may be faster).
     assert_eq!((top.tp, top.pp, top.dp), (1, 1, 8), "{top}");
@@ -226,12 +231,7 @@ fn bad_descriptions_name_the_field() {
 /// (ZeRO-3) over all eight devices and no tensor or pipeline parallelism.
 #[test]
 fn llama3_8b_on_one_node_is_fsdp_over_eight() {
-    let p = plan(
-        &ModelSpec::preset("llama3-8b").unwrap(),
-        &cluster(1, 8, "h100", "nvlink", "ib"),
-        &bf16(8, 8192),
-    )
-    .unwrap();
+    let p = plan_one_h100_node("llama3-8b", 8, 8192);
     let top = &p.ranked[0].layout;
     assert_eq!(
         (top.dp, top.zero, top.tp, top.pp),
