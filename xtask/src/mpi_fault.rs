@@ -7,8 +7,8 @@
 //! the losses of the same resume run as rank threads.
 
 use crate::mpi::{counted, mpirun};
-use crate::mpi_train::TINY_GPT;
-use crate::process::{Failure, Result};
+use crate::mpi_train::{TINY_GPT, fail, metrics_lines};
+use crate::process::Result;
 use std::path::Path;
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
@@ -188,26 +188,14 @@ fn both(out: &Output) -> String {
 
 /// `(step, loss)` of every metrics line.
 fn metrics(path: &Path) -> Result<Vec<(u64, f64)>> {
-    let text =
-        std::fs::read_to_string(path).map_err(|e| fail(format!("{}: {e}", path.display())))?;
-    text.lines()
-        .map(|line| {
-            let v: serde_json::Value =
-                serde_json::from_str(line).map_err(|e| fail(format!("{}: {e}", path.display())))?;
-            match (v["step"].as_u64(), v["loss"].as_f64()) {
-                (Some(s), Some(l)) => Ok((s, l)),
-                _ => Err(fail(format!(
-                    "{}: a line without step and loss",
-                    path.display()
-                ))),
-            }
+    metrics_lines(path)?
+        .iter()
+        .map(|v| match (v["step"].as_u64(), v["loss"].as_f64()) {
+            (Some(s), Some(l)) => Ok((s, l)),
+            _ => Err(fail(format!(
+                "{}: a line without step and loss",
+                path.display()
+            ))),
         })
         .collect()
-}
-
-fn fail(message: String) -> Failure {
-    Failure {
-        message,
-        exit_code: 1,
-    }
 }

@@ -4,7 +4,7 @@
 
 use crate::mpi::{built_executable, counted, mpirun};
 use crate::process::{Failure, Result};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
 /// The small GPT of the MPI steps (`train_gpt` flags): the comparison, not the training, is
@@ -123,13 +123,10 @@ fn run(command: &mut Command, metrics: &Path, dir: &Path, name: &str) -> Result 
     )))
 }
 
-fn losses(path: &PathBuf) -> Result<Vec<f64>> {
-    let text =
-        std::fs::read_to_string(path).map_err(|e| fail(format!("{}: {e}", path.display())))?;
-    text.lines()
-        .map(|line| {
-            let v: serde_json::Value =
-                serde_json::from_str(line).map_err(|e| fail(format!("{}: {e}", path.display())))?;
+fn losses(path: &Path) -> Result<Vec<f64>> {
+    metrics_lines(path)?
+        .iter()
+        .map(|v| {
             v["loss"]
                 .as_f64()
                 .ok_or_else(|| fail(format!("{}: a line without a loss", path.display())))
@@ -137,7 +134,18 @@ fn losses(path: &PathBuf) -> Result<Vec<f64>> {
         .collect()
 }
 
-fn fail(message: String) -> Failure {
+/// Every line of a `train_gpt --metrics` file, parsed.
+pub(crate) fn metrics_lines(path: &Path) -> Result<Vec<serde_json::Value>> {
+    let text =
+        std::fs::read_to_string(path).map_err(|e| fail(format!("{}: {e}", path.display())))?;
+    text.lines()
+        .map(|line| {
+            serde_json::from_str(line).map_err(|e| fail(format!("{}: {e}", path.display())))
+        })
+        .collect()
+}
+
+pub(crate) fn fail(message: String) -> Failure {
     Failure {
         message,
         exit_code: 1,

@@ -10,7 +10,7 @@ use bonfire_comm::{ProcessGroup, ReduceOp};
 use bonfire_dtensor::data_parallel::scale_and_check;
 use bonfire_dtensor::graph::{SharedSink, SinkHook};
 use bonfire_dtensor::plane::{self, ledger::Reason};
-use bonfire_dtensor::precision::cast_module;
+use bonfire_dtensor::precision::{MixedPrecision, cast_module};
 use bonfire_dtensor::{DataParallel, DeviceMesh, install_layer_hook};
 use burn::module::{Module, ParamId};
 use burn::optim::{GradientsParams, ModuleOptimizer};
@@ -57,6 +57,19 @@ pub struct DistributedDataParallel<M: Module> {
     timings: Vec<StepTiming>,
 }
 
+/// The replica a rank computes with and, under mixed precision, its fp32 master: the
+/// replica is then the master cast to the param dtype.
+fn replica_and_master<M: Module>(model: M, precision: MixedPrecision) -> (M, Option<M>) {
+    if precision.is_mixed() {
+        (
+            cast_module(model.clone(), precision.param_dtype),
+            Some(model),
+        )
+    } else {
+        (model, None)
+    }
+}
+
 impl<M: Module> DistributedDataParallel<M> {
     /// Wraps `model` and Burn's optimizer (`AdamWConfig::new().init()`, or a per-tensor
     /// optimizer such as `SgdConfig::new().build()`) for rank `pg.rank()` of `pg`. Checks that
@@ -72,14 +85,7 @@ impl<M: Module> DistributedDataParallel<M> {
         config.compression.check_device(&model.devices())?;
         let (model, infos) = params::sync_from_root(model, &pg)?;
         let plan = BucketPlan::new(&infos, config.bucket_bytes);
-        let precision = config.precision;
-        let (model, master) = match precision.is_mixed() {
-            true => (
-                cast_module(model.clone(), precision.param_dtype),
-                Some(model),
-            ),
-            false => (model, None),
-        };
+        let (model, master) = replica_and_master(model, config.precision);
         Ok(Self {
             model: Some(model),
             master,
@@ -147,15 +153,9 @@ impl<M: Module> DistributedDataParallel<M> {
         let model = self.model.take().expect("model");
         let model = self.master.take().unwrap_or(model);
         let model = params::assign_values(model, &self.infos, flat);
-        let precision = self.config.precision;
-        self.model = Some(match precision.is_mixed() {
-            true => {
-                let half = cast_module(model.clone(), precision.param_dtype);
-                self.master = Some(model);
-                half
-            }
-            false => model,
-        });
+        let (model, master) = replica_and_master(model, self.config.precision);
+        self.model = Some(model);
+        self.master = master;
         self.optim = optim;
         self.grads = None;
         self.last_buckets = None;
@@ -398,15 +398,9 @@ impl<M: Module> DataParallel<M> for DistributedDataParallel<M> {
             }
             _ => model,
         };
-        let precision = self.config.precision;
-        self.model = Some(match precision.is_mixed() {
-            true => {
-                let half = cast_module(model.clone(), precision.param_dtype);
-                self.master = Some(model);
-                half
-            }
-            false => model,
-        });
+        let (model, master) = replica_and_master(model, self.config.precision);
+        self.model = Some(model);
+        self.master = master;
         if self.config.record_timings {
             let mut t = std::mem::take(&mut self.timing);
             t.rank = self.pg.rank();
