@@ -52,9 +52,7 @@ fn fixture() -> &'static Fixture {
     static F: OnceLock<Fixture> = OnceLock::new();
     F.get_or_init(|| {
         let cfg = cfg();
-        let device = default_device();
-        device.seed(3);
-        let model = Gpt::new(&cfg, &device);
+        let model = common::seeded(3, &default_device(), |d| Gpt::new(&cfg, d));
         let batches = common::random_batches(&cfg, STEPS, ROWS, 7);
         let reference = OPTIMIZERS.map(|optim| {
             let dims = ParallelDims::new();
@@ -191,9 +189,9 @@ impl ParallelModel for Regressor {
 #[test]
 fn checkpointing_a_model_without_checkpointable_layers_is_a_layout_error() {
     let device = default_device();
-    let model = Regressor {
-        linear: LinearConfig::new(4, 1).init(&device),
-    };
+    let model = common::seeded(0, &device, |d| Regressor {
+        linear: LinearConfig::new(4, 1).init(d),
+    });
     let batch = (Tensor::ones([4, 4], &device), Tensor::ones([4, 1], &device));
     let dims = ParallelDims::parse_mesh("dp=2")
         .unwrap()

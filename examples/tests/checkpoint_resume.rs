@@ -198,8 +198,8 @@ fn check_resume(a: ParallelDims, b: ParallelDims) {
             .export_consolidated(&out)
             .unwrap();
         let cfg = common::gpt_cfg();
-        let loaded = checkpoint::load(Gpt::new(&cfg, &default_device()), &out)
-            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        let loaded =
+            checkpoint::load(template(&cfg), &out).unwrap_or_else(|e| panic!("{what}: {e}"));
         let infos = bonfire_dtensor::params::inventory(&loaded);
         let values = bonfire_dtensor::params::flatten_values(&loaded, &infos);
         assert!(values == flat(&first.params), "{what}: the export differs");
@@ -207,6 +207,11 @@ fn check_resume(a: ParallelDims, b: ParallelDims) {
     }
 }
 
+/// A model of `cfg` to load a checkpoint into: its own values are overwritten, but they are
+/// drawn under the suites' lock ([`common::seeded`]) so the fixture's seeded draw stays the same.
+fn template(cfg: &GptConfig) -> Gpt {
+    common::seeded(0, &default_device(), |d| Gpt::new(cfg, d))
+}
 #[test]
 fn dp4_ddp_to_dp2_zero3() {
     check_resume(dims("dp=4", 0, None, false), dims("dp=2", 3, None, false));
@@ -366,7 +371,7 @@ fn bad_checkpoints_are_refused_before_anything_changes() {
         d_ff: 48,
         ..common::gpt_cfg()
     };
-    let err = refused(&Gpt::new(&other, &default_device()), &good, &good);
+    let err = refused(&template(&other), &good, &good);
     assert!(
         err.contains("another model") && err.contains("mlp.fc1.weight"),
         "{err}"
@@ -546,7 +551,7 @@ fn consolidated_export_from_a_live_engine() {
             engine.parameters().unwrap()
         })
         .unwrap();
-    let loaded = checkpoint::load(Gpt::new(&common::gpt_cfg(), &default_device()), &out).unwrap();
+    let loaded = checkpoint::load(template(&common::gpt_cfg()), &out).unwrap();
     let infos = bonfire_dtensor::params::inventory(&loaded);
     let values = bonfire_dtensor::params::flatten_values(&loaded, &infos);
     assert!(

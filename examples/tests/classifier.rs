@@ -10,6 +10,8 @@
 //!
 //! Every run is compared with plain single-device Burn training on the same global batches.
 
+mod common;
+
 use bonfire_comm::ThreadWorld;
 use bonfire_comm::testing::{Tolerance, assert_close};
 use bonfire_ddp::{DdpConfig, DistributedDataParallel};
@@ -30,9 +32,6 @@ const ROWS: usize = 8;
 const INPUTS: usize = 6;
 const HIDDEN: usize = 16;
 const CLASSES: usize = 3;
-/// Tight: the ranks' mean of half-batch gradients equals the whole batch's up to rounding.
-const TOL: Tolerance = Tolerance::new(2e-6, 1e-7);
-
 fn lr(optim: OptimizerKind) -> f64 {
     match optim {
         OptimizerKind::Sgd => 0.2,
@@ -40,21 +39,27 @@ fn lr(optim: OptimizerKind) -> f64 {
     }
 }
 
-/// The model, built on a plain autodiff device, always with the same initial values.
-/// `burn::nn` layers draw them lazily, when first read, from Burn's one random generator: they
-/// are drawn once for the whole file (tests run in parallel) and written into each new model.
+/// The parity suites' tolerances ([`common::SGD`], [`common::adamw`]): AdamW turns the
+/// rounding of a gradient that cancels into a step of up to lr, so its floor follows lr.
+fn tol(optim: OptimizerKind) -> Tolerance {
+    match optim {
+        OptimizerKind::Sgd => common::SGD,
+        OptimizerKind::AdamW => common::adamw(lr(optim)),
+    }
+}
+
+/// The model, built on a plain autodiff device, always with the same initial values (seed
+/// 11, drawn once for the whole file and cloned: the tests run in parallel).
 fn model() -> Classifier {
-    static INIT: OnceLock<Vec<f32>> = OnceLock::new();
-    let device = Device::flex().autodiff();
-    let model = Classifier::new(INPUTS, HIDDEN, CLASSES, &device);
-    let infos = params::inventory(&model);
-    let init = INIT.get_or_init(|| {
-        device.seed(11);
-        let first = Classifier::new(INPUTS, HIDDEN, CLASSES, &device);
-        params::flatten_values(&first, &params::inventory(&first))
+    static INIT: OnceLock<Classifier> = OnceLock::new();
+    let model = INIT.get_or_init(|| {
+        common::seeded(11, &Device::flex().autodiff(), |d| {
+            Classifier::new(INPUTS, HIDDEN, CLASSES, d)
+        })
     });
-    assert!(init.iter().any(|&v| v != 0.0), "drawn, not zeros");
-    params::assign_values(model, &infos, init)
+    let values = params::flatten_values(model, &params::inventory(model));
+    assert!(values.iter().any(|&v| v != 0.0), "drawn, not zeros");
+    model.clone()
 }
 
 fn batch(
@@ -115,7 +120,7 @@ fn trained_by_the_trainer_with_ddp_and_zero() {
                 flat(got[1].as_ref().unwrap().clone()),
             );
             assert_eq!(a, b, "{dims} {optim}: ranks agree");
-            let c = assert_close(&format!("{dims} {optim}"), &a, &want, TOL);
+            let c = assert_close(&format!("{dims} {optim}"), &a, &want, tol(kind));
             println!("classifier {dims} {optim}: {c}");
         }
     }
@@ -190,7 +195,7 @@ fn wrappers_used_directly_on_a_plain_device_model() {
                 &format!("stage {stage} {}", optim.name()),
                 &got[0],
                 &want,
-                TOL,
+                tol(optim),
             );
         }
     }

@@ -17,14 +17,7 @@ fn write_inputs(dir: &Path, cfg: &GptConfig) {
     // A seeded model: AdamW's parity floor is met with room to spare for this draw, and a
     // rerun compares the same numbers (unseeded, one draw in a few dozen came within 1.1 of
     // the floor: an element whose gradient cancels turns summation-order noise into a step).
-    // The seed and the draw under one lock: this binary's tests write their inputs at once.
-    static INIT: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    let model = {
-        let _init = INIT.lock().unwrap_or_else(|e| e.into_inner());
-        let device = default_device();
-        device.seed(7);
-        Gpt::new(cfg, &device)
-    };
+    let model = common::seeded(7, &default_device(), |d| Gpt::new(cfg, d));
     checkpoint::save(&model, dir.join("init.safetensors")).unwrap();
     let (s, bb, t) = (3usize, 4usize, 6usize);
     let b = common::random_batches(cfg, s, bb, 11);
@@ -222,7 +215,7 @@ fn layouts_that_do_not_fit_are_refused_clearly() {
 #[test]
 fn split_points_by_module_path() {
     let cfg = common::gpt_cfg();
-    let model = Gpt::new(&cfg, &default_device());
+    let model = common::seeded(5, &default_device(), |d| Gpt::new(&cfg, d));
     let batches = common::random_batches(&cfg, 2, 4, 5);
     let base = LayoutArgs {
         schedule: Some("1f1b".into()),

@@ -28,9 +28,7 @@ fn fixture() -> &'static Fixture {
     static F: OnceLock<Fixture> = OnceLock::new();
     F.get_or_init(|| {
         let cfg = common::gpt_cfg();
-        let device = default_device();
-        device.seed(3);
-        let model = Gpt::new(&cfg, &device);
+        let model = common::seeded(3, &default_device(), |d| Gpt::new(&cfg, d));
         let batches = common::random_batches(&cfg, STEPS, ROWS, 7);
         let single = |optim| {
             let dims = layout("dp=1", 0, None, None, "").dims("dp=1").unwrap();

@@ -3,8 +3,9 @@
 //! each shape with rotating options so that every ZeRO stage, every tp option and every
 //! schedule is run, against one rank: losses equal within 1e-4 relative.
 
+mod common;
+
 use bonfire_comm::testing::{Tolerance, assert_close};
-use bonfire_dtensor::params;
 use bonfire_examples::cli::LayoutArgs;
 use bonfire_examples::corpus::{self, CharTokenizer};
 use bonfire_examples::parallel::TokenBatch;
@@ -40,23 +41,16 @@ fn data(step: usize, device: &Device) -> TokenBatch {
     corpus::global_batch(tokens(), ROWS, SEQ, SEED, step, device)
 }
 
-/// The initial model, the same in every run: drawn once (the tests run in parallel and Burn
-/// has one random generator), written into each new model.
-fn model(device: &Device) -> Gpt {
-    static INIT: OnceLock<Vec<f32>> = OnceLock::new();
-    let model = Gpt::new(&cfg(), device);
-    let infos = params::inventory(&model);
-    let init = INIT.get_or_init(|| {
-        device.seed(SEED);
-        let first = Gpt::new(&cfg(), device);
-        params::flatten_values(&first, &params::inventory(&first))
-    });
-    params::assign_values(model, &infos, init)
+/// The initial model, the same in every run: drawn once from `SEED`, cloned for each run.
+fn model() -> Gpt {
+    static INIT: OnceLock<Gpt> = OnceLock::new();
+    INIT.get_or_init(|| common::seeded(SEED, &default_device(), |d| Gpt::new(&cfg(), d)))
+        .clone()
 }
 
 fn losses(dims: &ParallelDims) -> Vec<f32> {
     let device = default_device();
-    let model = model(&device);
+    let model = model();
     let trainer = Trainer::new(dims.clone(), || OptimizerKind::AdamW.build());
     let out = Launcher::Threads {
         ranks: dims.world_size(),

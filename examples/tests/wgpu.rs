@@ -44,9 +44,7 @@ struct Fixture {
 fn fixture() -> &'static Fixture {
     static F: OnceLock<Fixture> = OnceLock::new();
     F.get_or_init(|| {
-        let device = default_device();
-        device.seed(5);
-        let flex = Gpt::new(&cfg(), &device);
+        let flex = common::seeded(5, &default_device(), |d| Gpt::new(&cfg(), d));
         let wgpu = params::fork(flex.clone(), &wgpu());
         Fixture {
             flex,
