@@ -13,14 +13,16 @@
 //!   `step` on rank 0); a layout's time is its fastest step over three round-robin rounds (the
 //!   machine is shared with builds: a busy spell then hits every layout). The planner,
 //!   calibrated on this machine ([`planner::calibrate`]: matmul rate with both rank threads
-//!   busy, all-reduce bandwidth and latency), predicts every layout's step time; both are
-//!   printed (`planner-check` lines), with how many of the pairs the prediction separates by
-//!   15 % or more were measured in the predicted order (printed, not asserted: a clock on a
-//!   shared machine is not a gate). The layouts: DDP, ZeRO-2,
-//!   ZeRO-3, DDP with recompute (4/3 of DDP's compute), TP = 2 with and without SP, PP = 2
-//!   GPipe with 2 micro-batches (bubble 1/3) and 1F1B with 1 (bubble 1/2). The zero-bubble
-//!   schedules are left out: their bytes and their time against DDP are not modelled yet
-//!   (docs/planner.md, "Accuracy").
+//!   busy, all-reduce bandwidth and latency), predicts every layout's step time; wherever it
+//!   separates two layouts by 15 % or more, they must be measured in the predicted order. A
+//!   pair measured the other way is timed again, both layouts alternately (up to six more
+//!   times, the fastest step kept), before it fails: a busy spell slows one timing, a wrong
+//!   prediction stays wrong.
+//!
+//! The layouts: DDP, ZeRO-1, -2 and -3, DDP with recompute (4/3 of DDP's compute), TP = 2
+//! with and without SP, PP = 2 GPipe with 2 micro-batches (bubble 1/3) and 1F1B with 1
+//! (bubble 1/2). The zero-bubble schedules are left out: their bytes and their time against
+//! DDP are not modelled yet (docs/planner.md, "Accuracy").
 
 use bonfire_examples::memory::{self, RankAllocator};
 use bonfire_examples::parallel::TokenBatch;
@@ -42,12 +44,8 @@ const STEPS: usize = 3;
 /// Rounds over the layouts (a layout's time is its fastest step over all rounds: the
 /// machine is shared, and round robin spreads a busy spell over every layout).
 const ROUNDS: usize = 3;
-/// The layouts whose bytes the planner does not model within 10 % yet, and why.
-const KNOWN_GAPS: &[(&str, &str)] = &[(
-    "zero2",
-    "peak over-predicted (0.88): the gradient shards are reduce-scattered during \
-         backward, so less than the state's gradient term is live at the peak",
-)];
+/// Further timings of the layouts in a pair measured against the prediction, at most.
+const RETRIES: usize = 6;
 /// Two layouts whose predicted step times differ by at least this factor should be measured
 /// in the same order.
 const SEPARATED: f64 = 1.15;
@@ -134,6 +132,7 @@ fn layouts() -> Vec<(&'static str, ParallelDims)> {
             dims("pp=2", &|a| a.schedule = Some("gpipe".into())),
         ),
         ("zero2", dims("dp=2", &|a| a.zero = 2)),
+        ("zero1", dims("dp=2", &|a| a.zero = 1)),
         ("tp2", dims("tp=2", &|_| {})),
         (
             "pp2-1f1b-m1",
@@ -159,12 +158,45 @@ fn predictions_match_the_allocator_and_the_clock() {
     };
     let model = Gpt::new(&CFG, &default_device());
     let cases = layouts();
+    let mut slot = 0;
+    let mut measure_case = |i: usize| {
+        slot += 2;
+        measure(&cases[i].1, &model, slot - 2)
+    };
     let mut measured = vec![(0usize, 0usize, f64::MAX); cases.len()];
-    for round in 0..ROUNDS {
-        for (i, (_, dims)) in cases.iter().enumerate() {
-            let (held, peak, ms) = measure(dims, &model, (round * cases.len() + i) * 2);
-            let m = &mut measured[i];
+    for _ in 0..ROUNDS {
+        for (i, m) in measured.iter_mut().enumerate() {
+            let (held, peak, ms) = measure_case(i);
             *m = (m.0.max(held), m.1.max(peak), m.2.min(ms));
+        }
+    }
+    let predicted_ms: Vec<f64> = cases
+        .iter()
+        .map(|(_, dims)| {
+            let layout = from_dims(dims).expect("a layout the planner models");
+            let shapes = rank_shapes(&spec, &layout, SEQ);
+            estimate(&spec, &cluster, &req, &layout, &shapes).step_ms()
+        })
+        .collect();
+    // A pair measured against the prediction is timed again (both layouts, alternately, the
+    // fastest step kept) before it counts: a busy spell on the shared machine slows one
+    // layout's steps, while a wrong prediction stays wrong however often it is timed.
+    for retry in 0..RETRIES {
+        let times: Vec<f64> = measured.iter().map(|m| m.2).collect();
+        let suspects = disagreements(&predicted_ms, &times);
+        if suspects.is_empty() {
+            break;
+        }
+        let mut again: Vec<usize> = suspects.iter().flat_map(|&(a, b)| [a, b]).collect();
+        again.sort_unstable();
+        again.dedup();
+        eprintln!(
+            "planner-check retry {retry}: timing again {:?}",
+            again.iter().map(|&i| cases[i].0).collect::<Vec<_>>()
+        );
+        for &i in &again {
+            let ms = measure_case(i).2;
+            measured[i].2 = measured[i].2.min(ms);
         }
     }
     let mut rows = Vec::new();
@@ -181,10 +213,11 @@ fn predictions_match_the_allocator_and_the_clock() {
         let bytes = peak as f64 / est.bytes();
         eprintln!(
             "planner-check layout={name} measured_held={held} predicted_state={:.0} ratio={state:.3} \
-             measured_peak={peak} predicted_bytes={:.0} ratio={bytes:.3} (activations {:.0} transient {:.0}) \
+             measured_peak={peak} predicted_bytes={:.0} ratio={bytes:.3} (state at the peak {:.0} activations {:.0} transient {:.0}) \
              measured_ms={ms:.1} predicted_ms={:.1}",
             est.memory.state.total(),
             est.bytes(),
+            est.memory.peak_state(),
             est.memory.activations,
             est.memory.transient,
             est.step_ms()
@@ -192,16 +225,9 @@ fn predictions_match_the_allocator_and_the_clock() {
         rows.push((*name, state, bytes, ms, est.step_ms()));
     }
     for &(name, state, bytes, _, _) in &rows {
-        // Layouts whose bytes the model does not yet capture (docs/planner.md): held to
-        // 30 %, so that a change which makes them worse still fails; every other layout
-        // to 10 %, state and whole peak (state + activations + transients).
-        let bound = match KNOWN_GAPS.iter().find(|(n, _)| *n == name) {
-            Some((_, why)) => {
-                eprintln!("planner-check known gap layout={name}: {why}");
-                0.30
-            }
-            None => 0.10,
-        };
+        // Every layout to 10 %: the state, and the whole peak (the state live then,
+        // activations and transients).
+        let bound = 0.10;
         assert!(
             (state - 1.0).abs() <= bound,
             "{name}: state measured/predicted {state:.3}"
@@ -212,30 +238,38 @@ fn predictions_match_the_allocator_and_the_clock() {
         );
     }
     // Time: wherever the planner separates two layouts by more than the machine's noise (a
-    // predicted ratio of at least `SEPARATED`), the measured order should be the predicted
-    // one. Printed, not asserted: wall-clock order on a shared 2-core VM is not a pass/fail
-    // check (a gate run measured TP = 2 at 1009 ms and TP + SP at 797 ms, near-identical
-    // work); on a quiet machine every separated pair agreed in four runs (docs/planner.md).
-    let (mut agree, mut pairs) = (0, 0);
-    for a in &rows {
-        for b in &rows {
-            if b.4 >= SEPARATED * a.4 {
-                pairs += 1;
-                if b.3 > a.3 {
-                    agree += 1;
-                } else {
-                    eprintln!(
-                        "planner-check ranking disagrees: {} predicted {:.2}× slower than {}, \
-                         measured {:.0} vs {:.0} ms",
-                        b.0,
-                        b.4 / a.4,
-                        a.0,
-                        b.3,
-                        a.3
-                    );
-                }
-            }
-        }
+    // predicted ratio of at least `SEPARATED`), the measured order is the predicted one.
+    let predicted: Vec<f64> = rows.iter().map(|r| r.4).collect();
+    let times: Vec<f64> = rows.iter().map(|r| r.3).collect();
+    let pairs = disagreements(&predicted, &[]).len();
+    let wrong = disagreements(&predicted, &times);
+    for &(a, b) in &wrong {
+        eprintln!(
+            "planner-check ranking disagrees: {} predicted {:.2}× slower than {}, measured {:.0} vs {:.0} ms",
+            rows[b].0,
+            predicted[b] / predicted[a],
+            rows[a].0,
+            times[b],
+            times[a]
+        );
     }
-    eprintln!("planner-check ranking: {agree} of {pairs} separated pairs in the predicted order");
+    eprintln!(
+        "planner-check ranking: {} of {pairs} separated pairs in the predicted order",
+        pairs - wrong.len()
+    );
+    assert!(
+        wrong.is_empty(),
+        "the measured step-time ranking differs from the predicted one"
+    );
+}
+
+/// The pairs (a, b) whose predicted times are at least `SEPARATED` apart (b the slower) but
+/// whose measured `times` are not in that order; every separated pair when `times` is empty.
+fn disagreements(predicted: &[f64], times: &[f64]) -> Vec<(usize, usize)> {
+    let n = predicted.len();
+    (0..n)
+        .flat_map(|a| (0..n).map(move |b| (a, b)))
+        .filter(|&(a, b)| predicted[b] >= SEPARATED * predicted[a])
+        .filter(|&(a, b)| times.is_empty() || times[b] <= times[a])
+        .collect()
 }

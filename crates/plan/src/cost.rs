@@ -5,7 +5,8 @@
 use crate::cluster::ClusterSpec;
 use crate::layout::{Layout, Precision, Schedule, ZeroStage};
 use crate::memory::{
-    FormulaBytes, activation_bytes, bytes_per_param, state_bytes, transient_bytes,
+    FormulaBytes, activation_bytes, bytes_per_param, gradients_at_peak, state_bytes,
+    transient_bytes,
 };
 use crate::model::ModelSpec;
 use crate::time::{StepTime, all_gather, all_reduce, p2p};
@@ -66,15 +67,25 @@ pub fn rank_shapes(model: &ModelSpec, layout: &Layout, seq: usize) -> Vec<RankSh
 /// Bytes on one rank, by part.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct MemoryParts {
-    /// Parameters, gradients, optimizer state.
+    /// Parameters, gradients, optimizer state (as held after backward).
     pub state: FormulaBytes,
+    /// The part of the state's gradients live at the peak ([`gradients_at_peak`]).
+    pub peak_grads: f64,
     pub activations: f64,
     pub transient: f64,
 }
 
 impl MemoryParts {
+    /// The state live at the peak: parameters, optimizer state and [`Self::peak_grads`].
+    pub fn peak_state(&self) -> f64 {
+        self.state.params + self.state.optim + self.peak_grads
+    }
+    /// The peak, the larger of two moments: backward's start (the state live then, every
+    /// activation kept, transients) and backward's end (the whole state, gradients made,
+    /// activations freed — what `examples/tests/planner.rs` measures as held).
     pub fn total(&self) -> f64 {
-        self.state.total() + self.activations + self.transient
+        let start = self.peak_state() + self.activations + self.transient;
+        start.max(self.state.total())
     }
 }
 
@@ -112,12 +123,16 @@ pub fn estimate(
     };
     let memory = shapes
         .iter()
-        .map(|s| MemoryParts {
-            state: state_bytes(layout.zero, s.params, layout.dp, layout.precision, false),
-            activations: activation_bytes(
-                model, layout, s.blocks, s.has_head, tokens, req.seq, in_flight,
-            ),
-            transient: transient_bytes(model, layout, s.params),
+        .map(|s| {
+            let state = state_bytes(layout.zero, s.params, layout.dp, layout.precision, false);
+            MemoryParts {
+                state,
+                peak_grads: gradients_at_peak(layout, &state),
+                activations: activation_bytes(
+                    model, layout, s.blocks, s.has_head, tokens, req.seq, in_flight,
+                ),
+                transient: transient_bytes(model, layout, s.params),
+            }
         })
         .fold(None::<MemoryParts>, |a, b| match a {
             Some(a) if a.total() >= b.total() => Some(a),

@@ -78,6 +78,18 @@ pub fn state_bytes(
     f
 }
 
+/// The gradient bytes of `state` live at the step's peak (backward's start, every
+/// activation kept): all of them where the reduced gradients outlive the step (DDP's
+/// buckets; the single-replica engines of tp and pp layouts, measured), none under ZeRO —
+/// every stage takes its averaged gradients in the optimizer step, and stages 2–3
+/// reduce-scatter the next ones during backward, as the activations are freed.
+pub fn gradients_at_peak(layout: &Layout, state: &FormulaBytes) -> f64 {
+    match layout.zero {
+        ZeroStage::Z0 => state.grads,
+        ZeroStage::Z1 | ZeroStage::Z2 | ZeroStage::Z3 => 0.0,
+    }
+}
+
 /// What one pipeline rank keeps for backward, in bytes, for micro-batches of `tokens`
 /// tokens (sequences of `seq`): its blocks' activations ([`ModelSpec::block_activation_elems`])
 /// times the micro-batches in flight — or, recomputing, each block's input only and one
@@ -129,7 +141,7 @@ pub fn activation_bytes(
 /// peak is backward's start, before most gradients exist, and the linear layers' weight
 /// gradients are single products with no per-sequence buffers); 2 Ψ·pb with tensor
 /// parallelism (its collectives' send and receive copies); ZeRO-3 adds two gathered layers
-/// (the one computing and the prefetched one). Measured on the bench GPT's six layouts of
+/// (the one computing and the prefetched one). Measured on the bench GPT's layouts of
 /// `examples/tests/planner.rs` (the fitted part of the model; docs/planner.md).
 pub fn transient_bytes(model: &ModelSpec, layout: &Layout, psi: usize) -> f64 {
     let pb = layout.precision.param_bytes as f64;

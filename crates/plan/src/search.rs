@@ -156,11 +156,11 @@ pub fn plan(model: &ModelSpec, cluster: &ClusterSpec, req: &Request) -> Result<P
         return Err(PlanError::Infeasible {
             reason: format!(
                 "the smallest layout ({}) needs {} per rank (parameters, gradients and optimizer \
-                 state {}, activations {}, transients {}), but a {} rank may use {} ({} of {}); \
+                 state live at the peak {}, activations {}, transients {}), but a {} rank may use {} ({} of {}); \
                  {} ranks are too few for {} parameters at this batch",
                 smallest.layout,
                 format_bytes(smallest.bytes()),
-                format_bytes(m.state.total()),
+                format_bytes(m.peak_state()),
                 format_bytes(m.activations),
                 format_bytes(m.transient),
                 cluster.device.name,
@@ -210,10 +210,10 @@ pub fn explain(
     let t = &top.time;
     let mut why = vec![
         format!(
-            "memory: {} of {} per rank: state {} (Ψ = {} parameters over {} ranks), activations {}, transients {}",
+            "memory: {} of {} per rank: state live at the peak {} (Ψ = {} parameters over {} ranks), activations {}, transients {}",
             format_bytes(top.bytes()),
             format_bytes(capacity),
-            format_bytes(top.memory.state.total()),
+            format_bytes(top.memory.peak_state()),
             model.num_params(),
             cluster.world(),
             format_bytes(top.memory.activations),

@@ -3,7 +3,8 @@
 //! schedules' bubble and placement, the rules of thumb the ranking must reproduce, an
 //! infeasible request, and bad descriptions failing with one error naming the field.
 
-use bonfire_plan::memory::formula;
+use bonfire_plan::MemoryParts;
+use bonfire_plan::memory::{formula, gradients_at_peak};
 use bonfire_plan::{
     ClusterSpec, DeviceSpec, Layout, LinkSpec, ModelSpec, PlanError, Precision, Request, Schedule,
     ZeroStage, plan,
@@ -71,6 +72,34 @@ fn the_zero_formula_per_stage() {
     assert_eq!(total(ZeroStage::Z3), 4_000.0);
     let z2 = formula(ZeroStage::Z2, psi, n, Precision::BF16);
     assert_eq!((z2.params, z2.grads, z2.optim), (2_000.0, 1_000.0, 3_000.0));
+}
+
+/// The peak is the larger of backward's start (ZeRO's gradients not yet there, DDP's
+/// buckets still live) and backward's end (the whole state, no activations).
+#[test]
+fn the_peak_counts_gradients_where_they_are_live() {
+    let (psi, n) = (1000, 4);
+    let peak = |zero, activations| {
+        let state = formula(zero, psi, n, Precision::F32);
+        let layout = Layout {
+            zero,
+            ..Layout::ddp(n)
+        };
+        MemoryParts {
+            state,
+            peak_grads: gradients_at_peak(&layout, &state),
+            activations,
+            transient: 0.0,
+        }
+        .total()
+    };
+    assert_eq!(peak(ZeroStage::Z0, 500.0), 16_000.0 + 500.0);
+    // ZeRO: parameters and the optimizer's shard at backward's start, no gradient.
+    assert_eq!(peak(ZeroStage::Z1, 5_000.0), 4_000.0 + 2_000.0 + 5_000.0);
+    assert_eq!(peak(ZeroStage::Z2, 5_000.0), 4_000.0 + 2_000.0 + 5_000.0);
+    // Few activations: backward's end, with ZeRO-1's whole gradient, is the peak.
+    assert_eq!(peak(ZeroStage::Z1, 500.0), 4_000.0 + 4_000.0 + 2_000.0);
+    assert_eq!(peak(ZeroStage::Z2, 500.0), 4_000.0 + 1_000.0 + 2_000.0);
 }
 
 #[test]
