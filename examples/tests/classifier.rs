@@ -32,6 +32,7 @@ const ROWS: usize = 8;
 const INPUTS: usize = 6;
 const HIDDEN: usize = 16;
 const CLASSES: usize = 3;
+
 fn lr(optim: OptimizerKind) -> f64 {
     match optim {
         OptimizerKind::Sgd => 0.2,
@@ -52,14 +53,15 @@ fn tol(optim: OptimizerKind) -> Tolerance {
 /// 11, drawn once for the whole file and cloned: the tests run in parallel).
 fn model() -> Classifier {
     static INIT: OnceLock<Classifier> = OnceLock::new();
-    let model = INIT.get_or_init(|| {
-        common::seeded(11, &Device::flex().autodiff(), |d| {
+    INIT.get_or_init(|| {
+        let model = common::seeded(11, &Device::flex().autodiff(), |d| {
             Classifier::new(INPUTS, HIDDEN, CLASSES, d)
-        })
-    });
-    let values = params::flatten_values(model, &params::inventory(model));
-    assert!(values.iter().any(|&v| v != 0.0), "drawn, not zeros");
-    model.clone()
+        });
+        let values = params::flatten_values(&model, &params::inventory(&model));
+        assert!(values.iter().any(|&v| v != 0.0), "drawn, not zeros");
+        model
+    })
+    .clone()
 }
 
 fn batch(

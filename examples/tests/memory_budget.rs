@@ -40,11 +40,7 @@ fn run(exe: &PathBuf, layout: &[&str]) -> Output {
 
 /// The peaks the run printed, one per rank.
 fn peaks(out: &Output) -> Vec<usize> {
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter_map(|l| l.strip_prefix("peak_bytes rank="))
-        .map(|l| l.split("bytes=").nth(1).unwrap().parse().unwrap())
-        .collect()
+    common::printed_peaks(&String::from_utf8_lossy(&out.stdout))
 }
 
 #[test]
@@ -64,24 +60,8 @@ fn ddp_runs_out_of_its_budget_where_zero3_tp_and_pp_train() {
         )),
         "{line}"
     );
-    let asked: usize = line
-        .split("asked for ")
-        .nth(1)
-        .unwrap()
-        .split(' ')
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap();
-    let live: usize = line
-        .split(" with ")
-        .nth(1)
-        .unwrap()
-        .split(' ')
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap();
+    let asked: usize = common::number_after(line, "asked for ");
+    let live: usize = common::number_after(line, " with ");
     assert!(
         live + asked > BUDGET_BYTES && live <= BUDGET_BYTES,
         "{line}"

@@ -71,7 +71,7 @@ fn plan_ranks_the_layouts_and_explains_the_first() {
     }
     let ms: Vec<f64> = ranked
         .iter()
-        .map(|l| l.rsplit("step_ms=").next().unwrap().parse().unwrap())
+        .map(|l| common::number_after(l, "step_ms="))
         .collect();
     assert!(ms.windows(2).all(|w| w[0] <= w[1]), "fastest first: {ms:?}");
     assert!(
@@ -164,20 +164,8 @@ fn train_gpt_mesh_auto_trains_the_planners_layout_within_the_budget() {
         !chosen.contains("dp=2 zero=0 tp=1 sp=off pp=1 schedule=none microbatches=1 recompute=off"),
         "{chosen}"
     );
-    let predicted: f64 = chosen
-        .split("bytes_per_rank=")
-        .nth(1)
-        .unwrap()
-        .split(' ')
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap();
-    let peaks: Vec<usize> = stdout
-        .lines()
-        .filter_map(|l| l.strip_prefix("peak_bytes rank="))
-        .map(|l| l.split("bytes=").nth(1).unwrap().parse().unwrap())
-        .collect();
+    let predicted: f64 = common::number_after(chosen, "bytes_per_rank=");
+    let peaks = common::printed_peaks(&stdout);
     assert_eq!(peaks.len(), 2, "{stdout}");
     let peak = *peaks.iter().max().unwrap();
     assert!(peak <= 64 << 20, "the run stayed under the budget: {peak}");

@@ -28,7 +28,7 @@ use bonfire_examples::memory::{self, RankAllocator};
 use bonfire_examples::parallel::TokenBatch;
 use bonfire_examples::planner::{self, calibrate, from_dims, gpt_spec, this_machine};
 use bonfire_examples::{Gpt, GptConfig, default_device};
-use bonfire_plan::{Precision, Request, estimate, rank_shapes};
+use bonfire_plan::{Estimate, Precision, Request, estimate, rank_shapes};
 use bonfire_train::{Launcher, OptimizerKind, ParallelDims, TrainError, Trainer};
 use burn::tensor::Device;
 use std::time::Instant;
@@ -156,8 +156,22 @@ fn predictions_match_the_allocator_and_the_clock() {
         precisions: vec![Precision::F32],
         memory_fraction: 1.0,
     };
-    let model = Gpt::new(&CFG, &default_device());
     let cases = layouts();
+    let estimates: Vec<Estimate> = cases
+        .iter()
+        .map(|(name, dims)| {
+            let layout = from_dims(dims).expect("a layout the planner models");
+            assert_eq!(
+                from_dims(&planner::to_dims(&layout).unwrap()),
+                Some(layout.clone()),
+                "{name}: round trip"
+            );
+            let shapes = rank_shapes(&spec, &layout, SEQ);
+            estimate(&spec, &cluster, &req, &layout, &shapes)
+        })
+        .collect();
+    let predicted_ms: Vec<f64> = estimates.iter().map(Estimate::step_ms).collect();
+    let model = Gpt::new(&CFG, &default_device());
     let mut slot = 0;
     let mut measure_case = |i: usize| {
         slot += 2;
@@ -170,14 +184,6 @@ fn predictions_match_the_allocator_and_the_clock() {
             *m = (m.0.max(held), m.1.max(peak), m.2.min(ms));
         }
     }
-    let predicted_ms: Vec<f64> = cases
-        .iter()
-        .map(|(_, dims)| {
-            let layout = from_dims(dims).expect("a layout the planner models");
-            let shapes = rank_shapes(&spec, &layout, SEQ);
-            estimate(&spec, &cluster, &req, &layout, &shapes).step_ms()
-        })
-        .collect();
     // A pair measured against the prediction is timed again (both layouts, alternately, the
     // fastest step kept) before it counts: a busy spell on the shared machine slows one
     // layout's steps, while a wrong prediction stays wrong however often it is timed.
@@ -199,16 +205,17 @@ fn predictions_match_the_allocator_and_the_clock() {
             measured[i].2 = measured[i].2.min(ms);
         }
     }
-    let mut rows = Vec::new();
-    for ((name, dims), (held, peak, ms)) in cases.iter().zip(measured) {
-        let layout = from_dims(dims).expect("a layout the planner models");
-        assert_eq!(
-            from_dims(&planner::to_dims(&layout).unwrap()),
-            Some(layout.clone()),
-            "{name}: round trip"
-        );
-        let shapes = rank_shapes(&spec, &layout, SEQ);
-        let est = estimate(&spec, &cluster, &req, &layout, &shapes);
+    let names: Vec<&str> = cases.iter().map(|c| c.0).collect();
+    check_bytes(&names, &estimates, &measured);
+    let times: Vec<f64> = measured.iter().map(|m| m.2).collect();
+    check_ranking(&names, &predicted_ms, &times);
+}
+
+/// Every layout's state and whole peak (the state live then, activations and transients)
+/// within 10 % of the allocator's `(held, steady peak, _)`.
+fn check_bytes(names: &[&str], estimates: &[Estimate], measured: &[(usize, usize, f64)]) {
+    let mut ratios = Vec::new();
+    for ((name, est), &(held, peak, ms)) in names.iter().zip(estimates).zip(measured) {
         let state = held as f64 / est.memory.state.total();
         let bytes = peak as f64 / est.bytes();
         eprintln!(
@@ -222,33 +229,32 @@ fn predictions_match_the_allocator_and_the_clock() {
             est.memory.transient,
             est.step_ms()
         );
-        rows.push((*name, state, bytes, ms, est.step_ms()));
+        ratios.push((name, state, bytes));
     }
-    for &(name, state, bytes, _, _) in &rows {
-        // Every layout to 10 %: the state, and the whole peak (the state live then,
-        // activations and transients).
-        let bound = 0.10;
+    // Asserted once every layout is printed.
+    for (name, state, bytes) in ratios {
         assert!(
-            (state - 1.0).abs() <= bound,
+            (state - 1.0).abs() <= 0.10,
             "{name}: state measured/predicted {state:.3}"
         );
         assert!(
-            (bytes - 1.0).abs() <= bound,
+            (bytes - 1.0).abs() <= 0.10,
             "{name}: peak measured/predicted {bytes:.3}"
         );
     }
-    // Time: wherever the planner separates two layouts by more than the machine's noise (a
-    // predicted ratio of at least `SEPARATED`), the measured order is the predicted one.
-    let predicted: Vec<f64> = rows.iter().map(|r| r.4).collect();
-    let times: Vec<f64> = rows.iter().map(|r| r.3).collect();
-    let pairs = disagreements(&predicted, &[]).len();
-    let wrong = disagreements(&predicted, &times);
+}
+
+/// Wherever the planner separates two layouts by more than the machine's noise (a predicted
+/// ratio of at least `SEPARATED`), the measured order is the predicted one.
+fn check_ranking(names: &[&str], predicted: &[f64], times: &[f64]) {
+    let pairs = disagreements(predicted, &[]).len();
+    let wrong = disagreements(predicted, times);
     for &(a, b) in &wrong {
         eprintln!(
             "planner-check ranking disagrees: {} predicted {:.2}× slower than {}, measured {:.0} vs {:.0} ms",
-            rows[b].0,
+            names[b],
             predicted[b] / predicted[a],
-            rows[a].0,
+            names[a],
             times[b],
             times[a]
         );

@@ -253,3 +253,22 @@ pub fn example(name: &str) -> std::path::PathBuf {
     assert!(status.success(), "building the example {name} failed");
     profile_dir.join("examples").join(name)
 }
+
+/// The number after `marker` in `text`, up to the next space (a `key=value` field, or a
+/// figure inside a message); panics naming the marker and the text when there is none.
+pub fn number_after<T: std::str::FromStr>(text: &str, marker: &str) -> T {
+    text.split(marker)
+        .nth(1)
+        .and_then(|rest| rest.split(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no number after `{marker}` in: {text}"))
+}
+
+/// The peaks `train_gpt` printed at its end (`peak_bytes rank=R bytes=B`), one per rank.
+pub fn printed_peaks(stdout: &str) -> Vec<usize> {
+    stdout
+        .lines()
+        .filter(|l| l.starts_with("peak_bytes rank="))
+        .map(|l| number_after(l, "bytes="))
+        .collect()
+}
