@@ -3,10 +3,10 @@
 //! and the step time by part ([`StepTime`]), for a model, a cluster and a [`Request`].
 
 use crate::cluster::ClusterSpec;
-use crate::layout::{Layout, Precision, Schedule, ZeroStage};
+use crate::layout::{Held, Layout, Precision, Schedule, ZeroStage};
 use crate::memory::{
-    FormulaBytes, activation_bytes, bytes_per_param, gradients_at_peak, state_bytes,
-    transient_bytes,
+    FormulaBytes, activation_bytes, bytes_per_param, gradient_copy_bytes, gradients_at_peak,
+    held_bytes, state_bytes, transient_bytes,
 };
 use crate::model::ModelSpec;
 use crate::time::{StepTime, all_gather, all_reduce, p2p};
@@ -26,8 +26,21 @@ pub struct Request {
     pub memory_fraction: f64,
 }
 
-/// One pipeline rank's share of the model under a (tp, pp, schedule).
+/// One of a pipeline rank's model chunks (its stage of the schedule).
 #[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ChunkShape {
+    /// Transformer blocks it runs.
+    pub blocks: usize,
+    /// Whether it runs the head (and the loss).
+    pub has_head: bool,
+    /// Its parameters, and those whose gradients B produces under a zero-bubble schedule
+    /// ([`ModelSpec::piece_non_linear_params`]).
+    pub params: usize,
+    pub non_linear_params: usize,
+}
+
+/// One pipeline rank's share of the model under a (tp, pp, schedule).
+#[derive(Debug, Clone, PartialEq)]
 pub struct RankShape {
     /// Parameters (its tp shard of its pieces).
     pub params: usize,
@@ -35,8 +48,8 @@ pub struct RankShape {
     pub blocks: usize,
     /// Whether it runs piece 0 (the embeddings).
     pub has_embedding: bool,
-    /// Whether it runs the head (and the loss).
-    pub has_head: bool,
+    /// Its chunks, in local order.
+    pub chunks: Vec<ChunkShape>,
     /// Forward FLOPs per token of its pieces, and of its blocks alone.
     pub flops: f64,
     pub block_flops: f64,
@@ -46,7 +59,8 @@ pub struct RankShape {
 pub fn rank_shapes(model: &ModelSpec, layout: &Layout, seq: usize) -> Vec<RankShape> {
     (0..layout.pp)
         .map(|r| {
-            let pieces = layout.rank_pieces(model, r);
+            let chunks = layout.chunk_pieces(model, r);
+            let pieces = chunks.concat();
             let is_block = |p: &usize| *p >= 1 && *p <= model.n_layers;
             let flops = |p: &usize| model.piece_flops_per_token(layout.tp, *p, seq);
             RankShape {
@@ -56,7 +70,18 @@ pub fn rank_shapes(model: &ModelSpec, layout: &Layout, seq: usize) -> Vec<RankSh
                     .sum(),
                 blocks: pieces.iter().filter(|p| is_block(p)).count(),
                 has_embedding: pieces.contains(&0),
-                has_head: pieces.contains(&(model.n_layers + 1)),
+                chunks: chunks
+                    .iter()
+                    .map(|c| ChunkShape {
+                        blocks: c.iter().filter(|p| is_block(p)).count(),
+                        has_head: c.contains(&(model.n_layers + 1)),
+                        params: c.iter().map(|p| model.piece_params(layout.tp, *p)).sum(),
+                        non_linear_params: c
+                            .iter()
+                            .map(|p| model.piece_non_linear_params(layout.tp, *p))
+                            .sum(),
+                    })
+                    .collect(),
                 flops: pieces.iter().map(flops).sum(),
                 block_flops: pieces.iter().filter(|p| is_block(p)).map(flops).sum(),
             }
@@ -72,7 +97,13 @@ pub struct MemoryParts {
     /// The part of the state's gradients live at the peak ([`gradients_at_peak`]).
     pub peak_grads: f64,
     pub activations: f64,
+    /// Beyond the state and the activations at backward's start.
     pub transient: f64,
+    /// Beyond the whole state while a micro-batch's gradients are summed into the held ones
+    /// and in the optimizer step: gradient copies ([`step_transient_bytes`]) and the
+    /// activations other micro-batches still hold then.
+    pub sum_transient: f64,
+    pub sum_activations: f64,
 }
 
 impl MemoryParts {
@@ -80,12 +111,21 @@ impl MemoryParts {
     pub fn peak_state(&self) -> f64 {
         self.state.params + self.state.optim + self.peak_grads
     }
-    /// The peak, the larger of two moments: backward's start (the state live then, every
-    /// activation kept, transients) and backward's end (the whole state, gradients made,
-    /// activations freed — what `examples/tests/planner.rs` measures as held).
+    /// The peak, the larger of two moments: a backward's start (the state live then, every
+    /// held activation, transients) and a gradient sum (the whole state — what
+    /// `examples/tests/planner.rs` measures as held after backward —, the copies of the
+    /// gradients being summed or stepped on, and the other micro-batches' activations).
     pub fn total(&self) -> f64 {
-        let start = self.peak_state() + self.activations + self.transient;
-        start.max(self.state.total())
+        self.at_backward().max(self.at_gradient_sum())
+    }
+    /// The bytes at a backward's start.
+    pub fn at_backward(&self) -> f64 {
+        self.peak_state() + self.activations + self.transient
+    }
+    /// The bytes while a micro-batch's gradients are summed (the optimizer step without a
+    /// pipeline).
+    pub fn at_gradient_sum(&self) -> f64 {
+        self.state.total() + self.sum_transient + self.sum_activations
     }
 }
 
@@ -115,25 +155,9 @@ pub fn estimate(
     layout: &Layout,
     shapes: &[RankShape],
 ) -> Estimate {
-    let m = layout.microbatches;
-    let tokens = (req.global_batch / layout.dp / m * req.seq) as f64;
-    let in_flight = match layout.schedule.filter(|_| layout.pp > 1) {
-        Some(s) => s.in_flight(layout.pp, m),
-        None => 1.0,
-    };
-    let memory = shapes
-        .iter()
-        .map(|s| {
-            let state = state_bytes(layout.zero, s.params, layout.dp, layout.precision, false);
-            MemoryParts {
-                state,
-                peak_grads: gradients_at_peak(layout, &state),
-                activations: activation_bytes(
-                    model, layout, s.blocks, s.has_head, tokens, req.seq, in_flight,
-                ),
-                transient: transient_bytes(model, layout, s.params),
-            }
-        })
+    let tokens = micro_batch_tokens(req, layout);
+    let memory = (0..shapes.len())
+        .map(|r| rank_memory(model, req, layout, shapes, r))
         .fold(None::<MemoryParts>, |a, b| match a {
             Some(a) if a.total() >= b.total() => Some(a),
             _ => Some(b),
@@ -144,6 +168,57 @@ pub fn estimate(
         layout: layout.clone(),
         memory,
         time,
+    }
+}
+
+/// Tokens in one micro-batch of one replica.
+fn micro_batch_tokens(req: &Request, layout: &Layout) -> f64 {
+    (req.global_batch / layout.dp / layout.microbatches * req.seq) as f64
+}
+
+/// The bytes of pipeline rank `r` (of `shapes`) under `layout`.
+pub fn rank_memory(
+    model: &ModelSpec,
+    req: &Request,
+    layout: &Layout,
+    shapes: &[RankShape],
+    r: usize,
+) -> MemoryParts {
+    let held = match layout.schedule.filter(|_| layout.pp > 1) {
+        Some(schedule) => schedule.held(layout.pp, layout.microbatches, r),
+        None => Held::single(),
+    };
+    let s = &shapes[r];
+    let tokens = micro_batch_tokens(req, layout);
+    let state = state_bytes(layout.zero, s.params, layout.dp, layout.precision, false);
+    // The gradient sums: the optimizer step (its copies of every gradient, no activation),
+    // and after each pipeline chunk's backward its gradients' copies beside the other
+    // micro-batches' activations.
+    let (at_sum, at_step) = gradient_copy_bytes(layout, &state);
+    let summed = |c: usize| {
+        let share = s.chunks[c].params as f64 / s.params.max(1) as f64;
+        if layout.pp > 1 { at_sum * share } else { 0.0 }
+    };
+    let (sum_transient, sum_activations) = held
+        .one_fewer()
+        .into_iter()
+        .map(|(c, h)| {
+            (
+                summed(c),
+                held_bytes(model, layout, &s.chunks, &h, tokens, req.seq),
+            )
+        })
+        .fold(
+            (at_step, 0.0),
+            |a, b| if b.0 + b.1 > a.0 + a.1 { b } else { a },
+        );
+    MemoryParts {
+        state,
+        peak_grads: gradients_at_peak(layout, &state),
+        activations: activation_bytes(model, layout, &s.chunks, &held, tokens, req.seq),
+        transient: transient_bytes(model, layout, s.params),
+        sum_transient,
+        sum_activations,
     }
 }
 
@@ -162,10 +237,14 @@ fn step_time(
     };
     let t_mb = shapes.iter().map(per_mb).fold(0.0, f64::max);
     let compute = m * t_mb;
+    // The fill and drain: with equal stages (p−1) micro-batch times over the schedule's
+    // share of them (its bubble fraction β: idle = β/(1−β) of the compute); with unequal
+    // ones every stage but the slowest passes once, `Σ t_r − t_max` in place of (p−1)·t.
     let bubble = match layout.schedule.filter(|_| layout.pp > 1) {
         Some(s) => {
             let beta = s.bubble(layout.pp, layout.microbatches);
-            compute * beta / (1.0 - beta)
+            let others = shapes.iter().map(per_mb).sum::<f64>() - t_mb;
+            m * beta / (1.0 - beta) * others / (layout.pp - 1) as f64
         }
         None => 0.0,
     };

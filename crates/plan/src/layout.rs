@@ -2,7 +2,7 @@
 //! (ZeRO stage, sequence parallelism, pipeline schedule and micro-batches, activation
 //! recomputation, precision), the planner's mirror of `bonfire_train::ParallelDims` without
 //! its dependencies — and what a schedule implies: its bubble and the micro-batches a rank
-//! keeps in flight.
+//! keeps ([`Held`]).
 
 use crate::model::{ModelSpec, stage_ranges};
 use std::fmt;
@@ -133,19 +133,86 @@ impl Schedule {
         (p - 1.0) / (work + p - 1.0)
     }
 
-    /// How many micro-batches' worth of its layers' activations the busiest rank (the first)
-    /// keeps at once: GPipe all `m`; 1F1B, ZB-H1 and ZB-V `min(m, p)`; interleaved Megatron's
-    /// warm-up of `(v−1)·p + 2(p−1) + 1` chunk-forwards, in whole-rank units.
-    pub fn in_flight(&self, p: usize, m: usize) -> f64 {
-        let m_f = m as f64;
+    /// What pipeline rank `rank` of `p` keeps at its fullest moment with `m` micro-batches,
+    /// per local chunk — the counts of `bonfire_pipeline`'s generated programs
+    /// (`examples/tests/planner.rs` checks them against every schedule for p ≤ 4, m ≤ 16):
+    /// GPipe every forward; 1F1B and ZB-H1 Megatron's `p − rank` (capped at `m`); ZB-H1 also
+    /// its W's waiting (`2p − 1 − rank` micro-batches may lack their W); ZB-V `2p − 1 − rank`
+    /// forwards of its first chunk and `rank + 1` of its second, with the second chunk's W's
+    /// waiting when `m` is too small to fill the first; interleaved Megatron's warm-up of
+    /// `(v−1)·p + 2(p−1) + 1` chunk-forwards spread over the chunks (rank 0's, for every rank).
+    pub fn held(&self, p: usize, m: usize, rank: usize) -> Held {
+        let one = |f: usize, w: usize| Held {
+            forwards: vec![f as f64],
+            weights: vec![w as f64],
+        };
         match *self {
-            Self::GPipe => m_f,
-            Self::OneFOneB | Self::ZbH1 | Self::ZbV => m.min(p) as f64,
+            Self::GPipe => one(m, 0),
+            Self::OneFOneB => one(m.min(p - rank), 0),
+            Self::ZbH1 => {
+                let f = m.min(p - rank);
+                one(f, (2 * p - 1 - rank - f).min(m - f))
+            }
+            Self::ZbV => {
+                let (f0, f1) = (m.min(2 * p - 1 - rank), m.min(rank + 1));
+                Held {
+                    forwards: vec![f0 as f64, f1 as f64],
+                    weights: vec![0.0, (2 * p - f0 - f1).min(m - f1) as f64],
+                }
+            }
             Self::Interleaved { chunks: v } => {
                 let warm = ((v - 1) * p + 2 * (p - 1) + 1) as f64 / v as f64;
-                warm.min(m_f)
+                Held {
+                    forwards: vec![warm.min(m as f64); v],
+                    weights: vec![0.0; v],
+                }
             }
         }
+    }
+}
+
+/// Micro-batches a pipeline rank keeps, per local chunk: `forwards` whose backward (B) has
+/// not run (every activation), and `weights` whose B ran and whose deferred W has not (the
+/// linear layers' inputs and output gradients).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Held {
+    pub forwards: Vec<f64>,
+    pub weights: Vec<f64>,
+}
+
+impl Held {
+    /// One micro-batch, no pipeline.
+    pub fn single() -> Self {
+        Self {
+            forwards: vec![1.0],
+            weights: vec![0.0],
+        }
+    }
+
+    /// What is held while one micro-batch's gradients are summed in: the others — one W
+    /// fewer on some chunk where W's wait (zero-bubble schedules sum at W), else one forward
+    /// fewer (the backward that just ran); every possibility, with the chunk whose
+    /// micro-batch it was.
+    pub fn one_fewer(&self) -> Vec<(usize, Held)> {
+        let waiting = self.weights.iter().any(|&w| w >= 1.0);
+        let counts = if waiting {
+            &self.weights
+        } else {
+            &self.forwards
+        };
+        (0..counts.len())
+            .filter(|&c| counts[c] >= 1.0)
+            .map(|c| {
+                let mut h = self.clone();
+                let v = if waiting {
+                    &mut h.weights
+                } else {
+                    &mut h.forwards
+                };
+                v[c] -= 1.0;
+                (c, h)
+            })
+            .collect()
     }
 }
 
@@ -188,16 +255,24 @@ impl Layout {
         self.dp * self.tp * self.pp
     }
 
-    /// The pieces pipeline rank `pp_rank` runs (every piece without a pipeline).
-    pub fn rank_pieces(&self, model: &ModelSpec, pp_rank: usize) -> Vec<usize> {
+    /// The pieces pipeline rank `pp_rank` runs, per local chunk (every piece in one chunk
+    /// without a pipeline).
+    pub fn chunk_pieces(&self, model: &ModelSpec, pp_rank: usize) -> Vec<Vec<usize>> {
         let Some(schedule) = self.schedule.filter(|_| self.pp > 1) else {
-            return (0..model.pieces()).collect();
+            return vec![(0..model.pieces()).collect()];
         };
         let ranges = stage_ranges(model.pieces(), self.pp * schedule.chunks(), None);
         (0..schedule.chunks())
-            .map(|c| ranges[schedule.stage(self.pp, pp_rank, c)])
-            .flat_map(|(a, b)| a..b)
+            .map(|c| {
+                let (a, b) = ranges[schedule.stage(self.pp, pp_rank, c)];
+                (a..b).collect()
+            })
             .collect()
+    }
+
+    /// The pieces pipeline rank `pp_rank` runs.
+    pub fn rank_pieces(&self, model: &ModelSpec, pp_rank: usize) -> Vec<usize> {
+        self.chunk_pieces(model, pp_rank).concat()
     }
 
     /// This rank's parameters before ZeRO: its tp shard of its pipeline pieces.

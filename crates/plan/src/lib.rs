@@ -53,7 +53,7 @@ pub mod time;
 
 pub use bytes::{format_bytes, parse_bytes};
 pub use cluster::{ClusterSpec, DeviceSpec, LinkSpec};
-pub use cost::{Estimate, MemoryParts, Request, estimate, rank_shapes};
+pub use cost::{Estimate, MemoryParts, Request, estimate, rank_memory, rank_shapes};
 pub use error::PlanError;
 pub use layout::{Layout, Precision, Schedule, ZeroStage};
 pub use model::{Arch, Attention, ModelSpec, PRESETS, stage_ranges};

@@ -6,7 +6,8 @@
 //! ([`activation_bytes`]) and the transient buffers of backward and the optimizer step
 //! ([`transient_bytes`]).
 
-use crate::layout::{Layout, Precision, ZeroStage};
+use crate::cost::ChunkShape;
+use crate::layout::{Held, Layout, Precision, ZeroStage};
 use crate::model::ModelSpec;
 
 /// Bytes one rank holds, by part.
@@ -91,49 +92,80 @@ pub fn gradients_at_peak(layout: &Layout, state: &FormulaBytes) -> f64 {
 }
 
 /// What one pipeline rank keeps for backward, in bytes, for micro-batches of `tokens`
-/// tokens (sequences of `seq`): its blocks' activations ([`ModelSpec::block_activation_elems`])
-/// times the micro-batches in flight — or, recomputing, each block's input only and one
-/// block's activations at a time — and, on the rank with the head, the logits (vocabulary
-/// split over tp by the parallel loss): the kept log-probabilities of each in-flight
-/// micro-batch and two more logits-sized buffers in backward (four but under ZeRO-3). Activations are in the compute
-/// dtype, the logits in f32.
-#[allow(clippy::too_many_arguments)]
+/// tokens (sequences of `seq`) with `held` of them in flight per local chunk (or one, without
+/// a pipeline): [`held_bytes`], and while a backward runs one block's activations as it is
+/// recomputed and, on the rank with the head, two more logits-sized buffers at the loss's
+/// backward (its gradient and the kept probabilities, measured).
 pub fn activation_bytes(
     model: &ModelSpec,
     layout: &Layout,
-    blocks: usize,
-    has_head: bool,
+    chunks: &[ChunkShape],
+    held: &Held,
     tokens: f64,
     seq: usize,
-    in_flight: f64,
+) -> f64 {
+    let mut bytes = held_bytes(model, layout, chunks, held, tokens, seq);
+    if layout.recompute && chunks.iter().any(|c| c.blocks > 0) {
+        let ab = layout.precision.param_bytes as f64;
+        bytes += model.block_activation_elems(layout.tp, layout.sp, seq) * tokens * ab;
+    }
+    if chunks.iter().any(|c| c.has_head) {
+        bytes += 2.0 * logits_bytes(model, layout, tokens);
+    }
+    bytes
+}
+
+/// The f32 logits of one micro-batch on one tp rank (the vocabulary split by the parallel
+/// loss).
+fn logits_bytes(model: &ModelSpec, layout: &Layout, tokens: f64) -> f64 {
+    model.vocab_size as f64 / layout.tp as f64 * tokens * 4.0
+}
+
+/// The bytes of the micro-batches `held` per chunk. For each chunk: per micro-batch whose
+/// backward has not run, its blocks' activations ([`ModelSpec::block_activation_elems`]) —
+/// or, recomputing, each block's input only — and, with the head, the kept
+/// log-probabilities; per micro-batch waiting for its deferred weight gradients, the linear
+/// layers' inputs and output gradients ([`ModelSpec::block_weight_grad_elems`]; the head's
+/// are its input and the logits' gradient; a recomputed block computes its weight gradients
+/// in backward and keeps none) and the gradients B produced (embeddings, norms, biases; a
+/// recomputed block's weights), summed in only at W. Activations are in the compute dtype,
+/// the logits in f32.
+pub fn held_bytes(
+    model: &ModelSpec,
+    layout: &Layout,
+    chunks: &[ChunkShape],
+    held: &Held,
+    tokens: f64,
+    seq: usize,
 ) -> f64 {
     let ab = layout.precision.param_bytes as f64;
     let t = layout.tp as f64;
-    let per_block = model.block_activation_elems(layout.tp, layout.sp, seq) * tokens * ab;
-    let blocks_f = blocks as f64;
-    let kept = if layout.recompute {
+    let (kept_block, waiting_block) = if layout.recompute {
         let input = model.d_model as f64 / if layout.sp { t } else { 1.0 };
-        blocks_f * input * tokens * ab * in_flight + if blocks > 0 { per_block } else { 0.0 }
+        (input * tokens * ab, 0.0)
     } else {
-        blocks_f * per_block * in_flight
+        let per_block = model.block_activation_elems(layout.tp, layout.sp, seq) * tokens * ab;
+        (
+            per_block,
+            model.block_weight_grad_elems(layout.tp) * tokens * ab,
+        )
     };
-    let head = if has_head {
-        let head_flight = if layout.pp > 1 {
-            match layout.schedule {
-                Some(crate::layout::Schedule::GPipe) => layout.microbatches as f64,
-                _ => 1.0,
-            }
-        } else {
-            1.0
-        };
-        // Two more logits-sized buffers live at the loss's backward: the logits' gradient
-        // and the cross-entropy's kept probabilities (measured: `examples/tests/planner.rs`).
-        let backward = 2.0;
-        model.vocab_size as f64 / t * tokens * 4.0 * (head_flight + backward)
+    let recomputed_weights = if layout.recompute {
+        (model.piece_params(layout.tp, 1) - model.piece_non_linear_params(layout.tp, 1)) as f64
     } else {
         0.0
     };
-    kept + head
+    let logits = logits_bytes(model, layout, tokens);
+    let head_waiting = logits + model.d_model as f64 * tokens * ab;
+    let mut bytes = 0.0;
+    for (c, chunk) in chunks.iter().enumerate() {
+        let blocks = chunk.blocks as f64;
+        let head = if chunk.has_head { 1.0 } else { 0.0 };
+        bytes += held.forwards[c] * (blocks * kept_block + head * logits);
+        let b_grads = (chunk.non_linear_params as f64 + blocks * recomputed_weights) * ab;
+        bytes += held.weights[c] * (blocks * waiting_block + head * head_waiting + b_grads);
+    }
+    bytes
 }
 
 /// Transient bytes beyond the state and the activations at the step's peak, as multiples of
@@ -152,3 +184,29 @@ pub fn transient_bytes(model: &ModelSpec, layout: &Layout, psi: usize) -> f64 {
     }
     bytes
 }
+
+/// Bytes beyond the whole state in the DDP engine (every layout without ZeRO, pipelines and
+/// tp included) while gradients are moved, as `(a micro-batch's sum, the step)`: a pipeline
+/// micro-batch's gradients are taken from autodiff, flattened and added to the held sums
+/// ([`SUM_GRADIENT_COPIES`] gradient-sized copies, scaled by the caller to the chunk that
+/// ran), and the step packs the sums into buckets and reduces them
+/// ([`STEP_GRADIENT_COPIES`]). Both measured; ZeRO's stages reduce-scatter into their own
+/// shards (none counted: a gradient sum is never their peak in `examples/tests/planner.rs`).
+pub fn gradient_copy_bytes(layout: &Layout, state: &FormulaBytes) -> (f64, f64) {
+    match layout.zero {
+        ZeroStage::Z0 => (
+            SUM_GRADIENT_COPIES * state.grads,
+            STEP_GRADIENT_COPIES * state.grads,
+        ),
+        _ => (0.0, 0.0),
+    }
+}
+
+/// Gradient-sized buffers beyond the state while a pipeline micro-batch's gradients are
+/// summed in, fitted on the pipelines of `examples/tests/planner.rs` with 4–8 micro-batches
+/// (2.4–3.2 measured).
+pub const SUM_GRADIENT_COPIES: f64 = 3.0;
+
+/// Gradient-sized buffers beyond the state in the DDP engine's step: at most 2.0 measured
+/// (DDP with recomputation, whose step is its peak).
+pub const STEP_GRADIENT_COPIES: f64 = 2.0;

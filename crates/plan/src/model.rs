@@ -255,6 +255,27 @@ impl ModelSpec {
         }
     }
 
+    /// Parameters of piece `piece` on one rank of `tp` that are not the weight of a linear
+    /// layer (embeddings, norms, biases): their gradients come out of the input-gradient
+    /// backward (B) even when the weights' are deferred to W.
+    pub fn piece_non_linear_params(&self, tp: usize, piece: usize) -> usize {
+        let d = self.d_model;
+        if piece == 0 {
+            return self.piece_params(tp, 0);
+        }
+        let norm = match self.arch {
+            Arch::Gpt => 2 * d,
+            Arch::Llama => d,
+        };
+        if piece == self.n_layers + 1 {
+            return norm;
+        }
+        match self.arch {
+            Arch::Gpt => (3 * d + self.d_ff) / tp + 2 * d + 2 * norm,
+            Arch::Llama => 2 * norm,
+        }
+    }
+
     /// Every parameter.
     pub fn num_params(&self) -> usize {
         (0..self.pieces()).map(|p| self.piece_params(1, p)).sum()
@@ -298,6 +319,22 @@ impl ModelSpec {
         let t = tp as f64;
         let replicated = if sp { 4.0 * d / t } else { 4.0 * d };
         replicated + (4.0 * d + mlp + scores) / t
+    }
+
+    /// Elements a block keeps per token on one rank of `tp` between its input-gradient
+    /// backward (B) and its deferred weight gradients (W) under a zero-bubble schedule: each
+    /// linear layer's input and output gradient (`bonfire_dtensor::weight_grad`). The inputs
+    /// and output gradients of the column-parallel products' inputs and the row-parallel
+    /// products' outputs are whole on every tp rank (4d, gathered under sequence
+    /// parallelism too); the attention output and MLP hidden inputs, and the q/k/v and MLP
+    /// up-projection output gradients, are split.
+    pub fn block_weight_grad_elems(&self, tp: usize) -> f64 {
+        let (d, f, kv) = (self.d_model as f64, self.d_ff as f64, self.kv_dim() as f64);
+        let up = match self.arch {
+            Arch::Gpt => f,
+            Arch::Llama => 2.0 * f,
+        };
+        4.0 * d + (d + f + d + 2.0 * kv + up) / tp as f64
     }
 
     /// Bytes of the largest single layer's parameters in `param_bytes` per value, on one

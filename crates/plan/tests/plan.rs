@@ -4,7 +4,7 @@
 //! infeasible request, and bad descriptions failing with one error naming the field.
 
 use bonfire_plan::MemoryParts;
-use bonfire_plan::memory::{formula, gradients_at_peak};
+use bonfire_plan::memory::{STEP_GRADIENT_COPIES, formula, gradient_copy_bytes, gradients_at_peak};
 use bonfire_plan::{
     ClusterSpec, DeviceSpec, Layout, LinkSpec, ModelSpec, PlanError, Precision, Request, Schedule,
     ZeroStage, plan,
@@ -75,7 +75,8 @@ fn the_zero_formula_per_stage() {
 }
 
 /// The peak is the larger of backward's start (ZeRO's gradients not yet there, DDP's
-/// buckets still live) and backward's end (the whole state, no activations).
+/// buckets still live) and a gradient sum (the whole state, no activations without a
+/// pipeline; the DDP engine's copies of the gradients).
 #[test]
 fn the_peak_counts_gradients_where_they_are_live() {
     let (psi, n) = (1000, 4);
@@ -90,10 +91,17 @@ fn the_peak_counts_gradients_where_they_are_live() {
             peak_grads: gradients_at_peak(&layout, &state),
             activations,
             transient: 0.0,
+            sum_transient: gradient_copy_bytes(&layout, &state).1,
+            sum_activations: 0.0,
         }
         .total()
     };
-    assert_eq!(peak(ZeroStage::Z0, 500.0), 16_000.0 + 500.0);
+    assert_eq!(peak(ZeroStage::Z0, 20_000.0), 16_000.0 + 20_000.0);
+    // Few activations: the DDP engine's step, with its copies of the gradients.
+    assert_eq!(
+        peak(ZeroStage::Z0, 500.0),
+        16_000.0 + STEP_GRADIENT_COPIES * 4_000.0
+    );
     // ZeRO: parameters and the optimizer's shard at backward's start, no gradient.
     assert_eq!(peak(ZeroStage::Z1, 5_000.0), 4_000.0 + 2_000.0 + 5_000.0);
     assert_eq!(peak(ZeroStage::Z2, 5_000.0), 4_000.0 + 2_000.0 + 5_000.0);
@@ -108,8 +116,9 @@ fn schedules_bubble_and_place_stages() {
     assert_eq!(Schedule::Interleaved { chunks: 2 }.bubble(4, 4), 3.0 / 11.0);
     assert_eq!(Schedule::ZbH1.bubble(4, 4), 3.0 / 15.0);
     assert!(Schedule::ZbV.bubble(4, 4) < Schedule::ZbH1.bubble(4, 4));
-    assert_eq!(Schedule::GPipe.in_flight(4, 8), 8.0);
-    assert_eq!(Schedule::OneFOneB.in_flight(4, 8), 4.0);
+    assert_eq!(Schedule::GPipe.held(4, 8, 3).forwards, [8.0]);
+    assert_eq!(Schedule::OneFOneB.held(4, 8, 0).forwards, [4.0]);
+    assert_eq!(Schedule::OneFOneB.held(4, 8, 3).forwards, [1.0]);
     // 6 pieces (embeddings, 4 blocks, head) on 2 ranks: ZB-V's 4 stages of 2, 2, 1, 1
     // pieces, stages 0 and 3 on rank 0 — as `bonfire_pipeline` places them.
     let model = ModelSpec::gpt("t", 32, 16, 4, 4, 8, 32);
