@@ -39,6 +39,10 @@
 //! rank's bytes and in the formula. Where the phases and the formula part, and why, is
 //! written up in `docs/zero.md` (Memory).
 //!
+//! `bench memory planner` lines (issue 18): the planner's bytes per rank for the same layout
+//! (`bonfire_plan::rank_memory`, on the fullest rank) against the steady peak, and its state
+//! against every rank's held bytes; offload is not a planner layout.
+//!
 //! The budget lines (issue point 4): with `--budget` bytes per rank (default 1.1 GiB), which
 //! of DDP, ZeRO-3, TP=2 and PP=2 (1F1B) on the same 2 ranks fit, from their measured peaks.
 //!
@@ -50,7 +54,9 @@ use bonfire_examples::cli::LayoutArgs;
 use bonfire_examples::memory::{self, RankAllocator};
 use bonfire_examples::memory_formula::{FormulaBytes, formula, gpt_rank_params};
 use bonfire_examples::parallel::TokenBatch;
+use bonfire_examples::planner;
 use bonfire_examples::{Gpt, GptConfig, default_device};
+use bonfire_plan::{MemoryParts, Request, rank_memory, rank_shapes};
 use bonfire_train::{Launcher, OptimizerKind, ParallelDims, TrainError, Trainer};
 use burn::tensor::Device;
 use std::time::Instant;
@@ -334,6 +340,51 @@ fn report(case: &Case, run: &Run) -> (f64, usize) {
     (ratio(top), peak)
 }
 
+/// The planner's line for `case` (issue 18): its bytes per rank ([`rank_memory`]: the larger
+/// of a backward's start and a gradient sum, on the fullest rank) against the fullest rank's
+/// steady peak, and every rank's state against what it held. `None` for a layout the planner
+/// does not search (offload).
+fn planner_line(case: &Case, run: &Run) -> Option<f64> {
+    let Some(layout) = planner::from_dims(&case.dims) else {
+        println!(
+            "bench memory planner layout={} modelled=false reason=offload",
+            case.name
+        );
+        return None;
+    };
+    let spec = planner::gpt_spec(&CFG);
+    let req = Request {
+        global_batch: ROWS,
+        seq: SEQ,
+        precisions: vec![layout.precision],
+        memory_fraction: 1.0,
+    };
+    let shapes = rank_shapes(&spec, &layout, SEQ);
+    let parts: Vec<MemoryParts> = (0..layout.world())
+        .map(|r| rank_memory(&spec, &req, &layout, &shapes, r / (layout.dp * layout.tp)))
+        .collect();
+    let predicted = parts.iter().map(MemoryParts::total).fold(0.0, f64::max);
+    let steady = run.ranks.iter().map(|m| m.steady_peak).max().unwrap();
+    let states: Vec<f64> = run
+        .ranks
+        .iter()
+        .zip(&parts)
+        .map(|(m, p)| m.held as f64 / p.state.total())
+        .collect();
+    let (lo, hi) = states
+        .iter()
+        .fold((f64::MAX, f64::MIN), |(a, b), &x| (a.min(x), b.max(x)));
+    let ratio = steady as f64 / predicted;
+    println!(
+        "bench memory planner layout={} precision={} ac={} modelled=true planner_bytes={predicted:.0} \
+         steady_peak_bytes={steady} peak_ratio={ratio:.4} state_ratio_min={lo:.4} state_ratio_max={hi:.4}",
+        case.name,
+        layout.precision.name(),
+        if layout.recompute { "on" } else { "off" },
+    );
+    Some(ratio)
+}
+
 /// Issue point 4 at full scale: which of DDP, ZeRO-3, TP=2 and PP=2 fit `budget` per rank on
 /// the same 2 ranks (their measured peaks).
 fn budget_lines(budget: usize, peaks: &[(String, usize)]) -> (bool, bool) {
@@ -390,6 +441,7 @@ fn main() {
     );
     let (mut rows, mut within, mut worst) = (0, 0, (String::new(), 1.0f64));
     let mut peaks = Vec::new();
+    let mut planned: Vec<(String, f64)> = Vec::new();
     let mut first = 0;
     for case in cases() {
         if !only.is_empty() && !only.iter().any(|o| case.name.contains(o.as_str())) {
@@ -398,6 +450,9 @@ fn main() {
         let measured = run(&case, &model, steps, first);
         first += case.dims.world_size();
         let (ratio, peak) = report(&case, &measured);
+        if let Some(r) = planner_line(&case, &measured) {
+            planned.push((case.name.clone(), r));
+        }
         rows += 1;
         within += usize::from((ratio - 1.0).abs() <= 0.10);
         if (ratio - 1.0).abs() > (worst.1 - 1.0).abs() {
@@ -409,6 +464,23 @@ fn main() {
         }
     }
     let (ddp_fits, others_fit) = budget_lines(budget, &peaks);
+    let worst_planned = planned.iter().fold(("none", 1.0f64), |w, (n, r)| {
+        if (r - 1.0).abs() > (w.1 - 1.0).abs() {
+            (n, *r)
+        } else {
+            w
+        }
+    });
+    println!(
+        "bench memory planner_summary rows={} within_10pct={} worst_layout={} worst_peak_ratio={:.4}",
+        planned.len(),
+        planned
+            .iter()
+            .filter(|(_, r)| (r - 1.0).abs() <= 0.10)
+            .count(),
+        worst_planned.0,
+        worst_planned.1
+    );
     println!(
         "bench memory summary rows={rows} within_10pct={within} worst_layout={} \
          worst_ratio={:.4} budget={budget} ddp_fits={ddp_fits} others_fit={others_fit} \

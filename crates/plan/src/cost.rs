@@ -100,7 +100,7 @@ pub struct MemoryParts {
     /// Beyond the state and the activations at backward's start.
     pub transient: f64,
     /// Beyond the whole state while a micro-batch's gradients are summed into the held ones
-    /// and in the optimizer step: gradient copies ([`step_transient_bytes`]) and the
+    /// and in the optimizer step: gradient copies ([`gradient_copy_bytes`]) and the
     /// activations other micro-batches still hold then.
     pub sum_transient: f64,
     pub sum_activations: f64,
@@ -194,7 +194,7 @@ pub fn rank_memory(
     // The gradient sums: the optimizer step (its copies of every gradient, no activation),
     // and after each pipeline chunk's backward its gradients' copies beside the other
     // micro-batches' activations.
-    let (at_sum, at_step) = gradient_copy_bytes(layout, &state);
+    let (at_sum, at_step) = gradient_copy_bytes(layout, s.params, &state);
     let summed = |c: usize| {
         let share = s.chunks[c].params as f64 / s.params.max(1) as f64;
         if layout.pp > 1 { at_sum * share } else { 0.0 }
@@ -216,7 +216,7 @@ pub fn rank_memory(
         state,
         peak_grads: gradients_at_peak(layout, &state),
         activations: activation_bytes(model, layout, &s.chunks, &held, tokens, req.seq),
-        transient: transient_bytes(model, layout, s.params),
+        transient: transient_bytes(model, layout),
         sum_transient,
         sum_activations,
     }

@@ -94,8 +94,9 @@ pub fn gradients_at_peak(layout: &Layout, state: &FormulaBytes) -> f64 {
 /// What one pipeline rank keeps for backward, in bytes, for micro-batches of `tokens`
 /// tokens (sequences of `seq`) with `held` of them in flight per local chunk (or one, without
 /// a pipeline): [`held_bytes`], and while a backward runs one block's activations as it is
-/// recomputed and, on the rank with the head, two more logits-sized buffers at the loss's
-/// backward (its gradient and the kept probabilities, measured).
+/// recomputed and, on the rank with the head, more logits-sized buffers at the loss's
+/// backward: two (its gradient and the kept probabilities), five with the
+/// vocabulary-parallel loss of tp (its maximum, exponentials and sums besides; measured).
 pub fn activation_bytes(
     model: &ModelSpec,
     layout: &Layout,
@@ -110,7 +111,8 @@ pub fn activation_bytes(
         bytes += model.block_activation_elems(layout.tp, layout.sp, seq) * tokens * ab;
     }
     if chunks.iter().any(|c| c.has_head) {
-        bytes += 2.0 * logits_bytes(model, layout, tokens);
+        let buffers = if layout.tp > 1 { 5.0 } else { 2.0 };
+        bytes += buffers * logits_bytes(model, layout, tokens);
     }
     bytes
 }
@@ -168,45 +170,50 @@ pub fn held_bytes(
     bytes
 }
 
-/// Transient bytes beyond the state and the activations at the step's peak, as multiples of
-/// the rank's parameters in the param dtype (Ψ·pb): none for DDP, ZeRO and pipelines (the
-/// peak is backward's start, before most gradients exist, and the linear layers' weight
-/// gradients are single products with no per-sequence buffers); 2 Ψ·pb with tensor
-/// parallelism (its collectives' send and receive copies); ZeRO-3 adds two gathered layers
-/// (the one computing and the prefetched one). Measured on the bench GPT's layouts of
-/// `examples/tests/planner.rs` (the fitted part of the model; docs/planner.md).
-pub fn transient_bytes(model: &ModelSpec, layout: &Layout, psi: usize) -> f64 {
+/// Transient bytes at a backward's start beyond the state and the activations: ZeRO-3's two
+/// gathered layers (the one computing and the prefetched one), in the param dtype; nothing
+/// else of size Ψ is live then (the linear layers' weight gradients are single products with
+/// no per-sequence buffers).
+pub fn transient_bytes(model: &ModelSpec, layout: &Layout) -> f64 {
     let pb = layout.precision.param_bytes as f64;
-    let c = if layout.tp > 1 { 2.0 } else { 0.0 };
-    let mut bytes = c * psi as f64 * pb;
     if layout.zero == ZeroStage::Z3 {
-        bytes += 2.0 * model.largest_layer_params(layout.tp) as f64 * pb;
+        2.0 * model.largest_layer_params(layout.tp) as f64 * pb
+    } else {
+        0.0
     }
-    bytes
 }
 
-/// Bytes beyond the whole state in the DDP engine (every layout without ZeRO, pipelines and
-/// tp included) while gradients are moved, as `(a micro-batch's sum, the step)`: a pipeline
-/// micro-batch's gradients are taken from autodiff, flattened and added to the held sums
-/// ([`SUM_GRADIENT_COPIES`] gradient-sized copies, scaled by the caller to the chunk that
-/// ran), and the step packs the sums into buckets and reduces them
-/// ([`STEP_GRADIENT_COPIES`]). Both measured; ZeRO's stages reduce-scatter into their own
-/// shards (none counted: a gradient sum is never their peak in `examples/tests/planner.rs`).
-pub fn gradient_copy_bytes(layout: &Layout, state: &FormulaBytes) -> (f64, f64) {
+/// Bytes beyond the whole state while gradients are moved, as `(a pipeline micro-batch's sum,
+/// the optimizer step)`, for a rank of `psi` parameters. The DDP engine (every layout without
+/// ZeRO, pipelines and tp included) takes a micro-batch's gradients from autodiff, flattens
+/// them and adds them to the held sums ([`SUM_GRADIENT_COPIES`] copies of its gradients in
+/// the param dtype, which autodiff produces — bf16 and f32 pipelines measured the same peak
+/// —, scaled by the caller to the chunk that ran), and its step packs the sums into buckets
+/// and reduces them ([`STEP_GRADIENT_COPIES`], in the reduce dtype). ZeRO's backward leaves whole, unreduced
+/// gradients that are flattened and reduce-scattered into the rank's shard
+/// ([`ZERO_STEP_GRADIENT_COPIES`] of the whole gradients). All measured.
+pub fn gradient_copy_bytes(layout: &Layout, psi: usize, state: &FormulaBytes) -> (f64, f64) {
     match layout.zero {
         ZeroStage::Z0 => (
-            SUM_GRADIENT_COPIES * state.grads,
+            SUM_GRADIENT_COPIES * psi as f64 * layout.precision.param_bytes as f64,
             STEP_GRADIENT_COPIES * state.grads,
         ),
-        _ => (0.0, 0.0),
+        _ => {
+            let whole = psi as f64 * layout.precision.reduce_bytes as f64;
+            (0.0, ZERO_STEP_GRADIENT_COPIES * whole)
+        }
     }
 }
 
 /// Gradient-sized buffers beyond the state while a pipeline micro-batch's gradients are
-/// summed in, fitted on the pipelines of `examples/tests/planner.rs` with 4–8 micro-batches
-/// (2.4–3.2 measured).
-pub const SUM_GRADIENT_COPIES: f64 = 3.0;
+/// summed in: 2.4–3.2 measured at the sums of 1F1B, ZB-H1 and ZB-V with 4–8 micro-batches
+/// (`examples/tests/planner.rs`), 2.3 in `bench memory`'s pipelines at Ψ = 67 M.
+pub const SUM_GRADIENT_COPIES: f64 = 2.75;
 
-/// Gradient-sized buffers beyond the state in the DDP engine's step: at most 2.0 measured
-/// (DDP with recomputation, whose step is its peak).
-pub const STEP_GRADIENT_COPIES: f64 = 2.0;
+/// Gradient-sized buffers beyond the state in the DDP engine's step: 0.9 (DDP, whose
+/// reduced buckets the communication thread allocates) to 1.3 (TP = 4) in `bench memory`.
+pub const STEP_GRADIENT_COPIES: f64 = 1.0;
+
+/// Whole-gradient-sized buffers beyond the state in ZeRO's step: 1.0–1.5 in `bench memory`
+/// (stages 1–3, f32 and bf16, ± recompute).
+pub const ZERO_STEP_GRADIENT_COPIES: f64 = 1.25;

@@ -4,7 +4,10 @@
 //! infeasible request, and bad descriptions failing with one error naming the field.
 
 use bonfire_plan::MemoryParts;
-use bonfire_plan::memory::{STEP_GRADIENT_COPIES, formula, gradient_copy_bytes, gradients_at_peak};
+use bonfire_plan::memory::{
+    STEP_GRADIENT_COPIES, ZERO_STEP_GRADIENT_COPIES, formula, gradient_copy_bytes,
+    gradients_at_peak,
+};
 use bonfire_plan::{
     ClusterSpec, DeviceSpec, Layout, LinkSpec, ModelSpec, PlanError, Precision, Request, Schedule,
     ZeroStage, plan,
@@ -91,7 +94,7 @@ fn the_peak_counts_gradients_where_they_are_live() {
             peak_grads: gradients_at_peak(&layout, &state),
             activations,
             transient: 0.0,
-            sum_transient: gradient_copy_bytes(&layout, &state).1,
+            sum_transient: gradient_copy_bytes(&layout, psi, &state).1,
             sum_activations: 0.0,
         }
         .total()
@@ -103,11 +106,19 @@ fn the_peak_counts_gradients_where_they_are_live() {
         16_000.0 + STEP_GRADIENT_COPIES * 4_000.0
     );
     // ZeRO: parameters and the optimizer's shard at backward's start, no gradient.
-    assert_eq!(peak(ZeroStage::Z1, 5_000.0), 4_000.0 + 2_000.0 + 5_000.0);
-    assert_eq!(peak(ZeroStage::Z2, 5_000.0), 4_000.0 + 2_000.0 + 5_000.0);
-    // Few activations: backward's end, with ZeRO-1's whole gradient, is the peak.
-    assert_eq!(peak(ZeroStage::Z1, 500.0), 4_000.0 + 4_000.0 + 2_000.0);
-    assert_eq!(peak(ZeroStage::Z2, 500.0), 4_000.0 + 1_000.0 + 2_000.0);
+    assert_eq!(peak(ZeroStage::Z1, 20_000.0), 4_000.0 + 2_000.0 + 20_000.0);
+    assert_eq!(peak(ZeroStage::Z2, 20_000.0), 4_000.0 + 2_000.0 + 20_000.0);
+    // Few activations: the step, with the whole state and copies of the unreduced
+    // gradients, is the peak.
+    let copies = ZERO_STEP_GRADIENT_COPIES * 4_000.0;
+    assert_eq!(
+        peak(ZeroStage::Z1, 500.0),
+        4_000.0 + 4_000.0 + 2_000.0 + copies
+    );
+    assert_eq!(
+        peak(ZeroStage::Z2, 500.0),
+        4_000.0 + 1_000.0 + 2_000.0 + copies
+    );
 }
 
 #[test]
@@ -172,10 +183,24 @@ fn tp_stays_inside_a_node_and_pcie_prefers_pipelines() {
     )
     .unwrap();
     let (f, s) = (&fast.ranked[0].layout, &slow.ranked[0].layout);
-    assert!(s.tp < f.tp, "without NVLink, less TP: {s} vs {f}");
+    assert!(s.tp <= f.tp, "without NVLink, no more TP: {s} vs {f}");
     assert!(
         s.pp >= f.pp,
         "without NVLink, the pipeline takes over: {s} vs {f}"
+    );
+    // TP = 8 costs more against the best layout over PCIe than over NVLink.
+    let tp8_loss = |p: &bonfire_plan::Plan| {
+        let tp8 = p
+            .ranked
+            .iter()
+            .find(|e| e.layout.tp == 8)
+            .expect("a tp=8 layout");
+        tp8.step_ms() / p.ranked[0].step_ms()
+    };
+    let (nvlink, pcie) = (tp8_loss(&fast), tp8_loss(&slow));
+    assert!(
+        pcie > nvlink,
+        "TP = 8 loses {pcie:.2}× over PCIe, {nvlink:.2}× over NVLink"
     );
     assert!(fast.ranked[0].bytes() <= 0.9 * (80u64 << 30) as f64);
 }
