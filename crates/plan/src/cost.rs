@@ -127,6 +127,27 @@ impl MemoryParts {
     pub fn at_gradient_sum(&self) -> f64 {
         self.state.total() + self.sum_transient + self.sum_activations
     }
+    /// Which moment is the peak, and its parts.
+    pub fn describe(&self) -> String {
+        use crate::bytes::format_bytes as b;
+        if self.at_backward() >= self.at_gradient_sum() {
+            format!(
+                "at a backward's start: parameters, gradients and optimizer state live then {}, \
+                 activations {}, transients {}",
+                b(self.peak_state()),
+                b(self.activations),
+                b(self.transient)
+            )
+        } else {
+            format!(
+                "at a gradient sum: parameters, gradients and optimizer state {}, gradient \
+                 copies {}, other micro-batches' activations {}",
+                b(self.state.total()),
+                b(self.sum_transient),
+                b(self.sum_activations)
+            )
+        }
+    }
 }
 
 /// A layout's predicted cost.
@@ -216,7 +237,7 @@ pub fn rank_memory(
         state,
         peak_grads: gradients_at_peak(layout, &state),
         activations: activation_bytes(model, layout, &s.chunks, &held, tokens, req.seq),
-        transient: transient_bytes(model, layout),
+        transient: transient_bytes(model, layout, s.params),
         sum_transient,
         sum_activations,
     }

@@ -95,8 +95,8 @@ pub fn gradients_at_peak(layout: &Layout, state: &FormulaBytes) -> f64 {
 /// tokens (sequences of `seq`) with `held` of them in flight per local chunk (or one, without
 /// a pipeline): [`held_bytes`], and while a backward runs one block's activations as it is
 /// recomputed and, on the rank with the head, more logits-sized buffers at the loss's
-/// backward: two (its gradient and the kept probabilities), five with the
-/// vocabulary-parallel loss of tp (its maximum, exponentials and sums besides; measured).
+/// backward: two (its gradient and the kept probabilities), three with the
+/// vocabulary-parallel loss of tp (measured).
 pub fn activation_bytes(
     model: &ModelSpec,
     layout: &Layout,
@@ -111,7 +111,7 @@ pub fn activation_bytes(
         bytes += model.block_activation_elems(layout.tp, layout.sp, seq) * tokens * ab;
     }
     if chunks.iter().any(|c| c.has_head) {
-        let buffers = if layout.tp > 1 { 5.0 } else { 2.0 };
+        let buffers = if layout.tp > 1 { 3.0 } else { 2.0 };
         bytes += buffers * logits_bytes(model, layout, tokens);
     }
     bytes
@@ -170,18 +170,27 @@ pub fn held_bytes(
     bytes
 }
 
-/// Transient bytes at a backward's start beyond the state and the activations: ZeRO-3's two
-/// gathered layers (the one computing and the prefetched one), in the param dtype; nothing
-/// else of size Ψ is live then (the linear layers' weight gradients are single products with
-/// no per-sequence buffers).
-pub fn transient_bytes(model: &ModelSpec, layout: &Layout) -> f64 {
+/// Transient bytes at a backward's start beyond the state and the activations, for a rank
+/// of `psi` parameters: ZeRO-3's two gathered layers (the one computing and the prefetched
+/// one), in the param dtype; with tensor parallelism [`TP_GRADIENT_COPIES`] gradient-sized
+/// buffers in the reduce dtype (its collectives' copies). Nothing else of size Ψ is live then:
+/// the linear layers' weight gradients are single products with no per-sequence buffers.
+pub fn transient_bytes(model: &ModelSpec, layout: &Layout, psi: usize) -> f64 {
     let pb = layout.precision.param_bytes as f64;
+    let mut bytes = 0.0;
     if layout.zero == ZeroStage::Z3 {
-        2.0 * model.largest_layer_params(layout.tp) as f64 * pb
-    } else {
-        0.0
+        bytes += 2.0 * model.largest_layer_params(layout.tp) as f64 * pb;
     }
+    if layout.tp > 1 {
+        bytes += TP_GRADIENT_COPIES * psi as f64 * layout.precision.reduce_bytes as f64;
+    }
+    bytes
 }
+
+/// Gradient-sized buffers a tensor-parallel rank holds beyond its state and activations at
+/// backward's start: 1.1 (Ψ = 67 M, `bench memory`), 1.4 (`train_gpt --mesh auto`'s budget
+/// GPT), 1.2 (the bench GPT, with one logits buffer more) measured.
+pub const TP_GRADIENT_COPIES: f64 = 1.25;
 
 /// Bytes beyond the whole state while gradients are moved, as `(a pipeline micro-batch's sum,
 /// the optimizer step)`, for a rank of `psi` parameters. The DDP engine (every layout without

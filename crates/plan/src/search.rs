@@ -155,14 +155,11 @@ pub fn plan(model: &ModelSpec, cluster: &ClusterSpec, req: &Request) -> Result<P
         let m = &smallest.memory;
         return Err(PlanError::Infeasible {
             reason: format!(
-                "the smallest layout ({}) needs {} per rank (parameters, gradients and optimizer \
-                 state live at the peak {}, activations {}, transients {}), but a {} rank may use {} ({} of {}); \
+                "the smallest layout ({}) needs {} per rank ({}), but a {} rank may use {} ({} of {}); \
                  {} ranks are too few for {} parameters at this batch",
                 smallest.layout,
                 format_bytes(smallest.bytes()),
-                format_bytes(m.peak_state()),
-                format_bytes(m.activations),
-                format_bytes(m.transient),
+                m.describe(),
                 cluster.device.name,
                 format_bytes(capacity),
                 req.memory_fraction,
@@ -210,14 +207,12 @@ pub fn explain(
     let t = &top.time;
     let mut why = vec![
         format!(
-            "memory: {} of {} per rank: state live at the peak {} (Ψ = {} parameters over {} ranks), activations {}, transients {}",
+            "memory: {} of {} per rank (Ψ = {} parameters over {} ranks), the peak {}",
             format_bytes(top.bytes()),
             format_bytes(capacity),
-            format_bytes(top.memory.peak_state()),
             model.num_params(),
             cluster.world(),
-            format_bytes(top.memory.activations),
-            format_bytes(top.memory.transient),
+            top.memory.describe(),
         ),
         format!(
             "time: {:.3} ms = compute {:.3} + bubble {:.3} + tp {:.3} + pp {:.3} + dp exposed {:.3} + optimizer {:.3}; bound by {}",
