@@ -146,6 +146,12 @@ fn layouts() -> Vec<(&'static str, ParallelDims)> {
         edit(&mut a);
         a.dims(mesh).expect("a layout")
     };
+    let pp = |schedule: &str, m: usize| {
+        dims("pp=2", &|a| {
+            a.schedule = Some(schedule.into());
+            a.microbatches = Some(m);
+        })
+    };
     vec![
         ("single", dims("dp=1", &|_| {})),
         ("ddp", dims("dp=2", &|_| {})),
@@ -162,34 +168,10 @@ fn layouts() -> Vec<(&'static str, ParallelDims)> {
         ("zero2", dims("dp=2", &|a| a.zero = 2)),
         ("zero1", dims("dp=2", &|a| a.zero = 1)),
         ("tp2", dims("tp=2", &|_| {})),
-        (
-            "pp2-zbh1-m4",
-            dims("pp=2", &|a| {
-                a.schedule = Some("zb-h1".into());
-                a.microbatches = Some(4);
-            }),
-        ),
-        (
-            "pp2-zbv-m4",
-            dims("pp=2", &|a| {
-                a.schedule = Some("zb-v".into());
-                a.microbatches = Some(4);
-            }),
-        ),
-        (
-            "pp2-1f1b-m4",
-            dims("pp=2", &|a| {
-                a.schedule = Some("1f1b".into());
-                a.microbatches = Some(4);
-            }),
-        ),
-        (
-            "pp2-1f1b-m1",
-            dims("pp=2", &|a| {
-                a.schedule = Some("1f1b".into());
-                a.microbatches = Some(1);
-            }),
-        ),
+        ("pp2-zbh1-m4", pp("zb-h1", 4)),
+        ("pp2-zbv-m4", pp("zb-v", 4)),
+        ("pp2-1f1b-m4", pp("1f1b", 4)),
+        ("pp2-1f1b-m1", pp("1f1b", 1)),
     ]
 }
 
