@@ -41,7 +41,8 @@
 //!
 //! `bench memory planner` lines (issue 18): the planner's bytes per rank for the same layout
 //! (`bonfire_plan::rank_memory`, on the fullest rank) against the steady peak, and its state
-//! against every rank's held bytes; offload is not a planner layout.
+//! against every rank's held bytes; offload is not a planner layout (only its state is
+//! compared).
 //!
 //! The budget lines (issue point 4): with `--budget` bytes per rank (default 1.1 GiB), which
 //! of DDP, ZeRO-3, TP=2 and PP=2 (1F1B) on the same 2 ranks fit, from their measured peaks.
@@ -56,7 +57,8 @@ use bonfire_examples::memory_formula::{FormulaBytes, formula, gpt_rank_params};
 use bonfire_examples::parallel::TokenBatch;
 use bonfire_examples::planner;
 use bonfire_examples::{Gpt, GptConfig, default_device};
-use bonfire_plan::{MemoryParts, Request, rank_memory, rank_shapes};
+use bonfire_plan::memory::state_bytes;
+use bonfire_plan::{Layout, MemoryParts, RankShape, Request, rank_memory, rank_shapes};
 use bonfire_train::{Launcher, OptimizerKind, ParallelDims, TrainError, Trainer};
 use burn::tensor::Device;
 use std::time::Instant;
@@ -342,16 +344,14 @@ fn report(case: &Case, run: &Run) -> (f64, usize) {
 
 /// The planner's line for `case` (issue 18): its bytes per rank ([`rank_memory`]: the larger
 /// of a backward's start and a gradient sum, on the fullest rank) against the fullest rank's
-/// steady peak, and every rank's state against what it held. `None` for a layout the planner
-/// does not search (offload).
+/// steady peak, and every rank's state against what it held; returns the peak ratio. Offload
+/// is not a planner layout (never searched): only its state is compared
+/// ([`state_bytes`] with the offload master), `modelled=state`, and `None` returned.
 fn planner_line(case: &Case, run: &Run) -> Option<f64> {
-    let Some(layout) = planner::from_dims(&case.dims) else {
-        println!(
-            "bench memory planner layout={} modelled=false reason=offload",
-            case.name
-        );
-        return None;
-    };
+    let offload = case.dims.offload;
+    let mut dims = case.dims.clone();
+    dims.offload = false;
+    let layout = planner::from_dims(&dims).expect("a layout the planner models");
     let spec = planner::gpt_spec(&CFG);
     let req = Request {
         global_batch: ROWS,
@@ -363,26 +363,43 @@ fn planner_line(case: &Case, run: &Run) -> Option<f64> {
     let parts: Vec<MemoryParts> = (0..layout.world())
         .map(|r| rank_memory(&spec, &req, &layout, &shapes, r / (layout.dp * layout.tp)))
         .collect();
-    let predicted = parts.iter().map(MemoryParts::total).fold(0.0, f64::max);
-    let steady = run.ranks.iter().map(|m| m.steady_peak).max().unwrap();
     let states: Vec<f64> = run
         .ranks
         .iter()
-        .zip(&parts)
-        .map(|(m, p)| m.held as f64 / p.state.total())
+        .zip(&shapes_of(&layout, &shapes))
+        .map(|(m, &psi)| {
+            let s = state_bytes(layout.zero, psi, layout.dp, layout.precision, offload);
+            m.held as f64 / s.total()
+        })
         .collect();
     let (lo, hi) = states
         .iter()
         .fold((f64::MAX, f64::MIN), |(a, b), &x| (a.min(x), b.max(x)));
-    let ratio = steady as f64 / predicted;
-    println!(
-        "bench memory planner layout={} precision={} ac={} modelled=true planner_bytes={predicted:.0} \
-         steady_peak_bytes={steady} peak_ratio={ratio:.4} state_ratio_min={lo:.4} state_ratio_max={hi:.4}",
+    let head = format!(
+        "bench memory planner layout={} precision={} ac={}",
         case.name,
         layout.precision.name(),
         if layout.recompute { "on" } else { "off" },
     );
+    if offload {
+        println!("{head} modelled=state state_ratio_min={lo:.4} state_ratio_max={hi:.4}");
+        return None;
+    }
+    let predicted = parts.iter().map(MemoryParts::total).fold(0.0, f64::max);
+    let steady = run.ranks.iter().map(|m| m.steady_peak).max().unwrap();
+    let ratio = steady as f64 / predicted;
+    println!(
+        "{head} modelled=true planner_bytes={predicted:.0} steady_peak_bytes={steady} \
+         peak_ratio={ratio:.4} state_ratio_min={lo:.4} state_ratio_max={hi:.4}"
+    );
     Some(ratio)
+}
+
+/// Every world rank's parameters before ZeRO under `layout` (its pipeline stage's).
+fn shapes_of(layout: &Layout, shapes: &[RankShape]) -> Vec<usize> {
+    (0..layout.world())
+        .map(|r| shapes[r / (layout.dp * layout.tp)].params)
+        .collect()
 }
 
 /// Issue point 4 at full scale: which of DDP, ZeRO-3, TP=2 and PP=2 fit `budget` per rank on

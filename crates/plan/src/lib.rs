@@ -53,8 +53,10 @@ pub mod time;
 
 pub use bytes::{format_bytes, parse_bytes};
 pub use cluster::{ClusterSpec, DeviceSpec, LinkSpec};
-pub use cost::{Estimate, MemoryParts, Request, estimate, rank_memory, rank_shapes};
+pub use cost::{
+    ChunkShape, Estimate, MemoryParts, RankShape, Request, estimate, rank_memory, rank_shapes,
+};
 pub use error::PlanError;
-pub use layout::{Layout, Precision, Schedule, ZeroStage};
+pub use layout::{Held, Layout, Precision, Schedule, ZeroStage};
 pub use model::{Arch, Attention, ModelSpec, PRESETS, stage_ranges};
 pub use search::{Plan, candidates, estimate_all, plan};
