@@ -212,6 +212,17 @@ pub fn rank_memory(
     let s = &shapes[r];
     let tokens = micro_batch_tokens(req, layout);
     let state = state_bytes(layout.zero, s.params, layout.dp, layout.precision, false);
+    // The DDP engine's running sums of earlier micro-batches' gradients, live at the peak in
+    // a pipeline's steady state (beside the reduced buckets the state counts).
+    let sums = match layout.schedule.filter(|_| layout.pp > 1) {
+        Some(schedule)
+            if layout.zero == ZeroStage::Z0
+                && schedule.sums_before_peak(layout.pp, layout.microbatches, r) =>
+        {
+            state.grads
+        }
+        _ => 0.0,
+    };
     // The gradient sums: the optimizer step (its copies of every gradient, no activation),
     // and after each pipeline chunk's backward its gradients' copies beside the other
     // micro-batches' activations.
@@ -237,7 +248,7 @@ pub fn rank_memory(
         state,
         peak_grads: gradients_at_peak(layout, &state),
         activations: activation_bytes(model, layout, &s.chunks, &held, tokens, req.seq),
-        transient: transient_bytes(model, layout, s.params),
+        transient: transient_bytes(model, layout, s.params) + sums,
         sum_transient,
         sum_activations,
     }

@@ -171,6 +171,22 @@ impl Schedule {
     }
 }
 
+impl Schedule {
+    /// Whether rank `rank`'s fullest moment comes after every chunk's gradients were summed
+    /// once, so that the running sums are live beside the held micro-batches: never under
+    /// GPipe (its forwards all precede the backwards); under 1F1B and interleaved once a
+    /// forward follows the first backward (`m > p − rank`); under ZB-H1 and ZB-V, whose sums
+    /// wait for W, from `m ≥ 2p − rank` (the generated programs' counts for p ≤ 4, m ≤ 16,
+    /// checked in `examples/tests/planner.rs`).
+    pub fn sums_before_peak(&self, p: usize, m: usize, rank: usize) -> bool {
+        match self {
+            Self::GPipe => false,
+            Self::OneFOneB | Self::Interleaved { .. } => m > p - rank,
+            Self::ZbH1 | Self::ZbV => m >= 2 * p - rank,
+        }
+    }
+}
+
 /// Micro-batches a pipeline rank keeps, per local chunk: `forwards` whose backward (B) has
 /// not run (every activation), and `weights` whose B ran and whose deferred W has not (the
 /// linear layers' inputs and output gradients).
