@@ -58,7 +58,7 @@ use bonfire_examples::parallel::TokenBatch;
 use bonfire_examples::planner;
 use bonfire_examples::{Gpt, GptConfig, default_device};
 use bonfire_plan::memory::state_bytes;
-use bonfire_plan::{Layout, MemoryParts, RankShape, Request, rank_memory, rank_shapes};
+use bonfire_plan::{MemoryParts, Request, rank_memory, rank_shapes};
 use bonfire_train::{Launcher, OptimizerKind, ParallelDims, TrainError, Trainer};
 use burn::tensor::Device;
 use std::time::Instant;
@@ -361,13 +361,14 @@ fn planner_line(case: &Case, run: &Run) -> Option<f64> {
     };
     let shapes = rank_shapes(&spec, &layout, SEQ);
     let parts: Vec<MemoryParts> = (0..layout.world())
-        .map(|r| rank_memory(&spec, &req, &layout, &shapes, r / (layout.dp * layout.tp)))
+        .map(|r| rank_memory(&spec, &req, &layout, &shapes, layout.pp_rank(r)))
         .collect();
     let states: Vec<f64> = run
         .ranks
         .iter()
-        .zip(&shapes_of(&layout, &shapes))
-        .map(|(m, &psi)| {
+        .enumerate()
+        .map(|(r, m)| {
+            let psi = shapes[layout.pp_rank(r)].params;
             let s = state_bytes(layout.zero, psi, layout.dp, layout.precision, offload);
             m.held as f64 / s.total()
         })
@@ -395,11 +396,29 @@ fn planner_line(case: &Case, run: &Run) -> Option<f64> {
     Some(ratio)
 }
 
-/// Every world rank's parameters before ZeRO under `layout` (its pipeline stage's).
-fn shapes_of(layout: &Layout, shapes: &[RankShape]) -> Vec<usize> {
-    (0..layout.world())
-        .map(|r| shapes[r / (layout.dp * layout.tp)].params)
-        .collect()
+/// Rows compared against a prediction: how many, how many within 10 %, and the worst.
+struct Tally {
+    rows: usize,
+    within: usize,
+    worst: (String, f64),
+}
+
+impl Tally {
+    /// No rows yet; `nobody` names the worst until a row is off 1.
+    fn new(nobody: &str) -> Self {
+        Self {
+            rows: 0,
+            within: 0,
+            worst: (nobody.into(), 1.0),
+        }
+    }
+    fn add(&mut self, name: &str, ratio: f64) {
+        self.rows += 1;
+        self.within += usize::from((ratio - 1.0).abs() <= 0.10);
+        if (ratio - 1.0).abs() > (self.worst.1 - 1.0).abs() {
+            self.worst = (name.to_string(), ratio);
+        }
+    }
 }
 
 /// Issue point 4 at full scale: which of DDP, ZeRO-3, TP=2 and PP=2 fit `budget` per rank on
@@ -456,9 +475,9 @@ fn main() {
         CFG.d_ff,
         CFG.num_params()
     );
-    let (mut rows, mut within, mut worst) = (0, 0, (String::new(), 1.0f64));
+    let mut formula_rows = Tally::new("");
+    let mut planned = Tally::new("none");
     let mut peaks = Vec::new();
-    let mut planned: Vec<(String, f64)> = Vec::new();
     let mut first = 0;
     for case in cases() {
         if !only.is_empty() && !only.iter().any(|o| case.name.contains(o.as_str())) {
@@ -468,42 +487,27 @@ fn main() {
         first += case.dims.world_size();
         let (ratio, peak) = report(&case, &measured);
         if let Some(r) = planner_line(&case, &measured) {
-            planned.push((case.name.clone(), r));
+            planned.add(&case.name, r);
         }
-        rows += 1;
-        within += usize::from((ratio - 1.0).abs() <= 0.10);
-        if (ratio - 1.0).abs() > (worst.1 - 1.0).abs() {
-            worst = (case.name.clone(), ratio);
-        }
+        formula_rows.add(&case.name, ratio);
         let plain = !case.dims.precision.is_mixed() && !case.dims.activation_checkpointing.is_on();
         if plain && case.dims.world_size() == 2 {
             peaks.push((case.name.clone(), peak));
         }
     }
     let (ddp_fits, others_fit) = budget_lines(budget, &peaks);
-    let worst_planned = planned.iter().fold(("none", 1.0f64), |w, (n, r)| {
-        if (r - 1.0).abs() > (w.1 - 1.0).abs() {
-            (n, *r)
-        } else {
-            w
-        }
-    });
     println!(
         "bench memory planner_summary rows={} within_10pct={} worst_layout={} worst_peak_ratio={:.4}",
-        planned.len(),
-        planned
-            .iter()
-            .filter(|(_, r)| (r - 1.0).abs() <= 0.10)
-            .count(),
-        worst_planned.0,
-        worst_planned.1
+        planned.rows, planned.within, planned.worst.0, planned.worst.1
     );
     println!(
-        "bench memory summary rows={rows} within_10pct={within} worst_layout={} \
+        "bench memory summary rows={} within_10pct={} worst_layout={} \
          worst_ratio={:.4} budget={budget} ddp_fits={ddp_fits} others_fit={others_fit} \
          elapsed_s={:.0}",
-        worst.0,
-        worst.1,
+        formula_rows.rows,
+        formula_rows.within,
+        formula_rows.worst.0,
+        formula_rows.worst.1,
         clock.elapsed().as_secs_f64()
     );
 }

@@ -197,7 +197,7 @@ fn predict(cluster: &ClusterSpec, req: &Request, name: &str, dims: &ParallelDims
     );
     let shapes = rank_shapes(&spec, &layout, SEQ);
     let ranks = (0..layout.world())
-        .map(|r| rank_memory(&spec, req, &layout, &shapes, r / (layout.dp * layout.tp)))
+        .map(|r| rank_memory(&spec, req, &layout, &shapes, layout.pp_rank(r)))
         .collect();
     Prediction {
         estimate: estimate(&spec, cluster, req, &layout, &shapes),

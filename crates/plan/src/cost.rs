@@ -205,40 +205,33 @@ pub fn rank_memory(
     shapes: &[RankShape],
     r: usize,
 ) -> MemoryParts {
-    let held = match layout.schedule.filter(|_| layout.pp > 1) {
-        Some(schedule) => schedule.held(layout.pp, layout.microbatches, r),
-        None => Held::single(),
-    };
+    let (p, m) = (layout.pp, layout.microbatches);
+    let schedule = layout.schedule.filter(|_| p > 1);
+    let held = schedule.map_or_else(Held::single, |sc| sc.held(p, m, r));
     let s = &shapes[r];
     let tokens = micro_batch_tokens(req, layout);
     let state = state_bytes(layout.zero, s.params, layout.dp, layout.precision, false);
     // The DDP engine's running sums of earlier micro-batches' gradients, live at the peak in
     // a pipeline's steady state (beside the reduced buckets the state counts).
-    let sums = match layout.schedule.filter(|_| layout.pp > 1) {
-        Some(schedule)
-            if layout.zero == ZeroStage::Z0
-                && schedule.sums_before_peak(layout.pp, layout.microbatches, r) =>
-        {
-            state.grads
-        }
+    let sums = match schedule {
+        Some(sc) if layout.zero == ZeroStage::Z0 && sc.sums_before_peak(p, m, r) => state.grads,
         _ => 0.0,
     };
     // The gradient sums: the optimizer step (its copies of every gradient, no activation),
-    // and after each pipeline chunk's backward its gradients' copies beside the other
+    // and, in a pipeline, after each chunk's backward its gradients' copies beside the other
     // micro-batches' activations.
     let (at_sum, at_step) = gradient_copy_bytes(layout, s.params, &state);
-    let summed = |c: usize| {
-        let share = s.chunks[c].params as f64 / s.params.max(1) as f64;
-        if layout.pp > 1 { at_sum * share } else { 0.0 }
+    let chunk_sums = if schedule.is_some() {
+        held.one_fewer()
+    } else {
+        Vec::new()
     };
-    let (sum_transient, sum_activations) = held
-        .one_fewer()
+    let (sum_transient, sum_activations) = chunk_sums
         .into_iter()
         .map(|(c, h)| {
-            (
-                summed(c),
-                held_bytes(model, layout, &s.chunks, &h, tokens, req.seq),
-            )
+            let share = s.chunks[c].params as f64 / s.params.max(1) as f64;
+            let others = held_bytes(model, layout, &s.chunks, &h, tokens, req.seq);
+            (at_sum * share, others)
         })
         .fold(
             (at_step, 0.0),

@@ -169,9 +169,7 @@ impl Schedule {
             }
         }
     }
-}
 
-impl Schedule {
     /// Whether rank `rank`'s fullest moment comes after every chunk's gradients were summed
     /// once, so that the running sums are live beside the held micro-batches: never under
     /// GPipe (its forwards all precede the backwards); under 1F1B and interleaved once a
@@ -269,6 +267,11 @@ impl Layout {
     /// Ranks the layout needs.
     pub fn world(&self) -> usize {
         self.dp * self.tp * self.pp
+    }
+
+    /// The pipeline rank of world rank `rank` on the `[pp, dp, tp]` mesh (tp innermost).
+    pub fn pp_rank(&self, rank: usize) -> usize {
+        rank / (self.dp * self.tp)
     }
 
     /// The pieces pipeline rank `pp_rank` runs, per local chunk (every piece in one chunk

@@ -198,8 +198,8 @@ pub const TP_GRADIENT_COPIES: f64 = 1.25;
 /// them and adds them to the held sums ([`SUM_GRADIENT_COPIES`] copies of its gradients in
 /// the param dtype, which autodiff produces — bf16 and f32 pipelines measured the same peak
 /// —, scaled by the caller to the chunk that ran), and its step packs the sums into buckets
-/// and reduces them ([`STEP_GRADIENT_COPIES`], in the reduce dtype). ZeRO's backward leaves whole, unreduced
-/// gradients that are flattened and reduce-scattered into the rank's shard
+/// and reduces them ([`STEP_GRADIENT_COPIES`], in the reduce dtype). ZeRO's backward leaves
+/// whole, unreduced gradients that are flattened and reduce-scattered into the rank's shard
 /// ([`ZERO_STEP_GRADIENT_COPIES`] of the whole gradients). All measured.
 pub fn gradient_copy_bytes(layout: &Layout, psi: usize, state: &FormulaBytes) -> (f64, f64) {
     match layout.zero {
