@@ -23,6 +23,9 @@ pub struct DeviceSpec {
     /// The fraction of peak a training step sustains (model FLOPs utilisation); 1.0 for a
     /// rate that was measured on this machine.
     pub efficiency: f64,
+    /// Seconds every kernel (operation) costs however little it computes: its launch and
+    /// the framework's dispatch. Paid per operation, per layer, per micro-batch.
+    pub launch: f64,
 }
 
 impl DeviceSpec {
@@ -38,6 +41,7 @@ impl DeviceSpec {
                 flops_bf16: 989e12,
                 mem_bw: 3.35e12,
                 efficiency: 0.5,
+                launch: GPU_LAUNCH,
             },
             "a100" => Self {
                 name: name.into(),
@@ -46,14 +50,16 @@ impl DeviceSpec {
                 flops_bf16: 312e12,
                 mem_bw: 2.039e12,
                 efficiency: 0.5,
+                launch: GPU_LAUNCH,
             },
             _ => return None,
         })
     }
 
     /// A CPU rank with a measured matrix-product rate `flops` (both dtypes: Bonfire's CPU
-    /// backend computes bf16 through f32), `memory` bytes and `mem_bw` bytes/s.
-    pub fn cpu(flops: f64, memory: usize, mem_bw: f64) -> Self {
+    /// backend computes bf16 through f32), `memory` bytes, `mem_bw` bytes/s and `launch`
+    /// seconds of fixed cost per operation.
+    pub fn cpu(flops: f64, memory: usize, mem_bw: f64, launch: f64) -> Self {
         Self {
             name: "cpu".into(),
             memory,
@@ -61,6 +67,7 @@ impl DeviceSpec {
             flops_bf16: flops,
             mem_bw,
             efficiency: 1.0,
+            launch,
         }
     }
 
@@ -75,7 +82,13 @@ impl DeviceSpec {
     }
 }
 
-/// A link between ranks: bandwidth per rank and direction, and latency per message.
+/// The fixed seconds of one GPU kernel (launch and dispatch): CUDA's launch overhead is
+/// a few µs (about 5 µs from the host, NVIDIA's CUDA graphs material), an eager framework's
+/// per-operation dispatch adds more; 5 µs is the low end.
+pub const GPU_LAUNCH: f64 = 5e-6;
+
+/// A link between ranks: bandwidth per rank and direction, latency per message, and the
+/// fixed cost of every call.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LinkSpec {
     pub name: String,
@@ -83,6 +96,11 @@ pub struct LinkSpec {
     pub bandwidth: f64,
     /// Seconds per message (a ring step).
     pub latency: f64,
+    /// Seconds every collective or point-to-point call costs beyond its ring steps (its
+    /// kernel's launch and the peers' handshake): NCCL's small-message times are 10–30 µs
+    /// inside a node (nccl-tests on DGX machines); 0 for a measured link, whose latency
+    /// was measured per call.
+    pub call: f64,
 }
 
 impl LinkSpec {
@@ -91,19 +109,20 @@ impl LinkSpec {
     /// `ethernet` (100 GbE: 12.5 GB/s), `shm` (rank threads of one process: a default to
     /// be replaced by a measured one).
     pub fn preset(name: &str) -> Option<Self> {
-        let (bandwidth, latency) = match name {
-            "nvlink" => (450e9, 3e-6),
-            "nvlink3" => (300e9, 3e-6),
-            "pcie" => (32e9, 10e-6),
-            "ib" => (50e9, 5e-6),
-            "ethernet" => (12.5e9, 30e-6),
-            "shm" => (5e9, 50e-6),
+        let (bandwidth, latency, call) = match name {
+            "nvlink" => (450e9, 3e-6, 10e-6),
+            "nvlink3" => (300e9, 3e-6, 10e-6),
+            "pcie" => (32e9, 10e-6, 10e-6),
+            "ib" => (50e9, 5e-6, 20e-6),
+            "ethernet" => (12.5e9, 30e-6, 20e-6),
+            "shm" => (5e9, 50e-6, 0.0),
             _ => return None,
         };
         Some(Self {
             name: name.into(),
             bandwidth,
             latency,
+            call,
         })
     }
 
@@ -113,6 +132,7 @@ impl LinkSpec {
             name: name.into(),
             bandwidth,
             latency,
+            call: 0.0,
         }
     }
 }
@@ -198,6 +218,7 @@ impl ClusterSpec {
                 flops_bf16: flops_bf16.unwrap_or(flops),
                 mem_bw: mem_bw.ok_or_else(|| f.error("mem_bw", "missing (a custom device)"))?,
                 efficiency: 1.0,
+                launch: GPU_LAUNCH,
             },
             (None, None) => {
                 return Err(f.error("device", "missing (a preset: h100, a100; or give `flops`)"));

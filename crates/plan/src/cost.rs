@@ -9,7 +9,9 @@ use crate::memory::{
     held_bytes, state_bytes, transient_bytes,
 };
 use crate::model::ModelSpec;
-use crate::time::{StepTime, all_gather, all_reduce, p2p};
+use crate::time::{
+    KERNELS_EMBEDDING, KERNELS_HEAD, KERNELS_PER_BLOCK, StepTime, all_gather, all_reduce, p2p,
+};
 
 /// What is trained: sequences per step, tokens per sequence, which precisions may be used,
 /// and the share of a device's memory a plan may fill.
@@ -256,12 +258,19 @@ fn step_time(
 ) -> StepTime {
     let m = layout.microbatches as f64;
     let rate = cluster.device.rate(layout.precision);
-    let per_mb = |s: &RankShape| {
+    let flops_mb = |s: &RankShape| {
         let recompute = if layout.recompute { s.block_flops } else { 0.0 };
         (3.0 * s.flops + recompute) * tokens / rate
     };
-    let t_mb = shapes.iter().map(per_mb).fold(0.0, f64::max);
-    let compute = m * t_mb;
+    let launch_mb = |s: &RankShape| kernels_per_micro_batch(layout, s) * cluster.device.launch;
+    let per_mb = |s: &RankShape| flops_mb(s) + launch_mb(s);
+    let slowest = shapes
+        .iter()
+        .max_by(|a, b| per_mb(a).total_cmp(&per_mb(b)))
+        .expect("at least one pipeline rank");
+    let t_mb = per_mb(slowest);
+    let compute = m * flops_mb(slowest);
+    let launch = m * launch_mb(slowest);
     // The fill and drain: with equal stages (p−1) micro-batch times over the schedule's
     // share of them (its bubble fraction β: idle = β/(1−β) of the compute); with unequal
     // ones every stage but the slowest passes once, `Σ t_r − t_max` in place of (p−1)·t.
@@ -294,9 +303,16 @@ fn step_time(
         0.0
     };
     let psi = shapes.iter().map(|s| s.params).max().unwrap_or(0) as f64;
-    let (dp_comm, dp_hidden, optimizer) = dp_and_optimizer(cluster, layout, psi, compute);
+    let head = |s: &RankShape| s.chunks.iter().any(|c| c.has_head);
+    let layers = shapes
+        .iter()
+        .map(|s| s.blocks + usize::from(s.has_embedding) + usize::from(head(s)))
+        .max();
+    let (dp_comm, dp_hidden, optimizer) =
+        dp_and_optimizer(cluster, layout, psi, layers.unwrap_or(1), compute + launch);
     StepTime {
         compute,
+        launch,
         bubble,
         tp_comm,
         pp_comm,
@@ -306,25 +322,55 @@ fn step_time(
     }
 }
 
+/// Kernels pipeline rank `s` launches for one micro-batch: its pieces' forward kernels
+/// ([`KERNELS_PER_BLOCK`], [`KERNELS_EMBEDDING`], [`KERNELS_HEAD`]), twice as many in
+/// backward, and the blocks' forward again when recomputing.
+fn kernels_per_micro_batch(layout: &Layout, s: &RankShape) -> f64 {
+    let blocks = s.blocks as f64 * KERNELS_PER_BLOCK;
+    let embedding = if s.has_embedding {
+        KERNELS_EMBEDDING
+    } else {
+        0.0
+    };
+    let head = if s.chunks.iter().any(|c| c.has_head) {
+        KERNELS_HEAD
+    } else {
+        0.0
+    };
+    let recompute = if layout.recompute { blocks } else { 0.0 };
+    3.0 * (blocks + embedding + head) + recompute
+}
+
+/// Gradients a data-parallel reduction call carries at most (PyTorch DDP's default bucket,
+/// 25 MiB): a rank's gradients take one call per bucket.
+pub const BUCKET_BYTES: f64 = 25.0 * 1024.0 * 1024.0;
+
+/// `cost` of `bytes` in calls of at most [`BUCKET_BYTES`] each.
+fn bucketed(bytes: f64, cost: impl Fn(f64) -> f64) -> f64 {
+    let calls = (bytes / BUCKET_BYTES).ceil().max(1.0);
+    calls * cost(bytes / calls)
+}
+
 /// Exposed and hidden data-parallel communication, and the optimizer step, for `psi`
-/// parameters a rank.
+/// parameters a rank in `layers` pieces (ZeRO-3 gathers each piece in its own call).
 fn dp_and_optimizer(
     cluster: &ClusterSpec,
     layout: &Layout,
     psi: f64,
+    layers: usize,
     compute: f64,
 ) -> (f64, f64, f64) {
     let (pb, rb, k) = bytes_per_param(layout.precision);
     let n = layout.dp;
     let link = cluster.group_link(n, layout.tp);
+    let gather = |bytes: f64| bucketed(bytes, |b| all_gather(b, n, link));
     let comm = match layout.zero {
-        ZeroStage::Z0 => all_reduce(psi * rb, n, link),
-        ZeroStage::Z1 | ZeroStage::Z2 => {
-            all_gather(psi * rb, n, link) + all_gather(psi * pb, n, link)
-        }
+        ZeroStage::Z0 => bucketed(psi * rb, |b| all_reduce(b, n, link)),
+        ZeroStage::Z1 | ZeroStage::Z2 => gather(psi * rb) + gather(psi * pb),
         ZeroStage::Z3 => {
             let gathers = if layout.recompute { 3.0 } else { 2.0 };
-            gathers * all_gather(psi * pb, n, link) + all_gather(psi * rb, n, link)
+            let per_layer = layers as f64 * all_gather(psi * pb / layers as f64, n, link);
+            gathers * per_layer.max(gather(psi * pb)) + gather(psi * rb)
         }
     };
     // ZeRO-3's gathers run beside forward and backward; the others' reductions beside

@@ -215,9 +215,10 @@ pub fn explain(
             top.memory.describe(),
         ),
         format!(
-            "time: {:.3} ms = compute {:.3} + bubble {:.3} + tp {:.3} + pp {:.3} + dp exposed {:.3} + optimizer {:.3}; bound by {}",
+            "time: {:.3} ms = compute {:.3} + kernel launches {:.3} + bubble {:.3} + tp {:.3} + pp {:.3} + dp exposed {:.3} + optimizer {:.3}; bound by {}",
             top.step_ms(),
             t.compute * 1e3,
+            t.launch * 1e3,
             t.bubble * 1e3,
             t.tp_comm * 1e3,
             t.pp_comm * 1e3,

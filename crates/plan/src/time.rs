@@ -1,33 +1,44 @@
 //! Step time. Collectives by the ring algorithm's α–β cost ([`all_reduce`],
-//! [`all_gather`] — reduce-scatter costs the same —, [`p2p`]) on the link a group crosses;
+//! [`all_gather`] — reduce-scatter costs the same —, [`p2p`]) on the link a group crosses,
+//! plus the link's fixed cost per call; fixed costs per kernel ([`KERNELS_PER_BLOCK`]);
 //! compute from FLOPs at the device's sustained rate; the pipeline's bubble by its schedule;
 //! data-parallel communication hidden behind backward up to the cluster's overlap fraction;
 //! the optimizer step bound by memory bandwidth.
 
 use crate::cluster::LinkSpec;
 
-/// Seconds for a ring all-reduce of `bytes` over `n` ranks: `2(n−1)/n · bytes/B + 2(n−1)·α`.
+/// Kernels one transformer block launches in a forward (norms, the four products and
+/// their biases, the heads' reshapes, scores, mask, softmax, the activation, residual adds:
+/// about 20 in an eager GPT block); backward launches twice as many.
+pub const KERNELS_PER_BLOCK: f64 = 20.0;
+/// Kernels the embeddings (lookups and their sum) and the head (norm, product, loss)
+/// launch in a forward.
+pub const KERNELS_EMBEDDING: f64 = 3.0;
+pub const KERNELS_HEAD: f64 = 5.0;
+
+/// Seconds for a ring all-reduce of `bytes` over `n` ranks in one call:
+/// `2(n−1)/n · bytes/B + 2(n−1)·α + c`.
 pub fn all_reduce(bytes: f64, n: usize, link: &LinkSpec) -> f64 {
     if n <= 1 {
         return 0.0;
     }
     let k = (n - 1) as f64;
-    2.0 * k / n as f64 * bytes / link.bandwidth + 2.0 * k * link.latency
+    2.0 * k / n as f64 * bytes / link.bandwidth + 2.0 * k * link.latency + link.call
 }
 
-/// Seconds for a ring all-gather (or reduce-scatter) whose whole result is `bytes`:
-/// `(n−1)/n · bytes/B + (n−1)·α`.
+/// Seconds for a ring all-gather (or reduce-scatter) whose whole result is `bytes`, in one
+/// call: `(n−1)/n · bytes/B + (n−1)·α + c`.
 pub fn all_gather(bytes: f64, n: usize, link: &LinkSpec) -> f64 {
     if n <= 1 {
         return 0.0;
     }
     let k = (n - 1) as f64;
-    k / n as f64 * bytes / link.bandwidth + k * link.latency
+    k / n as f64 * bytes / link.bandwidth + k * link.latency + link.call
 }
 
-/// Seconds to send `bytes` to one peer.
+/// Seconds to send `bytes` to one peer: `bytes/B + α + c`.
 pub fn p2p(bytes: f64, link: &LinkSpec) -> f64 {
-    bytes / link.bandwidth + link.latency
+    bytes / link.bandwidth + link.latency + link.call
 }
 
 /// A step's predicted time, by part, seconds.
@@ -35,6 +46,8 @@ pub fn p2p(bytes: f64, link: &LinkSpec) -> f64 {
 pub struct StepTime {
     /// Forward, backward and recomputation of the slowest pipeline rank, all micro-batches.
     pub compute: f64,
+    /// The fixed cost of the kernels those launch (per kernel, per micro-batch).
+    pub launch: f64,
     /// Idle time of the pipeline's fill and drain.
     pub bubble: f64,
     /// Tensor-parallel collectives (on the critical path).
@@ -52,13 +65,20 @@ pub struct StepTime {
 
 impl StepTime {
     pub fn total(&self) -> f64 {
-        self.compute + self.bubble + self.tp_comm + self.pp_comm + self.dp_comm + self.optimizer
+        self.compute
+            + self.launch
+            + self.bubble
+            + self.tp_comm
+            + self.pp_comm
+            + self.dp_comm
+            + self.optimizer
     }
 
     /// The largest part's name and seconds.
     pub fn bound(&self) -> (&'static str, f64) {
         [
             ("compute", self.compute),
+            ("kernel launches", self.launch),
             ("pipeline bubble", self.bubble),
             ("tensor-parallel communication", self.tp_comm),
             ("pipeline communication", self.pp_comm),

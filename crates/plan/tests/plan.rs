@@ -1,7 +1,9 @@
 //! The planner's own checks (no machine measured here; `examples/tests/planner.rs` holds the
 //! predictions against the allocator and the clock): the presets' sizes, the formula, the
-//! schedules' bubble and placement, the rules of thumb the ranking must reproduce, an
-//! infeasible request, and bad descriptions failing with one error naming the field.
+//! schedules' bubble and placement, the rules of thumb the ranking must reproduce (a tiny
+//! model is not pipelined once kernels and calls cost their fixed time; the published
+//! Llama 3 layouts), an infeasible request, and bad descriptions failing with one error
+//! naming the field.
 
 use bonfire_plan::MemoryParts;
 use bonfire_plan::memory::{
@@ -164,6 +166,50 @@ fn a_model_that_fits_one_device_trains_data_parallel() {
         "{:?}",
         p.why
     );
+}
+
+/// Issue 26: the 5 M-parameter bench GPT at a global batch of 64 on one 8 × H100 node trains
+/// plain data parallel. Without fixed costs per kernel and per call the planner chose
+/// dp = 4 × pp = 2 ZB-H1 at a predicted 0.098 ms a step (2 × 0.02 ms of FLOPs a
+/// micro-batch, nothing for the ~260 kernels each one launches).
+#[test]
+fn a_tiny_model_is_not_pipelined() {
+    let p = plan_one_h100_node("gpt-bench", 64, 128);
+    let top = &p.ranked[0];
+    let l = &top.layout;
+    assert_eq!((l.dp, l.tp, l.pp), (8, 1, 1), "{l}");
+    // Kernel launches bound it: 3 × (4 blocks × 20 + 3 + 5) kernels of 5 µs.
+    let launch = 3.0 * (4.0 * 20.0 + 3.0 + 5.0) * 5e-6;
+    assert!((top.time.launch - launch).abs() < 1e-9, "{:?}", top.time);
+    assert_eq!(top.time.bound().0, "kernel launches", "{:?}", top.time);
+    // The best pipeline costs at least its micro-batches' launches and sends on top.
+    let pipelined = p
+        .ranked
+        .iter()
+        .find(|e| e.layout.pp > 1)
+        .expect("a pipeline");
+    assert!(
+        pipelined.step_ms() > 1.1 * top.step_ms(),
+        "{} at {:.3} ms vs {:.3}",
+        pipelined.layout,
+        pipelined.step_ms(),
+        top.step_ms()
+    );
+}
+
+/// A published choice reproduced: Llama 3 405B on 16,384 H100s (2048 nodes of 8), a batch
+/// of 2048 sequences of 8192 tokens, trained with tp 8, pp 16, dp 128 (Dubey et al. 2024,
+/// Table 4).
+#[test]
+fn llama3_405b_on_16k_h100_is_tp8_pp16_dp128() {
+    let p = plan(
+        &ModelSpec::preset("llama3-405b").unwrap(),
+        &cluster(2048, 8, "h100", "nvlink", "ib"),
+        &bf16(2048, 8192),
+    )
+    .unwrap();
+    let top = &p.ranked[0].layout;
+    assert_eq!((top.tp, top.pp, top.dp), (8, 16, 128), "{top}");
 }
 
 #[test]
