@@ -49,7 +49,7 @@ use burn::backend::{
 };
 use burn::module::{Module, ModuleMapper, ModuleVisitor, Param, ParamId};
 use burn::tensor::{DispatchTensor, GradientCheckpointingStrategy, Gradients, Shape, Tensor};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::cell::Cell;
 use std::sync::{Arc, Mutex};
 
 /// Burn backends that can checkpoint a region (`Flex`, `Autodiff<B>`, and `Cube` with the
@@ -132,12 +132,17 @@ impl std::fmt::Debug for dyn Recompute {
     }
 }
 
-static RECOMPUTATIONS: AtomicU64 = AtomicU64::new(0);
+thread_local! {
+    static RECOMPUTATIONS: Cell<u64> = const { Cell::new(0) };
+}
 
-/// How many regions have been recomputed in backward in this process so far (every rank
-/// thread counts): tests use it to see that checkpointing is on.
+/// How many regions have been recomputed in backward **on this thread** so far: tests use
+/// it to see that checkpointing is on. The recomputation runs inside backward, on the thread
+/// that called `backward()` (a rank's thread), so a test reads it on its rank threads — the
+/// difference between a read before and one after its own work — and sums over them; tests
+/// running beside it on other threads cannot add to it.
 pub fn recomputations() -> u64 {
-    RECOMPUTATIONS.load(Ordering::Relaxed)
+    RECOMPUTATIONS.with(Cell::get)
 }
 
 /// `f(module, x)`, with its activations recomputed in backward instead of kept (see the
@@ -345,7 +350,7 @@ impl<M: Module + 'static, const D: usize> Recompute for Region<M, D> {
         values: Vec<DispatchTensor>,
         grad: DispatchTensor,
     ) -> (DispatchTensor, Vec<Option<DispatchTensor>>) {
-        RECOMPUTATIONS.fetch_add(1, Ordering::Relaxed);
+        RECOMPUTATIONS.with(|n| n.set(n.get() + 1));
         let x = with_autodiff(Tensor::<D>::from_dispatch(x), self.strategy).require_grad();
         let (module, taps) = self.filled(values, Leaves::Tracked);
         let y = without_layer_hooks(|| (self.f)(&module, x.clone()));

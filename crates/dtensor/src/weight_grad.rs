@@ -36,8 +36,7 @@ use burn::backend::{
     Autodiff, Backend, BackendTensor, DispatchKindConversion, Flex, backend_extension,
 };
 use burn::tensor::{DispatchTensor, Gradients, Tensor};
-use std::cell::RefCell;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::cell::{Cell, RefCell};
 use std::sync::{Arc, Mutex};
 
 /// Burn backends that can keep a gradient for a deferred weight gradient (`Flex`,
@@ -139,12 +138,18 @@ thread_local! {
     static QUEUE: RefCell<Option<Vec<Deferred>>> = const { RefCell::new(None) };
 }
 
-static APPLIED: AtomicU64 = AtomicU64::new(0);
+thread_local! {
+    /// How many deferred weight gradients [`WeightGrads::apply`] computed on this thread.
+    static APPLIED: Cell<u64> = const { Cell::new(0) };
+}
 
-/// How many deferred weight gradients [`WeightGrads::apply`] has computed in this process so
-/// far (every rank thread counts): tests use it to see that the split is real.
+/// How many deferred weight gradients [`WeightGrads::apply`] has computed **on this thread**
+/// so far: tests use it to see that the split is real. A pipeline stage runs its "W" steps
+/// on its rank's thread, so a test reads it there — the difference between a read before and
+/// one after its own work — and sums over its ranks; tests running beside it on other
+/// threads cannot add to it.
 pub fn applied() -> u64 {
-    APPLIED.load(Ordering::Relaxed)
+    APPLIED.with(Cell::get)
 }
 
 /// The weight gradients a forward run in [`deferring`] left for later: each linear layer's
@@ -188,7 +193,7 @@ impl WeightGrads {
             weight.grad_replace(grads, dw);
             n += 1;
         }
-        APPLIED.fetch_add(n as u64, Ordering::Relaxed);
+        APPLIED.with(|a| a.set(a.get() + n as u64));
         n
     }
 }

@@ -148,9 +148,38 @@ fn checkpoint_recomputes_the_region_in_backward() {
     let loss = y.sum();
     let grads = loss.backward();
     assert_eq!(calls.load(Ordering::Relaxed), 2, "backward runs it again");
-    assert!(recomputations() > before);
+    assert_eq!(recomputations(), before + 1, "this thread's one region");
     assert!(x.grad(&grads).is_some());
     assert!(m.fc1.weight.val().grad(&grads).is_some());
+}
+
+/// `recomputations` counts per thread: work that recomputes nothing reads 0, even while a
+/// region is recomputed on another thread meanwhile (a test beside it in the same binary).
+#[test]
+fn recomputations_count_only_this_threads_backward() {
+    let before = recomputations();
+    let beside = std::thread::spawn(|| {
+        let device = Device::flex().autodiff();
+        device.seed(1);
+        let m = Mlp::new(&device);
+        let x = tensor(2, [2, 4], &device).require_grad();
+        let start = recomputations();
+        let _ = checkpoint(&m, x, block).sum().backward();
+        recomputations() - start
+    })
+    .join()
+    .unwrap();
+    assert_eq!(beside, 1, "the other thread recomputed its region");
+    let device = Device::flex().autodiff();
+    device.seed(1);
+    let m = Mlp::new(&device);
+    let x = tensor(2, [2, 4], &device).require_grad();
+    let _ = block(&m, x).sum().backward();
+    assert_eq!(
+        recomputations(),
+        before,
+        "no recomputation of this thread's own"
+    );
 }
 
 #[test]

@@ -1,5 +1,5 @@
 //! Pipelined training equals single-device training: losses and parameters after 3 SGD steps
-//! agree within 1e-5 relative (absolute floor 1e-6), for pp = 2 and 4, every schedule, and
+//! agree within 1e-5 relative (absolute floor 1e-7), for pp = 2 and 4, every schedule, and
 //! micro-batch counts m = 1 (< p), 3 (not a multiple of p; uneven micro-batches 3/3/2), 4, 8.
 //! The zero-bubble schedules compute every linear weight gradient in their "W" steps.
 
@@ -17,14 +17,12 @@ fn want() -> &'static Outcome {
 fn parity(kind: ScheduleKind, p: usize) {
     for m in [1, 3, 4, 8] {
         let schedule = kind.generate(p, m);
-        let before = bonfire_dtensor::weight_grad::applied();
-        let got = pipelined(&schedule);
+        let (got, deferred) = pipelined_counting_w(&schedule);
         assert_close(&got, want(), &format!("{} p={p} m={m}", kind.name()));
         if matches!(kind, ScheduleKind::ZbH1 | ScheduleKind::ZbV) {
             // The zero-bubble schedules computed their weight gradients in "W" steps (all
             // but the first block's: its input is data, untracked, so its weight gradient is
-            // the only one its backward has, and stays in B).
-            let deferred = bonfire_dtensor::weight_grad::applied() - before;
+            // the only one its backward has, and stays in B), counted on this run's ranks.
             assert!(
                 deferred >= ((BLOCKS - 1) * STEPS * m) as u64,
                 "{} deferred {deferred}",

@@ -245,16 +245,27 @@ fn collect(results: Vec<RankOut>, blocks_per_stage: usize) -> Outcome {
 
 /// Pipelined training with `schedule` on its ranks.
 pub fn pipelined(schedule: &Schedule) -> Outcome {
+    pipelined_counting_w(schedule).0
+}
+
+/// [`pipelined`], with how many deferred weight gradients its ranks computed in "W" steps
+/// (`bonfire_dtensor::weight_grad::applied`, read on each rank's thread around its own work
+/// and summed: tests running beside it cannot add to it).
+pub fn pipelined_counting_w(schedule: &Schedule) -> (Outcome, u64) {
     let results = world(schedule.ranks(), |pg| {
-        train_rank(
+        let before = bonfire_dtensor::weight_grad::applied();
+        let out = train_rank(
             &DeviceMesh::one_d(&pg, "pp").unwrap(),
             None,
             schedule,
             0..ROWS,
             false,
-        )
+        );
+        (out, bonfire_dtensor::weight_grad::applied() - before)
     });
-    collect(results, BLOCKS / schedule.stages())
+    let applied = results.iter().map(|(_, n)| n).sum();
+    let outs = results.into_iter().map(|(out, _)| out).collect();
+    (collect(outs, BLOCKS / schedule.stages()), applied)
 }
 
 /// Like [`pipelined`], but weighting every micro-batch's mean loss by `1/m` even when the
@@ -307,8 +318,9 @@ pub fn pipelined_dp(schedule: &Schedule, dp: usize) -> Outcome {
     a
 }
 
-/// The tolerance of every comparison: `|a − b| ≤ 1e-5·max(|a|, |b|) + 1e-6`.
-const TOL: Tolerance = Tolerance::new(1e-5, 1e-6);
+/// The tolerance of every comparison: `|a − b| ≤ 1e-5·max(|a|, |b|) + 1e-7`, the parity
+/// suites' rule after SGD (the largest difference measured: 6e-8).
+const TOL: Tolerance = Tolerance::new(1e-5, 1e-7);
 
 /// Every loss and parameter, flattened in order.
 fn flat(o: &Outcome) -> Vec<f32> {
@@ -325,5 +337,6 @@ pub fn is_close(got: &Outcome, want: &Outcome) -> bool {
 /// Asserts every loss and parameter agrees within the tolerance.
 pub fn assert_close(got: &Outcome, want: &Outcome, what: &str) {
     assert_eq!(got.params.len(), want.params.len(), "{what}: blocks");
-    check_close(what, &flat(got), &flat(want), TOL);
+    let c = check_close(what, &flat(got), &flat(want), TOL);
+    println!("parity {what}: {c}");
 }
