@@ -130,6 +130,50 @@ pub fn train(
     steps: usize,
     lr: f64,
 ) -> Result<HarnessResult, String> {
+    train_recorded(model, batches, dims, optim, steps, lr).map(|(result, _)| result)
+}
+
+/// What one rank thread did during a [`train_recorded`] run, read on that thread (so that
+/// runs beside it in the same process do not count): the dtypes its layers and reductions
+/// ran in, the activation-checkpointed regions it recomputed in backward, the deferred
+/// weight gradients it computed in "W" steps.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RankRecord {
+    pub precision: bonfire_dtensor::precision::observe::Observed,
+    pub recomputations: u64,
+    pub weight_grads: u64,
+}
+
+impl RankRecord {
+    /// This thread's counts so far.
+    fn now() -> Self {
+        Self {
+            precision: bonfire_dtensor::precision::observe::observed(),
+            recomputations: bonfire_dtensor::checkpoint::recomputations(),
+            weight_grads: bonfire_dtensor::weight_grad::applied(),
+        }
+    }
+
+    /// What this thread did since `earlier`.
+    fn since(earlier: &Self) -> Self {
+        let now = Self::now();
+        Self {
+            precision: now.precision.since(&earlier.precision),
+            recomputations: now.recomputations - earlier.recomputations,
+            weight_grads: now.weight_grads - earlier.weight_grads,
+        }
+    }
+}
+
+/// [`train`], with each rank's [`RankRecord`] of the run (in rank order).
+pub fn train_recorded(
+    model: &Gpt,
+    batches: &data::Batches,
+    dims: &ParallelDims,
+    optim: OptimizerKind,
+    steps: usize,
+    lr: f64,
+) -> Result<(HarnessResult, Vec<RankRecord>), String> {
     let trainer = Trainer::new(dims.clone(), move || optim.build());
     let data = |s: usize, device: &Device| batches.rows(s, 0, batches.batch, device);
     let first = data(0, &default_device());
@@ -138,7 +182,8 @@ pub fn train(
         .map_err(|e| e.to_string())?;
     let ranks = dims.world_size();
     let outcomes = Launcher::Threads { ranks }
-        .run("parity", |pg| -> Result<HarnessResult, TrainError> {
+        .run("parity", |pg| -> Result<_, TrainError> {
+            let start = RankRecord::now();
             let mut engine = trainer.build(model.clone(), &pg, &first)?;
             let mut grads = FirstGradients::default();
             let reports = fit(
@@ -148,21 +193,25 @@ pub fn train(
                 &mut grads,
             )?;
             let params = engine.parameters()?;
-            Ok(HarnessResult {
+            let result = HarnessResult {
                 params: params
                     .into_iter()
                     .map(|p| (p.path, (p.shape, p.values)))
                     .collect(),
                 grad0: grads.0.into_iter().map(|p| (p.path, p.values)).collect(),
                 losses: reports.iter().map(|r| r.loss).collect(),
-            })
+            };
+            Ok((result, RankRecord::since(&start)))
         })
         .map_err(|e| e.to_string())?;
-    outcomes
-        .into_iter()
-        .next()
-        .expect("rank 0")
-        .map_err(|e| e.to_string())
+    let mut result = None;
+    let mut records = Vec::with_capacity(ranks);
+    for outcome in outcomes {
+        let (r, record) = outcome.map_err(|e| e.to_string())?;
+        result.get_or_insert(r);
+        records.push(record);
+    }
+    Ok((result.expect("rank 0"), records))
 }
 
 /// Reads a result file back (for comparisons).

@@ -10,10 +10,9 @@
 mod common;
 
 use bonfire_comm::testing::Tolerance;
-use bonfire_dtensor::checkpoint::recomputations;
 use bonfire_examples::cli::LayoutArgs;
 use bonfire_examples::data::Batches;
-use bonfire_examples::harness::HarnessResult;
+use bonfire_examples::harness::{self, HarnessResult, RankRecord};
 use bonfire_examples::{Gpt, GptConfig, default_device};
 use bonfire_train::{
     ActivationCheckpointing, LayoutError, MixedPrecision, OptimizerKind, ParallelDims,
@@ -87,36 +86,51 @@ fn check(cases: &[LayoutArgs]) {
             OptimizerKind::Sgd => common::SGD,
             OptimizerKind::AdamW => common::adamw(common::gpt_lr(optim)),
         };
-        let train =
-            |dims: &ParallelDims| common::train_layout(&f.model, &f.batches, dims, optim, STEPS);
+        let train = |dims: &ParallelDims| {
+            let lr = common::gpt_lr(optim);
+            harness::train_recorded(&f.model, &f.batches, dims, optim, STEPS, lr)
+                .unwrap_or_else(|e| panic!("{dims} {}: {e}", optim.name()))
+        };
         for case in cases {
             let off = case.dims("dp=1").unwrap();
-            let plain = train(&off);
+            let (plain, ranks) = train(&off);
             let what = format!("{off} {}", optim.name());
             let closeness = common::assert_same_run(&what, &plain, &f.reference[k], tol);
             println!("parity {what}: {closeness}");
+            // This run's own ranks recomputed nothing, whatever runs beside it.
+            let ran: Vec<u64> = ranks.iter().map(|r| r.recomputations).collect();
+            assert!(
+                ran.iter().all(|&n| n == 0),
+                "{what}: {ran:?} recomputations"
+            );
             for every in [1, 2] {
                 let dims = off
                     .clone()
                     .with_activation_checkpointing(ActivationCheckpointing::Every(every));
-                let (before, start) = (recomputations(), Instant::now());
-                let got = train(&dims);
+                let start = Instant::now();
+                let (got, ranks) = train(&dims);
                 let what = format!("{dims} {}", optim.name());
                 common::assert_same_run(&what, &got, &plain, SAME);
-                // At least each checkpointed block once per step (on some rank).
-                let blocks = cfg().n_layers.div_ceil(every);
-                let ran = recomputations() - before;
-                assert!(
-                    ran >= (blocks * STEPS) as u64,
-                    "{what}: {ran} recomputations"
-                );
-                println!(
-                    "{what}: identical, {ran} recomputations, {:?}",
-                    start.elapsed()
-                );
+                assert_recomputed(&what, &dims, every, &ranks);
+                println!("{what}: identical, {:?}", start.elapsed());
             }
         }
     }
+}
+
+/// Each checkpointed block recomputed exactly once per micro-batch and step by each of its
+/// replicas (the dp × tp ranks of its pipeline stage), counted on this run's rank threads
+/// (`recomputations` counts per thread), every rank taking part.
+fn assert_recomputed(what: &str, dims: &ParallelDims, every: usize, ranks: &[RankRecord]) {
+    let blocks = cfg().n_layers.div_ceil(every);
+    let replicas = dims.world_size() / dims.pp();
+    let want = replicas * blocks * STEPS * dims.microbatches();
+    let ran: Vec<u64> = ranks.iter().map(|r| r.recomputations).collect();
+    assert_eq!(ran.len(), dims.world_size(), "{what}: one record per rank");
+    assert!(ran.iter().all(|&n| n > 0), "{what}: {ran:?} recomputations");
+    let total: u64 = ran.iter().sum();
+    assert_eq!(total, want as u64, "{what}: {ran:?} recomputations");
+    println!("{what}: {ran:?} recomputations per rank");
 }
 
 #[test]
@@ -162,9 +176,19 @@ fn mixed_precision_with_checkpointing() {
             .clone()
             .with_activation_checkpointing(ActivationCheckpointing::Every(1));
         let optim = OptimizerKind::AdamW;
-        let [plain, got] =
-            [&off, &on].map(|dims| common::train_layout(&f.model, &f.batches, dims, optim, STEPS));
+        let [(plain, _), (got, ranks)] = [&off, &on].map(|dims| {
+            harness::train_recorded(
+                &f.model,
+                &f.batches,
+                dims,
+                optim,
+                STEPS,
+                common::gpt_lr(optim),
+            )
+            .unwrap()
+        });
         common::assert_same_run(&format!("{on}"), &got, &plain, SAME);
+        assert_recomputed(&format!("{on}"), &on, 1, &ranks);
     }
 }
 

@@ -107,6 +107,7 @@ impl Reducer {
             })
             .collect();
         let bucket = bonfire_kernels::pack_scaled(&parts, 1.0);
+        bonfire_dtensor::precision::observe::observer().reduced(bucket.dtype());
         if self.record {
             self.launches[b] = crate::timing::now();
         }

@@ -9,6 +9,10 @@
 //! updated master is cast back to `param_dtype`. With ZeRO the master and the state are
 //! sharded like the optimizer state (the ZeRO paper's K = 12 bytes per parameter for Adam:
 //! master, momentum, variance).
+//!
+//! [`observe`] records per rank thread what the layers and reductions really ran in.
+
+pub mod observe;
 
 use burn::module::{Module, ModuleMapper, Param};
 use burn::tensor::{DType, Tensor};

@@ -174,10 +174,14 @@ impl GatherPlan {
             param_dtype,
             reduce_dtype,
         } = self.precision;
+        // This rank's record, also when a helper thread prefetches.
+        let record = bonfire_dtensor::precision::observe::observer();
         move || {
             // Cast to the param dtype inside the recomputable gather: a cast after it would
             // be a compute-bound op whose half-precision output Burn keeps until backward.
             let piece = piece.cast(reduce_dtype);
+            // The backward reduce-scatters the gradient in the gather's input dtype.
+            record.reduced(piece.dtype());
             let out = (param_dtype != reduce_dtype).then_some(param_dtype);
             bonfire_dtensor::functional::all_gather_recomputable_as(piece, &pg, 0, &padded, out)
                 .unwrap_or_else(|e| panic!("bonfire-zero: stage-3 all-gather failed: {e}"))

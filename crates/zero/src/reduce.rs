@@ -165,6 +165,7 @@ impl GradBuckets {
             self.launched[k] = true;
             let range = self.bounds[k].clone();
             let bucket = self.pack(k);
+            bonfire_dtensor::precision::observe::observer().reduced(bucket.dtype());
             let counts = self.part.sub_counts(&range);
             let own_start = self.part.ranges[self.pg.rank()].start;
             let at = own_start.max(range.start).saturating_sub(own_start);

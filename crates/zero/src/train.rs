@@ -105,6 +105,7 @@ impl<M: Module> Zero<M> {
                     })
                     .collect();
                 let mut flat = bonfire_kernels::pack_scaled(&parts, 1.0);
+                bonfire_dtensor::precision::observe::observer().reduced(flat.dtype());
                 if self.pg.size() > 1 {
                     flat = plane::all_reduce(flat, ReduceOp::Avg, &self.pg)?;
                 }

@@ -30,7 +30,7 @@ use burn::module::{
     Content, Devices, Module, ModuleDisplay, ModuleDisplayDefault, ModuleMapper, ModuleVisitor,
     Param,
 };
-use burn::tensor::{Device, Distribution, Int, Tensor};
+use burn::tensor::{DType, Device, Distribution, Int, Tensor};
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -190,6 +190,14 @@ impl LayerKind {
     }
 }
 
+/// Records, on this thread, the dtypes a layer's `forward` computes with: its float input
+/// and its parameter values (see [`crate::precision::observe`]).
+fn observe<const N: usize>(input: Option<DType>, params: [Option<DType>; N]) {
+    let record = crate::precision::observe::observer();
+    input.into_iter().for_each(|d| record.activation(d));
+    params.into_iter().flatten().for_each(|d| record.param(d));
+}
+
 // ---------------------------------------------------------------------------------------
 // Linear
 // ---------------------------------------------------------------------------------------
@@ -230,6 +238,8 @@ impl ParallelLinear {
 
     /// The layer on `x` `[..., in]` (or this rank's input shard, per the applied style).
     pub fn forward<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
+        let bias_dtype = self.bias.as_ref().map(|b| b.val().dtype());
+        observe(Some(x.dtype()), [Some(self.weight.val().dtype()), bias_dtype]);
         let bias = |b: Tensor<1>| b.unsqueeze::<D>();
         let Some(state) = self.key.state() else {
             let y = self.matmul(x);
@@ -324,6 +334,7 @@ impl ParallelEmbedding {
 
     /// Rows for `ids` `[B, T]` → `[B, T, d]` (or this rank's share, per the applied style).
     pub fn forward(&self, ids: Tensor<2, Int>) -> Tensor<3> {
+        observe(None, [Some(self.weight.val().dtype())]);
         let Some(state) = self.key.state() else {
             return Self::lookup(self.weight.val(), ids);
         };
@@ -416,6 +427,8 @@ impl ParallelLayerNorm {
     }
 
     pub fn forward<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
+        let params = [&self.weight, &self.bias].map(|p| Some(p.val().dtype()));
+        observe(Some(x.dtype()), params);
         let (var, mean) = x.clone().var_mean_bias(D - 1);
         let normed = (x - mean) / (var + self.eps).sqrt();
         normed * norm_param::<D>(&self.key, self.weight.val())
@@ -447,6 +460,7 @@ impl ParallelRmsNorm {
     }
 
     pub fn forward<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
+        observe(Some(x.dtype()), [Some(self.weight.val().dtype())]);
         let rms = (x.clone().powi_scalar(2).mean_dim(D - 1) + self.eps).sqrt();
         x / rms * norm_param::<D>(&self.key, self.weight.val())
     }
