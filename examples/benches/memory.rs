@@ -42,7 +42,9 @@
 //! `bench memory planner` lines (issue 18): the planner's bytes per rank for the same layout
 //! (`bonfire_plan::rank_memory`, on the fullest rank) against the steady peak, and its state
 //! against every rank's held bytes; offload is not a planner layout (only its state is
-//! compared).
+//! compared). A row whose peak or any rank's state leaves the band (`PLANNER_BAND`, 10 %)
+//! makes the bench exit with status 1 after every row is printed, naming the rows
+//! (`bench memory planner_out_of_band layout=…`).
 //!
 //! The budget lines (issue point 4): with `--budget` bytes per rank (default 1.1 GiB), which
 //! of DDP, ZeRO-3, TP=2 and PP=2 (1F1B) on the same 2 ranks fit, from their measured peaks.
@@ -77,6 +79,9 @@ const CFG: GptConfig = GptConfig {
 const ROWS: usize = 4;
 const SEQ: usize = 32;
 const LR: f64 = 1e-4;
+/// The band the planner's bytes must keep around the measured ones (peak and every rank's
+/// state): what `docs/planner.md` states for these rows.
+const PLANNER_BAND: f64 = 0.10;
 
 /// The global batch of `step`.
 fn batch(step: usize, device: &Device) -> TokenBatch {
@@ -346,8 +351,9 @@ fn report(case: &Case, run: &Run) -> (f64, usize) {
 /// of a backward's start and a gradient sum, on the fullest rank) against the fullest rank's
 /// steady peak, and every rank's state against what it held; returns the peak ratio. Offload
 /// is not a planner layout (never searched): only its state is compared
-/// ([`state_bytes`] with the offload master), `modelled=state`, and `None` returned.
-fn planner_line(case: &Case, run: &Run) -> Option<f64> {
+/// ([`state_bytes`] with the offload master), `modelled=state`, and `None` returned. Every
+/// figure outside [`PLANNER_BAND`] is added to `misses`, naming the row.
+fn planner_line(case: &Case, run: &Run, misses: &mut Vec<String>) -> Option<f64> {
     let offload = case.dims.offload;
     let mut dims = case.dims.clone();
     dims.offload = false;
@@ -382,6 +388,13 @@ fn planner_line(case: &Case, run: &Run) -> Option<f64> {
         layout.precision.name(),
         if layout.recompute { "on" } else { "off" },
     );
+    let out = |r: f64| !r.is_finite() || (r - 1.0).abs() > PLANNER_BAND;
+    if states.iter().any(|&r| out(r)) {
+        misses.push(format!(
+            "layout={} state_ratio_min={lo:.4} state_ratio_max={hi:.4}",
+            case.name
+        ));
+    }
     if offload {
         println!("{head} modelled=state state_ratio_min={lo:.4} state_ratio_max={hi:.4}");
         return None;
@@ -389,6 +402,9 @@ fn planner_line(case: &Case, run: &Run) -> Option<f64> {
     let predicted = parts.iter().map(MemoryParts::total).fold(0.0, f64::max);
     let steady = run.ranks.iter().map(|m| m.steady_peak).max().unwrap();
     let ratio = steady as f64 / predicted;
+    if out(ratio) {
+        misses.push(format!("layout={} peak_ratio={ratio:.4}", case.name));
+    }
     println!(
         "{head} modelled=true planner_bytes={predicted:.0} steady_peak_bytes={steady} \
          peak_ratio={ratio:.4} state_ratio_min={lo:.4} state_ratio_max={hi:.4}"
@@ -477,6 +493,7 @@ fn main() {
     );
     let mut formula_rows = Tally::new("");
     let mut planned = Tally::new("none");
+    let mut misses = Vec::new();
     let mut peaks = Vec::new();
     let mut first = 0;
     for case in cases() {
@@ -486,7 +503,7 @@ fn main() {
         let measured = run(&case, &model, steps, first);
         first += case.dims.world_size();
         let (ratio, peak) = report(&case, &measured);
-        if let Some(r) = planner_line(&case, &measured) {
+        if let Some(r) = planner_line(&case, &measured, &mut misses) {
             planned.add(&case.name, r);
         }
         formula_rows.add(&case.name, ratio);
@@ -510,4 +527,15 @@ fn main() {
         formula_rows.worst.1,
         clock.elapsed().as_secs_f64()
     );
+    if !misses.is_empty() {
+        for m in &misses {
+            eprintln!("bench memory planner_out_of_band {m}");
+        }
+        eprintln!(
+            "bench memory: {} planner comparison(s) outside {:.0} %",
+            misses.len(),
+            PLANNER_BAND * 100.0
+        );
+        std::process::exit(1);
+    }
 }

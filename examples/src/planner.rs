@@ -4,14 +4,21 @@
 //! ([`this_machine`]): one node of CPU rank threads whose matrix-product rate, communication
 //! bandwidth and latency, and memory bandwidth are measured on the spot ([`calibrate`]),
 //! and whose memory per rank is a budget or `/proc/meminfo`'s available bytes over the ranks.
+//! [`measure_layout`] and [`predict_ranks`] hold one layout's measured bytes (on the counting
+//! allocator) and the planner's, per rank, for `tests/planner.rs` and `tests/planner_heldout.rs`.
 
 use crate::config::GptConfig;
+use crate::{Gpt, memory};
 use bonfire_comm::{ReduceOp, ThreadWorld};
 use bonfire_pipeline::ScheduleKind;
 use bonfire_plan::{
-    ClusterSpec, DeviceSpec, Layout, LinkSpec, ModelSpec, Precision, Schedule, ZeroStage,
+    ClusterSpec, DeviceSpec, Layout, LinkSpec, MemoryParts, ModelSpec, Precision, Request,
+    Schedule, ZeroStage, rank_memory, rank_shapes,
 };
-use bonfire_train::{ActivationCheckpointing, MixedPrecision, ParallelDims};
+use bonfire_train::{
+    ActivationCheckpointing, Launcher, MixedPrecision, OptimizerKind, ParallelDims, TrainError,
+    Trainer,
+};
 use bonfire_zero::Stage;
 use burn::tensor::{Device, Tensor, TensorData};
 use std::time::{Duration, Instant};
@@ -101,19 +108,21 @@ pub fn from_dims(d: &ParallelDims) -> Option<Layout> {
 }
 
 /// This machine, measured: per-rank matrix-product FLOP/s with `ranks` threads computing at
-/// once, the rank threads' all-reduce bandwidth and latency, memory bandwidth.
+/// once, the rank threads' all-reduce bandwidth and latency, memory bandwidth, and the fixed
+/// seconds of one tensor operation.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Calibration {
     pub flops: f64,
     pub bandwidth: f64,
     pub latency: f64,
     pub mem_bw: f64,
+    pub launch: f64,
 }
 
 /// Measures this machine for `ranks` rank threads (about a second): `[rows, k] × [k, n]`
 /// products on Burn's CPU backend on every rank at once, ring all-reduces of 1 value and of
-/// 1 M values on a [`ThreadWorld`] (α from the small one, β from the difference), and a sum
-/// over 64 MiB.
+/// 1 M values on a [`ThreadWorld`] (α from the small one, β from the difference), a sum
+/// over 64 MiB, and additions of one-value tensors (the fixed cost of an operation).
 pub fn calibrate(ranks: usize, rows: usize, k: usize, n: usize) -> Calibration {
     let flops = matmul_rate(ranks, rows, k, n);
     let (bandwidth, latency) = if ranks > 1 {
@@ -127,7 +136,20 @@ pub fn calibrate(ranks: usize, rows: usize, k: usize, n: usize) -> Calibration {
         bandwidth,
         latency,
         mem_bw: memory_rate(),
+        launch: op_overhead(),
     }
+}
+
+fn op_overhead() -> f64 {
+    let device = Device::flex();
+    let mut t = Tensor::<1>::from_data(TensorData::new(vec![1.0f32], [1]), &device);
+    let reps = 2000;
+    let start = Instant::now();
+    for _ in 0..reps {
+        t = t.add_scalar(1.0);
+    }
+    std::hint::black_box(t.into_data());
+    start.elapsed().as_secs_f64() / reps as f64
 }
 
 fn matmul_rate(ranks: usize, rows: usize, k: usize, n: usize) -> f64 {
@@ -211,7 +233,7 @@ pub fn this_machine(ranks: usize, memory: usize, c: &Calibration) -> ClusterSpec
     ClusterSpec {
         nodes: 1,
         gpus_per_node: ranks,
-        device: DeviceSpec::cpu(c.flops, memory, c.mem_bw),
+        device: DeviceSpec::cpu(c.flops, memory, c.mem_bw, c.launch),
         intra: link.clone(),
         inter: link,
         overlap: 0.0,
@@ -265,4 +287,82 @@ pub fn auto_layout(
     ];
     lines.extend(plan.why.iter().map(|w| format!("auto: why: {w}")));
     Ok((dims, lines))
+}
+
+/// One rank's measurement of a layout ([`measure_layout`]), bytes over the rank's baseline.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RankRun {
+    /// Live after the last forward+backward, before its optimizer step: parameters,
+    /// gradients, optimizer state.
+    pub held: usize,
+    /// The most bytes live during the steps after the first.
+    pub steady_peak: usize,
+    /// The fastest step after the first (forward+backward and optimizer step), ms.
+    pub step_ms: f64,
+}
+
+/// Trains `model` (of `cfg`) `steps` AdamW steps (at least 2) under `dims` on rank threads,
+/// `rows` sequences of `seq` tokens a step ([`crate::data::pattern_batch`]), and reads every
+/// rank's bytes from the counting allocator — which must be the binary's global allocator
+/// ([`memory::RankAllocator`]) — charged to allocator ranks `first..first + world` (fresh
+/// ones per run: blocks a run leaves alive do not disturb the next).
+pub fn measure_layout(
+    cfg: &GptConfig,
+    dims: &ParallelDims,
+    model: &Gpt,
+    (rows, seq, steps): (usize, usize, usize),
+    first: usize,
+) -> Vec<RankRun> {
+    assert!(steps >= 2, "the steady peak needs a step after the first");
+    assert!(
+        memory::installed(),
+        "the counting allocator is not installed"
+    );
+    let trainer = Trainer::new(dims.clone(), || OptimizerKind::AdamW.build());
+    let vocab = cfg.vocab_size;
+    Launcher::Threads {
+        ranks: dims.world_size(),
+    }
+    .run("planner-measure", |pg| {
+        let r = first + pg.rank();
+        let _rank = memory::enter_rank(r);
+        let batch = |step, device: &burn::tensor::Device| {
+            crate::data::pattern_batch(vocab, rows, seq, step, device)
+        };
+        let b0 = batch(0, &crate::default_device());
+        let base = memory::live(r);
+        let mut engine = trainer.build(model.clone(), &pg, &b0)?;
+        drop(b0);
+        let mut run = RankRun::default();
+        let mut timed = f64::MAX;
+        for step in 0..steps {
+            let b = batch(step, engine.device());
+            memory::reset_peak(r);
+            let start = Instant::now();
+            engine.forward_backward(&b)?;
+            drop(b);
+            run.held = memory::live(r) - base;
+            engine.step(1e-4)?;
+            if step > 0 {
+                timed = f64::min(timed, start.elapsed().as_secs_f64());
+                run.steady_peak = run.steady_peak.max(memory::peak(r) - base);
+            }
+        }
+        run.step_ms = timed * 1e3;
+        Ok::<RankRun, TrainError>(run)
+    })
+    .expect("launch")
+    .into_iter()
+    .map(|r| r.expect("rank"))
+    .collect()
+}
+
+/// The planner's bytes for every world rank of `layout` ([`rank_memory`] of its pipeline
+/// stage) training `cfg` on `req`.
+pub fn predict_ranks(cfg: &GptConfig, req: &Request, layout: &Layout) -> Vec<MemoryParts> {
+    let spec = gpt_spec(cfg);
+    let shapes = rank_shapes(&spec, layout, req.seq);
+    (0..layout.world())
+        .map(|r| rank_memory(&spec, req, layout, &shapes, layout.pp_rank(r)))
+        .collect()
 }
