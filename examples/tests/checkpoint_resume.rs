@@ -183,6 +183,12 @@ fn check_resume(a: ParallelDims, b: ParallelDims) {
         let losses: Vec<f32> = first.losses.iter().chain(&second.losses).copied().collect();
         let tol = tolerance(optim);
         let mut worst = assert_close(&format!("{what} losses"), &losses, &want.losses, tol);
+        assert!(!want.params.is_empty(), "{what}: empty reference");
+        assert_eq!(
+            second.params.len(),
+            want.params.len(),
+            "{what}: parameter count"
+        );
         for (g, w) in second.params.iter().zip(&want.params) {
             assert_eq!((&g.path, &g.shape), (&w.path, &w.shape), "{what}");
             let c = assert_close(&format!("{what} {}", g.path), &g.values, &w.values, tol);

@@ -41,6 +41,7 @@ fn check(n: usize, adam: bool, config: DdpConfig) {
         "only {moved} of {} values moved",
         initial.len()
     );
+    assert_eq!(runs.len(), n, "one run per rank");
     for (rank, run) in runs.iter().enumerate() {
         assert_close(
             &format!("rank {rank} losses"),

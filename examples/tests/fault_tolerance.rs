@@ -184,6 +184,8 @@ fn check_kill_rank_2_at_step_3(zero: usize) {
                 &want_losses,
                 tol,
             );
+            assert!(!want_params.is_empty(), "{what}: empty reference");
+            assert_eq!(s.params.len(), want_params.len(), "{what}: parameter count");
             for (g, w) in s.params.iter().zip(&want_params) {
                 assert_eq!((&g.path, &g.shape), (&w.path, &w.shape), "{what}");
                 let c = assert_close(&format!("{what} {}", g.path), &g.values, &w.values, tol);

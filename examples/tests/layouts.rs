@@ -35,6 +35,12 @@ fn fixture() -> &'static Fixture {
             common::train_layout(&model, &batches, &dims, optim, STEPS)
         };
         let reference = [single(OptimizerKind::Sgd), single(OptimizerKind::AdamW)];
+        let count = bonfire_dtensor::params::inventory(&model).len();
+        for r in &reference {
+            assert_eq!(r.losses.len(), STEPS, "reference losses");
+            assert_eq!(r.params.len(), count, "reference parameters");
+            assert_eq!(r.grad0.len(), count, "reference step-0 gradients");
+        }
         Fixture {
             model,
             batches,

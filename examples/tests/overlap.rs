@@ -80,6 +80,10 @@ fn launched_during_backward(timings: Vec<Vec<StepTiming>>, trailing: usize) {
         let last = rank.last().unwrap();
         let n = last.launches.len();
         assert_eq!(n, last.buckets.len());
+        assert!(
+            n > trailing,
+            "{n} buckets, {trailing} trailing: none to check"
+        );
         for (b, &at) in last.launches[..n - trailing].iter().enumerate() {
             assert!(
                 at > last.backward.start_us && at < last.backward.end_us,

@@ -188,6 +188,17 @@ pub fn assert_same_run(
     want: &HarnessResult,
     tol: Tolerance,
 ) -> Closeness {
+    // An empty reference would make every comparison below pass.
+    assert!(
+        !want.losses.is_empty() && !want.params.is_empty(),
+        "{what}: empty reference"
+    );
+    assert_eq!(
+        want.grad0.len(),
+        want.params.len(),
+        "{what}: reference grad0"
+    );
+    assert_eq!(got.grad0.len(), want.grad0.len(), "{what}: grad0 count");
     let mut worst = assert_close(&format!("{what} loss"), &got.losses, &want.losses, tol);
     assert_eq!(
         got.params.len(),
