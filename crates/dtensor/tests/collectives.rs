@@ -56,8 +56,8 @@ fn check<const D: usize>(
         (vec_of(y), grad_or_zeros(&x, &grads))
     });
     for (r, (g, e)) in got.iter().zip(&expected).enumerate() {
-        assert_close(&g.0, &e.0, &format!("{what} k={k} rank {r} forward"));
-        assert_close(&g.1, &e.1, &format!("{what} k={k} rank {r} gradient"));
+        assert_near_exact(&g.0, &e.0, &format!("{what} k={k} rank {r} forward"));
+        assert_near_exact(&g.1, &e.1, &format!("{what} k={k} rank {r} gradient"));
     }
 }
 
@@ -245,7 +245,7 @@ fn send_and_recv() {
         });
         // d/dx of (3x · w).sum() is 3w.
         let expected = vec_of(weight(last, [2, 3]) * 3.0);
-        assert_close(got[0].as_ref().unwrap(), &expected, "send/recv gradient");
+        assert_near_exact(got[0].as_ref().unwrap(), &expected, "send/recv gradient");
     }
 }
 
@@ -278,12 +278,12 @@ fn check_replicated_input<const D: usize>(
         (vec_of(y), g)
     });
     for (r, (y, g)) in got.iter().enumerate() {
-        assert_close(
+        assert_near_exact(
             y,
             &vec_of(ys[r].clone()),
             &format!("{what} k={k} rank {r} forward"),
         );
-        assert_close(
+        assert_near_exact(
             g,
             &expected_grad,
             &format!("{what} k={k} rank {r} gradient"),
@@ -313,8 +313,8 @@ fn check_replicated_output<const D: usize>(
         (vec_of(y), grad_or_zeros(&x, &grads))
     });
     for (r, (y, g)) in got.iter().enumerate() {
-        assert_close(y, &expected_y, &format!("{what} k={k} rank {r} forward"));
-        assert_close(g, &expected[r], &format!("{what} k={k} rank {r} gradient"));
+        assert_near_exact(y, &expected_y, &format!("{what} k={k} rank {r} forward"));
+        assert_near_exact(g, &expected[r], &format!("{what} k={k} rank {r} gradient"));
     }
 }
 
@@ -400,7 +400,7 @@ fn recomputed_all_gather_is_regathered_in_backward() {
     {
         let out = run(recompute, checkpointing);
         for r in 0..2 {
-            assert_close(&out[r].0, &stored[r].0, "gradient");
+            assert_near_exact(&out[r].0, &stored[r].0, "gradient");
             assert_eq!(stored[r].1, 1);
             assert_eq!(
                 out[r].1, gathers,

@@ -49,7 +49,7 @@ fn check_identity_gradients(mesh_shape: &[usize], shape: [usize; 2], set: &[Plac
                 let out = d.redistribute(dst).unwrap().full_tensor().unwrap();
                 let grads = (out * w.clone()).sum().backward();
                 let g = vec_of(x.grad(&grads).unwrap());
-                assert_close(
+                assert_near_exact(
                     &g,
                     &vec_of(w.clone()),
                     &format!("{src:?} -> {dst:?} gradient"),
@@ -113,9 +113,9 @@ fn tensor_parallel_matmuls_match_single_device() {
                 (vec_of(y), g)
             });
             for (y, g) in got {
-                assert_close(&y, &expected_y, "tp forward");
+                assert_near_exact(&y, &expected_y, "tp forward");
                 for (i, name) in ["x", "a", "b"].iter().enumerate() {
-                    assert_close(
+                    assert_near_exact(
                         &g[i],
                         &expected[i],
                         &format!("tp gradient of {name} (k={k})"),

@@ -107,10 +107,13 @@ fn anchored_gradients(device: Device) -> (Vec<f32>, bool) {
         .iter()
         .map(|&v| 2.0 * v.exp().cos() * v.exp())
         .collect();
-    let anchor_ok = ga
+    let errors: Vec<f32> = ga
         .iter()
         .zip(&expected)
-        .all(|(g, e)| (g - e).abs() < 1e-3 * e.abs().max(1.0));
+        .map(|(g, e)| (g - e).abs() / e.abs().max(1.0))
+        .collect();
+    // Measured: 0 (the same f32 functions); 1e-6 leaves a few units in the last place.
+    let anchor_ok = ga.len() == expected.len() && errors.iter().all(|&d| d < 1e-6);
     (gw, anchor_ok)
 }
 
