@@ -28,6 +28,7 @@ fn pack_and_unpack_scale_every_element_once() {
     let expected: Vec<f32> = parts.iter().flatten().map(|x| x * 0.5).collect();
     assert_eq!(host(flat.clone()), expected);
     let back = unpack_scaled(flat, &[5, 0, 7], 2.0);
+    assert_eq!(back.len(), parts.len(), "one tensor per part");
     for (b, p) in back.into_iter().zip(&parts) {
         assert_eq!(&host(b), p);
     }

@@ -99,6 +99,7 @@ fn unused_parameters_contribute_zero() {
         .unwrap();
     assert_eq!(out[0].0, out[1].0, "replicas stay identical");
     // d(mean(b(x)))/d(bias) = 1/2 per output on rank 0, 0 on rank 1: average 1/4.
+    assert_eq!(out[0].1.len(), 2, "b.bias has two outputs");
     for g in &out[0].1 {
         assert!((g - 0.25).abs() < 1e-6, "{g}");
     }

@@ -91,14 +91,23 @@ fn is_float<T: Element>() -> bool {
 }
 
 /// Compares exactly, except averages of 16-bit floats (which round differently when
-/// accumulated in f32) within one unit in the last place.
+/// accumulated in f32) within one unit in the last place of the expected value.
 fn same<T: Element>(actual: T, expected: T, op: ReduceOp) -> bool {
-    let half = matches!(T::DTYPE, crate::DType::F16 | crate::DType::BF16);
-    if half && op == ReduceOp::Avg {
-        (actual.to_f64() - expected.to_f64()).abs() <= 1e-2 * expected.to_f64().abs().max(1.0)
-    } else {
-        actual == expected
+    let mantissa_bits = match T::DTYPE {
+        crate::DType::F16 => 10,
+        crate::DType::BF16 => 7,
+        _ => return actual == expected,
+    };
+    if op != ReduceOp::Avg {
+        return actual == expected;
     }
+    let (a, e) = (actual.to_f64(), expected.to_f64());
+    let ulp = if e == 0.0 {
+        0.0
+    } else {
+        (e.abs().log2().floor() - f64::from(mantissa_bits)).exp2()
+    };
+    (a - e).abs() <= ulp
 }
 
 fn check<T: Element>(
