@@ -1,0 +1,281 @@
+//! An independent reference (issue 26, point 6): the layout suites (`layouts.rs`,
+//! `loss_curves.rs`) compare every layout with Bonfire's own one-device run, so a bug every
+//! layout shares — in the fused kernels, the layer wrappers, the training loop — cancels.
+//! Here the reference is plain Burn: the GPT's math written with Burn tensor ops on the
+//! parameters of the same `Gpt` module (its own `forward` is not plain Burn even outside an
+//! engine: every layer runs through `bonfire_dtensor::layer`, linears through
+//! `bonfire_dtensor::weight_grad::linear_matmul`, and GELU, the causal softmax and the
+//! cross-entropy are `bonfire_kernels`' fused ops with hand-written backwards), Burn's
+//! `loss.backward()`, `GradientsParams::from_grads` and Burn's own `SgdConfig` /
+//! `AdamWConfig` (β1 0.9, β2 0.95, ε 1e-6, weight decay 0.1). Against it, with SGD and AdamW:
+//! Bonfire's one-device run and one layout per axis (DDP dp=2, ZeRO-3 dp=2, tp=2, pp=2 1F1B)
+//! through the parity harness — the loss of every step, every step-0 gradient and every
+//! parameter after 3 steps, within the suites' tolerances (`common::SGD`, `common::adamw`).
+
+mod common;
+
+use bonfire_examples::cli::LayoutArgs;
+use bonfire_examples::data::Batches;
+use bonfire_examples::gpt::Gpt;
+use bonfire_examples::harness::HarnessResult;
+use bonfire_examples::layers::{LayerNorm, Linear};
+use bonfire_train::OptimizerKind;
+use burn::module::{Module, Param};
+use burn::optim::{AdamWConfig, GradientsParams, ModuleOptimizer, SgdConfig};
+use burn::tensor::activation::{log_softmax, softmax};
+use burn::tensor::{Device, Int, Tensor, TensorData};
+use std::collections::BTreeMap;
+use std::sync::OnceLock;
+
+const STEPS: usize = 3;
+const ROWS: usize = 8;
+
+// ---------------------------------------------------------------------------------------
+// The GPT in plain Burn ops (the parity contract's math, docs: parity-harness)
+// ---------------------------------------------------------------------------------------
+
+/// `x Wᵀ + b` on `[B, T, in]`, through a 2-d matmul.
+fn linear(l: &Linear, x: Tensor<3>) -> Tensor<3> {
+    let [b, t, d_in] = x.dims();
+    let w = l.weight.val();
+    let d_out = w.dims()[0];
+    let y = x.reshape([b * t, d_in]).matmul(w.transpose());
+    let y = y.reshape([b, t, d_out]);
+    match &l.bias {
+        Some(bias) => y + bias.val().unsqueeze::<3>(),
+        None => y,
+    }
+}
+
+/// Biased variance, eps 1e-5, then weight and bias.
+fn layer_norm(n: &LayerNorm, x: Tensor<3>) -> Tensor<3> {
+    let centred = x.clone() - x.mean_dim(2);
+    let var = centred.clone().powi_scalar(2).mean_dim(2);
+    centred / (var + 1e-5).sqrt() * n.weight.val().unsqueeze::<3>() + n.bias.val().unsqueeze::<3>()
+}
+
+/// The exact GELU, `x·Φ(x) = x·(1 + erf(x/√2))/2`.
+fn gelu(x: Tensor<3>) -> Tensor<3> {
+    x.clone() * ((x / std::f64::consts::SQRT_2).erf() + 1.0) * 0.5
+}
+
+/// Causal multi-head attention: head j uses features j·d/h .. (j+1)·d/h.
+fn attention(a: &bonfire_examples::attention::Attention, x: Tensor<3>, heads: usize) -> Tensor<3> {
+    let [b, t, d] = x.dims();
+    let dh = d / heads;
+    let split = |y: Tensor<3>| y.reshape([b, t, heads, dh]).swap_dims(1, 2);
+    let q = split(linear(&a.q, x.clone()));
+    let k = split(linear(&a.k, x.clone()));
+    let v = split(linear(&a.v, x));
+    let mask: Vec<f32> = (0..t * t)
+        .map(|i| {
+            if i % t > i / t {
+                f32::NEG_INFINITY
+            } else {
+                0.0
+            }
+        })
+        .collect();
+    let mask = Tensor::<2>::from_data(TensorData::new(mask, [t, t]), &q.device());
+    let scores = q.matmul(k.swap_dims(2, 3)) / (dh as f64).sqrt() + mask.unsqueeze::<4>();
+    let y = softmax(scores, 3).matmul(v);
+    linear(&a.o, y.swap_dims(1, 2).reshape([b, t, d]))
+}
+
+/// The mean cross-entropy over all positions of the GPT on `ids` `[B, T]`.
+fn plain_loss(m: &Gpt, ids: Tensor<2, Int>, targets: Tensor<2, Int>, heads: usize) -> Tensor<1> {
+    let [b, t] = ids.dims();
+    let tok = m.tok_emb.weight.val();
+    let d = tok.dims()[1];
+    let tokens = tok.select(0, ids.reshape([b * t])).reshape([b, t, d]);
+    let mut x = tokens + m.pos_emb.weight.val().narrow(0, 0, t).unsqueeze::<3>();
+    for block in &m.blocks {
+        x = x.clone() + attention(&block.attn, layer_norm(&block.ln1, x.clone()), heads);
+        let h = gelu(linear(&block.mlp.fc1, layer_norm(&block.ln2, x.clone())));
+        x = x + linear(&block.mlp.fc2, h);
+    }
+    let logits = linear(&m.head, layer_norm(&m.ln_f, x));
+    let v = logits.dims()[2];
+    let logp = log_softmax(logits.reshape([b * t, v]), 1);
+    let picked = logp.gather(1, targets.reshape([b * t, 1]));
+    -picked.mean()
+}
+
+// ---------------------------------------------------------------------------------------
+// Reading parameters and gradients by their contract names (no Bonfire visitor)
+// ---------------------------------------------------------------------------------------
+
+fn host<const D: usize>(t: Tensor<D>) -> Vec<f32> {
+    t.into_data().try_to_vec::<f32>().expect("f32 values")
+}
+
+/// `(name, shape, values)` of every parameter, or of its gradient in `grads`.
+fn named(m: &Gpt, grads: Option<&GradientsParams>) -> Vec<(String, Vec<usize>, Vec<f32>)> {
+    let mut out = Vec::new();
+    let mut push2 = |name: String, p: &Param<Tensor<2>>| {
+        let v = match grads {
+            Some(g) => host(
+                g.get::<2>(p.id)
+                    .unwrap_or_else(|| panic!("no gradient: {name}")),
+            ),
+            None => host(p.val()),
+        };
+        out.push((name, p.dims().to_vec(), v));
+    };
+    push2("tok_emb.weight".into(), &m.tok_emb.weight);
+    push2("pos_emb.weight".into(), &m.pos_emb.weight);
+    push2("head.weight".into(), &m.head.weight);
+    for (i, blk) in m.blocks.iter().enumerate() {
+        for (n, l) in [("attn.q", &blk.attn.q), ("attn.k", &blk.attn.k)]
+            .into_iter()
+            .chain([("attn.v", &blk.attn.v), ("attn.o", &blk.attn.o)])
+            .chain([("mlp.fc1", &blk.mlp.fc1), ("mlp.fc2", &blk.mlp.fc2)])
+        {
+            push2(format!("blocks.{i}.{n}.weight"), &l.weight);
+        }
+    }
+    let mut biases: Vec<(String, &Param<Tensor<1>>)> = vec![
+        ("ln_f.weight".into(), &m.ln_f.weight),
+        ("ln_f.bias".into(), &m.ln_f.bias),
+    ];
+    for (i, blk) in m.blocks.iter().enumerate() {
+        for (n, ln) in [("ln1", &blk.ln1), ("ln2", &blk.ln2)] {
+            biases.push((format!("blocks.{i}.{n}.weight"), &ln.weight));
+            biases.push((format!("blocks.{i}.{n}.bias"), &ln.bias));
+        }
+        for (n, l) in [("attn.q", &blk.attn.q), ("attn.k", &blk.attn.k)]
+            .into_iter()
+            .chain([("attn.v", &blk.attn.v), ("attn.o", &blk.attn.o)])
+            .chain([("mlp.fc1", &blk.mlp.fc1), ("mlp.fc2", &blk.mlp.fc2)])
+        {
+            let b = l.bias.as_ref().expect("the block's linears have biases");
+            biases.push((format!("blocks.{i}.{n}.bias"), b));
+        }
+    }
+    for (name, p) in biases {
+        let v = match grads {
+            Some(g) => host(
+                g.get::<1>(p.id)
+                    .unwrap_or_else(|| panic!("no gradient: {name}")),
+            ),
+            None => host(p.val()),
+        };
+        out.push((name, p.dims().to_vec(), v));
+    }
+    out
+}
+
+// ---------------------------------------------------------------------------------------
+// The plain-Burn training loop
+// ---------------------------------------------------------------------------------------
+
+/// Burn's own optimizer, configured as the parity contract says.
+fn burn_optimizer(optim: OptimizerKind) -> ModuleOptimizer {
+    match optim {
+        OptimizerKind::Sgd => SgdConfig::new().init(),
+        OptimizerKind::AdamW => AdamWConfig::new()
+            .with_beta_1(0.9)
+            .with_beta_2(0.95)
+            .with_epsilon(1e-6)
+            .with_weight_decay(0.1)
+            .init(),
+    }
+}
+
+/// `STEPS` steps of plain Burn on the whole global batch, as a harness result.
+fn plain_burn(model: &Gpt, batches: &Batches, optim: OptimizerKind) -> HarnessResult {
+    let device = Device::flex().autodiff();
+    let heads = common::gpt_cfg().n_heads;
+    let lr = common::gpt_lr(optim);
+    let mut model = model.clone().fork(&device);
+    let mut optimizer = burn_optimizer(optim);
+    let (mut losses, mut grad0) = (Vec::new(), BTreeMap::new());
+    for s in 0..STEPS {
+        let (ids, targets) = batches.rows(s, 0, batches.batch, &device);
+        let loss = plain_loss(&model, ids, targets, heads);
+        losses.push(host(loss.clone().detach())[0]);
+        let grads = GradientsParams::from_grads(loss.backward(), &model);
+        if s == 0 {
+            grad0 = named(&model, Some(&grads))
+                .into_iter()
+                .map(|(n, _, g)| (n, g))
+                .collect();
+        }
+        model = optimizer.step(lr, model, grads);
+    }
+    let params = named(&model, None)
+        .into_iter()
+        .map(|(n, shape, v)| (n, (shape, v)))
+        .collect();
+    HarnessResult {
+        params,
+        grad0,
+        losses,
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// The comparisons
+// ---------------------------------------------------------------------------------------
+
+struct Fixture {
+    model: Gpt,
+    batches: Batches,
+}
+
+fn fixture() -> &'static Fixture {
+    static F: OnceLock<Fixture> = OnceLock::new();
+    F.get_or_init(|| {
+        let cfg = common::gpt_cfg();
+        Fixture {
+            model: common::seeded(3, &Device::flex().autodiff(), |d| Gpt::new(&cfg, d)),
+            batches: common::random_batches(&cfg, STEPS, ROWS, 7),
+        }
+    })
+}
+
+/// Bonfire's one-device run and one layout per axis: `(mesh, zero, schedule, microbatches)`.
+const LAYOUTS: &[(&str, usize, Option<&str>, Option<usize>)] = &[
+    ("dp=1", 0, None, None),
+    ("dp=2", 0, None, None),
+    ("dp=2", 3, None, None),
+    ("tp=2", 0, None, None),
+    ("pp=2", 0, Some("1f1b"), Some(4)),
+];
+
+fn check(optim: OptimizerKind) {
+    let f = fixture();
+    let reference = plain_burn(&f.model, &f.batches, optim);
+    assert_eq!(reference.params.len(), 16 * common::gpt_cfg().n_layers + 5);
+    let tol = match optim {
+        OptimizerKind::Sgd => common::SGD,
+        OptimizerKind::AdamW => common::adamw(common::gpt_lr(optim)),
+    };
+    assert!(!LAYOUTS.is_empty());
+    for &(mesh, zero, schedule, microbatches) in LAYOUTS {
+        let dims = LayoutArgs {
+            mesh: Some(mesh.into()),
+            zero,
+            schedule: schedule.map(str::to_string),
+            microbatches,
+            ..LayoutArgs::default()
+        }
+        .dims("dp=1")
+        .unwrap();
+        let what = format!("plain Burn vs {dims} {}", optim.name());
+        let got = common::train_layout(&f.model, &f.batches, &dims, optim, STEPS);
+        assert_eq!(got.losses.len(), STEPS, "{what}: losses");
+        let closeness = common::assert_same_run(&what, &got, &reference, tol);
+        println!("{what}: {closeness}");
+    }
+}
+
+#[test]
+fn sgd_layouts_equal_plain_burn() {
+    check(OptimizerKind::Sgd);
+}
+
+#[test]
+fn adamw_layouts_equal_plain_burn() {
+    check(OptimizerKind::AdamW);
+}
