@@ -310,9 +310,10 @@ fn seeds() -> (Vec<u64>, usize) {
     if let Ok(s) = std::env::var("SOAK_SEED") {
         return (vec![s.parse().expect("SOAK_SEED is a number")], 1);
     }
-    let seeds: Vec<u64> = match std::env::var("BONFIRE_FULL").as_deref() {
-        Ok("1") => FULL_SEEDS.collect(),
-        _ => FULL_SEEDS.take(GATE_SEEDS).collect(),
+    let seeds: Vec<u64> = if common::full_sweep() {
+        FULL_SEEDS.collect()
+    } else {
+        FULL_SEEDS.take(GATE_SEEDS).collect()
     };
     let minimum = seeds.len().max(GATE_SEEDS);
     (seeds, minimum)

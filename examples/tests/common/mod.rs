@@ -283,3 +283,9 @@ pub fn printed_peaks(stdout: &str) -> Vec<usize> {
         .map(|l| number_after(l, "bytes="))
         .collect()
 }
+
+/// Whether the slow suites run their full sweep (`BONFIRE_FULL=1`, set by `cargo xtask test
+/// --full`) instead of the gate's representative subset.
+pub fn full_sweep() -> bool {
+    std::env::var("BONFIRE_FULL").is_ok_and(|v| v == "1")
+}
