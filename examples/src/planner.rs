@@ -299,13 +299,35 @@ pub struct RankRun {
     pub steady_peak: usize,
     /// The fastest step after the first (forward+backward and optimizer step), ms.
     pub step_ms: f64,
+    /// The CPU backend's per-thread matrix-product workspace, allocated before the baseline
+    /// and so in neither figure above ([`warm_matmul_workspace`]).
+    pub workspace: usize,
+}
+
+/// Has this thread's matrix-product workspace allocated (one small product) and returns the
+/// bytes that took on this thread's rank: the `gemm` crate behind Burn's CPU backend keeps a
+/// packing buffer per thread, sized to the core's L2 cache (`gemm_common::gemm::L2_SLAB`:
+/// 2 MiB on this machine), allocated by the thread's first product and kept for the
+/// thread's life. It is the backend's, not the layout's — the same on every
+/// rank whatever the model, mesh or schedule, like a GPU's cuBLAS workspace, which the
+/// planner does not model either — so [`measure_layout`] allocates it before a rank's
+/// baseline and reports it beside the rank's bytes instead of inside them.
+pub fn warm_matmul_workspace() -> usize {
+    let before = memory::current_rank().map_or(0, memory::live);
+    let device = crate::default_device();
+    let a = Tensor::<2>::from_data(TensorData::new(vec![0.5f32; 64 * 64], [64, 64]), &device);
+    std::hint::black_box(a.clone().matmul(a).into_data());
+    memory::current_rank()
+        .map_or(0, memory::live)
+        .saturating_sub(before)
 }
 
 /// Trains `model` (of `cfg`) `steps` AdamW steps (at least 2) under `dims` on rank threads,
 /// `rows` sequences of `seq` tokens a step ([`crate::data::pattern_batch`]), and reads every
 /// rank's bytes from the counting allocator — which must be the binary's global allocator
 /// ([`memory::RankAllocator`]) — charged to allocator ranks `first..first + world` (fresh
-/// ones per run: blocks a run leaves alive do not disturb the next).
+/// ones per run: blocks a run leaves alive do not disturb the next). Each rank's baseline is
+/// taken after its thread's matrix-product workspace exists ([`warm_matmul_workspace`]).
 pub fn measure_layout(
     cfg: &GptConfig,
     dims: &ParallelDims,
@@ -326,6 +348,7 @@ pub fn measure_layout(
     .run("planner-measure", |pg| {
         let r = first + pg.rank();
         let _rank = memory::enter_rank(r);
+        let workspace = warm_matmul_workspace();
         let batch = |step, device: &burn::tensor::Device| {
             crate::data::pattern_batch(vocab, rows, seq, step, device)
         };
@@ -333,7 +356,10 @@ pub fn measure_layout(
         let base = memory::live(r);
         let mut engine = trainer.build(model.clone(), &pg, &b0)?;
         drop(b0);
-        let mut run = RankRun::default();
+        let mut run = RankRun {
+            workspace,
+            ..RankRun::default()
+        };
         let mut timed = f64::MAX;
         for step in 0..steps {
             let b = batch(step, engine.device());
