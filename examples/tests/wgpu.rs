@@ -2,7 +2,8 @@
 //! Vulkan), a device whose memory is not the host's: DDP, ZeRO-1/2/3 (with and without
 //! offload), tensor and pipeline parallelism train to the same losses, step-0 gradients and
 //! parameters as the same layout on Flex, with SGD and with AdamW; and the transfer ledger
-//! of one training step shows each bucket staged down and up exactly once, and no parameter
+//! of one training step shows each bucket staged down and up exactly once (under tensor
+//! parallelism, each activation all-reduce and the logits' all-gather once), and no parameter
 //! or optimizer round trip. Run with `--features wgpu` (`cargo xtask test` does).
 
 #![cfg(feature = "wgpu")]
@@ -140,6 +141,26 @@ fn data_parallel_staging(zero: Stage, b: u64) -> Option<(u64, u64)> {
     }
 }
 
+/// Bytes staged (down, up) by one step of the GPT on `tp` ranks alone (no sequence or loss
+/// parallelism; the plan of `bonfire_examples::parallel`): no gradient bucket (dp=1; the
+/// replicated parameters see the same inputs on every rank), only activations. An all-reduce
+/// of a `[ROWS, seq, d]` activation stages it down and up whole; there are 2 + 6 per layer:
+/// the vocab-parallel embedding's partial rows (forward), per block the row-wise `attn.o` and
+/// `mlp.fc2` outputs (forward) and the input gradients of the column-wise `attn.q`, `k`, `v`
+/// and `mlp.fc1` (backward: Megatron's f, one per column-wise layer), and the head's input
+/// gradient (backward). The head's logits `[ROWS, seq, vocab]` are all-gathered forward (own
+/// share down, all of them up; backward keeps the own share, no communication).
+fn tensor_parallel_staging(tp: usize) -> (u64, u64) {
+    let c = cfg();
+    let activation = (ROWS * c.max_seq_len * c.d_model * 4) as u64;
+    let all_reduces = (2 + 6 * c.n_layers) as u64;
+    let logits = (ROWS * c.max_seq_len * c.vocab_size * 4) as u64;
+    (
+        all_reduces * activation + logits / tp as u64,
+        all_reduces * activation + logits,
+    )
+}
+
 #[test]
 fn one_staged_copy_down_and_up_per_bucket() {
     use Direction::{DeviceToHost as Down, HostToDevice as Up};
@@ -187,14 +208,16 @@ fn one_staged_copy_down_and_up_per_bucket() {
                 );
                 continue;
             }
-            if dims.tp() > 1 {
-                continue; // partial sums of activations: counted by the TP tests
-            }
             let what = format!("{dims} rank {rank}: collective staging");
             let staged = (of(Down, Reason::Collective), of(Up, Reason::Collective));
-            match data_parallel_staging(dims.zero, b) {
-                Some(expected) => assert_eq!(staged, expected, "{what}"),
-                None => assert!(staged.0 >= b + b / 2 && staged.1 >= b + b / 2, "{what}"),
+            if dims.tp() > 1 {
+                assert_eq!(dims.dp(), 1, "{what}: the layouts' tp runs alone");
+                assert_eq!(staged, tensor_parallel_staging(dims.tp()), "{what}");
+            } else {
+                match data_parallel_staging(dims.zero, b) {
+                    Some(expected) => assert_eq!(staged, expected, "{what}"),
+                    None => assert!(staged.0 >= b + b / 2 && staged.1 >= b + b / 2, "{what}"),
+                }
             }
             let offloaded = if dims.offload { (b / 2, b / 2) } else { (0, 0) };
             assert_eq!(
