@@ -99,7 +99,7 @@ fn run_target(target: &BenchTarget, extra_args: &[String]) -> Result {
 }
 
 /// The ledger counts bytes, not time: it runs in the dev profile (dependencies optimised),
-/// sharing the wgpu build of the gate's `wgpu` step, with `--features wgpu` where Mesa's
+/// sharing the gate's build with the wgpu features, with `--features wgpu` where Mesa's
 /// lavapipe is installed (Flex only, said by the bench, elsewhere).
 fn ledger_options(command: &mut std::process::Command) {
     command.args(["--profile", "dev"]);

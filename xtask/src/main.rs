@@ -10,6 +10,7 @@
 //! module.
 
 mod bench;
+mod checkpoint_verify;
 mod gpu;
 mod mpi;
 mod mpi_bench;
@@ -45,6 +46,10 @@ enum Command {
         /// Skip the fmt and clippy steps and only run the tests (for quick local iterations).
         #[arg(long)]
         skip_lint: bool,
+        /// Run the full sweeps of the slow suites (every loss-curve layout, every soak seed)
+        /// instead of the gate's representative subset; sets `BONFIRE_FULL=1`.
+        #[arg(long)]
+        full: bool,
     },
     /// Run a benchmark suite, passing any extra arguments on to the bench binary.
     Bench {
@@ -58,15 +63,19 @@ enum Command {
     TestMultiGpu,
     /// Type-check the GPU feature builds without needing a GPU or its toolkit.
     CheckGpu,
+    /// Only the MPI kill-and-resume scenario of the gate's MPI step (needs mpirun).
+    #[command(hide = true)]
+    MpiFault,
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Test { skip_lint } => test::run(skip_lint),
+        Command::Test { skip_lint, full } => test::run(skip_lint, full),
         Command::Bench { target, extra_args } => bench::run(&target, &extra_args),
         Command::TestMultiGpu => gpu::test_multi_gpu(),
         Command::CheckGpu => gpu::check_gpu(),
+        Command::MpiFault => mpi_fault::run_alone(),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

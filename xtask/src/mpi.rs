@@ -137,12 +137,13 @@ pub fn test_step() -> Result<bool> {
         counted(run_scenario(&binary, scenario))?;
     }
     let mut ddp = process::cargo();
+    let features = crate::test::examples_features("mpi");
     ddp.args([
         "test",
         "-p",
         "bonfire-examples",
         "--features",
-        "mpi",
+        &features,
         "--test",
         "mpi_ddp",
     ]);

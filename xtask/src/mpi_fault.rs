@@ -2,10 +2,13 @@
 //! needs ULFM), so the honest behaviour is checked instead: `train_gpt` under `mpirun -np 4`,
 //! saving a checkpoint every 2 steps, with rank 2 killed at step 5 (`--kill-rank 2 --at-step
 //! 5`) must end non-zero within a bound, naming rank 2 and the failure; every checkpoint left
-//! visible must be complete (the latest at step 4: nothing half-written); and `train_gpt
-//! --resume` under `mpirun -np 3` must continue from step 4 to the end with, step by step,
-//! the losses of the same resume run as rank threads.
+//! visible must be complete (the latest at step 4: nothing half-written) and intact (every
+//! block of every data file matches its CRC-32 in the index, every slice the index lists is
+//! in its file); and `train_gpt --resume` under `mpirun -np 3` must continue from step 4 to
+//! the end with, step by step, the losses of the same resume run as rank threads, and of the
+//! same job never killed (`mpirun -np 4`, the same flags, all 8 steps).
 
+use crate::checkpoint_verify::verify_checkpoint;
 use crate::mpi::{counted, mpirun};
 use crate::mpi_train::{TINY_GPT, fail, metrics_lines};
 use crate::process::Result;
@@ -21,6 +24,24 @@ const COMMON: &[&str] = &["--steps", "8", "--batch", "3", "--zero", "2", "--no-s
 const DEADLINE: Duration = Duration::from_secs(90);
 /// The relative tolerance on each step's loss (processes vs threads, same arithmetic).
 const REL: f64 = 1e-5;
+/// The relative tolerance on each step's loss of the resumed run (3 replicas of 4 rows) against
+/// the run never killed (4 replicas of 3 rows): the same global batch, gradients averaged in
+/// another order. Measured 6.6e-8 (largest over steps 4..8); about 3× that.
+const REL_UNINTERRUPTED: f64 = 2e-7;
+
+/// `cargo xtask mpi-fault`: [`kill_then_resume`] alone, timed.
+pub fn run_alone() -> Result {
+    if !crate::mpi::mpirun_available() {
+        return Err(fail(crate::mpi::HOW_TO_ENABLE.to_string()));
+    }
+    let started = Instant::now();
+    kill_then_resume()?;
+    println!(
+        "MPI kill and resume passed in {:.1}s",
+        started.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
 
 pub fn kill_then_resume() -> Result {
     let binary = crate::mpi_train::train_gpt_binary()?;
@@ -30,23 +51,15 @@ pub fn kill_then_resume() -> Result {
     let ckpt = dir.join("ckpt");
     counted(killed_job(&binary, &dir, &ckpt))?;
     counted(resumed_on_fewer(&binary, &dir, &ckpt))?;
+    counted(as_if_never_killed(&binary, &dir))?;
     let _ = std::fs::remove_dir_all(&dir);
     Ok(())
 }
 
 /// The job that loses rank 2 at step 5: a clear error, only complete checkpoints left.
 fn killed_job(binary: &str, dir: &Path, ckpt: &Path) -> Result {
-    let mut job = mpirun(4, DEADLINE.as_secs() as u32);
-    job.arg(binary)
-        .args(["--launcher", "env", "--mesh", "dp=4"])
-        .args(TINY_GPT)
-        .args(COMMON)
-        .args(["--checkpoint-every", "2", "--sync-save"])
-        .args(["--kill-rank", "2", "--at-step", "5"])
-        .arg("--checkpoint-dir")
-        .arg(ckpt)
-        .arg("--metrics")
-        .arg(dir.join("killed.jsonl"));
+    let mut job = four_ranks(binary, ckpt, &dir.join("killed.jsonl"));
+    job.args(["--kill-rank", "2", "--at-step", "5"]);
     let started = Instant::now();
     let out = output(&mut job, "the killed job")?;
     let text = both(&out);
@@ -75,12 +88,107 @@ fn killed_job(binary: &str, dir: &Path, ckpt: &Path) -> Result {
              found {steps:?}"
         )));
     }
+    let (mut verified, mut blocks) = (0, 0);
+    for e in std::fs::read_dir(ckpt).map_err(|e| fail(format!("{}: {e}", ckpt.display())))? {
+        let path = e
+            .map_err(|e| fail(format!("{}: {e}", ckpt.display())))?
+            .path();
+        if path.join("index.json").is_file() {
+            blocks += verify_checkpoint(&path)?;
+            verified += 1;
+        }
+    }
+    if verified != steps.len() || blocks == 0 {
+        return Err(fail(format!(
+            "checkpoints {steps:?}: {verified} verified, {blocks} blocks"
+        )));
+    }
     println!(
         "    train_gpt under mpirun -np 4, rank 2 killed at step 5: the job ended in {:.1}s \
-         naming rank 2; checkpoints {steps:?} complete",
+         naming rank 2; checkpoints {steps:?} complete, {blocks} blocks verified",
         started.elapsed().as_secs_f64()
     );
     Ok(())
+}
+
+/// `train_gpt` on 4 processes (dp=4), checkpointing every 2 steps into `ckpt`, metrics to
+/// `metrics`: the killed job, and without the kill the job it would have been.
+fn four_ranks(binary: &str, ckpt: &Path, metrics: &Path) -> Command {
+    let mut job = mpirun(4, DEADLINE.as_secs() as u32);
+    job.arg(binary)
+        .args(["--launcher", "env", "--mesh", "dp=4"])
+        .args(TINY_GPT)
+        .args(COMMON)
+        .args(["--checkpoint-every", "2", "--sync-save"])
+        .arg("--checkpoint-dir")
+        .arg(ckpt)
+        .arg("--metrics")
+        .arg(metrics);
+    job
+}
+
+/// The same job never killed: its steps 0..5 are the killed job's, its steps 4..8 the resumed
+/// run's (another world size and order of summation: [`REL_UNINTERRUPTED`]), its final loss
+/// among them.
+fn as_if_never_killed(binary: &str, dir: &Path) -> Result {
+    let full = dir.join("uninterrupted.jsonl");
+    let mut job = four_ranks(binary, &dir.join("ckpt-uninterrupted"), &full);
+    let out = output(&mut job, "the uninterrupted job")?;
+    if !out.status.success() {
+        return Err(fail(format!(
+            "train_gpt on 4 processes, never killed, failed:\n{}",
+            both(&out)
+        )));
+    }
+    let full = metrics(&full)?;
+    let steps: Vec<u64> = full.iter().map(|(s, _)| *s).collect();
+    if steps != (0..8).collect::<Vec<u64>>() {
+        return Err(fail(format!(
+            "the uninterrupted run should train steps 0..8; its metrics say {steps:?}"
+        )));
+    }
+    let killed = metrics(&dir.join("killed.jsonl"))?;
+    let resumed = metrics(&dir.join("resumed.jsonl"))?;
+    let before = compare_steps("killed job", &killed, &full, 0.0)?;
+    let after = compare_steps("resumed on 3", &resumed, &full, REL_UNINTERRUPTED)?;
+    let (Some(last), Some(want)) = (resumed.last(), full.last()) else {
+        return Err(fail("no final loss to compare".into()));
+    };
+    println!(
+        "    train_gpt never killed (mpirun -np 4): steps {:?} = the killed job's (largest \
+         relative difference {before:.1e}); steps {:?} vs resumed on 3 processes: largest \
+         relative difference {after:.1e}; final loss {:.6} resumed, {:.6} never killed",
+        killed.iter().map(|(s, _)| s).collect::<Vec<_>>(),
+        resumed.iter().map(|(s, _)| s).collect::<Vec<_>>(),
+        last.1,
+        want.1
+    );
+    Ok(())
+}
+
+/// Each of `run`'s steps against the same step of `full` (every one of `run`'s steps must be
+/// there), within the relative tolerance `rel`; the largest relative difference.
+fn compare_steps(what: &str, run: &[(u64, f64)], full: &[(u64, f64)], rel: f64) -> Result<f64> {
+    if run.is_empty() {
+        return Err(fail(format!("{what}: no metrics to compare")));
+    }
+    let mut worst = 0.0f64;
+    for (step, loss) in run {
+        let Some((_, want)) = full.iter().find(|(s, _)| s == step) else {
+            return Err(fail(format!(
+                "{what}: step {step} is not in the uninterrupted run's metrics {full:?}"
+            )));
+        };
+        let diff = (loss - want).abs() / loss.abs().max(want.abs());
+        if diff.is_nan() || diff > rel {
+            return Err(fail(format!(
+                "{what}: step {step} loss {loss} vs {want} never killed (relative difference \
+                 {diff:e} > {rel:e}); {run:?} vs {full:?}"
+            )));
+        }
+        worst = worst.max(diff);
+    }
+    Ok(worst)
 }
 
 /// `--resume` on 3 processes continues from step 4, as the same resume on threads does.

@@ -41,13 +41,14 @@ const REL: f64 = 1e-5;
 
 /// `train_gpt` built with the `mpi` feature (its path).
 pub(crate) fn train_gpt_binary() -> Result<String> {
+    let features = crate::test::examples_features("mpi");
     built_executable(
         &[
             "build",
             "-p",
             "bonfire-examples",
             "--features",
-            "mpi",
+            &features,
             "--example",
             "train_gpt",
         ],

@@ -72,6 +72,7 @@ pub fn run_tests(mut command: Command) -> Result {
     {
         println!("{line}");
         crate::tally::count_line(&line);
+        crate::tally::time_line(&line);
     }
     let status = child.wait().map_err(|err| Failure {
         message: format!("`{shown}`: {err}"),

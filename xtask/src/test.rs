@@ -2,10 +2,23 @@
 //!
 //! The gate is an ordered list of [`Step`]s that fails fast: the first failing
 //! step stops the run and is named in the error, so a red CI log points straight
-//! at the cause. New steps are added to [`steps`]. Whatever happens, the last line is
-//! the count of tests run, `N passed, N failed` ([`crate::tally`]).
+//! at the cause. New steps are added to [`steps`]. Every step prints how long it took, and
+//! the run ends with each step's time and, as its last line, the count of tests,
+//! `N passed, N failed, N skipped` ([`crate::tally`]).
+//!
+//! A step that cannot run here (no `mpirun`, no software Vulkan) is skipped with its reason
+//! on a developer's machine, but **fails the gate under `CI=true`**: CI is meant to run every
+//! step, and a failed package install must not turn into a green run with suites missing.
+//!
+//! The gate runs each slow sweep on a representative subset; `cargo xtask test --full` (or
+//! `BONFIRE_FULL=1` for a single `cargo test`) runs the full sweeps ([`FULL_ENV`]).
 
 use crate::process::{self, Failure, Result};
+use std::time::{Duration, Instant};
+
+/// The environment variable the slow suites read to run their full sweep instead of the
+/// gate's subset (every loss-curve layout, every soak seed, ...).
+pub const FULL_ENV: &str = "BONFIRE_FULL";
 
 /// What a step reports when it did not fail.
 enum Outcome {
@@ -67,13 +80,19 @@ fn steps() -> Vec<Step> {
     ]
 }
 
-pub fn run(skip_lint: bool) -> Result {
+pub fn run(skip_lint: bool, full: bool) -> Result {
+    if full {
+        // SAFETY: set before xtask starts any thread; every child inherits it.
+        unsafe { std::env::set_var(FULL_ENV, "1") };
+    }
     crate::packages::ensure_all();
     let steps: Vec<Step> = steps()
         .into_iter()
         .filter(|step| !(skip_lint && step.is_lint))
         .collect();
 
+    let gate = Instant::now();
+    let mut times: Vec<(&str, Duration)> = Vec::new();
     let mut passed = Vec::new();
     let mut skipped = Vec::new();
     for step in &steps {
@@ -82,10 +101,15 @@ pub fn run(skip_lint: bool) -> Result {
             Some(free) => println!("==> {} (disk free: {:.1} GB)", step.name, free as f64 / 1e9),
             None => println!("==> {}", step.name),
         }
-        match (step.run)() {
+        let started = Instant::now();
+        let outcome = (step.run)().and_then(|outcome| must_run(step.name, outcome, in_ci()));
+        times.push((step.name, started.elapsed()));
+        println!("<== {} took {}", step.name, seconds(started.elapsed()));
+        match outcome {
             Ok(Outcome::Passed) => passed.push(step.name),
             Ok(Outcome::Skipped { reason }) => {
                 println!("    skipped: {reason}");
+                crate::tally::skip(1);
                 skipped.push(step.name);
             }
             Err(failure) => {
@@ -98,6 +122,7 @@ pub fn run(skip_lint: bool) -> Result {
                 if crate::tally::failed() == 0 {
                     crate::tally::add(0, 1);
                 }
+                println!("{}", durations(&times, gate.elapsed()));
                 println!("{}", crate::tally::total());
                 return Err(Failure {
                     message: String::new(),
@@ -115,8 +140,55 @@ pub fn run(skip_lint: bool) -> Result {
         summary.push_str(" (lint skipped by --skip-lint)");
     }
     println!("{summary}");
+    println!("{}", durations(&times, gate.elapsed()));
+    if gate.elapsed() > BUDGET {
+        println!(
+            "xtask test: WARNING — the gate took {}, over its {} budget: make the slowest \
+             suites cheaper (a subset in the gate, the full sweep under --full)",
+            seconds(gate.elapsed()),
+            seconds(BUDGET)
+        );
+    }
     println!("{}", crate::tally::total());
     Ok(())
+}
+
+/// What the whole gate may take on the 2-core reference machine from a clean checkout; CI
+/// stops at twice this.
+const BUDGET: Duration = Duration::from_secs(45 * 60);
+
+/// In CI (`in_ci`) a step that could not run is a failure naming why; elsewhere it stays a
+/// skip with its reason.
+fn must_run(name: &str, outcome: Outcome, in_ci: bool) -> Result<Outcome> {
+    match outcome {
+        Outcome::Skipped { reason } if in_ci => Err(Failure {
+            message: format!("step `{name}` must run in CI but could not: {reason}"),
+            exit_code: 1,
+        }),
+        outcome => Ok(outcome),
+    }
+}
+
+/// Whether this run is CI's (`CI=true`).
+pub fn in_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| v == "true")
+}
+
+fn seconds(d: Duration) -> String {
+    format!("{:.0} s", d.as_secs_f64())
+}
+
+/// `xtask test: step times — fmt 3 s, clippy 250 s, …; total 1800 s`.
+fn durations(times: &[(&str, Duration)], total: Duration) -> String {
+    let each: Vec<String> = times
+        .iter()
+        .map(|(name, d)| format!("{name} {}", seconds(*d)))
+        .collect();
+    format!(
+        "xtask test: step times — {}; total {}",
+        each.join(", "),
+        seconds(total)
+    )
 }
 
 fn list(names: &[&str]) -> String {
@@ -148,44 +220,62 @@ fn clippy() -> Result<Outcome> {
     Ok(Outcome::Passed)
 }
 
+/// Whether the test step ran the wgpu suites (it does where lavapipe is present).
+static WGPU_RAN: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 /// Runs every test, doc test included. `--no-fail-fast` so one run reports all
 /// failing test binaries rather than only the first.
+///
+/// Where lavapipe is present the workspace is built once with the [`WGPU_PACKAGES`]' `wgpu`
+/// features, so the wgpu suites (`tests/wgpu.rs`, compiled only with the feature) run here
+/// and Burn is not built a second time for them: a build of Burn and its dependents is
+/// minutes of the gate on a 2-core machine. The `wgpu` step then only reports on them.
 fn test_suite() -> Result<Outcome> {
-    let mut command = process::cargo();
-    command.args(["test", "--workspace", "--no-fail-fast"]);
-    process::run_tests(command)?;
+    let with_wgpu = crate::packages::lavapipe_present();
+    let mut command = if with_wgpu {
+        wgpu_cargo("test")
+    } else {
+        let mut command = process::cargo();
+        command.arg("test");
+        command
+    };
+    command.args(["--workspace", "--no-fail-fast"]);
+    if with_wgpu {
+        set_runtime_dir(&mut command)?;
+    }
+    let result = process::run_tests(command);
+    println!("    slowest suites: {}", crate::tally::slowest(8));
+    result?;
+    WGPU_RAN.store(with_wgpu, std::sync::atomic::Ordering::SeqCst);
     Ok(Outcome::Passed)
 }
 
-/// The packages whose `wgpu` feature the wgpu step turns on, each with a `tests/wgpu.rs`.
+/// The packages whose `wgpu` feature the test step turns on, each with a `tests/wgpu.rs`.
 const WGPU_PACKAGES: [&str; 3] = ["bonfire-kernels", "bonfire-dtensor", "bonfire-examples"];
 
-/// `cargo <subcommand>` on [`WGPU_PACKAGES`] with their `wgpu` features.
+/// `cargo <subcommand>` with the `wgpu` features of [`WGPU_PACKAGES`].
 fn wgpu_cargo(subcommand: &str) -> std::process::Command {
     let features: Vec<String> = WGPU_PACKAGES.iter().map(|p| format!("{p}/wgpu")).collect();
     let mut command = process::cargo();
     command.arg(subcommand);
-    for package in WGPU_PACKAGES {
-        command.args(["-p", package]);
-    }
     command.args(["--features", &features.join(",")]);
     command
 }
 
-/// The suites on Burn's wgpu backend over Mesa's software Vulkan (lavapipe): the kernels
-/// against their fallbacks, the data plane, and every strategy against Flex with its transfer
-/// ledger. One cargo invocation, so that burn is built with wgpu once. Skipped, saying how to
-/// enable it, where lavapipe is not installed.
-fn wgpu() -> Result<Outcome> {
-    if !crate::packages::lavapipe_present() {
-        return Ok(Outcome::Skipped {
-            reason: crate::packages::how_to_enable(&crate::packages::VULKAN),
-        });
+/// The features a gate step builds `bonfire-examples` with beside `extra`: the same `wgpu`
+/// features as the test step where it used them, so that the MPI step's builds reuse the test
+/// step's Burn instead of building it again without them.
+pub fn examples_features(extra: &str) -> String {
+    if crate::packages::lavapipe_present() {
+        format!("{extra},wgpu")
+    } else {
+        extra.to_owned()
     }
-    let mut command = wgpu_cargo("test");
-    command.args(["--test", "wgpu"]);
+}
+
+/// wgpu's Vulkan loader wants a runtime directory; a fresh container has none.
+fn set_runtime_dir(command: &mut std::process::Command) -> Result {
     if std::env::var_os("XDG_RUNTIME_DIR").is_none() {
-        // wgpu's Vulkan loader wants a runtime directory; a fresh container has none.
         let dir = std::env::temp_dir().join("bonfire-xdg-runtime");
         std::fs::create_dir_all(&dir).map_err(|e| Failure {
             message: format!("{}: {e}", dir.display()),
@@ -193,8 +283,21 @@ fn wgpu() -> Result<Outcome> {
         })?;
         command.env("XDG_RUNTIME_DIR", dir);
     }
-    process::run_tests(command)?;
-    Ok(Outcome::Passed)
+    Ok(())
+}
+
+/// The suites on Burn's wgpu backend over Mesa's software Vulkan (lavapipe): the kernels
+/// against their fallbacks, the data plane, and every strategy against Flex with its transfer
+/// ledger. They run inside the test step (one build); this step says whether they did, and is
+/// skipped, saying how to enable it, where lavapipe is not installed.
+fn wgpu() -> Result<Outcome> {
+    if WGPU_RAN.load(std::sync::atomic::Ordering::SeqCst) {
+        println!("    the wgpu suites ran in the test step (one build with the wgpu features)");
+        return Ok(Outcome::Passed);
+    }
+    Ok(Outcome::Skipped {
+        reason: crate::packages::how_to_enable(&crate::packages::VULKAN),
+    })
 }
 
 /// The MPI conformance suite (2 and 4 processes) and the cross-process failure scenarios,
@@ -232,6 +335,9 @@ fn clippy_features() -> Result<Outcome> {
     process::run(command)?;
     // The wgpu code paths (kernels, the plane's wgpu tests, the examples' wgpu suite).
     let mut command = wgpu_cargo("clippy");
+    for package in WGPU_PACKAGES {
+        command.args(["-p", package]);
+    }
     command.args(["--all-targets", "--", "-D", "warnings"]);
     process::run(command)?;
     Ok(Outcome::Passed)
@@ -255,4 +361,31 @@ fn nccl_cpu() -> Result<Outcome> {
     ]);
     process::run_tests(command)?;
     Ok(Outcome::Passed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_step_that_cannot_run_fails_in_ci_and_is_skipped_elsewhere() {
+        let skipped = || Outcome::Skipped {
+            reason: "mpirun not found".into(),
+        };
+        let failure = must_run("mpi", skipped(), true)
+            .err()
+            .expect("CI must fail");
+        assert_eq!(
+            failure.message,
+            "step `mpi` must run in CI but could not: mpirun not found"
+        );
+        assert!(matches!(
+            must_run("mpi", skipped(), false),
+            Ok(Outcome::Skipped { .. })
+        ));
+        assert!(matches!(
+            must_run("mpi", Outcome::Passed, true),
+            Ok(Outcome::Passed)
+        ));
+    }
 }
