@@ -239,7 +239,10 @@ impl ParallelLinear {
     /// The layer on `x` `[..., in]` (or this rank's input shard, per the applied style).
     pub fn forward<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
         let bias_dtype = self.bias.as_ref().map(|b| b.val().dtype());
-        observe(Some(x.dtype()), [Some(self.weight.val().dtype()), bias_dtype]);
+        observe(
+            Some(x.dtype()),
+            [Some(self.weight.val().dtype()), bias_dtype],
+        );
         let bias = |b: Tensor<1>| b.unsqueeze::<D>();
         let Some(state) = self.key.state() else {
             let y = self.matmul(x);
