@@ -60,13 +60,20 @@ pub fn run_tests(mut command: Command) -> Result {
     use std::io::{BufRead, BufReader};
     let shown = CommandLine(&command).to_string();
     println!("$ {shown}");
-    command.stdout(std::process::Stdio::piped());
-    let mut child = command.spawn().map_err(|err| Failure {
+    let fail = |err: std::io::Error| Failure {
         message: format!("could not start `{shown}`: {err}"),
         exit_code: 1,
-    })?;
-    let stdout = child.stdout.take().expect("piped");
-    for line in BufReader::new(stdout)
+    };
+    // One pipe for both streams, in the order written: cargo names each test binary
+    // (`Running tests/x.rs`) on stderr, the binary reports its result on stdout.
+    let (reader, writer) = std::io::pipe().map_err(fail)?;
+    command.stdout(writer.try_clone().map_err(fail)?);
+    command.stderr(writer);
+    let mut child = command.spawn().map_err(fail)?;
+    // The command holds the pipe's write ends: dropped, the child's are the last ones, so the
+    // reader ends when the child does.
+    drop(command);
+    for line in BufReader::new(reader)
         .lines()
         .map_while(std::io::Result::ok)
     {
@@ -137,5 +144,22 @@ fn quote(arg: &OsStr) -> String {
         format!("'{arg}'")
     } else {
         arg.into_owned()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// A cargo-like run: the binary's name on stderr, its time on stdout, both read in order
+    /// (no `test result:` line, which would count tests beside the tally's own test).
+    #[test]
+    fn reads_both_streams_of_a_test_run() {
+        let mut command = std::process::Command::new("sh");
+        command.args([
+            "-c",
+            "echo '     Running tests/piped.rs (x)' >&2; \
+             echo 'all ok; finished in 7.00s'",
+        ]);
+        super::run_tests(command).unwrap_or_else(|e| panic!("{}", e.message));
+        assert!(crate::tally::slowest(50).contains("tests/piped.rs 7 s"));
     }
 }
