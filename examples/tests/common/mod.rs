@@ -243,8 +243,9 @@ pub fn train_gpt() -> std::path::PathBuf {
     example("train_gpt")
 }
 
-/// The example `name`, built in the profile of this test binary (for tests that run it as a
-/// child process).
+/// The example `name`, built in the profile and with the `wgpu` feature of this test binary
+/// (for tests that run it as a child process): the same features reuse the build the test
+/// binary came from instead of building Burn again without them.
 pub fn example(name: &str) -> std::path::PathBuf {
     let exe = std::env::current_exe().expect("test binary path");
     // target/<profile>/deps/<test>-<hash>
@@ -255,6 +256,11 @@ pub fn example(name: &str) -> std::path::PathBuf {
     let profile = profile_dir.file_name().unwrap().to_str().unwrap();
     let status = std::process::Command::new(env!("CARGO"))
         .args(["build", "-q", "-p", "bonfire-examples", "--example", name])
+        .args(if cfg!(feature = "wgpu") {
+            &["--features", "wgpu"][..]
+        } else {
+            &[]
+        })
         .args([
             "--profile",
             if profile == "debug" { "dev" } else { profile },
