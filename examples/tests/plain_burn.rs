@@ -109,58 +109,57 @@ fn host<const D: usize>(t: Tensor<D>) -> Vec<f32> {
     t.into_data().try_to_vec::<f32>().expect("f32 values")
 }
 
+/// A block's six linear layers under their contract names.
+fn linears(blk: &bonfire_examples::block::Block) -> [(&'static str, &Linear); 6] {
+    [
+        ("attn.q", &blk.attn.q),
+        ("attn.k", &blk.attn.k),
+        ("attn.v", &blk.attn.v),
+        ("attn.o", &blk.attn.o),
+        ("mlp.fc1", &blk.mlp.fc1),
+        ("mlp.fc2", &blk.mlp.fc2),
+    ]
+}
+
+/// `(name, shape, values)` of `p`, or of its gradient in `grads`.
+fn entry<const D: usize>(
+    name: String,
+    p: &Param<Tensor<D>>,
+    grads: Option<&GradientsParams>,
+) -> (String, Vec<usize>, Vec<f32>) {
+    let v = match grads {
+        Some(g) => host(
+            g.get::<D>(p.id)
+                .unwrap_or_else(|| panic!("no gradient: {name}")),
+        ),
+        None => host(p.val()),
+    };
+    (name, p.dims().to_vec(), v)
+}
+
 /// `(name, shape, values)` of every parameter, or of its gradient in `grads`.
 fn named(m: &Gpt, grads: Option<&GradientsParams>) -> Vec<(String, Vec<usize>, Vec<f32>)> {
-    let mut out = Vec::new();
-    let mut push2 = |name: String, p: &Param<Tensor<2>>| {
-        let v = match grads {
-            Some(g) => host(
-                g.get::<2>(p.id)
-                    .unwrap_or_else(|| panic!("no gradient: {name}")),
-            ),
-            None => host(p.val()),
-        };
-        out.push((name, p.dims().to_vec(), v));
-    };
-    push2("tok_emb.weight".into(), &m.tok_emb.weight);
-    push2("pos_emb.weight".into(), &m.pos_emb.weight);
-    push2("head.weight".into(), &m.head.weight);
-    for (i, blk) in m.blocks.iter().enumerate() {
-        for (n, l) in [("attn.q", &blk.attn.q), ("attn.k", &blk.attn.k)]
-            .into_iter()
-            .chain([("attn.v", &blk.attn.v), ("attn.o", &blk.attn.o)])
-            .chain([("mlp.fc1", &blk.mlp.fc1), ("mlp.fc2", &blk.mlp.fc2)])
-        {
-            push2(format!("blocks.{i}.{n}.weight"), &l.weight);
-        }
-    }
-    let mut biases: Vec<(String, &Param<Tensor<1>>)> = vec![
-        ("ln_f.weight".into(), &m.ln_f.weight),
-        ("ln_f.bias".into(), &m.ln_f.bias),
+    let mut out = vec![
+        entry("tok_emb.weight".into(), &m.tok_emb.weight, grads),
+        entry("pos_emb.weight".into(), &m.pos_emb.weight, grads),
+        entry("head.weight".into(), &m.head.weight, grads),
     ];
     for (i, blk) in m.blocks.iter().enumerate() {
-        for (n, ln) in [("ln1", &blk.ln1), ("ln2", &blk.ln2)] {
-            biases.push((format!("blocks.{i}.{n}.weight"), &ln.weight));
-            biases.push((format!("blocks.{i}.{n}.bias"), &ln.bias));
-        }
-        for (n, l) in [("attn.q", &blk.attn.q), ("attn.k", &blk.attn.k)]
-            .into_iter()
-            .chain([("attn.v", &blk.attn.v), ("attn.o", &blk.attn.o)])
-            .chain([("mlp.fc1", &blk.mlp.fc1), ("mlp.fc2", &blk.mlp.fc2)])
-        {
-            let b = l.bias.as_ref().expect("the block's linears have biases");
-            biases.push((format!("blocks.{i}.{n}.bias"), b));
+        for (n, l) in linears(blk) {
+            out.push(entry(format!("blocks.{i}.{n}.weight"), &l.weight, grads));
         }
     }
-    for (name, p) in biases {
-        let v = match grads {
-            Some(g) => host(
-                g.get::<1>(p.id)
-                    .unwrap_or_else(|| panic!("no gradient: {name}")),
-            ),
-            None => host(p.val()),
-        };
-        out.push((name, p.dims().to_vec(), v));
+    out.push(entry("ln_f.weight".into(), &m.ln_f.weight, grads));
+    out.push(entry("ln_f.bias".into(), &m.ln_f.bias, grads));
+    for (i, blk) in m.blocks.iter().enumerate() {
+        for (n, ln) in [("ln1", &blk.ln1), ("ln2", &blk.ln2)] {
+            out.push(entry(format!("blocks.{i}.{n}.weight"), &ln.weight, grads));
+            out.push(entry(format!("blocks.{i}.{n}.bias"), &ln.bias, grads));
+        }
+        for (n, l) in linears(blk) {
+            let b = l.bias.as_ref().expect("the block's linears have biases");
+            out.push(entry(format!("blocks.{i}.{n}.bias"), b, grads));
+        }
     }
     out
 }
