@@ -297,6 +297,12 @@ pub struct RankRun {
     pub held: usize,
     /// The most bytes live during the steps after the first.
     pub steady_peak: usize,
+    /// The most bytes live during those steps' forward+backward (the planner's moment "at a
+    /// backward's start", and, in a pipeline, its gradient sums).
+    pub backward_peak: usize,
+    /// The most bytes live during those steps' optimizer step (the planner's gradient sum
+    /// without a pipeline).
+    pub step_peak: usize,
     /// The fastest step after the first (forward+backward and optimizer step), ms.
     pub step_ms: f64,
     /// The CPU backend's per-thread matrix-product workspace, allocated before the baseline
@@ -368,10 +374,15 @@ pub fn measure_layout(
             engine.forward_backward(&b)?;
             drop(b);
             run.held = memory::live(r) - base;
+            let backward = memory::peak(r) - base;
+            memory::reset_peak(r);
             engine.step(1e-4)?;
             if step > 0 {
                 timed = f64::min(timed, start.elapsed().as_secs_f64());
-                run.steady_peak = run.steady_peak.max(memory::peak(r) - base);
+                let optimizer = memory::peak(r) - base;
+                run.backward_peak = run.backward_peak.max(backward);
+                run.step_peak = run.step_peak.max(optimizer);
+                run.steady_peak = run.backward_peak.max(run.step_peak);
             }
         }
         run.step_ms = timed * 1e3;

@@ -81,13 +81,18 @@ pub fn state_bytes(
 
 /// The gradient bytes of `state` live at the step's peak (backward's start, every
 /// activation kept): all of them where the reduced gradients outlive the step (DDP's
-/// buckets; the single-replica engines of tp and pp layouts, measured), none under ZeRO —
-/// every stage takes its averaged gradients in the optimizer step, and stages 2–3
-/// reduce-scatter the next ones during backward, as the activations are freed.
+/// buckets; the single-replica engines of tp and pp layouts, measured) and under ZeRO-3,
+/// whose rank holds its whole state's bytes between steps — a shard-sized buffer beside the
+/// parameter shard and the optimizer state where the next gradient shard will be (measured:
+/// the bytes live at a forward's start equal those held after backward from the third step
+/// on, on the fit set's bench GPT and the held-out shapes alike; the second step holds one
+/// shard more, the first step's). None under ZeRO-1/2: they take their averaged gradients in
+/// the optimizer step, and stage 2 reduce-scatters the next ones during backward, as the
+/// activations are freed.
 pub fn gradients_at_peak(layout: &Layout, state: &FormulaBytes) -> f64 {
     match layout.zero {
-        ZeroStage::Z0 => state.grads,
-        ZeroStage::Z1 | ZeroStage::Z2 | ZeroStage::Z3 => 0.0,
+        ZeroStage::Z0 | ZeroStage::Z3 => state.grads,
+        ZeroStage::Z1 | ZeroStage::Z2 => 0.0,
     }
 }
 
@@ -96,7 +101,8 @@ pub fn gradients_at_peak(layout: &Layout, state: &FormulaBytes) -> f64 {
 /// a pipeline): [`held_bytes`], and while a backward runs one block's activations as it is
 /// recomputed and, on the rank with the head, more logits-sized buffers at the loss's
 /// backward: two (its gradient and the kept probabilities), three with the
-/// vocabulary-parallel loss of tp (measured).
+/// vocabulary-parallel loss of tp (measured), and under a half param dtype the half-precision
+/// logits the f32 ones are cast from.
 pub fn activation_bytes(
     model: &ModelSpec,
     layout: &Layout,
@@ -112,7 +118,14 @@ pub fn activation_bytes(
     }
     if chunks.iter().any(|c| c.has_head) {
         let buffers = if layout.tp > 1 { 3.0 } else { 2.0 };
-        bytes += buffers * logits_bytes(model, layout, tokens);
+        // Under a half param dtype the head's logits come out in it and are cast to f32 for
+        // the loss: the half copy is live beside the f32 ones (derived, not fitted).
+        let half = if layout.precision.is_mixed() {
+            layout.precision.param_bytes as f64 / 4.0
+        } else {
+            0.0
+        };
+        bytes += (buffers + half) * logits_bytes(model, layout, tokens);
     }
     bytes
 }

@@ -107,9 +107,14 @@ fn the_peak_counts_gradients_where_they_are_live() {
         peak(ZeroStage::Z0, 500.0),
         16_000.0 + STEP_GRADIENT_COPIES * 4_000.0
     );
-    // ZeRO: parameters and the optimizer's shard at backward's start, no gradient.
+    // ZeRO-1/2: parameters and the optimizer's shard at backward's start, no gradient.
     assert_eq!(peak(ZeroStage::Z1, 20_000.0), 4_000.0 + 2_000.0 + 20_000.0);
     assert_eq!(peak(ZeroStage::Z2, 20_000.0), 4_000.0 + 2_000.0 + 20_000.0);
+    // ZeRO-3 holds its whole state between steps: the gradient shard's bytes count too.
+    assert_eq!(
+        peak(ZeroStage::Z3, 20_000.0),
+        1_000.0 + 1_000.0 + 2_000.0 + 20_000.0
+    );
     // Few activations: the step, with the whole state and copies of the unreduced
     // gradients, is the peak.
     let copies = ZERO_STEP_GRADIENT_COPIES * 4_000.0;
