@@ -9,6 +9,8 @@
 //! GPU test suite or a GPU feature build is a one-line change in the matching
 //! module.
 
+#[cfg(test)]
+mod architecture;
 mod bench;
 mod checkpoint_verify;
 mod gpu;
