@@ -221,7 +221,9 @@ pub fn rank_memory(
     };
     // The gradient sums: the optimizer step (its copies of every gradient, no activation),
     // and, in a pipeline, after each chunk's backward its gradients' copies beside the other
-    // micro-batches' activations.
+    // micro-batches' activations and, once sums run, the rank's other chunks' running sums
+    // (a rank-0 trace of ZB-V on the held-out *small* GPT: its peak is the head chunk's W
+    // with the embedding chunk's sums live; derived, the fitted copies are the chunk's own).
     let (at_sum, at_step) = gradient_copy_bytes(layout, s.params, &state);
     let chunk_sums = if schedule.is_some() {
         held.one_fewer()
@@ -233,7 +235,7 @@ pub fn rank_memory(
         .map(|(c, h)| {
             let share = s.chunks[c].params as f64 / s.params.max(1) as f64;
             let others = held_bytes(model, layout, &s.chunks, &h, tokens, req.seq);
-            (at_sum * share, others)
+            (at_sum * share + sums * (1.0 - share), others)
         })
         .fold(
             (at_step, 0.0),
