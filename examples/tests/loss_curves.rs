@@ -1,6 +1,8 @@
 //! From the same seed the loss curve is the same in every layout: AdamW steps of a small GPT
 //! on `train_gpt`'s corpus batches, for every mesh shape of 4 and 8 ranks (pp × dp × tp),
-//! against one rank: losses equal within 1e-4 relative.
+//! against one rank: losses equal within 1.5e-6 relative — about 3× the largest difference
+//! measured (1.4e-6 on losses of about 3, in the gate's subset and in the full sweep alike);
+//! it was 1e-4, 200× wider than anything a layout produced.
 //!
 //! The gate runs every mesh shape once (16 layouts, 8 steps), its options chosen so that
 //! together they run every ZeRO stage, every tp option and every schedule
@@ -194,7 +196,7 @@ fn same_curves(layouts: Vec<LayoutArgs>) {
     for layout in layouts {
         let dims = layout.dims("dp=1").unwrap();
         let got = losses(&dims);
-        let c = assert_close(&dims.to_string(), &got, want, Tolerance::new(1e-4, 0.0));
+        let c = assert_close(&dims.to_string(), &got, want, Tolerance::new(1.5e-6, 0.0));
         println!("curve {dims}: {c}");
     }
 }
