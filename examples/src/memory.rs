@@ -267,6 +267,8 @@ fn outer(size: usize, align: usize) -> Option<Layout> {
 /// # Safety
 /// `user` must come from [`RankAllocator`].
 unsafe fn owner_cell(user: *mut u8) -> *mut usize {
+    // SAFETY: `user` came from `allocate`, which put at least `HEADER` (16) bytes of the same
+    // system block in front of it, the owner's slot among them.
     unsafe { user.sub(size_of::<usize>()) as *mut usize }
 }
 
@@ -285,6 +287,8 @@ impl RankAllocator {
         if !charge(slot, layout.size(), None) {
             return std::ptr::null_mut();
         }
+        // SAFETY: `outer` has a non-zero size (it adds the header to `layout`'s) and a valid
+        // alignment (`outer` built it with `Layout::from_size_align`).
         let base = unsafe {
             if zeroed {
                 System.alloc_zeroed(outer)
@@ -296,6 +300,8 @@ impl RankAllocator {
             uncharge(slot, layout.size());
             return base;
         }
+        // SAFETY: `base` is a live block of `outer` bytes; `prefix(align)` < its size, so `user`
+        // and the slot in front of it lie inside it.
         unsafe {
             let user = base.add(prefix(layout.align()));
             owner_cell(user).write(slot);
@@ -309,14 +315,19 @@ impl RankAllocator {
 // same layout arithmetic on free and realloc.
 unsafe impl GlobalAlloc for RankAllocator {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        // SAFETY: forwarded from `alloc`'s contract.
         unsafe { self.allocate(layout, false) }
     }
 
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        // SAFETY: forwarded from `alloc_zeroed`'s contract.
         unsafe { self.allocate(layout, true) }
     }
 
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: `ptr` came from this allocator with `layout` (the caller's contract), so the
+        // header in front of it and the system block of `outer(layout)` starting `prefix` before
+        // it are ours.
         unsafe {
             let slot = owner_cell(ptr).read();
             let outer = outer(layout.size(), layout.align()).expect("allocated with it");
@@ -327,6 +338,8 @@ unsafe impl GlobalAlloc for RankAllocator {
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         let (old, align) = (layout.size(), layout.align());
+        // SAFETY: as for `dealloc`: `ptr` came from this allocator with `layout`; the system
+        // block is reallocated whole, header included.
         unsafe {
             let slot = owner_cell(ptr).read();
             let Some(grown) = outer(new_size, align) else {
@@ -404,6 +417,8 @@ mod tests {
         let _r = enter_rank(rank);
         for align in [1usize, 8, 16, 64, 4096] {
             let layout = Layout::from_size_align(100, align).unwrap();
+            // SAFETY: a block of 100 bytes with `align` is allocated, read within its 100 bytes,
+            // grown to 5000 and freed with the layout it then has.
             unsafe {
                 let p = std::alloc::alloc_zeroed(layout);
                 assert_eq!(p as usize % align, 0);

@@ -46,6 +46,8 @@
 //! assert!(sums.iter().all(|v| v == &vec![6.0; 3]));
 //! ```
 
+#![forbid(unsafe_code)]
+
 pub use bonfire_comm as comm;
 pub use bonfire_ddp as ddp;
 pub use bonfire_dtensor as dtensor;

@@ -38,7 +38,7 @@ pub(crate) fn fence() {
 #[cfg(target_arch = "x86_64")]
 unsafe fn stream_copy_x86_64(dst: *mut u8, src: *const u8, len: usize) {
     use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_stream_si128};
-    // SAFETY (whole body): the caller guarantees both ranges; SSE2 is baseline on x86-64;
+    // SAFETY: (whole body) the caller guarantees both ranges; SSE2 is baseline on x86-64;
     // stores are made on 16-byte aligned destination addresses only.
     unsafe {
         let head = dst.align_offset(16).min(len);
@@ -74,6 +74,9 @@ mod tests {
             for len in [0, 1, 63, 255, 256, 1000, 4000] {
                 let mut a = vec![0u8; 5100];
                 let mut b = vec![0u8; 5100];
+                // SAFETY: `a` and `b` hold 5100 bytes and `offset + len` ≤ 4016 are written;
+                // `src` holds 5000 and `3 + len` ≤ 4003 are read; the three are distinct
+                // allocations.
                 unsafe {
                     copy_bytes(a.as_mut_ptr().add(offset), src.as_ptr().add(3), len, true);
                     copy_bytes(b.as_mut_ptr().add(offset), src.as_ptr().add(3), len, false);

@@ -151,7 +151,10 @@ fn neighbours(pg: &ProcessGroup) -> Result<(), String> {
     let (next, prev) = ((me + 1) % n, (me + n - 1) % n);
     let out = upload(&[me as f32; 64]);
     let inbox = upload(&[0.0; 64]);
+    // SAFETY: `out` is a device allocation of 64 f32 (`upload`), live for the test; the peer
+    // receives 64.
     let send = || unsafe { pg.device_send(buf(out, 64), next, 7) };
+    // SAFETY: `inbox` is a device allocation of 64 f32, live for the test; the peer sends 64.
     let recv = || unsafe { pg.device_recv(buf(inbox, 64), prev, 7) };
     if me % 2 == 0 {
         send().and_then(|_| recv())
@@ -184,7 +187,7 @@ fn device_buffers(pg: &ProcessGroup) -> Result<(), String> {
     let (n, me) = (pg.size(), pg.rank());
     // All-reduce (out of place) and broadcast.
     let (a, b) = (upload(&vec![(me + 1) as f32; 1000]), upload(&[0.0; 1000]));
-    // SAFETY (every call below): buffers allocated above with the stated lengths.
+    // SAFETY: (every call below) buffers allocated above with the stated lengths.
     unsafe {
         let call = DeviceCollective::AllReduce {
             send: buf(a, 1000),
@@ -197,6 +200,7 @@ fn device_buffers(pg: &ProcessGroup) -> Result<(), String> {
     if download(b, 1000).iter().any(|&x| x != want) {
         return Err("device all-reduce".into());
     }
+    // SAFETY: `a` and `b` are device allocations of 1000 f32 each, live for the test.
     unsafe {
         let call = DeviceCollective::Broadcast {
             send: buf(a, 1000),
@@ -212,6 +216,7 @@ fn device_buffers(pg: &ProcessGroup) -> Result<(), String> {
     let counts: Vec<usize> = (1..=n).collect();
     let total: usize = counts.iter().sum();
     let (piece, all) = (upload(&vec![me as f32; me + 1]), upload(&vec![0.0; total]));
+    // SAFETY: `piece` holds `me + 1` f32 and `all` the sum of `counts`, as uploaded above.
     unsafe {
         let call = DeviceCollective::AllGather {
             send: buf(piece, me + 1),
@@ -225,6 +230,8 @@ fn device_buffers(pg: &ProcessGroup) -> Result<(), String> {
         return Err("device uneven all-gather".into());
     }
     // Reduce-scatter of the gathered vector back: every rank's piece times n.
+    // SAFETY: `all` holds the sum of `counts` f32 and `piece` this rank's `me + 1`, as uploaded
+    // above.
     unsafe {
         let call = DeviceCollective::ReduceScatter {
             send: buf(all, total),

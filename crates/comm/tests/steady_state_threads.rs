@@ -15,20 +15,25 @@ thread_local! {
     static COUNTING: Cell<bool> = const { Cell::new(false) };
 }
 
+// SAFETY: every call is forwarded to `System` unchanged; only a counter is updated.
 unsafe impl GlobalAlloc for CountingAllocator {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         if COUNTING.with(|c| c.get()) {
             ALLOCATIONS.fetch_add(1, Ordering::SeqCst);
         }
+        // SAFETY: forwarded from `alloc`'s contract.
         unsafe { System.alloc(layout) }
     }
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: `ptr` was allocated by `System` with `layout` (every allocation goes through
+        // this allocator).
         unsafe { System.dealloc(ptr, layout) }
     }
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         if COUNTING.with(|c| c.get()) {
             ALLOCATIONS.fetch_add(1, Ordering::SeqCst);
         }
+        // SAFETY: forwarded from `realloc`'s contract.
         unsafe { System.realloc(ptr, layout, new_size) }
     }
 }

@@ -44,6 +44,8 @@
 //! assert_eq!(weights[0], weights[1]); // replicas stay identical
 //! ```
 
+#![forbid(unsafe_code)]
+
 mod bucket;
 mod compress;
 mod config;

@@ -52,6 +52,8 @@
 //!
 //! See `docs/pipeline.md` for the schedules, the checker, the B/W split and the benchmark.
 
+#![forbid(unsafe_code)]
+
 pub mod check;
 pub mod runtime;
 pub mod schedule;

@@ -40,6 +40,8 @@
 //!
 //! `docs/planner.md` explains the model and its measured accuracy.
 
+#![forbid(unsafe_code)]
+
 pub mod bytes;
 pub mod cluster;
 pub mod cost;

@@ -63,6 +63,8 @@
 //!
 //! See `docs/architecture.md` and `docs/train.md`.
 
+#![forbid(unsafe_code)]
+
 pub mod checkpoint;
 mod dims;
 mod engine;

@@ -73,6 +73,8 @@
 //!
 //! See `docs/zero.md`.
 
+#![forbid(unsafe_code)]
+
 pub mod checkpoint;
 mod config;
 mod error;

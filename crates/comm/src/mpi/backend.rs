@@ -62,6 +62,7 @@ impl MpiBackend {
     /// for point-to-point traffic.
     pub(crate) fn new(rt: Arc<Runtime>, coll: ffi::MPI_Comm, world: Vec<usize>) -> Self {
         let (mut rank, mut size) = (0, 0);
+        // SAFETY: reads a constant handle the MPI bindings export (an immutable extern static).
         let mut p2p: ffi::MPI_Comm = unsafe { ffi::RSMPI_COMM_NULL };
         // SAFETY: `coll` is a valid communicator of which this process is a member.
         rt.call(|| unsafe {
@@ -166,6 +167,7 @@ impl Backend for MpiBackend {
         let started = Instant::now();
         let deadline = started + ctx.timeout;
         let mut backoff = Backoff::new();
+        // SAFETY: reads a constant handle the MPI bindings export (an immutable extern static).
         let mut message: ffi::MPI_Message = unsafe { ffi::RSMPI_MESSAGE_NULL };
         // SAFETY: a plain C struct filled in by MPI.
         let mut status: ffi::MPI_Status = unsafe { std::mem::zeroed() };
@@ -201,13 +203,15 @@ impl Backend for MpiBackend {
             backoff.snooze();
         }
         let mut count: c_int = 0;
+        // SAFETY: `status` was filled in by the probe that matched this message; `count` is a
+        // live out-pointer.
         unsafe { ffi::MPI_Get_count(&status, ffi::RSMPI_UINT8_T, &mut count) };
         let mut staging = self.rt.buffer();
         staging.clear();
         staging.resize(count.max(0) as usize, 0);
         let sp = staging.as_mut_ptr() as *mut c_void;
-        // SAFETY: the staging buffer holds exactly the probed message.
         check(
+            // SAFETY: the staging buffer holds exactly the probed message.
             self.rt.call(|| unsafe {
                 ffi::MPI_Mrecv(
                     sp,
@@ -320,6 +324,7 @@ impl Backend for MpiBackend {
             }
         }
         let ints: Vec<c_int> = ranks.iter().map(|&r| r as c_int).collect();
+        // SAFETY: reads a constant handle the MPI bindings export (an immutable extern static).
         let mut newcomm: ffi::MPI_Comm = unsafe { ffi::RSMPI_COMM_NULL };
         // SAFETY: every member reached this point with the same list (checked above).
         let rc = self.rt.call(|| unsafe {

@@ -72,6 +72,8 @@ impl MpiBackend {
             None => {
                 let len = widen(dtype, buf.bytes(), &mut s.a);
                 let wide = grow(&mut s.a, len * 4);
+                // SAFETY: reads a datatype constant the MPI bindings export (an immutable extern
+                // static).
                 let ft = unsafe { ffi::RSMPI_FLOAT };
                 let mut tmp = std::mem::take(&mut s.b);
                 let r = self.all_reduce_raw_with(wide, count, ft, op, &mut tmp);
@@ -91,6 +93,9 @@ impl MpiBackend {
         let p = mptr(buf.bytes_mut());
         check(
             self.rt
+                // SAFETY: `p` is the caller's buffer of `count` elements of `mt`, live for the
+                // call; every rank agreed on this broadcast (its root, count and type) in phase
+                // 1.
                 .call(|| unsafe { ffi::MPI_Bcast(p, count, mt, root as c_int, comm) }),
             "MPI_Bcast",
         )
@@ -112,6 +117,8 @@ impl MpiBackend {
         let (wide_type, len) = match reduce_type(dtype) {
             Some(t) => (t, 0),
             None => (
+                // SAFETY: reads a datatype constant the MPI bindings export (an immutable extern
+                // static).
                 unsafe { ffi::RSMPI_FLOAT },
                 widen(dtype, buf.bytes(), &mut s.a),
             ),
@@ -126,6 +133,9 @@ impl MpiBackend {
         } else {
             let p = cptr(data);
             check(
+                // SAFETY: `p` holds `count` elements of `wide_type` (the caller's buffer or the
+                // widened scratch grown to fit); a non-root passes no receive buffer, which MPI
+                // ignores there.
                 self.rt.call(|| unsafe {
                     ffi::MPI_Reduce(
                         p,
@@ -169,6 +179,8 @@ impl MpiBackend {
             None => {
                 let c = cint(send.len(), ctx)?;
                 check(
+                    // SAFETY: `sp` holds `c` elements and `rp` `c` per rank (the call's validated
+                    // counts); every rank agreed on the call in phase 1.
                     rt.call(|| unsafe { ffi::MPI_Allgather(sp, c, mt, rp, c, mt, comm) }),
                     "MPI_Allgather",
                 )
@@ -177,6 +189,9 @@ impl MpiBackend {
                 let (cs, ds) = self.counts_displs(counts, s, ctx)?;
                 let c = cint(send.len(), ctx)?;
                 check(
+                    // SAFETY: `sp` holds `c` elements; `rp` holds the sum of `cs`, placed at
+                    // `ds`, both built from the call's validated counts; every rank agreed on the
+                    // call in phase 1.
                     rt.call(|| unsafe { ffi::MPI_Allgatherv(sp, c, mt, rp, cs, ds, mt, comm) }),
                     "MPI_Allgatherv",
                 )
@@ -212,6 +227,9 @@ impl MpiBackend {
                 let sp = cptr(send.bytes());
                 let rp = mptr(recv.bytes_mut());
                 check(
+                    // SAFETY: `sp` holds the sum of `cs` elements of `t` and `rp` this rank's
+                    // `cs` entry (the call's validated counts); every rank agreed on the call in
+                    // phase 1.
                     rt.call(|| unsafe { ffi::MPI_Reduce_scatter(sp, rp, cs, t, mpi_op(op), comm) }),
                     "MPI_Reduce_scatter",
                 )?;
@@ -223,8 +241,12 @@ impl MpiBackend {
                 widen(dtype, send.bytes(), &mut s.a);
                 let sp = cptr(grow(&mut s.a, total * 4));
                 let rp = mptr(grow(&mut s.b, mine * 4));
+                // SAFETY: reads a datatype constant the MPI bindings export (an immutable extern
+                // static).
                 let ft = unsafe { ffi::RSMPI_FLOAT };
                 check(
+                    // SAFETY: the widened scratch buffers were grown to `total` and `mine` f32
+                    // values, what `cs` describes; every rank agreed on the call in phase 1.
                     rt.call(|| unsafe {
                         ffi::MPI_Reduce_scatter(sp, rp, cs, ft, mpi_op(op), comm)
                     }),
@@ -254,6 +276,8 @@ impl MpiBackend {
             None => {
                 let piece = cint(send.len() / n, ctx)?;
                 check(
+                    // SAFETY: `sp` and `rp` hold `piece` elements per rank (the call's validated
+                    // counts); every rank agreed on the call in phase 1.
                     rt.call(|| unsafe { ffi::MPI_Alltoall(sp, piece, mt, rp, piece, mt, comm) }),
                     "MPI_Alltoall",
                 )
@@ -276,6 +300,9 @@ impl MpiBackend {
                     ints[3 * n..].as_ptr(),
                 );
                 let r = check(
+                    // SAFETY: `ints` holds the 4 n send/receive counts and displacements built
+                    // from the call's validated counts, which `sp` and `rp` cover; every rank
+                    // agreed on the call in phase 1.
                     rt.call(|| unsafe { ffi::MPI_Alltoallv(sp, sc, sd, mt, rp, rc, rd, mt, comm) }),
                     "MPI_Alltoallv",
                 );
@@ -321,6 +348,8 @@ impl MpiBackend {
         );
         let c = (2 * n) as c_int;
         check(
+            // SAFETY: `rp` points to 2 n u64 counts and `mp` to the 2 n × n matrix resized above;
+            // every rank sends the same 2 n.
             self.rt.call(|| unsafe {
                 ffi::MPI_Allgather(
                     rp,
@@ -371,6 +400,9 @@ impl MpiBackend {
         match self.rt.in_place() {
             Some(inplace) => check(
                 self.rt
+                    // SAFETY: `p` holds `count` elements of `t` (the caller's buffer or the
+                    // widened scratch); in place, MPI reads and writes only it; every rank agreed
+                    // on the call in phase 1.
                     .call(|| unsafe { ffi::MPI_Allreduce(inplace, p, count, t, mpi_op(op), comm) }),
                 "MPI_Allreduce",
             ),
@@ -380,6 +412,9 @@ impl MpiBackend {
                 let cp = cptr(copy);
                 check(
                     self.rt
+                        // SAFETY: `cp` is a copy of `p`'s `count` elements in scratch sized to
+                        // match, so send and receive buffers do not overlap; every rank agreed on
+                        // the call in phase 1.
                         .call(|| unsafe { ffi::MPI_Allreduce(cp, p, count, t, mpi_op(op), comm) }),
                     "MPI_Allreduce",
                 )
@@ -407,6 +442,8 @@ impl MpiBackend {
             }
         };
         check(
+            // SAFETY: `send` is `p` in place or a same-sized copy in scratch; `p` holds `count`
+            // elements of `t`; every rank agreed on the call (its root) in phase 1.
             self.rt.call(|| unsafe {
                 ffi::MPI_Reduce(send, p, count, t, mpi_op(op), root as c_int, comm)
             }),

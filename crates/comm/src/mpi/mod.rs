@@ -104,6 +104,7 @@ impl MpiWorld {
         runtime::install(rt.clone());
         install_panic_hook(rt.world_rank);
         let size = universe.world().size() as usize;
+        // SAFETY: reads a constant handle the MPI bindings export (an immutable extern static).
         let mut coll: ffi::MPI_Comm = unsafe { ffi::RSMPI_COMM_NULL };
         // SAFETY: MPI is initialised; duplicate the world communicator for our collectives.
         unsafe { ffi::MPI_Comm_dup(ffi::RSMPI_COMM_WORLD, &mut coll) };

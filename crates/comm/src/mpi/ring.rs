@@ -153,6 +153,8 @@ impl Ring<'_> {
             self.sendrecv(sbuf, sc, self.scratch as *mut c_void, rc)
         };
         check(rc_, "MPI_Sendrecv (ring reduce-scatter)")?;
+        // SAFETY: `recv_piece` lies inside the caller's buffer, which `base` points to and this
+        // call borrows exclusively.
         let dst = unsafe { self.base.add(recv_piece.start * esize) };
         let m = recv_piece.len();
         // SAFETY: `dst` and the scratch hold `m` elements each and do not overlap; the

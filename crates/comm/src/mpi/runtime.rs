@@ -25,12 +25,16 @@ pub(crate) const EXIT_GRACE: Duration = Duration::from_millis(200);
 pub(crate) struct Comm(pub ffi::MPI_Comm);
 // SAFETY: see above; the handle itself is an opaque, immutable token.
 unsafe impl Send for Comm {}
+// SAFETY: as for `Send`: an opaque handle, every call on it made under the runtime's rules.
 unsafe impl Sync for Comm {}
 
 /// A request handle that may move between threads (see [`Comm`]).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Request(pub ffi::MPI_Request);
+// SAFETY: an opaque request handle like [`Comm`]; it is tested or waited on only under the
+// runtime's rules.
 unsafe impl Send for Request {}
+// SAFETY: as for `Send`.
 unsafe impl Sync for Request {}
 
 impl Request {
@@ -126,6 +130,7 @@ impl Runtime {
     /// `MPI_THREAD_MULTIPLE`.
     pub(crate) fn new(multiple: bool) -> Arc<Self> {
         let (mut rank, mut size) = (0, 0);
+        // SAFETY: reads a constant handle the MPI bindings export (an immutable extern static).
         let mut ctrl: ffi::MPI_Comm = unsafe { ffi::RSMPI_COMM_NULL };
         // SAFETY: MPI is initialised; plain queries and a dup of the world communicator.
         unsafe {
@@ -239,6 +244,8 @@ impl Runtime {
         let mut flag: c_int = 0;
         // SAFETY: a valid status struct to fill in.
         let mut status: ffi::MPI_Status = unsafe { std::mem::zeroed() };
+        // SAFETY: `st.req` is a live request (checked non-null above); `flag` and `status` are
+        // live out-pointers.
         self.call(|| unsafe { ffi::MPI_Test(&mut st.req.0, &mut flag, &mut status) });
         if flag != 0 {
             let src = status.MPI_SOURCE as usize;

@@ -34,6 +34,7 @@ pub struct NcclComm {
 // one communicator are serialised, which `ProcessGroup` (one call at a time per group) and
 // the `&self` device API's documented contract ensure.
 unsafe impl Send for NcclComm {}
+// SAFETY: as for `Send`: calls on one communicator are serialised by its process group.
 unsafe impl Sync for NcclComm {}
 
 pub(super) fn check_nccl(

@@ -28,7 +28,7 @@ impl NcclBackend {
     pub(super) unsafe fn enqueue(&self, call: DeviceCollective<'_>, s: &mut Scratch) -> Result<()> {
         let (me, stream) = (self.comm().rank(), self.comm().stream());
         let comm = self.comm();
-        // SAFETY (all arms): forwarded from the caller; offsets follow validated counts.
+        // SAFETY: (all arms) forwarded from the caller; offsets follow validated counts.
         unsafe {
             match call {
                 DeviceCollective::AllReduce { send, recv, op } => {

@@ -59,6 +59,7 @@ impl Default for CountingAllocator {
 // SAFETY: every call is forwarded to `System` unchanged; only counters are updated.
 unsafe impl GlobalAlloc for CountingAllocator {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        // SAFETY: forwarded from `alloc`'s contract (a non-zero-size `layout`).
         let p = unsafe { System.alloc(layout) };
         if !p.is_null() {
             self.grew(layout.size() as isize);
@@ -66,6 +67,7 @@ unsafe impl GlobalAlloc for CountingAllocator {
         p
     }
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        // SAFETY: forwarded from `alloc_zeroed`'s contract.
         let p = unsafe { System.alloc_zeroed(layout) };
         if !p.is_null() {
             self.grew(layout.size() as isize);
@@ -73,11 +75,15 @@ unsafe impl GlobalAlloc for CountingAllocator {
         p
     }
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: `ptr` was allocated by `System` with `layout` (every allocation goes through
+        // this forwarding allocator).
         unsafe { System.dealloc(ptr, layout) };
         self.live
             .fetch_sub(layout.size() as isize, Ordering::Relaxed);
     }
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        // SAFETY: forwarded from `realloc`'s contract; `ptr` came from `System` through this
+        // allocator.
         let p = unsafe { System.realloc(ptr, layout, new_size) };
         if !p.is_null() {
             self.grew(new_size as isize - layout.size() as isize);

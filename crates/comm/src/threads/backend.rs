@@ -325,7 +325,7 @@ impl ThreadBackend {
             size,
             dtype: call.dtype(),
         };
-        // SAFETY (every arm): forwarded from this function's contract, which is each
+        // SAFETY: (every arm) forwarded from this function's contract, which is each
         // `Exchange` method's.
         unsafe {
             match call {
