@@ -296,29 +296,12 @@ fn a_tensor_or_pipeline_parallel_layout_is_refused() {
     }
 }
 
-/// `train_gpt` with `args` on a small model (6 steps, 12-row global batch on dp=4).
+/// `train_gpt` with `args` on the tiny GPT of the MPI steps (`examples/tiny_gpt.args`), 6
+/// steps, a 12-row global batch on dp=4.
 fn train_gpt(args: &[&str]) -> (bool, String) {
     let out = std::process::Command::new(common::train_gpt())
-        .args([
-            "--steps",
-            "6",
-            "--batch",
-            "3",
-            "--seq",
-            "16",
-            "--d-model",
-            "32",
-        ])
-        .args([
-            "--heads",
-            "4",
-            "--layers",
-            "2",
-            "--d-ff",
-            "64",
-            "--log-every",
-            "0",
-        ])
+        .args(["--steps", "6", "--batch", "3"])
+        .args(include_str!("../tiny_gpt.args").split_whitespace())
         .args(["--no-save"])
         .args(args)
         .output()

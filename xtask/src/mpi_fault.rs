@@ -10,13 +10,13 @@
 
 use crate::checkpoint_verify::verify_checkpoint;
 use crate::mpi::{counted, mpirun};
-use crate::mpi_train::{TINY_GPT, fail, metrics_lines};
+use crate::mpi_train::{fail, metrics_lines, tiny_gpt};
 use crate::process::Result;
 use std::path::Path;
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-/// With [`TINY_GPT`], a few steps of 3 sequences per replica on 4 ranks: a global batch of 12
+/// With [`tiny_gpt`], a few steps of 3 sequences per replica on 4 ranks: a global batch of 12
 /// rows, which 3 survivors split evenly.
 const COMMON: &[&str] = &["--steps", "8", "--batch", "3", "--zero", "2", "--no-save"];
 
@@ -117,7 +117,7 @@ fn four_ranks(binary: &str, ckpt: &Path, metrics: &Path) -> Command {
     let mut job = mpirun(4, DEADLINE.as_secs() as u32);
     job.arg(binary)
         .args(["--launcher", "env", "--mesh", "dp=4"])
-        .args(TINY_GPT)
+        .args(tiny_gpt())
         .args(COMMON)
         .args(["--checkpoint-every", "2", "--sync-save"])
         .arg("--checkpoint-dir")
@@ -197,7 +197,7 @@ fn resumed_on_fewer(binary: &str, dir: &Path, ckpt: &Path) -> Result {
     let mut job = mpirun(3, DEADLINE.as_secs() as u32);
     job.arg(binary)
         .args(["--launcher", "env", "--mesh", "dp=3"])
-        .args(TINY_GPT)
+        .args(tiny_gpt())
         .args(COMMON)
         .arg("--resume")
         .arg(ckpt)
@@ -214,7 +214,7 @@ fn resumed_on_fewer(binary: &str, dir: &Path, ckpt: &Path) -> Result {
     let mut local = Command::new(binary);
     local
         .args(["--mesh", "dp=3"])
-        .args(TINY_GPT)
+        .args(tiny_gpt())
         .args(COMMON)
         .arg("--resume")
         .arg(ckpt)

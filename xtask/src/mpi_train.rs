@@ -8,21 +8,13 @@ use std::path::Path;
 use std::process::Command;
 
 /// The small GPT of the MPI steps (`train_gpt` flags): the comparison, not the training, is
-/// the point.
-pub(crate) const TINY_GPT: &[&str] = &[
-    "--seq",
-    "16",
-    "--d-model",
-    "32",
-    "--heads",
-    "4",
-    "--layers",
-    "2",
-    "--d-ff",
-    "64",
-    "--log-every",
-    "0",
-];
+/// the point. One list, `examples/tiny_gpt.args`, which `examples/tests/fault_tolerance.rs`
+/// reads too.
+pub(crate) fn tiny_gpt() -> Vec<&'static str> {
+    include_str!("../../examples/tiny_gpt.args")
+        .split_whitespace()
+        .collect()
+}
 
 /// A few steps of 4 sequences per replica.
 const COMMON: &[&str] = &["--steps", "6", "--batch", "4"];
@@ -72,7 +64,7 @@ fn compare(binary: &str, dir: &Path, name: &str, layout: &[&str]) -> Result {
     let processes = dir.join(format!("{name}-mpi.jsonl"));
     let mut local = Command::new(binary);
     run(
-        local.args(TINY_GPT).args(COMMON).args(layout),
+        local.args(tiny_gpt()).args(COMMON).args(layout),
         &threads,
         dir,
         name,
@@ -80,7 +72,7 @@ fn compare(binary: &str, dir: &Path, name: &str, layout: &[&str]) -> Result {
     let mut mpi = mpirun(4, 180);
     mpi.arg(binary).args(["--launcher", "env"]);
     run(
-        mpi.args(TINY_GPT).args(COMMON).args(layout),
+        mpi.args(tiny_gpt()).args(COMMON).args(layout),
         &processes,
         dir,
         name,
