@@ -91,7 +91,7 @@ pub use bonfire_dtensor::DataParallel;
 pub use config::{Stage, ZeroConfig};
 pub use error::{Result, ZeroError};
 pub use gather::GatherSummary;
-pub use memory::{MemoryReport, formula_bytes, held_param_bytes};
+pub use memory::{MemoryReport, held_param_bytes};
 pub use optim::{FlatState, ShardOptimizer};
 pub use partition::{Partition, Piece};
 pub use zero::Zero;

@@ -1,7 +1,7 @@
-//! What a rank holds: [`MemoryReport`] (the wrapper's own account of the buffers it keeps)
-//! and the ZeRO paper's formula ([`formula_bytes`]) to compare it with.
+//! What a rank holds: [`MemoryReport`], the wrapper's own account of the buffers it keeps.
+//! The ZeRO paper's formula it is compared with has one owner, the planner
+//! (`bonfire_plan::formula`).
 
-use crate::config::Stage;
 use crate::zero::Zero;
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::tensor::Tensor;
@@ -31,20 +31,6 @@ impl MemoryReport {
     /// Parameters + gradients + optimizer state, wherever it lives.
     pub fn total(&self) -> usize {
         self.params + self.grads + self.optim_device + self.optim_host
-    }
-}
-
-/// The ZeRO formula for fp32 parameters, gradients and an optimizer keeping `k` f32 values
-/// per parameter (Adam: 2), for `psi` parameters on `n` ranks, in bytes.
-pub fn formula_bytes(stage: Stage, psi: usize, n: usize, k: usize) -> f64 {
-    let psi = psi as f64;
-    let n = n as f64;
-    let (p, g, o) = (4.0 * psi, 4.0 * psi, 4.0 * k as f64 * psi);
-    match stage {
-        Stage::Zero0 => p + g + o,
-        Stage::Zero1 => p + g + o / n,
-        Stage::Zero2 => p + (g + o) / n,
-        Stage::Zero3 => (p + g + o) / n,
     }
 }
 
