@@ -67,6 +67,67 @@ pub trait Engine<B> {
     fn load_state(&mut self, loaded: Loaded) -> Result<(), TrainError>;
 }
 
+/// The [`Engine`] methods every engine implements alike on its fields `at` ([`RankMesh`]),
+/// `wrapper` (the dp wrapper), `layout` and `indices` (the model parameters the wrapper
+/// holds) and its `assemble` (whole parameters from this rank's local ones): the optimizer
+/// step, loss scaling, whole gradients and parameters, the report and checkpoints. Expanded
+/// inside each engine's `impl Engine`, so the logic is written once.
+macro_rules! wrapper_methods {
+    () => {
+        fn step(&mut self, lr: f64) -> Result<(), $crate::TrainError> {
+            self.wrapper.step(lr)
+        }
+
+        fn set_loss_scale(&mut self, scale: f32) {
+            self.at.loss_scale = scale;
+        }
+
+        fn unscale(&mut self, scale: f32) -> Result<bool, $crate::TrainError> {
+            let finite = self.wrapper.unscale_gradients(1.0 / scale)?;
+            self.at.all_finite(finite)
+        }
+
+        fn gradients(
+            &mut self,
+        ) -> Result<Vec<bonfire_dtensor::params::ParamValues>, $crate::TrainError> {
+            let local = self.wrapper.gradients()?;
+            if local.is_empty() {
+                return Ok(local);
+            }
+            self.assemble(local)
+        }
+
+        fn parameters(
+            &mut self,
+        ) -> Result<Vec<bonfire_dtensor::params::ParamValues>, $crate::TrainError> {
+            let local = self.wrapper.parameters()?;
+            self.assemble(local)
+        }
+
+        fn wrapper_report(&self) -> $crate::wrapper::WrapperReport {
+            self.wrapper.report()
+        }
+
+        fn save_state(&mut self) -> Result<$crate::checkpoint::RankState, $crate::TrainError> {
+            let holding = self.at.holding(&self.layout, &self.indices);
+            $crate::checkpoint::rank_state(&self.wrapper, &holding)
+        }
+
+        fn state_wants(&self) -> $crate::checkpoint::Wants {
+            let holding = self.at.holding(&self.layout, &self.indices);
+            $crate::checkpoint::wants(&self.wrapper, &holding)
+        }
+
+        fn load_state(
+            &mut self,
+            loaded: $crate::checkpoint::Loaded,
+        ) -> Result<(), $crate::TrainError> {
+            $crate::checkpoint::load_wrapper(&mut self.wrapper, loaded)
+        }
+    };
+}
+pub(crate) use wrapper_methods;
+
 /// A rank's place in a layout: the layout, its mesh `[pp, dp, tp]`, and the device it
 /// computes on.
 pub struct RankMesh {

@@ -6,12 +6,11 @@
 
 use super::checkpointing::{Recomputing, forward_piece, recompute_flags};
 use super::export::ModelLayout;
-use super::{Engine, RankMesh};
-use crate::checkpoint::{self, Loaded, RankState, Wants};
+use super::{Engine, RankMesh, wrapper_methods};
 use crate::dims::{Axis, axis_error};
 use crate::error::{LayoutError, TrainError};
 use crate::model::{BuildPipeline, Rows};
-use crate::wrapper::{DpSpec, DpWrapper, Staged, WrapperReport};
+use crate::wrapper::{DpSpec, DpWrapper, Staged};
 use bonfire_comm::ReduceOp;
 use bonfire_dtensor::DataParallel;
 use bonfire_dtensor::params::{self, ParamValues};
@@ -316,46 +315,5 @@ impl<P: Block<D> + 'static, const D: usize, B: Rows> Engine<B> for PipelineEngin
         Ok((global[0] / scale as f64) as f32)
     }
 
-    fn step(&mut self, lr: f64) -> Result<(), TrainError> {
-        self.wrapper.step(lr)
-    }
-
-    fn set_loss_scale(&mut self, scale: f32) {
-        self.at.loss_scale = scale;
-    }
-
-    fn unscale(&mut self, scale: f32) -> Result<bool, TrainError> {
-        let finite = self.wrapper.unscale_gradients(1.0 / scale)?;
-        self.at.all_finite(finite)
-    }
-
-    fn gradients(&mut self) -> Result<Vec<ParamValues>, TrainError> {
-        let local = self.wrapper.gradients()?;
-        if local.is_empty() {
-            return Ok(local);
-        }
-        self.assemble(local)
-    }
-
-    fn wrapper_report(&self) -> WrapperReport {
-        self.wrapper.report()
-    }
-
-    fn parameters(&mut self) -> Result<Vec<ParamValues>, TrainError> {
-        let local = self.wrapper.parameters()?;
-        self.assemble(local)
-    }
-
-    fn save_state(&mut self) -> Result<RankState, TrainError> {
-        let holding = self.at.holding(&self.layout, &self.indices);
-        checkpoint::rank_state(&self.wrapper, &holding)
-    }
-
-    fn state_wants(&self) -> Wants {
-        checkpoint::wants(&self.wrapper, &self.at.holding(&self.layout, &self.indices))
-    }
-
-    fn load_state(&mut self, loaded: Loaded) -> Result<(), TrainError> {
-        checkpoint::load_wrapper(&mut self.wrapper, loaded)
-    }
+    wrapper_methods!();
 }

@@ -5,12 +5,11 @@
 
 use super::checkpointing;
 use super::export::ModelLayout;
-use super::{Engine, RankMesh};
-use crate::checkpoint::{self, Loaded, RankState, Wants};
+use super::{Engine, RankMesh, wrapper_methods};
 use crate::dims::Axis;
 use crate::error::TrainError;
 use crate::model::{ParallelModel, Rows};
-use crate::wrapper::{DpWrapper, WrapperReport};
+use crate::wrapper::DpWrapper;
 use bonfire_comm::ReduceOp;
 use bonfire_dtensor::DataParallel;
 use bonfire_dtensor::params::ParamValues;
@@ -33,6 +32,11 @@ impl<M: ParallelModel> ReplicaEngine<M> {
             layout,
             indices,
         }
+    }
+
+    /// Every parameter whole from this rank's `local` ones (a collective on tp).
+    fn assemble(&self, local: Vec<ParamValues>) -> Result<Vec<ParamValues>, TrainError> {
+        self.layout.whole_all(local, self.at.group(Axis::Tp))
     }
 }
 
@@ -57,46 +61,5 @@ impl<M: ParallelModel> Engine<M::Batch> for ReplicaEngine<M> {
         Ok(value[0])
     }
 
-    fn step(&mut self, lr: f64) -> Result<(), TrainError> {
-        self.wrapper.step(lr)
-    }
-
-    fn set_loss_scale(&mut self, scale: f32) {
-        self.at.loss_scale = scale;
-    }
-
-    fn unscale(&mut self, scale: f32) -> Result<bool, TrainError> {
-        let finite = self.wrapper.unscale_gradients(1.0 / scale)?;
-        self.at.all_finite(finite)
-    }
-
-    fn gradients(&mut self) -> Result<Vec<ParamValues>, TrainError> {
-        let local = self.wrapper.gradients()?;
-        if local.is_empty() {
-            return Ok(local);
-        }
-        self.layout.whole_all(local, self.at.group(Axis::Tp))
-    }
-
-    fn wrapper_report(&self) -> WrapperReport {
-        self.wrapper.report()
-    }
-
-    fn parameters(&mut self) -> Result<Vec<ParamValues>, TrainError> {
-        let local = self.wrapper.parameters()?;
-        self.layout.whole_all(local, self.at.group(Axis::Tp))
-    }
-
-    fn save_state(&mut self) -> Result<RankState, TrainError> {
-        let holding = self.at.holding(&self.layout, &self.indices);
-        checkpoint::rank_state(&self.wrapper, &holding)
-    }
-
-    fn state_wants(&self) -> Wants {
-        checkpoint::wants(&self.wrapper, &self.at.holding(&self.layout, &self.indices))
-    }
-
-    fn load_state(&mut self, loaded: Loaded) -> Result<(), TrainError> {
-        checkpoint::load_wrapper(&mut self.wrapper, loaded)
-    }
+    wrapper_methods!();
 }
