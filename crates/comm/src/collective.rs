@@ -282,3 +282,97 @@ pub fn even_piece(len: usize, size: usize, r: usize) -> std::ops::Range<usize> {
     let piece = len / size;
     r * piece..(r + 1) * piece
 }
+
+/// How a backend moves each kind of collective's data once every rank agreed on the call:
+/// one method per kind, so that one match ([`Collective::move_with`]) dispatches every
+/// backend's calls.
+#[cfg(any(feature = "mpi", feature = "nccl"))]
+pub(crate) trait MoveData {
+    /// The backend's reusable buffers.
+    type Scratch;
+    /// What every call needs besides its buffers (its context, when it started).
+    type Ctx<'c>: Copy;
+    /// [`Collective::AllReduce`].
+    fn all_reduce(
+        &self,
+        buf: BufMut<'_>,
+        op: ReduceOp,
+        s: &mut Self::Scratch,
+        c: Self::Ctx<'_>,
+    ) -> crate::Result<()>;
+    /// [`Collective::Broadcast`].
+    fn broadcast(
+        &self,
+        buf: BufMut<'_>,
+        root: usize,
+        s: &mut Self::Scratch,
+        c: Self::Ctx<'_>,
+    ) -> crate::Result<()>;
+    /// [`Collective::Reduce`].
+    fn reduce(
+        &self,
+        buf: BufMut<'_>,
+        op: ReduceOp,
+        root: usize,
+        s: &mut Self::Scratch,
+        c: Self::Ctx<'_>,
+    ) -> crate::Result<()>;
+    /// [`Collective::AllGather`].
+    fn all_gather(
+        &self,
+        send: BufRef<'_>,
+        recv: BufMut<'_>,
+        counts: Counts<'_>,
+        s: &mut Self::Scratch,
+        c: Self::Ctx<'_>,
+    ) -> crate::Result<()>;
+    /// [`Collective::ReduceScatter`].
+    fn reduce_scatter(
+        &self,
+        send: BufRef<'_>,
+        recv: BufMut<'_>,
+        op: ReduceOp,
+        counts: Counts<'_>,
+        s: &mut Self::Scratch,
+        c: Self::Ctx<'_>,
+    ) -> crate::Result<()>;
+    /// [`Collective::AllToAll`].
+    fn all_to_all(
+        &self,
+        send: BufRef<'_>,
+        recv: BufMut<'_>,
+        counts: Option<AllToAllCounts<'_>>,
+        s: &mut Self::Scratch,
+        c: Self::Ctx<'_>,
+    ) -> crate::Result<()>;
+}
+
+#[cfg(any(feature = "mpi", feature = "nccl"))]
+impl Collective<'_> {
+    /// Moves this call's data with `backend` (a barrier moves none).
+    pub(crate) fn move_with<M: MoveData>(
+        self,
+        backend: &M,
+        s: &mut M::Scratch,
+        c: M::Ctx<'_>,
+    ) -> crate::Result<()> {
+        match self {
+            Collective::Barrier => Ok(()),
+            Collective::AllReduce { buf, op } => backend.all_reduce(buf, op, s, c),
+            Collective::Broadcast { buf, root } => backend.broadcast(buf, root, s, c),
+            Collective::Reduce { buf, op, root } => backend.reduce(buf, op, root, s, c),
+            Collective::AllGather { send, recv, counts } => {
+                backend.all_gather(send, recv, counts, s, c)
+            }
+            Collective::ReduceScatter {
+                send,
+                recv,
+                op,
+                counts,
+            } => backend.reduce_scatter(send, recv, op, counts, s, c),
+            Collective::AllToAll { send, recv, counts } => {
+                backend.all_to_all(send, recv, counts, s, c)
+            }
+        }
+    }
+}

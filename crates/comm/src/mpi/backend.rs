@@ -139,7 +139,7 @@ impl Backend for MpiBackend {
         if self.size > 1 {
             self.handshake(s, ctx)?;
         }
-        match self.move_data(call, s, ctx) {
+        match call.move_with(self, s, ctx) {
             Ok(()) => Ok(()),
             Err(e @ (CommError::CountMismatch { .. } | CommError::Unsupported { .. })) => Err(e),
             Err(e) => Err(self.fatal(e)),

@@ -7,39 +7,15 @@ use super::backend::MpiBackend;
 use super::scratch::{Scratch, grow};
 use super::types::{check, cint, cptr, move_type, mpi_op, mptr, narrow, reduce_type, widen};
 use crate::backend::CallContext;
-use crate::collective::{AllToAllCounts, Collective, Counts, offsets_into};
+use crate::collective::{AllToAllCounts, Counts, MoveData, offsets_into};
 use crate::reduce::finish_avg;
 use crate::{BufMut, BufRef, DType, ReduceOp, Result};
 use mpi::ffi;
 use std::os::raw::{c_int, c_void};
 
-impl MpiBackend {
-    /// Phase 2: moves the data of a call every rank agreed on.
-    pub(super) fn move_data(
-        &self,
-        call: Collective<'_>,
-        s: &mut Scratch,
-        ctx: &CallContext<'_>,
-    ) -> Result<()> {
-        match call {
-            Collective::Barrier => Ok(()),
-            Collective::AllReduce { buf, op } => self.all_reduce(buf, op, s, ctx),
-            Collective::Broadcast { buf, root } => self.broadcast(buf, root, ctx),
-            Collective::Reduce { buf, op, root } => self.reduce(buf, op, root, s, ctx),
-            Collective::AllGather { send, recv, counts } => {
-                self.all_gather(send, recv, counts, s, ctx)
-            }
-            Collective::ReduceScatter {
-                send,
-                recv,
-                op,
-                counts,
-            } => self.reduce_scatter(send, recv, op, counts, s, ctx),
-            Collective::AllToAll { send, recv, counts } => {
-                self.all_to_all(send, recv, counts, s, ctx)
-            }
-        }
-    }
+impl MoveData for MpiBackend {
+    type Scratch = Scratch;
+    type Ctx<'c> = &'c CallContext<'c>;
 
     /// All-reduce: `MPI_Allreduce` (the ring path for large f32/f64 buffers), 16-bit floats
     /// widened to f32.
@@ -87,7 +63,13 @@ impl MpiBackend {
     }
 
     /// Broadcast from `root`: `MPI_Bcast`.
-    fn broadcast(&self, mut buf: BufMut<'_>, root: usize, ctx: &CallContext<'_>) -> Result<()> {
+    fn broadcast(
+        &self,
+        mut buf: BufMut<'_>,
+        root: usize,
+        _s: &mut Scratch,
+        ctx: &CallContext<'_>,
+    ) -> Result<()> {
         let (comm, mt) = (self.comm(), move_type(buf.dtype()));
         let count = cint(buf.len(), ctx)?;
         let p = mptr(buf.bytes_mut());
@@ -311,7 +293,9 @@ impl MpiBackend {
             }
         }
     }
+}
 
+impl MpiBackend {
     /// Fills the scratch with per-rank counts and displacements as C ints; returns pointers.
     fn counts_displs(
         &self,

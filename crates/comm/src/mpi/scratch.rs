@@ -8,7 +8,7 @@ use std::os::raw::c_int;
 
 /// Reused scratch memory of one group (no allocation in steady state).
 #[derive(Default)]
-pub(super) struct Scratch {
+pub(crate) struct Scratch {
     /// f32 scratch for widened 16-bit floats, and ring receive space (as u64 for alignment).
     pub(super) a: Vec<u64>,
     pub(super) b: Vec<u64>,

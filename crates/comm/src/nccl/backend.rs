@@ -14,7 +14,7 @@
 
 use super::{DevicePtr, NcclComm, UniqueId, WaitFailure, error};
 use crate::backend::{Backend, CallContext};
-use crate::collective::{AllToAllCounts, Collective, Counts, offsets_into};
+use crate::collective::{AllToAllCounts, Collective, Counts, MoveData, offsets_into};
 use crate::{BufMut, BufRef, DType, DeviceBuf, DeviceCollective, ReduceOp, Result, wire};
 use cudarc::driver::result as cu;
 use std::sync::Mutex;
@@ -55,7 +55,7 @@ impl ScratchBuf {
 }
 
 #[derive(Default)]
-pub(super) struct Scratch {
+pub(crate) struct Scratch {
     a: ScratchBuf,
     b: ScratchBuf,
     pub(super) fps: ScratchBuf,
@@ -187,35 +187,6 @@ impl NcclBackend {
         Ok(())
     }
 
-    /// Moves the data of a call every rank agreed on (after the handshake).
-    fn run(
-        &self,
-        call: Collective<'_>,
-        s: &mut Scratch,
-        ctx: &CallContext<'_>,
-        started: Instant,
-    ) -> Result<()> {
-        let t = Timing { ctx, started };
-        match call {
-            Collective::Barrier => Ok(()),
-            Collective::AllReduce { buf, op } => self.all_reduce(buf, op, s, t),
-            Collective::Broadcast { buf, root } => self.broadcast(buf, root, s, t),
-            Collective::Reduce { buf, op, root } => self.reduce(buf, op, root, s, t),
-            Collective::AllGather { send, recv, counts } => {
-                self.all_gather(send, recv, counts, s, t)
-            }
-            Collective::ReduceScatter {
-                send,
-                recv,
-                op,
-                counts,
-            } => self.reduce_scatter(send, recv, op, counts, s, t),
-            Collective::AllToAll { send, recv, counts } => {
-                self.all_to_all(send, recv, counts, s, t)
-            }
-        }
-    }
-
     /// Runs `call(send, recv)` through device scratch: `send` (or, in place, `recv`'s own
     /// values) staged into `a`, the output in `b` (in place: `a`), copied back into `recv`.
     fn staged<'c>(
@@ -240,6 +211,11 @@ impl NcclBackend {
         self.d2h(recv.bytes_mut(), b.ptr)?;
         self.wait(t.ctx, t.started)
     }
+}
+
+impl MoveData for NcclBackend {
+    type Scratch = Scratch;
+    type Ctx<'c> = Timing<'c>;
 
     /// All-reduce, in place in device scratch.
     fn all_reduce(
@@ -392,7 +368,7 @@ pub(super) fn check_peer(bytes: &[u8], peer: usize, ctx: &CallContext<'_>) -> Re
 /// What the waits of a collective need: the call's context (timeout, errors) and when it
 /// started.
 #[derive(Clone, Copy)]
-struct Timing<'a> {
+pub(crate) struct Timing<'a> {
     ctx: &'a CallContext<'a>,
     started: Instant,
 }
@@ -425,7 +401,7 @@ impl Backend for NcclBackend {
         let started = Instant::now();
         let mut guard = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
         self.handshake(&mut guard, ctx, started)?;
-        self.run(call, &mut guard, ctx, started)
+        call.move_with(self, &mut guard, Timing { ctx, started })
     }
 
     /// Host send: staged into device scratch, then [`Self::send_device`]'s rendezvous.
