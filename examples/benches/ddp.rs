@@ -14,9 +14,9 @@
 //! (b)/contended isolates what DDP adds.
 
 use bonfire_ddp::{DdpConfig, StepTiming, chrome_trace};
-use bonfire_examples::data::Batches;
 use bonfire_examples::throughput::{self, Hosts, RankRun, RunArgs};
 use bonfire_examples::{Gpt, GptConfig, default_device};
+use bonfire_models::gpt::data::Batches;
 use bonfire_train::{Axis, ParallelDims, Trainer};
 use burn::optim::SgdConfig;
 use burn::tensor::Device;

@@ -56,9 +56,9 @@
 use bonfire_examples::cli::LayoutArgs;
 use bonfire_examples::memory::{self, RankAllocator};
 use bonfire_examples::memory_formula::{FormulaBytes, formula, gpt_rank_params};
-use bonfire_examples::parallel::TokenBatch;
 use bonfire_examples::planner;
 use bonfire_examples::{Gpt, GptConfig, default_device};
+use bonfire_models::gpt::parallelize::TokenBatch;
 use bonfire_plan::memory::state_bytes;
 use bonfire_plan::{MemoryParts, Request, rank_memory, rank_shapes};
 use bonfire_train::{Launcher, OptimizerKind, ParallelDims, TrainError, Trainer};
@@ -85,7 +85,7 @@ const PLANNER_BAND: f64 = 0.10;
 
 /// The global batch of `step`.
 fn batch(step: usize, device: &Device) -> TokenBatch {
-    bonfire_examples::data::pattern_batch(CFG.vocab_size, ROWS, SEQ, step, device)
+    bonfire_models::gpt::data::pattern_batch(CFG.vocab_size, ROWS, SEQ, step, device)
 }
 
 /// One layout to measure.

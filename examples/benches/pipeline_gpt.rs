@@ -22,10 +22,11 @@
 //! each configuration's last step as an SVG under `target/pipeline-timelines/`.
 
 use bonfire_comm::{ProcessGroup, ThreadWorld};
-use bonfire_examples::config::GptConfig;
-use bonfire_examples::gpt::{Gpt, cross_entropy, default_device};
-use bonfire_examples::parallel::{Piece, pieces};
+use bonfire_examples::default_device;
 use bonfire_examples::throughput::{median, random_batches};
+use bonfire_models::gpt::config::GptConfig;
+use bonfire_models::gpt::parallelize::{Piece, pieces};
+use bonfire_models::gpt::{Gpt, cross_entropy};
 use bonfire_pipeline::schedule::Costs;
 use bonfire_pipeline::{
     Action, Block, BurnStage, LocalChunks, RankTimeline, Schedule, ScheduleKind, Timeline, check,

@@ -9,12 +9,12 @@
 //! `part=model` (the whole forward and backward) and `part=sgd` (the optimizer step), so that
 //! the pieces can be compared with the whole step.
 
-use bonfire_examples::attention::{causal_attention, merge_heads, split_heads};
-use bonfire_examples::gpt::{cross_entropy, embed};
-use bonfire_examples::layers::{Embedding, LayerNorm, Linear};
 use bonfire_examples::throughput::{median, random_batches};
 use bonfire_examples::{Gpt, GptConfig, default_device};
 use bonfire_kernels::{causal_softmax, gelu};
+use bonfire_models::gpt::attention::{causal_attention, merge_heads, split_heads};
+use bonfire_models::gpt::{cross_entropy, embed};
+use bonfire_models::layers::{Embedding, LayerNorm, Linear};
 use burn::module::Module;
 use burn::optim::{GradientsParams, SgdConfig};
 use burn::tensor::activation::{gelu as burn_gelu, log_softmax, softmax};

@@ -1,4 +1,4 @@
-//! An ordinary Burn model — `bonfire_examples::classifier::Classifier`, three `burn::nn::Linear`
+//! An ordinary Burn model — `bonfire_models::classifier::Classifier`, three `burn::nn::Linear`
 //! layers and ReLUs, no Bonfire type inside — trained data-parallel with DDP or ZeRO 1–3,
 //! chosen on the command line like the optimizer, then checked against one device.
 //!
@@ -14,8 +14,8 @@
 //! training on the same data.
 
 use bonfire_dtensor::params;
-use bonfire_examples::classifier::{Classifier, blobs};
 use bonfire_examples::cli::{fail, init_logging};
+use bonfire_models::classifier::{Classifier, blobs};
 use bonfire_train::{FitConfig, Launcher, OptimizerKind, ParallelDims, Trainer, fit};
 use bonfire_zero::Stage;
 use burn::module::Module;

@@ -38,8 +38,9 @@ use bonfire_dtensor::params;
 use bonfire_examples::cli::{CheckpointArgs, FaultArgs, LayoutArgs, fail, init_logging, survivors};
 use bonfire_examples::corpus::{self, CharTokenizer};
 use bonfire_examples::memory::{self, RankAllocator};
-use bonfire_examples::parallel::TokenBatch;
-use bonfire_examples::{Gpt, GptConfig, checkpoint, default_device, harness};
+use bonfire_examples::{Gpt, GptConfig, default_device, harness};
+use bonfire_models::gpt::parallelize::TokenBatch;
+use bonfire_models::gpt::weights;
 use bonfire_train::checkpoint::{Checkpoint, Checkpointer, resume};
 use bonfire_train::{
     Engine, FitConfig, Hooks, Launcher, OptimizerKind, ParallelDims, StepReport, TrainError,
@@ -222,7 +223,7 @@ impl SaveAtEnd<'_> {
         let infos = params::inventory(&model);
         let flat: Vec<f32> = whole.into_iter().flat_map(|p| p.values).collect();
         let model = params::assign_values(model, &infos, &flat);
-        checkpoint::save(&model, path).map_err(TrainError::Io)?;
+        weights::save(&model, path).map_err(TrainError::Io)?;
         let cfg_path = path.with_extension("json");
         std::fs::write(&cfg_path, serde_json::to_string_pretty(&self.cfg).unwrap())
             .map_err(|e| TrainError::Io(e.to_string()))?;

@@ -2,12 +2,13 @@
 //! few SGD or AdamW steps under any layout, through the trainer's one loop, writing the
 //! parameters, the step-0 gradients and the losses.
 
-use crate::config::GptConfig;
-use crate::gpt::{Gpt, default_device};
-use crate::parallel::TokenBatch;
-use crate::tensor_file::{self, HostTensor};
-use crate::{checkpoint, data};
+use crate::default_device;
 use bonfire_dtensor::params::ParamValues;
+use bonfire_models::gpt::Gpt;
+use bonfire_models::gpt::config::GptConfig;
+use bonfire_models::gpt::parallelize::TokenBatch;
+use bonfire_models::gpt::{data, weights};
+use bonfire_models::tensor_file::{self, HostTensor};
 use bonfire_train::{
     Engine, FitConfig, Hooks, Launcher, OptimizerKind, ParallelDims, TrainError, Trainer, fit,
 };
@@ -94,7 +95,7 @@ pub fn run(args: &HarnessArgs) -> Result<HarnessResult, String> {
             batches.steps()
         ));
     }
-    let model = checkpoint::load(Gpt::new(&cfg, &device), &args.weights)?;
+    let model = weights::load(Gpt::new(&cfg, &device), &args.weights)?;
     let result = train(
         &model, &batches, &args.dims, args.optim, args.steps, args.lr,
     )?;

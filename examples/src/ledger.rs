@@ -3,9 +3,9 @@
 //! optimizer step; the first step warms up: optimizer state, ZeRO-Offload's master copy).
 //! The wgpu suite asserts on it and `cargo xtask bench ledger` prints it.
 
-use crate::gpt::Gpt;
-use crate::parallel::TokenBatch;
 use bonfire_dtensor::plane::{TransferLedger, Transfers};
+use bonfire_models::gpt::Gpt;
+use bonfire_models::gpt::parallelize::TokenBatch;
 use bonfire_train::{Launcher, OptimizerKind, ParallelDims, TrainError, Trainer};
 use burn::tensor::Device;
 

@@ -1,15 +1,9 @@
 //! # bonfire-examples
 //!
-//! Bonfire's runnable programs and the models they train, written once and used by every
-//! example, parity test and benchmark:
+//! Bonfire's runnable programs (`train_gpt`, the parity harness, `train_classifier`, the
+//! benches) and what they share. The models they train live in `bonfire-models` ([`Gpt`],
+//! [`GptConfig`] and [`cross_entropy`] are re-exported for them):
 //!
-//! - [`Gpt`] (with [`GptConfig`]): the reference decoder of the parity contract
-//!   (`docs`/`shared/notes/parity-harness.md`), parameters named and laid out as in PyTorch
-//!   (`blocks.0.attn.q.weight` is `[out, in]`), so [`checkpoint`] files load in PyTorch too.
-//!   [`parallel`] describes how it is parallelized (its `bonfire_train::ParallelModel`:
-//!   tensor-parallel plan, layers, pipeline pieces).
-//! - [`classifier::Classifier`]: a second model, plain Burn, trained with DDP and ZeRO with
-//!   no change to its code ([`classifier_parallel`] gives the trainer its loss).
 //! - [`harness`]: the parity harness behind `cargo run --release -p bonfire-examples
 //!   --example parity -- ...`, any layout through the trainer's one loop.
 //! - [`corpus`]: a small generated text corpus and character tokenizer for `train_gpt`.
@@ -32,25 +26,18 @@
 //! assert!((v - 32f32.ln()).abs() < 0.2);
 //! ```
 
-pub mod attention;
-pub mod block;
-pub mod checkpoint;
-pub mod classifier;
-pub mod classifier_parallel;
 pub mod cli;
-pub mod config;
 pub mod corpus;
-pub mod data;
-pub mod gpt;
 pub mod harness;
-pub mod layers;
 pub mod ledger;
 pub mod memory;
 pub mod memory_formula;
-pub mod parallel;
 pub mod planner;
-pub mod tensor_file;
 pub mod throughput;
 
-pub use config::GptConfig;
-pub use gpt::{Gpt, cross_entropy, default_device};
+pub use bonfire_models::{Gpt, GptConfig, cross_entropy};
+
+/// The device every example trains on: the CPU (Flex) with autodiff.
+pub fn default_device() -> burn::tensor::Device {
+    burn::tensor::Device::flex().autodiff()
+}

@@ -6,8 +6,8 @@
 //! pipeline's stage map). The measured side is [`crate::memory`]'s allocator (`cargo xtask
 //! bench memory`); nothing here is measured.
 
-use crate::config::GptConfig;
 use crate::planner::{gpt_spec, plan_precision};
+use bonfire_models::gpt::config::GptConfig;
 use bonfire_plan::ZeroStage;
 use bonfire_train::{MixedPrecision, ParallelDims};
 use bonfire_zero::Stage;
@@ -30,7 +30,7 @@ pub fn formula(stage: Stage, psi: usize, n: usize, precision: &MixedPrecision) -
 
 /// Parameters of the GPT's pipeline piece `piece` (0: the embeddings, 1..=L: the blocks,
 /// L + 1: the final norm and the head) on one rank of `tp` (the plan of
-/// [`crate::parallel::gpt_tp_plan`]: the vocabulary, q/k/v/fc1 (weights and biases) and the
+/// [`bonfire_models::gpt::parallelize::gpt_tp_plan`]: the vocabulary, q/k/v/fc1 (weights and biases) and the
 /// o/fc2 weights are split; norms, positions and the o/fc2 biases are whole).
 pub fn gpt_piece_params(cfg: &GptConfig, tp: usize, piece: usize) -> usize {
     gpt_spec(cfg).piece_params(tp, piece)
@@ -80,11 +80,12 @@ pub fn gpt_rank_params(cfg: &GptConfig, dims: &ParallelDims, rank: usize) -> usi
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gpt::{Gpt, default_device};
-    use crate::parallel::{gpt_tp_plan, pieces};
+    use crate::default_device;
     use bonfire_comm::ThreadWorld;
     use bonfire_dtensor::DeviceMesh;
     use bonfire_dtensor::parallel::parallelize_module;
+    use bonfire_models::gpt::Gpt;
+    use bonfire_models::gpt::parallelize::{gpt_tp_plan, pieces};
     use bonfire_pipeline::ScheduleKind;
     use burn::module::Module;
 

@@ -7,9 +7,9 @@
 //! [`measure_layout`] and [`predict_ranks`] hold one layout's measured bytes (on the counting
 //! allocator) and the planner's, per rank, for `tests/planner.rs` and `tests/planner_heldout.rs`.
 
-use crate::config::GptConfig;
 use crate::{Gpt, memory};
 use bonfire_comm::{ReduceOp, ThreadWorld};
+use bonfire_models::gpt::config::GptConfig;
 use bonfire_pipeline::ScheduleKind;
 use bonfire_plan::{
     ClusterSpec, DeviceSpec, Layout, LinkSpec, MemoryParts, ModelSpec, Precision, Request,
@@ -329,7 +329,7 @@ pub fn warm_matmul_workspace() -> usize {
 }
 
 /// Trains `model` (of `cfg`) `steps` AdamW steps (at least 2) under `dims` on rank threads,
-/// `rows` sequences of `seq` tokens a step ([`crate::data::pattern_batch`]), and reads every
+/// `rows` sequences of `seq` tokens a step ([`bonfire_models::gpt::data::pattern_batch`]), and reads every
 /// rank's bytes from the counting allocator — which must be the binary's global allocator
 /// ([`memory::RankAllocator`]) — charged to allocator ranks `first..first + world` (fresh
 /// ones per run: blocks a run leaves alive do not disturb the next). Each rank's baseline is
@@ -356,7 +356,7 @@ pub fn measure_layout(
         let _rank = memory::enter_rank(r);
         let workspace = warm_matmul_workspace();
         let batch = |step, device: &burn::tensor::Device| {
-            crate::data::pattern_batch(vocab, rows, seq, step, device)
+            bonfire_models::gpt::data::pattern_batch(vocab, rows, seq, step, device)
         };
         let b0 = batch(0, &crate::default_device());
         let base = memory::live(r);

@@ -3,12 +3,13 @@
 //! on rank threads, alone, or as this process's rank of a launcher's job, and the median over
 //! the timed steps (after warm-up) of the slowest rank's step.
 
-use crate::config::GptConfig;
 use crate::corpus::Rng;
-use crate::data::Batches;
-use crate::gpt::{Gpt, default_device};
-use crate::parallel::TokenBatch;
+use crate::default_device;
 use bonfire_comm::ProcessGroup;
+use bonfire_models::gpt::Gpt;
+use bonfire_models::gpt::config::GptConfig;
+use bonfire_models::gpt::data::Batches;
+use bonfire_models::gpt::parallelize::TokenBatch;
 use bonfire_train::{FitConfig, Launcher, TrainError, Trainer, WrapperReport, fit};
 use burn::tensor::Device;
 

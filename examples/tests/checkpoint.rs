@@ -1,7 +1,9 @@
 //! Checkpoints are safetensors in PyTorch layout under the contract's names, and load back.
 
 use bonfire_ddp::params;
-use bonfire_examples::{Gpt, GptConfig, checkpoint, default_device, tensor_file};
+use bonfire_examples::{Gpt, GptConfig, default_device};
+use bonfire_models::gpt::weights;
+use bonfire_models::tensor_file;
 use std::collections::BTreeMap;
 
 #[test]
@@ -14,7 +16,7 @@ fn save_load_round_trip_in_pytorch_layout() {
     let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("checkpoint-test");
     let path = dir.join("model.safetensors");
     let model = Gpt::new(&cfg, &device);
-    checkpoint::save(&model, &path).unwrap();
+    weights::save(&model, &path).unwrap();
 
     let file = tensor_file::read(&path).unwrap();
     let shapes: BTreeMap<&str, Vec<usize>> = file
@@ -32,7 +34,7 @@ fn save_load_round_trip_in_pytorch_layout() {
     assert!(!shapes.contains_key("head.bias"));
     assert_eq!(shapes.len(), 2 + 16 * cfg.n_layers + 3);
 
-    let loaded = checkpoint::load(Gpt::new(&cfg, &device), &path).unwrap();
+    let loaded = weights::load(Gpt::new(&cfg, &device), &path).unwrap();
     let infos = params::inventory(&model);
     let loaded_infos = params::inventory(&loaded);
     assert_eq!(loaded_infos.len(), infos.len(), "loaded parameters train");
@@ -42,6 +44,6 @@ fn save_load_round_trip_in_pytorch_layout() {
 
     // A file for another shape is refused with the parameter's name.
     let other = GptConfig { d_ff: 40, ..cfg };
-    let err = checkpoint::load(Gpt::new(&other, &device), &path).unwrap_err();
+    let err = weights::load(Gpt::new(&other, &device), &path).unwrap_err();
     assert!(err.contains("fc1"), "{err}");
 }

@@ -11,8 +11,9 @@ mod common;
 use bonfire_comm::testing::assert_close;
 use bonfire_dtensor::params::ParamValues;
 use bonfire_examples::cli::LayoutArgs;
-use bonfire_examples::parallel::TokenBatch;
-use bonfire_examples::{Gpt, GptConfig, checkpoint, default_device};
+use bonfire_examples::{Gpt, GptConfig, default_device};
+use bonfire_models::gpt::parallelize::TokenBatch;
+use bonfire_models::gpt::weights;
 use bonfire_train::checkpoint::{Checkpoint, CheckpointConfig, Checkpointer, Fault, resume};
 use bonfire_train::{
     FitConfig, Hooks, Launcher, OptimizerKind, ParallelDims, TrainError, Trainer, fit,
@@ -204,8 +205,7 @@ fn check_resume(a: ParallelDims, b: ParallelDims) {
             .export_consolidated(&out)
             .unwrap();
         let cfg = common::gpt_cfg();
-        let loaded =
-            checkpoint::load(template(&cfg), &out).unwrap_or_else(|e| panic!("{what}: {e}"));
+        let loaded = weights::load(template(&cfg), &out).unwrap_or_else(|e| panic!("{what}: {e}"));
         let infos = bonfire_dtensor::params::inventory(&loaded);
         let values = bonfire_dtensor::params::flatten_values(&loaded, &infos);
         assert!(values == flat(&first.params), "{what}: the export differs");
@@ -557,7 +557,7 @@ fn consolidated_export_from_a_live_engine() {
             engine.parameters().unwrap()
         })
         .unwrap();
-    let loaded = checkpoint::load(template(&common::gpt_cfg()), &out).unwrap();
+    let loaded = weights::load(template(&common::gpt_cfg()), &out).unwrap();
     let infos = bonfire_dtensor::params::inventory(&loaded);
     let values = bonfire_dtensor::params::flatten_values(&loaded, &infos);
     assert!(

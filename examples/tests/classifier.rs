@@ -17,7 +17,7 @@ use bonfire_comm::testing::{Tolerance, assert_close};
 use bonfire_ddp::{DdpConfig, DistributedDataParallel};
 use bonfire_dtensor::DataParallel;
 use bonfire_dtensor::params::{self, ParamValues};
-use bonfire_examples::classifier::{Classifier, blobs};
+use bonfire_models::classifier::{Classifier, blobs};
 use bonfire_train::{FitConfig, Launcher, OptimizerKind, ParallelDims, Trainer, fit};
 use bonfire_zero::{Stage, Zero, ZeroConfig};
 use burn::module::Module;

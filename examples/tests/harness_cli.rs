@@ -6,7 +6,9 @@ mod common;
 
 use bonfire_examples::cli::LayoutArgs;
 use bonfire_examples::harness::{self, HarnessArgs};
-use bonfire_examples::{Gpt, GptConfig, checkpoint, default_device, tensor_file};
+use bonfire_examples::{Gpt, GptConfig, default_device};
+use bonfire_models::gpt::weights;
+use bonfire_models::tensor_file;
 use bonfire_train::OptimizerKind;
 use std::path::{Path, PathBuf};
 
@@ -18,7 +20,7 @@ fn write_inputs(dir: &Path, cfg: &GptConfig) {
     // rerun compares the same numbers (unseeded, one draw in a few dozen came within 1.1 of
     // the floor: an element whose gradient cancels turns summation-order noise into a step).
     let model = common::seeded(7, &default_device(), |d| Gpt::new(cfg, d));
-    checkpoint::save(&model, dir.join("init.safetensors")).unwrap();
+    weights::save(&model, dir.join("init.safetensors")).unwrap();
     let (s, bb, t) = (3usize, 4usize, 6usize);
     let b = common::random_batches(cfg, s, bb, 11);
     let full = cfg.max_seq_len;

@@ -9,9 +9,9 @@
 mod common;
 
 use bonfire_examples::cli::LayoutArgs;
-use bonfire_examples::data::Batches;
 use bonfire_examples::harness::HarnessResult;
 use bonfire_examples::{Gpt, default_device};
+use bonfire_models::gpt::data::Batches;
 use bonfire_train::OptimizerKind;
 use std::sync::OnceLock;
 

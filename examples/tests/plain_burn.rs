@@ -15,10 +15,10 @@
 mod common;
 
 use bonfire_examples::cli::LayoutArgs;
-use bonfire_examples::data::Batches;
-use bonfire_examples::gpt::Gpt;
 use bonfire_examples::harness::HarnessResult;
-use bonfire_examples::layers::{LayerNorm, Linear};
+use bonfire_models::gpt::Gpt;
+use bonfire_models::gpt::data::Batches;
+use bonfire_models::layers::{LayerNorm, Linear};
 use bonfire_train::OptimizerKind;
 use burn::module::{Module, Param};
 use burn::optim::{AdamWConfig, GradientsParams, ModuleOptimizer, SgdConfig};
@@ -60,7 +60,11 @@ fn gelu(x: Tensor<3>) -> Tensor<3> {
 }
 
 /// Causal multi-head attention: head j uses features j·d/h .. (j+1)·d/h.
-fn attention(a: &bonfire_examples::attention::Attention, x: Tensor<3>, heads: usize) -> Tensor<3> {
+fn attention(
+    a: &bonfire_models::gpt::attention::Attention,
+    x: Tensor<3>,
+    heads: usize,
+) -> Tensor<3> {
     let [b, t, d] = x.dims();
     let dh = d / heads;
     let split = |y: Tensor<3>| y.reshape([b, t, heads, dh]).swap_dims(1, 2);
@@ -110,7 +114,7 @@ fn host<const D: usize>(t: Tensor<D>) -> Vec<f32> {
 }
 
 /// A block's six linear layers under their contract names.
-fn linears(blk: &bonfire_examples::block::Block) -> [(&'static str, &Linear); 6] {
+fn linears(blk: &bonfire_models::gpt::block::Block) -> [(&'static str, &Linear); 6] {
     [
         ("attn.q", &blk.attn.q),
         ("attn.k", &blk.attn.k),

@@ -15,10 +15,10 @@ use bonfire_dtensor::params;
 use bonfire_dtensor::plane::Transfers;
 use bonfire_dtensor::plane::ledger::{Direction, Reason};
 use bonfire_examples::cli::LayoutArgs;
-use bonfire_examples::data::Batches;
 use bonfire_examples::harness::{self, HarnessResult};
 use bonfire_examples::ledger;
 use bonfire_examples::{Gpt, GptConfig, default_device};
+use bonfire_models::gpt::data::Batches;
 use bonfire_train::{OptimizerKind, ParallelDims};
 use bonfire_zero::Stage;
 use burn::tensor::Device;
@@ -142,7 +142,7 @@ fn data_parallel_staging(zero: Stage, b: u64) -> Option<(u64, u64)> {
 }
 
 /// Bytes staged (down, up) by one step of the GPT on `tp` ranks alone (no sequence or loss
-/// parallelism; the plan of `bonfire_examples::parallel`): no gradient bucket (dp=1; the
+/// parallelism; the plan of `bonfire_models::gpt::parallelize`): no gradient bucket (dp=1; the
 /// replicated parameters see the same inputs on every rank), only activations. An all-reduce
 /// of a `[ROWS, seq, d]` activation stages it down and up whole; there are 2 + 6 per layer:
 /// the vocab-parallel embedding's partial rows (forward), per block the row-wise `attn.o` and

@@ -12,7 +12,7 @@ use crate::json::Fields;
 /// The block's architecture.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Arch {
-    /// Bonfire's GPT (`bonfire_examples::Gpt`, GPT-2/3 style): learned positions, LayerNorm
+    /// Bonfire's GPT (`bonfire_models::Gpt`, GPT-2/3 style): learned positions, LayerNorm
     /// with bias, biases on every linear, GELU MLP (`fc1`, `fc2`), untied head.
     Gpt,
     /// Llama: RoPE (no position table), RMSNorm, no biases, grouped-query attention,

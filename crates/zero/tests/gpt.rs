@@ -7,8 +7,8 @@
 mod common;
 use bonfire_comm::ThreadWorld;
 use bonfire_ddp::{DdpConfig, DistributedDataParallel, params};
-use bonfire_examples::data::Batches;
-use bonfire_examples::{Gpt, GptConfig};
+use bonfire_models::gpt::data::Batches;
+use bonfire_models::{Gpt, GptConfig};
 use bonfire_zero::{DataParallel, Stage, Zero, ZeroConfig};
 use burn::module::Module;
 use burn::optim::{AdamConfig, AdamWConfig, GradientsParams, SgdConfig};
@@ -176,7 +176,7 @@ fn gpt_consolidated_checkpoint_loads_into_a_plain_model() {
         .unwrap()
         .remove(0);
     let plain =
-        bonfire_examples::checkpoint::load(Gpt::new(&cfg, &Device::flex().autodiff()), &path)
+        bonfire_models::gpt::weights::load(Gpt::new(&cfg, &Device::flex().autodiff()), &path)
             .unwrap();
     assert_eq!(
         params::flatten_values(&plain, &params::inventory(&plain)),

@@ -2,7 +2,7 @@
 //! `[S, B, T']`) and their per-rank row slices; [`pattern_batch`], a batch from a fixed rule
 //! for the memory benches and tests.
 
-use crate::config::GptConfig;
+use super::config::GptConfig;
 use crate::tensor_file::{self, HostTensor};
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use std::path::Path;
@@ -108,7 +108,7 @@ pub fn pattern_batch(
     seq: usize,
     step: usize,
     device: &Device,
-) -> crate::parallel::TokenBatch {
+) -> super::parallelize::TokenBatch {
     let make = |a: usize, b: usize| {
         let v: Vec<i64> = (0..rows * seq)
             .map(|i| ((i * a + step * b + 1) % vocab) as i64)

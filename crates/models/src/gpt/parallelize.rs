@@ -16,8 +16,8 @@
 //! Attention heads are split across the tensor-parallel ranks (rank r holds heads
 //! r·h/tp .. (r+1)·h/tp), so `n_heads` must be divisible by the tensor-parallel size.
 
-use crate::block::Block as GptBlock;
-use crate::gpt::{Gpt, cross_entropy, embed, head};
+use super::block::Block as GptBlock;
+use super::model::{Gpt, cross_entropy, embed, head};
 use crate::layers::{Embedding, LayerNorm, Linear};
 use bonfire_dtensor::parallel::{
     ColwiseParallel, Layout, ParallelPlan, RowwiseParallel, SequenceParallel, loss_parallel,

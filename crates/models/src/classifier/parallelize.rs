@@ -3,7 +3,7 @@
 //! over `burn::nn` layers replaced by `bonfire_dtensor::parallel`'s parallel-aware ones, and
 //! pipeline parallelism the model cut into pieces: see docs/train.md.)
 
-use crate::classifier::Classifier;
+use super::model::Classifier;
 use bonfire_train::ParallelModel;
 use burn::tensor::{Int, Tensor};
 

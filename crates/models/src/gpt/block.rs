@@ -1,6 +1,6 @@
 //! A pre-norm transformer block: `x + Attn(LN1(x))`, then `x + MLP(LN2(x))`.
 
-use crate::attention::Attention;
+use super::attention::Attention;
 use crate::layers::{LayerNorm, Linear};
 use bonfire_dtensor::layer;
 use bonfire_kernels::gelu;

@@ -1,7 +1,7 @@
 //! [`Gpt`]: the reference decoder of the parity contract.
 
-use crate::block::Block;
-use crate::config::GptConfig;
+use super::block::Block;
+use super::config::GptConfig;
 use crate::layers::{Embedding, LayerNorm, Linear};
 use bonfire_dtensor::layer;
 use bonfire_dtensor::parallel::loss_parallel;
@@ -36,7 +36,7 @@ impl Gpt {
 
     /// Logits `[B, T, V]` for token ids `[B, T]` (under a tensor-parallel plan with
     /// `loss_parallel`, this rank's vocabulary slice `[B, T, V/tp]`). The same three steps
-    /// are the pipeline's pieces ([`crate::parallel`]): [`embed`], the blocks, [`head`].
+    /// are the pipeline's pieces ([`super::parallelize`]): [`embed`], the blocks, [`head`].
     pub fn forward(&self, ids: Tensor<2, Int>) -> Tensor<3> {
         let mut x = embed(&self.tok_emb, &self.pos_emb, ids);
         for block in &self.blocks {
@@ -78,9 +78,4 @@ pub fn cross_entropy(logits: Tensor<3>, targets: Tensor<2, Int>) -> Tensor<1> {
     let logits = logits.cast(DType::F32);
     let [b, t, v] = logits.dims();
     bonfire_kernels::cross_entropy(logits.reshape([b * t, v]), targets.reshape([b * t]))
-}
-
-/// The device every example trains on: the CPU (Flex) with autodiff.
-pub fn default_device() -> Device {
-    Device::flex().autodiff()
 }

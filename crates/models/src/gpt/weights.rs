@@ -2,7 +2,7 @@
 //! burn-store. The model stores its parameters in PyTorch's layout under the contract's
 //! names already (see [`crate::layers`]), so files map one to one with no adapter.
 
-use crate::gpt::Gpt;
+use super::model::Gpt;
 use burn_store::{ModuleSnapshot, SafetensorsStore};
 use std::path::Path;
 

@@ -1,0 +1,23 @@
+//! # bonfire-models
+//!
+//! The models Bonfire trains in its tests, parity checks and benchmarks, each a folder with
+//! the model, its configuration and how it is parallelized (its
+//! `bonfire_train::ParallelModel`, applied from outside the model's code):
+//!
+//! - [`gpt`]: the reference decoder of the parity contract (`shared/notes/parity-harness.md`),
+//!   parameters named and laid out as in PyTorch (`blocks.0.attn.q.weight` is `[out, in]`),
+//!   its safetensors weights ([`gpt::weights`]) and token batches ([`gpt::data`]).
+//! - [`classifier`]: a plain Burn model, trained with DDP and ZeRO with no change to its code.
+//!
+//! [`layers`] are the parallel-aware layers the GPT is built from; [`tensor_file`] reads and
+//! writes plain safetensors files of named tensors.
+
+#![forbid(unsafe_code)]
+
+pub mod classifier;
+pub mod gpt;
+pub mod layers;
+pub mod tensor_file;
+
+pub use classifier::Classifier;
+pub use gpt::{Gpt, GptConfig, cross_entropy};
