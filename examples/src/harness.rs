@@ -150,7 +150,7 @@ impl RankRecord {
     fn now() -> Self {
         Self {
             precision: bonfire_dtensor::precision::observe::observed(),
-            recomputations: bonfire_dtensor::checkpoint::recomputations(),
+            recomputations: bonfire_dtensor::recompute::recomputations(),
             weight_grads: bonfire_dtensor::weight_grad::applied(),
         }
     }

@@ -24,7 +24,7 @@
 //!   overlapped buckets and ZeRO's layer-by-layer gradient reduction.
 //! - [`layer`]: the one call a model makes per layer so that data-parallel wrappers (DDP's
 //!   overlapped buckets, ZeRO-3's per-layer gathers) see its layers — see [`scope`].
-//! - [`checkpoint()`]: activation checkpointing of one region (a layer, a block) — its
+//! - [`recompute()`]: activation checkpointing (recompute in backward) of one region (a layer, a block) — its
 //!   activations recomputed in backward instead of kept, inside any wrapper's hooks.
 //! - [`weight_grad`]: the zero-bubble pipeline's B/W split — linear layers run under
 //!   [`weight_grad::deferring`] leave their weight gradients (`dW = xᵀ·dy`) out of the
@@ -87,7 +87,6 @@
 //! assert!(grads.iter().all(|g| g == &vec![2.0; 8]));
 //! ```
 
-pub mod checkpoint;
 mod collectives;
 pub mod data_parallel;
 mod debug;
@@ -100,12 +99,12 @@ pub mod params;
 mod placement;
 pub mod plane;
 pub mod precision;
+pub mod recompute;
 pub mod redistribute;
 pub mod scope;
 pub mod timing;
 pub mod weight_grad;
 
-pub use checkpoint::{CheckpointBackend, checkpoint};
 pub use collectives::{
     BACKWARD_TAG_BIT, CollectiveBackend, CollectiveKind, CollectiveSpec, functional,
 };
@@ -116,6 +115,7 @@ pub use error::{DTensorError, Result};
 pub use mesh::DeviceMesh;
 pub use placement::{Placement, chunk_range, chunk_sizes};
 pub use precision::MixedPrecision;
+pub use recompute::{RecomputeBackend, recompute};
 pub use scope::{
     LayerHook, LayerHookGuard, LayerInput, install_layer_hook, layer, without_layer_hooks,
 };

@@ -113,7 +113,7 @@ pub trait ParallelModel: Module + Sized + 'static {
 /// pieces named [checkpointable](Self::with_checkpointable) are the layers that
 /// `ParallelDims::activation_checkpointing` counts (`Every(k)`: the 0th, k-th, 2k-th, … of
 /// them, in model order), each recomputed in backward as one region
-/// (`bonfire_dtensor::checkpoint`).
+/// (`bonfire_dtensor::recompute`).
 pub struct Pipeline<B> {
     pub(crate) inner: Box<dyn BuildPipeline<B>>,
 }

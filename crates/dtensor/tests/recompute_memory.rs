@@ -13,7 +13,7 @@ use bonfire_comm::testing::memory::CountingAllocator;
 use bonfire_dtensor::functional::all_gather_recomputable;
 use bonfire_dtensor::graph::anchored;
 use bonfire_dtensor::params::{flat, fork, inventory};
-use bonfire_dtensor::{LayerHook, checkpoint, install_layer_hook, layer};
+use bonfire_dtensor::{LayerHook, install_layer_hook, layer, recompute};
 use burn::module::{Module, ParamId};
 use burn::nn::{Linear, LinearConfig};
 use burn::tensor::activation::gelu;
@@ -61,7 +61,7 @@ fn train_step(blocks: &[Mlp], x: Tensor<2>, ac: bool) -> usize {
     let mut h = x.clone();
     for b in blocks {
         h = match ac {
-            true => checkpoint(b, h, block),
+            true => recompute(b, h, block),
             false => block(&layer(b, &h), h),
         };
     }

@@ -1,13 +1,13 @@
-//! Activation checkpointing of one region (a layer, a transformer block): [`checkpoint`]
+//! Activation checkpointing of one region (a layer, a transformer block): [`recompute()`]
 //! runs `f(module, x)` without keeping its intermediate activations and, in backward, runs it
 //! again with autodiff and back-propagates through the recomputation.
 //!
 //! Burn's own recompute (the Balanced strategy, `.memory_bound().retro_forward()`) is chosen
 //! per device and per operation, and two strategies in one operation panic, so it cannot
 //! select regions. Here a region is one operation of a backend extension
-//! ([`CheckpointBackend::checkpoint`]) with two inputs: the region's input `x`, and a
+//! ([`RecomputeBackend::checkpoint`]) with two inputs: the region's input `x`, and a
 //! one-element *tie* `P` that has every float parameter value of the module among its
-//! ancestors ([`CheckpointBackend::tie`], one per parameter: an operation cannot take a
+//! ancestors ([`RecomputeBackend::tie`], one per parameter: an operation cannot take a
 //! list of tensors).
 //!
 //! - **Forward** runs `f` on untracked copies of `x` and the parameter values (so that
@@ -26,7 +26,7 @@
 //!   wrappers' hooks and gathers as without checkpointing. A parameter `f` does not use gets
 //!   no gradient, as without checkpointing.
 //!
-//! Data-parallel wrappers see the region as one layer: [`checkpoint`] first enters it through
+//! Data-parallel wrappers see the region as one layer: [`recompute()`] first enters it through
 //! [`crate::layer`] with `x` (DDP hooks its parameters anchored at `x`, ZeRO-3 gathers them),
 //! then runs `f` both times with the thread's layer hooks set aside
 //! ([`crate::without_layer_hooks`]), so that the `layer` calls inside `f` are plain clones of
@@ -53,15 +53,15 @@ use std::cell::Cell;
 use std::sync::{Arc, Mutex};
 
 /// Burn backends that can checkpoint a region (`Flex`, `Autodiff<B>`, and `Cube` with the
-/// `cuda` or `wgpu` feature). Call it through [`checkpoint`].
+/// `cuda` or `wgpu` feature). Call it through [`recompute()`].
 #[backend_extension(Autodiff, Flex, Cube: cfg(any(feature = "cuda", feature = "wgpu")))]
-pub trait CheckpointBackend: Backend {
+pub trait RecomputeBackend: Backend {
     /// `region`'s function on `x`; `ties` is the last of the region's ties (it carries the
     /// parameters' gradients back in backward).
     fn checkpoint(
         x: FloatTensor<Self>,
         ties: FloatTensor<Self>,
-        region: CheckpointRegion,
+        region: RecomputeRegion,
     ) -> FloatTensor<Self>;
 
     /// `acc` (one element) unchanged, with `value` — a parameter value of a region — as a
@@ -86,19 +86,19 @@ impl std::fmt::Debug for Tie {
     }
 }
 
-/// One [`checkpoint`] call as the operation sees it: the function and module, type-erased,
+/// One [`recompute()`] call as the operation sees it: the function and module, type-erased,
 /// and the region's parameter values (handed to the checkpointer in forward, never kept
 /// here).
 #[derive(Clone)]
-pub struct CheckpointRegion {
+pub struct RecomputeRegion {
     run: Arc<dyn Recompute>,
     values: Vec<DispatchTensor>,
     deposit: Deposit,
 }
 
-impl std::fmt::Debug for CheckpointRegion {
+impl std::fmt::Debug for RecomputeRegion {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("CheckpointRegion")
+        f.debug_struct("RecomputeRegion")
             .field("values", &self.values.len())
             .finish()
     }
@@ -151,7 +151,7 @@ pub fn recomputations() -> u64 {
 ///
 /// Outside autodiff, or when neither `x` nor any parameter is tracked, this is just
 /// `f(layer(module, x), x)`.
-pub fn checkpoint<M, const D: usize>(
+pub fn recompute<M, const D: usize>(
     module: &M,
     x: Tensor<D>,
     f: impl Fn(&M, Tensor<D>) -> Tensor<D> + Send + Sync + 'static,
@@ -180,7 +180,7 @@ where
             slot,
             deposit: deposit.clone(),
         };
-        ties = <burn::backend::Dispatch as CheckpointBackend>::tie(ties, value.clone(), tie);
+        ties = <burn::backend::Dispatch as RecomputeBackend>::tie(ties, value.clone(), tie);
     }
     let run = Arc::new(Region {
         skeleton: Mutex::new(module.clone()),
@@ -188,12 +188,12 @@ where
         slots,
         strategy,
     });
-    let region = CheckpointRegion {
+    let region = RecomputeRegion {
         run,
         values,
         deposit,
     };
-    Tensor::from_dispatch(<burn::backend::Dispatch as CheckpointBackend>::checkpoint(
+    Tensor::from_dispatch(<burn::backend::Dispatch as RecomputeBackend>::checkpoint(
         x.into_dispatch(),
         ties,
         region,
@@ -229,7 +229,7 @@ impl ModuleVisitor for Collect {
 /// What a region computes from its module and input.
 type RegionFn<M, const D: usize> = Arc<dyn Fn(&M, Tensor<D>) -> Tensor<D> + Send + Sync>;
 
-/// The region of one [`checkpoint`] call.
+/// The region of one [`recompute()`] call.
 struct Region<M, const D: usize> {
     /// The module as given (not the layer's copy: under ZeRO-3 it holds no gathered value);
     /// its float parameters are replaced on each run.
@@ -386,11 +386,7 @@ where
 }
 
 /// The region's forward on backend `B`'s tensors (see [`Recompute::forward`]).
-fn forward<B: Backend>(
-    x: FloatTensor<B>,
-    region: CheckpointRegion,
-    autodiff: bool,
-) -> FloatTensor<B>
+fn forward<B: Backend>(x: FloatTensor<B>, region: RecomputeRegion, autodiff: bool) -> FloatTensor<B>
 where
     DispatchTensor: DispatchKindConversion<B>,
 {
@@ -403,11 +399,11 @@ where
 /// The concrete backends: the region's forward; a tie is its accumulator.
 macro_rules! concrete {
     ($backend:ty) => {
-        impl CheckpointBackend for $backend {
+        impl RecomputeBackend for $backend {
             fn checkpoint(
                 x: FloatTensor<Self>,
                 _ties: FloatTensor<Self>,
-                region: CheckpointRegion,
+                region: RecomputeRegion,
             ) -> FloatTensor<Self> {
                 forward::<Self>(x, region, false)
             }
@@ -507,16 +503,16 @@ where
     }
 }
 
-impl<B: CheckpointBackend, C: CheckpointStrategy> CheckpointBackend for Autodiff<B, C>
+impl<B: RecomputeBackend, C: CheckpointStrategy> RecomputeBackend for Autodiff<B, C>
 where
     DispatchTensor: DispatchKindConversion<B> + DispatchKindConversion<Autodiff<B, C>>,
 {
     fn checkpoint(
         x: FloatTensor<Self>,
         ties: FloatTensor<Self>,
-        region: CheckpointRegion,
+        region: RecomputeRegion,
     ) -> FloatTensor<Self> {
-        let CheckpointRegion {
+        let RecomputeRegion {
             run,
             values,
             deposit,
@@ -533,7 +529,7 @@ where
                 }
             })
             .collect();
-        let inner = CheckpointRegion {
+        let inner = RecomputeRegion {
             run: run.clone(),
             values: values
                 .iter()

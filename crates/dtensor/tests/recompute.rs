@@ -1,4 +1,4 @@
-//! Activation checkpointing ([`bonfire_dtensor::checkpoint()`]): the gradients of the input
+//! Activation checkpointing ([`bonfire_dtensor::recompute()`]): the gradients of the input
 //! and of every parameter equal those of the plain forward to the last bit, on a plain
 //! autodiff device and under Balanced checkpointing; the region really runs again in backward; layer hooks see
 //! the region once; tensor-parallel collectives and ZeRO-3-style gathered parameters inside
@@ -8,11 +8,11 @@ mod common;
 
 use bonfire_comm::testing::{Tolerance, assert_close};
 use bonfire_comm::{OpKind, ProcessGroup};
-use bonfire_dtensor::checkpoint::recomputations;
 use bonfire_dtensor::functional::{all_gather_recomputable, copy_to_group, reduce_from_group};
 use bonfire_dtensor::graph::anchored;
 use bonfire_dtensor::params::{fork, inventory, take_flat_grads};
-use bonfire_dtensor::{CommCounter, LayerHook, checkpoint, install_layer_hook, layer};
+use bonfire_dtensor::recompute::recomputations;
+use bonfire_dtensor::{CommCounter, LayerHook, install_layer_hook, layer, recompute};
 use burn::module::{Module, ParamId};
 use burn::nn::{LayerNorm, LayerNormConfig, Linear, LinearConfig};
 use burn::optim::GradientsParams;
@@ -105,7 +105,7 @@ fn run(net: &Net, device: &Device, which: &[usize]) -> Run {
     let mut h = x.clone() * 0.25;
     for (i, b) in net.blocks.iter().enumerate() {
         h = match which.contains(&i) {
-            true => checkpoint(b, h, block),
+            true => recompute(b, h, block),
             false => block(&layer(b, &h), h),
         };
     }
@@ -136,7 +136,7 @@ fn checkpoint_recomputes_the_region_in_backward() {
     let counted = calls.clone();
     let x = tensor(2, [2, 4], &device).require_grad();
     let before = recomputations();
-    let y = checkpoint(&m, x.clone(), move |m, x| {
+    let y = recompute(&m, x.clone(), move |m, x| {
         counted.fetch_add(1, Ordering::Relaxed);
         block(m, x)
     });
@@ -164,7 +164,7 @@ fn recomputations_count_only_this_threads_backward() {
         let m = Mlp::new(&device);
         let x = tensor(2, [2, 4], &device).require_grad();
         let start = recomputations();
-        let _ = checkpoint(&m, x, block).sum().backward();
+        let _ = recompute(&m, x, block).sum().backward();
         recomputations() - start
     })
     .join()
@@ -190,7 +190,7 @@ fn checkpoint_leaves_unused_parameters_without_gradient() {
     let x = tensor(6, [2, 4], &device).require_grad();
     let only_fc1 = |m: &Mlp, x: Tensor<2>| m.fc1.forward(x).narrow(1, 0, 4);
     let plain = only_fc1(&m, x.clone()).sum().backward();
-    let grads = checkpoint(&m, x.clone(), only_fc1).sum().backward();
+    let grads = recompute(&m, x.clone(), only_fc1).sum().backward();
     assert!(m.norm.gamma.val().grad(&grads).is_none());
     assert!(m.fc2.weight.val().grad(&grads).is_none());
     let w = m.fc1.weight.val();
@@ -212,7 +212,7 @@ fn checkpoint_outside_autodiff_is_the_plain_forward() {
     let x = tensor(3, [2, 4], &device);
     let calls = Arc::new(AtomicUsize::new(0));
     let counted = calls.clone();
-    let y = checkpoint(&m, x.clone(), move |m, x| {
+    let y = recompute(&m, x.clone(), move |m, x| {
         counted.fetch_add(1, Ordering::Relaxed);
         block(m, x)
     });
@@ -287,7 +287,7 @@ fn checkpoint_recomputes_tensor_parallel_collectives() {
             for b in &net.blocks {
                 let g = pg.clone();
                 h = match ac {
-                    true => checkpoint(b, h, move |m, x| tp_block(m, x, &g)),
+                    true => recompute(b, h, move |m, x| tp_block(m, x, &g)),
                     false => tp_block(b, h, &pg),
                 };
             }
@@ -357,7 +357,7 @@ fn checkpoint_regathers_parameters_instead_of_keeping_them() {
             let lazy = hollow(m.clone());
             let x = tensor(5, [2, 4], &device).require_grad();
             let y = match ac {
-                true => checkpoint(&lazy, x.clone(), block),
+                true => recompute(&lazy, x.clone(), block),
                 false => block(&layer(&lazy, &x), x.clone()),
             };
             drop(guard);
