@@ -1,14 +1,14 @@
 //! DDP's options against their definitions: gradient accumulation with `no_sync` equals the
 //! large-batch step; local SGD (periodic sync) keeps replicas identical exactly at sync
 //! points; compressed all-reduce (bf16, fp16 with error feedback) stays within a stated
-//! tolerance of the exact run; the simple `data_parallel` primitives give the same gradients.
+//! tolerance of the exact run; the simple one-call `primitives` give the same gradients.
 
 mod common;
 
 use bonfire_comm::testing::{Tolerance, assert_close};
 use bonfire_comm::{ReduceOp, ThreadWorld};
 use bonfire_ddp::{
-    Compression, DataParallel, DdpConfig, DistributedDataParallel, SyncMode, data_parallel, params,
+    Compression, DataParallel, DdpConfig, DistributedDataParallel, SyncMode, params, primitives,
 };
 use bonfire_examples::{Gpt, GptConfig, default_device};
 use burn::module::Module;
@@ -142,7 +142,7 @@ fn compressed_all_reduce_stays_close_to_exact() {
 }
 
 #[test]
-fn data_parallel_primitives_match_the_full_batch_gradient() {
+fn one_call_primitives_match_the_full_batch_gradient() {
     let cfg = GptConfig::tiny();
     let device = default_device();
     let model = Gpt::new(&cfg, &device);
@@ -159,16 +159,16 @@ fn data_parallel_primitives_match_the_full_batch_gradient() {
         .flat_map(|g| params::to_host(g.unwrap()))
         .collect();
     // scatter 6 rows over 4 ranks: 2, 2, 1, 1.
-    let inputs: Vec<_> = data_parallel::scatter(ids.clone(), 4)
+    let inputs: Vec<_> = primitives::scatter(ids.clone(), 4)
         .into_iter()
-        .zip(data_parallel::scatter(targets, 4))
+        .zip(primitives::scatter(targets, 4))
         .collect();
     let weights: Vec<f32> = inputs
         .iter()
         .map(|(i, _)| i.dims()[0] as f32 / 6.0)
         .collect();
     let (dp_loss, mut grads) =
-        data_parallel::gradients(&model, &device, inputs, &weights, |m, (i, t)| m.loss(i, t));
+        primitives::gradients(&model, &device, inputs, &weights, |m, (i, t)| m.loss(i, t));
     let dp: Vec<f32> = params::take_flat_grads(&model, &params::inventory(&model), &mut grads)
         .into_iter()
         .flat_map(|g| params::to_host(g.unwrap()))
@@ -176,12 +176,11 @@ fn data_parallel_primitives_match_the_full_batch_gradient() {
     assert!((dp_loss - full_loss).abs() <= 1e-5 * full_loss);
     assert_close("grads", &dp, &full, SGD);
     // replicate + parallel_apply + gather run inference across ranks.
-    let replicas = data_parallel::replicate(&model, 3, &device);
-    let outs =
-        data_parallel::parallel_apply(replicas, data_parallel::scatter(ids.clone(), 3), |m, x| {
-            m.forward(x).detach()
-        });
-    let gathered = params::to_host(data_parallel::gather(outs));
+    let replicas = primitives::replicate(&model, 3, &device);
+    let outs = primitives::parallel_apply(replicas, primitives::scatter(ids.clone(), 3), |m, x| {
+        m.forward(x).detach()
+    });
+    let gathered = params::to_host(primitives::gather(outs));
     let direct = params::to_host(model.forward(ids).detach());
     assert_close("gathered logits", &gathered, &direct, SGD);
     let _ = ReduceOp::Sum;

@@ -16,7 +16,7 @@
 //! - [`DistributedDataParallel::no_sync`] for gradient accumulation, [`SyncMode::Periodic`]
 //!   for local SGD, [`Compression`] (bf16, fp16 with error feedback), [`UnusedParams`] for
 //!   parameters that get no gradient.
-//! - [`data_parallel`]: the simple one-call primitives (`replicate`, `scatter`,
+//! - [`primitives`]: the simple one-call primitives (`replicate`, `scatter`,
 //!   `parallel_apply`, `gather`) — easier, slower.
 //!
 //! ```
@@ -49,9 +49,9 @@
 mod bucket;
 mod compress;
 mod config;
-pub mod data_parallel;
 mod ddp;
 mod error;
+pub mod primitives;
 pub use bonfire_dtensor::params;
 mod reducer;
 pub mod timing;
