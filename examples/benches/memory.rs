@@ -1,5 +1,5 @@
 //! `cargo xtask bench memory` (or `cargo bench -p bonfire-examples --bench memory`): bytes
-//! per rank *measured by the allocator* — [`bonfire_examples::memory::RankAllocator`] is this
+//! per rank *measured by the allocator* — [`bonfire_examples::rank_alloc::RankAllocator`] is this
 //! binary's global allocator and charges every heap block to the rank thread that allocated
 //! it — for DDP, ZeRO 1–3 (± offload), TP 2 and 4 (± sequence parallelism), PP 2 and 4 under
 //! every schedule, ± activation checkpointing, in f32 and bf16, each built by the one trainer
@@ -54,9 +54,9 @@
 //! phase boundary, on stderr).
 
 use bonfire_examples::cli::LayoutArgs;
-use bonfire_examples::memory::{self, RankAllocator};
 use bonfire_examples::memory_formula::{FormulaBytes, formula, gpt_rank_params};
 use bonfire_examples::planner;
+use bonfire_examples::rank_alloc::{self, RankAllocator};
 use bonfire_examples::{Gpt, GptConfig, default_device};
 use bonfire_models::gpt::parallelize::TokenBatch;
 use bonfire_plan::memory::state_bytes;
@@ -198,9 +198,9 @@ fn trace(rank: usize, phase: &str, base: usize) {
     if TRACE.load(std::sync::atomic::Ordering::Relaxed) {
         eprintln!(
             "trace rank={rank} phase={phase} live={} peak={} other_live={}",
-            memory::live(rank) as isize - base as isize,
-            memory::peak(rank) as isize - base as isize,
-            memory::other_live()
+            rank_alloc::live(rank) as isize - base as isize,
+            rank_alloc::peak(rank) as isize - base as isize,
+            rank_alloc::other_live()
         );
     }
 }
@@ -215,37 +215,37 @@ fn measure_rank(
     ids: Accounts,
 ) -> Result<RankMemory, TrainError> {
     let r = ids.first + pg.rank();
-    let _rank = memory::enter_rank(r);
+    let _rank = rank_alloc::enter_rank(r);
     let first = batch(0, &default_device());
-    let base = memory::live(r);
-    memory::reset_peak(r);
+    let base = rank_alloc::live(r);
+    rank_alloc::reset_peak(r);
     let mut engine = trainer.build(model.clone(), &pg, &first)?;
     drop(first);
     trace(r, "build", base);
     let mut m = RankMemory {
-        params: memory::live(r) - base,
-        peak: memory::peak(r) - base,
+        params: rank_alloc::live(r) - base,
+        peak: rank_alloc::peak(r) - base,
         ..RankMemory::default()
     };
     let start = Instant::now();
     for step in 0..steps {
         let batch = batch(step, engine.device());
-        let before = memory::live(r);
-        memory::reset_peak(r);
+        let before = rank_alloc::live(r);
+        rank_alloc::reset_peak(r);
         engine.forward_backward(&batch)?;
         drop(batch);
         trace(r, &format!("forward_backward{step}"), base);
-        m.activations = m.activations.max(memory::peak(r) - before);
-        m.held = memory::live(r) - base;
-        m.other_held = memory::other_live() as isize - ids.other_base as isize;
+        m.activations = m.activations.max(rank_alloc::peak(r) - before);
+        m.held = rank_alloc::live(r) - base;
+        m.other_held = rank_alloc::other_live() as isize - ids.other_base as isize;
         if step == 0 {
             m.after_backward = m.held;
         }
         engine.step(LR)?;
         trace(r, &format!("step{step}"), base);
-        m.peak = m.peak.max(memory::peak(r) - base);
+        m.peak = m.peak.max(rank_alloc::peak(r) - base);
         if step > 0 {
-            m.steady_peak = m.steady_peak.max(memory::peak(r) - base);
+            m.steady_peak = m.steady_peak.max(rank_alloc::peak(r) - base);
         }
     }
     m.step_ms = start.elapsed().as_secs_f64() * 1e3 / steps as f64;
@@ -274,9 +274,9 @@ fn run(case: &Case, model: &Gpt, steps: usize, first: usize) -> Run {
     let ranks = case.dims.world_size();
     let ids = Accounts {
         first,
-        other_base: memory::other_live(),
+        other_base: rank_alloc::other_live(),
     };
-    memory::reset_other_peak();
+    rank_alloc::reset_other_peak();
     let measured = Launcher::Threads { ranks }
         .run("bench-memory", |pg| {
             measure_rank(pg, &trainer, model, steps, ids)
@@ -287,8 +287,11 @@ fn run(case: &Case, model: &Gpt, steps: usize, first: usize) -> Run {
         .collect();
     Run {
         ranks: measured,
-        other_peak: memory::other_peak().saturating_sub(ids.other_base),
-        left: (first..first + ranks).map(memory::live).max().unwrap_or(0),
+        other_peak: rank_alloc::other_peak().saturating_sub(ids.other_base),
+        left: (first..first + ranks)
+            .map(rank_alloc::live)
+            .max()
+            .unwrap_or(0),
     }
 }
 
@@ -473,7 +476,7 @@ fn main() {
     let only: Vec<String> = value("--only")
         .map(|s| s.split(',').map(str::to_string).collect())
         .unwrap_or_default();
-    let budget = memory::parse_bytes(&value("--budget").unwrap_or_else(|| "1.1GiB".into()))
+    let budget = rank_alloc::parse_bytes(&value("--budget").unwrap_or_else(|| "1.1GiB".into()))
         .expect("--budget BYTES");
     let flag = args.iter().any(|a| a == "--trace");
     TRACE.store(flag, std::sync::atomic::Ordering::Relaxed);

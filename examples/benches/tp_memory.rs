@@ -25,7 +25,7 @@
 //!   sequence parallelism (Burn may recompute other cheap operations too).
 
 use bonfire_comm::ThreadWorld;
-use bonfire_comm::testing::memory::CountingAllocator;
+use bonfire_comm::testing::counting_alloc::CountingAllocator;
 use bonfire_dtensor::DeviceMesh;
 use bonfire_dtensor::parallel::parallelize_module;
 use bonfire_examples::{Gpt, GptConfig, default_device};

@@ -27,7 +27,7 @@
 //! learning rate and model come from the run (they must match the flags given), `--steps` is
 //! the run's total, and `--metrics` lines go on with the true step numbers.
 //!
-//! Memory: the program allocates through `bonfire_examples::memory::RankAllocator`, which
+//! Memory: the program allocates through `bonfire_examples::rank_alloc::RankAllocator`, which
 //! charges every heap block to the rank thread that allocated it. At the end it prints each
 //! rank's peak (`peak_bytes rank=R bytes=N`). `--memory-budget 300MiB` caps every rank's live
 //! bytes: a rank that would go over aborts the run with one line such as `out of memory: rank
@@ -37,7 +37,7 @@
 use bonfire_dtensor::params;
 use bonfire_examples::cli::{CheckpointArgs, FaultArgs, LayoutArgs, fail, init_logging, survivors};
 use bonfire_examples::corpus::{self, CharTokenizer};
-use bonfire_examples::memory::{self, RankAllocator};
+use bonfire_examples::rank_alloc::{self, RankAllocator};
 use bonfire_examples::{Gpt, GptConfig, default_device, harness};
 use bonfire_models::gpt::parallelize::TokenBatch;
 use bonfire_models::gpt::weights;
@@ -119,7 +119,7 @@ struct Cli {
     /// Cap every rank's live heap bytes (`300MiB`, `1.5GiB`, `64M`, bytes): an allocation that
     /// would go over aborts the run with one `out of memory` line naming the rank, the bytes
     /// it asked for, its live bytes and the budget.
-    #[arg(long, value_name = "BYTES", value_parser = memory::parse_bytes)]
+    #[arg(long, value_name = "BYTES", value_parser = rank_alloc::parse_bytes)]
     memory_budget: Option<usize>,
 }
 
@@ -391,7 +391,7 @@ fn main() {
             .with_extra(serde_json::json!({ "run": run }))
     });
     let config = cli.fit_config(start_step, rows);
-    memory::set_budget(cli.memory_budget);
+    rank_alloc::set_budget(cli.memory_budget);
     if let Some(t) = &mut tolerance {
         t.resume = resumed.as_ref().map(|c| c.dir.clone());
     }
@@ -401,7 +401,7 @@ fn main() {
             "train_gpt",
             |pg| -> Result<(Option<Gpt>, usize), TrainError> {
                 let rank = pg.rank();
-                let _counted = memory::enter_rank(rank);
+                let _counted = rank_alloc::enter_rank(rank);
                 let mut hooks = RunHooks {
                     checkpoints: checkpoints.clone().map(Checkpointer::new),
                     model: SaveAtEnd {
@@ -434,7 +434,7 @@ fn main() {
         survivors(trained, tolerance.is_some()).unwrap_or_else(|e| fail(e));
     // Each rank's most live heap bytes over the run (build, steps, checkpoint), measured.
     for (_, rank) in &ranks {
-        println!("peak_bytes rank={rank} bytes={}", memory::peak(*rank));
+        println!("peak_bytes rank={rank} bytes={}", rank_alloc::peak(*rank));
     }
     let trained = ranks.into_iter().next().and_then(|(model, _)| model);
     if let Some(model) = trained {

@@ -8,7 +8,7 @@
 //!   --example parity -- ...`, any layout through the trainer's one loop.
 //! - [`corpus`]: a small generated text corpus and character tokenizer for `train_gpt`.
 //! - [`throughput`]: step times of a layout through the trainer's loop, for the benches.
-//! - [`memory`]: a global allocator that counts live and peak bytes per rank (and enforces a
+//! - [`rank_alloc`]: a global allocator that counts live and peak bytes per rank (and enforces a
 //!   per-rank budget); [`memory_formula`]: what the ZeRO formula says a rank should hold;
 //!   [`planner`]: the planner (`bonfire_plan`) on the GPT, the trainer's layouts and this
 //!   machine (`--mesh auto`, `cargo run --example plan`).
@@ -30,9 +30,9 @@ pub mod cli;
 pub mod corpus;
 pub mod harness;
 pub mod ledger;
-pub mod memory;
 pub mod memory_formula;
 pub mod planner;
+pub mod rank_alloc;
 pub mod throughput;
 
 pub use bonfire_models::{Gpt, GptConfig, cross_entropy};

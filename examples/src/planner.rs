@@ -7,7 +7,7 @@
 //! [`measure_layout`] and [`predict_ranks`] hold one layout's measured bytes (on the counting
 //! allocator) and the planner's, per rank, for `tests/planner.rs` and `tests/planner_heldout.rs`.
 
-use crate::{Gpt, memory};
+use crate::{Gpt, rank_alloc};
 use bonfire_comm::{ReduceOp, ThreadWorld};
 use bonfire_models::gpt::config::GptConfig;
 use bonfire_pipeline::ScheduleKind;
@@ -319,19 +319,19 @@ pub struct RankRun {
 /// planner does not model either — so [`measure_layout`] allocates it before a rank's
 /// baseline and reports it beside the rank's bytes instead of inside them.
 pub fn warm_matmul_workspace() -> usize {
-    let before = memory::current_rank().map_or(0, memory::live);
+    let before = rank_alloc::current_rank().map_or(0, rank_alloc::live);
     let device = crate::default_device();
     let a = Tensor::<2>::from_data(TensorData::new(vec![0.5f32; 64 * 64], [64, 64]), &device);
     std::hint::black_box(a.clone().matmul(a).into_data());
-    memory::current_rank()
-        .map_or(0, memory::live)
+    rank_alloc::current_rank()
+        .map_or(0, rank_alloc::live)
         .saturating_sub(before)
 }
 
 /// Trains `model` (of `cfg`) `steps` AdamW steps (at least 2) under `dims` on rank threads,
 /// `rows` sequences of `seq` tokens a step ([`bonfire_models::gpt::data::pattern_batch`]), and reads every
 /// rank's bytes from the counting allocator — which must be the binary's global allocator
-/// ([`memory::RankAllocator`]) — charged to allocator ranks `first..first + world` (fresh
+/// ([`rank_alloc::RankAllocator`]) — charged to allocator ranks `first..first + world` (fresh
 /// ones per run: blocks a run leaves alive do not disturb the next). Each rank's baseline is
 /// taken after its thread's matrix-product workspace exists ([`warm_matmul_workspace`]).
 pub fn measure_layout(
@@ -343,7 +343,7 @@ pub fn measure_layout(
 ) -> Vec<RankRun> {
     assert!(steps >= 2, "the steady peak needs a step after the first");
     assert!(
-        memory::installed(),
+        rank_alloc::installed(),
         "the counting allocator is not installed"
     );
     let trainer = Trainer::new(dims.clone(), || OptimizerKind::AdamW.build());
@@ -353,13 +353,13 @@ pub fn measure_layout(
     }
     .run("planner-measure", |pg| {
         let r = first + pg.rank();
-        let _rank = memory::enter_rank(r);
+        let _rank = rank_alloc::enter_rank(r);
         let workspace = warm_matmul_workspace();
         let batch = |step, device: &burn::tensor::Device| {
             bonfire_models::gpt::data::pattern_batch(vocab, rows, seq, step, device)
         };
         let b0 = batch(0, &crate::default_device());
-        let base = memory::live(r);
+        let base = rank_alloc::live(r);
         let mut engine = trainer.build(model.clone(), &pg, &b0)?;
         drop(b0);
         let mut run = RankRun {
@@ -369,17 +369,17 @@ pub fn measure_layout(
         let mut timed = f64::MAX;
         for step in 0..steps {
             let b = batch(step, engine.device());
-            memory::reset_peak(r);
+            rank_alloc::reset_peak(r);
             let start = Instant::now();
             engine.forward_backward(&b)?;
             drop(b);
-            run.held = memory::live(r) - base;
-            let backward = memory::peak(r) - base;
-            memory::reset_peak(r);
+            run.held = rank_alloc::live(r) - base;
+            let backward = rank_alloc::peak(r) - base;
+            rank_alloc::reset_peak(r);
             engine.step(1e-4)?;
             if step > 0 {
                 timed = f64::min(timed, start.elapsed().as_secs_f64());
-                let optimizer = memory::peak(r) - base;
+                let optimizer = rank_alloc::peak(r) - base;
                 run.backward_peak = run.backward_peak.max(backward);
                 run.step_peak = run.step_peak.max(optimizer);
                 run.steady_peak = run.backward_peak.max(run.step_peak);

@@ -33,10 +33,10 @@
 //! the micro-batches the planner says a pipeline rank holds against the programs
 //! `bonfire_pipeline` generates.
 
-use bonfire_examples::memory::RankAllocator;
 use bonfire_examples::planner::{
     self, calibrate, from_dims, gpt_spec, measure_layout, predict_ranks, this_machine,
 };
+use bonfire_examples::rank_alloc::RankAllocator;
 use bonfire_examples::{Gpt, GptConfig, default_device};
 use bonfire_plan::{ClusterSpec, Estimate, MemoryParts, Precision, Request, estimate, rank_shapes};
 use bonfire_train::ParallelDims;

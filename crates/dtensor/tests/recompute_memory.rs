@@ -9,7 +9,7 @@
 mod common;
 
 use bonfire_comm::ProcessGroup;
-use bonfire_comm::testing::memory::CountingAllocator;
+use bonfire_comm::testing::counting_alloc::CountingAllocator;
 use bonfire_dtensor::functional::all_gather_recomputable;
 use bonfire_dtensor::graph::anchored;
 use bonfire_dtensor::params::{flat, fork, inventory};

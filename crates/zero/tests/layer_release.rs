@@ -8,7 +8,7 @@
 //! beside it.
 
 use bonfire_comm::ThreadWorld;
-use bonfire_comm::testing::memory::CountingAllocator;
+use bonfire_comm::testing::counting_alloc::CountingAllocator;
 use bonfire_dtensor::{MixedPrecision, layer};
 use bonfire_zero::{DataParallel, Stage, Zero, ZeroConfig};
 use burn::module::Module;

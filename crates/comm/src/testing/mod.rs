@@ -7,7 +7,7 @@
 
 pub mod bench;
 pub mod conformance;
-pub mod memory;
+pub mod counting_alloc;
 pub mod tolerance;
 
 pub use tolerance::{Closeness, Tolerance, assert_close, is_close};

@@ -4,13 +4,13 @@
 //! A binary installs it and each rank marks its thread:
 //!
 //! ```ignore
-//! use bonfire_examples::memory::{self, RankAllocator};
+//! use bonfire_examples::rank_alloc::{self, RankAllocator};
 //! #[global_allocator]
 //! static HEAP: RankAllocator = RankAllocator;
 //! // in each rank's closure:
-//! let _rank = memory::enter_rank(pg.rank());
+//! let _rank = rank_alloc::enter_rank(pg.rank());
 //! // ... later, from any thread:
-//! let (live, peak) = (memory::live(0), memory::peak(0));
+//! let (live, peak) = (rank_alloc::live(0), rank_alloc::peak(0));
 //! ```
 //!
 //! - **Attribution.** A thread-local rank id, set by [`enter_rank`] (a guard restores the

@@ -4,7 +4,7 @@
 //! A test or bench binary installs it as its global allocator:
 //!
 //! ```ignore
-//! use bonfire_comm::testing::memory::CountingAllocator;
+//! use bonfire_comm::testing::counting_alloc::CountingAllocator;
 //! #[global_allocator]
 //! static HEAP: CountingAllocator = CountingAllocator::new();
 //! // ... HEAP.reset_peak(); run(); let grew = HEAP.peak() - before;
