@@ -49,7 +49,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 "rank {rank}/{n} (local {}, {:?}, backend {}): all_reduce sum = {} (expected {want}); \
                  {bytes} bytes in {:.3} ms, busbw {busbw:.2} GB/s",
                 world.local_rank(),
-                world.launcher(),
+                world.started_by(),
                 pg.backend_name(),
                 v[0],
                 best * 1e3,

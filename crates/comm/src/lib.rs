@@ -77,4 +77,4 @@ pub use reduce::ReduceOp;
 pub use shrink::Shrunk;
 pub use threads::{LaunchError, RankFailure, ThreadWorld, launch};
 pub use work::Work;
-pub use world::{LaunchEnv, Launcher, World};
+pub use world::{LaunchEnv, StartedBy, World};

@@ -21,9 +21,10 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-/// How this process was started.
+/// How this process was started (which launcher set its environment): read from the
+/// environment, unlike `bonfire_train::Launcher`, which says how to start ranks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Launcher {
+pub enum StartedBy {
     /// OpenMPI's `mpirun` / `mpiexec`.
     Mpirun,
     /// Slurm's `srun`.
@@ -36,17 +37,18 @@ pub enum Launcher {
     Single,
 }
 
-impl Launcher {
+impl StartedBy {
     /// True for the launchers whose processes talk through MPI.
     pub fn is_mpi(self) -> bool {
-        matches!(self, Launcher::Mpirun | Launcher::Slurm | Launcher::Pmi)
+        matches!(self, StartedBy::Mpirun | StartedBy::Slurm | StartedBy::Pmi)
     }
 }
 
 /// What the environment says about this process's place in the job.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LaunchEnv {
-    pub launcher: Launcher,
+    /// The launcher that started this process.
+    pub started_by: StartedBy,
     /// The environment variable the launcher was recognised by.
     pub detected_by: &'static str,
     pub rank: usize,
@@ -114,37 +116,37 @@ impl<F: Fn(&str) -> Option<String>> Vars<F> {
 
     /// The launcher, the variable it was recognised by, and this process's rank and the job
     /// size it gives.
-    fn launch(&self) -> Result<(Launcher, &'static str, usize, usize)> {
+    fn launch(&self) -> Result<(StartedBy, &'static str, usize, usize)> {
         let num = |key| self.num(key);
         let slurm_tasks = self.first(&["SLURM_STEP_NUM_TASKS", "SLURM_NTASKS"])?;
         Ok(if let Some(rank) = num("OMPI_COMM_WORLD_RANK")? {
             let size = num("OMPI_COMM_WORLD_SIZE")?.unwrap_or(rank + 1);
-            (Launcher::Mpirun, "OMPI_COMM_WORLD_RANK", rank, size)
+            (StartedBy::Mpirun, "OMPI_COMM_WORLD_RANK", rank, size)
         } else if let Some(rank) = num("PMI_RANK")? {
             let size = self
                 .first(&["PMI_SIZE"])?
                 .or(slurm_tasks)
                 .unwrap_or(rank + 1);
-            (Launcher::Pmi, "PMI_RANK", rank, size)
+            (StartedBy::Pmi, "PMI_RANK", rank, size)
         } else if let Some(rank) = num("PMIX_RANK")? {
             let size = self
                 .first(&["PMIX_SIZE"])?
                 .or(slurm_tasks)
                 .unwrap_or(rank + 1);
-            (Launcher::Pmi, "PMIX_RANK", rank, size)
+            (StartedBy::Pmi, "PMIX_RANK", rank, size)
         } else if let (Some(rank), Some(size), true) = (
             num("SLURM_PROCID")?,
             slurm_tasks,
             self.get("SLURM_STEP_ID").is_some(),
         ) {
             // Inside an `srun` step (a batch script alone has no step of tasks).
-            (Launcher::Slurm, "SLURM_PROCID", rank, size)
+            (StartedBy::Slurm, "SLURM_PROCID", rank, size)
         } else if let Some(size) = num("WORLD_SIZE")? {
             let rank =
                 num("RANK")?.ok_or_else(|| invalid("WORLD_SIZE is set but RANK is not".into()))?;
-            (Launcher::Torchrun, "WORLD_SIZE", rank, size)
+            (StartedBy::Torchrun, "WORLD_SIZE", rank, size)
         } else {
-            (Launcher::Single, "", 0, 1)
+            (StartedBy::Single, "", 0, 1)
         })
     }
 
@@ -198,7 +200,7 @@ impl LaunchEnv {
                 "SLURM_LOCALID",
                 "LOCAL_RANK",
             ])?
-            .unwrap_or(if launcher == Launcher::Single {
+            .unwrap_or(if launcher == StartedBy::Single {
                 0
             } else {
                 rank
@@ -211,7 +213,7 @@ impl LaunchEnv {
             ])?
             .unwrap_or(size);
         Ok(LaunchEnv {
-            launcher,
+            started_by: launcher,
             detected_by,
             rank,
             size,
@@ -243,9 +245,9 @@ impl LaunchEnv {
             }
             None => {}
         }
-        match self.launcher {
+        match self.started_by {
             l if l.is_mpi() => Ok("mpi"),
-            Launcher::Torchrun if self.size > 1 => Err(invalid(format!(
+            StartedBy::Torchrun if self.size > 1 => Err(invalid(format!(
                 "torchrun-style launch (RANK={}, WORLD_SIZE={}): host collectives need the MPI \
                  backend, so launch with `mpirun -np {}` or `srun -n {}` instead; for GPU \
                  tensors the NCCL backend bootstraps from RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT \
@@ -302,7 +304,7 @@ impl World {
     #[cfg(feature = "mpi")]
     fn mpi(env: LaunchEnv) -> Result<World> {
         let mpi = crate::mpi::MpiWorld::init()?;
-        if env.launcher.is_mpi() && (mpi.size() != env.size || mpi.rank() != env.rank) {
+        if env.started_by.is_mpi() && (mpi.size() != env.size || mpi.rank() != env.rank) {
             return Err(invalid(format!(
                 "{} says rank {} of {}, but MPI says rank {} of {}: the program's MPI library \
                  does not match the launcher's (e.g. MPICH's mpiexec with OpenMPI, or srun \
@@ -351,8 +353,9 @@ impl World {
     pub fn local_rank(&self) -> usize {
         self.env.local_rank
     }
-    pub fn launcher(&self) -> Launcher {
-        self.env.launcher
+    /// The launcher that started this process.
+    pub fn started_by(&self) -> StartedBy {
+        self.env.started_by
     }
     /// Everything read from the environment.
     pub fn env(&self) -> &LaunchEnv {
@@ -457,8 +460,8 @@ mod tests {
     fn plain_process_is_a_single_rank() {
         let e = env(&[]).unwrap();
         assert_eq!(
-            (e.launcher, e.rank, e.size, e.local_rank),
-            (Launcher::Single, 0, 1, 0)
+            (e.started_by, e.rank, e.size, e.local_rank),
+            (StartedBy::Single, 0, 1, 0)
         );
         assert_eq!(e.backend().unwrap(), "single");
     }
@@ -472,7 +475,7 @@ mod tests {
             ("OMPI_COMM_WORLD_LOCAL_SIZE", "2"),
         ])
         .unwrap();
-        assert_eq!(e.launcher, Launcher::Mpirun);
+        assert_eq!(e.started_by, StartedBy::Mpirun);
         assert_eq!((e.rank, e.size, e.local_rank, e.local_size), (3, 4, 1, 2));
         assert_eq!(e.backend().unwrap(), "mpi");
     }
@@ -486,19 +489,19 @@ mod tests {
             ("SLURM_LOCALID", "1"),
         ])
         .unwrap();
-        assert_eq!(step.launcher, Launcher::Slurm);
+        assert_eq!(step.started_by, StartedBy::Slurm);
         assert_eq!((step.rank, step.size, step.local_rank), (5, 8, 1));
         assert_eq!(step.backend().unwrap(), "mpi");
         let batch = env(&[("SLURM_PROCID", "0"), ("SLURM_NTASKS", "8")]).unwrap();
-        assert_eq!(batch.launcher, Launcher::Single);
+        assert_eq!(batch.started_by, StartedBy::Single);
         let pmi = env(&[("PMI_RANK", "2"), ("PMI_SIZE", "3")]).unwrap();
-        assert_eq!((pmi.launcher, pmi.rank, pmi.size), (Launcher::Pmi, 2, 3));
+        assert_eq!((pmi.started_by, pmi.rank, pmi.size), (StartedBy::Pmi, 2, 3));
     }
 
     #[test]
     fn torchrun_variables() {
         let one = env(&[("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0")]).unwrap();
-        assert_eq!(one.launcher, Launcher::Torchrun);
+        assert_eq!(one.started_by, StartedBy::Torchrun);
         assert_eq!(one.backend().unwrap(), "single");
         let four = env(&[
             ("RANK", "2"),
