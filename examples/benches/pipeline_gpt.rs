@@ -27,6 +27,7 @@ use bonfire_examples::throughput::{median, random_batches};
 use bonfire_models::gpt::config::GptConfig;
 use bonfire_models::gpt::parallelize::{Piece, pieces};
 use bonfire_models::gpt::{Gpt, cross_entropy};
+use bonfire_pipeline::Generate;
 use bonfire_pipeline::schedule::Costs;
 use bonfire_pipeline::{
     Action, Block, BurnStage, LocalChunks, RankTimeline, Schedule, ScheduleKind, Timeline, check,

@@ -17,8 +17,8 @@ pub struct LayoutArgs {
     /// gradients, the parameters.
     #[arg(long, default_value_t = 0)]
     pub zero: usize,
-    /// Pipeline schedule with a pp axis: gpipe, 1f1b, interleaved[:V], zb, zb-v.
-    #[arg(long)]
+    /// Pipeline schedule with a pp axis (`ScheduleKind::NAMES`).
+    #[arg(long, help = format!("Pipeline schedule with a pp axis: {}", ScheduleKind::NAMES))]
     pub schedule: Option<String>,
     /// Pipeline micro-batches (default: pp).
     #[arg(long)]
@@ -62,7 +62,8 @@ impl LayoutArgs {
         if let Some(name) = &self.schedule {
             let kind = ScheduleKind::parse(name).ok_or_else(|| {
                 format!(
-                    "--schedule {name}: unknown (known: gpipe, 1f1b, interleaved[:V], zb, zb-v)"
+                    "--schedule {name}: unknown (known: {})",
+                    ScheduleKind::NAMES
                 )
             })?;
             dims = dims.with_schedule(kind);

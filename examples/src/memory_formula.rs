@@ -8,6 +8,7 @@
 
 use crate::planner::{gpt_spec, plan_precision};
 use bonfire_models::gpt::config::GptConfig;
+use bonfire_pipeline::Generate;
 use bonfire_plan::ZeroStage;
 use bonfire_train::{MixedPrecision, ParallelDims};
 use bonfire_zero::Stage;

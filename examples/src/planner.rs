@@ -10,10 +10,9 @@
 use crate::{Gpt, rank_alloc};
 use bonfire_comm::{ReduceOp, ThreadWorld};
 use bonfire_models::gpt::config::GptConfig;
-use bonfire_pipeline::ScheduleKind;
 use bonfire_plan::{
     ClusterSpec, DeviceSpec, Layout, LinkSpec, MemoryParts, ModelSpec, Precision, Request,
-    Schedule, ZeroStage, rank_memory, rank_shapes,
+    ZeroStage, rank_memory, rank_shapes,
 };
 use bonfire_train::{
     ActivationCheckpointing, Launcher, MixedPrecision, OptimizerKind, ParallelDims, TrainError,
@@ -52,9 +51,7 @@ pub fn to_dims(l: &Layout) -> Result<ParallelDims, String> {
         .with_zero(Stage::from_index(l.zero.index()).expect("stage 0..=3"))
         .with_sequence_parallel(l.sp)
         .with_loss_parallel(l.tp > 1);
-    if let Some(s) = l.schedule.filter(|_| l.pp > 1) {
-        let kind =
-            ScheduleKind::parse(&s.name()).ok_or_else(|| format!("schedule {}", s.name()))?;
+    if let Some(kind) = l.schedule.filter(|_| l.pp > 1) {
         dims = dims.with_schedule(kind).with_microbatches(l.microbatches);
     }
     let mut precision = MixedPrecision::parse(if l.precision.is_mixed() {
@@ -79,13 +76,7 @@ pub fn to_dims(l: &Layout) -> Result<ParallelDims, String> {
 /// The planner's layout for a trainer's (`None`: options the planner does not model —
 /// offload, split points, checkpointing every k > 1 layers).
 pub fn from_dims(d: &ParallelDims) -> Option<Layout> {
-    let schedule = d.pp.schedule.map(|kind| match kind {
-        ScheduleKind::GPipe => Schedule::GPipe,
-        ScheduleKind::OneFOneB => Schedule::OneFOneB,
-        ScheduleKind::Interleaved { chunks } => Schedule::Interleaved { chunks },
-        ScheduleKind::ZbH1 => Schedule::ZbH1,
-        ScheduleKind::ZbV => Schedule::ZbV,
-    });
+    let schedule = d.pp.schedule;
     let recompute = match d.activation_checkpointing {
         ActivationCheckpointing::Off => false,
         ActivationCheckpointing::Every(1) => true,

@@ -38,6 +38,7 @@ use bonfire_examples::planner::{
 };
 use bonfire_examples::rank_alloc::RankAllocator;
 use bonfire_examples::{Gpt, GptConfig, default_device};
+use bonfire_pipeline::Generate;
 use bonfire_plan::{ClusterSpec, Estimate, MemoryParts, Precision, Request, estimate, rank_shapes};
 use bonfire_train::ParallelDims;
 
@@ -307,26 +308,25 @@ fn disagreements(predicted: &[f64], times: &[f64], factor: f64) -> Vec<(usize, u
         .collect()
 }
 
-/// The planner's [`bonfire_plan::Schedule::held`] is what `bonfire_pipeline`'s generated
+/// The planner's [`bonfire_plan::ScheduleModel::held`] is what `bonfire_pipeline`'s generated
 /// programs keep: for every rank, the counts of a moment the program reaches (forwards whose
 /// B has not run, per chunk; B's whose W has not run, per chunk) holding the most
 /// micro-batches of any moment, and whether such a moment comes after every chunk's gradients
-/// were summed once (`Schedule::sums_before_peak`). Interleaved is left out: the planner
+/// were summed once (`ScheduleModel::sums_before_peak`). Interleaved is left out: the planner
 /// spreads rank 0's warm-up over the chunks of every rank (an upper bound, not a count).
 #[test]
 fn held_micro_batches_are_those_of_the_generated_schedules() {
     use bonfire_pipeline::{Action, ScheduleKind};
-    use bonfire_plan::Schedule;
+    use bonfire_plan::ScheduleModel;
     for schedule in [
-        Schedule::GPipe,
-        Schedule::OneFOneB,
-        Schedule::ZbH1,
-        Schedule::ZbV,
+        ScheduleKind::GPipe,
+        ScheduleKind::OneFOneB,
+        ScheduleKind::ZbH1,
+        ScheduleKind::ZbV,
     ] {
         for p in 2..=4 {
             for m in [1, 2, 3, 4, 6, 8, 16] {
-                let kind = ScheduleKind::parse(&schedule.name()).expect("a schedule");
-                let program = kind.generate(p, m);
+                let program = schedule.generate(p, m);
                 for (rank, actions) in program.actions.iter().enumerate() {
                     let moments = held_moments(actions, schedule.chunks());
                     let most = moments

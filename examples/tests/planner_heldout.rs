@@ -33,7 +33,7 @@
 use bonfire_examples::planner::{measure_layout, predict_ranks, to_dims};
 use bonfire_examples::rank_alloc::RankAllocator;
 use bonfire_examples::{Gpt, GptConfig, default_device};
-use bonfire_plan::{Layout, Precision, Request, Schedule, ZeroStage};
+use bonfire_plan::{Layout, Precision, Request, ScheduleKind, ZeroStage};
 use std::time::Instant;
 
 #[global_allocator]
@@ -103,7 +103,7 @@ fn layouts() -> Vec<(usize, &'static str, Layout)> {
         precision: Precision::BF16,
         ..l
     };
-    use Schedule::{GPipe, OneFOneB, ZbH1, ZbV};
+    use ScheduleKind::{GPipe, OneFOneB, ZbH1, ZbV};
     use ZeroStage::{Z0, Z1, Z2, Z3};
     vec![
         (0, "ddp", dp(2, Z0)),
@@ -123,7 +123,7 @@ fn layouts() -> Vec<(usize, &'static str, Layout)> {
         (
             1,
             "pp2-interleaved-m2",
-            pp(Schedule::Interleaved { chunks: 2 }, 2),
+            pp(ScheduleKind::Interleaved { chunks: 2 }, 2),
         ),
         (2, "single", dp(1, Z0)),
         (2, "zero3", dp(2, Z3)),

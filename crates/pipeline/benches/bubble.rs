@@ -17,6 +17,7 @@
 //! writes each configuration's last step as an SVG under `target/pipeline-timelines/`.
 
 use bonfire_comm::{ProcessGroup, ThreadWorld};
+use bonfire_pipeline::Generate;
 use bonfire_pipeline::schedule::Costs;
 use bonfire_pipeline::{
     Activation, PipelineError, Schedule, ScheduleKind, StageCompute, Timeline, check, run_unchecked,

@@ -9,6 +9,7 @@
 
 use bonfire_comm::launch;
 use bonfire_dtensor::DeviceMesh;
+use bonfire_pipeline::Generate;
 use bonfire_pipeline::{
     Block, BurnStage, LocalChunks, ScheduleKind, Timeline, chunks_for_rank, microbatch_weights,
     run_schedule, split_balanced, split_batch,

@@ -14,7 +14,7 @@
 //! ```
 //! use bonfire_comm::launch;
 //! use bonfire_dtensor::DeviceMesh;
-//! use bonfire_pipeline::{BurnStage, Block, LocalChunks, ScheduleKind, chunks_for_rank,
+//! use bonfire_pipeline::{BurnStage, Block, Generate, LocalChunks, ScheduleKind, chunks_for_rank,
 //!     run_schedule, split_at, split_batch, microbatch_weights};
 //! use burn::module::Module;
 //! use burn::nn::{Linear, LinearConfig};
@@ -62,7 +62,7 @@ pub mod timeline;
 
 pub use check::{CheckError, Problem, check};
 pub use runtime::{Activation, PipelineError, StageCompute, run_schedule, run_unchecked};
-pub use schedule::{Action, BackwardKind, Schedule, ScheduleKind, StageMap};
+pub use schedule::{Action, BackwardKind, Generate, Schedule, ScheduleKind, StageMap};
 pub use stage::{
     Block, BurnStage, LocalChunks, LossFn, StageParams, balance, chunks_for_rank, forward_chunk,
     microbatch_sizes, microbatch_weights, split_at, split_balanced, split_batch,

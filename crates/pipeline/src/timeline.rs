@@ -290,6 +290,7 @@ fn escape(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::Generate;
     use crate::schedule::{Costs, ScheduleKind};
     use std::time::Duration;
 

@@ -2,6 +2,7 @@
 //! naming the offending actions.
 
 use bonfire_comm::ThreadWorld;
+use bonfire_pipeline::Generate;
 use bonfire_pipeline::{
     Action, Activation, PipelineError, Problem, Schedule, ScheduleKind, StageCompute, StageMap,
     check, run_schedule,

@@ -5,6 +5,7 @@
 
 mod common;
 
+use bonfire_pipeline::Generate;
 use bonfire_pipeline::ScheduleKind;
 use common::*;
 use std::sync::OnceLock;

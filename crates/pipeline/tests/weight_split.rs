@@ -8,6 +8,7 @@ use bonfire_comm::ThreadWorld;
 use bonfire_dtensor::DeviceMesh;
 use bonfire_dtensor::parallel::{ParallelLayerNorm, ParallelLinear};
 use bonfire_dtensor::weight_grad::{self, deferring};
+use bonfire_pipeline::Generate;
 use bonfire_pipeline::{
     Block, BurnStage, LocalChunks, Schedule, ScheduleKind, chunks_for_rank, microbatch_weights,
     run_schedule, split_balanced, split_batch,

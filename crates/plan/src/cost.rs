@@ -3,7 +3,7 @@
 //! and the step time by part ([`StepTime`]), for a model, a cluster and a [`Request`].
 
 use crate::cluster::ClusterSpec;
-use crate::layout::{Held, Layout, Precision, Schedule, ZeroStage};
+use crate::layout::{Held, Layout, Precision, ScheduleKind, ScheduleModel, ZeroStage};
 use crate::memory::{
     FormulaBytes, activation_bytes, bytes_per_param, gradient_copy_bytes, gradients_at_peak,
     held_bytes, state_bytes, transient_bytes,
@@ -393,9 +393,9 @@ fn dp_and_optimizer(
 }
 
 /// Whether `s` is a pipeline schedule the planner tries with `pp` ranks and `m` micro-batches.
-pub fn schedule_fits(s: Schedule, pp: usize, m: usize) -> bool {
+pub fn schedule_fits(s: ScheduleKind, pp: usize, m: usize) -> bool {
     match s {
-        Schedule::Interleaved { .. } => m % pp == 0,
+        ScheduleKind::Interleaved { .. } => m % pp == 0,
         _ => true,
     }
 }

@@ -69,68 +69,36 @@ impl Precision {
     }
 }
 
-/// A pipeline schedule (`bonfire_pipeline::ScheduleKind`'s names).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Schedule {
-    GPipe,
-    OneFOneB,
-    Interleaved { chunks: usize },
-    ZbH1,
-    ZbV,
+pub use bonfire_layout::ScheduleKind;
+
+/// The schedules the planner tries.
+pub const SEARCHED_SCHEDULES: [ScheduleKind; 5] = [
+    ScheduleKind::GPipe,
+    ScheduleKind::OneFOneB,
+    ScheduleKind::Interleaved { chunks: 2 },
+    ScheduleKind::ZbH1,
+    ScheduleKind::ZbV,
+];
+
+/// The planner's model of a [`ScheduleKind`] (the kind itself is `bonfire-layout`'s, shared
+/// with the trainer): its bubble and what a rank holds at its fullest moment.
+pub trait ScheduleModel {
+    /// The idle fraction of a step with equal forward, input-backward and weight-backward
+    /// times: the kind's theoretical bubble ([`ScheduleKind::theory_bubble`]) and for ZB-V —
+    /// no closed form — the planner's assumption `(p−1)/(6m+p−1)` (ZB-H1's with two chunks).
+    fn bubble(&self, p: usize, m: usize) -> f64;
+    /// What pipeline rank `rank` of `p` keeps at its fullest moment with `m` micro-batches.
+    fn held(&self, p: usize, m: usize, rank: usize) -> Held;
+    /// Whether rank `rank`'s fullest moment comes after every chunk's gradients were summed.
+    fn sums_before_peak(&self, p: usize, m: usize, rank: usize) -> bool;
 }
 
-impl Schedule {
-    /// The schedules the planner tries.
-    pub const SEARCHED: [Schedule; 5] = [
-        Self::GPipe,
-        Self::OneFOneB,
-        Self::Interleaved { chunks: 2 },
-        Self::ZbH1,
-        Self::ZbV,
-    ];
-
-    /// The name `ScheduleKind::parse` reads.
-    pub fn name(&self) -> String {
-        match *self {
-            Self::GPipe => "gpipe".into(),
-            Self::OneFOneB => "1f1b".into(),
-            Self::Interleaved { chunks } => format!("interleaved:{chunks}"),
-            Self::ZbH1 => "zb-h1".into(),
-            Self::ZbV => "zb-v".into(),
-        }
-    }
-
-    /// Model chunks per rank.
-    pub fn chunks(&self) -> usize {
-        match *self {
-            Self::Interleaved { chunks } => chunks,
-            Self::ZbV => 2,
-            _ => 1,
-        }
-    }
-
-    /// The global stage `rank`'s `chunk` runs: round robin (stage `c·p + r`), or V-shaped
-    /// for ZB-V (`r`, then `2p − 1 − r`).
-    pub fn stage(&self, ranks: usize, rank: usize, chunk: usize) -> usize {
-        match (*self, chunk) {
-            (Self::ZbV, 1) => 2 * ranks - 1 - rank,
-            _ => chunk * ranks + rank,
-        }
-    }
-
-    /// The idle fraction of a step with equal forward, input-backward and weight-backward
-    /// times: `(p−1)/(m+p−1)` for GPipe and 1F1B, `(p−1)/(v·m+p−1)` interleaved,
-    /// `(p−1)/(3m+p−1)` for ZB-H1 (Qi et al. 2024), and for ZB-V — no closed form — the
-    /// planner's assumption `(p−1)/(6m+p−1)` (ZB-H1's with two chunks).
-    pub fn bubble(&self, p: usize, m: usize) -> f64 {
-        let (p, m) = (p as f64, m as f64);
-        let work = match *self {
-            Self::GPipe | Self::OneFOneB => m,
-            Self::Interleaved { chunks } => chunks as f64 * m,
-            Self::ZbH1 => 3.0 * m,
-            Self::ZbV => 6.0 * m,
-        };
-        (p - 1.0) / (work + p - 1.0)
+impl ScheduleModel for ScheduleKind {
+    fn bubble(&self, p: usize, m: usize) -> f64 {
+        self.theory_bubble(p, m).unwrap_or_else(|| {
+            let (p, m) = (p as f64, m as f64);
+            (p - 1.0) / (6.0 * m + p - 1.0)
+        })
     }
 
     /// What pipeline rank `rank` of `p` keeps at its fullest moment with `m` micro-batches,
@@ -141,7 +109,7 @@ impl Schedule {
     /// forwards of its first chunk and `rank + 1` of its second, with the second chunk's W's
     /// waiting when `m` is too small to fill the first; interleaved Megatron's warm-up of
     /// `(v−1)·p + 2(p−1) + 1` chunk-forwards spread over the chunks (rank 0's, for every rank).
-    pub fn held(&self, p: usize, m: usize, rank: usize) -> Held {
+    fn held(&self, p: usize, m: usize, rank: usize) -> Held {
         let one = |f: usize, w: usize| Held {
             forwards: vec![f as f64],
             weights: vec![w as f64],
@@ -176,7 +144,7 @@ impl Schedule {
     /// forward follows the first backward (`m > p − rank`); under ZB-H1 and ZB-V, whose sums
     /// wait for W, from `m ≥ 2p − rank` (the generated programs' counts for p ≤ 4, m ≤ 16,
     /// checked in `examples/tests/planner.rs`).
-    pub fn sums_before_peak(&self, p: usize, m: usize, rank: usize) -> bool {
+    fn sums_before_peak(&self, p: usize, m: usize, rank: usize) -> bool {
         match self {
             Self::GPipe => false,
             Self::OneFOneB | Self::Interleaved { .. } => m > p - rank,
@@ -240,7 +208,7 @@ pub struct Layout {
     pub sp: bool,
     pub pp: usize,
     /// Required with pp > 1.
-    pub schedule: Option<Schedule>,
+    pub schedule: Option<ScheduleKind>,
     /// Micro-batches per step (1 without a pipeline).
     pub microbatches: usize,
     /// Every block recomputes its activations in backward (activation checkpointing).

@@ -59,6 +59,8 @@ pub use cost::{
     ChunkShape, Estimate, MemoryParts, RankShape, Request, estimate, rank_memory, rank_shapes,
 };
 pub use error::PlanError;
-pub use layout::{Held, Layout, Precision, Schedule, ZeroStage};
+pub use layout::{
+    Held, Layout, Precision, SEARCHED_SCHEDULES, ScheduleKind, ScheduleModel, ZeroStage,
+};
 pub use model::{Arch, Attention, ModelSpec, PRESETS, stage_ranges};
 pub use search::{Plan, candidates, estimate_all, plan};

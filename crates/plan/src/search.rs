@@ -8,7 +8,7 @@ use crate::bytes::format_bytes;
 use crate::cluster::ClusterSpec;
 use crate::cost::{Estimate, Request, estimate, rank_shapes, schedule_fits};
 use crate::error::PlanError;
-use crate::layout::{Layout, Schedule, ZeroStage};
+use crate::layout::{Layout, SEARCHED_SCHEDULES, ScheduleKind, ZeroStage};
 use crate::model::ModelSpec;
 
 /// The planner's answer: the layouts that fit, fastest first, and why the first won.
@@ -60,8 +60,8 @@ pub fn candidates(
                 refused.push(format!("tp={tp} pp={pp} dp={dp}: {reason}"));
                 continue;
             }
-            let schedules: Vec<Option<Schedule>> = if pp > 1 {
-                Schedule::SEARCHED.into_iter().map(Some).collect()
+            let schedules: Vec<Option<ScheduleKind>> = if pp > 1 {
+                SEARCHED_SCHEDULES.into_iter().map(Some).collect()
             } else {
                 vec![None]
             };

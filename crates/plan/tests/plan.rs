@@ -11,8 +11,8 @@ use bonfire_plan::memory::{
     gradients_at_peak,
 };
 use bonfire_plan::{
-    ClusterSpec, DeviceSpec, Layout, LinkSpec, ModelSpec, PlanError, Precision, Request, Schedule,
-    ZeroStage, plan,
+    ClusterSpec, DeviceSpec, Layout, LinkSpec, ModelSpec, PlanError, Precision, Request,
+    ScheduleKind, ScheduleModel, ZeroStage, plan,
 };
 
 fn cluster(nodes: usize, g: usize, device: &str, intra: &str, inter: &str) -> ClusterSpec {
@@ -130,19 +130,22 @@ fn the_peak_counts_gradients_where_they_are_live() {
 
 #[test]
 fn schedules_bubble_and_place_stages() {
-    assert_eq!(Schedule::OneFOneB.bubble(4, 4), 3.0 / 7.0);
-    assert_eq!(Schedule::Interleaved { chunks: 2 }.bubble(4, 4), 3.0 / 11.0);
-    assert_eq!(Schedule::ZbH1.bubble(4, 4), 3.0 / 15.0);
-    assert!(Schedule::ZbV.bubble(4, 4) < Schedule::ZbH1.bubble(4, 4));
-    assert_eq!(Schedule::GPipe.held(4, 8, 3).forwards, [8.0]);
-    assert_eq!(Schedule::OneFOneB.held(4, 8, 0).forwards, [4.0]);
-    assert_eq!(Schedule::OneFOneB.held(4, 8, 3).forwards, [1.0]);
+    assert_eq!(ScheduleKind::OneFOneB.bubble(4, 4), 3.0 / 7.0);
+    assert_eq!(
+        ScheduleKind::Interleaved { chunks: 2 }.bubble(4, 4),
+        3.0 / 11.0
+    );
+    assert_eq!(ScheduleKind::ZbH1.bubble(4, 4), 3.0 / 15.0);
+    assert!(ScheduleKind::ZbV.bubble(4, 4) < ScheduleKind::ZbH1.bubble(4, 4));
+    assert_eq!(ScheduleKind::GPipe.held(4, 8, 3).forwards, [8.0]);
+    assert_eq!(ScheduleKind::OneFOneB.held(4, 8, 0).forwards, [4.0]);
+    assert_eq!(ScheduleKind::OneFOneB.held(4, 8, 3).forwards, [1.0]);
     // 6 pieces (embeddings, 4 blocks, head) on 2 ranks: ZB-V's 4 stages of 2, 2, 1, 1
     // pieces, stages 0 and 3 on rank 0 — as `bonfire_pipeline` places them.
     let model = ModelSpec::gpt("t", 32, 16, 4, 4, 8, 32);
     let zbv = Layout {
         pp: 2,
-        schedule: Some(Schedule::ZbV),
+        schedule: Some(ScheduleKind::ZbV),
         microbatches: 2,
         ..Layout::ddp(1)
     };

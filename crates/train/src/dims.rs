@@ -293,7 +293,7 @@ impl ParallelDims {
             (None, p) if p > 1 => Err(axis_error(
                 Axis::Pp,
                 p,
-                "a pipeline needs a schedule (gpipe, 1f1b, interleaved, zb, zb-v)",
+                &format!("a pipeline needs a schedule ({})", ScheduleKind::NAMES),
             )),
             (Some(kind), 1) => Err(axis_error(
                 Axis::Pp,

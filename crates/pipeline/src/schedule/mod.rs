@@ -332,83 +332,23 @@ impl Schedule {
     }
 }
 
-/// The schedules the crate generates, by name.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ScheduleKind {
-    /// All forwards, then all backwards.
-    GPipe,
-    /// One forward, one backward (PipeDream-flush).
-    OneFOneB,
-    /// Interleaved 1F1B with `v` chunks per rank.
-    Interleaved { chunks: usize },
-    /// Zero-bubble ZB-H1 (1F1B memory, B/W split).
-    ZbH1,
-    /// Zero-bubble ZB-V (V-shaped stage map, two chunks per rank, B/W split).
-    ZbV,
+pub use bonfire_layout::ScheduleKind;
+
+/// Generating a [`ScheduleKind`]'s program (the kind itself, its name, chunks and stage map,
+/// is `bonfire-layout`'s, shared with the planner).
+pub trait Generate {
+    /// The schedule for `ranks` ranks and `microbatches` micro-batches.
+    fn generate(&self, ranks: usize, microbatches: usize) -> Schedule;
 }
 
-impl ScheduleKind {
-    /// Parses `gpipe`, `1f1b`, `interleaved` (2 chunks), `interleaved:V`, `zb` / `zb-h1`, `zb-v`.
-    pub fn parse(s: &str) -> Option<Self> {
-        let s = s.to_ascii_lowercase();
-        Some(match s.as_str() {
-            "gpipe" => Self::GPipe,
-            "1f1b" => Self::OneFOneB,
-            "interleaved" => Self::Interleaved { chunks: 2 },
-            "zb" | "zb-h1" | "zbh1" => Self::ZbH1,
-            "zb-v" | "zbv" => Self::ZbV,
-            other => {
-                let v = other.strip_prefix("interleaved:")?.parse().ok()?;
-                if v == 0 {
-                    return None;
-                }
-                Self::Interleaved { chunks: v }
-            }
-        })
-    }
-
-    /// Chunks per rank this kind places.
-    pub fn chunks(&self) -> usize {
-        match *self {
-            Self::GPipe | Self::OneFOneB | Self::ZbH1 => 1,
-            Self::Interleaved { chunks } => chunks,
-            Self::ZbV => 2,
-        }
-    }
-
-    /// Generates the schedule for `ranks` ranks and `microbatches` micro-batches.
-    pub fn generate(&self, ranks: usize, microbatches: usize) -> Schedule {
+impl Generate for ScheduleKind {
+    fn generate(&self, ranks: usize, microbatches: usize) -> Schedule {
         match *self {
             Self::GPipe => gpipe(ranks, microbatches),
             Self::OneFOneB => one_f_one_b(ranks, microbatches),
             Self::Interleaved { chunks } => interleaved(ranks, chunks, microbatches),
             Self::ZbH1 => zb_h1(ranks, microbatches),
             Self::ZbV => zb_v(ranks, microbatches),
-        }
-    }
-
-    /// The bubble fraction theory predicts when F, B (input part) and W take equal time
-    /// (full backward = 2 F): `(p−1)/(m+p−1)` for GPipe and 1F1B, `(p−1)/(v·m+p−1)` for
-    /// interleaving, `(p−1)/(3m+p−1)` for ZB-H1 (its bubble is a third of 1F1B's), and `None`
-    /// for ZB-V (no closed form here).
-    pub fn theory_bubble(&self, ranks: usize, microbatches: usize) -> Option<f64> {
-        let (p, m) = (ranks as f64, microbatches as f64);
-        match *self {
-            Self::GPipe | Self::OneFOneB => Some((p - 1.0) / (m + p - 1.0)),
-            Self::Interleaved { chunks } => Some((p - 1.0) / (chunks as f64 * m + p - 1.0)),
-            Self::ZbH1 => Some((p - 1.0) / (3.0 * m + p - 1.0)),
-            Self::ZbV => None,
-        }
-    }
-
-    /// Short name used in reports.
-    pub fn name(&self) -> String {
-        match *self {
-            Self::GPipe => "gpipe".into(),
-            Self::OneFOneB => "1f1b".into(),
-            Self::Interleaved { chunks } => format!("interleaved:{chunks}"),
-            Self::ZbH1 => "zb-h1".into(),
-            Self::ZbV => "zb-v".into(),
         }
     }
 }

@@ -14,6 +14,7 @@ use crate::wrapper::{DpSpec, DpWrapper, Staged};
 use bonfire_comm::ReduceOp;
 use bonfire_dtensor::DataParallel;
 use bonfire_dtensor::params::{self, ParamValues};
+use bonfire_pipeline::Generate;
 use bonfire_pipeline::{
     Block, BurnStage, Schedule, chunks_for_rank, microbatch_sizes, microbatch_weights,
     run_schedule, split_at,
