@@ -23,7 +23,7 @@ use bonfire_examples::{Gpt, GptConfig, default_device};
 use bonfire_models::gpt::data::Batches;
 use bonfire_train::fault::{FaultTolerance, KillAt};
 use bonfire_train::{FitConfig, OptimizerKind, ParallelDims, Trainer, fit_fault_tolerant};
-use bonfire_zero::Stage;
+use bonfire_zero::ZeroStage;
 use burn::tensor::Device;
 use clap::Parser;
 use std::time::Duration;
@@ -81,10 +81,10 @@ fn main() {
     let params = cfg.num_params() as u64;
     for layout in layouts {
         let stage = match layout.as_str() {
-            "ddp" => Stage::Zero0,
-            "zero1" => Stage::Zero1,
-            "zero2" => Stage::Zero2,
-            "zero3" => Stage::Zero3,
+            "ddp" => ZeroStage::Zero0,
+            "zero1" => ZeroStage::Zero1,
+            "zero2" => ZeroStage::Zero2,
+            "zero3" => ZeroStage::Zero3,
             other => panic!("unknown layout {other} (ddp, zero1, zero2, zero3)"),
         };
         let dims = ParallelDims::parse_mesh(&format!("dp={n}"))

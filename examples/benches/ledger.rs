@@ -18,7 +18,7 @@ use bonfire_examples::{Gpt, GptConfig, harness, ledger};
 use bonfire_models::gpt::parallelize::TokenBatch;
 use bonfire_pipeline::ScheduleKind;
 use bonfire_train::{Axis, OptimizerKind, ParallelDims};
-use bonfire_zero::Stage;
+use bonfire_zero::ZeroStage;
 use burn::tensor::{Device, Int, Tensor, TensorData};
 
 const BATCH: usize = 8;
@@ -29,12 +29,12 @@ fn layouts() -> Vec<(&'static str, ParallelDims)> {
     let dp = ParallelDims::new().with_degree(Axis::Dp, RANKS);
     vec![
         ("ddp", dp.clone()),
-        ("zero1", dp.clone().with_zero(Stage::Zero1)),
-        ("zero2", dp.clone().with_zero(Stage::Zero2)),
-        ("zero3", dp.clone().with_zero(Stage::Zero3)),
+        ("zero1", dp.clone().with_zero(ZeroStage::Zero1)),
+        ("zero2", dp.clone().with_zero(ZeroStage::Zero2)),
+        ("zero3", dp.clone().with_zero(ZeroStage::Zero3)),
         (
             "zero2-offload",
-            dp.with_zero(Stage::Zero2).with_offload(true),
+            dp.with_zero(ZeroStage::Zero2).with_offload(true),
         ),
         ("tp", ParallelDims::new().with_degree(Axis::Tp, RANKS)),
         (

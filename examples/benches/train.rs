@@ -22,7 +22,7 @@ use bonfire_examples::throughput::{self, Hosts, RankRun, RunArgs, median};
 use bonfire_examples::{Gpt, GptConfig, default_device};
 use bonfire_pipeline::ScheduleKind;
 use bonfire_train::{Axis, ParallelDims, Trainer};
-use bonfire_zero::{Stage, ZeroConfig};
+use bonfire_zero::{ZeroConfig, ZeroStage};
 use burn::optim::SgdConfig;
 use burn::tensor::Device;
 use clap::Parser;
@@ -72,9 +72,9 @@ fn layout(name: &str, args: &Args) -> Result<(ParallelDims, usize), String> {
     Ok(match name {
         "single" => (ParallelDims::new(), 1),
         "ddp" => (dp(), n),
-        "zero1" => (dp().with_zero(Stage::Zero1), n),
-        "zero2" => (dp().with_zero(Stage::Zero2), n),
-        "zero3" => (dp().with_zero(Stage::Zero3), n),
+        "zero1" => (dp().with_zero(ZeroStage::Zero1), n),
+        "zero2" => (dp().with_zero(ZeroStage::Zero2), n),
+        "zero3" => (dp().with_zero(ZeroStage::Zero3), n),
         "tp" => (tp(), n),
         "tp-sp" => (tp().with_sequence_parallel(true), n),
         "pp-1f1b" => (pp("1f1b"), n),

@@ -17,7 +17,7 @@ use bonfire_dtensor::params;
 use bonfire_examples::cli::{fail, init_logging};
 use bonfire_models::classifier::{Classifier, blobs};
 use bonfire_train::{FitConfig, Launcher, OptimizerKind, ParallelDims, Trainer, fit};
-use bonfire_zero::Stage;
+use bonfire_zero::ZeroStage;
 use burn::module::Module;
 use burn::optim::GradientsParams;
 use burn::tensor::Device;
@@ -51,8 +51,8 @@ const CLASSES: usize = 4;
 fn main() {
     init_logging();
     let cli = Cli::parse();
-    let stage =
-        Stage::from_index(cli.zero).unwrap_or_else(|| fail(format!("--zero {}: 0..=3", cli.zero)));
+    let stage = ZeroStage::from_index(cli.zero)
+        .unwrap_or_else(|| fail(format!("--zero {}: 0..=3", cli.zero)));
     let optim = OptimizerKind::parse(&cli.optim).unwrap_or_else(|e| fail(e));
     let device = Device::flex().autodiff();
     device.seed(7);

@@ -4,7 +4,7 @@
 
 use bonfire_pipeline::ScheduleKind;
 use bonfire_train::{ActivationCheckpointing, CheckpointConfig, MixedPrecision, ParallelDims};
-use bonfire_zero::Stage;
+use bonfire_zero::ZeroStage;
 use std::path::PathBuf;
 
 /// The layout options of a command line, as given (checked further when the run is built).
@@ -57,7 +57,7 @@ impl LayoutArgs {
     pub fn dims(&self, default_mesh: &str) -> Result<ParallelDims, String> {
         let mesh = self.mesh.as_deref().unwrap_or(default_mesh);
         let mut dims = ParallelDims::parse_mesh(mesh).map_err(|e| e.to_string())?;
-        dims.zero = Stage::from_index(self.zero)
+        dims.zero = ZeroStage::from_index(self.zero)
             .ok_or_else(|| format!("--zero {}: must be 0, 1, 2 or 3", self.zero))?;
         if let Some(name) = &self.schedule {
             let kind = ScheduleKind::parse(name).ok_or_else(|| {

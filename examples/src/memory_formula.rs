@@ -2,7 +2,7 @@
 //! paper's formula ([`formula`]) — and the GPT's parameter count per rank after tensor and
 //! pipeline parallelism ([`gpt_rank_params`]), the Ψ the formula takes. Both are owned by the
 //! planner's cost model (`bonfire_plan::memory::formula`, `bonfire_plan::ModelSpec`); this
-//! file maps Bonfire's own types onto it (`MixedPrecision`, `Stage`, `ParallelDims`, the
+//! file maps Bonfire's own types onto it (`MixedPrecision`, `ZeroStage`, `ParallelDims`, the
 //! pipeline's stage map). The measured side is [`crate::memory`]'s allocator (`cargo xtask
 //! bench memory`); nothing here is measured.
 
@@ -11,7 +11,6 @@ use bonfire_models::gpt::config::GptConfig;
 use bonfire_pipeline::Generate;
 use bonfire_plan::ZeroStage;
 use bonfire_train::{MixedPrecision, ParallelDims};
-use bonfire_zero::Stage;
 
 pub use bonfire_plan::memory::FormulaBytes;
 
@@ -24,8 +23,7 @@ pub fn bytes_per_param(precision: &MixedPrecision) -> (f64, f64, f64) {
 /// The ZeRO paper's bytes per rank for `psi` parameters (this rank's, after tensor and
 /// pipeline sharding) on `n` data-parallel ranks with Adam under `precision`:
 /// stage 0 Ψpb + Ψrb + ΨK; 1 Ψpb + Ψrb + ΨK/N; 2 Ψpb + Ψrb/N + ΨK/N; 3 (Ψpb + Ψrb + ΨK)/N.
-pub fn formula(stage: Stage, psi: usize, n: usize, precision: &MixedPrecision) -> FormulaBytes {
-    let stage = ZeroStage::from_index(stage.index()).expect("a ZeRO stage 0..=3");
+pub fn formula(stage: ZeroStage, psi: usize, n: usize, precision: &MixedPrecision) -> FormulaBytes {
     bonfire_plan::memory::formula(stage, psi, n, plan_precision(precision))
 }
 
@@ -106,17 +104,17 @@ mod tests {
         let (psi, n) = (1000, 4);
         let f32 = MixedPrecision::f32();
         let total = |s| formula(s, psi, n, &f32).total();
-        assert_eq!(total(Stage::Zero0), 16_000.0);
-        assert_eq!(total(Stage::Zero1), 8_000.0 + 2_000.0);
-        assert_eq!(total(Stage::Zero2), 4_000.0 + 1_000.0 + 2_000.0);
-        assert_eq!(total(Stage::Zero3), 4_000.0);
+        assert_eq!(total(ZeroStage::Zero0), 16_000.0);
+        assert_eq!(total(ZeroStage::Zero1), 8_000.0 + 2_000.0);
+        assert_eq!(total(ZeroStage::Zero2), 4_000.0 + 1_000.0 + 2_000.0);
+        assert_eq!(total(ZeroStage::Zero3), 4_000.0);
         // Mixed: pb = 2, rb = 4 (reduce in fp32), K = 12 — and rb = 2 reducing in bf16.
         let bf16 = MixedPrecision::bf16();
-        assert_eq!(formula(Stage::Zero0, psi, n, &bf16).total(), 18_000.0);
-        let z2 = formula(Stage::Zero2, psi, n, &bf16);
+        assert_eq!(formula(ZeroStage::Zero0, psi, n, &bf16).total(), 18_000.0);
+        let z2 = formula(ZeroStage::Zero2, psi, n, &bf16);
         assert_eq!((z2.params, z2.grads, z2.optim), (2_000.0, 1_000.0, 3_000.0));
         let half = bf16.with_reduce_dtype(burn::tensor::DType::BF16);
-        assert_eq!(formula(Stage::Zero3, psi, n, &half).total(), 4_000.0);
+        assert_eq!(formula(ZeroStage::Zero3, psi, n, &half).total(), 4_000.0);
     }
 
     #[test]

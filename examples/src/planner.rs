@@ -12,13 +12,12 @@ use bonfire_comm::{ReduceOp, ThreadWorld};
 use bonfire_models::gpt::config::GptConfig;
 use bonfire_plan::{
     ClusterSpec, DeviceSpec, Layout, LinkSpec, MemoryParts, ModelSpec, Precision, Request,
-    ZeroStage, rank_memory, rank_shapes,
+    rank_memory, rank_shapes,
 };
 use bonfire_train::{
     ActivationCheckpointing, Launcher, MixedPrecision, OptimizerKind, ParallelDims, TrainError,
     Trainer,
 };
-use bonfire_zero::Stage;
 use burn::tensor::{Device, Tensor, TensorData};
 use std::time::{Duration, Instant};
 
@@ -48,7 +47,7 @@ pub fn to_dims(l: &Layout) -> Result<ParallelDims, String> {
     let mesh = format!("pp={},dp={},tp={}", l.pp, l.dp, l.tp);
     let mut dims = ParallelDims::parse_mesh(&mesh).map_err(|e| e.to_string())?;
     dims = dims
-        .with_zero(Stage::from_index(l.zero.index()).expect("stage 0..=3"))
+        .with_zero(l.zero)
         .with_sequence_parallel(l.sp)
         .with_loss_parallel(l.tp > 1);
     if let Some(kind) = l.schedule.filter(|_| l.pp > 1) {
@@ -87,7 +86,7 @@ pub fn from_dims(d: &ParallelDims) -> Option<Layout> {
     }
     Some(Layout {
         dp: d.dp(),
-        zero: ZeroStage::from_index(d.zero.index())?,
+        zero: d.zero,
         tp: d.tp(),
         sp: d.tp.sequence_parallel,
         pp: d.pp(),

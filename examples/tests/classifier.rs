@@ -19,7 +19,7 @@ use bonfire_dtensor::DataParallel;
 use bonfire_dtensor::params::{self, ParamValues};
 use bonfire_models::classifier::{Classifier, blobs};
 use bonfire_train::{FitConfig, Launcher, OptimizerKind, ParallelDims, Trainer, fit};
-use bonfire_zero::{Stage, Zero, ZeroConfig};
+use bonfire_zero::{Zero, ZeroConfig, ZeroStage};
 use burn::module::Module;
 use burn::optim::GradientsParams;
 use burn::tensor::Device;
@@ -101,7 +101,7 @@ fn trained_by_the_trainer_with_ddp_and_zero() {
         for stage in [0, 1, 3] {
             let dims = ParallelDims::parse_mesh("dp=2")
                 .unwrap()
-                .with_zero(Stage::from_index(stage).unwrap());
+                .with_zero(ZeroStage::from_index(stage).unwrap());
             let trainer = Trainer::new(dims.clone(), move || kind.build());
             let model = model();
             let got = Launcher::Threads { ranks: 2 }
@@ -164,7 +164,7 @@ fn wrapper(
             run(ddp, device, optim, rank)
         }
         s => {
-            let config = ZeroConfig::new(Stage::from_index(s).unwrap());
+            let config = ZeroConfig::new(ZeroStage::from_index(s).unwrap());
             let zero = Zero::new(model, opt, pg, config).unwrap();
             // Inputs go where ZeRO computes (for stage 3, its checkpointing device).
             let device = zero.device().clone();
@@ -214,7 +214,7 @@ fn zero3_inputs_on_the_wrong_device_fail_clearly() {
                 model(),
                 OptimizerKind::Sgd.build(),
                 pg,
-                ZeroConfig::new(Stage::Zero3),
+                ZeroConfig::new(ZeroStage::Zero3),
             )
             .unwrap();
             assert_eq!(

@@ -7,7 +7,7 @@ mod common;
 use bonfire_comm::ThreadWorld;
 use bonfire_ddp::{DataParallel, DdpConfig, DistributedDataParallel, StepTiming};
 use bonfire_examples::{Gpt, GptConfig, default_device};
-use bonfire_zero::{Stage, Zero, ZeroConfig};
+use bonfire_zero::{Zero, ZeroConfig, ZeroStage};
 use burn::module::Module;
 use burn::optim::SgdConfig;
 use std::time::Duration;
@@ -48,7 +48,7 @@ fn zero2_buckets_start_during_backward() {
     let timings = ThreadWorld::new(2)
         .timeout(Duration::from_secs(60))
         .launch(|pg| {
-            let config = ZeroConfig::new(Stage::Zero2)
+            let config = ZeroConfig::new(ZeroStage::Zero2)
                 .with_bucket_bytes(1024)
                 .with_record_timings(true);
             let replica = model.clone().fork(&device);

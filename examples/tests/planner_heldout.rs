@@ -104,34 +104,41 @@ fn layouts() -> Vec<(usize, &'static str, Layout)> {
         ..l
     };
     use ScheduleKind::{GPipe, OneFOneB, ZbH1, ZbV};
-    use ZeroStage::{Z0, Z1, Z2, Z3};
+    use ZeroStage::{Zero0, Zero1, Zero2, Zero3};
     vec![
-        (0, "ddp", dp(2, Z0)),
-        (0, "zero1", dp(2, Z1)),
-        (0, "zero3+ac", ac(dp(2, Z3))),
+        (0, "ddp", dp(2, Zero0)),
+        (0, "zero1", dp(2, Zero1)),
+        (0, "zero3+ac", ac(dp(2, Zero3))),
         (0, "tp2", tp(false)),
         (0, "pp2-1f1b-m2", pp(OneFOneB, 2)),
         (0, "pp2-zbv-m4", pp(ZbV, 4)),
-        (0, "ddp-bf16", bf16(dp(2, Z0))),
-        (0, "dp2xtp2", Layout { tp: 2, ..dp(2, Z0) }),
-        (1, "zero2", dp(2, Z2)),
+        (0, "ddp-bf16", bf16(dp(2, Zero0))),
+        (
+            0,
+            "dp2xtp2",
+            Layout {
+                tp: 2,
+                ..dp(2, Zero0)
+            },
+        ),
+        (1, "zero2", dp(2, Zero2)),
         (1, "tp2+sp", tp(true)),
         (1, "pp2-gpipe-m3", pp(GPipe, 3)),
         (1, "pp2-zbh1-m6", pp(ZbH1, 6)),
-        (1, "ddp+ac", ac(dp(2, Z0))),
-        (1, "zero3-bf16", bf16(dp(2, Z3))),
+        (1, "ddp+ac", ac(dp(2, Zero0))),
+        (1, "zero3-bf16", bf16(dp(2, Zero3))),
         (
             1,
             "pp2-interleaved-m2",
             pp(ScheduleKind::Interleaved { chunks: 2 }, 2),
         ),
-        (2, "single", dp(1, Z0)),
-        (2, "zero3", dp(2, Z3)),
+        (2, "single", dp(1, Zero0)),
+        (2, "zero3", dp(2, Zero3)),
         (2, "tp2+sp+ac", ac(tp(true))),
         (2, "pp2-1f1b-m8", pp(OneFOneB, 8)),
         (2, "pp2-zbh1-m4+ac", ac(pp(ZbH1, 4))),
         (2, "tp2-bf16", bf16(tp(false))),
-        (2, "zero1-bf16", bf16(dp(2, Z1))),
+        (2, "zero1-bf16", bf16(dp(2, Zero1))),
         (
             2,
             "pp2xdp2-zbv-m4",

@@ -20,7 +20,7 @@ use bonfire_examples::ledger;
 use bonfire_examples::{Gpt, GptConfig, default_device};
 use bonfire_models::gpt::data::Batches;
 use bonfire_train::{OptimizerKind, ParallelDims};
-use bonfire_zero::Stage;
+use bonfire_zero::ZeroStage;
 use burn::tensor::Device;
 use std::sync::OnceLock;
 
@@ -128,16 +128,16 @@ fn second_step(dims: &ParallelDims) -> (Vec<Transfers>, usize) {
 /// Bytes staged (down, up) for the collectives of one step of a data-parallel layout on two
 /// ranks, with `b` the bytes of every gradient (one bucket: the tiny model fits one).
 /// ZeRO-3's gathers depend on the layer split; it is bounded below by ZeRO-2's.
-fn data_parallel_staging(zero: Stage, b: u64) -> Option<(u64, u64)> {
+fn data_parallel_staging(zero: ZeroStage, b: u64) -> Option<(u64, u64)> {
     match zero {
         // All-reduce of the bucket: down once, up once.
-        Stage::Zero0 => Some((b, b)),
+        ZeroStage::Zero0 => Some((b, b)),
         // All-reduce of the gradients, then all-gather of the updated parameters (own half
         // down, every half up).
-        Stage::Zero1 => Some((b + b / 2, b + b)),
+        ZeroStage::Zero1 => Some((b + b / 2, b + b)),
         // Reduce-scatter of the gradients (all down, own half up), all-gather as above.
-        Stage::Zero2 => Some((b + b / 2, b / 2 + b)),
-        Stage::Zero3 => None,
+        ZeroStage::Zero2 => Some((b + b / 2, b / 2 + b)),
+        ZeroStage::Zero3 => None,
     }
 }
 
@@ -238,7 +238,7 @@ fn offload_keeps_the_state_on_flex_and_the_model_on_wgpu() {
     let f = fixture();
     ThreadWorld::new(2)
         .launch(|pg| {
-            for stage in [Stage::Zero1, Stage::Zero2, Stage::Zero3] {
+            for stage in [ZeroStage::Zero1, ZeroStage::Zero2, ZeroStage::Zero3] {
                 let config = ZeroConfig::new(stage).with_offload(true);
                 let model = params::fork(f.wgpu.clone(), &wgpu());
                 let optim = OptimizerKind::AdamW.build();

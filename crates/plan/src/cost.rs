@@ -216,7 +216,7 @@ pub fn rank_memory(
     // The DDP engine's running sums of earlier micro-batches' gradients, live at the peak in
     // a pipeline's steady state (beside the reduced buckets the state counts).
     let sums = match schedule {
-        Some(sc) if layout.zero == ZeroStage::Z0 && sc.sums_before_peak(p, m, r) => state.grads,
+        Some(sc) if layout.zero == ZeroStage::Zero0 && sc.sums_before_peak(p, m, r) => state.grads,
         _ => 0.0,
     };
     // The gradient sums: the optimizer step (its copies of every gradient, no activation),
@@ -367,9 +367,9 @@ fn dp_and_optimizer(
     let link = cluster.group_link(n, layout.tp);
     let gather = |bytes: f64| bucketed(bytes, |b| all_gather(b, n, link));
     let comm = match layout.zero {
-        ZeroStage::Z0 => bucketed(psi * rb, |b| all_reduce(b, n, link)),
-        ZeroStage::Z1 | ZeroStage::Z2 => gather(psi * rb) + gather(psi * pb),
-        ZeroStage::Z3 => {
+        ZeroStage::Zero0 => bucketed(psi * rb, |b| all_reduce(b, n, link)),
+        ZeroStage::Zero1 | ZeroStage::Zero2 => gather(psi * rb) + gather(psi * pb),
+        ZeroStage::Zero3 => {
             let gathers = if layout.recompute { 3.0 } else { 2.0 };
             let per_layer = layers as f64 * all_gather(psi * pb / layers as f64, n, link);
             gathers * per_layer.max(gather(psi * pb)) + gather(psi * rb)
@@ -377,13 +377,13 @@ fn dp_and_optimizer(
     };
     // ZeRO-3's gathers run beside forward and backward; the others' reductions beside
     // backward (two thirds of the compute).
-    let window = if layout.zero == ZeroStage::Z3 {
+    let window = if layout.zero == ZeroStage::Zero3 {
         compute
     } else {
         compute * 2.0 / 3.0
     };
     let exposed = (comm - cluster.overlap * window).max(0.0);
-    let owned = if layout.zero == ZeroStage::Z0 || n == 1 {
+    let owned = if layout.zero == ZeroStage::Zero0 || n == 1 {
         psi
     } else {
         psi / n as f64

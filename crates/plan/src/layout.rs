@@ -7,24 +7,7 @@
 use crate::model::{ModelSpec, stage_ranges};
 use std::fmt;
 
-/// ZeRO stage on the dp axis (0: DDP).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum ZeroStage {
-    Z0,
-    Z1,
-    Z2,
-    Z3,
-}
-
-impl ZeroStage {
-    pub const ALL: [ZeroStage; 4] = [Self::Z0, Self::Z1, Self::Z2, Self::Z3];
-    pub fn index(self) -> usize {
-        self as usize
-    }
-    pub fn from_index(i: usize) -> Option<Self> {
-        Self::ALL.get(i).copied()
-    }
-}
+pub use bonfire_layout::ZeroStage;
 
 /// Bytes per value of the parameters (and compute) and of the gradients' reduction; a half
 /// parameter type means an fp32 master copy and fp32 optimizer state (mixed precision).
@@ -221,7 +204,7 @@ impl Layout {
     pub fn ddp(dp: usize) -> Self {
         Self {
             dp,
-            zero: ZeroStage::Z0,
+            zero: ZeroStage::Zero0,
             tp: 1,
             sp: false,
             pp: 1,

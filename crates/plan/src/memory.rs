@@ -42,10 +42,10 @@ pub fn formula(stage: ZeroStage, psi: usize, n: usize, precision: Precision) -> 
     let (psi, n) = (psi as f64, n as f64);
     let (p, g, o) = (psi * pb, psi * rb, psi * k);
     let (p, g, o) = match stage {
-        ZeroStage::Z0 => (p, g, o),
-        ZeroStage::Z1 => (p, g, o / n),
-        ZeroStage::Z2 => (p, g / n, o / n),
-        ZeroStage::Z3 => (p / n, g / n, o / n),
+        ZeroStage::Zero0 => (p, g, o),
+        ZeroStage::Zero1 => (p, g, o / n),
+        ZeroStage::Zero2 => (p, g / n, o / n),
+        ZeroStage::Zero3 => (p / n, g / n, o / n),
     };
     FormulaBytes {
         params: p,
@@ -69,11 +69,11 @@ pub fn state_bytes(
 ) -> FormulaBytes {
     let mut f = formula(stage, psi, n, precision);
     let (psi, n) = (psi as f64, n as f64);
-    if stage == ZeroStage::Z3 && precision.is_mixed() {
+    if stage == ZeroStage::Zero3 && precision.is_mixed() {
         f.params = psi * 4.0 / n;
         f.optim = psi * 8.0 / n;
     }
-    if offload && !precision.is_mixed() && stage != ZeroStage::Z0 {
+    if offload && !precision.is_mixed() && stage != ZeroStage::Zero0 {
         f.optim += psi * 4.0 / n;
     }
     f
@@ -91,8 +91,8 @@ pub fn state_bytes(
 /// activations are freed.
 pub fn gradients_at_peak(layout: &Layout, state: &FormulaBytes) -> f64 {
     match layout.zero {
-        ZeroStage::Z0 | ZeroStage::Z3 => state.grads,
-        ZeroStage::Z1 | ZeroStage::Z2 => 0.0,
+        ZeroStage::Zero0 | ZeroStage::Zero3 => state.grads,
+        ZeroStage::Zero1 | ZeroStage::Zero2 => 0.0,
     }
 }
 
@@ -191,7 +191,7 @@ pub fn held_bytes(
 pub fn transient_bytes(model: &ModelSpec, layout: &Layout, psi: usize) -> f64 {
     let pb = layout.precision.param_bytes as f64;
     let mut bytes = 0.0;
-    if layout.zero == ZeroStage::Z3 {
+    if layout.zero == ZeroStage::Zero3 {
         bytes += 2.0 * model.largest_layer_params(layout.tp) as f64 * pb;
     }
     if layout.tp > 1 {
@@ -216,7 +216,7 @@ pub const TP_GRADIENT_COPIES: f64 = 1.25;
 /// ([`ZERO_STEP_GRADIENT_COPIES`] of the whole gradients). All measured.
 pub fn gradient_copy_bytes(layout: &Layout, psi: usize, state: &FormulaBytes) -> (f64, f64) {
     match layout.zero {
-        ZeroStage::Z0 => (
+        ZeroStage::Zero0 => (
             SUM_GRADIENT_COPIES * psi as f64 * layout.precision.param_bytes as f64,
             STEP_GRADIENT_COPIES * state.grads,
         ),

@@ -185,9 +185,11 @@ type Member = fn(&Layout) -> bool;
 
 /// The families the reasons compare the winner with.
 const FAMILIES: [(&str, Member); 4] = [
-    ("DDP", |l| l.tp == 1 && l.pp == 1 && l.zero == ZeroStage::Z0),
+    ("DDP", |l| {
+        l.tp == 1 && l.pp == 1 && l.zero == ZeroStage::Zero0
+    }),
     ("ZeRO alone", |l| {
-        l.tp == 1 && l.pp == 1 && l.zero != ZeroStage::Z0
+        l.tp == 1 && l.pp == 1 && l.zero != ZeroStage::Zero0
     }),
     ("with tensor parallelism", |l| l.tp > 1),
     ("with a pipeline", |l| l.pp > 1),

@@ -71,11 +71,11 @@ fn presets_have_their_published_sizes() {
 fn the_zero_formula_per_stage() {
     let (psi, n) = (1000, 4);
     let total = |s| formula(s, psi, n, Precision::F32).total();
-    assert_eq!(total(ZeroStage::Z0), 16_000.0);
-    assert_eq!(total(ZeroStage::Z1), 8_000.0 + 2_000.0);
-    assert_eq!(total(ZeroStage::Z2), 4_000.0 + 1_000.0 + 2_000.0);
-    assert_eq!(total(ZeroStage::Z3), 4_000.0);
-    let z2 = formula(ZeroStage::Z2, psi, n, Precision::BF16);
+    assert_eq!(total(ZeroStage::Zero0), 16_000.0);
+    assert_eq!(total(ZeroStage::Zero1), 8_000.0 + 2_000.0);
+    assert_eq!(total(ZeroStage::Zero2), 4_000.0 + 1_000.0 + 2_000.0);
+    assert_eq!(total(ZeroStage::Zero3), 4_000.0);
+    let z2 = formula(ZeroStage::Zero2, psi, n, Precision::BF16);
     assert_eq!((z2.params, z2.grads, z2.optim), (2_000.0, 1_000.0, 3_000.0));
 }
 
@@ -101,29 +101,35 @@ fn the_peak_counts_gradients_where_they_are_live() {
         }
         .total()
     };
-    assert_eq!(peak(ZeroStage::Z0, 20_000.0), 16_000.0 + 20_000.0);
+    assert_eq!(peak(ZeroStage::Zero0, 20_000.0), 16_000.0 + 20_000.0);
     // Few activations: the DDP engine's step, with its copies of the gradients.
     assert_eq!(
-        peak(ZeroStage::Z0, 500.0),
+        peak(ZeroStage::Zero0, 500.0),
         16_000.0 + STEP_GRADIENT_COPIES * 4_000.0
     );
     // ZeRO-1/2: parameters and the optimizer's shard at backward's start, no gradient.
-    assert_eq!(peak(ZeroStage::Z1, 20_000.0), 4_000.0 + 2_000.0 + 20_000.0);
-    assert_eq!(peak(ZeroStage::Z2, 20_000.0), 4_000.0 + 2_000.0 + 20_000.0);
+    assert_eq!(
+        peak(ZeroStage::Zero1, 20_000.0),
+        4_000.0 + 2_000.0 + 20_000.0
+    );
+    assert_eq!(
+        peak(ZeroStage::Zero2, 20_000.0),
+        4_000.0 + 2_000.0 + 20_000.0
+    );
     // ZeRO-3 holds its whole state between steps: the gradient shard's bytes count too.
     assert_eq!(
-        peak(ZeroStage::Z3, 20_000.0),
+        peak(ZeroStage::Zero3, 20_000.0),
         1_000.0 + 1_000.0 + 2_000.0 + 20_000.0
     );
     // Few activations: the step, with the whole state and copies of the unreduced
     // gradients, is the peak.
     let copies = ZERO_STEP_GRADIENT_COPIES * 4_000.0;
     assert_eq!(
-        peak(ZeroStage::Z1, 500.0),
+        peak(ZeroStage::Zero1, 500.0),
         4_000.0 + 4_000.0 + 2_000.0 + copies
     );
     assert_eq!(
-        peak(ZeroStage::Z2, 500.0),
+        peak(ZeroStage::Zero2, 500.0),
         4_000.0 + 1_000.0 + 2_000.0 + copies
     );
 }
@@ -352,7 +358,7 @@ fn llama3_8b_on_one_node_is_fsdp_over_eight() {
     let top = &p.ranked[0].layout;
     assert_eq!(
         (top.dp, top.zero, top.tp, top.pp),
-        (8, ZeroStage::Z3, 1, 1),
+        (8, ZeroStage::Zero3, 1, 1),
         "{top}"
     );
 }

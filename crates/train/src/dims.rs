@@ -10,7 +10,7 @@ use crate::error::LayoutError;
 use bonfire_comm::ProcessGroup;
 use bonfire_dtensor::{DeviceMesh, MixedPrecision};
 use bonfire_pipeline::ScheduleKind;
-use bonfire_zero::Stage;
+use bonfire_zero::ZeroStage;
 use std::fmt;
 
 /// A parallel axis of the mesh.
@@ -119,7 +119,7 @@ impl fmt::Display for ActivationCheckpointing {
 pub struct ParallelDims {
     degrees: [usize; 3],
     /// ZeRO stage on the dp axis (stage 0 is DDP).
-    pub zero: Stage,
+    pub zero: ZeroStage,
     /// ZeRO-Offload: the optimizer state, its master values and the update live on a CPU
     /// device while the model trains on its own (stage ≥ 1).
     pub offload: bool,
@@ -143,7 +143,7 @@ impl ParallelDims {
     pub fn new() -> Self {
         Self {
             degrees: [1; 3],
-            zero: Stage::Zero0,
+            zero: ZeroStage::Zero0,
             offload: false,
             tp: TpOptions::default(),
             pp: PpOptions::default(),
@@ -211,7 +211,7 @@ impl ParallelDims {
         self.degrees[axis.index()] = degree;
         self
     }
-    pub fn with_zero(mut self, stage: Stage) -> Self {
+    pub fn with_zero(mut self, stage: ZeroStage) -> Self {
         self.zero = stage;
         self
     }
@@ -282,7 +282,7 @@ impl ParallelDims {
                 "loss parallelism needs a tp axis (e.g. tp=2)",
             ));
         }
-        if self.offload && self.zero == Stage::Zero0 {
+        if self.offload && self.zero == ZeroStage::Zero0 {
             return Err(axis_error(
                 Axis::Dp,
                 self.dp(),
@@ -343,7 +343,7 @@ impl fmt::Display for ParallelDims {
             .map(|&a| format!("{a}={}", self.degree(a)))
             .collect();
         write!(f, "{}", degrees.join(","))?;
-        if self.zero != Stage::Zero0 {
+        if self.zero != ZeroStage::Zero0 {
             write!(f, " zero={}", self.zero.index())?;
         }
         if self.offload {

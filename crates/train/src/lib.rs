@@ -43,7 +43,7 @@
 //! let device = Device::flex().autodiff();
 //! let model = Regressor { linear: LinearConfig::new(4, 1).init(&device) };
 //! // Two data-parallel ranks with ZeRO-3 and Burn's AdamW.
-//! let dims = ParallelDims::parse_mesh("dp=2").unwrap().with_zero(bonfire_zero::Stage::Zero3);
+//! let dims = ParallelDims::parse_mesh("dp=2").unwrap().with_zero(bonfire_zero::ZeroStage::Zero3);
 //! let trainer = Trainer::new(dims, || OptimizerKind::AdamW.build());
 //! let data = |step: usize, device: &Device| {
 //!     let x = Tensor::<2>::ones([4, 4], device) * (step as f32 + 1.0);

@@ -17,7 +17,7 @@ use bonfire_comm::ProcessGroup;
 use bonfire_ddp::DdpConfig;
 use bonfire_dtensor::parallel::parallelize_module;
 use bonfire_dtensor::params;
-use bonfire_zero::{Stage, ZeroConfig};
+use bonfire_zero::{ZeroConfig, ZeroStage};
 use burn::module::Module;
 use burn::optim::ModuleOptimizer;
 use burn::tensor::Device;
@@ -152,10 +152,10 @@ impl Trainer {
                 "bonfire-train: the model names no layers, so {} (run layers through \
                  `bonfire_dtensor::layer` and list them in `ParallelModel::layers`)",
                 match dims.zero {
-                    Stage::Zero3 => "ZeRO-3 gathers every parameter for the whole forward",
-                    Stage::Zero0 | Stage::Zero2 =>
+                    ZeroStage::Zero3 => "ZeRO-3 gathers every parameter for the whole forward",
+                    ZeroStage::Zero0 | ZeroStage::Zero2 =>
                         "gradients are reduced after backward, not during it",
-                    Stage::Zero1 => "gradients are all-reduced after backward",
+                    ZeroStage::Zero1 => "gradients are all-reduced after backward",
                 }
             );
         }
@@ -183,7 +183,7 @@ impl Trainer {
     /// ZeRO-3 (so backward re-gathers parameters; see `ZeroConfig::recompute`).
     fn device_for<M: Module>(&self, model: &M) -> Device {
         let device = params::model_device(model).unwrap_or_else(|| Device::flex().autodiff());
-        if self.dims.zero == Stage::Zero3 && self.dp.zero.recompute && device.is_autodiff() {
+        if self.dims.zero == ZeroStage::Zero3 && self.dp.zero.recompute && device.is_autodiff() {
             device.inner().autodiff().gradient_checkpointing()
         } else {
             device

@@ -9,7 +9,7 @@ use bonfire_ddp::{DdpConfig, DistributedDataParallel, StepTiming};
 use bonfire_dtensor::params::ParamValues;
 use bonfire_dtensor::{DataParallel, DeviceMesh};
 use bonfire_pipeline::{PipelineError, StageParams};
-use bonfire_zero::{MemoryReport, Stage, Zero, ZeroConfig};
+use bonfire_zero::{MemoryReport, Zero, ZeroConfig, ZeroStage};
 use burn::module::Module;
 use burn::optim::ModuleOptimizer;
 use burn::tensor::{Gradients, Tensor};
@@ -22,7 +22,7 @@ pub type OptimizerFactory = Arc<dyn Fn() -> ModuleOptimizer + Send + Sync>;
 /// wrappers' own options (bucket sizes, overlap, prefetch).
 #[derive(Clone)]
 pub struct DpSpec {
-    pub stage: Stage,
+    pub stage: ZeroStage,
     pub offload: bool,
     /// Mixed precision (the layout's), given to DDP and ZeRO.
     pub precision: bonfire_dtensor::MixedPrecision,
@@ -53,7 +53,7 @@ impl DpSpec {
     ) -> Result<DpWrapper<M>, TrainError> {
         let optim = (self.optimizer)();
         Ok(match self.stage {
-            Stage::Zero0 => DpWrapper::Ddp(Box::new(DistributedDataParallel::on_mesh(
+            ZeroStage::Zero0 => DpWrapper::Ddp(Box::new(DistributedDataParallel::on_mesh(
                 model,
                 optim,
                 mesh,

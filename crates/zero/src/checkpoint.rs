@@ -9,7 +9,7 @@
 //!   [`Zero::load_sharded`] reassembles whatever pieces its own partition needs from all files,
 //!   so N ranks' checkpoint loads on M ranks, at any stage, or on one.
 
-use crate::config::Stage;
+use crate::config::ZeroStage;
 use crate::error::{Result, ZeroError};
 use crate::optim::FlatState;
 use crate::zero::Zero;
@@ -307,7 +307,7 @@ impl<M: Module> Zero<M> {
             .map_or_else(Vec::new, |t| plane::to_host(t, Reason::Checkpoint));
         let mut tensors = Vec::new();
         let mut pieces = Vec::new();
-        let write_rank = self.config.stage != Stage::Zero0 || self.pg.rank() == 0;
+        let write_rank = self.config.stage != ZeroStage::Zero0 || self.pg.rank() == 0;
         for (k, piece) in self.optim.pieces.iter().enumerate() {
             let path = &self.infos[piece.param].path;
             let name = |prefix: &str| format!("{prefix}/{path}/{}", piece.within.start);
@@ -341,7 +341,7 @@ impl<M: Module> Zero<M> {
             pieces.push(meta);
         }
         // Stage 0 replicates everything: rank 0 writes the one file.
-        let world = if self.config.stage == Stage::Zero0 {
+        let world = if self.config.stage == ZeroStage::Zero0 {
             1
         } else {
             self.pg.size()
@@ -371,7 +371,7 @@ impl<M: Module> Zero<M> {
     pub fn load_sharded(&mut self, dir: impl AsRef<Path>) -> Result<()> {
         let store = Pieces::load(dir.as_ref())?;
         let infos = self.infos.clone();
-        let values = if self.config.stage == Stage::Zero3 {
+        let values = if self.config.stage == ZeroStage::Zero3 {
             let mut values = Vec::with_capacity(self.own_range().len());
             for piece in &self.optim.pieces {
                 values.extend(store.values(&infos[piece.param].path, piece.within.clone())?);
@@ -401,7 +401,7 @@ impl<M: Module> Zero<M> {
     /// of the optimizer's pieces ([`ShardOptimizer::pieces`](crate::ShardOptimizer::pieces)),
     /// all `None` for a fresh optimizer. No communication; call it between steps.
     pub fn load_state(&mut self, values: Vec<f32>, states: Vec<Option<FlatState>>) -> Result<()> {
-        let want = if self.config.stage == Stage::Zero3 {
+        let want = if self.config.stage == ZeroStage::Zero3 {
             self.own_range().len()
         } else {
             self.part.total()
@@ -416,7 +416,7 @@ impl<M: Module> Zero<M> {
         }
         let n = values.len();
         let t = plane::from_host(values, [n], &self.device, Reason::Checkpoint);
-        if self.config.stage == Stage::Zero3 {
+        if self.config.stage == ZeroStage::Zero3 {
             self.set_shard(Some(t));
         } else {
             self.set_full_values(t);

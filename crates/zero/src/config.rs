@@ -1,33 +1,11 @@
 //! [`ZeroConfig`]: the stage and its options.
 
-/// What is sharded over the data-parallel group.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Stage {
-    /// Nothing (plain data parallelism; the baseline of the memory benchmark).
-    Zero0,
-    /// Optimizer state.
-    Zero1,
-    /// Optimizer state and gradients.
-    Zero2,
-    /// Optimizer state, gradients and parameters.
-    Zero3,
-}
-
-impl Stage {
-    pub fn from_index(i: usize) -> Option<Self> {
-        [Stage::Zero0, Stage::Zero1, Stage::Zero2, Stage::Zero3]
-            .get(i)
-            .copied()
-    }
-    pub fn index(self) -> usize {
-        self as usize
-    }
-}
+pub use bonfire_layout::ZeroStage;
 
 /// Options of a [`crate::Zero`] wrapper.
 #[derive(Debug, Clone)]
 pub struct ZeroConfig {
-    pub stage: Stage,
+    pub stage: ZeroStage,
     /// Gradient bucket size for the stage-2 reduce-scatter, in bytes (f32).
     pub bucket_bytes: usize,
     /// Stage 3: start the all-gather of the next layer's parameters (in the order the last
@@ -60,7 +38,7 @@ pub struct ZeroConfig {
 }
 
 impl ZeroConfig {
-    pub fn new(stage: Stage) -> Self {
+    pub fn new(stage: ZeroStage) -> Self {
         Self {
             stage,
             bucket_bytes: 4 << 20,

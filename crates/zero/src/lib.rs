@@ -23,7 +23,7 @@
 //! ```
 //! use bonfire_comm::ThreadWorld;
 //! use bonfire_dtensor::layer;
-//! use bonfire_zero::{DataParallel, Stage, Zero, ZeroConfig, held_param_bytes};
+//! use bonfire_zero::{DataParallel, ZeroStage, Zero, ZeroConfig, held_param_bytes};
 //! use burn::module::Module;
 //! use burn::nn::{Linear, LinearConfig};
 //! use burn::optim::SgdConfig;
@@ -52,7 +52,7 @@
 //!     down: LinearConfig::new(32, 1).init(&device),
 //! };
 //! let runs = ThreadWorld::new(2).launch(|pg| {
-//!     let config = ZeroConfig::new(Stage::Zero3);
+//!     let config = ZeroConfig::new(ZeroStage::Zero3);
 //!     let mut zero = Zero::new(model.clone().fork(&device), SgdConfig::new().build(),
 //!         pg.clone(), config).unwrap();
 //!     // Between steps a rank holds its shard only: no full parameter.
@@ -88,7 +88,7 @@ mod train;
 mod zero;
 
 pub use bonfire_dtensor::DataParallel;
-pub use config::{Stage, ZeroConfig};
+pub use config::{ZeroConfig, ZeroStage};
 pub use error::{Result, ZeroError};
 pub use gather::GatherSummary;
 pub use held::{MemoryReport, held_param_bytes};

@@ -9,7 +9,7 @@
 //! Micro-batches (pipelines, accumulation) use the same paths without hooks: their gradients
 //! are summed into a flat buffer (the own range at stage 3) and reduced once.
 
-use crate::config::Stage;
+use crate::config::ZeroStage;
 use crate::error::{Result, ZeroError};
 use crate::gather::{GatherPlan, ZeroLayerHook, lazy_module};
 use crate::params::{self, ParamValues};
@@ -93,7 +93,7 @@ impl<M: Module> Zero<M> {
     /// forward in flight, if any).
     fn reduce_parts(&mut self, per_param: Vec<Option<Tensor<1>>>) -> Result<()> {
         match self.config.stage {
-            Stage::Zero0 | Stage::Zero1 => {
+            ZeroStage::Zero0 | ZeroStage::Zero1 => {
                 let device = self.device.clone();
                 let dtype = self.config.precision.reduce_dtype;
                 let parts: Vec<Tensor<1>> = per_param
@@ -111,7 +111,7 @@ impl<M: Module> Zero<M> {
                 }
                 self.grads = Some(Some(flat));
             }
-            Stage::Zero2 => {
+            ZeroStage::Zero2 => {
                 let pending = self.buckets.lock().unwrap().take();
                 let buckets = pending.unwrap_or_else(|| self.new_buckets());
                 let reduced = buckets.finish(per_param)?;
@@ -120,7 +120,7 @@ impl<M: Module> Zero<M> {
                 self.timing.collective = "reduce_scatter";
                 self.grads = Some(reduced.own);
             }
-            Stage::Zero3 => unreachable!("stage 3 keeps a shard"),
+            ZeroStage::Zero3 => unreachable!("stage 3 keeps a shard"),
         }
         Ok(())
     }
@@ -129,8 +129,8 @@ impl<M: Module> Zero<M> {
     /// gathering.
     fn forward_hooked<R>(&mut self, f: impl FnOnce(&M) -> R) -> R {
         match self.config.stage {
-            Stage::Zero3 => self.gathered_forward(f),
-            Stage::Zero2 => {
+            ZeroStage::Zero3 => self.gathered_forward(f),
+            ZeroStage::Zero2 => {
                 if self.buckets.lock().unwrap().is_none() {
                     let buckets = self.new_buckets();
                     *self.buckets.lock().unwrap() = Some(buckets);
@@ -145,7 +145,7 @@ impl<M: Module> Zero<M> {
                 }
                 out
             }
-            Stage::Zero0 | Stage::Zero1 => f(self.model()),
+            ZeroStage::Zero0 | ZeroStage::Zero1 => f(self.model()),
         }
     }
 
@@ -165,13 +165,13 @@ impl<M: Module> Zero<M> {
         let Some(g) = &self.grads else {
             return Ok(None);
         };
-        if self.config.stage <= Stage::Zero1 {
+        if self.config.stage <= ZeroStage::Zero1 {
             return Ok(g.clone());
         }
         let counts = self.part.counts();
         // Stage 3's gradients land on its fp32 shard; stage 2's are in the reduce dtype.
         let dtype = match self.config.stage {
-            Stage::Zero3 => DType::F32,
+            ZeroStage::Zero3 => DType::F32,
             _ => self.config.precision.reduce_dtype,
         };
         let flat = plane::all_gather(g.clone(), &counts, dtype, &self.pg, &self.device)?;
@@ -226,7 +226,7 @@ impl<M: Module> DataParallel<M> for Zero<M> {
         let mut grads = loss.backward();
         self.timing.backward = timing::span_since(start);
         let wait_start = timing::now();
-        let out = if self.config.stage == Stage::Zero3 {
+        let out = if self.config.stage == ZeroStage::Zero3 {
             self.accumulate(&mut grads).and_then(|_| self.reduce())
         } else {
             let mut gp = GradientsParams::from_grads(grads, self.model());
@@ -240,13 +240,13 @@ impl<M: Module> DataParallel<M> for Zero<M> {
 
     fn forward_micro<R>(&mut self, f: impl FnOnce(&M) -> R) -> R {
         match self.config.stage {
-            Stage::Zero3 => self.gathered_forward(f),
+            ZeroStage::Zero3 => self.gathered_forward(f),
             _ => f(self.model()),
         }
     }
 
     fn accumulate(&mut self, grads: &mut Gradients) -> Result<()> {
-        if self.config.stage != Stage::Zero3 {
+        if self.config.stage != ZeroStage::Zero3 {
             let mut gp = GradientsParams::from_module(grads, self.model());
             let per_param = params::take_flat_grads(self.model(), &self.infos, &mut gp);
             self.add_accumulated(per_param);
@@ -267,7 +267,7 @@ impl<M: Module> DataParallel<M> for Zero<M> {
     }
 
     fn reduce(&mut self) -> Result<()> {
-        if self.config.stage == Stage::Zero3 {
+        if self.config.stage == ZeroStage::Zero3 {
             // The gathers' backward already summed every rank's gradient onto the owners.
             let own = self.own_range();
             let mut pieces = std::mem::take(&mut self.accumulated_own);
@@ -300,7 +300,7 @@ impl<M: Module> DataParallel<M> for Zero<M> {
         let own = self.own_range();
         let updated = match (self.own_tensor(), grads) {
             (Some(values), Some(g)) => {
-                let g = if self.config.stage <= Stage::Zero1 {
+                let g = if self.config.stage <= ZeroStage::Zero1 {
                     g.narrow(0, own.start, own.len())
                 } else {
                     g
@@ -310,8 +310,8 @@ impl<M: Module> DataParallel<M> for Zero<M> {
             _ => None,
         };
         match self.config.stage {
-            Stage::Zero3 => self.set_shard(updated),
-            Stage::Zero0 => {
+            ZeroStage::Zero3 => self.set_shard(updated),
+            ZeroStage::Zero0 => {
                 let model = self.model.take().expect("model");
                 let flat = updated.expect("stage 0 owns everything");
                 self.model = Some(params::assign_flat(model, &self.infos, &flat));

@@ -2,7 +2,7 @@
 //! wrapper's state and construction. Training (the [`bonfire_dtensor::DataParallel`]
 //! implementation) is in `train.rs`, the byte accounting in `memory.rs`.
 
-use crate::config::{Stage, ZeroConfig};
+use crate::config::{ZeroConfig, ZeroStage};
 use crate::error::{Result, ZeroError};
 use crate::gather::GatherSummary;
 use crate::optim::ShardOptimizer;
@@ -105,7 +105,8 @@ impl<M: Module> Zero<M> {
         let device = compute_device(&model, &config);
         let flat = plane::to_device(params::flat(&model, &infos), &device, Reason::Collective);
         let total: usize = infos.iter().map(ParamInfo::numel).sum();
-        if config.stage == Stage::Zero3 && total.div_ceil(pg.size()) * (pg.size() - 1) >= total {
+        if config.stage == ZeroStage::Zero3 && total.div_ceil(pg.size()) * (pg.size() - 1) >= total
+        {
             return Err(ZeroError::Usage(format!(
                 "stage 3 needs every rank to own at least one element: {total} parameters on {} ranks",
                 pg.size()
@@ -124,7 +125,7 @@ impl<M: Module> Zero<M> {
         infos: Vec<ParamInfo>,
         device: Device,
     ) -> Result<Self> {
-        let sharded = config.stage != Stage::Zero0;
+        let sharded = config.stage != ZeroStage::Zero0;
         let owners = if sharded { pg.size() } else { 1 };
         let part = Partition::balanced(&infos, owners);
         let me = if sharded { pg.rank() } else { 0 };
@@ -136,7 +137,7 @@ impl<M: Module> Zero<M> {
             device.clone(),
             offload,
         )?;
-        let model = if config.stage == Stage::Zero3 {
+        let model = if config.stage == ZeroStage::Zero3 {
             hollow(model, &device)
         } else {
             model
@@ -166,7 +167,7 @@ impl<M: Module> Zero<M> {
 
     /// The flat range this rank owns (all of it at stage 0).
     pub fn own_range(&self) -> Range<usize> {
-        let r = if self.config.stage == Stage::Zero0 {
+        let r = if self.config.stage == ZeroStage::Zero0 {
             0
         } else {
             self.pg.rank()
@@ -208,7 +209,7 @@ impl<M: Module> Zero<M> {
     pub(crate) fn set_full_values(&mut self, flat: Tensor<1>) {
         let flat = flat.cast(DType::F32);
         let precision = self.config.precision;
-        if precision.is_mixed() && self.config.stage != Stage::Zero3 {
+        if precision.is_mixed() && self.config.stage != ZeroStage::Zero3 {
             let own = self.own_range();
             let mine = (!own.is_empty()).then(|| flat.clone().narrow(0, own.start, own.len()));
             self.optim.set_master(mine);
@@ -217,7 +218,7 @@ impl<M: Module> Zero<M> {
             self.model = Some(params::assign_flat(model, &self.infos, &half));
             return;
         }
-        if self.config.stage == Stage::Zero3 {
+        if self.config.stage == ZeroStage::Zero3 {
             let own = self.own_range();
             let mine = (!own.is_empty()).then(|| flat.narrow(0, own.start, own.len()));
             self.set_shard(mine);
@@ -259,7 +260,7 @@ impl<M: Module> Zero<M> {
     /// precision the optimizer's master (stages 0–2) rather than the half-precision copy the
     /// model computes with.
     pub fn own_master(&self) -> Option<Tensor<1>> {
-        if self.config.precision.is_mixed() && self.config.stage != Stage::Zero3 {
+        if self.config.precision.is_mixed() && self.config.stage != ZeroStage::Zero3 {
             let home = self.device.clone().inner();
             return self.optim.master().map(|m| {
                 let m = plane::to_device(m.clone(), &home, Reason::Offload);
@@ -280,7 +281,7 @@ impl<M: Module> Zero<M> {
     /// In fp32 (under mixed precision, the masters).
     pub fn full_tensor(&self) -> Result<Tensor<1>> {
         let sharded = self.shard.is_some()
-            || (self.config.precision.is_mixed() && self.config.stage != Stage::Zero0);
+            || (self.config.precision.is_mixed() && self.config.stage != ZeroStage::Zero0);
         if !sharded {
             return Ok(match self.config.precision.is_mixed() {
                 true => self.own_master().expect("stage 0 owns everything"),
@@ -331,7 +332,7 @@ impl<M: Module> Zero<M> {
 /// forked onto a checkpointing one still says "plain".
 fn compute_device<M: Module>(model: &M, config: &ZeroConfig) -> Device {
     let device = params::model_device(model).unwrap_or_else(|| Device::flex().autodiff());
-    if config.stage != Stage::Zero3 || !device.is_autodiff() {
+    if config.stage != ZeroStage::Zero3 || !device.is_autodiff() {
         return device;
     }
     let plain = device.inner().autodiff();

@@ -4,7 +4,7 @@
 
 mod common;
 use bonfire_comm::ThreadWorld;
-use bonfire_zero::{DataParallel, Stage, Zero, ZeroConfig};
+use bonfire_zero::{DataParallel, Zero, ZeroConfig, ZeroStage};
 use burn::optim::AdamConfig;
 use burn_store::{ModuleSnapshot, SafetensorsStore};
 use common::*;
@@ -17,7 +17,13 @@ fn tmp(name: &str) -> std::path::PathBuf {
 }
 
 /// Loads the checkpoint in `dir` on `n` ranks at `stage` and trains steps 3..6.
-fn resume(model: &Net, dir: &std::path::Path, n: usize, stage: Stage, offload: bool) -> Vec<f32> {
+fn resume(
+    model: &Net,
+    dir: &std::path::Path,
+    n: usize,
+    stage: ZeroStage,
+    offload: bool,
+) -> Vec<f32> {
     let device = device();
     let out = ThreadWorld::new(n)
         .timeout(Duration::from_secs(60))
@@ -44,7 +50,7 @@ fn sharded_4_ranks_stage3_resumes_on_2_ranks_stage1_and_on_one_device() {
     let saved = ThreadWorld::new(4)
         .timeout(Duration::from_secs(60))
         .launch(|pg| {
-            let config = ZeroConfig::new(Stage::Zero3).with_offload(true);
+            let config = ZeroConfig::new(ZeroStage::Zero3).with_offload(true);
             let replica = on_device(&model, &device);
             let mut z = Zero::new(replica, AdamConfig::new().build(), pg.clone(), config).unwrap();
             let rank = pg.rank();
@@ -79,16 +85,16 @@ fn sharded_4_ranks_stage3_resumes_on_2_ranks_stage1_and_on_one_device() {
     );
 
     // Resumed training equals uninterrupted single-device training.
-    let two = resume(&model, &dir, 2, Stage::Zero1, false);
+    let two = resume(&model, &dir, 2, ZeroStage::Zero1, false);
     assert_trained(
         &two,
         &reference,
         Opt::Adam,
         "4 ranks stage 3 -> 2 ranks stage 1",
     );
-    let one = resume(&model, &dir, 1, Stage::Zero0, false);
+    let one = resume(&model, &dir, 1, ZeroStage::Zero0, false);
     assert_trained(&one, &reference, Opt::Adam, "4 ranks stage 3 -> 1 device");
-    let back = resume(&model, &dir, 2, Stage::Zero3, true);
+    let back = resume(&model, &dir, 2, ZeroStage::Zero3, true);
     assert_trained(
         &back,
         &reference,

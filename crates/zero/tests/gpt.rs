@@ -9,7 +9,7 @@ use bonfire_comm::ThreadWorld;
 use bonfire_ddp::{DdpConfig, DistributedDataParallel, params};
 use bonfire_models::gpt::data::Batches;
 use bonfire_models::{Gpt, GptConfig};
-use bonfire_zero::{DataParallel, Stage, Zero, ZeroConfig};
+use bonfire_zero::{DataParallel, Zero, ZeroConfig, ZeroStage};
 use burn::module::Module;
 use burn::optim::{AdamConfig, AdamWConfig, GradientsParams, SgdConfig};
 use burn::tensor::Device;
@@ -127,7 +127,7 @@ fn check(opt: Opt) {
     for n in [2, 4] {
         let d = ddp(&model, &data, opt, n);
         assert_trained(&d, &reference, opt, &format!("ddp n={n}"));
-        for stage in [Stage::Zero1, Stage::Zero2, Stage::Zero3] {
+        for stage in [ZeroStage::Zero1, ZeroStage::Zero2, ZeroStage::Zero3] {
             for offload in [false, true] {
                 let config = ZeroConfig::new(stage)
                     .with_offload(offload)
@@ -166,7 +166,7 @@ fn gpt_consolidated_checkpoint_loads_into_a_plain_model() {
         .timeout(Duration::from_secs(60))
         .launch(|pg| {
             let replica = copy_to(&model, &cfg, &device);
-            let config = ZeroConfig::new(Stage::Zero3);
+            let config = ZeroConfig::new(ZeroStage::Zero3);
             let mut z = Zero::new(replica, AdamConfig::new().build(), pg.clone(), config).unwrap();
             let (x, y) = data.rows(0, pg.rank() * 2, 2, &device);
             z.train_step(0.01, |m: &Gpt| m.loss(x, y)).unwrap();

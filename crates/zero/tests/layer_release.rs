@@ -10,7 +10,7 @@
 use bonfire_comm::ThreadWorld;
 use bonfire_comm::testing::counting_alloc::CountingAllocator;
 use bonfire_dtensor::{MixedPrecision, layer};
-use bonfire_zero::{DataParallel, Stage, Zero, ZeroConfig};
+use bonfire_zero::{DataParallel, Zero, ZeroConfig, ZeroStage};
 use burn::module::Module;
 use burn::nn::{Linear, LinearConfig};
 use burn::optim::SgdConfig;
@@ -69,11 +69,11 @@ fn device() -> Device {
 /// The allocator counts the whole process: one measurement at a time.
 static SERIAL: Mutex<()> = Mutex::new(());
 
-fn run(model: &Deep, stage: Stage, scoped: bool) -> Run {
+fn run(model: &Deep, stage: ZeroStage, scoped: bool) -> Run {
     run_in(model, stage, scoped, MixedPrecision::f32())
 }
 
-fn run_in(model: &Deep, stage: Stage, scoped: bool, precision: MixedPrecision) -> Run {
+fn run_in(model: &Deep, stage: ZeroStage, scoped: bool, precision: MixedPrecision) -> Run {
     let device = device();
     let out = ThreadWorld::new(RANKS)
         .timeout(Duration::from_secs(120))
@@ -146,8 +146,8 @@ fn mib(bytes: usize) -> f64 {
 fn stage3_frees_each_layer_after_use() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let model = model();
-    let plain = run(&model, Stage::Zero3, false);
-    let scoped = run(&model, Stage::Zero3, true);
+    let plain = run(&model, ZeroStage::Zero3, false);
+    let scoped = run(&model, ZeroStage::Zero3, true);
     eprintln!(
         "forward heap growth, {RANKS} ranks: without layer scopes {:.2} MiB (tracked {:.2} MiB/rank), \
          with {:.2} MiB (tracked {:.2} MiB/rank); one layer = {:.2} MiB",
@@ -204,8 +204,8 @@ fn stage3_frees_each_layer_after_use() {
 fn stage2_reduces_gradients_layer_by_layer() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let model = model();
-    let plain = run(&model, Stage::Zero2, false);
-    let scoped = run(&model, Stage::Zero2, true);
+    let plain = run(&model, ZeroStage::Zero2, false);
+    let scoped = run(&model, ZeroStage::Zero2, true);
     eprintln!(
         "stage 2 backward heap growth, {RANKS} ranks: without layer scopes {:.2} MiB, with {:.2} MiB",
         mib(plain.backward_peak),
@@ -240,8 +240,8 @@ fn stage2_reduces_gradients_layer_by_layer() {
 fn stage3_bf16_keeps_no_gathered_copy_until_backward() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let model = model();
-    let f32_run = run(&model, Stage::Zero3, true);
-    let bf16 = run_in(&model, Stage::Zero3, true, MixedPrecision::bf16());
+    let f32_run = run(&model, ZeroStage::Zero3, true);
+    let bf16 = run_in(&model, ZeroStage::Zero3, true, MixedPrecision::bf16());
     eprintln!(
         "held from forward to backward, {RANKS} ranks: f32 {:.2} MiB, bf16 {:.2} MiB; \
          the bf16 model gathered = {:.2} MiB per rank",

@@ -3,7 +3,7 @@
 //! for SGD, 2e-5 = 2e-3·lr for Adam and AdamW; see `common::assert_trained`).
 
 mod common;
-use bonfire_zero::{DataParallel, Stage};
+use bonfire_zero::{DataParallel, ZeroStage};
 use common::*;
 
 fn check(opt: Opt) {
@@ -18,7 +18,7 @@ fn check(opt: Opt) {
     for n in [2, 4] {
         let d = ddp(&model, opt, n);
         assert_trained(&d, &reference, opt, &format!("ddp n={n} {opt:?}"));
-        for stage in [Stage::Zero1, Stage::Zero2, Stage::Zero3] {
+        for stage in [ZeroStage::Zero1, ZeroStage::Zero2, ZeroStage::Zero3] {
             for offload in [false, true] {
                 let all = zero(&model, opt, n, stage, offload);
                 for (r, got) in all.iter().enumerate() {
@@ -52,7 +52,7 @@ fn full_gradients_agree_across_stages() {
     use bonfire_comm::ThreadWorld;
     use burn::optim::SgdConfig;
     let model = initial();
-    let grads = |n: usize, stage: Stage| {
+    let grads = |n: usize, stage: ZeroStage| {
         let device = device();
         ThreadWorld::new(n)
             .timeout(std::time::Duration::from_secs(60))
@@ -73,14 +73,14 @@ fn full_gradients_agree_across_stages() {
             .unwrap()
             .remove(0)
     };
-    let reference = grads(1, Stage::Zero0);
+    let reference = grads(1, ZeroStage::Zero0);
     let count = bonfire_ddp::params::inventory(&model).len();
     assert_eq!(
         reference.len(),
         count,
         "one gradient per parameter on one rank"
     );
-    for stage in [Stage::Zero1, Stage::Zero2, Stage::Zero3] {
+    for stage in [ZeroStage::Zero1, ZeroStage::Zero2, ZeroStage::Zero3] {
         let got_all = grads(2, stage);
         assert_eq!(got_all.len(), reference.len(), "{stage:?}: gradient count");
         for (got, want) in got_all.iter().zip(&reference) {
@@ -106,7 +106,7 @@ fn offload_keeps_the_optimizer_state_on_its_own_device() {
     ThreadWorld::new(2)
         .timeout(std::time::Duration::from_secs(60))
         .launch(|pg| {
-            for stage in [Stage::Zero1, Stage::Zero2, Stage::Zero3] {
+            for stage in [ZeroStage::Zero1, ZeroStage::Zero2, ZeroStage::Zero3] {
                 let config = bonfire_zero::ZeroConfig::new(stage).with_offload(true);
                 let mut z = build(
                     on_device(&model, &device),

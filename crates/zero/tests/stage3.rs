@@ -6,7 +6,7 @@ mod common;
 use bonfire_comm::OpKind;
 use bonfire_comm::ThreadWorld;
 use bonfire_dtensor::CommCounter;
-use bonfire_zero::{DataParallel, Stage, Zero, ZeroConfig, held_param_bytes};
+use bonfire_zero::{DataParallel, Zero, ZeroConfig, ZeroStage, held_param_bytes};
 use burn::optim::SgdConfig;
 use common::*;
 use std::time::Duration;
@@ -16,7 +16,7 @@ fn counts(model: &Net, prefetch: bool) -> Vec<(usize, usize, usize, usize, Vec<f
     ThreadWorld::new(2)
         .timeout(Duration::from_secs(60))
         .launch(|pg| {
-            let config = ZeroConfig::new(Stage::Zero3).with_prefetch(prefetch);
+            let config = ZeroConfig::new(ZeroStage::Zero3).with_prefetch(prefetch);
             let replica = on_device(model, &device);
             let mut z = Zero::new(replica, SgdConfig::new().build(), pg.clone(), config).unwrap();
             // Between steps: only the shard, no full parameter.

@@ -9,7 +9,7 @@ use bonfire_dtensor::DeviceMesh;
 use bonfire_dtensor::parallel::{
     ColwiseParallel, ParallelLinear, ParallelPlan, RowwiseParallel, parallelize_module,
 };
-use bonfire_zero::{DataParallel, Stage, Zero, ZeroConfig};
+use bonfire_zero::{DataParallel, Zero, ZeroConfig, ZeroStage};
 use burn::module::Module;
 use burn::optim::{AdamConfig, GradientsParams};
 use burn::tensor::activation::gelu;
@@ -62,7 +62,7 @@ fn dp2_tp2_stages_1_2_3() {
         let gp = GradientsParams::from_grads(trained.loss(x, y).backward(), &trained);
         trained = o.step(0.01, trained, gp);
     }
-    for stage in [Stage::Zero1, Stage::Zero2, Stage::Zero3] {
+    for stage in [ZeroStage::Zero1, ZeroStage::Zero2, ZeroStage::Zero3] {
         let device = device();
         let results = ThreadWorld::new(4)
             .timeout(Duration::from_secs(60))
@@ -72,7 +72,7 @@ fn dp2_tp2_stages_1_2_3() {
                     parallelize_module(copy(&model, &device), &mesh, "tp", &plan()).unwrap();
                 assert_eq!(local.up.weight.dims(), [6, 6], "tp shards the layers");
                 assert_eq!(local.down.weight.dims(), [1, 6]);
-                let config = ZeroConfig::new(stage).with_offload(stage == Stage::Zero2);
+                let config = ZeroConfig::new(stage).with_offload(stage == ZeroStage::Zero2);
                 let mut z =
                     Zero::on_mesh(local, AdamConfig::new().build(), &mesh, "dp", config).unwrap();
                 let dp = z.process_group().rank();
@@ -108,7 +108,7 @@ fn unknown_mesh_axis_is_an_error() {
         .timeout(Duration::from_secs(60))
         .launch(|pg| {
             let mesh = DeviceMesh::new(&pg, &[2], &["dp"]).unwrap();
-            let config = ZeroConfig::new(Stage::Zero1);
+            let config = ZeroConfig::new(ZeroStage::Zero1);
             let replica = copy(&model, &device());
             match Zero::on_mesh(replica, AdamConfig::new().build(), &mesh, "fsdp", config) {
                 Ok(_) => String::new(),

@@ -13,7 +13,7 @@ use crate::error::TrainError;
 use crate::wrapper::DpWrapper;
 use bonfire_dtensor::DataParallel;
 use bonfire_zero::optim::{record_states, with_states};
-use bonfire_zero::{FlatState, Stage};
+use bonfire_zero::{FlatState, ZeroStage};
 use burn::module::Module;
 use burn_pack::Scalar;
 
@@ -128,7 +128,7 @@ pub(crate) fn rank_state<M: Module>(
             }
         }
         DpWrapper::Zero(z) => {
-            let replicated = z.config().stage == Stage::Zero0;
+            let replicated = z.config().stage == ZeroStage::Zero0;
             if !replicated || h.dp_rank == 0 {
                 let own = z.own_values();
                 let start = z.own_range().start;
@@ -174,7 +174,7 @@ pub(crate) fn wants<M: Module>(w: &DpWrapper<M>, h: &Holding) -> Wants {
                 })
                 .collect();
             match z.config().stage {
-                Stage::Zero3 => (pieces.clone(), pieces),
+                ZeroStage::Zero3 => (pieces.clone(), pieces),
                 _ => (all, pieces),
             }
         }

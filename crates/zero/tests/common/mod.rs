@@ -3,7 +3,7 @@
 
 use bonfire_comm::ThreadWorld;
 use bonfire_ddp::params;
-use bonfire_zero::{DataParallel, Stage, Zero, ZeroConfig};
+use bonfire_zero::{DataParallel, Zero, ZeroConfig, ZeroStage};
 use burn::module::Module;
 use burn::nn::{Linear, LinearConfig};
 use burn::optim::{AdamConfig, AdamWConfig, SgdConfig};
@@ -147,7 +147,7 @@ pub fn build(
 }
 
 /// ZeRO on `n` rank threads; every rank's full parameters after the steps.
-pub fn zero(model: &Net, opt: Opt, n: usize, stage: Stage, offload: bool) -> Vec<Vec<f32>> {
+pub fn zero(model: &Net, opt: Opt, n: usize, stage: ZeroStage, offload: bool) -> Vec<Vec<f32>> {
     let device = device();
     ThreadWorld::new(n)
         .timeout(Duration::from_secs(60))
