@@ -277,3 +277,33 @@ fn a_model_without_layers_is_reported_once() {
         assert!(lines[0].contains("bonfire_dtensor::layer"), "{}", lines[0]);
     }
 }
+
+/// The layout is the one holder of the ZeRO stage, offload and precision: a ZeRO config that
+/// says another is refused by the trainer's check, naming both (it used to be overridden in
+/// silence); one that agrees, or leaves them at their defaults, is taken.
+#[test]
+fn a_zero_config_that_contradicts_the_layout_is_refused() {
+    let dims = ParallelDims::parse_mesh("dp=2")
+        .unwrap()
+        .with_zero(ZeroStage::Zero1);
+    let trainer = |config: ZeroConfig| {
+        Trainer::new(dims.clone(), || OptimizerKind::Sgd.build()).with_zero(config)
+    };
+    let b = batch(0, &Device::flex().autodiff());
+    let err = trainer(ZeroConfig::new(ZeroStage::Zero3))
+        .check(&model(), 2, &b)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("the ZeRO config says stage 3, the layout stage 1"),
+        "{err}"
+    );
+    let err = trainer(ZeroConfig::new(ZeroStage::Zero1).with_offload(true))
+        .check(&model(), 2, &b)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("offload"), "{err}");
+    trainer(ZeroConfig::new(ZeroStage::Zero1).with_prefetch(false))
+        .check(&model(), 2, &b)
+        .unwrap();
+}

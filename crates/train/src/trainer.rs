@@ -40,7 +40,7 @@ impl Trainer {
     ) -> Self {
         let optimizer: OptimizerFactory = Arc::new(optimizer);
         Self {
-            dp: DpSpec::new(&dims, optimizer),
+            dp: DpSpec::new(optimizer),
             dims,
         }
     }
@@ -49,10 +49,11 @@ impl Trainer {
         self.dp.ddp = config.with_report_no_layers(false);
         self
     }
-    /// ZeRO's options (bucket size, prefetch, recompute) for stages 1–3; the stage and
-    /// offload come from the layout.
+    /// ZeRO's options (bucket size, prefetch, recompute) for stages 1–3. The stage, offload
+    /// and precision are the layout's: a config that says others is refused by
+    /// [`check`](Self::check) (and so by [`build`](Self::build)), not silently overridden.
     pub fn with_zero(mut self, config: ZeroConfig) -> Self {
-        self.dp.zero = config.with_report_no_layers(false);
+        self.dp.zero = Some(config.with_report_no_layers(false));
         self
     }
     pub fn dims(&self) -> &ParallelDims {
@@ -78,6 +79,7 @@ impl Trainer {
     ) -> Result<(), LayoutError> {
         let dims = &self.dims;
         dims.validate(world)?;
+        self.dp.check(dims)?;
         let rows = batch.rows();
         if rows % dims.dp() != 0 {
             return Err(LayoutError::NotDivisible {
@@ -167,7 +169,7 @@ impl Trainer {
             loss_scale: 1.0,
         };
         if at.dims.pp() == 1 {
-            let wrapper = self.dp.build(model, &at.mesh, Axis::Dp.name())?;
+            let wrapper = self.dp.build(model, &at.mesh, Axis::Dp.name(), &at.dims)?;
             return Ok(Box::new(ReplicaEngine::new(at, wrapper, layout)));
         }
         let pipeline = model.pipeline().expect("checked");
@@ -183,7 +185,10 @@ impl Trainer {
     /// ZeRO-3 (so backward re-gathers parameters; see `ZeroConfig::recompute`).
     fn device_for<M: Module>(&self, model: &M) -> Device {
         let device = params::model_device(model).unwrap_or_else(|| Device::flex().autodiff());
-        if self.dims.zero == ZeroStage::Zero3 && self.dp.zero.recompute && device.is_autodiff() {
+        if self.dims.zero == ZeroStage::Zero3
+            && self.dp.zero_config(&self.dims).recompute
+            && device.is_autodiff()
+        {
             device.inner().autodiff().gradient_checkpointing()
         } else {
             device

@@ -2,8 +2,8 @@
 //! the one [`DataParallel`] interface, built by [`DpSpec`] from the layout, Burn's optimizer
 //! and the wrappers' configs. [`Staged`] lends a wrapper to a pipeline stage.
 
-use crate::dims::ParallelDims;
-use crate::error::TrainError;
+use crate::dims::{Axis, ParallelDims, axis_error};
+use crate::error::{LayoutError, TrainError};
 use bonfire_comm::ProcessGroup;
 use bonfire_ddp::{DdpConfig, DistributedDataParallel, StepTiming};
 use bonfire_dtensor::params::ParamValues;
@@ -18,55 +18,97 @@ use std::sync::Arc;
 /// Builds a fresh Burn optimizer for one rank (each rank owns its optimizer state).
 pub type OptimizerFactory = Arc<dyn Fn() -> ModuleOptimizer + Send + Sync>;
 
-/// How the dp axis is wrapped: the layout's ZeRO stage and offload, Burn's optimizer, and the
-/// wrappers' own options (bucket sizes, overlap, prefetch).
+/// How the dp axis is wrapped besides the layout: Burn's optimizer and the wrappers' own
+/// options (bucket sizes, overlap, prefetch). The ZeRO stage, offload and precision are the
+/// layout's ([`ParallelDims`], their one holder), read when a wrapper is built.
 #[derive(Clone)]
 pub struct DpSpec {
-    pub stage: ZeroStage,
-    pub offload: bool,
-    /// Mixed precision (the layout's), given to DDP and ZeRO.
-    pub precision: bonfire_dtensor::MixedPrecision,
     pub optimizer: OptimizerFactory,
     pub ddp: DdpConfig,
-    pub zero: ZeroConfig,
+    /// ZeRO's options; `None`: the defaults. A config's own stage, offload and precision
+    /// must be the layout's ([`DpSpec::check`]).
+    pub zero: Option<ZeroConfig>,
 }
 
 impl DpSpec {
-    /// The wrapper of `dims` with `optimizer` and default options.
-    pub fn new(dims: &ParallelDims, optimizer: OptimizerFactory) -> Self {
+    /// Burn's `optimizer` with the wrappers' default options.
+    pub fn new(optimizer: OptimizerFactory) -> Self {
         Self {
-            stage: dims.zero,
-            offload: dims.offload,
-            precision: dims.precision,
             optimizer,
             ddp: DdpConfig::new().with_report_no_layers(false),
-            zero: ZeroConfig::new(dims.zero).with_report_no_layers(false),
+            zero: None,
         }
     }
 
-    /// This rank's wrapper of `model` on the mesh axis `axis`. A collective on that axis.
+    /// Refuses a ZeRO config that says something else than `dims` — another stage, offload
+    /// where the layout has none, or another mixed precision — which the layout's would
+    /// otherwise silently override. (A config left at its defaults for offload and precision
+    /// takes the layout's.)
+    pub fn check(&self, dims: &ParallelDims) -> Result<(), LayoutError> {
+        let Some(z) = &self.zero else {
+            return Ok(());
+        };
+        let conflict = if z.stage != dims.zero {
+            Some(format!(
+                "the ZeRO config says stage {}, the layout stage {}",
+                z.stage.index(),
+                dims.zero.index()
+            ))
+        } else if z.offload && !dims.offload {
+            Some("the ZeRO config says offload, the layout does not".to_string())
+        } else if z.precision.is_mixed() && z.precision != dims.precision {
+            Some(format!(
+                "the ZeRO config says precision {}, the layout {}",
+                z.precision, dims.precision
+            ))
+        } else {
+            None
+        };
+        match conflict {
+            Some(what) => Err(axis_error(
+                Axis::Dp,
+                dims.dp(),
+                &format!("{what}: set it on the layout (ParallelDims), its one holder"),
+            )),
+            None => Ok(()),
+        }
+    }
+
+    /// The ZeRO config of `dims`: the given options (or the defaults) with the layout's
+    /// stage, offload and precision.
+    pub fn zero_config(&self, dims: &ParallelDims) -> ZeroConfig {
+        let config = self
+            .zero
+            .clone()
+            .unwrap_or_else(|| ZeroConfig::new(dims.zero).with_report_no_layers(false));
+        ZeroConfig {
+            stage: dims.zero,
+            ..config
+        }
+        .with_offload(dims.offload)
+        .with_precision(dims.precision)
+    }
+
+    /// This rank's wrapper of `model` on the mesh axis `axis` under `dims`. A collective on
+    /// that axis.
     pub fn build<M: Module>(
         &self,
         model: M,
         mesh: &DeviceMesh,
         axis: &str,
+        dims: &ParallelDims,
     ) -> Result<DpWrapper<M>, TrainError> {
         let optim = (self.optimizer)();
-        Ok(match self.stage {
+        Ok(match dims.zero {
             ZeroStage::Zero0 => DpWrapper::Ddp(Box::new(DistributedDataParallel::on_mesh(
                 model,
                 optim,
                 mesh,
                 axis,
-                self.ddp.clone().with_precision(self.precision),
+                self.ddp.clone().with_precision(dims.precision),
             )?)),
-            stage => {
-                let mut config = self
-                    .zero
-                    .clone()
-                    .with_offload(self.offload)
-                    .with_precision(self.precision);
-                config.stage = stage;
+            _ => {
+                let config = self.zero_config(dims);
                 DpWrapper::Zero(Box::new(Zero::on_mesh(model, optim, mesh, axis, config)?))
             }
         })

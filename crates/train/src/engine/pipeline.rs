@@ -221,7 +221,9 @@ where
         let stages = split_at(pieces, &points)?;
         let chunks = chunks_for_rank(&stages, &schedule, pp_rank)?;
         drop(stages);
-        let wrapper = ctx.dp.build(chunks, &ctx.at.mesh, Axis::Dp.name())?;
+        let wrapper = ctx
+            .dp
+            .build(chunks, &ctx.at.mesh, Axis::Dp.name(), &ctx.at.dims)?;
         Ok(Box::new(PipelineEngine {
             at: ctx.at,
             schedule,
