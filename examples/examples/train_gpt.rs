@@ -129,7 +129,7 @@ impl Cli {
             return self.auto_dims();
         }
         let mut dims = self.layout.dims("dp=2")?;
-        if dims.pp() > 1 && dims.pp.schedule.is_none() {
+        if dims.pp() > 1 && dims.pp_options.schedule.is_none() {
             dims = dims.with_schedule(bonfire_pipeline::ScheduleKind::OneFOneB);
         }
         Ok(dims)

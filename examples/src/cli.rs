@@ -68,7 +68,7 @@ impl LayoutArgs {
             })?;
             dims = dims.with_schedule(kind);
         }
-        dims.pp.microbatches = self.microbatches;
+        dims.pp_options.microbatches = self.microbatches;
         let name = self.precision.as_deref().unwrap_or("f32");
         let mut precision = MixedPrecision::parse(name)
             .ok_or_else(|| format!("--precision {name}: unknown (known: f32, bf16, f16)"))?;

@@ -55,14 +55,14 @@ fn piece_index(cfg: &GptConfig, name: &str) -> usize {
 /// trainer splits them ([`bonfire_plan::stage_ranges`]).
 pub fn gpt_rank_params(cfg: &GptConfig, dims: &ParallelDims, rank: usize) -> usize {
     let tp = dims.tp();
-    let Some(kind) = dims.pp.schedule.filter(|_| dims.pp() > 1) else {
+    let Some(kind) = dims.pp_options.schedule.filter(|_| dims.pp() > 1) else {
         return (0..cfg.n_layers + 2)
             .map(|p| gpt_piece_params(cfg, tp, p))
             .sum();
     };
     let stage_map = kind.generate(dims.pp(), dims.microbatches()).stage_map;
     let points: Option<Vec<usize>> = dims
-        .pp
+        .pp_options
         .split_points
         .as_ref()
         .map(|names| names.iter().map(|n| piece_index(cfg, n)).collect());

@@ -75,20 +75,20 @@ pub fn to_dims(l: &Layout) -> Result<ParallelDims, String> {
 /// The planner's layout for a trainer's (`None`: options the planner does not model —
 /// offload, split points, checkpointing every k > 1 layers).
 pub fn from_dims(d: &ParallelDims) -> Option<Layout> {
-    let schedule = d.pp.schedule;
+    let schedule = d.pp_options.schedule;
     let recompute = match d.activation_checkpointing {
         ActivationCheckpointing::Off => false,
         ActivationCheckpointing::Every(1) => true,
         ActivationCheckpointing::Every(_) => return None,
     };
-    if d.offload || d.pp.split_points.is_some() {
+    if d.offload || d.pp_options.split_points.is_some() {
         return None;
     }
     Some(Layout {
         dp: d.dp(),
         zero: d.zero,
         tp: d.tp(),
-        sp: d.tp.sequence_parallel,
+        sp: d.tp_options.sequence_parallel,
         pp: d.pp(),
         schedule,
         microbatches: if d.pp() > 1 { d.microbatches() } else { 1 },

@@ -123,8 +123,10 @@ pub struct ParallelDims {
     /// ZeRO-Offload: the optimizer state, its master values and the update live on a CPU
     /// device while the model trains on its own (stage ≥ 1).
     pub offload: bool,
-    pub tp: TpOptions,
-    pub pp: PpOptions,
+    /// Options of the tp axis (its degree is [`ParallelDims::tp`]).
+    pub tp_options: TpOptions,
+    /// Options of the pp axis (its degree is [`ParallelDims::pp`]).
+    pub pp_options: PpOptions,
     /// Mixed precision on every axis: compute/param dtype, gradient-reduction dtype (an
     /// fp32 master copy and fp32 optimizer state under a half type).
     pub precision: MixedPrecision,
@@ -145,8 +147,8 @@ impl ParallelDims {
             degrees: [1; 3],
             zero: ZeroStage::Zero0,
             offload: false,
-            tp: TpOptions::default(),
-            pp: PpOptions::default(),
+            tp_options: TpOptions::default(),
+            pp_options: PpOptions::default(),
             precision: MixedPrecision::f32(),
             activation_checkpointing: ActivationCheckpointing::Off,
         }
@@ -204,7 +206,7 @@ impl ParallelDims {
     }
     /// Micro-batches per step (the pp degree unless set).
     pub fn microbatches(&self) -> usize {
-        self.pp.microbatches.unwrap_or(self.pp())
+        self.pp_options.microbatches.unwrap_or(self.pp())
     }
 
     pub fn with_degree(mut self, axis: Axis, degree: usize) -> Self {
@@ -220,19 +222,19 @@ impl ParallelDims {
         self
     }
     pub fn with_sequence_parallel(mut self, on: bool) -> Self {
-        self.tp.sequence_parallel = on;
+        self.tp_options.sequence_parallel = on;
         self
     }
     pub fn with_loss_parallel(mut self, on: bool) -> Self {
-        self.tp.loss_parallel = on;
+        self.tp_options.loss_parallel = on;
         self
     }
     pub fn with_schedule(mut self, schedule: ScheduleKind) -> Self {
-        self.pp.schedule = Some(schedule);
+        self.pp_options.schedule = Some(schedule);
         self
     }
     pub fn with_microbatches(mut self, m: usize) -> Self {
-        self.pp.microbatches = Some(m);
+        self.pp_options.microbatches = Some(m);
         self
     }
     pub fn with_precision(mut self, precision: MixedPrecision) -> Self {
@@ -244,7 +246,7 @@ impl ParallelDims {
         self
     }
     pub fn with_split_points(mut self, points: Vec<String>) -> Self {
-        self.pp.split_points = Some(points);
+        self.pp_options.split_points = Some(points);
         self
     }
 
@@ -268,14 +270,14 @@ impl ParallelDims {
             return Err(axis_error(Axis::Dp, self.dp(), &reason));
         }
         let (tp, pp) = (self.tp(), self.pp());
-        if tp == 1 && self.tp.sequence_parallel {
+        if tp == 1 && self.tp_options.sequence_parallel {
             return Err(axis_error(
                 Axis::Tp,
                 1,
                 "sequence parallelism needs a tp axis (e.g. tp=2)",
             ));
         }
-        if tp == 1 && self.tp.loss_parallel {
+        if tp == 1 && self.tp_options.loss_parallel {
             return Err(axis_error(
                 Axis::Tp,
                 1,
@@ -289,7 +291,7 @@ impl ParallelDims {
                 "offload moves ZeRO's optimizer state: it needs ZeRO stage 1, 2 or 3",
             ));
         }
-        match (&self.pp.schedule, pp) {
+        match (&self.pp_options.schedule, pp) {
             (None, p) if p > 1 => Err(axis_error(
                 Axis::Pp,
                 p,
@@ -300,7 +302,7 @@ impl ParallelDims {
                 1,
                 &format!("schedule {} needs a pp axis (e.g. pp=2)", kind.name()),
             )),
-            _ if pp == 1 && self.pp.microbatches.is_some() => Err(axis_error(
+            _ if pp == 1 && self.pp_options.microbatches.is_some() => Err(axis_error(
                 Axis::Pp,
                 1,
                 "micro-batches are a pipeline option: they need a pp axis",
@@ -349,13 +351,13 @@ impl fmt::Display for ParallelDims {
         if self.offload {
             write!(f, " offload")?;
         }
-        if self.tp.sequence_parallel {
+        if self.tp_options.sequence_parallel {
             write!(f, " sp")?;
         }
-        if self.tp.loss_parallel {
+        if self.tp_options.loss_parallel {
             write!(f, " loss-parallel")?;
         }
-        if let Some(kind) = &self.pp.schedule {
+        if let Some(kind) = &self.pp_options.schedule {
             write!(f, " schedule={} m={}", kind.name(), self.microbatches())?;
         }
         if self.precision.is_mixed() {

@@ -89,7 +89,7 @@ impl Trainer {
                 value: rows,
             });
         }
-        if dims.tp() > 1 && model.tensor_parallel_plan(dims.tp).is_none() {
+        if dims.tp() > 1 && model.tensor_parallel_plan(dims.tp_options).is_none() {
             return Err(axis_error(
                 Axis::Tp,
                 dims.tp(),
@@ -116,12 +116,12 @@ impl Trainer {
             let pipeline = model.clone().pipeline().ok_or_else(|| {
                 axis_error(Axis::Pp, dims.pp(), "the model has no pipeline pieces")
             })?;
-            let kind = dims.pp.schedule.expect("validated");
+            let kind = dims.pp_options.schedule.expect("validated");
             let stages = dims.pp() * kind.chunks();
             split_points(
                 &pipeline.names(),
                 stages,
-                dims.pp.split_points.as_deref(),
+                dims.pp_options.split_points.as_deref(),
                 dims.pp(),
             )?;
         }
@@ -146,7 +146,9 @@ impl Trainer {
         let model = params::fork(model, &device);
         let (mut model, _) = params::sync_from_root(model, world)?;
         if dims.tp() > 1 {
-            let plan = model.tensor_parallel_plan(dims.tp).expect("checked");
+            let plan = model
+                .tensor_parallel_plan(dims.tp_options)
+                .expect("checked");
             model = parallelize_module(model, &mesh, Axis::Tp.name(), &plan)?;
         }
         if model.layers().is_empty() && dims.dp() > 1 && world.rank() == 0 {

@@ -103,7 +103,7 @@ impl ParallelModel for Gpt {
 
     /// Sequence parallelism shards the sequence over tp.
     fn check_batch(&self, dims: &ParallelDims, (ids, _): &TokenBatch) -> Result<(), LayoutError> {
-        if dims.tp.sequence_parallel {
+        if dims.tp_options.sequence_parallel {
             divisible(Axis::Tp, dims.tp(), "the sequence length", ids.dims()[1])?;
         }
         Ok(())

@@ -185,7 +185,7 @@ where
     fn build(self: Box<Self>, ctx: PipelineContext) -> Result<Box<dyn Engine<B>>, TrainError> {
         let dims = &ctx.at.dims;
         let kind = dims
-            .pp
+            .pp_options
             .schedule
             .expect("validated: a pipeline has a schedule");
         let schedule = kind.generate(dims.pp(), dims.microbatches());
@@ -193,7 +193,7 @@ where
         let points = split_points(
             &names,
             schedule.stages(),
-            dims.pp.split_points.as_deref(),
+            dims.pp_options.split_points.as_deref(),
             dims.pp(),
         )?;
         let ranges = piece_params(&self.pieces, &ctx.layout)?;
