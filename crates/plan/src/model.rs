@@ -351,15 +351,7 @@ impl ModelSpec {
 pub fn stage_ranges(pieces: usize, stages: usize, points: Option<&[usize]>) -> Vec<(usize, usize)> {
     let points: Vec<usize> = match points {
         Some(p) => p.to_vec(),
-        None => {
-            let mut at = 0;
-            (0..stages.saturating_sub(1))
-                .map(|i| {
-                    at += pieces / stages + usize::from(i < pieces % stages);
-                    at
-                })
-                .collect()
-        }
+        None => bonfire_layout::even_split_points(pieces, stages),
     };
     let mut starts = vec![0];
     starts.extend(points);

@@ -79,14 +79,7 @@ pub(crate) fn split_points(
         ));
     }
     let Some(named) = named else {
-        let n = names.len();
-        let mut at = 0;
-        return Ok((0..stages - 1)
-            .map(|i| {
-                at += n / stages + usize::from(i < n % stages);
-                at
-            })
-            .collect());
+        return Ok(bonfire_layout::even_split_points(names.len(), stages));
     };
     if named.len() + 1 != stages {
         return Err(axis_error(
