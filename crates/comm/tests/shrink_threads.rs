@@ -234,9 +234,17 @@ fn no_agreement_while_a_live_rank_stays_away_fails_clearly_and_bounded() {
 fn stale_messages_of_the_old_group_do_not_reach_the_new_one() {
     let outcomes = ThreadWorld::new(3).timeout(TIMEOUT).launch_each(|pg| {
         match pg.rank() {
-            // Sent on the old group, never received there.
-            0 => pg.send(&[1.0f32], 1, 7).unwrap(),
-            2 => panic!("dies"),
+            // Sent on the old group, never received there; then rank 2 is told to die, so
+            // the send cannot meet a group already aborted by the death (it did, under load,
+            // and rank 0's unwrap took rank 0 down too).
+            0 => {
+                pg.send(&[1.0f32], 1, 7).unwrap();
+                pg.send(&[0.0f32], 2, 8).unwrap();
+            }
+            2 => {
+                pg.recv(&mut [0.0f32], 0, 8).unwrap();
+                panic!("dies")
+            }
             _ => {}
         }
         pg.barrier().unwrap_err();
