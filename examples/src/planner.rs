@@ -285,8 +285,6 @@ pub struct RankRun {
     /// Live after the last forward+backward, before its optimizer step: parameters,
     /// gradients, optimizer state.
     pub held: usize,
-    /// The most bytes live during the steps after the first.
-    pub steady_peak: usize,
     /// The most bytes live during those steps' forward+backward (the planner's moment "at a
     /// backward's start", and, in a pipeline, its gradient sums).
     pub backward_peak: usize,
@@ -298,6 +296,13 @@ pub struct RankRun {
     /// The CPU backend's per-thread matrix-product workspace, allocated before the baseline
     /// and so in neither figure above ([`warm_matmul_workspace`]).
     pub workspace: usize,
+}
+
+impl RankRun {
+    /// The most bytes live during the steps after the first (the larger of the two moments).
+    pub fn steady_peak(&self) -> usize {
+        self.backward_peak.max(self.step_peak)
+    }
 }
 
 /// Has this thread's matrix-product workspace allocated (one small product) and returns the
@@ -372,7 +377,6 @@ pub fn measure_layout(
                 let optimizer = rank_alloc::peak(r) - base;
                 run.backward_peak = run.backward_peak.max(backward);
                 run.step_peak = run.step_peak.max(optimizer);
-                run.steady_peak = run.backward_peak.max(run.step_peak);
             }
         }
         run.step_ms = timed * 1e3;

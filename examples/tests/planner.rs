@@ -95,7 +95,7 @@ fn measure(dims: &ParallelDims, model: &Gpt, first: usize) -> Measured {
     let runs = measure_layout(&CFG, dims, model, (ROWS, SEQ, STEPS), first);
     Measured {
         held: runs.iter().map(|r| r.held).collect(),
-        peaks: runs.iter().map(|r| r.steady_peak).collect(),
+        peaks: runs.iter().map(|r| r.steady_peak()).collect(),
         workspace: runs.iter().map(|r| r.workspace).collect(),
         ms: runs[0].step_ms,
     }

@@ -75,7 +75,7 @@ pub fn install_layer_hook(hook: Rc<dyn LayerHook>) -> LayerHookGuard {
 
 /// Runs `f` with this thread's layer hooks set aside: every [`layer`] entered inside is a
 /// plain clone (activation checkpointing runs a region whose parameters are already hooked or
-/// gathered this way, see [`crate::checkpoint()`]). The hooks are back when `f` returns or
+/// gathered this way, see [`crate::recompute()`]). The hooks are back when `f` returns or
 /// panics.
 pub fn without_layer_hooks<R>(f: impl FnOnce() -> R) -> R {
     struct Restore(Vec<Rc<dyn LayerHook>>);

@@ -5,7 +5,7 @@
 //!
 //! They are `bonfire-dtensor`'s parallel-aware layers: unsharded they are exactly the plain
 //! layers (`y = x Wᵀ + b`, a lookup table, LayerNorm with biased variance and eps 1e-5);
-//! after [`super::parallelize::gpt_tp_plan`] each rank holds its shard and `forward` runs the
+//! after [`crate::gpt::parallelize::gpt_tp_plan`] each rank holds its shard and `forward` runs the
 //! tensor-parallel version (see `docs/tensor-parallel.md`).
 
 pub use bonfire_dtensor::parallel::{

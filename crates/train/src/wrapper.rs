@@ -75,22 +75,18 @@ impl DpSpec {
     }
 
     /// The ZeRO config of `dims`: the given options (or the defaults) with the layout's
-    /// stage, offload and precision.
+    /// offload and precision (its stage is the layout's once [`check`](Self::check) passed).
     pub fn zero_config(&self, dims: &ParallelDims) -> ZeroConfig {
-        let config = self
-            .zero
+        self.zero
             .clone()
-            .unwrap_or_else(|| ZeroConfig::new(dims.zero).with_report_no_layers(false));
-        ZeroConfig {
-            stage: dims.zero,
-            ..config
-        }
-        .with_offload(dims.offload)
-        .with_precision(dims.precision)
+            .unwrap_or_else(|| ZeroConfig::new(dims.zero).with_report_no_layers(false))
+            .with_offload(dims.offload)
+            .with_precision(dims.precision)
     }
 
-    /// This rank's wrapper of `model` on the mesh axis `axis` under `dims`. A collective on
-    /// that axis.
+    /// This rank's wrapper of `model` on the mesh axis `axis` under `dims` (after
+    /// [`check`](Self::check), so a contradicting ZeRO config is refused here too). A
+    /// collective on that axis.
     pub fn build<M: Module>(
         &self,
         model: M,
@@ -98,6 +94,7 @@ impl DpSpec {
         axis: &str,
         dims: &ParallelDims,
     ) -> Result<DpWrapper<M>, TrainError> {
+        self.check(dims)?;
         let optim = (self.optimizer)();
         Ok(match dims.zero {
             ZeroStage::Zero0 => DpWrapper::Ddp(Box::new(DistributedDataParallel::on_mesh(

@@ -1,6 +1,6 @@
 //! [`Zero`]: a Burn module and optimizer trained with ZeRO sharded data parallelism — the
 //! wrapper's state and construction. Training (the [`bonfire_dtensor::DataParallel`]
-//! implementation) is in `train.rs`, the byte accounting in `memory.rs`.
+//! implementation) is in `train.rs`, the byte accounting in `held.rs`.
 
 use crate::config::{ZeroConfig, ZeroStage};
 use crate::error::{Result, ZeroError};
