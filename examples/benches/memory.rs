@@ -60,8 +60,8 @@ use bonfire_examples::rank_alloc::{self, RankAllocator};
 use bonfire_examples::{Gpt, GptConfig, default_device};
 use bonfire_models::gpt::parallelize::TokenBatch;
 use bonfire_plan::memory::state_bytes;
-use bonfire_plan::{MemoryParts, Request, rank_memory, rank_shapes};
-use bonfire_train::{Launcher, OptimizerKind, ParallelDims, TrainError, Trainer};
+use bonfire_plan::{MemoryParts, PlannedLayout, Request, rank_shapes};
+use bonfire_train::{Axis, Launcher, OptimizerKind, ParallelDims, TrainError, Trainer};
 use burn::tensor::Device;
 use std::time::Instant;
 
@@ -300,7 +300,7 @@ fn formulas(dims: &ParallelDims) -> Vec<FormulaBytes> {
     (0..dims.world_size())
         .map(|r| {
             let psi = gpt_rank_params(&CFG, dims, r);
-            formula(dims.zero, psi, dims.dp(), &dims.precision)
+            formula(dims.zero, psi, dims.dp(), dims.precision)
         })
         .collect()
 }
@@ -329,7 +329,7 @@ fn report(case: &Case, run: &Run) -> (f64, usize) {
          formula_params={:.0} formula_grads={:.0} formula_optim={:.0} other_peak_bytes={} \
          other_held_bytes={} left_bytes={} steady_peak_bytes={} step_ms={:.0}",
         case.name,
-        bonfire_dtensor::precision::dtype_name(dims.precision.param_dtype),
+        dims.precision.param.name(),
         m.held,
         ft.total(),
         ratio(top),
@@ -360,25 +360,21 @@ fn planner_line(case: &Case, run: &Run, misses: &mut Vec<String>) -> Option<f64>
     let offload = case.dims.offload;
     let mut dims = case.dims.clone();
     dims.offload = false;
-    let layout = planner::from_dims(&dims).expect("a layout the planner models");
-    let spec = planner::gpt_spec(&CFG);
     let req = Request {
         global_batch: ROWS,
         seq: SEQ,
-        precisions: vec![layout.precision],
+        precisions: vec![dims.precision],
         memory_fraction: 1.0,
     };
-    let shapes = rank_shapes(&spec, &layout, SEQ);
-    let parts: Vec<MemoryParts> = (0..layout.world())
-        .map(|r| rank_memory(&spec, &req, &layout, &shapes, layout.pp_rank(r)))
-        .collect();
+    let parts = planner::predict_ranks(&CFG, &req, &dims).expect("a layout the planner models");
+    let shapes = rank_shapes(&planner::gpt_spec(&CFG), &dims, SEQ);
     let states: Vec<f64> = run
         .ranks
         .iter()
         .enumerate()
         .map(|(r, m)| {
-            let psi = shapes[layout.pp_rank(r)].params;
-            let s = state_bytes(layout.zero, psi, layout.dp, layout.precision, offload);
+            let psi = shapes[dims.coordinate(r, Axis::Pp)].params;
+            let s = state_bytes(dims.zero, psi, dims.dp(), dims.precision, offload);
             m.held as f64 / s.total()
         })
         .collect();
@@ -388,8 +384,8 @@ fn planner_line(case: &Case, run: &Run, misses: &mut Vec<String>) -> Option<f64>
     let head = format!(
         "bench memory planner layout={} precision={} ac={}",
         case.name,
-        layout.precision.name(),
-        if layout.recompute { "on" } else { "off" },
+        dims.precision,
+        if dims.recomputes() { "on" } else { "off" },
     );
     let out = |r: f64| !r.is_finite() || (r - 1.0).abs() > PLANNER_BAND;
     if states.iter().any(|&r| out(r)) {

@@ -9,7 +9,7 @@
 //! ```
 //!
 //! One line per feasible layout, `plan rank=K dp=… zero=… tp=… sp=… pp=… schedule=…
-//! microbatches=… recompute=… precision=… bytes_per_rank=… step_ms=…`, then `why: …` lines
+//! microbatches=… recompute=… precision=… reduce=… bytes_per_rank=… step_ms=…`, then `why: …` lines
 //! for the first. A request nothing fits exits with status 2 and `error: no layout fits: …`
 //! (what does not fit where); a model or cluster file with a missing or impossible value
 //! exits with status 2 and one line naming the field.
@@ -26,7 +26,8 @@
 use bonfire_examples::cli::fail;
 use bonfire_examples::planner::{available_memory, calibrate, this_machine};
 use bonfire_plan::{
-    ClusterSpec, ModelSpec, PRESETS, PlanError, Precision, Request, format_bytes, plan,
+    ClusterSpec, MixedPrecision, ModelSpec, PRESETS, PlanError, PlannedLayout, Request,
+    format_bytes, plan,
 };
 use clap::Parser;
 
@@ -67,7 +68,8 @@ struct Cli {
     /// Tokens per sequence (default: the model's context).
     #[arg(long)]
     seq: Option<usize>,
-    /// f32, bf16, or any (both); default bf16 on GPUs, f32 on cpu.
+    /// f32, bf16, f16, bf16/reduce=bf16 (gradients reduced in bf16), or any (f32 and bf16);
+    /// default bf16 on GPUs, f32 on cpu.
     #[arg(long)]
     precision: Option<String>,
     /// The share of a device's memory a plan may fill (default 0.9; 1 on cpu).
@@ -156,13 +158,17 @@ fn request(cli: &Cli, model: &ModelSpec, cluster: &ClusterSpec) -> Result<Reques
         .as_deref()
         .unwrap_or(if cpu { "f32" } else { "bf16" })
     {
-        "any" => vec![Precision::F32, Precision::BF16],
-        name => vec![Precision::parse(name).ok_or_else(|| {
-            bad(
-                "precision",
-                format!("`{name}` is unknown (f32, bf16, bf16-reduce-bf16, any)"),
-            )
-        })?],
+        "any" => vec![MixedPrecision::f32(), MixedPrecision::bf16()],
+        name => {
+            let p = MixedPrecision::parse(name).ok_or_else(|| {
+                bad(
+                    "precision",
+                    format!("`{name}` is unknown (f32, bf16, f16, bf16/reduce=bf16, any)"),
+                )
+            })?;
+            p.validate().map_err(|e| bad("precision", e))?;
+            vec![p]
+        }
     };
     let global_batch = cli.global_batch.unwrap_or(cluster.world());
     if global_batch == 0 {
@@ -218,7 +224,7 @@ fn main() {
         println!(
             "plan rank={} {} bytes_per_rank={:.0} step_ms={:.3}",
             k + 1,
-            e.layout,
+            e.layout.record(),
             e.bytes(),
             e.step_ms()
         );

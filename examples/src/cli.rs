@@ -76,7 +76,7 @@ impl LayoutArgs {
             if !precision.is_mixed() {
                 return Err("--reduce-in-half needs --precision bf16 or f16".into());
             }
-            precision = precision.with_reduce_dtype(precision.param_dtype);
+            precision = precision.reduced_in_param();
         }
         let ac = match self.activation_checkpointing {
             None => ActivationCheckpointing::Off,

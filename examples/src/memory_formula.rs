@@ -6,26 +6,12 @@
 //! pipeline's stage map). The measured side is [`crate::rank_alloc`]'s allocator (`cargo xtask
 //! bench memory`); nothing here is measured.
 
-use crate::planner::{gpt_spec, plan_precision};
+use crate::planner::gpt_spec;
 use bonfire_models::gpt::config::GptConfig;
 use bonfire_pipeline::Generate;
-use bonfire_plan::ZeroStage;
-use bonfire_train::{MixedPrecision, ParallelDims};
+use bonfire_train::ParallelDims;
 
-pub use bonfire_plan::memory::FormulaBytes;
-
-/// Per-parameter bytes of `precision`: (param pb, reduced gradient rb, optimizer K). K is 8
-/// for Adam's two fp32 moments, 12 with the fp32 master of a half param dtype.
-pub fn bytes_per_param(precision: &MixedPrecision) -> (f64, f64, f64) {
-    bonfire_plan::memory::bytes_per_param(plan_precision(precision))
-}
-
-/// The ZeRO paper's bytes per rank for `psi` parameters (this rank's, after tensor and
-/// pipeline sharding) on `n` data-parallel ranks with Adam under `precision`:
-/// stage 0 Ψpb + Ψrb + ΨK; 1 Ψpb + Ψrb + ΨK/N; 2 Ψpb + Ψrb/N + ΨK/N; 3 (Ψpb + Ψrb + ΨK)/N.
-pub fn formula(stage: ZeroStage, psi: usize, n: usize, precision: &MixedPrecision) -> FormulaBytes {
-    bonfire_plan::memory::formula(stage, psi, n, plan_precision(precision))
-}
+pub use bonfire_plan::memory::{FormulaBytes, bytes_per_param, formula};
 
 /// Parameters of the GPT's pipeline piece `piece` (0: the embeddings, 1..=L: the blocks,
 /// L + 1: the final norm and the head) on one rank of `tp` (the plan of
@@ -97,24 +83,6 @@ mod tests {
             max_seq_len: 8,
             d_ff: 32,
         }
-    }
-
-    #[test]
-    fn the_zero_formula_per_stage() {
-        let (psi, n) = (1000, 4);
-        let f32 = MixedPrecision::f32();
-        let total = |s| formula(s, psi, n, &f32).total();
-        assert_eq!(total(ZeroStage::Zero0), 16_000.0);
-        assert_eq!(total(ZeroStage::Zero1), 8_000.0 + 2_000.0);
-        assert_eq!(total(ZeroStage::Zero2), 4_000.0 + 1_000.0 + 2_000.0);
-        assert_eq!(total(ZeroStage::Zero3), 4_000.0);
-        // Mixed: pb = 2, rb = 4 (reduce in fp32), K = 12 — and rb = 2 reducing in bf16.
-        let bf16 = MixedPrecision::bf16();
-        assert_eq!(formula(ZeroStage::Zero0, psi, n, &bf16).total(), 18_000.0);
-        let z2 = formula(ZeroStage::Zero2, psi, n, &bf16);
-        assert_eq!((z2.params, z2.grads, z2.optim), (2_000.0, 1_000.0, 3_000.0));
-        let half = bf16.with_reduce_dtype(burn::tensor::DType::BF16);
-        assert_eq!(formula(ZeroStage::Zero3, psi, n, &half).total(), 4_000.0);
     }
 
     #[test]

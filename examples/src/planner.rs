@@ -1,7 +1,6 @@
-//! The planner (`bonfire_plan`) on Bonfire's own types and on this machine: the GPT as a
-//! [`ModelSpec`] ([`gpt_spec`]), a plan's [`Layout`] as the trainer's [`ParallelDims`]
-//! ([`to_dims`], and back: [`from_dims`]), and this machine as a [`ClusterSpec`]
-//! ([`this_machine`]): one node of CPU rank threads whose matrix-product rate, communication
+//! The planner (`bonfire_plan`) on Bonfire's GPT and on this machine — its layouts are the
+//! trainer's own [`ParallelDims`], nothing to translate: the GPT as a [`ModelSpec`]
+//! ([`gpt_spec`]) and this machine as a [`ClusterSpec`] ([`this_machine`]): one node of CPU rank threads whose matrix-product rate, communication
 //! bandwidth and latency, and memory bandwidth are measured on the spot ([`calibrate`]),
 //! and whose memory per rank is a budget or `/proc/meminfo`'s available bytes over the ranks.
 //! [`measure_layout`] and [`predict_ranks`] hold one layout's measured bytes (on the counting
@@ -11,12 +10,11 @@ use crate::{Gpt, rank_alloc};
 use bonfire_comm::{ReduceOp, ThreadWorld};
 use bonfire_models::gpt::config::GptConfig;
 use bonfire_plan::{
-    ClusterSpec, DeviceSpec, Layout, LinkSpec, MemoryParts, ModelSpec, Precision, Request,
-    rank_memory, rank_shapes,
+    ClusterSpec, DeviceSpec, LinkSpec, MemoryParts, ModelSpec, PlannedLayout, Request, rank_memory,
+    rank_shapes,
 };
 use bonfire_train::{
-    ActivationCheckpointing, Launcher, MixedPrecision, OptimizerKind, ParallelDims, TrainError,
-    Trainer,
+    Axis, Launcher, MixedPrecision, OptimizerKind, ParallelDims, TrainError, Trainer,
 };
 use burn::tensor::{Device, Tensor, TensorData};
 use std::time::{Duration, Instant};
@@ -32,69 +30,6 @@ pub fn gpt_spec(cfg: &GptConfig) -> ModelSpec {
         cfg.max_seq_len,
         cfg.d_ff,
     )
-}
-
-/// The planner's bytes per value of a [`MixedPrecision`].
-pub fn plan_precision(p: &MixedPrecision) -> Precision {
-    Precision {
-        param_bytes: p.param_dtype.size(),
-        reduce_bytes: p.reduce_dtype.size(),
-    }
-}
-
-/// The trainer's layout for a plan's (tp runs the parallel loss, as `bench memory` does).
-pub fn to_dims(l: &Layout) -> Result<ParallelDims, String> {
-    let mesh = format!("pp={},dp={},tp={}", l.pp, l.dp, l.tp);
-    let mut dims = ParallelDims::parse_mesh(&mesh).map_err(|e| e.to_string())?;
-    dims = dims
-        .with_zero(l.zero)
-        .with_sequence_parallel(l.sp)
-        .with_loss_parallel(l.tp > 1);
-    if let Some(kind) = l.schedule.filter(|_| l.pp > 1) {
-        dims = dims.with_schedule(kind).with_microbatches(l.microbatches);
-    }
-    let mut precision = MixedPrecision::parse(if l.precision.is_mixed() {
-        "bf16"
-    } else {
-        "f32"
-    })
-    .expect("f32 and bf16 parse");
-    if l.precision.is_mixed() && l.precision.reduce_bytes < 4 {
-        precision = precision.with_reduce_dtype(precision.param_dtype);
-    }
-    let ac = if l.recompute {
-        ActivationCheckpointing::Every(1)
-    } else {
-        ActivationCheckpointing::Off
-    };
-    Ok(dims
-        .with_precision(precision)
-        .with_activation_checkpointing(ac))
-}
-
-/// The planner's layout for a trainer's (`None`: options the planner does not model —
-/// offload, split points, checkpointing every k > 1 layers).
-pub fn from_dims(d: &ParallelDims) -> Option<Layout> {
-    let schedule = d.pp_options.schedule;
-    let recompute = match d.activation_checkpointing {
-        ActivationCheckpointing::Off => false,
-        ActivationCheckpointing::Every(1) => true,
-        ActivationCheckpointing::Every(_) => return None,
-    };
-    if d.offload || d.pp_options.split_points.is_some() {
-        return None;
-    }
-    Some(Layout {
-        dp: d.dp(),
-        zero: d.zero,
-        tp: d.tp(),
-        sp: d.tp_options.sequence_parallel,
-        pp: d.pp(),
-        schedule,
-        microbatches: if d.pp() > 1 { d.microbatches() } else { 1 },
-        recompute,
-        precision: plan_precision(&d.precision),
-    })
 }
 
 /// This machine, measured: per-rank matrix-product FLOP/s with `ranks` threads computing at
@@ -253,13 +188,13 @@ pub fn auto_layout(
     let req = bonfire_plan::Request {
         global_batch: rows,
         seq,
-        precisions: vec![plan_precision(precision)],
+        precisions: vec![*precision],
         memory_fraction: fraction,
     };
     let plan =
         bonfire_plan::plan(&model, &cluster, &req).map_err(|e| format!("--mesh auto: {e}"))?;
     let top = &plan.ranked[0];
-    let dims = to_dims(&top.layout)?;
+    let dims = top.layout.clone();
     let mut lines = vec![
         format!(
             "auto: {ranks} CPU ranks measured at {:.2} GFLOP/s each (both busy), all-reduce {:.2} GB/s; {} per rank",
@@ -269,7 +204,7 @@ pub fn auto_layout(
         ),
         format!(
             "auto: plan rank=1 {} bytes_per_rank={:.0} step_ms={:.1} ({} feasible layouts)",
-            top.layout,
+            top.layout.record(),
             top.bytes(),
             top.step_ms(),
             plan.ranked.len()
@@ -389,11 +324,17 @@ pub fn measure_layout(
 }
 
 /// The planner's bytes for every world rank of `layout` ([`rank_memory`] of its pipeline
-/// stage) training `cfg` on `req`.
-pub fn predict_ranks(cfg: &GptConfig, req: &Request, layout: &Layout) -> Vec<MemoryParts> {
+/// stage) training `cfg` on `req`; `Err` for a layout the planner does not model
+/// ([`PlannedLayout::check_model`]).
+pub fn predict_ranks(
+    cfg: &GptConfig,
+    req: &Request,
+    layout: &ParallelDims,
+) -> Result<Vec<MemoryParts>, String> {
     let spec = gpt_spec(cfg);
+    layout.check_model(&spec, req.global_batch)?;
     let shapes = rank_shapes(&spec, layout, req.seq);
-    (0..layout.world())
-        .map(|r| rank_memory(&spec, req, layout, &shapes, layout.pp_rank(r)))
-        .collect()
+    Ok((0..layout.world_size())
+        .map(|r| rank_memory(&spec, req, layout, &shapes, layout.coordinate(r, Axis::Pp)))
+        .collect())
 }

@@ -18,6 +18,7 @@
 mod common;
 
 use bonfire_comm::testing::Tolerance;
+use bonfire_dtensor::PrecisionDTypes;
 use bonfire_dtensor::precision::observe::{Observed, observed};
 use bonfire_examples::cli::LayoutArgs;
 use bonfire_examples::default_device;
@@ -68,10 +69,7 @@ fn train(dims: &ParallelDims, optim: OptimizerKind) -> HarnessResult {
 /// with and each activation they received in the param dtype, each gradient buffer handed to
 /// the data-parallel reduction in the reduce dtype — at least one of each, none other.
 fn assert_policy(what: &str, dims: &ParallelDims, ranks: &[Observed]) {
-    let MixedPrecision {
-        param_dtype,
-        reduce_dtype,
-    } = dims.precision;
+    let (param_dtype, reduce_dtype) = (dims.precision.param_dtype(), dims.precision.reduce_dtype());
     assert_eq!(
         ranks.len(),
         dims.world_size(),
@@ -238,7 +236,7 @@ fn bf16_tensor_and_pipeline_parallel_equal_one_device() {
 
 #[test]
 fn bf16_reduced_in_bf16_equals_one_device() {
-    let policy = MixedPrecision::bf16().with_reduce_dtype(burn::tensor::DType::BF16);
+    let policy = MixedPrecision::bf16().reduced_in_param();
     let cases = [
         dims("dp=2", 0, None, ""),
         dims("dp=2", 2, None, ""),

@@ -64,6 +64,7 @@ fn plan_ranks_the_layouts_and_explains_the_first() {
         "microbatches=",
         "recompute=",
         "precision=",
+        "reduce=",
         "bytes_per_rank=",
         "step_ms=",
     ] {

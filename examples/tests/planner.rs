@@ -33,13 +33,13 @@
 //! the micro-batches the planner says a pipeline rank holds against the programs
 //! `bonfire_pipeline` generates.
 
-use bonfire_examples::planner::{
-    self, calibrate, from_dims, gpt_spec, measure_layout, predict_ranks, this_machine,
-};
+use bonfire_examples::planner::{calibrate, gpt_spec, measure_layout, predict_ranks, this_machine};
 use bonfire_examples::rank_alloc::RankAllocator;
 use bonfire_examples::{Gpt, GptConfig, default_device};
 use bonfire_pipeline::Generate;
-use bonfire_plan::{ClusterSpec, Estimate, MemoryParts, Precision, Request, estimate, rank_shapes};
+use bonfire_plan::{
+    ClusterSpec, Estimate, MemoryParts, MixedPrecision, Request, estimate, rank_shapes,
+};
 use bonfire_train::ParallelDims;
 
 #[global_allocator]
@@ -147,16 +147,11 @@ struct Prediction {
 
 fn predict(cluster: &ClusterSpec, req: &Request, name: &str, dims: &ParallelDims) -> Prediction {
     let spec = gpt_spec(&CFG);
-    let layout = from_dims(dims).expect("a layout the planner models");
-    assert_eq!(
-        from_dims(&planner::to_dims(&layout).unwrap()),
-        Some(layout.clone()),
-        "{name}: round trip"
-    );
-    let shapes = rank_shapes(&spec, &layout, SEQ);
-    let ranks = predict_ranks(&CFG, req, &layout);
+    let ranks = predict_ranks(&CFG, req, dims)
+        .unwrap_or_else(|e| panic!("{name}: a layout the planner models: {e}"));
+    let shapes = rank_shapes(&spec, dims, SEQ);
     Prediction {
-        estimate: estimate(&spec, cluster, req, &layout, &shapes),
+        estimate: estimate(&spec, cluster, req, dims, &shapes),
         ranks,
     }
 }
@@ -169,7 +164,7 @@ fn predictions_match_the_allocator_and_the_clock() {
     let req = Request {
         global_batch: ROWS,
         seq: SEQ,
-        precisions: vec![Precision::F32],
+        precisions: vec![MixedPrecision::f32()],
         memory_fraction: 1.0,
     };
     let cases = layouts();

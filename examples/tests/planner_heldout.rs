@@ -30,10 +30,11 @@
 //! pipeline chunk's gradient sum beside the running sums of the rank's other chunks
 //! (small/pp2 zb-v m = 4, rank 0, 1.16).
 
-use bonfire_examples::planner::{measure_layout, predict_ranks, to_dims};
+use bonfire_examples::planner::{measure_layout, predict_ranks};
 use bonfire_examples::rank_alloc::RankAllocator;
 use bonfire_examples::{Gpt, GptConfig, default_device};
-use bonfire_plan::{Layout, Precision, Request, ScheduleKind, ZeroStage};
+use bonfire_plan::{MixedPrecision, Request, ScheduleKind, ZeroStage, base_layout};
+use bonfire_train::{ActivationCheckpointing, Axis, ParallelDims};
 use std::time::Instant;
 
 #[global_allocator]
@@ -78,31 +79,18 @@ fn shapes() -> [Shape; 3] {
     ]
 }
 
-/// The layouts each shape runs (index into [`shapes`]), as the planner names them.
-fn layouts() -> Vec<(usize, &'static str, Layout)> {
-    let dp = |n, zero| Layout {
-        zero,
-        ..Layout::ddp(n)
+/// The layouts each shape runs (index into [`shapes`]): the planner's base layout for the
+/// degrees (loss parallelism on tp), as the planner searches them.
+fn layouts() -> Vec<(usize, &'static str, ParallelDims)> {
+    let dp = |n, zero| base_layout(n, 1, 1).with_zero(zero);
+    let tp = |sp| base_layout(1, 2, 1).with_sequence_parallel(sp);
+    let pp = |schedule, microbatches| {
+        base_layout(1, 1, 2)
+            .with_schedule(schedule)
+            .with_microbatches(microbatches)
     };
-    let tp = |sp| Layout {
-        tp: 2,
-        sp,
-        ..Layout::ddp(1)
-    };
-    let pp = |schedule, microbatches| Layout {
-        pp: 2,
-        schedule: Some(schedule),
-        microbatches,
-        ..Layout::ddp(1)
-    };
-    let ac = |l: Layout| Layout {
-        recompute: true,
-        ..l
-    };
-    let bf16 = |l: Layout| Layout {
-        precision: Precision::BF16,
-        ..l
-    };
+    let ac = |l: ParallelDims| l.with_activation_checkpointing(ActivationCheckpointing::Every(1));
+    let bf16 = |l: ParallelDims| l.with_precision(MixedPrecision::bf16());
     use ScheduleKind::{GPipe, OneFOneB, ZbH1, ZbV};
     use ZeroStage::{Zero0, Zero1, Zero2, Zero3};
     vec![
@@ -113,14 +101,7 @@ fn layouts() -> Vec<(usize, &'static str, Layout)> {
         (0, "pp2-1f1b-m2", pp(OneFOneB, 2)),
         (0, "pp2-zbv-m4", pp(ZbV, 4)),
         (0, "ddp-bf16", bf16(dp(2, Zero0))),
-        (
-            0,
-            "dp2xtp2",
-            Layout {
-                tp: 2,
-                ..dp(2, Zero0)
-            },
-        ),
+        (0, "dp2xtp2", base_layout(2, 2, 1)),
         (1, "zero2", dp(2, Zero2)),
         (1, "tp2+sp", tp(true)),
         (1, "pp2-gpipe-m3", pp(GPipe, 3)),
@@ -139,14 +120,7 @@ fn layouts() -> Vec<(usize, &'static str, Layout)> {
         (2, "pp2-zbh1-m4+ac", ac(pp(ZbH1, 4))),
         (2, "tp2-bf16", bf16(tp(false))),
         (2, "zero1-bf16", bf16(dp(2, Zero1))),
-        (
-            2,
-            "pp2xdp2-zbv-m4",
-            Layout {
-                dp: 2,
-                ..pp(ZbV, 4)
-            },
-        ),
+        (2, "pp2xdp2-zbv-m4", pp(ZbV, 4).with_degree(Axis::Dp, 2)),
     ]
 }
 
@@ -174,14 +148,14 @@ fn held_out_shapes_match_the_planner_per_rank() {
         let req = Request {
             global_batch: shape.rows,
             seq,
-            precisions: vec![Precision::F32],
+            precisions: vec![MixedPrecision::f32()],
             memory_fraction: 1.0,
         };
         for (_, name, layout) in cases.iter().filter(|c| c.0 == i) {
-            let dims = to_dims(layout).expect("a layout the trainer runs");
-            let runs = measure_layout(&shape.cfg, &dims, &model, (shape.rows, seq, STEPS), slot);
-            slot += layout.world();
-            let predicted = predict_ranks(&shape.cfg, &req, layout);
+            let runs = measure_layout(&shape.cfg, layout, &model, (shape.rows, seq, STEPS), slot);
+            slot += layout.world_size();
+            let predicted =
+                predict_ranks(&shape.cfg, &req, layout).expect("a layout the planner models");
             assert_eq!(runs.len(), predicted.len(), "{name}: ranks");
             let row = Row {
                 name: format!("{}/{name}", shape.name),

@@ -22,13 +22,18 @@
 //!   checkpoints that reshard from N ranks to M.
 //! - [`pipeline`] (`bonfire-pipeline`): pipeline parallelism — stages, schedules as
 //!   data (GPipe, 1F1B, interleaved, zero-bubble), a static checker, timelines.
+//! - [`layout`] (`bonfire-layout`): the layout itself, shared by trainer and planner —
+//!   `ParallelDims` (degrees per `Axis`, their options, precision, checks), schedule
+//!   kinds, ZeRO stages; no dependencies.
 //! - [`train`] (`bonfire-train`): one layout (`ParallelDims` over a `[pp, dp, tp]` mesh)
 //!   and one training loop (`Trainer`, `fit`) for any Burn model implementing
 //!   `ParallelModel`, with DDP or ZeRO on dp, tensor parallelism on tp and any pipeline
 //!   schedule on pp.
 //! - [`plan`] (`bonfire-plan`): the planner — a cost model (bytes per rank, step time) of
 //!   every layout and a search that ranks the ones that fit a cluster, with the reasons;
-//!   a leaf on no other crate (`docs/planner.md`).
+//!   on no crate but `layout` (`docs/planner.md`).
+//! - [`models`] (`bonfire-models`): the reference GPT and a plain-Burn classifier, each
+//!   with its `ParallelModel` description (tensor-parallel plan, pipeline pieces, layers).
 //!
 //! See `docs/architecture.md` in the repository for the full picture.
 //!
@@ -50,6 +55,8 @@
 
 pub use bonfire_comm as comm;
 pub use bonfire_ddp as ddp;
+pub use bonfire_layout as layout;
+pub use bonfire_models as models;
 pub use bonfire_dtensor as dtensor;
 pub use bonfire_pipeline as pipeline;
 pub use bonfire_plan as plan;

@@ -7,6 +7,7 @@ use crate::params::{self, ParamInfo, ParamValues};
 use crate::reducer::Reducer;
 use crate::timing::{self, StepTiming};
 use bonfire_comm::{ProcessGroup, ReduceOp};
+use bonfire_dtensor::PrecisionDTypes;
 use bonfire_dtensor::data_parallel::scale_and_check;
 use bonfire_dtensor::graph::{SharedSink, SinkHook};
 use bonfire_dtensor::plane::{self, ledger::Reason};
@@ -62,7 +63,7 @@ pub struct DistributedDataParallel<M: Module> {
 fn replica_and_master<M: Module>(model: M, precision: MixedPrecision) -> (M, Option<M>) {
     if precision.is_mixed() {
         (
-            cast_module(model.clone(), precision.param_dtype),
+            cast_module(model.clone(), precision.param_dtype()),
             Some(model),
         )
     } else {
@@ -220,7 +221,7 @@ impl<M: Module> DistributedDataParallel<M> {
 
     /// Adds per-parameter flat gradients to the accumulated ones.
     fn add_accumulated(&mut self, grads: Vec<Option<Tensor<1>>>) {
-        let dtype = self.config.precision.reduce_dtype;
+        let dtype = self.config.precision.reduce_dtype();
         for (acc, g) in self.accumulated.iter_mut().zip(grads) {
             if let Some(g) = g {
                 let g = g.cast(dtype);

@@ -12,6 +12,7 @@ use crate::error::DdpError;
 use crate::params::ParamInfo;
 use crate::timing::Span;
 use bonfire_comm::{ProcessGroup, ReduceOp};
+use bonfire_dtensor::PrecisionDTypes;
 use bonfire_dtensor::graph::GradSink;
 use burn::tensor::{DType, Device, Tensor};
 use std::sync::Arc;
@@ -52,7 +53,7 @@ impl Reducer {
         accumulated: Vec<Option<Tensor<1>>>,
     ) -> Self {
         let (compression, record) = (config.compression, config.record_timings);
-        let dtype = config.precision.reduce_dtype;
+        let dtype = config.precision.reduce_dtype();
         let nb = plan.num_buckets();
         let incomplete = plan.buckets.iter().map(Vec::len).collect();
         Self {

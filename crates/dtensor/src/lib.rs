@@ -114,7 +114,7 @@ pub use dtensor::{DTensor, DTensorSpec, distribute_tensor};
 pub use error::{DTensorError, Result};
 pub use mesh::DeviceMesh;
 pub use placement::{Placement, chunk_range, chunk_sizes};
-pub use precision::MixedPrecision;
+pub use precision::{MixedPrecision, PrecisionDTypes};
 pub use recompute::{RecomputeBackend, recompute};
 pub use scope::{
     LayerHook, LayerHookGuard, LayerInput, install_layer_hook, layer, without_layer_hooks,

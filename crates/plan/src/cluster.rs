@@ -6,7 +6,7 @@
 
 use crate::error::PlanError;
 use crate::json::Fields;
-use crate::layout::Precision;
+use crate::layout::MixedPrecision;
 
 /// One accelerator (or one CPU rank).
 #[derive(Debug, Clone, PartialEq)]
@@ -72,7 +72,7 @@ impl DeviceSpec {
     }
 
     /// The sustained rate for products in `precision`'s compute dtype.
-    pub fn rate(&self, precision: Precision) -> f64 {
+    pub fn rate(&self, precision: MixedPrecision) -> f64 {
         let peak = if precision.is_mixed() {
             self.flops_bf16
         } else {

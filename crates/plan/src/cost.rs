@@ -3,7 +3,9 @@
 //! and the step time by part ([`StepTime`]), for a model, a cluster and a [`Request`].
 
 use crate::cluster::ClusterSpec;
-use crate::layout::{Held, Layout, Precision, ScheduleKind, ScheduleModel, ZeroStage};
+use crate::layout::{
+    Held, MixedPrecision, ParallelDims, PlannedLayout, ScheduleKind, ScheduleModel, ZeroStage,
+};
 use crate::memory::{
     FormulaBytes, activation_bytes, bytes_per_param, gradient_copy_bytes, gradients_at_peak,
     held_bytes, state_bytes, transient_bytes,
@@ -22,7 +24,7 @@ pub struct Request {
     /// Tokens per sequence.
     pub seq: usize,
     /// The precisions to try.
-    pub precisions: Vec<Precision>,
+    pub precisions: Vec<MixedPrecision>,
     /// The fraction of `device.memory` a rank may use (the rest: allocator fragmentation,
     /// the runtime's own buffers).
     pub memory_fraction: f64,
@@ -58,17 +60,17 @@ pub struct RankShape {
 }
 
 /// Every pipeline rank's [`RankShape`] for `layout`'s tp, pp and schedule.
-pub fn rank_shapes(model: &ModelSpec, layout: &Layout, seq: usize) -> Vec<RankShape> {
-    (0..layout.pp)
+pub fn rank_shapes(model: &ModelSpec, layout: &ParallelDims, seq: usize) -> Vec<RankShape> {
+    (0..layout.pp())
         .map(|r| {
             let chunks = layout.chunk_pieces(model, r);
             let pieces = chunks.concat();
             let is_block = |p: &usize| *p >= 1 && *p <= model.n_layers;
-            let flops = |p: &usize| model.piece_flops_per_token(layout.tp, *p, seq);
+            let flops = |p: &usize| model.piece_flops_per_token(layout.tp(), *p, seq);
             RankShape {
                 params: pieces
                     .iter()
-                    .map(|p| model.piece_params(layout.tp, *p))
+                    .map(|p| model.piece_params(layout.tp(), *p))
                     .sum(),
                 blocks: pieces.iter().filter(|p| is_block(p)).count(),
                 has_embedding: pieces.contains(&0),
@@ -77,10 +79,10 @@ pub fn rank_shapes(model: &ModelSpec, layout: &Layout, seq: usize) -> Vec<RankSh
                     .map(|c| ChunkShape {
                         blocks: c.iter().filter(|p| is_block(p)).count(),
                         has_head: c.contains(&(model.n_layers + 1)),
-                        params: c.iter().map(|p| model.piece_params(layout.tp, *p)).sum(),
+                        params: c.iter().map(|p| model.piece_params(layout.tp(), *p)).sum(),
                         non_linear_params: c
                             .iter()
-                            .map(|p| model.piece_non_linear_params(layout.tp, *p))
+                            .map(|p| model.piece_non_linear_params(layout.tp(), *p))
                             .sum(),
                     })
                     .collect(),
@@ -155,7 +157,7 @@ impl MemoryParts {
 /// A layout's predicted cost.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Estimate {
-    pub layout: Layout,
+    pub layout: ParallelDims,
     /// The fullest rank's bytes, by part.
     pub memory: MemoryParts,
     pub time: StepTime,
@@ -170,12 +172,12 @@ impl Estimate {
     }
 }
 
-/// The cost of `layout` (which must pass [`Layout::check`]) with its ranks' `shapes`.
+/// The cost of `layout` (which must pass [`ParallelDims::check`]) with its ranks' `shapes`.
 pub fn estimate(
     model: &ModelSpec,
     cluster: &ClusterSpec,
     req: &Request,
-    layout: &Layout,
+    layout: &ParallelDims,
     shapes: &[RankShape],
 ) -> Estimate {
     let tokens = micro_batch_tokens(req, layout);
@@ -195,24 +197,24 @@ pub fn estimate(
 }
 
 /// Tokens in one micro-batch of one replica.
-fn micro_batch_tokens(req: &Request, layout: &Layout) -> f64 {
-    (req.global_batch / layout.dp / layout.microbatches * req.seq) as f64
+fn micro_batch_tokens(req: &Request, layout: &ParallelDims) -> f64 {
+    (req.global_batch / layout.dp() / layout.microbatches() * req.seq) as f64
 }
 
 /// The bytes of pipeline rank `r` (of `shapes`) under `layout`.
 pub fn rank_memory(
     model: &ModelSpec,
     req: &Request,
-    layout: &Layout,
+    layout: &ParallelDims,
     shapes: &[RankShape],
     r: usize,
 ) -> MemoryParts {
-    let (p, m) = (layout.pp, layout.microbatches);
-    let schedule = layout.schedule.filter(|_| p > 1);
+    let (p, m) = (layout.pp(), layout.microbatches());
+    let schedule = layout.pp_options.schedule.filter(|_| p > 1);
     let held = schedule.map_or_else(Held::single, |sc| sc.held(p, m, r));
     let s = &shapes[r];
     let tokens = micro_batch_tokens(req, layout);
-    let state = state_bytes(layout.zero, s.params, layout.dp, layout.precision, false);
+    let state = state_bytes(layout.zero, s.params, layout.dp(), layout.precision, false);
     // The DDP engine's running sums of earlier micro-batches' gradients, live at the peak in
     // a pipeline's steady state (beside the reduced buckets the state counts).
     let sums = match schedule {
@@ -254,14 +256,18 @@ pub fn rank_memory(
 fn step_time(
     model: &ModelSpec,
     cluster: &ClusterSpec,
-    layout: &Layout,
+    layout: &ParallelDims,
     shapes: &[RankShape],
     tokens: f64,
 ) -> StepTime {
-    let m = layout.microbatches as f64;
+    let m = layout.microbatches() as f64;
     let rate = cluster.device.rate(layout.precision);
     let flops_mb = |s: &RankShape| {
-        let recompute = if layout.recompute { s.block_flops } else { 0.0 };
+        let recompute = if layout.recomputes() {
+            s.block_flops
+        } else {
+            0.0
+        };
         (3.0 * s.flops + recompute) * tokens / rate
     };
     let launch_mb = |s: &RankShape| kernels_per_micro_batch(layout, s) * cluster.device.launch;
@@ -276,30 +282,35 @@ fn step_time(
     // The fill and drain: with equal stages (p−1) micro-batch times over the schedule's
     // share of them (its bubble fraction β: idle = β/(1−β) of the compute); with unequal
     // ones every stage but the slowest passes once, `Σ t_r − t_max` in place of (p−1)·t.
-    let bubble = match layout.schedule.filter(|_| layout.pp > 1) {
+    let bubble = match layout.pp_options.schedule.filter(|_| layout.pp() > 1) {
         Some(s) => {
-            let beta = s.bubble(layout.pp, layout.microbatches);
+            let beta = s.bubble(layout.pp(), layout.microbatches());
             let others = shapes.iter().map(per_mb).sum::<f64>() - t_mb;
-            m * beta / (1.0 - beta) * others / (layout.pp - 1) as f64
+            m * beta / (1.0 - beta) * others / (layout.pp() - 1) as f64
         }
         None => 0.0,
     };
-    let ab = layout.precision.param_bytes as f64;
+    let ab = layout.precision.param.bytes() as f64;
     let act = tokens * model.d_model as f64 * ab;
-    let tp_link = cluster.group_link(layout.tp, 1);
+    let tp_link = cluster.group_link(layout.tp(), 1);
     let tp_comm = shapes
         .iter()
         .map(|s| {
-            let per_block = if layout.recompute { 6.0 } else { 4.0 };
+            let per_block = if layout.recomputes() { 6.0 } else { 4.0 };
             let n = per_block * s.blocks as f64 + if s.has_embedding { 2.0 } else { 0.0 };
-            n * all_reduce(act, layout.tp, tp_link)
+            n * all_reduce(act, layout.tp(), tp_link)
         })
         .fold(0.0, f64::max)
         * m;
-    let pp_comm = if layout.pp > 1 {
-        let chunks = layout.schedule.map_or(1, |s| s.chunks()) as f64;
-        let msg = act / if layout.sp { layout.tp as f64 } else { 1.0 };
-        let link = cluster.group_link(layout.pp, layout.dp * layout.tp);
+    let pp_comm = if layout.pp() > 1 {
+        let chunks = layout.pp_options.schedule.map_or(1, |s| s.chunks()) as f64;
+        let msg = act
+            / if layout.tp_options.sequence_parallel {
+                layout.tp() as f64
+            } else {
+                1.0
+            };
+        let link = cluster.group_link(layout.pp(), layout.dp() * layout.tp());
         2.0 * chunks * m * p2p(msg, link)
     } else {
         0.0
@@ -327,7 +338,7 @@ fn step_time(
 /// Kernels pipeline rank `s` launches for one micro-batch: its pieces' forward kernels
 /// ([`KERNELS_PER_BLOCK`], [`KERNELS_EMBEDDING`], [`KERNELS_HEAD`]), twice as many in
 /// backward, and the blocks' forward again when recomputing.
-fn kernels_per_micro_batch(layout: &Layout, s: &RankShape) -> f64 {
+fn kernels_per_micro_batch(layout: &ParallelDims, s: &RankShape) -> f64 {
     let blocks = s.blocks as f64 * KERNELS_PER_BLOCK;
     let embedding = if s.has_embedding {
         KERNELS_EMBEDDING
@@ -339,7 +350,7 @@ fn kernels_per_micro_batch(layout: &Layout, s: &RankShape) -> f64 {
     } else {
         0.0
     };
-    let recompute = if layout.recompute { blocks } else { 0.0 };
+    let recompute = if layout.recomputes() { blocks } else { 0.0 };
     3.0 * (blocks + embedding + head) + recompute
 }
 
@@ -357,20 +368,20 @@ fn bucketed(bytes: f64, cost: impl Fn(f64) -> f64) -> f64 {
 /// parameters a rank in `layers` pieces (ZeRO-3 gathers each piece in its own call).
 fn dp_and_optimizer(
     cluster: &ClusterSpec,
-    layout: &Layout,
+    layout: &ParallelDims,
     psi: f64,
     layers: usize,
     compute: f64,
 ) -> (f64, f64, f64) {
     let (pb, rb, k) = bytes_per_param(layout.precision);
-    let n = layout.dp;
-    let link = cluster.group_link(n, layout.tp);
+    let n = layout.dp();
+    let link = cluster.group_link(n, layout.tp());
     let gather = |bytes: f64| bucketed(bytes, |b| all_gather(b, n, link));
     let comm = match layout.zero {
         ZeroStage::Zero0 => bucketed(psi * rb, |b| all_reduce(b, n, link)),
         ZeroStage::Zero1 | ZeroStage::Zero2 => gather(psi * rb) + gather(psi * pb),
         ZeroStage::Zero3 => {
-            let gathers = if layout.recompute { 3.0 } else { 2.0 };
+            let gathers = if layout.recomputes() { 3.0 } else { 2.0 };
             let per_layer = layers as f64 * all_gather(psi * pb / layers as f64, n, link);
             gathers * per_layer.max(gather(psi * pb)) + gather(psi * rb)
         }

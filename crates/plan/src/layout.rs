@@ -1,56 +1,12 @@
-//! [`Layout`]: one way to train — the degrees of the `[pp, dp, tp]` mesh and their options
-//! (ZeRO stage, sequence parallelism, pipeline schedule and micro-batches, activation
-//! recomputation, precision), the planner's mirror of `bonfire_train::ParallelDims` without
-//! its dependencies — and what a schedule implies: its bubble and the micro-batches a rank
-//! keeps ([`Held`]).
+//! What the planner adds to a layout (`bonfire_layout::ParallelDims`, the trainer's own,
+//! searched and costed here as it is): the pieces and parameters each pipeline rank gets and
+//! whether a model and a batch admit the layout ([`PlannedLayout`]), and what a schedule
+//! implies ([`ScheduleModel`]): its bubble and the micro-batches a rank keeps ([`Held`]).
 
 use crate::model::{ModelSpec, stage_ranges};
-use std::fmt;
+use bonfire_layout::{ActivationCheckpointing, Axis};
 
-pub use bonfire_layout::ZeroStage;
-
-/// Bytes per value of the parameters (and compute) and of the gradients' reduction; a half
-/// parameter type means an fp32 master copy and fp32 optimizer state (mixed precision).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Precision {
-    pub param_bytes: usize,
-    pub reduce_bytes: usize,
-}
-
-impl Precision {
-    pub const F32: Precision = Precision {
-        param_bytes: 4,
-        reduce_bytes: 4,
-    };
-    /// bf16 compute and parameters, gradients reduced in fp32.
-    pub const BF16: Precision = Precision {
-        param_bytes: 2,
-        reduce_bytes: 4,
-    };
-
-    pub fn is_mixed(&self) -> bool {
-        self.param_bytes < 4
-    }
-    /// `f32`, `bf16`, or `bf16-reduce-bf16`.
-    pub fn name(&self) -> &'static str {
-        match (self.param_bytes, self.reduce_bytes) {
-            (4, _) => "f32",
-            (_, 4) => "bf16",
-            _ => "bf16-reduce-bf16",
-        }
-    }
-    pub fn parse(name: &str) -> Option<Self> {
-        match name {
-            "f32" => Some(Self::F32),
-            "bf16" => Some(Self::BF16),
-            "bf16-reduce-bf16" => Some(Precision {
-                param_bytes: 2,
-                reduce_bytes: 2,
-            }),
-            _ => None,
-        }
-    }
-}
+pub use bonfire_layout::{MixedPrecision, ParallelDims, ZeroStage};
 
 pub use bonfire_layout::ScheduleKind;
 
@@ -181,83 +137,77 @@ impl Held {
     }
 }
 
-/// One layout.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct Layout {
-    pub dp: usize,
-    pub zero: ZeroStage,
-    pub tp: usize,
-    /// Sequence parallelism on tp (Megatron-SP).
-    pub sp: bool,
-    pub pp: usize,
-    /// Required with pp > 1.
-    pub schedule: Option<ScheduleKind>,
-    /// Micro-batches per step (1 without a pipeline).
-    pub microbatches: usize,
-    /// Every block recomputes its activations in backward (activation checkpointing).
-    pub recompute: bool,
-    pub precision: Precision,
-}
-
-impl Layout {
-    /// DDP on `dp` ranks in f32.
-    pub fn ddp(dp: usize) -> Self {
-        Self {
-            dp,
-            zero: ZeroStage::Zero0,
-            tp: 1,
-            sp: false,
-            pp: 1,
-            schedule: None,
-            microbatches: 1,
-            recompute: false,
-            precision: Precision::F32,
-        }
-    }
-
-    /// Ranks the layout needs.
-    pub fn world(&self) -> usize {
-        self.dp * self.tp * self.pp
-    }
-
-    /// The pipeline rank of world rank `rank` on the `[pp, dp, tp]` mesh (tp innermost).
-    pub fn pp_rank(&self, rank: usize) -> usize {
-        rank / (self.dp * self.tp)
-    }
-
+/// The planner's questions about a layout.
+pub trait PlannedLayout {
     /// The pieces pipeline rank `pp_rank` runs, per local chunk (every piece in one chunk
     /// without a pipeline).
-    pub fn chunk_pieces(&self, model: &ModelSpec, pp_rank: usize) -> Vec<Vec<usize>> {
-        let Some(schedule) = self.schedule.filter(|_| self.pp > 1) else {
+    fn chunk_pieces(&self, model: &ModelSpec, pp_rank: usize) -> Vec<Vec<usize>>;
+    /// The pieces pipeline rank `pp_rank` runs.
+    fn rank_pieces(&self, model: &ModelSpec, pp_rank: usize) -> Vec<usize> {
+        self.chunk_pieces(model, pp_rank).concat()
+    }
+    /// This rank's parameters before ZeRO: its tp shard of its pipeline pieces.
+    fn rank_params(&self, model: &ModelSpec, pp_rank: usize) -> usize;
+    /// Whether every layer recomputes its activations in backward.
+    fn recomputes(&self) -> bool;
+    /// Whether the planner can cost the layout for `model` on `global_batch` sequences:
+    /// options it models (no offload, no split points, checkpointing off or every layer,
+    /// loss parallelism exactly when tp > 1) and shapes that fit (tp divides the heads,
+    /// key/value heads, d_ff and the vocabulary; each stage gets a piece; the batch splits
+    /// into dp replicas and micro-batches). `Err` says what does not.
+    fn check_model(&self, model: &ModelSpec, global_batch: usize) -> Result<(), String>;
+    /// One `key=value` line: `dp=… zero=… tp=… sp=… pp=… schedule=… microbatches=…
+    /// recompute=… precision=… reduce=…`.
+    fn record(&self) -> String;
+}
+
+impl PlannedLayout for ParallelDims {
+    fn chunk_pieces(&self, model: &ModelSpec, pp_rank: usize) -> Vec<Vec<usize>> {
+        let Some(schedule) = self.pp_options.schedule.filter(|_| self.pp() > 1) else {
             return vec![(0..model.pieces()).collect()];
         };
-        let ranges = stage_ranges(model.pieces(), self.pp * schedule.chunks(), None);
+        let ranges = stage_ranges(model.pieces(), self.pp() * schedule.chunks(), None);
         (0..schedule.chunks())
             .map(|c| {
-                let (a, b) = ranges[schedule.stage(self.pp, pp_rank, c)];
+                let (a, b) = ranges[schedule.stage(self.pp(), pp_rank, c)];
                 (a..b).collect()
             })
             .collect()
     }
 
-    /// The pieces pipeline rank `pp_rank` runs.
-    pub fn rank_pieces(&self, model: &ModelSpec, pp_rank: usize) -> Vec<usize> {
-        self.chunk_pieces(model, pp_rank).concat()
-    }
-
-    /// This rank's parameters before ZeRO: its tp shard of its pipeline pieces.
-    pub fn rank_params(&self, model: &ModelSpec, pp_rank: usize) -> usize {
+    fn rank_params(&self, model: &ModelSpec, pp_rank: usize) -> usize {
         self.rank_pieces(model, pp_rank)
             .into_iter()
-            .map(|p| model.piece_params(self.tp, p))
+            .map(|p| model.piece_params(self.tp(), p))
             .sum()
     }
 
-    /// Whether the layout can run `model` on `global_batch` sequences: tp divides the heads,
-    /// key/value heads, d_ff and the vocabulary; each stage gets a piece; the batch splits
-    /// into dp replicas and micro-batches. `Err` says which does not.
-    pub fn check(&self, model: &ModelSpec, global_batch: usize) -> Result<(), String> {
-        let t = self.tp;
+    fn recomputes(&self) -> bool {
+        self.activation_checkpointing.is_on()
+    }
+
+    fn check_model(&self, model: &ModelSpec, global_batch: usize) -> Result<(), String> {
+        if self.offload {
+            return Err("the planner does not model ZeRO-Offload".into());
+        }
+        if self.pp_options.split_points.is_some() {
+            return Err("the planner splits pipelines evenly: no split points".into());
+        }
+        if !matches!(
+            self.activation_checkpointing,
+            ActivationCheckpointing::Off | ActivationCheckpointing::Every(1)
+        ) {
+            return Err(format!(
+                "the planner models activation checkpointing of every layer or none, not {}",
+                self.activation_checkpointing
+            ));
+        }
+        let t = self.tp();
+        if self.tp_options.loss_parallel != (t > 1) {
+            return Err(format!(
+                "the planner models loss parallelism exactly when tp > 1 (tp={t})"
+            ));
+        }
         for (name, n) in [
             ("n_heads", model.n_heads),
             ("n_kv_heads", model.n_kv_heads),
@@ -268,40 +218,49 @@ impl Layout {
                 return Err(format!("tp={t} does not divide {name} {n}"));
             }
         }
-        let chunks = self.schedule.map_or(1, |s| s.chunks());
-        if self.pp * chunks > model.pieces() {
+        let chunks = self.pp_options.schedule.map_or(1, |s| s.chunks());
+        if self.pp() * chunks > model.pieces() {
             return Err(format!(
                 "{} stages for {} pieces",
-                self.pp * chunks,
+                self.pp() * chunks,
                 model.pieces()
             ));
         }
-        if global_batch % (self.dp * self.microbatches) != 0 {
+        if global_batch % (self.dp() * self.microbatches()) != 0 {
             return Err(format!(
                 "the global batch {global_batch} does not split into dp={} × {} micro-batches",
-                self.dp, self.microbatches
+                self.dp(),
+                self.microbatches()
             ));
         }
         Ok(())
     }
-}
 
-impl fmt::Display for Layout {
-    /// `dp=… zero=… tp=… sp=… pp=… schedule=… microbatches=… recompute=… precision=…`.
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+    fn record(&self) -> String {
         let on = |b: bool| if b { "on" } else { "off" };
-        write!(
-            f,
-            "dp={} zero={} tp={} sp={} pp={} schedule={} microbatches={} recompute={} precision={}",
-            self.dp,
+        format!(
+            "dp={} zero={} tp={} sp={} pp={} schedule={} microbatches={} recompute={} \
+             precision={} reduce={}",
+            self.dp(),
             self.zero.index(),
-            self.tp,
-            on(self.sp),
-            self.pp,
-            self.schedule.map_or("none".into(), |s| s.name()),
-            self.microbatches,
-            on(self.recompute),
-            self.precision.name()
+            self.tp(),
+            on(self.tp_options.sequence_parallel),
+            self.pp(),
+            self.pp_options.schedule.map_or("none".into(), |s| s.name()),
+            self.microbatches(),
+            on(self.recomputes()),
+            self.precision.param.name(),
+            self.precision.reduce.name(),
         )
     }
+}
+
+/// The layout the planner starts from for a (dp, tp, pp): DDP in f32, loss parallelism on
+/// tp (as the planner models it), nothing else.
+pub fn base_layout(dp: usize, tp: usize, pp: usize) -> ParallelDims {
+    ParallelDims::new()
+        .with_degree(Axis::Dp, dp)
+        .with_degree(Axis::Tp, tp)
+        .with_degree(Axis::Pp, pp)
+        .with_loss_parallel(tp > 1)
 }

@@ -1,14 +1,16 @@
 //! # bonfire-plan
 //!
 //! From a model and a cluster to the layout that trains it fastest, with its memory and
-//! time predicted — and the reasons. A pure cost model (no Burn, no other Bonfire crate):
+//! time predicted — and the reasons. A pure cost model (no Burn; of Bonfire only the layout
+//! vocabulary, `bonfire-layout`):
 //!
 //! - [`model`]: [`ModelSpec`] (Bonfire's GPT or Llama, presets `gpt-bench`, `gpt3-175b`,
 //!   `llama3-8b`, `llama3-70b`, `llama3-405b`), parameters per pipeline piece and tp rank,
 //!   FLOPs, activations kept for backward;
 //! - [`cluster`]: [`ClusterSpec`] (nodes, devices per node, [`DeviceSpec`] presets `h100`,
 //!   `a100` or a measured CPU rate, [`LinkSpec`] presets `nvlink`, `pcie`, `ib`, `ethernet`);
-//! - [`layout`]: [`Layout`], the planner's mirror of `bonfire_train::ParallelDims`;
+//! - [`layout`]: what the planner asks of a layout ([`PlannedLayout`] on `bonfire-layout`'s
+//!   [`ParallelDims`], the trainer's own type) and of a schedule ([`ScheduleModel`]);
 //! - [`memory`]: the ZeRO paper's formula ([`memory::formula`], which `cargo xtask bench
 //!   memory` checks against a counting allocator), what Bonfire holds, activations and
 //!   transients;
@@ -21,7 +23,7 @@
 //! with one [`PlanError::Field`] naming the missing or impossible field.
 //!
 //! ```
-//! use bonfire_plan::{ClusterSpec, DeviceSpec, LinkSpec, ModelSpec, Precision, Request, plan};
+//! use bonfire_plan::{ClusterSpec, DeviceSpec, LinkSpec, ModelSpec, MixedPrecision, Request, plan};
 //! let model = ModelSpec::preset("llama3-8b").unwrap();
 //! let cluster = ClusterSpec {
 //!     nodes: 1,
@@ -31,10 +33,10 @@
 //!     inter: LinkSpec::preset("ib").unwrap(),
 //!     overlap: 1.0,
 //! };
-//! let req = Request { global_batch: 64, seq: 8192, precisions: vec![Precision::BF16], memory_fraction: 0.9 };
+//! let req = Request { global_batch: 64, seq: 8192, precisions: vec![MixedPrecision::bf16()], memory_fraction: 0.9 };
 //! let plan = plan(&model, &cluster, &req).unwrap();
 //! let top = &plan.ranked[0];
-//! assert_eq!(top.layout.world(), 8);
+//! assert_eq!(top.layout.world_size(), 8);
 //! assert!(top.bytes() <= 0.9 * (80u64 << 30) as f64);
 //! ```
 //!
@@ -60,7 +62,8 @@ pub use cost::{
 };
 pub use error::PlanError;
 pub use layout::{
-    Held, Layout, Precision, SEARCHED_SCHEDULES, ScheduleKind, ScheduleModel, ZeroStage,
+    Held, MixedPrecision, ParallelDims, PlannedLayout, SEARCHED_SCHEDULES, ScheduleKind,
+    ScheduleModel, ZeroStage, base_layout,
 };
 pub use model::{Arch, Attention, ModelSpec, PRESETS, stage_ranges};
 pub use search::{Plan, candidates, estimate_all, plan};

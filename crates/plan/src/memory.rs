@@ -7,7 +7,7 @@
 //! ([`transient_bytes`]).
 
 use crate::cost::ChunkShape;
-use crate::layout::{Held, Layout, Precision, ZeroStage};
+use crate::layout::{Held, MixedPrecision, ParallelDims, PlannedLayout, ZeroStage};
 use crate::model::ModelSpec;
 
 /// Bytes one rank holds, by part.
@@ -27,9 +27,9 @@ impl FormulaBytes {
 
 /// Per-parameter bytes of `precision`: (param pb, reduced gradient rb, optimizer K). K is 8
 /// for Adam's two fp32 moments, 12 with the fp32 master of a half param dtype.
-pub fn bytes_per_param(precision: Precision) -> (f64, f64, f64) {
-    let pb = precision.param_bytes as f64;
-    let rb = precision.reduce_bytes as f64;
+pub fn bytes_per_param(precision: MixedPrecision) -> (f64, f64, f64) {
+    let pb = precision.param.bytes() as f64;
+    let rb = precision.reduce.bytes() as f64;
     let k = if precision.is_mixed() { 12.0 } else { 8.0 };
     (pb, rb, k)
 }
@@ -37,7 +37,7 @@ pub fn bytes_per_param(precision: Precision) -> (f64, f64, f64) {
 /// The ZeRO paper's bytes per rank for `psi` parameters (this rank's, after tensor and
 /// pipeline sharding) on `n` data-parallel ranks with Adam under `precision`:
 /// stage 0 Ψpb + Ψrb + ΨK; 1 Ψpb + Ψrb + ΨK/N; 2 Ψpb + Ψrb/N + ΨK/N; 3 (Ψpb + Ψrb + ΨK)/N.
-pub fn formula(stage: ZeroStage, psi: usize, n: usize, precision: Precision) -> FormulaBytes {
+pub fn formula(stage: ZeroStage, psi: usize, n: usize, precision: MixedPrecision) -> FormulaBytes {
     let (pb, rb, k) = bytes_per_param(precision);
     let (psi, n) = (psi as f64, n as f64);
     let (p, g, o) = (psi * pb, psi * rb, psi * k);
@@ -64,7 +64,7 @@ pub fn state_bytes(
     stage: ZeroStage,
     psi: usize,
     n: usize,
-    precision: Precision,
+    precision: MixedPrecision,
     offload: bool,
 ) -> FormulaBytes {
     let mut f = formula(stage, psi, n, precision);
@@ -89,7 +89,7 @@ pub fn state_bytes(
 /// shard more, the first step's). None under ZeRO-1/2: they take their averaged gradients in
 /// the optimizer step, and stage 2 reduce-scatters the next ones during backward, as the
 /// activations are freed.
-pub fn gradients_at_peak(layout: &Layout, state: &FormulaBytes) -> f64 {
+pub fn gradients_at_peak(layout: &ParallelDims, state: &FormulaBytes) -> f64 {
     match layout.zero {
         ZeroStage::Zero0 | ZeroStage::Zero3 => state.grads,
         ZeroStage::Zero1 | ZeroStage::Zero2 => 0.0,
@@ -105,23 +105,26 @@ pub fn gradients_at_peak(layout: &Layout, state: &FormulaBytes) -> f64 {
 /// logits the f32 ones are cast from.
 pub fn activation_bytes(
     model: &ModelSpec,
-    layout: &Layout,
+    layout: &ParallelDims,
     chunks: &[ChunkShape],
     held: &Held,
     tokens: f64,
     seq: usize,
 ) -> f64 {
     let mut bytes = held_bytes(model, layout, chunks, held, tokens, seq);
-    if layout.recompute && chunks.iter().any(|c| c.blocks > 0) {
-        let ab = layout.precision.param_bytes as f64;
-        bytes += model.block_activation_elems(layout.tp, layout.sp, seq) * tokens * ab;
+    if layout.recomputes() && chunks.iter().any(|c| c.blocks > 0) {
+        let ab = layout.precision.param.bytes() as f64;
+        bytes +=
+            model.block_activation_elems(layout.tp(), layout.tp_options.sequence_parallel, seq)
+                * tokens
+                * ab;
     }
     if chunks.iter().any(|c| c.has_head) {
-        let buffers = if layout.tp > 1 { 3.0 } else { 2.0 };
+        let buffers = if layout.tp() > 1 { 3.0 } else { 2.0 };
         // Under a half param dtype the head's logits come out in it and are cast to f32 for
         // the loss: the half copy is live beside the f32 ones (derived, not fitted).
         let half = if layout.precision.is_mixed() {
-            layout.precision.param_bytes as f64 / 4.0
+            layout.precision.param.bytes() as f64 / 4.0
         } else {
             0.0
         };
@@ -132,8 +135,8 @@ pub fn activation_bytes(
 
 /// The f32 logits of one micro-batch on one tp rank (the vocabulary split by the parallel
 /// loss).
-fn logits_bytes(model: &ModelSpec, layout: &Layout, tokens: f64) -> f64 {
-    model.vocab_size as f64 / layout.tp as f64 * tokens * 4.0
+fn logits_bytes(model: &ModelSpec, layout: &ParallelDims, tokens: f64) -> f64 {
+    model.vocab_size as f64 / layout.tp() as f64 * tokens * 4.0
 }
 
 /// The bytes of the micro-batches `held` per chunk. For each chunk: per micro-batch whose
@@ -147,26 +150,34 @@ fn logits_bytes(model: &ModelSpec, layout: &Layout, tokens: f64) -> f64 {
 /// the logits in f32.
 pub fn held_bytes(
     model: &ModelSpec,
-    layout: &Layout,
+    layout: &ParallelDims,
     chunks: &[ChunkShape],
     held: &Held,
     tokens: f64,
     seq: usize,
 ) -> f64 {
-    let ab = layout.precision.param_bytes as f64;
-    let t = layout.tp as f64;
-    let (kept_block, waiting_block) = if layout.recompute {
-        let input = model.d_model as f64 / if layout.sp { t } else { 1.0 };
+    let ab = layout.precision.param.bytes() as f64;
+    let t = layout.tp() as f64;
+    let (kept_block, waiting_block) = if layout.recomputes() {
+        let input = model.d_model as f64
+            / if layout.tp_options.sequence_parallel {
+                t
+            } else {
+                1.0
+            };
         (input * tokens * ab, 0.0)
     } else {
-        let per_block = model.block_activation_elems(layout.tp, layout.sp, seq) * tokens * ab;
+        let per_block =
+            model.block_activation_elems(layout.tp(), layout.tp_options.sequence_parallel, seq)
+                * tokens
+                * ab;
         (
             per_block,
-            model.block_weight_grad_elems(layout.tp) * tokens * ab,
+            model.block_weight_grad_elems(layout.tp()) * tokens * ab,
         )
     };
-    let recomputed_weights = if layout.recompute {
-        (model.piece_params(layout.tp, 1) - model.piece_non_linear_params(layout.tp, 1)) as f64
+    let recomputed_weights = if layout.recomputes() {
+        (model.piece_params(layout.tp(), 1) - model.piece_non_linear_params(layout.tp(), 1)) as f64
     } else {
         0.0
     };
@@ -188,14 +199,14 @@ pub fn held_bytes(
 /// one), in the param dtype; with tensor parallelism [`TP_GRADIENT_COPIES`] gradient-sized
 /// buffers in the reduce dtype (its collectives' copies). Nothing else of size Ψ is live then:
 /// the linear layers' weight gradients are single products with no per-sequence buffers.
-pub fn transient_bytes(model: &ModelSpec, layout: &Layout, psi: usize) -> f64 {
-    let pb = layout.precision.param_bytes as f64;
+pub fn transient_bytes(model: &ModelSpec, layout: &ParallelDims, psi: usize) -> f64 {
+    let pb = layout.precision.param.bytes() as f64;
     let mut bytes = 0.0;
     if layout.zero == ZeroStage::Zero3 {
-        bytes += 2.0 * model.largest_layer_params(layout.tp) as f64 * pb;
+        bytes += 2.0 * model.largest_layer_params(layout.tp()) as f64 * pb;
     }
-    if layout.tp > 1 {
-        bytes += TP_GRADIENT_COPIES * psi as f64 * layout.precision.reduce_bytes as f64;
+    if layout.tp() > 1 {
+        bytes += TP_GRADIENT_COPIES * psi as f64 * layout.precision.reduce.bytes() as f64;
     }
     bytes
 }
@@ -214,14 +225,14 @@ pub const TP_GRADIENT_COPIES: f64 = 1.25;
 /// and reduces them ([`STEP_GRADIENT_COPIES`], in the reduce dtype). ZeRO's backward leaves
 /// whole, unreduced gradients that are flattened and reduce-scattered into the rank's shard
 /// ([`ZERO_STEP_GRADIENT_COPIES`] of the whole gradients). All measured.
-pub fn gradient_copy_bytes(layout: &Layout, psi: usize, state: &FormulaBytes) -> (f64, f64) {
+pub fn gradient_copy_bytes(layout: &ParallelDims, psi: usize, state: &FormulaBytes) -> (f64, f64) {
     match layout.zero {
         ZeroStage::Zero0 => (
-            SUM_GRADIENT_COPIES * psi as f64 * layout.precision.param_bytes as f64,
+            SUM_GRADIENT_COPIES * psi as f64 * layout.precision.param.bytes() as f64,
             STEP_GRADIENT_COPIES * state.grads,
         ),
         _ => {
-            let whole = psi as f64 * layout.precision.reduce_bytes as f64;
+            let whole = psi as f64 * layout.precision.reduce.bytes() as f64;
             (0.0, ZERO_STEP_GRADIENT_COPIES * whole)
         }
     }

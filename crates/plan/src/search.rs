@@ -8,8 +8,11 @@ use crate::bytes::format_bytes;
 use crate::cluster::ClusterSpec;
 use crate::cost::{Estimate, Request, estimate, rank_shapes, schedule_fits};
 use crate::error::PlanError;
-use crate::layout::{Layout, SEARCHED_SCHEDULES, ScheduleKind, ZeroStage};
+use crate::layout::{
+    ParallelDims, PlannedLayout, SEARCHED_SCHEDULES, ScheduleKind, ZeroStage, base_layout,
+};
 use crate::model::ModelSpec;
+use bonfire_layout::ActivationCheckpointing;
 
 /// The planner's answer: the layouts that fit, fastest first, and why the first won.
 #[derive(Debug, Clone)]
@@ -45,18 +48,18 @@ pub fn candidates(
     model: &ModelSpec,
     cluster: &ClusterSpec,
     req: &Request,
-) -> (Vec<Layout>, Vec<String>) {
+) -> (Vec<ParallelDims>, Vec<String>) {
     let world = cluster.world();
     let (mut out, mut refused) = (Vec::new(), Vec::new());
     for tp in divisors(cluster.gpus_per_node) {
         for pp in divisors(world / tp) {
             let dp = world / tp / pp;
-            let base = Layout {
-                tp,
-                pp,
-                ..Layout::ddp(dp)
-            };
-            if let Err(reason) = base.check(model, req.global_batch) {
+            let mut base = base_layout(dp, tp, pp);
+            if pp > 1 {
+                // The shapes alone: micro-batches are tried below.
+                base = base.with_microbatches(1);
+            }
+            if let Err(reason) = base.check_model(model, req.global_batch) {
                 refused.push(format!("tp={tp} pp={pp} dp={dp}: {reason}"));
                 continue;
             }
@@ -72,27 +75,29 @@ pub fn candidates(
             };
             for schedule in schedules {
                 for m in microbatch_counts(pp, req.global_batch / dp) {
-                    let l = Layout {
-                        schedule,
-                        microbatches: m,
-                        ..base.clone()
-                    };
+                    let mut l = base_layout(dp, tp, pp);
+                    if let Some(kind) = schedule {
+                        l = l.with_schedule(kind).with_microbatches(m);
+                    }
                     if schedule.is_some_and(|s| !schedule_fits(s, pp, m))
-                        || l.check(model, req.global_batch).is_err()
+                        || l.check_model(model, req.global_batch).is_err()
                     {
                         continue;
                     }
                     for &zero in stages {
                         for sp in [false, true].into_iter().filter(|&s| !s || tp > 1) {
-                            for recompute in [false, true] {
+                            for ac in [
+                                ActivationCheckpointing::Off,
+                                ActivationCheckpointing::Every(1),
+                            ] {
                                 for &precision in &req.precisions {
-                                    out.push(Layout {
-                                        zero,
-                                        sp,
-                                        recompute,
-                                        precision,
-                                        ..l.clone()
-                                    });
+                                    out.push(
+                                        l.clone()
+                                            .with_zero(zero)
+                                            .with_sequence_parallel(sp)
+                                            .with_activation_checkpointing(ac)
+                                            .with_precision(precision),
+                                    );
                                 }
                             }
                         }
@@ -116,7 +121,7 @@ pub fn estimate_all(
     let estimates = layouts
         .iter()
         .map(|l| {
-            let k = (l.tp, l.pp, l.schedule);
+            let k = (l.tp(), l.pp(), l.pp_options.schedule);
             if key != Some(k) {
                 shapes = rank_shapes(model, l, req.seq);
                 key = Some(k);
@@ -181,18 +186,18 @@ pub fn plan(model: &ModelSpec, cluster: &ClusterSpec, req: &Request) -> Result<P
 }
 
 /// Whether a layout belongs to a family.
-type Member = fn(&Layout) -> bool;
+type Member = fn(&ParallelDims) -> bool;
 
 /// The families the reasons compare the winner with.
 const FAMILIES: [(&str, Member); 4] = [
     ("DDP", |l| {
-        l.tp == 1 && l.pp == 1 && l.zero == ZeroStage::Zero0
+        l.tp() == 1 && l.pp() == 1 && l.zero == ZeroStage::Zero0
     }),
     ("ZeRO alone", |l| {
-        l.tp == 1 && l.pp == 1 && l.zero != ZeroStage::Zero0
+        l.tp() == 1 && l.pp() == 1 && l.zero != ZeroStage::Zero0
     }),
-    ("with tensor parallelism", |l| l.tp > 1),
-    ("with a pipeline", |l| l.pp > 1),
+    ("with tensor parallelism", |l| l.tp() > 1),
+    ("with a pipeline", |l| l.pp() > 1),
 ];
 
 /// Why the first of `ranked` won: its memory against the device, the part of the step that

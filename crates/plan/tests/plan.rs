@@ -11,8 +11,8 @@ use bonfire_plan::memory::{
     gradients_at_peak,
 };
 use bonfire_plan::{
-    ClusterSpec, DeviceSpec, Layout, LinkSpec, ModelSpec, PlanError, Precision, Request,
-    ScheduleKind, ScheduleModel, ZeroStage, plan,
+    ClusterSpec, DeviceSpec, LinkSpec, MixedPrecision, ModelSpec, PlanError, PlannedLayout,
+    Request, ScheduleKind, ScheduleModel, ZeroStage, base_layout, plan,
 };
 
 fn cluster(nodes: usize, g: usize, device: &str, intra: &str, inter: &str) -> ClusterSpec {
@@ -30,7 +30,7 @@ fn bf16(global_batch: usize, seq: usize) -> Request {
     Request {
         global_batch,
         seq,
-        precisions: vec![Precision::BF16],
+        precisions: vec![MixedPrecision::bf16()],
         memory_fraction: 0.9,
     }
 }
@@ -70,13 +70,18 @@ fn presets_have_their_published_sizes() {
 #[test]
 fn the_zero_formula_per_stage() {
     let (psi, n) = (1000, 4);
-    let total = |s| formula(s, psi, n, Precision::F32).total();
+    let total = |s| formula(s, psi, n, MixedPrecision::f32()).total();
     assert_eq!(total(ZeroStage::Zero0), 16_000.0);
     assert_eq!(total(ZeroStage::Zero1), 8_000.0 + 2_000.0);
     assert_eq!(total(ZeroStage::Zero2), 4_000.0 + 1_000.0 + 2_000.0);
     assert_eq!(total(ZeroStage::Zero3), 4_000.0);
-    let z2 = formula(ZeroStage::Zero2, psi, n, Precision::BF16);
+    let z2 = formula(ZeroStage::Zero2, psi, n, MixedPrecision::bf16());
     assert_eq!((z2.params, z2.grads, z2.optim), (2_000.0, 1_000.0, 3_000.0));
+    // Mixed: pb = 2, rb = 4 (reduce in fp32), K = 12 — and rb = 2 reducing in bf16.
+    let z0 = formula(ZeroStage::Zero0, psi, n, MixedPrecision::bf16());
+    assert_eq!(z0.total(), 18_000.0);
+    let half = MixedPrecision::bf16().reduced_in_param();
+    assert_eq!(formula(ZeroStage::Zero3, psi, n, half).total(), 4_000.0);
 }
 
 /// The peak is the larger of backward's start (ZeRO's gradients not yet there, DDP's
@@ -86,11 +91,8 @@ fn the_zero_formula_per_stage() {
 fn the_peak_counts_gradients_where_they_are_live() {
     let (psi, n) = (1000, 4);
     let peak = |zero, activations| {
-        let state = formula(zero, psi, n, Precision::F32);
-        let layout = Layout {
-            zero,
-            ..Layout::ddp(n)
-        };
+        let state = formula(zero, psi, n, MixedPrecision::f32());
+        let layout = base_layout(n, 1, 1).with_zero(zero);
         MemoryParts {
             state,
             peak_grads: gradients_at_peak(&layout, &state),
@@ -149,12 +151,9 @@ fn schedules_bubble_and_place_stages() {
     // 6 pieces (embeddings, 4 blocks, head) on 2 ranks: ZB-V's 4 stages of 2, 2, 1, 1
     // pieces, stages 0 and 3 on rank 0 — as `bonfire_pipeline` places them.
     let model = ModelSpec::gpt("t", 32, 16, 4, 4, 8, 32);
-    let zbv = Layout {
-        pp: 2,
-        schedule: Some(ScheduleKind::ZbV),
-        microbatches: 2,
-        ..Layout::ddp(1)
-    };
+    let zbv = base_layout(1, 1, 2)
+        .with_schedule(ScheduleKind::ZbV)
+        .with_microbatches(2);
     assert_eq!(zbv.rank_pieces(&model, 0), [0, 1, 5]);
     assert_eq!(zbv.rank_pieces(&model, 1), [2, 3, 4]);
 }
@@ -174,7 +173,7 @@ fn a_model_that_fits_one_device_trains_data_parallel() {
     let p = plan_one_h100_node("gpt-bench", 1024, 128);
     let top = &p.ranked[0].layout;
     // Data parallel on all 8 (DDP or ZeRO: ZeRO's sharded optimizer step may be faster).
-    assert_eq!((top.tp, top.pp, top.dp), (1, 1, 8), "{top}");
+    assert_eq!((top.tp(), top.pp(), top.dp()), (1, 1, 8), "{top}");
     assert!(
         p.why.iter().any(|w| w.starts_with("memory: ")),
         "{:?}",
@@ -191,7 +190,7 @@ fn a_tiny_model_is_not_pipelined() {
     let p = plan_one_h100_node("gpt-bench", 64, 128);
     let top = &p.ranked[0];
     let l = &top.layout;
-    assert_eq!((l.dp, l.tp, l.pp), (8, 1, 1), "{l}");
+    assert_eq!((l.dp(), l.tp(), l.pp()), (8, 1, 1), "{l}");
     // Kernel launches bound it: 3 × (4 blocks × 20 + 3 + 5) kernels of 5 µs.
     let launch = 3.0 * (4.0 * 20.0 + 3.0 + 5.0) * 5e-6;
     assert!((top.time.launch - launch).abs() < 1e-9, "{:?}", top.time);
@@ -200,7 +199,7 @@ fn a_tiny_model_is_not_pipelined() {
     let pipelined = p
         .ranked
         .iter()
-        .find(|e| e.layout.pp > 1)
+        .find(|e| e.layout.pp() > 1)
         .expect("a pipeline");
     assert!(
         pipelined.step_ms() > 1.1 * top.step_ms(),
@@ -223,7 +222,7 @@ fn llama3_405b_on_16k_h100_is_tp8_pp16_dp128() {
     )
     .unwrap();
     let top = &p.ranked[0].layout;
-    assert_eq!((top.tp, top.pp, top.dp), (8, 16, 128), "{top}");
+    assert_eq!((top.tp(), top.pp(), top.dp()), (8, 16, 128), "{top}");
 }
 
 #[test]
@@ -235,7 +234,7 @@ fn tp_stays_inside_a_node_and_pcie_prefers_pipelines() {
         &bf16(256, 4096),
     )
     .unwrap();
-    assert!(fast.ranked.iter().all(|e| e.layout.tp <= 8));
+    assert!(fast.ranked.iter().all(|e| e.layout.tp() <= 8));
     let slow = plan(
         &model,
         &cluster(8, 8, "h100", "pcie", "ethernet"),
@@ -243,9 +242,9 @@ fn tp_stays_inside_a_node_and_pcie_prefers_pipelines() {
     )
     .unwrap();
     let (f, s) = (&fast.ranked[0].layout, &slow.ranked[0].layout);
-    assert!(s.tp <= f.tp, "without NVLink, no more TP: {s} vs {f}");
+    assert!(s.tp() <= f.tp(), "without NVLink, no more TP: {s} vs {f}");
     assert!(
-        s.pp >= f.pp,
+        s.pp() >= f.pp(),
         "without NVLink, the pipeline takes over: {s} vs {f}"
     );
     // TP = 8 costs more against the best layout over PCIe than over NVLink.
@@ -253,7 +252,7 @@ fn tp_stays_inside_a_node_and_pcie_prefers_pipelines() {
         let tp8 = p
             .ranked
             .iter()
-            .find(|e| e.layout.tp == 8)
+            .find(|e| e.layout.tp() == 8)
             .expect("a tp=8 layout");
         tp8.step_ms() / p.ranked[0].step_ms()
     };
@@ -357,7 +356,7 @@ fn llama3_8b_on_one_node_is_fsdp_over_eight() {
     let p = plan_one_h100_node("llama3-8b", 8, 8192);
     let top = &p.ranked[0].layout;
     assert_eq!(
-        (top.dp, top.zero, top.tp, top.pp),
+        (top.dp(), top.zero, top.tp(), top.pp()),
         (8, ZeroStage::Zero3, 1, 1),
         "{top}"
     );

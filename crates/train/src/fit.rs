@@ -6,6 +6,7 @@
 use crate::engine::Engine;
 use crate::error::TrainError;
 use crate::scaler::{LossScaler, LossScaling};
+use bonfire_dtensor::PrecisionDTypes;
 use bonfire_dtensor::plane::ledger::Direction;
 use bonfire_dtensor::plane::{TransferLedger, Transfers};
 use burn::tensor::{DType, Device};
@@ -225,7 +226,7 @@ pub fn fit<B>(
 ) -> Result<Vec<StepReport>, TrainError> {
     let mut reporter = Reporter::new(config, engine.world().rank())?;
     let mut reports = Vec::with_capacity(config.steps.saturating_sub(config.start_step));
-    let f16 = engine.dims().precision.param_dtype == DType::F16;
+    let f16 = engine.dims().precision.param_dtype() == DType::F16;
     let mut scaler = config
         .loss_scaling
         .or_else(|| f16.then(LossScaling::default))

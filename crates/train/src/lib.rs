@@ -4,8 +4,9 @@
 //! or ZeRO 1–3 on dp, tensor (± sequence and loss) parallelism on tp and any pipeline
 //! schedule on pp — torchtitan's structure in Rust:
 //!
-//! - [`ParallelDims`] owns the layout: the degree of each [`Axis`], each axis's options, their
-//!   validation, and the one `DeviceMesh` (`[pp, dp, tp]`, tp innermost).
+//! - [`ParallelDims`] (`bonfire-layout`'s, shared with the planner) owns the layout: the
+//!   degree of each [`Axis`], each axis's options, their validation; the trainer builds its
+//!   one `DeviceMesh` (`[pp, dp, tp]`, tp innermost).
 //! - [`ParallelModel`] is what a model implements: its loss, and, for each further axis, its
 //!   description from outside the model's code (a tensor-parallel plan, pipeline pieces by
 //!   module path, its layers). A plain Burn model needs only the loss.
@@ -66,7 +67,6 @@
 #![forbid(unsafe_code)]
 
 pub mod checkpoint;
-mod dims;
 mod engine;
 mod error;
 pub mod fault;
@@ -78,9 +78,11 @@ mod scaler;
 mod trainer;
 mod wrapper;
 
-pub use bonfire_dtensor::MixedPrecision;
+pub use bonfire_layout::{
+    ActivationCheckpointing, Axis, FloatFormat, MixedPrecision, ParallelDims, PpOptions,
+    ScheduleKind, TpOptions, ZeroStage,
+};
 pub use checkpoint::{CheckpointConfig, Checkpointer, resume};
-pub use dims::{ActivationCheckpointing, Axis, ParallelDims, PpOptions, TpOptions};
 pub use engine::{Engine, RankMesh};
 pub use error::{LayoutError, TrainError};
 pub use fault::{FaultTolerance, KillAt, fit_fault_tolerant};

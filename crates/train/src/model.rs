@@ -14,11 +14,11 @@
 //!   layers, [`Pipeline::with_checkpointable`] (e.g. the transformer blocks); the layout's
 //!   `activation_checkpointing` picks which of them recompute.
 
-use crate::dims::{ParallelDims, TpOptions};
 use crate::engine::Engine;
 use crate::engine::pipeline::{Pieces, PipelineContext};
 use crate::error::{LayoutError, TrainError};
 use bonfire_dtensor::parallel::ParallelPlan;
+use bonfire_layout::{ParallelDims, TpOptions};
 use bonfire_pipeline::Block;
 use burn::module::Module;
 use burn::tensor::Tensor;

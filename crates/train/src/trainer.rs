@@ -3,7 +3,6 @@
 //! parallelism over tp, the pipeline split over pp, DDP or ZeRO over dp) and returns this
 //! rank's [`Engine`].
 
-use crate::dims::{Axis, ParallelDims, axis_error};
 use crate::engine::Engine;
 use crate::engine::RankMesh;
 use crate::engine::checkpointing;
@@ -15,8 +14,10 @@ use crate::model::{ParallelModel, Rows};
 use crate::wrapper::{DpSpec, OptimizerFactory};
 use bonfire_comm::ProcessGroup;
 use bonfire_ddp::DdpConfig;
+use bonfire_dtensor::DeviceMesh;
 use bonfire_dtensor::parallel::parallelize_module;
 use bonfire_dtensor::params;
+use bonfire_layout::{Axis, ParallelDims};
 use bonfire_zero::{ZeroConfig, ZeroStage};
 use burn::module::Module;
 use burn::optim::ModuleOptimizer;
@@ -90,7 +91,7 @@ impl Trainer {
             });
         }
         if dims.tp() > 1 && model.tensor_parallel_plan(dims.tp_options).is_none() {
-            return Err(axis_error(
+            return Err(LayoutError::axis(
                 Axis::Tp,
                 dims.tp(),
                 "the model has no tensor-parallel plan",
@@ -105,16 +106,16 @@ impl Trainer {
             let per_replica = rows / dims.dp();
             let m = dims.microbatches();
             if m > per_replica {
-                return Err(axis_error(
+                return Err(LayoutError::axis(
                     Axis::Pp,
                     dims.pp(),
-                    &format!(
+                    format!(
                         "{m} micro-batches need at least {m} rows per replica, there are {per_replica}"
                     ),
                 ));
             }
             let pipeline = model.clone().pipeline().ok_or_else(|| {
-                axis_error(Axis::Pp, dims.pp(), "the model has no pipeline pieces")
+                LayoutError::axis(Axis::Pp, dims.pp(), "the model has no pipeline pieces")
             })?;
             let kind = dims.pp_options.schedule.expect("validated");
             let stages = dims.pp() * kind.chunks();
@@ -141,7 +142,7 @@ impl Trainer {
     ) -> Result<Box<dyn Engine<M::Batch>>, TrainError> {
         self.check(&model, world.size(), batch)?;
         let dims = self.dims.clone();
-        let mesh = dims.mesh(world)?;
+        let mesh = build_mesh(&dims, world)?;
         let device = self.device_for(&model);
         let model = params::fork(model, &device);
         let (mut model, _) = params::sync_from_root(model, world)?;
@@ -196,4 +197,16 @@ impl Trainer {
             device
         }
     }
+}
+
+/// The mesh of `world` with `dims`' axes in [`Axis::ALL`] order (every axis present, size 1
+/// or not). A collective: every rank of `world` makes it.
+fn build_mesh(dims: &ParallelDims, world: &ProcessGroup) -> Result<DeviceMesh, LayoutError> {
+    dims.validate(world.size())?;
+    let shape: Vec<usize> = Axis::ALL.iter().map(|&a| dims.degree(a)).collect();
+    let names: Vec<&str> = Axis::ALL.iter().map(|a| a.name()).collect();
+    DeviceMesh::new(world, &shape, &names).map_err(|e| LayoutError::Parse {
+        spec: dims.to_string(),
+        reason: e.to_string(),
+    })
 }

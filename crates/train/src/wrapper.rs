@@ -2,12 +2,12 @@
 //! the one [`DataParallel`] interface, built by [`DpSpec`] from the layout, Burn's optimizer
 //! and the wrappers' configs. [`Staged`] lends a wrapper to a pipeline stage.
 
-use crate::dims::{Axis, ParallelDims, axis_error};
 use crate::error::{LayoutError, TrainError};
 use bonfire_comm::ProcessGroup;
 use bonfire_ddp::{DdpConfig, DistributedDataParallel, StepTiming};
 use bonfire_dtensor::params::ParamValues;
 use bonfire_dtensor::{DataParallel, DeviceMesh};
+use bonfire_layout::{Axis, ParallelDims};
 use bonfire_pipeline::{PipelineError, StageParams};
 use bonfire_zero::{MemoryReport, Zero, ZeroConfig, ZeroStage};
 use burn::module::Module;
@@ -65,10 +65,10 @@ impl DpSpec {
             None
         };
         match conflict {
-            Some(what) => Err(axis_error(
+            Some(what) => Err(LayoutError::axis(
                 Axis::Dp,
                 dims.dp(),
-                &format!("{what}: set it on the layout (ParallelDims), its one holder"),
+                format!("{what}: set it on the layout (ParallelDims), its one holder"),
             )),
             None => Ok(()),
         }

@@ -26,6 +26,7 @@ use crate::partition::Partition;
 use bonfire_comm::ProcessGroup;
 use bonfire_dtensor::LayerHook;
 use bonfire_dtensor::MixedPrecision;
+use bonfire_dtensor::PrecisionDTypes;
 use burn::module::{Module, ModuleMapper, Param, ParamId};
 use burn::tensor::{DispatchTensor, Tensor};
 use std::collections::HashMap;
@@ -170,10 +171,8 @@ impl GatherPlan {
         let padded: Vec<usize> = counts.iter().map(|&c| c.max(1)).collect();
         let numel = self.infos[i].numel();
         let pg = self.pg.clone();
-        let MixedPrecision {
-            param_dtype,
-            reduce_dtype,
-        } = self.precision;
+        let (param_dtype, reduce_dtype) =
+            (self.precision.param_dtype(), self.precision.reduce_dtype());
         // This rank's record, also when a helper thread prefetches.
         let record = bonfire_dtensor::precision::observe::observer();
         move || {

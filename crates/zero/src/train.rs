@@ -16,6 +16,7 @@ use crate::params::{self, ParamValues};
 use crate::reduce::GradBuckets;
 use crate::zero::Zero;
 use bonfire_comm::{ProcessGroup, ReduceOp};
+use bonfire_dtensor::PrecisionDTypes;
 use bonfire_dtensor::graph::SinkHook;
 use bonfire_dtensor::plane::{self, ledger::Reason};
 use bonfire_dtensor::timing;
@@ -95,7 +96,7 @@ impl<M: Module> Zero<M> {
         match self.config.stage {
             ZeroStage::Zero0 | ZeroStage::Zero1 => {
                 let device = self.device.clone();
-                let dtype = self.config.precision.reduce_dtype;
+                let dtype = self.config.precision.reduce_dtype();
                 let parts: Vec<Tensor<1>> = per_param
                     .into_iter()
                     .zip(self.infos.iter())
@@ -155,7 +156,7 @@ impl<M: Module> Zero<M> {
             self.part.clone(),
             self.infos.clone(),
             self.config.bucket_bytes,
-            self.config.precision.reduce_dtype,
+            self.config.precision.reduce_dtype(),
         )
     }
 
@@ -172,7 +173,7 @@ impl<M: Module> Zero<M> {
         // Stage 3's gradients land on its fp32 shard; stage 2's are in the reduce dtype.
         let dtype = match self.config.stage {
             ZeroStage::Zero3 => DType::F32,
-            _ => self.config.precision.reduce_dtype,
+            _ => self.config.precision.reduce_dtype(),
         };
         let flat = plane::all_gather(g.clone(), &counts, dtype, &self.pg, &self.device)?;
         Ok(Some(flat))
@@ -318,7 +319,7 @@ impl<M: Module> DataParallel<M> for Zero<M> {
             }
             _ => {
                 let counts = self.part.counts();
-                let dtype = self.config.precision.param_dtype;
+                let dtype = self.config.precision.param_dtype();
                 let flat = plane::all_gather(updated, &counts, dtype, &self.pg, &self.device)?;
                 let model = self.model.take().expect("model");
                 self.model = Some(params::assign_flat(model, &self.infos, &flat));

@@ -11,6 +11,7 @@ use crate::partition::Partition;
 use crate::reduce::GradBuckets;
 use bonfire_comm::ProcessGroup;
 use bonfire_dtensor::DeviceMesh;
+use bonfire_dtensor::PrecisionDTypes;
 use bonfire_dtensor::graph::SharedSink;
 use bonfire_dtensor::plane::{self, ledger::Reason};
 use bonfire_dtensor::timing::StepTiming;
@@ -214,7 +215,7 @@ impl<M: Module> Zero<M> {
             let mine = (!own.is_empty()).then(|| flat.clone().narrow(0, own.start, own.len()));
             self.optim.set_master(mine);
             let model = self.model.take().expect("model");
-            let half = flat.cast(precision.param_dtype);
+            let half = flat.cast(precision.param_dtype());
             self.model = Some(params::assign_flat(model, &self.infos, &half));
             return;
         }

@@ -9,6 +9,7 @@
 
 use bonfire_comm::ThreadWorld;
 use bonfire_comm::testing::counting_alloc::CountingAllocator;
+use bonfire_dtensor::PrecisionDTypes;
 use bonfire_dtensor::{MixedPrecision, layer};
 use bonfire_zero::{DataParallel, Zero, ZeroConfig, ZeroStage};
 use burn::module::Module;
@@ -89,7 +90,7 @@ fn run_in(model: &Deep, stage: ZeroStage, scoped: bool, precision: MixedPrecisio
                     .map(|i| (((i * 7 + s * 3 + pg.rank() * 11) % 13) as f32 - 6.0) / 6.0)
                     .collect();
                 Tensor::<2>::from_data(burn::tensor::TensorData::new(rows, [2, WIDTH]), &device)
-                    .cast(precision.param_dtype)
+                    .cast(precision.param_dtype())
             };
             // Step 1 records the layer order; step 2 prefetches by it and is measured.
             z.train_step(0.1, |m: &Deep| m.loss(x(0), scoped)).unwrap();

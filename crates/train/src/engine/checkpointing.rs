@@ -11,9 +11,9 @@
 //! - Under a pipeline, [`Recomputing`] lends the stage its chunks as [`StagePiece`]s that
 //!   know whether they recompute.
 
-use crate::dims::{ActivationCheckpointing, ParallelDims};
 use crate::error::LayoutError;
 use crate::model::{ParallelModel, Pipeline, Rows};
+use bonfire_layout::{ActivationCheckpointing, ParallelDims};
 use bonfire_pipeline::{Block, PipelineError, StageParams};
 use burn::module::{Devices, Module, ModuleMapper, ModuleVisitor};
 use burn::tensor::{Device, Gradients, Tensor};

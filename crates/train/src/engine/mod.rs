@@ -11,11 +11,11 @@ pub(crate) mod pipeline;
 pub(crate) mod replica;
 
 use crate::checkpoint::{Holding, Loaded, RankState, Wants};
-use crate::dims::ParallelDims;
 use crate::error::TrainError;
 use crate::wrapper::WrapperReport;
 use bonfire_comm::ProcessGroup;
 use bonfire_dtensor::params::ParamValues;
+use bonfire_layout::ParallelDims;
 use burn::tensor::Device;
 
 /// One rank's training state under a layout (built by [`crate::Trainer::build`]). Every

@@ -7,13 +7,14 @@
 use super::checkpointing::{Recomputing, forward_piece, recompute_flags};
 use super::export::ModelLayout;
 use super::{Engine, RankMesh, wrapper_methods};
-use crate::dims::{Axis, axis_error};
 use crate::error::{LayoutError, TrainError};
 use crate::model::{BuildPipeline, Rows};
 use crate::wrapper::{DpSpec, DpWrapper, Staged};
 use bonfire_comm::ReduceOp;
 use bonfire_dtensor::DataParallel;
+use bonfire_dtensor::PrecisionDTypes;
 use bonfire_dtensor::params::{self, ParamValues};
+use bonfire_layout::Axis;
 use bonfire_pipeline::Generate;
 use bonfire_pipeline::{
     Block, BurnStage, Schedule, chunks_for_rank, microbatch_sizes, microbatch_weights,
@@ -67,10 +68,10 @@ pub(crate) fn split_points(
     pp: usize,
 ) -> Result<Vec<usize>, LayoutError> {
     if names.len() < stages {
-        return Err(axis_error(
+        return Err(LayoutError::axis(
             Axis::Pp,
             pp,
-            &format!(
+            format!(
                 "the schedule needs {stages} stages, each with at least one pipeline piece, but \
                  the model has {} pieces ({})",
                 names.len(),
@@ -82,10 +83,10 @@ pub(crate) fn split_points(
         return Ok(bonfire_layout::even_split_points(names.len(), stages));
     };
     if named.len() + 1 != stages {
-        return Err(axis_error(
+        return Err(LayoutError::axis(
             Axis::Pp,
             pp,
-            &format!(
+            format!(
                 "{} split points make {} stages, the schedule has {stages}",
                 named.len(),
                 named.len() + 1
@@ -95,20 +96,20 @@ pub(crate) fn split_points(
     let mut points = Vec::with_capacity(named.len());
     for name in named {
         let i = names.iter().position(|n| n == name).ok_or_else(|| {
-            axis_error(
+            LayoutError::axis(
                 Axis::Pp,
                 pp,
-                &format!(
+                format!(
                     "split point `{name}` names no pipeline piece (pieces: {})",
                     names.join(", ")
                 ),
             )
         })?;
         if i == 0 || points.last().is_some_and(|&p| p >= i) {
-            return Err(axis_error(
+            return Err(LayoutError::axis(
                 Axis::Pp,
                 pp,
-                &format!(
+                format!(
                     "split points must follow the pieces' order after the first: `{name}` does not"
                 ),
             ));
@@ -293,7 +294,7 @@ impl<P: Block<D> + 'static, const D: usize, B: Rows> Engine<B> for PipelineEngin
             weights,
         )
         .with_inputs(inputs)
-        .with_dtype(self.at.dims.precision.param_dtype)
+        .with_dtype(self.at.dims.precision.param_dtype())
         .with_loss(move |mb, out| {
             let loss = loss_fn(out, &micro[mb]);
             if scale == 1.0 { loss } else { loss * scale }

@@ -6,7 +6,6 @@
 use super::checkpointing;
 use super::export::ModelLayout;
 use super::{Engine, RankMesh, wrapper_methods};
-use crate::dims::Axis;
 use crate::error::TrainError;
 use crate::model::{ParallelModel, Rows};
 use crate::wrapper::DpWrapper;
@@ -14,6 +13,7 @@ use bonfire_comm::ReduceOp;
 use bonfire_dtensor::DataParallel;
 use bonfire_dtensor::params::ParamValues;
 use bonfire_dtensor::plane::{self, ledger::Reason};
+use bonfire_layout::Axis;
 
 pub(crate) struct ReplicaEngine<M: ParallelModel> {
     at: RankMesh,

@@ -28,13 +28,13 @@ mod state;
 
 pub use buddy::{BuddyCost, CommitCost};
 
-use crate::dims::{Axis, ParallelDims};
 use crate::engine::Engine;
 use crate::error::{LayoutError, TrainError};
 use crate::fit::{DataSource, FitConfig, Hooks, StepReport, fit};
 use crate::model::{ParallelModel, Rows};
 use crate::trainer::Trainer;
 use bonfire_comm::ProcessGroup;
+use bonfire_layout::{Axis, ParallelDims};
 use buddy::Snapshot;
 use burn::tensor::Device;
 use std::cell::Cell;

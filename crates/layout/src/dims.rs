@@ -1,121 +1,20 @@
-//! [`ParallelDims`]: the one owner of a training layout — the degree of every parallel axis,
-//! the options of each (ZeRO stage on dp, sequence and loss parallelism on tp, schedule and
-//! micro-batches on pp), their validation, and the one [`DeviceMesh`] they describe.
-//!
-//! The mesh's axes are in a fixed order, pp outermost and tp innermost (torchtitan's order;
-//! Llama 3 also keeps TP innermost): consecutive ranks share a tp group, which on a real
-//! cluster puts tensor parallelism on the fastest links.
+//! [`ParallelDims`]: the one owner of a training layout — the degree of every [`Axis`], the
+//! options of each (ZeRO stage and offload on dp, sequence and loss parallelism on tp,
+//! schedule, micro-batches and split points on pp), precision and activation checkpointing,
+//! and the checks that need no model. The trainer (`bonfire-train`) builds the mesh and
+//! checks the layout against a model and a batch; the planner (`bonfire-plan`) searches
+//! layouts and predicts their cost.
 
-use crate::error::LayoutError;
-use bonfire_comm::ProcessGroup;
-use bonfire_dtensor::{DeviceMesh, MixedPrecision};
-use bonfire_pipeline::ScheduleKind;
-use bonfire_zero::ZeroStage;
+use crate::{
+    ActivationCheckpointing, Axis, LayoutError, MixedPrecision, PpOptions, ScheduleKind, TpOptions,
+    ZeroStage,
+};
 use std::fmt;
-
-/// A parallel axis of the mesh.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Axis {
-    /// Pipeline parallelism: the model cut into stages.
-    Pp,
-    /// Data parallelism (DDP, or ZeRO stage 1–3): replicas on rows of the batch.
-    Dp,
-    /// Tensor parallelism (± sequence and loss parallelism): layers split.
-    Tp,
-}
-
-impl Axis {
-    /// Every axis, in mesh order (outermost first).
-    pub const ALL: [Axis; 3] = [Axis::Pp, Axis::Dp, Axis::Tp];
-
-    /// The axis's name on the mesh and on the command line.
-    pub fn name(self) -> &'static str {
-        match self {
-            Axis::Pp => "pp",
-            Axis::Dp => "dp",
-            Axis::Tp => "tp",
-        }
-    }
-
-    /// The axis called `name`.
-    pub fn parse(name: &str) -> Option<Axis> {
-        Axis::ALL.into_iter().find(|a| a.name() == name)
-    }
-
-    fn index(self) -> usize {
-        self as usize
-    }
-}
-
-impl fmt::Display for Axis {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-/// Options of the tp axis.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct TpOptions {
-    /// Norms and position tables on sequence shards, activations between layers sharded
-    /// along the sequence (Megatron-SP).
-    pub sequence_parallel: bool,
-    /// The head's logits stay vocabulary-sharded and the loss is computed on the shards.
-    pub loss_parallel: bool,
-}
-
-/// Options of the pp axis.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct PpOptions {
-    /// The schedule (required with pp > 1).
-    pub schedule: Option<ScheduleKind>,
-    /// Micro-batches per step (default: the pp degree).
-    pub microbatches: Option<usize>,
-    /// Where stages begin, as module paths of the model's pipeline pieces (e.g.
-    /// `["blocks.2"]`); default: pieces split evenly.
-    pub split_points: Option<Vec<String>>,
-}
-
-/// Which layers recompute their activations in backward instead of keeping them
-/// (activation checkpointing), counted over the model's checkpointable layers (the GPT's
-/// transformer blocks) in order.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum ActivationCheckpointing {
-    /// Every activation is kept.
-    #[default]
-    Off,
-    /// Layers 0, k, 2k, … recompute (`Every(1)`: every layer).
-    Every(usize),
-}
-
-impl ActivationCheckpointing {
-    /// Whether checkpointable layer `i` recomputes.
-    pub fn applies_to(&self, i: usize) -> bool {
-        match *self {
-            ActivationCheckpointing::Off => false,
-            ActivationCheckpointing::Every(k) => k > 0 && i % k == 0,
-        }
-    }
-    /// Whether any layer recomputes.
-    pub fn is_on(&self) -> bool {
-        matches!(*self, ActivationCheckpointing::Every(k) if k > 0)
-    }
-}
-
-impl fmt::Display for ActivationCheckpointing {
-    /// `off`, `every` (every layer) or `every-k`.
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match *self {
-            ActivationCheckpointing::Off | ActivationCheckpointing::Every(0) => f.write_str("off"),
-            ActivationCheckpointing::Every(1) => f.write_str("every"),
-            ActivationCheckpointing::Every(k) => write!(f, "every-{k}"),
-        }
-    }
-}
 
 /// A training layout: degrees per axis and their options. Build one with the `with_*`
 /// methods or [`ParallelDims::parse_mesh`]; the trainer validates it against the world, the
 /// model and the batch before building anything.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct ParallelDims {
     degrees: [usize; 3],
     /// ZeRO stage on the dp axis (stage 0 is DDP).
@@ -191,12 +90,15 @@ impl ParallelDims {
     pub fn degree(&self, axis: Axis) -> usize {
         self.degrees[axis.index()]
     }
+    /// The dp degree (replicas, or ZeRO shards).
     pub fn dp(&self) -> usize {
         self.degree(Axis::Dp)
     }
+    /// The tp degree (ranks a layer is split over).
     pub fn tp(&self) -> usize {
         self.degree(Axis::Tp)
     }
+    /// The pp degree (pipeline ranks).
     pub fn pp(&self) -> usize {
         self.degree(Axis::Pp)
     }
@@ -204,47 +106,66 @@ impl ParallelDims {
     pub fn world_size(&self) -> usize {
         self.degrees.iter().product()
     }
+    /// Where world rank `rank` sits on `axis` of the mesh (axes in [`Axis::ALL`] order, the
+    /// last innermost).
+    pub fn coordinate(&self, rank: usize, axis: Axis) -> usize {
+        let inner: usize = Axis::ALL[axis.index() + 1..]
+            .iter()
+            .map(|&a| self.degree(a))
+            .product();
+        rank / inner % self.degree(axis)
+    }
     /// Micro-batches per step (the pp degree unless set).
     pub fn microbatches(&self) -> usize {
         self.pp_options.microbatches.unwrap_or(self.pp())
     }
 
+    /// The layout with `axis` of degree `degree`.
     pub fn with_degree(mut self, axis: Axis, degree: usize) -> Self {
         self.degrees[axis.index()] = degree;
         self
     }
+    /// The layout with ZeRO stage `stage` on dp (stage 0: DDP).
     pub fn with_zero(mut self, stage: ZeroStage) -> Self {
         self.zero = stage;
         self
     }
+    /// The layout with ZeRO-Offload on or off.
     pub fn with_offload(mut self, offload: bool) -> Self {
         self.offload = offload;
         self
     }
+    /// The layout with sequence parallelism on tp on or off.
     pub fn with_sequence_parallel(mut self, on: bool) -> Self {
         self.tp_options.sequence_parallel = on;
         self
     }
+    /// The layout with loss parallelism on tp on or off.
     pub fn with_loss_parallel(mut self, on: bool) -> Self {
         self.tp_options.loss_parallel = on;
         self
     }
+    /// The layout with pipeline schedule `schedule`.
     pub fn with_schedule(mut self, schedule: ScheduleKind) -> Self {
         self.pp_options.schedule = Some(schedule);
         self
     }
+    /// The layout with `m` micro-batches per step.
     pub fn with_microbatches(mut self, m: usize) -> Self {
         self.pp_options.microbatches = Some(m);
         self
     }
+    /// The layout with precision policy `precision`.
     pub fn with_precision(mut self, precision: MixedPrecision) -> Self {
         self.precision = precision;
         self
     }
+    /// The layout with activation checkpointing `ac`.
     pub fn with_activation_checkpointing(mut self, ac: ActivationCheckpointing) -> Self {
         self.activation_checkpointing = ac;
         self
     }
+    /// The layout with pipeline stages beginning at the module paths `points`.
     pub fn with_split_points(mut self, points: Vec<String>) -> Self {
         self.pp_options.split_points = Some(points);
         self
@@ -252,11 +173,11 @@ impl ParallelDims {
 
     /// Checks the layout on its own and against a world of `world` ranks: every option
     /// belongs to an axis that exists, the degrees multiply to the world size. (The model
-    /// and the batch are checked by the trainer, see [`crate::Trainer::build`].)
+    /// and the batch are checked by the trainer, `bonfire_train::Trainer::build`.)
     pub fn validate(&self, world: usize) -> Result<(), LayoutError> {
         for axis in Axis::ALL {
             if self.degree(axis) == 0 {
-                return Err(axis_error(axis, 0, "a degree must be at least 1"));
+                return Err(LayoutError::axis(axis, 0, "a degree must be at least 1"));
             }
         }
         if self.world_size() != world {
@@ -267,73 +188,53 @@ impl ParallelDims {
             });
         }
         if let Err(reason) = self.precision.validate() {
-            return Err(axis_error(Axis::Dp, self.dp(), &reason));
+            return Err(LayoutError::axis(Axis::Dp, self.dp(), reason));
         }
         let (tp, pp) = (self.tp(), self.pp());
         if tp == 1 && self.tp_options.sequence_parallel {
-            return Err(axis_error(
+            return Err(LayoutError::axis(
                 Axis::Tp,
                 1,
                 "sequence parallelism needs a tp axis (e.g. tp=2)",
             ));
         }
         if tp == 1 && self.tp_options.loss_parallel {
-            return Err(axis_error(
+            return Err(LayoutError::axis(
                 Axis::Tp,
                 1,
                 "loss parallelism needs a tp axis (e.g. tp=2)",
             ));
         }
         if self.offload && self.zero == ZeroStage::Zero0 {
-            return Err(axis_error(
+            return Err(LayoutError::axis(
                 Axis::Dp,
                 self.dp(),
                 "offload moves ZeRO's optimizer state: it needs ZeRO stage 1, 2 or 3",
             ));
         }
         match (&self.pp_options.schedule, pp) {
-            (None, p) if p > 1 => Err(axis_error(
+            (None, p) if p > 1 => Err(LayoutError::axis(
                 Axis::Pp,
                 p,
-                &format!("a pipeline needs a schedule ({})", ScheduleKind::NAMES),
+                format!("a pipeline needs a schedule ({})", ScheduleKind::NAMES),
             )),
-            (Some(kind), 1) => Err(axis_error(
+            (Some(kind), 1) => Err(LayoutError::axis(
                 Axis::Pp,
                 1,
-                &format!("schedule {} needs a pp axis (e.g. pp=2)", kind.name()),
+                format!("schedule {} needs a pp axis (e.g. pp=2)", kind.name()),
             )),
-            _ if pp == 1 && self.pp_options.microbatches.is_some() => Err(axis_error(
+            _ if pp == 1 && self.pp_options.microbatches.is_some() => Err(LayoutError::axis(
                 Axis::Pp,
                 1,
                 "micro-batches are a pipeline option: they need a pp axis",
             )),
-            _ if self.microbatches() == 0 => Err(axis_error(
+            _ if self.microbatches() == 0 => Err(LayoutError::axis(
                 Axis::Pp,
                 pp,
                 "the number of micro-batches must be at least 1",
             )),
             _ => Ok(()),
         }
-    }
-
-    /// The mesh of `world` with the axes `[pp, dp, tp]` (every axis present, size 1 or not).
-    /// A collective: every rank of `world` makes it.
-    pub fn mesh(&self, world: &ProcessGroup) -> Result<DeviceMesh, LayoutError> {
-        self.validate(world.size())?;
-        let shape: Vec<usize> = Axis::ALL.iter().map(|&a| self.degree(a)).collect();
-        let names: Vec<&str> = Axis::ALL.iter().map(|a| a.name()).collect();
-        DeviceMesh::new(world, &shape, &names).map_err(|e| LayoutError::Parse {
-            spec: self.to_string(),
-            reason: e.to_string(),
-        })
-    }
-}
-
-pub(crate) fn axis_error(axis: Axis, degree: usize, reason: &str) -> LayoutError {
-    LayoutError::Axis {
-        axis,
-        degree,
-        reason: reason.to_string(),
     }
 }
 
@@ -378,6 +279,11 @@ mod tests {
     fn parses_and_validates() {
         let d = ParallelDims::parse_mesh("pp=2, dp=2,tp=3").unwrap();
         assert_eq!((d.pp(), d.dp(), d.tp(), d.world_size()), (2, 2, 3, 12));
+        let at = |r| Axis::ALL.map(|a| d.coordinate(r, a));
+        assert_eq!(
+            (at(0), at(4), at(7), at(11)),
+            ([0, 0, 0], [0, 1, 1], [1, 0, 1], [1, 1, 2])
+        );
         assert!(ParallelDims::parse_mesh("dp=0").is_err());
         assert!(
             ParallelDims::parse_mesh("xp=2")

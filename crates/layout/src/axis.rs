@@ -1,0 +1,59 @@
+//! [`Axis`]: the parallel axes of a training mesh, in mesh order.
+
+use std::fmt;
+
+/// A parallel axis of the mesh. A new axis is a variant here, its name, its place in
+/// [`Axis::ALL`], and its rules in [`crate::ParallelDims::validate`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Axis {
+    /// Pipeline parallelism: the model cut into stages.
+    Pp,
+    /// Data parallelism (DDP, or ZeRO stage 1–3): replicas on rows of the batch.
+    Dp,
+    /// Tensor parallelism (± sequence and loss parallelism): layers split.
+    Tp,
+}
+
+impl Axis {
+    /// Every axis, in mesh order (outermost first): pp outermost, tp innermost
+    /// (torchtitan's order; consecutive ranks share a tp group, the fastest links).
+    pub const ALL: [Axis; 3] = [Axis::Pp, Axis::Dp, Axis::Tp];
+
+    /// The axis's name on the mesh and on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Axis::Pp => "pp",
+            Axis::Dp => "dp",
+            Axis::Tp => "tp",
+        }
+    }
+
+    /// The axis called `name`.
+    pub fn parse(name: &str) -> Option<Axis> {
+        Axis::ALL.into_iter().find(|a| a.name() == name)
+    }
+
+    /// The axis's position in [`Axis::ALL`] (its dimension of the mesh).
+    pub fn index(self) -> usize {
+        self as usize
+    }
+}
+
+impl fmt::Display for Axis {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_parse_back_and_indices_follow_mesh_order() {
+        for (i, a) in Axis::ALL.into_iter().enumerate() {
+            assert_eq!((Axis::parse(a.name()), a.index()), (Some(a), i));
+        }
+        assert_eq!(Axis::parse("xp"), None);
+    }
+}

@@ -1,0 +1,64 @@
+//! The options of the axes and of the whole layout: [`TpOptions`], [`PpOptions`],
+//! [`ActivationCheckpointing`].
+
+use crate::ScheduleKind;
+use std::fmt;
+
+/// Options of the tp axis.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct TpOptions {
+    /// Norms and position tables on sequence shards, activations between layers sharded
+    /// along the sequence (Megatron-SP).
+    pub sequence_parallel: bool,
+    /// The head's logits stay vocabulary-sharded and the loss is computed on the shards.
+    pub loss_parallel: bool,
+}
+
+/// Options of the pp axis.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+pub struct PpOptions {
+    /// The schedule (required with pp > 1).
+    pub schedule: Option<ScheduleKind>,
+    /// Micro-batches per step (default: the pp degree).
+    pub microbatches: Option<usize>,
+    /// Where stages begin, as module paths of the model's pipeline pieces (e.g.
+    /// `["blocks.2"]`); default: pieces split evenly.
+    pub split_points: Option<Vec<String>>,
+}
+
+/// Which layers recompute their activations in backward instead of keeping them
+/// (activation checkpointing), counted over the model's checkpointable layers (the GPT's
+/// transformer blocks) in order.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum ActivationCheckpointing {
+    /// Every activation is kept.
+    #[default]
+    Off,
+    /// Layers 0, k, 2k, … recompute (`Every(1)`: every layer).
+    Every(usize),
+}
+
+impl ActivationCheckpointing {
+    /// Whether checkpointable layer `i` recomputes.
+    pub fn applies_to(&self, i: usize) -> bool {
+        match *self {
+            ActivationCheckpointing::Off => false,
+            ActivationCheckpointing::Every(k) => k > 0 && i % k == 0,
+        }
+    }
+    /// Whether any layer recomputes.
+    pub fn is_on(&self) -> bool {
+        matches!(*self, ActivationCheckpointing::Every(k) if k > 0)
+    }
+}
+
+impl fmt::Display for ActivationCheckpointing {
+    /// `off`, `every` (every layer) or `every-k`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            ActivationCheckpointing::Off | ActivationCheckpointing::Every(0) => f.write_str("off"),
+            ActivationCheckpointing::Every(1) => f.write_str("every"),
+            ActivationCheckpointing::Every(k) => write!(f, "every-{k}"),
+        }
+    }
+}
