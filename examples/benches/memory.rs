@@ -1,5 +1,5 @@
 //! `cargo xtask bench memory` (or `cargo bench -p bonfire-examples --bench memory`): bytes
-//! per rank *measured by the allocator* — [`bonfire_examples::rank_alloc::RankAllocator`] is this
+//! per rank *measured by the allocator* — [`bonfire_comm::testing::rank_alloc::RankAllocator`] is this
 //! binary's global allocator and charges every heap block to the rank thread that allocated
 //! it — for DDP, ZeRO 1–3 (± offload), TP 2 and 4 (± sequence parallelism), PP 2 and 4 under
 //! every schedule, ± activation checkpointing, in f32 and bf16, each built by the one trainer
@@ -53,10 +53,10 @@
 //! one of them), `--budget BYTES`, `--trace` (every rank's live and peak bytes at every
 //! phase boundary, on stderr).
 
+use bonfire_comm::testing::rank_alloc::{self, RankAllocator};
 use bonfire_examples::cli::LayoutArgs;
 use bonfire_examples::memory_formula::{FormulaBytes, formula, gpt_rank_params};
 use bonfire_examples::planner;
-use bonfire_examples::rank_alloc::{self, RankAllocator};
 use bonfire_examples::{Gpt, GptConfig, default_device};
 use bonfire_models::gpt::parallelize::TokenBatch;
 use bonfire_plan::memory::state_bytes;
@@ -472,7 +472,7 @@ fn main() {
     let only: Vec<String> = value("--only")
         .map(|s| s.split(',').map(str::to_string).collect())
         .unwrap_or_default();
-    let budget = rank_alloc::parse_bytes(&value("--budget").unwrap_or_else(|| "1.1GiB".into()))
+    let budget = bonfire_plan::parse_bytes(&value("--budget").unwrap_or_else(|| "1.1GiB".into()))
         .expect("--budget BYTES");
     let flag = args.iter().any(|a| a == "--trace");
     TRACE.store(flag, std::sync::atomic::Ordering::Relaxed);

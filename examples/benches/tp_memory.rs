@@ -25,7 +25,7 @@
 //!   sequence parallelism (Burn may recompute other cheap operations too).
 
 use bonfire_comm::ThreadWorld;
-use bonfire_comm::testing::counting_alloc::CountingAllocator;
+use bonfire_comm::testing::rank_alloc::{self, RankAllocator};
 use bonfire_dtensor::DeviceMesh;
 use bonfire_dtensor::parallel::parallelize_module;
 use bonfire_examples::{Gpt, GptConfig, default_device};
@@ -35,7 +35,7 @@ use burn::tensor::{Int, Tensor, TensorData};
 use std::time::Duration;
 
 #[global_allocator]
-static HEAP: CountingAllocator = CountingAllocator::new();
+static HEAP: RankAllocator = RankAllocator;
 
 const BATCH: usize = 8;
 
@@ -116,23 +116,23 @@ fn main() {
                     drop(m.loss(x, y).backward());
                     let (x, y) = batch();
                     pg.barrier().unwrap();
-                    let before = HEAP.live();
+                    let before = rank_alloc::process_live();
                     pg.barrier().unwrap();
                     if pg.rank() == 0 {
-                        HEAP.reset_peak();
+                        rank_alloc::reset_process_peak();
                     }
                     pg.barrier().unwrap();
                     let loss = m.loss(x, y);
                     pg.barrier().unwrap();
-                    let after = HEAP.live();
+                    let after = rank_alloc::process_live();
                     pg.barrier().unwrap();
                     drop(loss.backward());
                     pg.barrier().unwrap();
-                    let peak = HEAP.peak();
+                    let peak = rank_alloc::process_peak();
                     (
                         bytes.0,
-                        (after - before) as f64 / tp as f64,
-                        (peak - before) as f64 / tp as f64,
+                        (after as f64 - before as f64) / tp as f64,
+                        (peak as f64 - before as f64) / tp as f64,
                     )
                 })
                 .unwrap();

@@ -27,17 +27,17 @@
 //! learning rate and model come from the run (they must match the flags given), `--steps` is
 //! the run's total, and `--metrics` lines go on with the true step numbers.
 //!
-//! Memory: the program allocates through `bonfire_examples::rank_alloc::RankAllocator`, which
+//! Memory: the program allocates through `bonfire_comm::testing::rank_alloc::RankAllocator`, which
 //! charges every heap block to the rank thread that allocated it. At the end it prints each
 //! rank's peak (`peak_bytes rank=R bytes=N`). `--memory-budget 300MiB` caps every rank's live
 //! bytes: a rank that would go over aborts the run with one line such as `out of memory: rank
 //! 1 asked for 25165824 bytes with 1073741824 live; its budget is 1100000000 bytes
 //! (--memory-budget)` — a device out-of-memory error, on the CPU.
 
+use bonfire_comm::testing::rank_alloc::{self, RankAllocator};
 use bonfire_dtensor::params;
 use bonfire_examples::cli::{CheckpointArgs, FaultArgs, LayoutArgs, fail, init_logging, survivors};
 use bonfire_examples::corpus::{self, CharTokenizer};
-use bonfire_examples::rank_alloc::{self, RankAllocator};
 use bonfire_examples::{Gpt, GptConfig, default_device, harness};
 use bonfire_models::gpt::parallelize::TokenBatch;
 use bonfire_models::gpt::weights;
@@ -119,7 +119,7 @@ struct Cli {
     /// Cap every rank's live heap bytes (`300MiB`, `1.5GiB`, `64M`, bytes): an allocation that
     /// would go over aborts the run with one `out of memory` line naming the rank, the bytes
     /// it asked for, its live bytes and the budget.
-    #[arg(long, value_name = "BYTES", value_parser = rank_alloc::parse_bytes)]
+    #[arg(long, value_name = "BYTES", value_parser = bonfire_plan::parse_bytes)]
     memory_budget: Option<usize>,
 }
 

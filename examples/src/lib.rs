@@ -8,8 +8,8 @@
 //!   --example parity -- ...`, any layout through the trainer's one loop.
 //! - [`corpus`]: a small generated text corpus and character tokenizer for `train_gpt`.
 //! - [`throughput`]: step times of a layout through the trainer's loop, for the benches.
-//! - [`rank_alloc`]: a global allocator that counts live and peak bytes per rank (and enforces a
-//!   per-rank budget); [`memory_formula`]: what the ZeRO formula says a rank should hold;
+//! - [`memory_formula`]: what the ZeRO formula says a rank should hold (the measured side is
+//!   `bonfire_comm::testing::rank_alloc`, the counting allocator, per rank);
 //!   [`planner`]: the planner (`bonfire_plan`) on the GPT, the trainer's layouts and this
 //!   machine (`--mesh auto`, `cargo run --example plan`).
 //!
@@ -32,7 +32,6 @@ pub mod harness;
 pub mod ledger;
 pub mod memory_formula;
 pub mod planner;
-pub mod rank_alloc;
 pub mod throughput;
 
 pub use bonfire_models::{Gpt, GptConfig, cross_entropy};

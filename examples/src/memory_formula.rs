@@ -3,7 +3,7 @@
 //! pipeline parallelism ([`gpt_rank_params`]), the Ψ the formula takes. Both are owned by the
 //! planner's cost model (`bonfire_plan::memory::formula`, `bonfire_plan::ModelSpec`); this
 //! file maps Bonfire's own types onto it (`MixedPrecision`, `ZeroStage`, `ParallelDims`, the
-//! pipeline's stage map). The measured side is [`crate::rank_alloc`]'s allocator (`cargo xtask
+//! pipeline's stage map). The measured side is [`bonfire_comm::testing::rank_alloc`]'s allocator (`cargo xtask
 //! bench memory`); nothing here is measured.
 
 use crate::planner::gpt_spec;

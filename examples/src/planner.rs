@@ -6,7 +6,8 @@
 //! [`measure_layout`] and [`predict_ranks`] hold one layout's measured bytes (on the counting
 //! allocator) and the planner's, per rank, for `tests/planner.rs` and `tests/planner_heldout.rs`.
 
-use crate::{Gpt, rank_alloc};
+use crate::Gpt;
+use bonfire_comm::testing::rank_alloc;
 use bonfire_comm::{ReduceOp, ThreadWorld};
 use bonfire_models::gpt::config::GptConfig;
 use bonfire_plan::{

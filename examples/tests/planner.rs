@@ -33,8 +33,8 @@
 //! the micro-batches the planner says a pipeline rank holds against the programs
 //! `bonfire_pipeline` generates.
 
+use bonfire_comm::testing::rank_alloc::RankAllocator;
 use bonfire_examples::planner::{calibrate, gpt_spec, measure_layout, predict_ranks, this_machine};
-use bonfire_examples::rank_alloc::RankAllocator;
 use bonfire_examples::{Gpt, GptConfig, default_device};
 use bonfire_pipeline::Generate;
 use bonfire_plan::{

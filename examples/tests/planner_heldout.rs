@@ -30,8 +30,8 @@
 //! pipeline chunk's gradient sum beside the running sums of the rank's other chunks
 //! (small/pp2 zb-v m = 4, rank 0, 1.16).
 
+use bonfire_comm::testing::rank_alloc::RankAllocator;
 use bonfire_examples::planner::{measure_layout, predict_ranks};
-use bonfire_examples::rank_alloc::RankAllocator;
 use bonfire_examples::{Gpt, GptConfig, default_device};
 use bonfire_plan::{MixedPrecision, Request, ScheduleKind, ZeroStage, base_layout};
 use bonfire_train::{ActivationCheckpointing, Axis, ParallelDims};

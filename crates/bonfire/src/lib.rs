@@ -55,9 +55,9 @@
 
 pub use bonfire_comm as comm;
 pub use bonfire_ddp as ddp;
+pub use bonfire_dtensor as dtensor;
 pub use bonfire_layout as layout;
 pub use bonfire_models as models;
-pub use bonfire_dtensor as dtensor;
 pub use bonfire_pipeline as pipeline;
 pub use bonfire_plan as plan;
 pub use bonfire_train as train;

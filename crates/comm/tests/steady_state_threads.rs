@@ -1,45 +1,14 @@
 //! Properties of the in-process backend beyond values: calls allocate nothing once warm, and
 //! asynchronous calls really overlap the caller's work.
 
+use bonfire_comm::testing::rank_alloc::{self, RankAllocator};
 use bonfire_comm::{ReduceOp, ThreadWorld};
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-/// Counts allocations made by threads that opted in (other tests run in parallel).
-struct CountingAllocator;
-
-static ALLOCATIONS: AtomicUsize = AtomicUsize::new(0);
-thread_local! {
-    static COUNTING: Cell<bool> = const { Cell::new(false) };
-}
-
-// SAFETY: every call is forwarded to `System` unchanged; only a counter is updated.
-unsafe impl GlobalAlloc for CountingAllocator {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        if COUNTING.with(|c| c.get()) {
-            ALLOCATIONS.fetch_add(1, Ordering::SeqCst);
-        }
-        // SAFETY: forwarded from `alloc`'s contract.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: `ptr` was allocated by `System` with `layout` (every allocation goes through
-        // this allocator).
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        if COUNTING.with(|c| c.get()) {
-            ALLOCATIONS.fetch_add(1, Ordering::SeqCst);
-        }
-        // SAFETY: forwarded from `realloc`'s contract.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
-
+/// Counts each rank thread's allocation calls (other tests run in parallel on threads of
+/// no rank).
 #[global_allocator]
-static GLOBAL: CountingAllocator = CountingAllocator;
+static HEAP: RankAllocator = RankAllocator;
 
 /// One rank's buffers for a round of every kind of call.
 struct Buffers {
@@ -101,18 +70,16 @@ fn warm_collectives_and_messages_allocate_nothing() {
             pg.send(&[1.0f64; 256], (me + 1) % n, 2).unwrap();
             pg.barrier().unwrap();
             pg.recv(&mut buffers.message, (me + n - 1) % n, 2).unwrap();
-            COUNTING.with(|c| c.set(true));
-            let mut allocations = 0;
+            // Rank ids of their own: no other test's thread is charged to them.
+            let id = 200 + me;
+            let _counted = rank_alloc::enter_rank(id);
+            let start = rank_alloc::allocations(id);
             for _ in 0..50 {
-                let start = ALLOCATIONS.load(Ordering::SeqCst);
                 buffers.round(&pg);
-                allocations += ALLOCATIONS.load(Ordering::SeqCst) - start;
             }
-            COUNTING.with(|c| c.set(false));
-            allocations
+            rank_alloc::allocations(id) - start
         })
         .unwrap();
-    // A window may also count a peer's allocations; all must be zero anyway.
     assert_eq!(
         per_rank,
         vec![0; n],

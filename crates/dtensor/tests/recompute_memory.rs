@@ -9,7 +9,7 @@
 mod common;
 
 use bonfire_comm::ProcessGroup;
-use bonfire_comm::testing::counting_alloc::CountingAllocator;
+use bonfire_comm::testing::rank_alloc::{self, RankAllocator};
 use bonfire_dtensor::functional::all_gather_recomputable;
 use bonfire_dtensor::graph::anchored;
 use bonfire_dtensor::params::{flat, fork, inventory};
@@ -22,14 +22,14 @@ use std::cell::RefCell;
 use std::rc::Rc;
 
 #[global_allocator]
-static HEAP: CountingAllocator = CountingAllocator::new();
+static HEAP: RankAllocator = RankAllocator;
 
 /// The heap's peak while `f` runs, above what was live when it started.
 fn peak_of(f: impl FnOnce()) -> usize {
-    let base = HEAP.live();
-    HEAP.reset_peak();
+    let base = rank_alloc::process_live();
+    rank_alloc::reset_process_peak();
     f();
-    (HEAP.peak() - base) as usize
+    rank_alloc::process_peak().saturating_sub(base)
 }
 
 #[derive(Module, Debug)]
@@ -56,7 +56,7 @@ fn stack(d: usize, d_ff: usize, n: usize, device: &Device) -> Vec<Mlp> {
 /// Forward and backward of `x` through `blocks`, checkpointed or not: the bytes the
 /// forward left for backward (live when backward starts, above the start).
 fn train_step(blocks: &[Mlp], x: Tensor<2>, ac: bool) -> usize {
-    let base = HEAP.live();
+    let base = rank_alloc::process_live();
     let x = x.require_grad();
     let mut h = x.clone();
     for b in blocks {
@@ -66,7 +66,7 @@ fn train_step(blocks: &[Mlp], x: Tensor<2>, ac: bool) -> usize {
         };
     }
     let loss = h.powi_scalar(2).mean();
-    let held = (HEAP.live() - base).max(0) as usize;
+    let held = rank_alloc::process_live().saturating_sub(base);
     let grads = loss.backward();
     assert!(x.grad(&grads).is_some());
     held

@@ -8,7 +8,7 @@
 //! beside it.
 
 use bonfire_comm::ThreadWorld;
-use bonfire_comm::testing::counting_alloc::CountingAllocator;
+use bonfire_comm::testing::rank_alloc::{self, RankAllocator};
 use bonfire_dtensor::PrecisionDTypes;
 use bonfire_dtensor::{MixedPrecision, layer};
 use bonfire_zero::{DataParallel, Zero, ZeroConfig, ZeroStage};
@@ -21,7 +21,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 #[global_allocator]
-static HEAP: CountingAllocator = CountingAllocator::new();
+static HEAP: RankAllocator = RankAllocator;
 
 const WIDTH: usize = 512;
 /// Enough layers that a rank's gradient shard (LAYERS/RANKS layers) does not hide the
@@ -96,25 +96,25 @@ fn run_in(model: &Deep, stage: ZeroStage, scoped: bool, precision: MixedPrecisio
             z.train_step(0.1, |m: &Deep| m.loss(x(0), scoped)).unwrap();
             let input = x(1);
             pg.barrier().unwrap();
-            let base = HEAP.live();
+            let base = rank_alloc::process_live();
             if pg.rank() == 0 {
-                HEAP.reset_peak();
+                rank_alloc::reset_process_peak();
             }
             pg.barrier().unwrap();
             let loss = z.forward(|m: &Deep| m.loss(input, scoped));
             pg.barrier().unwrap();
-            let heap_peak = (HEAP.peak() - base).max(0) as usize;
-            let held = (HEAP.live() - base).max(0) as usize;
+            let heap_peak = rank_alloc::process_peak().saturating_sub(base);
+            let held = rank_alloc::process_live().saturating_sub(base);
             let tracked_peak = z.memory().gathered_peak;
             pg.barrier().unwrap();
-            let base = HEAP.live();
+            let base = rank_alloc::process_live();
             if pg.rank() == 0 {
-                HEAP.reset_peak();
+                rank_alloc::reset_process_peak();
             }
             pg.barrier().unwrap();
             z.backward(loss).unwrap();
             pg.barrier().unwrap();
-            let backward_peak = (HEAP.peak() - base).max(0) as usize;
+            let backward_peak = rank_alloc::process_peak().saturating_sub(base);
             z.step(0.1).unwrap();
             let values = z.full_values().unwrap();
             (heap_peak, backward_peak, tracked_peak, held, values)

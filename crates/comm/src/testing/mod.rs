@@ -1,5 +1,5 @@
 //! Test support shared by every crate: the conformance suite every backend passes, the
-//! counting allocator, bench argument helpers, and the one tolerance of parity tests.
+//! counting allocator (per rank and for the process), bench argument helpers, and the one tolerance of parity tests.
 //!
 //! The suite is written once against [`ProcessGroup`](crate::ProcessGroup) and run on every
 //! backend — threads in-process, MPI processes under `mpirun`, NCCL on GPUs — so a backend
@@ -7,7 +7,7 @@
 
 pub mod bench;
 pub mod conformance;
-pub mod counting_alloc;
+pub mod rank_alloc;
 pub mod tolerance;
 
 pub use tolerance::{Closeness, Tolerance, assert_close, is_close};

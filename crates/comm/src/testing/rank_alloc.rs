@@ -1,10 +1,11 @@
-//! Memory measured by an allocator, per rank: [`RankAllocator`] wraps the system allocator
-//! and charges every heap block to the rank whose thread allocated it.
+//! Memory measured by an allocator, per rank and for the whole process: [`RankAllocator`]
+//! wraps the system allocator and charges every heap block to the rank whose thread
+//! allocated it — the one counting allocator of every test and bench.
 //!
 //! A binary installs it and each rank marks its thread:
 //!
 //! ```ignore
-//! use bonfire_examples::rank_alloc::{self, RankAllocator};
+//! use bonfire_comm::testing::rank_alloc::{self, RankAllocator};
 //! #[global_allocator]
 //! static HEAP: RankAllocator = RankAllocator;
 //! // in each rank's closure:
@@ -20,8 +21,10 @@
 //!   the block (the block itself keeps its alignment: the header area is `max(align, 16)`
 //!   bytes), so a block freed or grown on another thread is still credited to its owner, and
 //!   `realloc` keeps the owner.
-//! - **Counters.** Per rank: live bytes and the peak of live bytes since [`reset_peak`], as
-//!   atomics — no lock, and nothing is allocated inside the allocator. The bytes counted are
+//! - **Counters.** Per rank: live bytes, the peak of live bytes since [`reset_peak`] and the
+//!   allocation calls made ([`allocations`]); for the whole process, every thread's blocks
+//!   together: [`process_live`] and [`process_peak`]. All atomics — no lock, and nothing is
+//!   allocated inside the allocator. The bytes counted are
 //!   what the program asked for (`Layout::size`), not the header or the system allocator's
 //!   own overhead.
 //! - **Budget.** [`set_budget`] caps every rank's live bytes (not the other bucket). An
@@ -46,6 +49,8 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
 pub const MAX_RANKS: usize = 256;
 /// The bucket of threads with no rank.
 const OTHER: usize = MAX_RANKS;
+/// The bucket of the whole process (every block, whoever allocated it).
+const PROCESS: usize = MAX_RANKS + 1;
 /// Bytes in front of every block for its owner (the block's alignment is kept on top).
 const HEADER: usize = 16;
 
@@ -54,14 +59,16 @@ const HEADER: usize = 16;
 struct Bucket {
     live: AtomicUsize,
     peak: AtomicUsize,
+    allocations: AtomicUsize,
 }
 
-static BUCKETS: [Bucket; MAX_RANKS + 1] = [const {
+static BUCKETS: [Bucket; MAX_RANKS + 2] = [const {
     Bucket {
         live: AtomicUsize::new(0),
         peak: AtomicUsize::new(0),
+        allocations: AtomicUsize::new(0),
     }
-}; MAX_RANKS + 1];
+}; MAX_RANKS + 2];
 /// Every rank's cap on live bytes; 0: none.
 static BUDGET: AtomicUsize = AtomicUsize::new(0);
 /// Set by the first allocation through [`RankAllocator`].
@@ -145,6 +152,27 @@ pub fn reset_other_peak() {
     b.peak.store(b.live.load(Relaxed), Relaxed);
 }
 
+/// Allocation calls (`alloc`, `alloc_zeroed`, `realloc`) `rank`'s threads have made.
+pub fn allocations(rank: usize) -> usize {
+    BUCKETS[slot_of(rank)].allocations.load(Relaxed)
+}
+
+/// Bytes the whole process has live (every thread's, ranked or not).
+pub fn process_live() -> usize {
+    BUCKETS[PROCESS].live.load(Relaxed)
+}
+
+/// The most bytes the whole process had live at once since [`reset_process_peak`].
+pub fn process_peak() -> usize {
+    BUCKETS[PROCESS].peak.load(Relaxed)
+}
+
+/// Starts a new peak measurement of the whole process.
+pub fn reset_process_peak() {
+    let b = &BUCKETS[PROCESS];
+    b.peak.store(b.live.load(Relaxed), Relaxed);
+}
+
 /// Caps every rank's live bytes at `bytes` (`None`: no cap). See the module docs.
 pub fn set_budget(bytes: Option<usize>) {
     BUDGET.store(bytes.unwrap_or(0), Relaxed);
@@ -159,11 +187,6 @@ pub fn budget() -> Option<usize> {
 pub fn over_budget(live: usize, asked: usize, budget: Option<usize>) -> bool {
     budget.is_some_and(|b| live.saturating_add(asked) > b)
 }
-
-/// Parses a byte count with an optional suffix: `300MiB`, `1.5GiB`, `64k`, `1000000`
-/// (k/M/G/T are powers of 1000, KiB/MiB/GiB/TiB of 1024; case-insensitive; `B` optional) —
-/// the planner's parser, one for every byte flag.
-pub use bonfire_plan::parse_bytes;
 
 /// A line formatted on the stack (the allocator must not allocate to report).
 pub struct StackLine {
@@ -244,11 +267,22 @@ fn charge(slot: usize, bytes: usize, grown: Option<(usize, usize)>) -> bool {
         }
     }
     b.peak.fetch_max(before + bytes, Relaxed);
+    let p = &BUCKETS[PROCESS];
+    let now = p.live.fetch_add(bytes, Relaxed) + bytes;
+    if now > p.peak.load(Relaxed) {
+        p.peak.fetch_max(now, Relaxed);
+    }
     true
+}
+
+/// Counts one allocation call of this thread.
+fn count_call() {
+    BUCKETS[current_slot()].allocations.fetch_add(1, Relaxed);
 }
 
 fn uncharge(slot: usize, bytes: usize) {
     BUCKETS[slot].live.fetch_sub(bytes, Relaxed);
+    BUCKETS[PROCESS].live.fetch_sub(bytes, Relaxed);
 }
 
 /// Bytes in front of a block of alignment `align`: the header, rounded to the alignment.
@@ -280,6 +314,7 @@ impl RankAllocator {
         if !INSTALLED.load(Relaxed) {
             INSTALLED.store(true, Relaxed);
         }
+        count_call();
         let slot = current_slot();
         let Some(outer) = outer(layout.size(), layout.align()) else {
             return std::ptr::null_mut();
@@ -337,6 +372,7 @@ unsafe impl GlobalAlloc for RankAllocator {
     }
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        count_call();
         let (old, align) = (layout.size(), layout.align());
         // SAFETY: as for `dealloc`: `ptr` came from this allocator with `layout`; the system
         // block is reallocated whole, header included.
@@ -448,6 +484,26 @@ mod tests {
     }
 
     #[test]
+    fn the_process_counts_every_thread_and_calls_are_counted_per_rank() {
+        let rank = 46;
+        let calls = allocations(rank);
+        let v = {
+            let _r = enter_rank(rank);
+            let mut v = Vec::<u8>::with_capacity(1 << 20);
+            v.reserve_exact(2 << 20);
+            v
+        };
+        assert_eq!(allocations(rank) - calls, 2, "an alloc and a realloc");
+        // Other test threads allocate too: the process holds at least this block, and its
+        // peak since a reset at least what is live now.
+        assert!(process_live() >= v.capacity());
+        reset_process_peak();
+        let w = std::thread::spawn(|| vec![0u8; 4 << 20]).join().unwrap();
+        assert!(process_peak() >= v.capacity() + w.len());
+        drop((v, w));
+    }
+
+    #[test]
     fn threads_without_a_rank_charge_other() {
         let before = live(44);
         std::thread::spawn(|| {
@@ -483,16 +539,5 @@ mod tests {
             "out of memory: rank 0 asked for 12288 bytes (growing a 12288-byte block to 24576) \
              with 67099160 live; its budget is 67108864 bytes (--memory-budget)\n"
         );
-    }
-
-    #[test]
-    fn byte_counts_with_suffixes() {
-        assert_eq!(parse_bytes("1000").unwrap(), 1000);
-        assert_eq!(parse_bytes("300MiB").unwrap(), 300 << 20);
-        assert_eq!(parse_bytes("1.5GiB").unwrap(), 3 << 29);
-        assert_eq!(parse_bytes("64k").unwrap(), 64_000);
-        assert_eq!(parse_bytes("2 GB").unwrap(), 2_000_000_000);
-        assert!(parse_bytes("12 parsecs").is_err());
-        assert!(parse_bytes("MiB").is_err());
     }
 }
