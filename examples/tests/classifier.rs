@@ -18,7 +18,9 @@ use bonfire_ddp::{DdpConfig, DistributedDataParallel};
 use bonfire_dtensor::DataParallel;
 use bonfire_dtensor::params::{self, ParamValues};
 use bonfire_models::classifier::{Classifier, blobs};
-use bonfire_train::{FitConfig, Launcher, OptimizerKind, ParallelDims, Trainer, fit};
+use bonfire_train::{
+    FitConfig, Launcher, MixedPrecision, OptimizerKind, ParallelDims, Trainer, fit,
+};
 use bonfire_zero::{Zero, ZeroConfig, ZeroStage};
 use burn::module::Module;
 use burn::optim::GradientsParams;
@@ -278,8 +280,8 @@ fn a_model_without_layers_is_reported_once() {
     }
 }
 
-/// The layout is the one holder of the ZeRO stage, offload and precision: a ZeRO config that
-/// says another is refused by the trainer's check, naming both (it used to be overridden in
+/// The layout is the one holder of the ZeRO stage, offload and precision: a ZeRO (or DDP)
+/// config that says another is refused by the trainer's check, naming both (it used to be overridden in
 /// silence); one that agrees, or leaves them at their defaults, is taken.
 #[test]
 fn a_zero_config_that_contradicts_the_layout_is_refused() {
@@ -306,4 +308,20 @@ fn a_zero_config_that_contradicts_the_layout_is_refused() {
     trainer(ZeroConfig::new(ZeroStage::Zero1).with_prefetch(false))
         .check(&model(), 2, &b)
         .unwrap();
+    // DDP's precision too: a bf16 DdpConfig under an f32 layout is refused.
+    let ddp = |config: DdpConfig| {
+        Trainer::new(ParallelDims::parse_mesh("dp=2").unwrap(), || {
+            OptimizerKind::Sgd.build()
+        })
+        .with_ddp(config)
+    };
+    let err = ddp(DdpConfig::new().with_precision(MixedPrecision::bf16()))
+        .check(&model(), 2, &b)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("the DDP config says precision bf16, the layout f32"),
+        "{err}"
+    );
+    ddp(DdpConfig::new()).check(&model(), 2, &b).unwrap();
 }

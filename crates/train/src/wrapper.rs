@@ -23,7 +23,10 @@ pub type OptimizerFactory = Arc<dyn Fn() -> ModuleOptimizer + Send + Sync>;
 /// layout's ([`ParallelDims`], their one holder), read when a wrapper is built.
 #[derive(Clone)]
 pub struct DpSpec {
+    /// Builds each rank's Burn optimizer.
     pub optimizer: OptimizerFactory,
+    /// DDP's options (buckets, overlap, compression, timings) for stage 0; a mixed precision
+    /// set here must be the layout's ([`DpSpec::check`]).
     pub ddp: DdpConfig,
     /// ZeRO's options; `None`: the defaults. A config's own stage, offload and precision
     /// must be the layout's ([`DpSpec::check`]).
@@ -40,15 +43,35 @@ impl DpSpec {
         }
     }
 
-    /// Refuses a ZeRO config that says something else than `dims` — another stage, offload
-    /// where the layout has none, or another mixed precision — which the layout's would
-    /// otherwise silently override. (A config left at its defaults for offload and precision
-    /// takes the layout's.)
+    /// Refuses a DDP or ZeRO config that says something else than `dims` — another ZeRO
+    /// stage, offload where the layout has none, or another mixed precision — which the
+    /// layout's would otherwise silently override. (A config left at its defaults for offload
+    /// and precision takes the layout's.)
     pub fn check(&self, dims: &ParallelDims) -> Result<(), LayoutError> {
-        let Some(z) = &self.zero else {
-            return Ok(());
+        let ddp = &self.ddp.precision;
+        let conflict = if ddp.is_mixed() && *ddp != dims.precision {
+            Some(format!(
+                "the DDP config says precision {ddp}, the layout {}",
+                dims.precision
+            ))
+        } else if let Some(z) = &self.zero {
+            Self::zero_conflict(z, dims)
+        } else {
+            None
         };
-        let conflict = if z.stage != dims.zero {
+        match conflict {
+            Some(what) => Err(LayoutError::axis(
+                Axis::Dp,
+                dims.dp(),
+                format!("{what}: set it on the layout (ParallelDims), its one holder"),
+            )),
+            None => Ok(()),
+        }
+    }
+
+    /// What `z` says that `dims` does not, if anything.
+    fn zero_conflict(z: &ZeroConfig, dims: &ParallelDims) -> Option<String> {
+        if z.stage != dims.zero {
             Some(format!(
                 "the ZeRO config says stage {}, the layout stage {}",
                 z.stage.index(),
@@ -63,14 +86,6 @@ impl DpSpec {
             ))
         } else {
             None
-        };
-        match conflict {
-            Some(what) => Err(LayoutError::axis(
-                Axis::Dp,
-                dims.dp(),
-                format!("{what}: set it on the layout (ParallelDims), its one holder"),
-            )),
-            None => Ok(()),
         }
     }
 
@@ -114,7 +129,10 @@ impl DpSpec {
 
 /// DDP or ZeRO, chosen at run time.
 pub enum DpWrapper<M: Module> {
+    /// DDP (ZeRO stage 0): every dp rank holds the whole state and gradients are all-reduced.
     Ddp(Box<DistributedDataParallel<M>>),
+    /// ZeRO stage 1, 2 or 3: optimizer state, then gradients, then parameters sharded over
+    /// the dp ranks.
     Zero(Box<Zero<M>>),
 }
 
@@ -122,11 +140,14 @@ pub enum DpWrapper<M: Module> {
 /// `DdpConfig::record_timings`), ZeRO's account of the bytes it holds.
 #[derive(Debug, Clone, Default)]
 pub struct WrapperReport {
+    /// Each step's timings, in order (empty unless the wrapper's config records them).
     pub timings: Vec<StepTiming>,
+    /// ZeRO's account of the bytes this rank holds; `None` under DDP.
     pub memory: Option<MemoryReport>,
 }
 
 impl<M: Module> DpWrapper<M> {
+    /// What this rank's wrapper has measured so far.
     pub fn report(&self) -> WrapperReport {
         match self {
             DpWrapper::Ddp(d) => WrapperReport {
