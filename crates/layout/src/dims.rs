@@ -16,7 +16,7 @@ use std::fmt;
 /// model and the batch before building anything.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct ParallelDims {
-    degrees: [usize; 3],
+    degrees: [usize; Axis::ALL.len()],
     /// ZeRO stage on the dp axis (stage 0 is DDP).
     pub zero: ZeroStage,
     /// ZeRO-Offload: the optimizer state, its master values and the update live on a CPU
@@ -43,7 +43,7 @@ impl ParallelDims {
     /// One rank: every degree 1, DDP.
     pub fn new() -> Self {
         Self {
-            degrees: [1; 3],
+            degrees: [1; Axis::ALL.len()],
             zero: ZeroStage::Zero0,
             offload: false,
             tp_options: TpOptions::default(),
@@ -66,9 +66,11 @@ impl ParallelDims {
                 .split_once('=')
                 .ok_or_else(|| bad(format!("`{part}` is not AXIS=SIZE (e.g. dp=2)")))?;
             let axis = Axis::parse(name.trim()).ok_or_else(|| {
+                let known: Vec<&str> = Axis::ALL.iter().map(|a| a.name()).collect();
                 bad(format!(
-                    "unknown axis `{}` (known: dp, tp, pp)",
-                    name.trim()
+                    "unknown axis `{}` (known: {})",
+                    name.trim(),
+                    known.join(", ")
                 ))
             })?;
             let size: usize = size
