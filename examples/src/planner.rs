@@ -38,10 +38,17 @@ pub fn gpt_spec(cfg: &GptConfig) -> ModelSpec {
 /// seconds of one tensor operation.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Calibration {
+    /// Matrix-product FLOP/s of one rank while every rank computes (the ranks' mean).
     pub flops: f64,
+    /// All-reduce bandwidth of the rank threads, bytes/s per rank (β, from a 1 M-value
+    /// all-reduce beside a 1-value one); the `shm` preset's with one rank.
     pub bandwidth: f64,
+    /// Seconds per ring step of an all-reduce (α, from the 1-value one); the `shm`
+    /// preset's with one rank.
     pub latency: f64,
+    /// Memory bandwidth, bytes/s (a sum over 64 MiB).
     pub mem_bw: f64,
+    /// Seconds one tensor operation costs however little it computes (one-value additions).
     pub launch: f64,
 }
 

@@ -11,6 +11,8 @@ use crate::layout::MixedPrecision;
 /// One accelerator (or one CPU rank).
 #[derive(Debug, Clone, PartialEq)]
 pub struct DeviceSpec {
+    /// The device's name in the planner's reasons: the preset's (`h100`, `a100`), `cpu` or
+    /// `custom`.
     pub name: String,
     /// Bytes a rank may hold.
     pub memory: usize,
@@ -91,6 +93,8 @@ pub const GPU_LAUNCH: f64 = 5e-6;
 /// fixed cost of every call.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LinkSpec {
+    /// The link's name in the planner's reasons: the preset's (`nvlink`, `ib`, …) or the one
+    /// a measured link was given.
     pub name: String,
     /// Bytes/s each rank can send (and receive) at once.
     pub bandwidth: f64,
@@ -140,8 +144,11 @@ impl LinkSpec {
 /// Nodes of identical devices.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ClusterSpec {
+    /// Nodes in the cluster.
     pub nodes: usize,
+    /// Devices (ranks) per node; tensor-parallel groups stay inside one.
     pub gpus_per_node: usize,
+    /// Every rank's device.
     pub device: DeviceSpec,
     /// Between the devices of one node.
     pub intra: LinkSpec,

@@ -37,9 +37,10 @@ pub struct ChunkShape {
     pub blocks: usize,
     /// Whether it runs the head (and the loss).
     pub has_head: bool,
-    /// Its parameters, and those whose gradients B produces under a zero-bubble schedule
-    /// ([`ModelSpec::piece_non_linear_params`]).
+    /// Its parameters (its tp shard of its pieces).
     pub params: usize,
+    /// Those of its parameters whose gradients B produces under a zero-bubble schedule
+    /// ([`ModelSpec::piece_non_linear_params`]).
     pub non_linear_params: usize,
 }
 
@@ -54,8 +55,9 @@ pub struct RankShape {
     pub has_embedding: bool,
     /// Its chunks, in local order.
     pub chunks: Vec<ChunkShape>,
-    /// Forward FLOPs per token of its pieces, and of its blocks alone.
+    /// Forward FLOPs per token of its pieces.
     pub flops: f64,
+    /// Forward FLOPs per token of its blocks alone (what recomputation runs again).
     pub block_flops: f64,
 }
 
@@ -100,6 +102,7 @@ pub struct MemoryParts {
     pub state: FormulaBytes,
     /// The part of the state's gradients live at the peak ([`gradients_at_peak`]).
     pub peak_grads: f64,
+    /// Activations kept for backward at a backward's start ([`activation_bytes`]).
     pub activations: f64,
     /// Beyond the state and the activations at backward's start.
     pub transient: f64,
@@ -107,6 +110,8 @@ pub struct MemoryParts {
     /// and in the optimizer step: gradient copies ([`gradient_copy_bytes`]) and the
     /// activations other micro-batches still hold then.
     pub sum_transient: f64,
+    /// The activations the other micro-batches still hold during that sum (0 for the
+    /// optimizer step).
     pub sum_activations: f64,
 }
 
@@ -157,16 +162,20 @@ impl MemoryParts {
 /// A layout's predicted cost.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Estimate {
+    /// The layout costed.
     pub layout: ParallelDims,
     /// The fullest rank's bytes, by part.
     pub memory: MemoryParts,
+    /// The predicted step time, by part.
     pub time: StepTime,
 }
 
 impl Estimate {
+    /// The fullest rank's peak bytes ([`MemoryParts::total`]).
     pub fn bytes(&self) -> f64 {
         self.memory.total()
     }
+    /// The predicted step time in milliseconds ([`StepTime::total`]).
     pub fn step_ms(&self) -> f64 {
         self.time.total() * 1e3
     }

@@ -97,7 +97,9 @@ impl ScheduleModel for ScheduleKind {
 /// linear layers' inputs and output gradients).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Held {
+    /// Per chunk, micro-batches whose backward (B) has not run.
     pub forwards: Vec<f64>,
+    /// Per chunk, micro-batches whose B ran and whose deferred W has not.
     pub weights: Vec<f64>,
 }
 

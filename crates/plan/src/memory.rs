@@ -13,13 +13,16 @@ use crate::model::ModelSpec;
 /// Bytes one rank holds, by part.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct FormulaBytes {
+    /// Parameters (the rank's shard under ZeRO-3).
     pub params: f64,
+    /// Gradients (in the reduce dtype).
     pub grads: f64,
     /// Optimizer state (and the fp32 master under mixed precision).
     pub optim: f64,
 }
 
 impl FormulaBytes {
+    /// Parameters, gradients and optimizer state together.
     pub fn total(&self) -> f64 {
         self.params + self.grads + self.optim
     }

@@ -33,17 +33,25 @@ pub enum Attention {
 /// The sizes of a decoder-only transformer.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ModelSpec {
+    /// The model's name in the planner's output (the preset's, or the description's).
     pub name: String,
+    /// The block's architecture.
     pub arch: Arch,
+    /// How attention keeps its scores for backward.
     pub attention: Attention,
+    /// Tokens in the vocabulary: the embedding table's and the head's rows.
     pub vocab_size: usize,
+    /// The hidden (residual stream) width.
     pub d_model: usize,
+    /// Attention (query) heads.
     pub n_heads: usize,
     /// Key/value heads (grouped-query attention); `n_heads` for plain multi-head attention.
     pub n_kv_heads: usize,
+    /// Transformer blocks.
     pub n_layers: usize,
     /// Context length: the position table's rows (GPT) and the default tokens per sequence.
     pub seq_len: usize,
+    /// The MLP's inner width.
     pub d_ff: usize,
 }
 

@@ -17,7 +17,10 @@ use bonfire_layout::ActivationCheckpointing;
 /// The planner's answer: the layouts that fit, fastest first, and why the first won.
 #[derive(Debug, Clone)]
 pub struct Plan {
+    /// The layouts that fit a rank's memory, fastest first (ties: less hidden communication,
+    /// then fewer bytes).
     pub ranked: Vec<Estimate>,
+    /// Why the first won, one line each ([`explain`]).
     pub why: Vec<String>,
 }
 

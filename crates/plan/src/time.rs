@@ -11,9 +11,9 @@ use crate::cluster::LinkSpec;
 /// their biases, the heads' reshapes, scores, mask, softmax, the activation, residual adds:
 /// about 20 in an eager GPT block); backward launches twice as many.
 pub const KERNELS_PER_BLOCK: f64 = 20.0;
-/// Kernels the embeddings (lookups and their sum) and the head (norm, product, loss)
-/// launch in a forward.
+/// Kernels the embeddings (lookups and their sum) launch in a forward.
 pub const KERNELS_EMBEDDING: f64 = 3.0;
+/// Kernels the head (norm, product, loss) launches in a forward.
 pub const KERNELS_HEAD: f64 = 5.0;
 
 /// Seconds for a ring all-reduce of `bytes` over `n` ranks in one call:
@@ -64,6 +64,7 @@ pub struct StepTime {
 }
 
 impl StepTime {
+    /// The step's seconds: every part but [`Self::dp_hidden`].
     pub fn total(&self) -> f64 {
         self.compute
             + self.launch

@@ -18,6 +18,7 @@ use std::time::Instant;
 /// Where batches come from: the *global* batch of step `step`, created on `device` (each rank
 /// takes its rows). Every rank must produce the same batch for the same step.
 pub trait DataSource<B> {
+    /// The global batch of step `step`, created on `device`.
     fn batch(&self, step: usize, device: &Device) -> B;
 }
 
@@ -40,11 +41,12 @@ pub struct StepReport {
     /// per step).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tokens_per_s: Option<f64>,
-    /// Bytes this rank's forward, backward and optimizer step moved device→host and
-    /// host→device (the transfer ledger; zero on a host device such as Flex), and the bytes
-    /// its collectives carried.
+    /// Bytes this rank's forward, backward and optimizer step moved device→host (the
+    /// transfer ledger; zero on a host device such as Flex).
     pub d2h_bytes: u64,
+    /// Bytes they moved host→device (the transfer ledger; zero on a host device).
     pub h2d_bytes: u64,
+    /// Bytes this rank's collectives carried in the step.
     pub payload_bytes: u64,
     /// With dynamic loss scaling: the scale this step's loss was multiplied by.
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -8,7 +8,10 @@ use bonfire_comm::{ProcessGroup, RankFailure, ThreadWorld, World};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Launcher {
     /// `ranks` threads in this process.
-    Threads { ranks: usize },
+    Threads {
+        /// Rank threads to start (the world size).
+        ranks: usize,
+    },
     /// This process is one rank of a job its launcher started (`World::from_env`).
     Env,
 }

@@ -13,6 +13,8 @@ pub enum OptimizerKind {
 }
 
 impl OptimizerKind {
+    /// The optimizer named `name` (`sgd` or `adamw`, as `--optim` takes it); `Err` says what
+    /// is expected.
     pub fn parse(name: &str) -> Result<Self, String> {
         match name {
             "sgd" => Ok(Self::Sgd),
@@ -21,6 +23,7 @@ impl OptimizerKind {
         }
     }
 
+    /// Its name, as [`parse`](Self::parse) takes it.
     pub fn name(self) -> &'static str {
         match self {
             Self::Sgd => "sgd",

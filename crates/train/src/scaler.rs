@@ -33,10 +33,12 @@ impl Default for LossScaling {
 }
 
 impl LossScaling {
+    /// The scale of the first step.
     pub fn with_init_scale(mut self, scale: f32) -> Self {
         self.init_scale = scale;
         self
     }
+    /// Clean steps in a row before the scale grows.
     pub fn with_growth_interval(mut self, steps: usize) -> Self {
         self.growth_interval = steps;
         self
@@ -52,6 +54,7 @@ pub struct LossScaler {
 }
 
 impl LossScaler {
+    /// A scaler at `settings.init_scale`, with no clean step counted yet.
     pub fn new(settings: LossScaling) -> Self {
         Self {
             scale: settings.init_scale,

@@ -57,6 +57,7 @@ impl Trainer {
         self.dp.zero = Some(config.with_report_no_layers(false));
         self
     }
+    /// The layout it trains under.
     pub fn dims(&self) -> &ParallelDims {
         &self.dims
     }

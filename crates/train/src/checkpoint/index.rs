@@ -21,6 +21,7 @@ pub const BLOCK_BYTES: u64 = 1 << 20;
 /// A checkpoint's index (see docs/checkpoint.md for every field).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Index {
+    /// The format's name and version (`bonfire-checkpoint/1`); a reader refuses any other.
     pub format: String,
     /// Optimizer steps taken: the run resumes at this step.
     pub step: usize,
@@ -32,7 +33,10 @@ pub struct Index {
     pub layout: LayoutRecord,
     /// The optimizer (its name and hyper-parameters, as the run described it).
     pub optimizer: serde_json::Value,
+    /// The model it is of: every parameter's path, shape and optimizer state, and their
+    /// fingerprint.
     pub model: ModelRecord,
+    /// The data files, one per rank that wrote slices; [`ChunkRecord::file`] indexes it.
     pub files: Vec<FileRecord>,
     /// One entry per parameter (values) and per optimizer-state tensor of a parameter.
     pub tensors: Vec<TensorRecord>,
@@ -45,6 +49,7 @@ pub struct Index {
 pub struct LayoutRecord {
     /// `ParallelDims`'s display, e.g. `pp=1,dp=2,tp=2 zero=3`.
     pub dims: String,
+    /// The world size it was written by.
     pub world: usize,
 }
 
@@ -52,13 +57,19 @@ pub struct LayoutRecord {
 /// and a checksum of that list.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ModelRecord {
+    /// A CRC-32 of the parameters' paths and shapes, in order, as 8 hex digits: what a load
+    /// names when the model differs.
     pub fingerprint: String,
+    /// Every parameter, in model order.
     pub params: Vec<ParamRecord>,
 }
 
+/// One parameter of the model: its path, whole shape and what the optimizer holds for it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ParamRecord {
+    /// Its path in the model.
     pub path: String,
+    /// Its whole (unsharded) shape.
     pub shape: Vec<usize>,
     /// Whether the optimizer holds state for it (none before its first step).
     pub has_state: bool,
@@ -72,9 +83,13 @@ pub struct ParamRecord {
 /// A data file: its name in the checkpoint directory, size and a CRC-32 per block.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FileRecord {
+    /// Its name in the checkpoint directory (`rank-RRRRR.safetensors`).
     pub name: String,
+    /// Its size in bytes.
     pub bytes: u64,
+    /// Bytes per checksummed block (the last block may be shorter).
     pub block_bytes: u64,
+    /// The CRC-32 of each block, in order.
     pub block_crc32: Vec<u32>,
 }
 
@@ -85,23 +100,31 @@ pub struct TensorRecord {
     pub param: String,
     /// `None`: the parameter's values; `Some(leaf)`: that optimizer-state tensor of it.
     pub state: Option<String>,
+    /// Its slices, across the data files (together they hold every element once).
     pub chunks: Vec<ChunkRecord>,
 }
 
 /// One slice: `key` in file `file` (an index into [`Index::files`]) holds `region`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ChunkRecord {
+    /// The data file holding it: an index into [`Index::files`].
     pub file: usize,
+    /// Its safetensors key in that file (`param/<path>` or `optim/<leaf>/<path>`).
     pub key: String,
+    /// The elements of the whole tensor it holds.
     pub region: Region,
 }
 
 /// An optimizer scalar, typed.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub enum ScalarValue {
+    /// A signed integer (Burn's `Scalar::Int`).
     Int(i64),
+    /// An unsigned integer (`Scalar::UInt`).
     UInt(u64),
+    /// A floating-point number (`Scalar::Float`).
     Float(f64),
+    /// A flag (`Scalar::Bool`).
     Bool(bool),
 }
 

@@ -19,7 +19,9 @@ use std::path::{Path, PathBuf};
 /// A checkpoint on disk: its directory and index (no data read yet).
 #[derive(Debug, Clone)]
 pub struct Checkpoint {
+    /// Its directory (the one holding `index.json`).
     pub dir: PathBuf,
+    /// Its index, read and checked.
     pub index: Index,
 }
 

@@ -58,7 +58,12 @@ pub enum CheckpointError {
     OtherModel(String),
     /// Reading or writing failed.
     #[error("checkpoint I/O: {path}: {message}")]
-    Io { path: String, message: String },
+    Io {
+        /// The file or directory concerned.
+        path: String,
+        /// The operating system's error.
+        message: String,
+    },
     /// Another rank failed (its error is quoted), or the ranks disagree.
     #[error("checkpoint: {0}")]
     Failed(String),

@@ -25,8 +25,11 @@ pub struct Region {
 /// region's data and at `dst` in the other's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Run {
+    /// Where it starts in the source region's data (counted from its `start`).
     pub src: usize,
+    /// Where it starts in the destination region's data (counted from its `start`).
     pub dst: usize,
+    /// Elements in the run.
     pub len: usize,
 }
 
@@ -59,6 +62,7 @@ impl Region {
         self.end - self.start
     }
 
+    /// Whether it holds no element.
     pub fn is_empty(&self) -> bool {
         self.end <= self.start
     }

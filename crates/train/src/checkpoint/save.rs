@@ -30,10 +30,13 @@ pub struct CheckpointConfig {
     pub background: bool,
     /// Bytes per checksummed block of a data file (the unit a resharding load reads).
     pub block_bytes: u64,
-    /// Recorded in the index: the optimizer (name, hyper-parameters), the run's randomness
-    /// (seeds) and anything else the run wants back when it resumes.
+    /// Recorded in the index: the optimizer (name, hyper-parameters, e.g.
+    /// [`crate::OptimizerKind::describe`]).
     pub optimizer: serde_json::Value,
+    /// Recorded in the index: the run's randomness (seeds).
     pub rng: serde_json::Value,
+    /// Recorded in the index: anything else the run wants back when it resumes (its
+    /// configuration).
     pub extra: serde_json::Value,
     /// A failure injected at a save's step (tests of atomicity).
     #[doc(hidden)]
@@ -41,6 +44,8 @@ pub struct CheckpointConfig {
 }
 
 impl CheckpointConfig {
+    /// Checkpoints under `dir`: all kept, written in the background, in 1 MiB blocks, with
+    /// nothing recorded of the run (nulls).
     pub fn new(dir: impl Into<PathBuf>) -> Self {
         Self {
             dir: dir.into(),
@@ -53,26 +58,32 @@ impl CheckpointConfig {
             fault: None,
         }
     }
+    /// Keeps only the last `keep` checkpoints (`None`: all).
     pub fn with_keep(mut self, keep: Option<usize>) -> Self {
         self.keep = keep;
         self
     }
+    /// Writes in a background thread (`true`) or before the loop continues (`false`).
     pub fn with_background(mut self, background: bool) -> Self {
         self.background = background;
         self
     }
+    /// Bytes per checksummed block of a data file (at least 8).
     pub fn with_block_bytes(mut self, bytes: u64) -> Self {
         self.block_bytes = bytes.max(8);
         self
     }
+    /// The optimizer's description the index records.
     pub fn with_optimizer(mut self, optimizer: serde_json::Value) -> Self {
         self.optimizer = optimizer;
         self
     }
+    /// The run's randomness (seeds) the index records.
     pub fn with_rng(mut self, rng: serde_json::Value) -> Self {
         self.rng = rng;
         self
     }
+    /// The run's own record (its configuration) the index keeps for it.
     pub fn with_extra(mut self, extra: serde_json::Value) -> Self {
         self.extra = extra;
         self
@@ -113,6 +124,7 @@ pub struct Checkpointer {
 }
 
 impl Checkpointer {
+    /// This rank's hook, saving as `config` says; no save pending, none committed yet.
     pub fn new(config: CheckpointConfig) -> Self {
         Self {
             config,

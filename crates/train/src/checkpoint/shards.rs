@@ -21,9 +21,13 @@ use burn_pack::Scalar;
 /// the optimizer's state of the same elements (`None`: no state yet).
 #[derive(Debug, Clone)]
 pub struct Slice {
+    /// The model parameter: an index into [`RankState::params`].
     pub param: usize,
+    /// The elements of the whole parameter it holds.
     pub region: Region,
+    /// Their values, in the region's order.
     pub values: Vec<f32>,
+    /// The optimizer's state of the same elements (`None`: no state yet).
     pub state: Option<FlatState>,
 }
 
@@ -32,6 +36,7 @@ pub struct Slice {
 pub struct RankState {
     /// Every parameter's path and whole shape, in model order.
     pub params: Vec<(String, Vec<usize>)>,
+    /// Every slice this rank owns, and so writes.
     pub slices: Vec<Slice>,
 }
 
@@ -41,14 +46,19 @@ pub struct RankState {
 pub struct Wants {
     /// Every parameter's path and whole shape, in model order.
     pub params: Vec<(String, Vec<usize>)>,
+    /// The parameter values it needs: (model parameter index, region) each.
     pub values: Vec<(usize, Region)>,
+    /// The optimizer state it needs: (model parameter index, region) each.
     pub state: Vec<(usize, Region)>,
 }
 
 /// The answer to [`Wants`], in its order: values, and optimizer state (`None`: none saved).
 #[derive(Debug, Clone, Default)]
 pub struct Loaded {
+    /// The values of each of [`Wants::values`], in its order.
     pub values: Vec<Vec<f32>>,
+    /// The optimizer state of each of [`Wants::state`], in its order (`None`: the checkpoint
+    /// has none for that parameter).
     pub state: Vec<Option<FlatState>>,
 }
 

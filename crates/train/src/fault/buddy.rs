@@ -39,8 +39,11 @@ pub struct BuddyCost {
 /// One commit's cost on one rank.
 #[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
 pub struct CommitCost {
+    /// Seconds spent exporting this rank's state to the host and encoding it.
     pub export_s: f64,
+    /// Seconds spent in the exchange with the buddy (two collectives).
     pub exchange_s: f64,
+    /// Bytes this rank sent to its buddy (0 in a group of one).
     pub bytes_sent: u64,
     /// Its own copy and its buddy's, after the commit.
     pub bytes_held: u64,

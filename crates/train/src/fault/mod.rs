@@ -59,7 +59,9 @@ pub struct FaultTolerance {
 /// Kill world rank `rank` at the start of step `step`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct KillAt {
+    /// The world rank that dies.
     pub rank: usize,
+    /// The step at whose start it dies.
     pub step: usize,
 }
 
@@ -94,7 +96,9 @@ pub fn inject<'a, B>(
 /// One committed step and the world ranks that took part in it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct FaultStep {
+    /// What the step did (the loop's report).
     pub report: StepReport,
+    /// The world ranks that took part in it.
     pub ranks: Vec<usize>,
 }
 
@@ -119,6 +123,7 @@ pub struct FaultRun<B> {
     pub engine: Box<dyn Engine<B>>,
     /// Every committed step, in order.
     pub steps: Vec<FaultStep>,
+    /// Every recovery from a lost rank, in order.
     pub recoveries: Vec<Recovery>,
     /// What the buddy copies cost this rank.
     pub buddy: BuddyCost,
