@@ -16,7 +16,7 @@
 use bonfire_ddp::{DdpConfig, StepTiming, chrome_trace};
 use bonfire_examples::throughput::{self, Hosts, RankRun, RunArgs};
 use bonfire_examples::{Gpt, GptConfig, default_device};
-use bonfire_models::gpt::data::Batches;
+use bonfire_models::data::Batches;
 use bonfire_train::{Axis, ParallelDims, Trainer};
 use burn::optim::SgdConfig;
 use burn::tensor::Device;

@@ -20,7 +20,7 @@
 
 use bonfire_comm::ThreadWorld;
 use bonfire_examples::{Gpt, GptConfig, default_device};
-use bonfire_models::gpt::data::Batches;
+use bonfire_models::data::Batches;
 use bonfire_train::fault::{FaultTolerance, KillAt};
 use bonfire_train::{FitConfig, OptimizerKind, ParallelDims, Trainer, fit_fault_tolerant};
 use bonfire_zero::ZeroStage;

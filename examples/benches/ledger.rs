@@ -15,7 +15,7 @@
 use bonfire_dtensor::plane::Transfers;
 use bonfire_dtensor::plane::ledger::Direction;
 use bonfire_examples::{Gpt, GptConfig, harness, ledger};
-use bonfire_models::gpt::parallelize::TokenBatch;
+use bonfire_models::data::TokenBatch;
 use bonfire_pipeline::ScheduleKind;
 use bonfire_train::{Axis, OptimizerKind, ParallelDims};
 use bonfire_zero::ZeroStage;

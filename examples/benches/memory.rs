@@ -58,7 +58,7 @@ use bonfire_examples::cli::LayoutArgs;
 use bonfire_examples::memory_formula::{FormulaBytes, formula, gpt_rank_params};
 use bonfire_examples::planner;
 use bonfire_examples::{Gpt, GptConfig, default_device};
-use bonfire_models::gpt::parallelize::TokenBatch;
+use bonfire_models::data::TokenBatch;
 use bonfire_plan::memory::state_bytes;
 use bonfire_plan::{MemoryParts, PlannedLayout, Request, rank_shapes};
 use bonfire_train::{Axis, Launcher, OptimizerKind, ParallelDims, TrainError, Trainer};
@@ -85,7 +85,7 @@ const PLANNER_BAND: f64 = 0.10;
 
 /// The global batch of `step`.
 fn batch(step: usize, device: &Device) -> TokenBatch {
-    bonfire_models::gpt::data::pattern_batch(CFG.vocab_size, ROWS, SEQ, step, device)
+    bonfire_models::data::pattern_batch(CFG.vocab_size, ROWS, SEQ, step, device)
 }
 
 /// One layout to measure.

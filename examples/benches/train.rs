@@ -100,7 +100,7 @@ struct Measured {
 fn measure(
     name: &str,
     model: &Gpt,
-    data: &bonfire_models::gpt::data::Batches,
+    data: &bonfire_models::data::Batches,
     args: &Args,
     world: Option<&World>,
 ) -> Result<Measured, String> {

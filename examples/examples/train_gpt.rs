@@ -39,8 +39,8 @@ use bonfire_dtensor::params;
 use bonfire_examples::cli::{CheckpointArgs, FaultArgs, LayoutArgs, fail, init_logging, survivors};
 use bonfire_examples::corpus::{self, CharTokenizer};
 use bonfire_examples::{Gpt, GptConfig, default_device, harness};
-use bonfire_models::gpt::parallelize::TokenBatch;
-use bonfire_models::gpt::weights;
+use bonfire_models::data::TokenBatch;
+use bonfire_models::weights;
 use bonfire_train::checkpoint::{Checkpoint, Checkpointer, resume};
 use bonfire_train::{
     Engine, FitConfig, Hooks, Launcher, OptimizerKind, ParallelDims, StepReport, TrainError,

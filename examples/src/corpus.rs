@@ -4,7 +4,7 @@
 //! The text is sentences from a little grammar (subjects, verbs, objects, places), enough
 //! structure for a small GPT to drive its loss well below the uniform `ln(vocab)`.
 
-use bonfire_models::gpt::data::Batches;
+use bonfire_models::data::Batches;
 
 /// Characters of the corpus; the token of a character is its index here.
 pub const ALPHABET: &str = " abcdefghijklmnopqrstuvwxyz.,\n";
@@ -134,7 +134,7 @@ pub fn global_batch(
     seed: u64,
     step: usize,
     device: &burn::tensor::Device,
-) -> bonfire_models::gpt::parallelize::TokenBatch {
+) -> bonfire_models::data::TokenBatch {
     let mut rng = Rng::new(seed ^ (step as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15));
     sample_batch(tokens, rows, seq, &mut rng).rows(0, 0, rows, device)
 }

@@ -1,16 +1,20 @@
-//! The parity harness (see the contract in the repository's notes): a fixed GPT trained for a
+//! The parity harness (see the contract in the repository's notes): a fixed model — the
+//! contract's GPT, or a Llama when the config is a Hugging Face `config.json` — trained for a
 //! few SGD or AdamW steps under any layout, through the trainer's one loop, writing the
 //! parameters, the step-0 gradients and the losses.
 
 use crate::default_device;
 use bonfire_dtensor::params::ParamValues;
+use bonfire_models::data;
+use bonfire_models::data::TokenBatch;
 use bonfire_models::gpt::Gpt;
 use bonfire_models::gpt::config::GptConfig;
-use bonfire_models::gpt::parallelize::TokenBatch;
-use bonfire_models::gpt::{data, weights};
+use bonfire_models::llama::{Llama, LlamaConfig};
 use bonfire_models::tensor_file::{self, HostTensor};
+use bonfire_models::weights;
 use bonfire_train::{
-    Engine, FitConfig, Hooks, Launcher, OptimizerKind, ParallelDims, TrainError, Trainer, fit,
+    Engine, FitConfig, Hooks, Launcher, OptimizerKind, ParallelDims, ParallelModel, TrainError,
+    Trainer, fit,
 };
 use burn::tensor::Device;
 use std::collections::BTreeMap;
@@ -82,11 +86,45 @@ pub fn device(name: &str) -> Result<Device, String> {
     }
 }
 
+/// The model of a harness config: the contract's GPT (`cfg.json`), or a Llama (a Hugging Face
+/// `config.json` with `"model_type": "llama"`).
+#[derive(Debug, Clone)]
+pub enum HarnessConfig {
+    /// The contract's GPT.
+    Gpt(GptConfig),
+    /// A Hugging Face Llama.
+    Llama(LlamaConfig),
+}
+
+impl HarnessConfig {
+    /// Reads `path`: a Hugging Face config when it names a `model_type`, else a GPT `cfg.json`.
+    pub fn load(path: &std::path::Path) -> Result<Self, String> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("cannot read config {}: {e}", path.display()))?;
+        let value: serde_json::Value = serde_json::from_str(&text)
+            .map_err(|e| format!("invalid config {}: {e}", path.display()))?;
+        if value.get("model_type").is_some() {
+            LlamaConfig::from_json(&path.display().to_string(), &text).map(Self::Llama)
+        } else {
+            GptConfig::load(path).map(Self::Gpt)
+        }
+    }
+
+    /// The vocabulary and the longest sequence, which the data must fit.
+    pub fn limits(&self) -> (usize, usize) {
+        match self {
+            Self::Gpt(c) => (c.vocab_size, c.max_seq_len),
+            Self::Llama(c) => (c.vocab_size, c.max_position_embeddings),
+        }
+    }
+}
+
 /// Runs the harness and writes `args.out`.
 pub fn run(args: &HarnessArgs) -> Result<HarnessResult, String> {
     let device = device(&args.device)?;
-    let cfg = GptConfig::load(&args.config)?;
-    let batches = data::load_batches(&args.data, &cfg)?;
+    let cfg = HarnessConfig::load(&args.config)?;
+    let (vocab, max_seq) = cfg.limits();
+    let batches = data::load_batches(&args.data, vocab, max_seq)?;
     if args.steps > batches.steps() {
         return Err(format!(
             "--steps {} but {} holds {} step(s)",
@@ -95,10 +133,17 @@ pub fn run(args: &HarnessArgs) -> Result<HarnessResult, String> {
             batches.steps()
         ));
     }
-    let model = weights::load(Gpt::new(&cfg, &device), &args.weights)?;
-    let result = train(
-        &model, &batches, &args.dims, args.optim, args.steps, args.lr,
-    )?;
+    let (dims, optim, steps, lr) = (&args.dims, args.optim, args.steps, args.lr);
+    let result = match &cfg {
+        HarnessConfig::Gpt(c) => {
+            let model = weights::load(Gpt::new(c, &device), &args.weights)?;
+            train(&model, &batches, dims, optim, steps, lr)?
+        }
+        HarnessConfig::Llama(c) => {
+            let model = weights::load(Llama::new(c, &device), &args.weights)?;
+            train(&model, &batches, dims, optim, steps, lr)?
+        }
+    };
     tensor_file::write_f32(&args.out, &result.tensors())?;
     Ok(result)
 }
@@ -123,8 +168,8 @@ impl Hooks<TokenBatch> for FirstGradients {
 /// `steps` steps of `model` on `batches` under `dims` with Burn's `optim`, on rank threads,
 /// through the trainer: whole parameters after the last step, whole step-0 gradients and the
 /// global losses (rank 0's; every rank computes the same).
-pub fn train(
-    model: &Gpt,
+pub fn train<M: ParallelModel<Batch = TokenBatch> + Sync>(
+    model: &M,
     batches: &data::Batches,
     dims: &ParallelDims,
     optim: OptimizerKind,
@@ -167,8 +212,8 @@ impl RankRecord {
 }
 
 /// [`train`], with each rank's [`RankRecord`] of the run (in rank order).
-pub fn train_recorded(
-    model: &Gpt,
+pub fn train_recorded<M: ParallelModel<Batch = TokenBatch> + Sync>(
+    model: &M,
     batches: &data::Batches,
     dims: &ParallelDims,
     optim: OptimizerKind,

@@ -4,8 +4,8 @@
 //! The wgpu suite asserts on it and `cargo xtask bench ledger` prints it.
 
 use bonfire_dtensor::plane::{TransferLedger, Transfers};
+use bonfire_models::data::TokenBatch;
 use bonfire_models::gpt::Gpt;
-use bonfire_models::gpt::parallelize::TokenBatch;
 use bonfire_train::{Launcher, OptimizerKind, ParallelDims, TrainError, Trainer};
 use burn::tensor::Device;
 

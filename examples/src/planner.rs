@@ -267,7 +267,7 @@ pub fn warm_matmul_workspace() -> usize {
 }
 
 /// Trains `model` (of `cfg`) `steps` AdamW steps (at least 2) under `dims` on rank threads,
-/// `rows` sequences of `seq` tokens a step ([`bonfire_models::gpt::data::pattern_batch`]), and reads every
+/// `rows` sequences of `seq` tokens a step ([`bonfire_models::data::pattern_batch`]), and reads every
 /// rank's bytes from the counting allocator — which must be the binary's global allocator
 /// ([`rank_alloc::RankAllocator`]) — charged to allocator ranks `first..first + world` (fresh
 /// ones per run: blocks a run leaves alive do not disturb the next). Each rank's baseline is
@@ -294,7 +294,7 @@ pub fn measure_layout(
         let _rank = rank_alloc::enter_rank(r);
         let workspace = warm_matmul_workspace();
         let batch = |step, device: &burn::tensor::Device| {
-            bonfire_models::gpt::data::pattern_batch(vocab, rows, seq, step, device)
+            bonfire_models::data::pattern_batch(vocab, rows, seq, step, device)
         };
         let b0 = batch(0, &crate::default_device());
         let base = rank_alloc::live(r);

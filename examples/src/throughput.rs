@@ -6,10 +6,10 @@
 use crate::corpus::Rng;
 use crate::default_device;
 use bonfire_comm::ProcessGroup;
+use bonfire_models::data::Batches;
+use bonfire_models::data::TokenBatch;
 use bonfire_models::gpt::Gpt;
 use bonfire_models::gpt::config::GptConfig;
-use bonfire_models::gpt::data::Batches;
-use bonfire_models::gpt::parallelize::TokenBatch;
 use bonfire_train::{FitConfig, Launcher, TrainError, Trainer, WrapperReport, fit};
 use burn::tensor::Device;
 

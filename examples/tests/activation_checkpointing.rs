@@ -13,7 +13,7 @@ use bonfire_comm::testing::Tolerance;
 use bonfire_examples::cli::LayoutArgs;
 use bonfire_examples::harness::{self, HarnessResult, RankRecord};
 use bonfire_examples::{Gpt, GptConfig, default_device};
-use bonfire_models::gpt::data::Batches;
+use bonfire_models::data::Batches;
 use bonfire_train::{
     ActivationCheckpointing, LayoutError, MixedPrecision, OptimizerKind, ParallelDims,
     ParallelModel, Trainer,

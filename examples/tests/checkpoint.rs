@@ -2,8 +2,8 @@
 
 use bonfire_ddp::params;
 use bonfire_examples::{Gpt, GptConfig, default_device};
-use bonfire_models::gpt::weights;
 use bonfire_models::tensor_file;
+use bonfire_models::weights;
 use std::collections::BTreeMap;
 
 #[test]

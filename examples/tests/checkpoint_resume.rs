@@ -12,8 +12,8 @@ use bonfire_comm::testing::assert_close;
 use bonfire_dtensor::params::ParamValues;
 use bonfire_examples::cli::LayoutArgs;
 use bonfire_examples::{Gpt, GptConfig, default_device};
-use bonfire_models::gpt::parallelize::TokenBatch;
-use bonfire_models::gpt::weights;
+use bonfire_models::data::TokenBatch;
+use bonfire_models::weights;
 use bonfire_train::checkpoint::{Checkpoint, CheckpointConfig, Checkpointer, Fault, resume};
 use bonfire_train::{
     FitConfig, Hooks, Launcher, OptimizerKind, ParallelDims, TrainError, Trainer, fit,

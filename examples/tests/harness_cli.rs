@@ -7,8 +7,8 @@ mod common;
 use bonfire_examples::cli::LayoutArgs;
 use bonfire_examples::harness::{self, HarnessArgs};
 use bonfire_examples::{Gpt, GptConfig, default_device};
-use bonfire_models::gpt::weights;
 use bonfire_models::tensor_file;
+use bonfire_models::weights;
 use bonfire_train::OptimizerKind;
 use std::path::{Path, PathBuf};
 

@@ -11,7 +11,7 @@ mod common;
 use bonfire_examples::cli::LayoutArgs;
 use bonfire_examples::harness::HarnessResult;
 use bonfire_examples::{Gpt, default_device};
-use bonfire_models::gpt::data::Batches;
+use bonfire_models::data::Batches;
 use bonfire_train::OptimizerKind;
 use std::sync::OnceLock;
 

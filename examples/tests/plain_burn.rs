@@ -16,8 +16,8 @@ mod common;
 
 use bonfire_examples::cli::LayoutArgs;
 use bonfire_examples::harness::HarnessResult;
+use bonfire_models::data::Batches;
 use bonfire_models::gpt::Gpt;
-use bonfire_models::gpt::data::Batches;
 use bonfire_models::layers::{LayerNorm, Linear};
 use bonfire_train::OptimizerKind;
 use burn::module::{Module, Param};

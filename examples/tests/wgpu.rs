@@ -18,7 +18,7 @@ use bonfire_examples::cli::LayoutArgs;
 use bonfire_examples::harness::{self, HarnessResult};
 use bonfire_examples::ledger;
 use bonfire_examples::{Gpt, GptConfig, default_device};
-use bonfire_models::gpt::data::Batches;
+use bonfire_models::data::Batches;
 use bonfire_train::{OptimizerKind, ParallelDims};
 use bonfire_zero::ZeroStage;
 use burn::tensor::Device;

@@ -1,4 +1,4 @@
-//! The three layer kinds of the GPT, storing parameters in PyTorch's layout so that the
+//! The layer kinds of the GPT and the Llama, storing parameters in PyTorch's layout so that the
 //! module's parameter paths and shapes are exactly the parity contract's names (a Linear
 //! weight is `[out_features, in_features]`; LayerNorm has `weight` and `bias`), and
 //! safetensors files need no renaming or transposition.
@@ -10,4 +10,5 @@
 
 pub use bonfire_dtensor::parallel::{
     ParallelEmbedding as Embedding, ParallelLayerNorm as LayerNorm, ParallelLinear as Linear,
+    ParallelRmsNorm as RmsNorm,
 };

@@ -6,18 +6,25 @@
 //!
 //! - [`gpt`]: the reference decoder of the parity contract (`shared/notes/parity-harness.md`),
 //!   parameters named and laid out as in PyTorch (`blocks.0.attn.q.weight` is `[out, in]`),
-//!   its safetensors weights ([`gpt::weights`]) and token batches ([`gpt::data`]).
+//!   trained on token batches ([`data`]).
+//! - [`llama`]: Hugging Face's Llama, parameters under transformers' names, its config a
+//!   Hugging Face `config.json`.
 //! - [`classifier`]: a plain Burn model, trained with DDP and ZeRO with no change to its code.
 //!
-//! [`layers`] are the parallel-aware layers the GPT is built from; [`tensor_file`] reads and
-//! writes plain safetensors files of named tensors.
+//! [`layers`] are the parallel-aware layers the models are built from; [`weights`] loads and
+//! saves a model's parameters as safetensors; [`tensor_file`] reads and writes plain
+//! safetensors files of named tensors.
 
 #![forbid(unsafe_code)]
 
 pub mod classifier;
+pub mod data;
 pub mod gpt;
 pub mod layers;
+pub mod llama;
 pub mod tensor_file;
+pub mod weights;
 
 pub use classifier::Classifier;
 pub use gpt::{Gpt, GptConfig, cross_entropy};
+pub use llama::{Llama, LlamaConfig};

@@ -7,7 +7,7 @@
 mod common;
 use bonfire_comm::ThreadWorld;
 use bonfire_ddp::{DdpConfig, DistributedDataParallel, params};
-use bonfire_models::gpt::data::Batches;
+use bonfire_models::data::Batches;
 use bonfire_models::{Gpt, GptConfig};
 use bonfire_zero::{DataParallel, Zero, ZeroConfig, ZeroStage};
 use burn::module::Module;
@@ -176,8 +176,7 @@ fn gpt_consolidated_checkpoint_loads_into_a_plain_model() {
         .unwrap()
         .remove(0);
     let plain =
-        bonfire_models::gpt::weights::load(Gpt::new(&cfg, &Device::flex().autodiff()), &path)
-            .unwrap();
+        bonfire_models::weights::load(Gpt::new(&cfg, &Device::flex().autodiff()), &path).unwrap();
     assert_eq!(
         params::flatten_values(&plain, &params::inventory(&plain)),
         full

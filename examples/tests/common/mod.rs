@@ -9,7 +9,7 @@ use bonfire_comm::{ReduceOp, ThreadWorld};
 use bonfire_ddp::{DataParallel, DdpConfig, DistributedDataParallel, params};
 use bonfire_examples::harness::HarnessResult;
 use bonfire_examples::{Gpt, GptConfig, default_device};
-use bonfire_models::gpt::data::Batches;
+use bonfire_models::data::Batches;
 use burn::module::Module;
 use burn::optim::{GradientsParams, ModuleOptimizer};
 use std::time::Duration;

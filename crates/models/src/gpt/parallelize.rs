@@ -18,6 +18,7 @@
 
 use super::block::Block as GptBlock;
 use super::model::{Gpt, cross_entropy, embed, head};
+use crate::data::TokenBatch;
 use crate::layers::{Embedding, LayerNorm, Linear};
 use bonfire_dtensor::parallel::{
     ColwiseParallel, Layout, ParallelPlan, RowwiseParallel, SequenceParallel, loss_parallel,
@@ -25,10 +26,7 @@ use bonfire_dtensor::parallel::{
 use bonfire_pipeline::Block;
 use bonfire_train::{Axis, LayoutError, ParallelDims, ParallelModel, Pipeline, TpOptions};
 use burn::module::Module;
-use burn::tensor::{Int, Tensor};
-
-/// A batch of the GPT: token ids and targets, `[B, T]` each.
-pub type TokenBatch = (Tensor<2, Int>, Tensor<2, Int>);
+use burn::tensor::Tensor;
 
 /// The GPT's tensor-parallel plan (see the module docs).
 pub fn gpt_tp_plan(sequence_parallel: bool, loss_parallel: bool) -> ParallelPlan {

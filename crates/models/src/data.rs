@@ -1,11 +1,13 @@
-//! Token batches: the harness's `batch.safetensors` (`input_ids`, `targets`, int64
+//! Token batches of the language models ([`TokenBatch`]): the harness's `batch.safetensors` (`input_ids`, `targets`, int64
 //! `[S, B, T']`) and their per-rank row slices; [`pattern_batch`], a batch from a fixed rule
 //! for the memory benches and tests.
 
-use super::config::GptConfig;
 use crate::tensor_file::{self, HostTensor};
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use std::path::Path;
+
+/// A batch of a language model: token ids and targets, `[B, T]` each.
+pub type TokenBatch = (Tensor<2, Int>, Tensor<2, Int>);
 
 /// `S` steps of `B × T'` token ids and targets.
 #[derive(Debug, Clone)]
@@ -56,8 +58,13 @@ impl Batches {
     }
 }
 
-/// Reads and validates a harness data file against `cfg`.
-pub fn load_batches(path: impl AsRef<Path>, cfg: &GptConfig) -> Result<Batches, String> {
+/// Reads a harness data file and checks it against a model of `vocab_size` tokens and
+/// sequences of at most `max_seq_len`.
+pub fn load_batches(
+    path: impl AsRef<Path>,
+    vocab_size: usize,
+    max_seq_len: usize,
+) -> Result<Batches, String> {
     let path = path.as_ref();
     let mut tensors = tensor_file::read(path)?;
     let mut take = |name: &str| match tensors.remove(name) {
@@ -77,23 +84,21 @@ pub fn load_batches(path: impl AsRef<Path>, cfg: &GptConfig) -> Result<Batches, 
             path.display()
         ));
     }
-    if shape[2] > cfg.max_seq_len {
+    if shape[2] > max_seq_len {
         return Err(format!(
-            "{}: sequence length {} exceeds max_seq_len {}",
+            "{}: sequence length {} exceeds the model's longest sequence {max_seq_len}",
             path.display(),
             shape[2],
-            cfg.max_seq_len
         ));
     }
     let bad = ids
         .iter()
         .chain(&targets)
-        .find(|&&t| t < 0 || t as usize >= cfg.vocab_size);
+        .find(|&&t| t < 0 || t as usize >= vocab_size);
     if let Some(t) = bad {
         return Err(format!(
-            "{}: token {t} is outside the vocabulary 0..{}",
+            "{}: token {t} is outside the vocabulary 0..{vocab_size}",
             path.display(),
-            cfg.vocab_size
         ));
     }
     Ok(Batches::new(ids, targets, [shape[0], shape[1], shape[2]]))
@@ -108,7 +113,7 @@ pub fn pattern_batch(
     seq: usize,
     step: usize,
     device: &Device,
-) -> super::parallelize::TokenBatch {
+) -> TokenBatch {
     let make = |a: usize, b: usize| {
         let v: Vec<i64> = (0..rows * seq)
             .map(|i| ((i * a + step * b + 1) % vocab) as i64)

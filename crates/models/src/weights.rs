@@ -1,13 +1,14 @@
-//! Loading and saving the GPT's parameters as safetensors in PyTorch layout, through
-//! burn-store. The model stores its parameters in PyTorch's layout under the contract's
-//! names already (see [`crate::layers`]), so files map one to one with no adapter.
+//! Loading and saving a model's parameters as one safetensors file in PyTorch layout, through
+//! burn-store. The models store their parameters in PyTorch's layout under the names of
+//! their reference (the parity contract's for the GPT, transformers' for the Llama; see
+//! [`crate::layers`]), so files map one to one with no adapter.
 
-use super::model::Gpt;
+use burn::module::Module;
 use burn_store::{ModuleSnapshot, SafetensorsStore};
 use std::path::Path;
 
 /// Writes every parameter of `model` to `path` (f32, PyTorch names and layout).
-pub fn save(model: &Gpt, path: impl AsRef<Path>) -> Result<(), String> {
+pub fn save<M: Module>(model: &M, path: impl AsRef<Path>) -> Result<(), String> {
     let path = path.as_ref();
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir)
@@ -21,7 +22,7 @@ pub fn save(model: &Gpt, path: impl AsRef<Path>) -> Result<(), String> {
 
 /// Loads every parameter of `model` from `path`; fails, naming them, if the file lacks
 /// parameters, has extra tensors, or has a shape the model does not.
-pub fn load(mut model: Gpt, path: impl AsRef<Path>) -> Result<Gpt, String> {
+pub fn load<M: Module>(mut model: M, path: impl AsRef<Path>) -> Result<M, String> {
     let path = path.as_ref();
     let mut store = SafetensorsStore::from_file(path).allow_partial(true);
     let result = model

@@ -1,0 +1,224 @@
+//! How the Llama is parallelized, from outside its code: its [`ParallelModel`] description —
+//! the tensor-parallel plan (torchtitan's Llama plan), the checks a plan cannot see, the
+//! layers it runs through `bonfire_dtensor::layer`, and its pipeline pieces, which run the
+//! very functions [`Llama::forward`] runs ([`embed`], `DecoderLayer::forward`, [`head`]),
+//! the decoder layers among them checkpointable.
+//!
+//! | module | without SP | with sequence parallelism |
+//! |---|---|---|
+//! | `model.embed_tokens` | vocab-parallel (row-wise), output all-reduced | vocab-parallel, output reduce-scattered along the sequence |
+//! | `model.layers.*.input_layernorm`, `post_attention_layernorm`, `model.norm` | replicated | `SequenceParallel` |
+//! | `self_attn.q_proj`, `k_proj`, `v_proj`, `mlp.gate_proj`, `up_proj` | column-wise | column-wise, input all-gathered along the sequence |
+//! | `self_attn.o_proj`, `mlp.down_proj` | row-wise, output all-reduced | row-wise, output reduce-scattered along the sequence |
+//! | `lm_head` | column-wise, output gathered (or kept vocab-sharded for `loss_parallel`) | the same, input all-gathered along the sequence |
+//!
+//! Rank r of tp holds query heads r·h/tp .. (r+1)·h/tp and key/value heads
+//! r·h_kv/tp .. (r+1)·h_kv/tp — the ones its query heads attend with — so tp must divide
+//! both head counts.
+
+use super::model::{DecoderLayer, Llama, embed, head};
+use crate::data::TokenBatch;
+use crate::gpt::cross_entropy;
+use crate::layers::{Embedding, Linear, RmsNorm};
+use bonfire_dtensor::parallel::{
+    ColwiseParallel, Layout, ParallelPlan, RowwiseParallel, SequenceParallel, loss_parallel,
+};
+use bonfire_pipeline::Block;
+use bonfire_train::{Axis, LayoutError, ParallelDims, ParallelModel, Pipeline, TpOptions};
+use burn::module::Module;
+use burn::tensor::Tensor;
+
+/// The Llama's tensor-parallel plan (see the module docs).
+pub fn llama_tp_plan(sequence_parallel: bool, loss_parallel: bool) -> ParallelPlan {
+    let head_out = if loss_parallel {
+        Layout::Shard(-1)
+    } else {
+        Layout::Replicate
+    };
+    let seq = Layout::Shard(1);
+    let (colwise, rowwise, embedding) = if sequence_parallel {
+        (
+            ColwiseParallel::default().input_layout(seq),
+            RowwiseParallel::default().output_layout(seq),
+            RowwiseParallel::vocab_embedding(seq),
+        )
+    } else {
+        (
+            ColwiseParallel::default(),
+            RowwiseParallel::default(),
+            RowwiseParallel::vocab_embedding(Layout::Replicate),
+        )
+    };
+    let mut plan = ParallelPlan::new().add("model.embed_tokens", embedding);
+    for part in ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"] {
+        plan = plan.add(format!("model.layers.*.{part}"), colwise);
+    }
+    plan = plan
+        .add("model.layers.*.self_attn.o_proj", rowwise)
+        .add("model.layers.*.mlp.gate_proj", colwise)
+        .add("model.layers.*.mlp.up_proj", colwise)
+        .add("model.layers.*.mlp.down_proj", rowwise)
+        .add("lm_head", colwise.output_layout(head_out));
+    if sequence_parallel {
+        let sp = SequenceParallel::default();
+        for path in [
+            "model.layers.*.input_layernorm",
+            "model.layers.*.post_attention_layernorm",
+            "model.norm",
+        ] {
+            plan = plan.add(path, sp);
+        }
+    }
+    plan
+}
+
+fn divisible(degree: usize, what: &str, value: usize) -> Result<(), LayoutError> {
+    if value % degree == 0 {
+        return Ok(());
+    }
+    Err(LayoutError::NotDivisible {
+        axis: Axis::Tp,
+        degree,
+        what: what.into(),
+        value,
+    })
+}
+
+impl ParallelModel for Llama {
+    type Batch = TokenBatch;
+
+    fn loss(&self, (ids, targets): TokenBatch) -> Tensor<1> {
+        Llama::loss(self, ids, targets)
+    }
+
+    /// Query heads, key/value heads, the vocabulary and the MLP width must split evenly
+    /// over tp.
+    fn check_layout(&self, dims: &ParallelDims) -> Result<(), LayoutError> {
+        let tp = dims.tp();
+        if let Some(l) = self.model.layers.first() {
+            let a = &l.self_attn;
+            let (q, kv) = (a.q_proj.weight.dims()[0], a.k_proj.weight.dims()[0]);
+            let hd = a.head_dim();
+            if kv / hd < tp && tp % (kv / hd) == 0 {
+                return Err(LayoutError::axis(
+                    Axis::Tp,
+                    tp,
+                    format!(
+                        "tp exceeds num_key_value_heads {}: replicating a kv head over the \
+                         ranks that share it is not supported yet",
+                        kv / hd
+                    ),
+                ));
+            }
+            divisible(tp, "num_attention_heads", q / hd)?;
+            divisible(tp, "num_key_value_heads", kv / hd)?;
+            divisible(tp, "intermediate_size", l.mlp.gate_proj.weight.dims()[0])?;
+        }
+        divisible(tp, "vocab_size", self.lm_head.weight.dims()[0])
+    }
+
+    /// Sequence parallelism shards the sequence over tp.
+    fn check_batch(&self, dims: &ParallelDims, (ids, _): &TokenBatch) -> Result<(), LayoutError> {
+        if dims.tp_options.sequence_parallel {
+            divisible(dims.tp(), "the sequence length", ids.dims()[1])?;
+        }
+        Ok(())
+    }
+
+    fn tensor_parallel_plan(&self, options: TpOptions) -> Option<ParallelPlan> {
+        Some(llama_tp_plan(
+            options.sequence_parallel,
+            options.loss_parallel,
+        ))
+    }
+
+    fn layers(&self) -> Vec<String> {
+        let mut out = vec!["model.embed_tokens".to_string()];
+        for i in 0..self.model.layers.len() {
+            for part in [
+                "input_layernorm",
+                "self_attn",
+                "post_attention_layernorm",
+                "mlp",
+            ] {
+                out.push(format!("model.layers.{i}.{part}"));
+            }
+        }
+        out.extend(["model.norm".to_string(), "lm_head".to_string()]);
+        out
+    }
+
+    /// The embedding, each decoder layer, the final norm with the head; token ids enter as
+    /// floats `[B, T, 1]`; the loss is cross-entropy, vocab-parallel when the head's logits
+    /// stay sharded. The decoder layers are the checkpointable layers.
+    fn pipeline(self) -> Option<Pipeline<TokenBatch>> {
+        let layers: Vec<String> = (0..self.model.layers.len())
+            .map(|i| format!("model.layers.{i}"))
+            .collect();
+        let group = self.lm_head.output_shard_group();
+        let loss = move |logits: Tensor<3>, (_, targets): &TokenBatch| match &group {
+            Some(g) => loss_parallel(logits, targets.clone(), g),
+            None => cross_entropy(logits, targets.clone()),
+        };
+        let input = |(ids, _): &TokenBatch| ids.clone().float().unsqueeze_dim::<3>(2);
+        Some(Pipeline::new(pieces(self), input, loss).with_checkpointable(layers))
+    }
+}
+
+/// The final norm and the output projection (the last piece).
+#[derive(Module, Debug)]
+pub struct HeadPiece {
+    /// `model.norm`.
+    pub norm: RmsNorm,
+    /// `lm_head`.
+    pub lm_head: Linear,
+}
+
+/// One piece of the Llama as a pipeline block: activations are `[B, T, d]`; the embedding
+/// reads token ids as floats `[B, T, 1]`, the head writes logits `[B, T, V]`.
+// A handful of pieces per rank: the size difference of the variants does not matter.
+#[allow(clippy::large_enum_variant)]
+#[derive(Module, Debug)]
+pub enum Piece {
+    /// `model.embed_tokens`.
+    Embed(Embedding),
+    /// `model.layers.i`.
+    Layer(DecoderLayer),
+    /// `model.norm` and `lm_head`.
+    Head(HeadPiece),
+}
+
+impl Block<3> for Piece {
+    fn forward(&self, x: Tensor<3>) -> Tensor<3> {
+        match self {
+            Piece::Embed(e) => embed(e, x.squeeze_dim::<2>(2).int()),
+            Piece::Layer(l) => l.forward(x),
+            Piece::Head(h) => head(&h.norm, &h.lm_head, x),
+        }
+    }
+}
+
+/// The Llama's pieces in order, named by the module path where each begins:
+/// `model.embed_tokens`, `model.layers.0`, …, `model.norm` (parameters in the model's order).
+pub fn pieces(model: Llama) -> Vec<(String, Piece)> {
+    let Llama { model, lm_head } = model;
+    let mut out = vec![(
+        "model.embed_tokens".to_string(),
+        Piece::Embed(model.embed_tokens),
+    )];
+    out.extend(
+        model
+            .layers
+            .into_iter()
+            .enumerate()
+            .map(|(i, l)| (format!("model.layers.{i}"), Piece::Layer(l))),
+    );
+    out.push((
+        "model.norm".to_string(),
+        Piece::Head(HeadPiece {
+            norm: model.norm,
+            lm_head,
+        }),
+    ));
+    out
+}

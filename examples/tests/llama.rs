@@ -1,0 +1,261 @@
+//! The Llama against Hugging Face transformers, and in every kind of layout against one
+//! device.
+//!
+//! **transformers, in float64** (`fixtures/llama/`, written by its `generate.py`; no Bonfire
+//! code computed it): Bonfire loads the fixture's `config.json` and `model.safetensors` as
+//! `save_pretrained` wrote them, computes the logits of a batch, and trains 2 steps with SGD
+//! and with AdamW on one device; logits, losses, every step-0 gradient and every parameter
+//! after the steps equal transformers' within f32's error of a float64 result.
+//!
+//! **Layouts** (the GPT's suite, `tests/layouts.rs`, on the Llama: 4 query heads, 2 key/value
+//! heads, 4 layers): dp with ZeRO 0–3 (± offload), tp = 2 ± sequence and loss parallelism,
+//! every pipeline schedule, their compositions, activation checkpointing — every loss,
+//! step-0 gradient and parameter after 3 steps within 1e-5 relative of one device, SGD and
+//! AdamW.
+
+mod common;
+
+use bonfire_comm::testing::{Tolerance, assert_close};
+use bonfire_examples::cli::LayoutArgs;
+use bonfire_examples::default_device;
+use bonfire_examples::harness::{self, HarnessConfig, HarnessResult};
+use bonfire_models::data::{self, Batches};
+use bonfire_models::llama::{Llama, LlamaConfig};
+use bonfire_models::tensor_file::{self, HostTensor};
+use bonfire_models::weights;
+use bonfire_train::OptimizerKind;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::OnceLock;
+
+fn fixture_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures/llama")
+}
+
+/// The fixture's reference tensors (f32 values of float64 results).
+fn reference() -> BTreeMap<String, Vec<f32>> {
+    tensor_file::read(fixture_dir().join("reference.safetensors"))
+        .unwrap()
+        .into_iter()
+        .filter_map(|(k, v)| match v {
+            HostTensor::F32 { data, .. } => Some((k, data)),
+            HostTensor::I64 { .. } => None,
+        })
+        .collect()
+}
+
+/// f32 against a float64 result: relative 1e-5 with a floor for elements that cancel.
+const F64: Tolerance = Tolerance::new(1e-5, 1e-6);
+
+#[test]
+fn transformers_config_and_weights_load() {
+    let HarnessConfig::Llama(cfg) =
+        HarnessConfig::load(&fixture_dir().join("config.json")).unwrap()
+    else {
+        panic!("a Llama config");
+    };
+    assert_eq!(
+        cfg,
+        LlamaConfig {
+            rope_theta: 10_000.0,
+            ..LlamaConfig::tiny()
+        }
+    );
+    // Every tensor of the file is a parameter and every parameter is in the file.
+    weights::load(
+        Llama::new(&cfg, &default_device()),
+        fixture_dir().join("model.safetensors"),
+    )
+    .unwrap();
+    let other = LlamaConfig {
+        intermediate_size: 32,
+        ..cfg
+    };
+    let err = weights::load(
+        Llama::new(&other, &default_device()),
+        fixture_dir().join("model.safetensors"),
+    )
+    .unwrap_err();
+    assert!(err.contains("mlp.gate_proj"), "{err}");
+}
+
+#[test]
+fn logits_and_training_match_transformers_in_float64() {
+    let dir = fixture_dir();
+    let HarnessConfig::Llama(cfg) = HarnessConfig::load(&dir.join("config.json")).unwrap() else {
+        panic!("a Llama config");
+    };
+    let device = default_device();
+    let model = weights::load(Llama::new(&cfg, &device), dir.join("model.safetensors")).unwrap();
+    let batches = data::load_batches(
+        dir.join("batch.safetensors"),
+        cfg.vocab_size,
+        cfg.max_position_embeddings,
+    )
+    .unwrap();
+    let want = reference();
+    let (ids, _) = batches.rows(0, 0, batches.batch, &device);
+    let logits = model.forward(ids).into_data().try_to_vec::<f32>().unwrap();
+    let c = assert_close("logits", &logits, &want["logits"], F64);
+    println!("transformers logits: {c}");
+    let dims = LayoutArgs::mesh("dp=1").dims("dp=1").unwrap();
+    for (optim, name, lr) in [
+        (OptimizerKind::Sgd, "sgd", 0.5),
+        (OptimizerKind::AdamW, "adamw", 0.01),
+    ] {
+        let got = harness::train(&model, &batches, &dims, optim, batches.steps(), lr).unwrap();
+        let mut worst = assert_close(name, &got.losses, &want[&format!("{name}.loss")], F64);
+        assert_eq!(got.params.len(), 3 + 9 * cfg.num_hidden_layers);
+        for (param, (_, values)) in &got.params {
+            let w = &want[&format!("{name}.{param}")];
+            worst = worst.max(assert_close(&format!("{name} {param}"), values, w, F64));
+            let g = &want[&format!("grad0.{param}")];
+            worst = worst.max(assert_close(
+                &format!("grad0.{param}"),
+                &got.grad0[param],
+                g,
+                F64,
+            ));
+        }
+        println!("transformers {name}: {worst}");
+    }
+}
+
+const STEPS: usize = 3;
+const ROWS: usize = 8;
+
+/// 4 query heads, 2 kv heads, 4 layers (6 pipeline pieces), seq 8.
+fn cfg() -> LlamaConfig {
+    LlamaConfig {
+        num_hidden_layers: 4,
+        ..LlamaConfig::tiny()
+    }
+}
+
+struct Fixture {
+    model: Llama,
+    batches: Batches,
+    reference: [HarnessResult; 2],
+}
+
+fn lr(optim: OptimizerKind) -> f64 {
+    common::gpt_lr(optim)
+}
+
+fn fixture() -> &'static Fixture {
+    static F: OnceLock<Fixture> = OnceLock::new();
+    F.get_or_init(|| {
+        let cfg = cfg();
+        let model = common::seeded(5, &default_device(), |d| Llama::new(&cfg, d));
+        let batches = common::random_batches(
+            &bonfire_examples::GptConfig {
+                vocab_size: cfg.vocab_size,
+                max_seq_len: cfg.max_position_embeddings,
+                ..common::gpt_cfg()
+            },
+            STEPS,
+            ROWS,
+            11,
+        );
+        let single = |optim| {
+            let dims = LayoutArgs::mesh("dp=1").dims("dp=1").unwrap();
+            harness::train(&model, &batches, &dims, optim, STEPS, lr(optim)).unwrap()
+        };
+        let reference = [single(OptimizerKind::Sgd), single(OptimizerKind::AdamW)];
+        Fixture {
+            model,
+            batches,
+            reference,
+        }
+    })
+}
+
+/// `flags`: `sp`, `lp`, `offload`, `ac` (space separated).
+fn layout(
+    mesh: &str,
+    zero: usize,
+    schedule: Option<&str>,
+    m: Option<usize>,
+    flags: &str,
+) -> LayoutArgs {
+    LayoutArgs {
+        mesh: Some(mesh.into()),
+        zero,
+        schedule: schedule.map(str::to_string),
+        microbatches: m,
+        sequence_parallel: flags.contains("sp"),
+        loss_parallel: flags.contains("lp"),
+        offload: flags.contains("offload"),
+        activation_checkpointing: flags.contains("ac").then_some(1),
+        ..LayoutArgs::default()
+    }
+}
+
+fn check(cases: &[LayoutArgs]) {
+    let f = fixture();
+    for (k, optim) in [OptimizerKind::Sgd, OptimizerKind::AdamW]
+        .into_iter()
+        .enumerate()
+    {
+        let tol = match optim {
+            OptimizerKind::Sgd => common::SGD,
+            OptimizerKind::AdamW => common::adamw(lr(optim)),
+        };
+        for case in cases {
+            let dims = case.dims("dp=1").unwrap();
+            let what = format!("llama {dims} {}", optim.name());
+            let got = harness::train(&f.model, &f.batches, &dims, optim, STEPS, lr(optim))
+                .unwrap_or_else(|e| panic!("{what}: {e}"));
+            let closeness = common::assert_same_run(&what, &got, &f.reference[k], tol);
+            println!("parity {what}: {closeness}");
+        }
+    }
+}
+
+#[test]
+fn data_parallel_with_every_zero_stage() {
+    let mut cases: Vec<LayoutArgs> = (0..=3).map(|z| layout("dp=2", z, None, None, "")).collect();
+    cases.push(layout("dp=2", 2, None, None, "offload"));
+    cases.push(layout("dp=2", 3, None, None, "ac"));
+    check(&cases);
+}
+
+#[test]
+fn tensor_parallel_with_sequence_and_loss_parallelism() {
+    let cases: Vec<LayoutArgs> = ["", "sp", "lp", "sp lp ac"]
+        .into_iter()
+        .map(|flags| layout("tp=2", 0, None, None, flags))
+        .collect();
+    check(&cases);
+}
+
+#[test]
+fn pipelines_with_every_schedule() {
+    let cases: Vec<LayoutArgs> = ["gpipe", "1f1b", "interleaved", "zb", "zb-v"]
+        .into_iter()
+        .map(|s| layout("pp=2", 0, Some(s), Some(4), ""))
+        .collect();
+    check(&cases);
+}
+
+#[test]
+fn compositions() {
+    check(&[
+        layout("dp=2,tp=2", 3, None, None, "sp lp"),
+        layout("dp=2,pp=2", 1, Some("1f1b"), Some(2), ""),
+        layout("tp=2,pp=2", 0, Some("zb"), Some(2), "sp lp"),
+        layout("dp=2,tp=2,pp=2", 2, Some("interleaved"), Some(2), "sp ac"),
+    ]);
+}
+
+/// tp above the key/value heads is refused before anything is built, naming the heads.
+#[test]
+fn tp_beyond_the_kv_heads_is_refused() {
+    let f = fixture();
+    let dims = layout("tp=4", 0, None, None, "").dims("dp=1").unwrap();
+    let err = harness::train(&f.model, &f.batches, &dims, OptimizerKind::Sgd, 1, 0.1).unwrap_err();
+    assert!(
+        err.contains("tp=4") && err.contains("num_key_value_heads 2"),
+        "{err}"
+    );
+}
