@@ -22,6 +22,7 @@ pub struct CountingAllocator {
 }
 
 impl CountingAllocator {
+    /// A counter at zero live bytes and zero peak (`const`, for a `static`).
     pub const fn new() -> Self {
         Self {
             live: AtomicIsize::new(0),
