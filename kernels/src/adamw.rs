@@ -13,10 +13,13 @@ use burn::tensor::{Device, Tensor};
 /// Configuration of [`FusedAdamW`]; the defaults are those of Burn's `AdamWConfig`.
 #[derive(Config, Debug)]
 pub struct FusedAdamWConfig {
+    /// Decay rate of the first moment (running mean of the gradient).
     #[config(default = 0.9)]
     pub beta_1: f32,
+    /// Decay rate of the second moment (running mean of the squared gradient).
     #[config(default = 0.999)]
     pub beta_2: f32,
+    /// Added to `√v̂` in the denominator of the update, so it never divides by zero.
     #[config(default = 1e-5)]
     pub epsilon: f32,
     /// Decoupled weight decay: `p ← p·(1 − lr·weight_decay)` before the update.

@@ -16,10 +16,15 @@ use std::time::Duration;
 /// What a backend needs to know about the call it is running, and helpers to build errors
 /// that carry the group name and the flight recorder.
 pub struct CallContext<'a> {
+    /// The caller's description of this call, to compare with every peer's.
     pub fingerprint: Fingerprint,
+    /// How long to wait for the peers before giving up with a timeout.
     pub timeout: Duration,
+    /// Name of the group the call runs on, for error messages.
     pub group: &'a str,
+    /// The caller's rank in that group.
     pub rank: usize,
+    /// The group's flight recorder, dumped into timeout and mismatch errors.
     pub recorder: &'a FlightRecorder,
 }
 

@@ -20,35 +20,59 @@ pub type Counts<'a> = Option<&'a [usize]>;
 #[derive(Debug)]
 pub enum Collective<'a> {
     /// Every rank ends with the reduction of all ranks' `buf`.
-    AllReduce { buf: BufMut<'a>, op: ReduceOp },
+    AllReduce {
+        /// Each rank's input, overwritten with the result.
+        buf: BufMut<'a>,
+        /// How the ranks' values combine.
+        op: ReduceOp,
+    },
     /// Every rank ends with `root`'s `buf`.
-    Broadcast { buf: BufMut<'a>, root: usize },
+    Broadcast {
+        /// The root's data to send; every other rank's buffer, overwritten with it.
+        buf: BufMut<'a>,
+        /// The rank whose buffer is sent.
+        root: usize,
+    },
     /// `root`'s `buf` ends with the reduction; other ranks' buffers are left unchanged.
     Reduce {
+        /// Each rank's input; on `root`, overwritten with the result.
         buf: BufMut<'a>,
+        /// How the ranks' values combine.
         op: ReduceOp,
+        /// The rank that receives the reduction.
         root: usize,
     },
     /// `recv` is the concatenation of every rank's `send`, in rank order. With `counts`,
     /// rank r contributes `counts[r]` elements.
     AllGather {
+        /// This rank's contribution.
         send: BufRef<'a>,
+        /// Receives every rank's contribution: `send.len()` × ranks elements, or the sum of
+        /// `counts`.
         recv: BufMut<'a>,
+        /// Elements contributed by each rank, or `None` when every rank sends `send.len()`.
         counts: Counts<'a>,
     },
     /// `send` is split in rank order (by `counts` when given); rank r receives the reduction
     /// of every rank's r-th piece.
     ReduceScatter {
+        /// This rank's full input, every rank's piece in rank order.
         send: BufRef<'a>,
+        /// Receives the reduction of this rank's piece.
         recv: BufMut<'a>,
+        /// How the ranks' pieces combine.
         op: ReduceOp,
+        /// Length of each rank's piece, or `None` when every piece is `recv.len()` long.
         counts: Counts<'a>,
     },
     /// Rank r sends piece j of `send` to rank j and stores the piece from rank j at position
     /// j of `recv`. Uneven: `send_counts[j]` elements go to j, `recv_counts[j]` come from j.
     AllToAll {
+        /// The pieces for every rank, in rank order.
         send: BufRef<'a>,
+        /// Receives the pieces from every rank, in rank order.
         recv: BufMut<'a>,
+        /// Per-peer counts of the uneven form, or `None` to split both buffers evenly.
         counts: Option<AllToAllCounts<'a>>,
     },
     /// Returns once every rank has entered.
@@ -58,7 +82,9 @@ pub enum Collective<'a> {
 /// Per-peer counts of an uneven all-to-all.
 #[derive(Debug, Clone, Copy)]
 pub struct AllToAllCounts<'a> {
+    /// `send[j]`: elements this rank sends to rank `j`.
     pub send: &'a [usize],
+    /// `recv[j]`: elements this rank receives from rank `j`.
     pub recv: &'a [usize],
 }
 
@@ -128,6 +154,7 @@ impl Collective<'_> {
 /// or device memory ([`crate::DeviceCollective`]).
 #[derive(Debug, Clone, Copy)]
 pub struct Shape<'a> {
+    /// Which collective the call is.
     pub kind: OpKind,
     /// Element type and length of the input buffer (the one buffer of an in-place call).
     pub send: (DType, usize),
@@ -137,7 +164,9 @@ pub struct Shape<'a> {
     pub counts: Counts<'a>,
     /// Per-peer counts of an uneven all-to-all.
     pub all_to_all: Option<AllToAllCounts<'a>>,
+    /// Root rank of a broadcast or reduce.
     pub root: Option<usize>,
+    /// Reduce op of an all-reduce, reduce or reduce-scatter.
     pub op: Option<ReduceOp>,
 }
 

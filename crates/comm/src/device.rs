@@ -23,12 +23,16 @@ use crate::{DType, OpKind, ReduceOp};
 /// `len` elements of `dtype` at address `ptr` of the backend's device memory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DeviceBuf {
+    /// Device address of the first element.
     pub ptr: u64,
+    /// Number of elements (not bytes).
     pub len: usize,
+    /// Element type.
     pub dtype: DType,
 }
 
 impl DeviceBuf {
+    /// `len` elements of `dtype` starting at device address `ptr`.
     pub fn new(ptr: u64, len: usize, dtype: DType) -> Self {
         Self { ptr, len, dtype }
     }
@@ -45,28 +49,41 @@ impl DeviceBuf {
 pub enum DeviceCollective<'a> {
     /// `recv` becomes the reduction of every rank's `send`.
     AllReduce {
+        /// This rank's input.
         send: DeviceBuf,
+        /// Receives the reduction; same type and length as `send`.
         recv: DeviceBuf,
+        /// How the ranks' values combine.
         op: ReduceOp,
     },
     /// Every rank's `recv` becomes `root`'s `send`.
     Broadcast {
+        /// The data to send (read on `root` only).
         send: DeviceBuf,
+        /// Receives `root`'s data; same type and length as `send`.
         recv: DeviceBuf,
+        /// The rank whose `send` is broadcast.
         root: usize,
     },
     /// `recv` becomes every rank's `send` in rank order (`counts[r]` elements from rank `r`).
     AllGather {
+        /// This rank's contribution.
         send: DeviceBuf,
+        /// Receives every rank's contribution, in rank order.
         recv: DeviceBuf,
+        /// Elements contributed by each rank, or `None` when every rank sends `send.len`.
         counts: Counts<'a>,
     },
     /// `send` split in rank order (by `counts`); `recv` becomes the reduction of every
     /// rank's piece `rank`.
     ReduceScatter {
+        /// This rank's full input, every rank's piece in rank order.
         send: DeviceBuf,
+        /// Receives the reduction of this rank's piece.
         recv: DeviceBuf,
+        /// How the ranks' pieces combine.
         op: ReduceOp,
+        /// Length of each rank's piece, or `None` when every piece is `recv.len` long.
         counts: Counts<'a>,
     },
 }

@@ -10,12 +10,19 @@ use std::fmt;
 /// The element type of a communication buffer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum DType {
+    /// 32-bit IEEE float (`f32`).
     F32,
+    /// 64-bit IEEE float (`f64`).
     F64,
+    /// 16-bit IEEE half float ([`half::f16`]).
     F16,
+    /// 16-bit brain float: `f32`'s exponent range, 8-bit mantissa ([`half::bf16`]).
     BF16,
+    /// 32-bit signed integer (`i32`).
     I32,
+    /// 64-bit signed integer (`i64`).
     I64,
+    /// Unsigned byte (`u8`); also the type of a barrier, which moves nothing.
     U8,
 }
 
@@ -146,6 +153,7 @@ impl<'a> BufRef<'a> {
         );
         Self { dtype, bytes }
     }
+    /// Element type of the buffer.
     pub fn dtype(&self) -> DType {
         self.dtype
     }
@@ -153,9 +161,11 @@ impl<'a> BufRef<'a> {
     pub fn len(&self) -> usize {
         self.bytes.len() / self.dtype.size()
     }
+    /// Whether the buffer holds no element.
     pub fn is_empty(&self) -> bool {
         self.bytes.is_empty()
     }
+    /// The buffer's raw bytes.
     pub fn bytes(&self) -> &'a [u8] {
         self.bytes
     }
@@ -178,6 +188,7 @@ impl<'a> BufMut<'a> {
         );
         Self { dtype, bytes }
     }
+    /// Element type of the buffer.
     pub fn dtype(&self) -> DType {
         self.dtype
     }
@@ -185,12 +196,15 @@ impl<'a> BufMut<'a> {
     pub fn len(&self) -> usize {
         self.bytes.len() / self.dtype.size()
     }
+    /// Whether the buffer holds no element.
     pub fn is_empty(&self) -> bool {
         self.bytes.is_empty()
     }
+    /// The buffer's raw bytes.
     pub fn bytes(&self) -> &[u8] {
         self.bytes
     }
+    /// The buffer's raw bytes, writable.
     pub fn bytes_mut(&mut self) -> &mut [u8] {
         self.bytes
     }

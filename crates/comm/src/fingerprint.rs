@@ -10,14 +10,23 @@ use std::fmt;
 /// The kind of a communication call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum OpKind {
+    /// Every rank gets the reduction of every rank's buffer.
     AllReduce,
+    /// Every rank gets the root's buffer.
     Broadcast,
+    /// The root gets the reduction of every rank's buffer.
     Reduce,
+    /// Every rank gets every rank's buffer, concatenated in rank order.
     AllGather,
+    /// Each rank gets the reduction of its piece of every rank's buffer.
     ReduceScatter,
+    /// Each rank sends a piece to every rank and receives one from every rank.
     AllToAll,
+    /// Waits until every rank has entered; moves no data.
     Barrier,
+    /// Point-to-point: sends a message to one rank.
     Send,
+    /// Point-to-point: receives a message from one rank.
     Recv,
 }
 
@@ -46,7 +55,9 @@ pub struct Fingerprint {
     /// Position of the call in this group's sequence of collectives (0-based); for send/recv,
     /// the position in the (source, destination, tag) channel.
     pub seq: u64,
+    /// The kind of call (`Send` or `Recv` for point-to-point).
     pub op: OpKind,
+    /// Element type of the data moved (u8 for a barrier).
     pub dtype: DType,
     /// The element count every rank must agree on: the buffer length for all_reduce /
     /// broadcast / reduce, the total (gathered / scattered) length for all_gather /
@@ -55,7 +66,9 @@ pub struct Fingerprint {
     /// A digest of per-rank counts for the uneven forms (0 for the even forms). For
     /// all_to_all it digests this rank's row of the exchange; backends check pairs instead.
     pub layout: u64,
+    /// Root rank of a broadcast or reduce (`None` for the other calls).
     pub root: Option<u32>,
+    /// Reduce op of an all_reduce, reduce or reduce_scatter (`None` for the other calls).
     pub reduce_op: Option<ReduceOp>,
     /// The message tag (send/recv only).
     pub tag: Option<u64>,

@@ -16,17 +16,24 @@ pub const RECORDER_CAPACITY: usize = 32;
 /// The state of a recorded call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CallState {
+    /// The call has started and not returned yet (or never did).
     Started,
+    /// The call returned successfully.
     Completed,
+    /// The call returned an error.
     Failed,
 }
 
 /// One recorded call.
 #[derive(Debug, Clone, Copy)]
 pub struct CallRecord {
+    /// What the call was.
     pub fingerprint: Fingerprint,
+    /// Whether it is running, completed or failed.
     pub state: CallState,
+    /// When it started.
     pub started: Instant,
+    /// How long it took, once finished (`None` while running).
     pub duration: Option<Duration>,
 }
 

@@ -13,15 +13,20 @@ use std::fmt;
 /// How values from different ranks are combined.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ReduceOp {
+    /// Element-wise sum (wrapping for integer types).
     Sum,
     /// Sum divided by the number of ranks (integer division for integer types).
     Avg,
+    /// Element-wise maximum.
     Max,
+    /// Element-wise minimum.
     Min,
+    /// Element-wise product (wrapping for integer types).
     Product,
 }
 
 impl ReduceOp {
+    /// Every operator, in a fixed order (used by conformance tests and the wire encoding).
     pub const ALL: [ReduceOp; 5] = [
         ReduceOp::Sum,
         ReduceOp::Avg,
@@ -207,9 +212,13 @@ fn combine_pair<T: Accumulate>(
 /// Where a reduction reads and writes: `n_src` sources and `n_dst` destinations of the
 /// same length, given as functions of their index so that callers need not allocate.
 pub struct Operands<'a> {
+    /// Number of sources.
     pub n_src: usize,
+    /// Start address of source `i`.
     pub src: &'a dyn Fn(usize) -> *const u8,
+    /// Number of destinations.
     pub n_dst: usize,
+    /// Start address of destination `i`.
     pub dst: &'a dyn Fn(usize) -> *mut u8,
     /// Write destinations with streaming stores (large buffers); call
     /// `memops::fence` afterwards.

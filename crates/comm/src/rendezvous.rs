@@ -30,12 +30,17 @@ fn error(message: String) -> CommError {
 /// Where rank 0 listens and what every rank agrees on.
 #[derive(Debug, Clone)]
 pub struct Rendezvous {
+    /// Host name or address of rank 0, which the other ranks connect to.
     pub master_addr: String,
+    /// TCP port rank 0 listens on.
     pub master_port: u16,
+    /// This process's rank (0 serves the payload).
     pub rank: usize,
+    /// Number of ranks taking part.
     pub size: usize,
     /// Must be equal on every rank (guards against two jobs sharing a port).
     pub key: u64,
+    /// Deadline of the whole rendezvous, from the start of [`Rendezvous::share`].
     pub timeout: Duration,
 }
 

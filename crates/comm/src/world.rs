@@ -51,10 +51,13 @@ pub struct LaunchEnv {
     pub started_by: StartedBy,
     /// The environment variable the launcher was recognised by.
     pub detected_by: &'static str,
+    /// This process's rank in the job.
     pub rank: usize,
+    /// Number of processes in the job.
     pub size: usize,
     /// Rank among the processes of this node (selects the GPU).
     pub local_rank: usize,
+    /// Number of processes of this job on this node (`size` when the launcher does not say).
     pub local_size: usize,
     /// `MASTER_ADDR` / `MASTER_PORT`, for TCP rendezvous (NCCL bootstrap).
     pub master: Option<(String, u16)>,
@@ -343,9 +346,11 @@ impl World {
     pub fn group(&self) -> &ProcessGroup {
         &self.group
     }
+    /// This process's rank in the job.
     pub fn rank(&self) -> usize {
         self.group.rank()
     }
+    /// Number of processes in the job.
     pub fn size(&self) -> usize {
         self.group.size()
     }

@@ -42,6 +42,7 @@ impl BucketPlan {
         Self { buckets, lens, loc }
     }
 
+    /// Number of buckets.
     pub fn num_buckets(&self) -> usize {
         self.buckets.len()
     }

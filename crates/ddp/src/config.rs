@@ -21,7 +21,10 @@ pub enum SyncMode {
     EveryStep,
     /// Local SGD: each rank steps on its own gradients and parameters are averaged every
     /// `every` steps. Less communication, slightly different optimization.
-    Periodic { every: u64 },
+    Periodic {
+        /// Steps between two parameter averages (0 never averages).
+        every: u64,
+    },
 }
 
 /// Configuration of [`crate::DistributedDataParallel`], builder style.
@@ -32,8 +35,11 @@ pub struct DdpConfig {
     /// Start each bucket's all-reduce during backward as soon as it is complete (needs a
     /// model that calls [`bonfire_dtensor::layer`]); `false` reduces everything after backward.
     pub overlap: bool,
+    /// What a parameter that got no gradient contributes (zeros, or an error).
     pub unused: UnusedParams,
+    /// Average gradients every step, or parameters every few steps (local SGD).
     pub sync: SyncMode,
+    /// How gradients travel in the all-reduce: f32, or 16 bits with error feedback.
     pub compression: Compression,
     /// Record per-step timings (forward, backward, each bucket) for traces.
     pub record_timings: bool,
@@ -66,6 +72,7 @@ impl DdpConfig {
             precision: bonfire_dtensor::MixedPrecision::f32(),
         }
     }
+    /// Sets the mixed-precision policy ([`DdpConfig::precision`]).
     pub fn with_precision(mut self, precision: bonfire_dtensor::MixedPrecision) -> Self {
         self.precision = precision;
         self
@@ -80,26 +87,33 @@ impl DdpConfig {
         self.bucket_bytes = bytes.max(4);
         self
     }
+    /// Reduces buckets during backward (`true`) or after it ([`DdpConfig::overlap`]).
     pub fn with_overlap(mut self, overlap: bool) -> Self {
         self.overlap = overlap;
         self
     }
+    /// Sets what parameters without a gradient do ([`DdpConfig::unused`]).
     pub fn with_unused(mut self, unused: UnusedParams) -> Self {
         self.unused = unused;
         self
     }
+    /// Sets when ranks synchronize ([`DdpConfig::sync`]).
     pub fn with_sync(mut self, sync: SyncMode) -> Self {
         self.sync = sync;
         self
     }
+    /// Sets the gradient compression ([`DdpConfig::compression`]).
     pub fn with_compression(mut self, compression: Compression) -> Self {
         self.compression = compression;
         self
     }
+    /// Turns the note about a model with no layers on or off
+    /// ([`DdpConfig::report_no_layers`]).
     pub fn with_report_no_layers(mut self, report: bool) -> Self {
         self.report_no_layers = report;
         self
     }
+    /// Turns per-step timing records on or off ([`DdpConfig::record_timings`]).
     pub fn with_record_timings(mut self, record: bool) -> Self {
         self.record_timings = record;
         self

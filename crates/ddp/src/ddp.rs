@@ -135,6 +135,7 @@ impl<M: Module> DistributedDataParallel<M> {
         let model = self.model.take().expect("model");
         (self.master.take().unwrap_or(model), self.optim)
     }
+    /// The configuration this wrapper was built with.
     pub fn config(&self) -> &DdpConfig {
         &self.config
     }

@@ -7,6 +7,7 @@ use bonfire_dtensor::DTensorError;
 /// failing), so no rank is left waiting in a collective.
 #[derive(Debug, thiserror::Error)]
 pub enum DdpError {
+    /// A collective on the process group failed (timeout, peer failure, mismatch...).
     #[error("bonfire-ddp: communication failed: {0}")]
     Comm(#[from] CommError),
     /// Ranks hold different parameter sets or shapes.

@@ -24,39 +24,65 @@ use std::fmt;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Problem {
     /// The schedule has the wrong number of action lists.
-    RankCount { expected: usize, found: usize },
+    RankCount {
+        /// Ranks of the stage map.
+        expected: usize,
+        /// Action lists in the schedule.
+        found: usize,
+    },
     /// An action that cannot be right on its own (index out of range, wrong peer, …).
     Invalid {
+        /// The rank whose action list holds the action.
         rank: usize,
+        /// Position of the action in that list.
         index: usize,
+        /// The offending action.
         action: Action,
+        /// What is wrong with it.
         why: String,
     },
     /// An action that runs before what it depends on, or runs twice.
     Order {
+        /// The rank whose action list holds the action.
         rank: usize,
+        /// Position of the action in that list.
         index: usize,
+        /// The offending action.
         action: Action,
+        /// What it should have come after, or that it already ran.
         why: String,
     },
     /// A (micro-batch, chunk) without its forward or backward.
-    Missing { rank: usize, what: String },
+    Missing {
+        /// The rank that should run it.
+        rank: usize,
+        /// The missing computation, e.g. `Forward(mb=3, chunk=1)`.
+        what: String,
+    },
     /// A send that no receive takes.
     UnmatchedSend {
+        /// The sending rank.
         rank: usize,
+        /// Position of the action in that list.
         index: usize,
+        /// The send.
         action: Action,
     },
     /// A receive that no send feeds.
     UnmatchedRecv {
+        /// The receiving rank.
         rank: usize,
+        /// Position of the action in that list.
         index: usize,
+        /// The receive.
         action: Action,
     },
     /// Every unfinished rank waits on a receive: `blocked` lists them (rank, index, action),
     /// `cycle` the ranks that wait on each other in a ring (empty if none).
     Deadlock {
+        /// Each waiting rank's blocked receive: (rank, index in its list, action).
         blocked: Vec<(usize, usize, Action)>,
+        /// Ranks waiting on each other in a ring, in order (empty if none).
         cycle: Vec<usize>,
     },
 }

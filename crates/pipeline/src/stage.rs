@@ -192,6 +192,7 @@ pub struct LocalChunks<M: Module> {
 }
 
 impl<M: Module> LocalChunks<M> {
+    /// Holds `chunks`, with no gradient accumulated yet.
     pub fn new(chunks: M) -> Self {
         Self {
             chunks,

@@ -5,6 +5,8 @@ pub use bonfire_layout::ZeroStage;
 /// Options of a [`crate::Zero`] wrapper.
 #[derive(Debug, Clone)]
 pub struct ZeroConfig {
+    /// What is sharded over the ranks: nothing (0), optimizer state (1), gradients too (2),
+    /// parameters too (3).
     pub stage: ZeroStage,
     /// Gradient bucket size for the stage-2 reduce-scatter, in bytes (f32).
     pub bucket_bytes: usize,
@@ -38,6 +40,8 @@ pub struct ZeroConfig {
 }
 
 impl ZeroConfig {
+    /// `stage` with the defaults: 4 MiB buckets, prefetch and recompute on, no offload (to
+    /// Burn's CPU device when turned on), fp32 throughout, no timings.
     pub fn new(stage: ZeroStage) -> Self {
         Self {
             stage,
@@ -51,18 +55,24 @@ impl ZeroConfig {
             record_timings: false,
         }
     }
+    /// Sets the mixed-precision policy ([`ZeroConfig::precision`]).
     pub fn with_precision(mut self, precision: bonfire_dtensor::MixedPrecision) -> Self {
         self.precision = precision;
         self
     }
+    /// Turns the note about a model with no layers on or off
+    /// ([`ZeroConfig::report_no_layers`]).
     pub fn with_report_no_layers(mut self, report: bool) -> Self {
         self.report_no_layers = report;
         self
     }
+    /// Stage 3: re-gathers parameters in backward (`true`) or keeps them from forward
+    /// ([`ZeroConfig::recompute`]).
     pub fn with_recompute(mut self, recompute: bool) -> Self {
         self.recompute = recompute;
         self
     }
+    /// Turns ZeRO-Offload on or off ([`ZeroConfig::offload`]).
     pub fn with_offload(mut self, offload: bool) -> Self {
         self.offload = offload;
         self
@@ -72,14 +82,18 @@ impl ZeroConfig {
         self.offload_device = device;
         self
     }
+    /// Stage 3: turns the all-gather of the next layer's parameters ahead of time on or off
+    /// ([`ZeroConfig::prefetch`]).
     pub fn with_prefetch(mut self, prefetch: bool) -> Self {
         self.prefetch = prefetch;
         self
     }
+    /// Turns per-step timing records on or off ([`ZeroConfig::record_timings`]).
     pub fn with_record_timings(mut self, record: bool) -> Self {
         self.record_timings = record;
         self
     }
+    /// Stage 2's gradient bucket size in bytes (at least 4, one f32).
     pub fn with_bucket_bytes(mut self, bytes: usize) -> Self {
         self.bucket_bytes = bytes.max(4);
         self

@@ -30,7 +30,9 @@ use std::collections::BTreeMap;
 /// the range's length for element-wise optimizers) and scalars (step counters).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct FlatState {
+    /// Each state tensor as (name, shape, values in f32), e.g. `momentum.moment_1`.
     pub tensors: Vec<(String, Vec<usize>, Vec<f32>)>,
+    /// Each state scalar as (name, value), e.g. `momentum.time`.
     pub scalars: Vec<(String, Scalar)>,
 }
 

@@ -19,9 +19,11 @@ pub struct Piece {
 }
 
 impl Piece {
+    /// Number of elements.
     pub fn len(&self) -> usize {
         self.within.len()
     }
+    /// Whether the piece holds no element.
     pub fn is_empty(&self) -> bool {
         self.within.is_empty()
     }
@@ -64,9 +66,11 @@ impl Partition {
     pub fn total(&self) -> usize {
         *self.offsets.last().unwrap_or(&0)
     }
+    /// Number of ranks the vector is split over.
     pub fn num_ranks(&self) -> usize {
         self.ranges.len()
     }
+    /// Number of parameters in the vector.
     pub fn num_params(&self) -> usize {
         self.offsets.len() - 1
     }

@@ -175,15 +175,19 @@ impl<M: Module> Zero<M> {
         };
         self.part.ranges[r].clone()
     }
+    /// How the flat parameter vector is split (over one owner at stage 0, every rank above).
     pub fn partition(&self) -> &Partition {
         &self.part
     }
+    /// The parameters ZeRO manages, in module order.
     pub fn params(&self) -> &[ParamInfo] {
         &self.infos
     }
+    /// The configuration this wrapper was built with.
     pub fn config(&self) -> &ZeroConfig {
         &self.config
     }
+    /// Number of optimizer steps taken so far.
     pub fn steps(&self) -> u64 {
         self.steps
     }

@@ -66,6 +66,9 @@ pub(crate) struct Scratch {
     matrix: Vec<u64>,
 }
 
+/// The [`Backend`] over one [`NcclComm`]: host buffers staged through reused device scratch,
+/// device buffers passed to NCCL as they are. [`NcclComm::into_group`] wraps one as a
+/// [`ProcessGroup`](crate::ProcessGroup).
 pub struct NcclBackend {
     comm: NcclComm,
     world: Vec<usize>,

@@ -114,12 +114,15 @@ impl NcclComm {
         Self::init(&id, pg.rank(), pg.size(), device)
     }
 
+    /// This rank's index in the communicator.
     pub fn rank(&self) -> usize {
         self.rank
     }
+    /// Number of ranks in the communicator.
     pub fn size(&self) -> usize {
         self.size
     }
+    /// Index of the CUDA device the communicator runs on.
     pub fn device(&self) -> usize {
         self.device
     }
@@ -241,6 +244,8 @@ impl Drop for NcclComm {
 /// Why [`NcclComm::wait_stream`] gave up.
 #[derive(Debug, Clone)]
 pub enum WaitFailure {
+    /// The deadline passed before the stream's work finished.
     Timeout,
+    /// CUDA or NCCL reported an error while waiting (the message says which).
     Error(String),
 }

@@ -6,11 +6,14 @@
 /// summation-order noise around zero).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Tolerance {
+    /// Allowed difference as a fraction of the larger magnitude of the two values.
     pub rel: f32,
+    /// Allowed difference added on top, whatever the magnitude.
     pub abs: f32,
 }
 
 impl Tolerance {
+    /// `rel` relative with an `abs` absolute floor.
     pub const fn new(rel: f32, abs: f32) -> Self {
         Self { rel, abs }
     }

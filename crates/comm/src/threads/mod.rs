@@ -20,7 +20,9 @@ use world::{RankStatus, WorldState};
 /// A rank thread that panicked.
 #[derive(Debug, Clone)]
 pub struct RankFailure {
+    /// The rank whose thread panicked.
     pub rank: usize,
+    /// The panic's message.
     pub message: String,
 }
 
@@ -29,7 +31,9 @@ pub struct RankFailure {
 #[derive(Debug, Clone, thiserror::Error)]
 #[error("{} of {world_size} ranks failed: {}", failures.len(), describe(failures))]
 pub struct LaunchError {
+    /// Number of ranks the world was launched with.
     pub world_size: usize,
+    /// The ranks that panicked, in rank order.
     pub failures: Vec<RankFailure>,
 }
 

@@ -25,28 +25,68 @@ use std::fmt;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Action {
     /// Forward of micro-batch `mb` through local chunk `chunk`.
-    Forward { mb: usize, chunk: usize },
+    Forward {
+        /// The micro-batch.
+        mb: usize,
+        /// The rank-local chunk.
+        chunk: usize,
+    },
     /// Full backward (input and weight gradients) of `mb` through `chunk`.
-    Backward { mb: usize, chunk: usize },
+    Backward {
+        /// The micro-batch.
+        mb: usize,
+        /// The rank-local chunk.
+        chunk: usize,
+    },
     /// Zero-bubble "B": the gradient with respect to the chunk's input (what the previous
     /// stage waits for).
-    BackwardInput { mb: usize, chunk: usize },
+    BackwardInput {
+        /// The micro-batch.
+        mb: usize,
+        /// The rank-local chunk.
+        chunk: usize,
+    },
     /// Zero-bubble "W": the gradient with respect to the chunk's weights (nobody waits).
-    BackwardWeight { mb: usize, chunk: usize },
+    BackwardWeight {
+        /// The micro-batch.
+        mb: usize,
+        /// The rank-local chunk.
+        chunk: usize,
+    },
     /// Send the output activation of (`mb`, `chunk`) to rank `to`.
-    SendActivation { mb: usize, chunk: usize, to: usize },
+    SendActivation {
+        /// The micro-batch.
+        mb: usize,
+        /// The rank-local chunk that produced the activation.
+        chunk: usize,
+        /// The rank that runs the next stage.
+        to: usize,
+    },
     /// Receive the input activation of (`mb`, `chunk`) from rank `from`.
     RecvActivation {
+        /// The micro-batch.
         mb: usize,
+        /// The rank-local chunk that consumes the activation.
         chunk: usize,
+        /// The rank that runs the previous stage.
         from: usize,
     },
     /// Send the gradient with respect to the input of (`mb`, `chunk`) to rank `to`.
-    SendGrad { mb: usize, chunk: usize, to: usize },
+    SendGrad {
+        /// The micro-batch.
+        mb: usize,
+        /// The rank-local chunk whose backward produced the gradient.
+        chunk: usize,
+        /// The rank that runs the previous stage.
+        to: usize,
+    },
     /// Receive the gradient with respect to the output of (`mb`, `chunk`) from rank `from`.
     RecvGrad {
+        /// The micro-batch.
         mb: usize,
+        /// The rank-local chunk whose backward consumes the gradient.
         chunk: usize,
+        /// The rank that runs the next stage.
         from: usize,
     },
 }
@@ -139,10 +179,18 @@ impl fmt::Display for Action {
 pub enum StageMap {
     /// Round robin (Megatron interleaving): stage `s` is chunk `s / p` of rank `s % p`.
     /// With `v = 1` this is the plain pipeline, stage `s` on rank `s`.
-    Looped { ranks: usize, chunks: usize },
+    Looped {
+        /// Number of ranks `p`.
+        ranks: usize,
+        /// Chunks per rank `v`.
+        chunks: usize,
+    },
     /// V shape (ZB-V, two chunks): stage `s < p` on rank `s` (chunk 0), stage `s ≥ p` on rank
     /// `2p − 1 − s` (chunk 1); the last stage shares rank 0 with the first.
-    VShape { ranks: usize },
+    VShape {
+        /// Number of ranks `p`.
+        ranks: usize,
+    },
 }
 
 impl StageMap {
