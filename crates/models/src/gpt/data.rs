@@ -10,10 +10,15 @@ use std::path::Path;
 /// `S` steps of `B × T'` token ids and targets.
 #[derive(Debug, Clone)]
 pub struct Batches {
+    /// Input token ids, row-major `[S, B, T']`.
     pub input_ids: Vec<i64>,
+    /// Target token ids, row-major `[S, B, T']`.
     pub targets: Vec<i64>,
+    /// Number of steps `S` (also [`Batches::steps`]).
     pub steps_: usize,
+    /// Sequences per step `B` (the global batch).
     pub batch: usize,
+    /// Tokens per sequence `T'`.
     pub seq: usize,
 }
 
@@ -32,6 +37,7 @@ impl Batches {
         }
     }
 
+    /// Number of steps `S`.
     pub fn steps(&self) -> usize {
         self.steps_
     }
