@@ -62,9 +62,11 @@ const PLACES: &[&str] = &[
 pub struct Rng(u64);
 
 impl Rng {
+    /// A stream starting from `seed`.
     pub fn new(seed: u64) -> Self {
         Self(seed)
     }
+    /// The next 64 random bits.
     pub fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9e3779b97f4a7c15);
         let mut z = self.0;
@@ -72,6 +74,7 @@ impl Rng {
         z = (z ^ (z >> 27)).wrapping_mul(0x94d049bb133111eb);
         z ^ (z >> 31)
     }
+    /// A number in `0..n` (`n` must be positive).
     pub fn below(&mut self, n: usize) -> usize {
         (self.next_u64() % n as u64) as usize
     }
@@ -98,14 +101,17 @@ pub fn generate(chars: usize, seed: u64) -> String {
 pub struct CharTokenizer;
 
 impl CharTokenizer {
+    /// Number of token ids: the length of [`ALPHABET`].
     pub fn vocab_size(&self) -> usize {
         ALPHABET.len()
     }
+    /// Each character's index in [`ALPHABET`]; characters outside it are dropped.
     pub fn encode(&self, text: &str) -> Vec<i64> {
         text.chars()
             .filter_map(|c| ALPHABET.find(c).map(|i| i as i64))
             .collect()
     }
+    /// The characters of `ids` (each must be below [`CharTokenizer::vocab_size`]).
     pub fn decode(&self, ids: &[i64]) -> String {
         ids.iter()
             .map(|&i| ALPHABET.as_bytes()[i as usize] as char)

@@ -23,15 +23,23 @@ use std::path::PathBuf;
 /// One harness run's inputs (the command line).
 #[derive(Debug, Clone)]
 pub struct HarnessArgs {
+    /// The model's sizes, a `cfg.json`.
     pub config: PathBuf,
+    /// The initial parameters, a safetensors file.
     pub weights: PathBuf,
+    /// The token batches, a `batch.safetensors` (`input_ids`, `targets` `[S, B, T']`).
     pub data: PathBuf,
+    /// The parallel layout to train under.
     pub dims: ParallelDims,
+    /// The optimizer (SGD or AdamW).
     pub optim: OptimizerKind,
     /// The Burn device every rank computes on (`flex` or `wgpu`).
     pub device: String,
+    /// Number of steps to train (at most the data file's `S`).
     pub steps: usize,
+    /// Learning rate.
     pub lr: f64,
+    /// The safetensors file the result is written to.
     pub out: PathBuf,
 }
 
@@ -185,8 +193,11 @@ pub fn train<M: ParallelModel<Batch = TokenBatch> + Sync>(
 /// weight gradients it computed in "W" steps.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct RankRecord {
+    /// The dtypes its parameters, activations and gradient reductions were seen in.
     pub precision: bonfire_dtensor::precision::observe::Observed,
+    /// Number of activation-checkpointed regions recomputed in backward.
     pub recomputations: u64,
+    /// Number of deferred weight gradients computed in "W" steps.
     pub weight_grads: u64,
 }
 

@@ -40,6 +40,7 @@ pub struct RunArgs {
     /// Timed steps (after `warmup`).
     #[arg(long, default_value_t = 5)]
     pub steps: usize,
+    /// Untimed steps run first.
     #[arg(long, default_value_t = 2)]
     pub warmup: usize,
 }
@@ -75,6 +76,7 @@ pub struct Steps {
 }
 
 impl Steps {
+    /// Every step run: warm-up and timed.
     pub fn total(&self) -> usize {
         self.warmup + self.timed
     }
@@ -91,7 +93,9 @@ impl Steps {
 
 /// What one rank measured: every step's time (ms) and what its dp wrapper recorded.
 pub struct RankRun {
+    /// Every step's time in ms, warm-up steps included, in step order.
     pub step_ms: Vec<f64>,
+    /// What the rank's data-parallel wrapper recorded over the run.
     pub report: WrapperReport,
 }
 
@@ -99,10 +103,16 @@ pub struct RankRun {
 #[derive(Clone)]
 pub enum Hosts {
     /// `ranks` threads of this process, one communicator.
-    Threads { ranks: usize },
+    Threads {
+        /// Number of rank threads.
+        ranks: usize,
+    },
     /// `copies` threads, each a world of one: the same work at the same time with no
     /// communication (what core sharing alone costs).
-    Alone { copies: usize },
+    Alone {
+        /// Number of threads, each training alone.
+        copies: usize,
+    },
     /// This process's rank of a job a launcher started (its world's group, kept for every
     /// run of the process: MPI initializes once per process).
     Group(ProcessGroup),

@@ -12,8 +12,11 @@ use burn::tensor::Tensor;
 /// global (logical) shape.
 #[derive(Debug, Clone, PartialEq)]
 pub struct DTensorSpec {
+    /// The mesh the tensor is distributed over.
     pub mesh: DeviceMesh,
+    /// How the tensor is laid out along each mesh axis, in axis order.
     pub placements: Vec<Placement>,
+    /// The global (logical) shape of the whole tensor.
     pub shape: Vec<usize>,
 }
 

@@ -16,8 +16,11 @@ pub enum DTensorError {
     /// A mesh's shape does not cover its process group exactly.
     #[error("mesh of shape {shape:?} has {mesh_size} ranks but the process group has {group_size}")]
     MeshSizeMismatch {
+        /// The requested mesh shape (ranks per axis).
         shape: Vec<usize>,
+        /// The number of ranks the shape describes (the product of its axes).
         mesh_size: usize,
+        /// The number of ranks in the process group.
         group_size: usize,
     },
 
@@ -28,24 +31,39 @@ pub enum DTensorError {
 
     /// No mesh axis has this name.
     #[error("the mesh has no axis named `{name}` (axes: {axes:?})")]
-    UnknownAxis { name: String, axes: Vec<String> },
+    UnknownAxis {
+        /// The axis name asked for.
+        name: String,
+        /// The mesh's axis names, in axis order.
+        axes: Vec<String>,
+    },
 
     /// A placement shards a dimension the tensor does not have.
     #[error("invalid shard dim {dim} for a tensor of rank {ndim} (placement on mesh axis {axis})")]
     InvalidShardDim {
+        /// The tensor dimension the placement shards.
         dim: usize,
+        /// The tensor's rank (number of dimensions).
         ndim: usize,
+        /// The mesh axis the placement belongs to.
         axis: usize,
     },
 
     /// There must be exactly one placement per mesh axis.
     #[error("{placements} placements given for a mesh with {axes} axes")]
-    PlacementCount { placements: usize, axes: usize },
+    PlacementCount {
+        /// The number of placements given.
+        placements: usize,
+        /// The number of mesh axes.
+        axes: usize,
+    },
 
     /// A reduce op that a `Partial` placement or a differentiable collective does not support.
     #[error("unsupported reduce op {op} for {what}: only sum and avg are supported")]
     UnsupportedReduceOp {
+        /// The rejected reduce op.
         op: bonfire_comm::ReduceOp,
+        /// What it was given to (e.g. "a Partial placement", "a differentiable reduce").
         what: &'static str,
     },
 

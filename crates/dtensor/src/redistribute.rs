@@ -22,26 +22,59 @@ use burn::tensor::Tensor;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Step {
     /// `Shard(dim)` → `Replicate`: all-gather.
-    AllGather { axis: usize, dim: usize },
+    AllGather {
+        /// The mesh axis the step runs on.
+        axis: usize,
+        /// The tensor dim that was sharded.
+        dim: usize,
+    },
     /// `Partial(op)` → `Replicate`: all-reduce.
-    AllReduce { axis: usize, op: ReduceOp },
+    AllReduce {
+        /// The mesh axis the step runs on.
+        axis: usize,
+        /// The partial placement's reduce op.
+        op: ReduceOp,
+    },
     /// `Partial(op)` → `Shard(dim)`: reduce-scatter.
     ReduceScatter {
+        /// The mesh axis the step runs on.
         axis: usize,
+        /// The partial placement's reduce op.
         op: ReduceOp,
+        /// The tensor dim the result is sharded along.
         dim: usize,
     },
     /// `Shard(from)` → `Shard(to)`: all-to-all.
-    AllToAll { axis: usize, from: usize, to: usize },
+    AllToAll {
+        /// The mesh axis the step runs on.
+        axis: usize,
+        /// The tensor dim sharded before.
+        from: usize,
+        /// The tensor dim sharded after.
+        to: usize,
+    },
     /// `Replicate` → `Shard(dim)`: local slice, no communication.
-    Slice { axis: usize, dim: usize },
+    Slice {
+        /// The mesh axis the step runs on.
+        axis: usize,
+        /// The tensor dim the result is sharded along.
+        dim: usize,
+    },
     /// `Replicate` → `Partial(op)`: local partition (sum: coordinate 0 keeps the value, the
     /// others hold zeros; avg: every rank keeps it), no communication.
-    Partition { axis: usize, op: ReduceOp },
+    Partition {
+        /// The mesh axis the step runs on.
+        axis: usize,
+        /// The reduce op of the resulting partial placement.
+        op: ReduceOp,
+    },
     /// `Shard(dim)` → `Partial(op)`: local zero padding, no communication.
     Pad {
+        /// The mesh axis the step runs on.
         axis: usize,
+        /// The tensor dim that was sharded (and is padded back to full length).
         dim: usize,
+        /// The reduce op of the resulting partial placement.
         op: ReduceOp,
     },
 }

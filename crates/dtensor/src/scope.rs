@@ -109,6 +109,8 @@ impl Drop for LayerHookGuard {
 /// A layer's input as [`layer`] sees it: a float activation anchors hooks in the graph;
 /// token ids do not.
 pub trait LayerInput {
+    /// The input as a graph anchor for the hooks: the tensor itself when it is a float
+    /// activation, `None` for token ids.
     fn anchor(&self) -> Option<DispatchTensor>;
 }
 

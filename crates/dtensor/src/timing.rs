@@ -18,11 +18,14 @@ fn now_us() -> f64 {
 /// A time span in microseconds since [`epoch`].
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct Span {
+    /// Start, in µs since [`epoch`].
     pub start_us: f64,
+    /// End, in µs since [`epoch`].
     pub end_us: f64,
 }
 
 impl Span {
+    /// Length in µs (0 if the span ends before it starts).
     pub fn duration_us(&self) -> f64 {
         (self.end_us - self.start_us).max(0.0)
     }
@@ -35,9 +38,13 @@ impl Span {
 /// What one rank did in one step.
 #[derive(Debug, Clone, Default)]
 pub struct StepTiming {
+    /// The rank in the wrapper's process group.
     pub rank: usize,
+    /// The step's index, from 0.
     pub step: u64,
+    /// The model's forward through the wrapper.
     pub forward: Span,
+    /// The autodiff backward pass (`loss.backward()`), during which buckets launch.
     pub backward: Span,
     /// Each bucket's collective, in bucket order (as run on the communication thread).
     pub buckets: Vec<Span>,

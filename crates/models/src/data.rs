@@ -12,10 +12,15 @@ pub type TokenBatch = (Tensor<2, Int>, Tensor<2, Int>);
 /// `S` steps of `B × T'` token ids and targets.
 #[derive(Debug, Clone)]
 pub struct Batches {
+    /// Input token ids, row-major `[S, B, T']`.
     pub input_ids: Vec<i64>,
+    /// Target token ids, row-major `[S, B, T']`.
     pub targets: Vec<i64>,
+    /// Number of steps `S` (also [`Batches::steps`]).
     pub steps_: usize,
+    /// Sequences per step `B` (the global batch).
     pub batch: usize,
+    /// Tokens per sequence `T'`.
     pub seq: usize,
 }
 
@@ -34,6 +39,7 @@ impl Batches {
         }
     }
 
+    /// Number of steps `S`.
     pub fn steps(&self) -> usize {
         self.steps_
     }

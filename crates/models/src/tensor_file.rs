@@ -9,11 +9,24 @@ use std::path::Path;
 /// A named tensor's contents on the host.
 #[derive(Debug, Clone, PartialEq)]
 pub enum HostTensor {
-    F32 { shape: Vec<usize>, data: Vec<f32> },
-    I64 { shape: Vec<usize>, data: Vec<i64> },
+    /// A float32 tensor.
+    F32 {
+        /// The tensor's dims.
+        shape: Vec<usize>,
+        /// Row-major values.
+        data: Vec<f32>,
+    },
+    /// An int64 tensor (int32 in the file is widened to this).
+    I64 {
+        /// The tensor's dims.
+        shape: Vec<usize>,
+        /// Row-major values.
+        data: Vec<i64>,
+    },
 }
 
 impl HostTensor {
+    /// The tensor's dims.
     pub fn shape(&self) -> &[usize] {
         match self {
             HostTensor::F32 { shape, .. } | HostTensor::I64 { shape, .. } => shape,

@@ -201,6 +201,7 @@ impl StackLine {
             len: 0,
         }
     }
+    /// The text written so far (at most 256 bytes; longer writes are cut).
     pub fn as_str(&self) -> &str {
         // Only whole `&str`s are copied in, cut at a char boundary.
         std::str::from_utf8(&self.buf[..self.len]).unwrap_or("")

@@ -33,58 +33,113 @@ pub enum CollectiveKind {
     /// by the size for `Avg`; for `Max` / `Min`, given only to the ranks holding the
     /// extremum, split evenly between ties (like `torch.amax`). `Product` runs only on
     /// tensors that do not require gradients.
-    AllReduce { op: ReduceOp },
+    AllReduce {
+        /// How the ranks' tensors are combined.
+        op: ReduceOp,
+    },
     /// Every rank gets `root`'s tensor. Backward: reduce (sum) of the gradients to `root`.
-    Broadcast { root: usize },
+    Broadcast {
+        /// Group rank whose tensor every rank receives.
+        root: usize,
+    },
     /// `root` gets the reduction; the other ranks get **zeros** (so that the output is a
     /// well-defined function of the inputs). Backward: broadcast of `root`'s gradient.
-    Reduce { op: ReduceOp, root: usize },
+    Reduce {
+        /// How the ranks' tensors are combined.
+        op: ReduceOp,
+        /// Group rank that receives the reduction.
+        root: usize,
+    },
     /// Concatenation along `dim` of every rank's tensor; rank `r` contributes `sizes[r]`.
     /// Backward: reduce-scatter (sum).
-    AllGather { dim: usize, sizes: Vec<usize> },
+    AllGather {
+        /// Dimension the pieces are concatenated along.
+        dim: usize,
+        /// Each rank's length along `dim`, indexed by group rank.
+        sizes: Vec<usize>,
+    },
     /// The input (of `sum(sizes)` along `dim`) is split in rank order; rank `r` gets the
     /// reduction of every rank's piece `r`. Backward: all-gather.
     ReduceScatter {
+        /// Dimension the input is split along.
         dim: usize,
+        /// Length along `dim` of the piece each rank gets, indexed by group rank.
         sizes: Vec<usize>,
+        /// How the ranks' pieces are combined.
         op: ReduceOp,
     },
     /// The input is split along `split_dim` into pieces of `split_sizes`; piece `s` goes to
     /// rank `s`; the pieces received are concatenated along `cat_dim`, the one from rank `r`
     /// having `cat_sizes[r]` elements along it. Backward: the inverse all-to-all.
     AllToAll {
+        /// Dimension the input is split along.
         split_dim: usize,
+        /// Length along `split_dim` of the piece sent to each rank, indexed by group rank.
         split_sizes: Vec<usize>,
+        /// Dimension the received pieces are concatenated along.
         cat_dim: usize,
+        /// Length along `cat_dim` of the piece received from each rank, indexed by group rank.
         cat_sizes: Vec<usize>,
     },
     /// Sends the tensor to `dst`; the output is a one-element zero "token" to add to the
     /// loss. Backward: receives the gradient of the tensor from `dst`.
-    Send { dst: usize, tag: u64 },
+    Send {
+        /// Group rank the tensor is sent to.
+        dst: usize,
+        /// Message tag; the matching [`CollectiveKind::Recv`] must use the same one.
+        tag: u64,
+    },
     /// Receives a tensor of the input's shape from `src` (the input is only a template).
     /// Backward: sends the gradient back to `src`.
-    Recv { src: usize, tag: u64 },
+    Recv {
+        /// Group rank the tensor is received from.
+        src: usize,
+        /// Message tag of the matching [`CollectiveKind::Send`].
+        tag: u64,
+    },
     /// Megatron's `f`: identity forward, all-reduce (sum) backward.
     CopyToGroup,
     /// Megatron's `g`: all-reduce forward, identity backward (divided by the group size
     /// for `Avg`).
-    ReduceFromGroup { op: ReduceOp },
+    ReduceFromGroup {
+        /// How the ranks' tensors are combined.
+        op: ReduceOp,
+    },
     /// Keeps this rank's chunk along `dim` (no communication). Backward: all-gather.
-    Split { dim: usize, sizes: Vec<usize> },
+    Split {
+        /// Dimension the tensor is chunked along.
+        dim: usize,
+        /// Each rank's chunk length along `dim`, indexed by group rank.
+        sizes: Vec<usize>,
+    },
     /// All-gather along `dim`. Backward: keeps this rank's chunk of the gradient (no
     /// communication).
-    Gather { dim: usize, sizes: Vec<usize> },
+    Gather {
+        /// Dimension the chunks are concatenated along.
+        dim: usize,
+        /// Each rank's chunk length along `dim`, indexed by group rank.
+        sizes: Vec<usize>,
+    },
     /// Places the tensor at `offset` along `dim` in zeros of length `len` along it (no
     /// communication; `Shard` → `Partial`). Backward: keeps the matching slice.
     Pad {
+        /// Dimension the tensor is padded along.
         dim: usize,
+        /// Index along `dim` where the tensor starts in the padded output.
         offset: usize,
+        /// Length of the padded output along `dim`.
         len: usize,
     },
     /// Turns a replicated tensor into a partial one (no communication): for `Sum`, `keep`
     /// ranks keep the value and the others become zeros; for `Avg` every rank keeps it.
     /// Backward: identity (`Sum`) or multiplied by the group size (`Avg`).
-    Partition { op: ReduceOp, keep: bool },
+    Partition {
+        /// The reduction the partial output is pending under (`Sum` or `Avg`).
+        op: ReduceOp,
+        /// Under `Sum`, whether this rank keeps the value rather than outputting zeros;
+        /// ignored under `Avg`.
+        keep: bool,
+    },
 }
 
 impl CollectiveKind {
@@ -104,7 +159,9 @@ impl CollectiveKind {
 /// recompute it in backward instead of keeping its output.
 #[derive(Debug, Clone)]
 pub struct CollectiveSpec {
+    /// The process group the collective runs on.
     pub group: ProcessGroup,
+    /// Which collective to run, with its arguments.
     pub kind: CollectiveKind,
     /// Mark the output recomputable: under Burn's Balanced gradient-checkpointing strategy
     /// (`Device::flex().autodiff().gradient_checkpointing()`) an operation that needs this

@@ -206,8 +206,12 @@ fn observe<const N: usize>(input: Option<DType>, params: [Option<DType>; N]) {
 /// row-wise or unsharded (see the module docs and [`ColwiseParallel`], [`RowwiseParallel`]).
 #[derive(Module, Debug)]
 pub struct ParallelLinear {
+    /// `[out, in]`, or this rank's shard: `[out / tp, in]` column-wise, `[out, in / tp]`
+    /// row-wise.
     pub weight: Param<Tensor<2>>,
+    /// `[out]` (`[out / tp]` column-wise), if the layer has a bias.
     pub bias: Option<Param<Tensor<1>>>,
+    /// This layer's identity, under which its parallel state is recorded.
     pub key: ParallelKey,
 }
 
@@ -308,7 +312,10 @@ impl ParallelLinear {
 /// column-wise (by features), sequence-parallel (position tables) or unsharded.
 #[derive(Module, Debug)]
 pub struct ParallelEmbedding {
+    /// The table `[num, d]`, or this rank's shard: `[num / tp, d]` row-wise, `[num, d / tp]`
+    /// column-wise.
     pub weight: Param<Tensor<2>>,
+    /// This layer's identity, under which its parallel state is recorded.
     pub key: ParallelKey,
 }
 
@@ -405,13 +412,17 @@ fn norm_param<const D: usize>(key: &ParallelKey, p: Tensor<1>) -> Tensor<D> {
 /// `bias`. Position-wise, so [`SequenceParallel`] runs it on a sequence shard.
 #[derive(Module, Debug)]
 pub struct ParallelLayerNorm {
+    /// The scale `[d]` (replicated).
     pub weight: Param<Tensor<1>>,
+    /// The shift `[d]` (replicated).
     pub bias: Param<Tensor<1>>,
+    /// This layer's identity, under which its parallel state is recorded.
     pub key: ParallelKey,
     eps: f64,
 }
 
 impl ParallelLayerNorm {
+    /// The default epsilon added to the variance.
     pub const EPS: f64 = 1e-5;
 
     /// Unit weight, zero bias, eps 1e-5.
@@ -424,11 +435,13 @@ impl ParallelLayerNorm {
         }
     }
 
+    /// The same layer adding `eps` to the variance.
     pub fn with_eps(mut self, eps: f64) -> Self {
         self.eps = eps;
         self
     }
 
+    /// The normalized `x` `[..., d]`, same shape (a sequence shard under [`SequenceParallel`]).
     pub fn forward<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
         let params = [&self.weight, &self.bias].map(|p| Some(p.val().dtype()));
         observe(Some(x.dtype()), params);
@@ -442,7 +455,9 @@ impl ParallelLayerNorm {
 /// RMSNorm over the last dim: `x / sqrt(mean(x²) + eps) · weight`.
 #[derive(Module, Debug)]
 pub struct ParallelRmsNorm {
+    /// The scale `[d]` (replicated).
     pub weight: Param<Tensor<1>>,
+    /// This layer's identity, under which its parallel state is recorded.
     pub key: ParallelKey,
     eps: f64,
 }
@@ -457,11 +472,13 @@ impl ParallelRmsNorm {
         }
     }
 
+    /// The same layer adding `eps` to the mean square.
     pub fn with_eps(mut self, eps: f64) -> Self {
         self.eps = eps;
         self
     }
 
+    /// The normalized `x` `[..., d]`, same shape (a sequence shard under [`SequenceParallel`]).
     pub fn forward<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
         observe(Some(x.dtype()), [Some(self.weight.val().dtype())]);
         let rms = (x.clone().powi_scalar(2).mean_dim(D - 1) + self.eps).sqrt();
@@ -478,10 +495,12 @@ impl ParallelRmsNorm {
 /// unless a plan prepares the module that holds it.
 #[derive(Module, Debug, Default)]
 pub struct ParallelIo {
+    /// This hook's identity, under which the prepared layouts are recorded.
     pub key: ParallelKey,
 }
 
 impl ParallelIo {
+    /// A hook with a fresh key (identity until a plan prepares it).
     pub fn new() -> Self {
         Self::default()
     }

@@ -15,35 +15,54 @@ use std::collections::{BTreeMap, BTreeSet};
 pub enum ParallelError {
     /// A plan entry matches no module path.
     #[error("plan entry `{pattern}` matches no module (module paths look like: {examples})")]
-    NoMatch { pattern: String, examples: String },
+    NoMatch {
+        /// The entry's path pattern.
+        pattern: String,
+        /// A few of the model's module paths, comma-separated, to show what paths look like.
+        examples: String,
+    },
     /// A style applied to a module that cannot take it.
     #[error("plan entry `{pattern}`: {style} cannot be applied to `{path}` ({found})")]
     WrongModule {
+        /// The entry's path pattern.
         pattern: String,
+        /// The path of the matched module.
         path: String,
+        /// The style's name (`ColwiseParallel`, `RowwiseParallel`…).
         style: &'static str,
+        /// What the module is instead (e.g. "a Linear", "a parameter, not a module").
         found: String,
     },
     /// A dimension that must split evenly over the tensor-parallel group does not.
     #[error("`{path}`: {what} ({len}) is not divisible by the tensor-parallel size {parts}")]
     NotDivisible {
+        /// The path of the weight (`<module>.weight`).
         path: String,
+        /// Which dimension it is (`out_features`, `in_features`, `vocabulary size`…).
         what: String,
+        /// The dimension's length.
         len: usize,
+        /// The tensor-parallel group size it must divide by.
         parts: usize,
     },
     /// An input or output layout the style does not support.
     #[error("plan entry `{pattern}` on `{path}`: {message}")]
     Layout {
+        /// The entry's path pattern.
         pattern: String,
+        /// The path of the matched module.
         path: String,
+        /// What about the layout is not supported.
         message: String,
     },
     /// Two plan entries give one module two styles.
     #[error("`{path}` is matched by `{first}` and `{second}`")]
     Conflict {
+        /// The path of the layer both entries assign a style to.
         path: String,
+        /// The pattern of the earlier entry.
         first: String,
+        /// The pattern of the later entry.
         second: String,
     },
     /// The mesh axis is unknown.
@@ -60,6 +79,7 @@ pub struct ParallelPlan {
 }
 
 impl ParallelPlan {
+    /// An empty plan; add entries with [`ParallelPlan::add`].
     pub fn new() -> Self {
         Self::default()
     }

@@ -19,8 +19,11 @@ use crate::chunk_range;
 /// full gradient on every rank; a `Partial` activation holds one summand per rank.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Layout {
+    /// Every rank holds the whole activation.
     Replicate,
+    /// Each rank holds its torch.chunk piece along this dim (negative: counted from the back).
     Shard(isize),
+    /// Each rank holds one summand; the activation is their sum.
     Partial,
 }
 
@@ -51,7 +54,10 @@ impl Layout {
 /// is `Shard(-1)` (each rank its features) or `Replicate` (all-gathered).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ColwiseParallel {
+    /// Layout of the input the layer receives: `Replicate` (default) or `Shard(d)` on the
+    /// sequence; an embedding's ids must be `Replicate`.
     pub input_layout: Layout,
+    /// Layout of the output: `Shard(-1)` (default, each rank its features) or `Replicate`.
     pub output_layout: Layout,
     /// Bonfire layers always return local Burn tensors (static types): `true` is the only
     /// accepted value; `false` is rejected by validation with a pointer to
@@ -70,14 +76,17 @@ impl Default for ColwiseParallel {
 }
 
 impl ColwiseParallel {
+    /// The same style taking its input in `layout`.
     pub fn input_layout(mut self, layout: Layout) -> Self {
         self.input_layout = layout;
         self
     }
+    /// The same style handing its output back in `layout`.
     pub fn output_layout(mut self, layout: Layout) -> Self {
         self.output_layout = layout;
         self
     }
+    /// The same style with [`ColwiseParallel::use_local_output`] set to `yes`.
     pub fn use_local_output(mut self, yes: bool) -> Self {
         self.use_local_output = yes;
         self
@@ -92,7 +101,11 @@ impl ColwiseParallel {
 /// column-wise layer) or `Replicate` (split locally, no communication).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RowwiseParallel {
+    /// Layout of the input the layer receives: `Shard(-1)` (default) or `Replicate`; an
+    /// embedding's ids must be `Replicate`.
     pub input_layout: Layout,
+    /// Layout of the reduced output: `Replicate` (default, all-reduce) or `Shard(1)`
+    /// (reduce-scatter along the sequence).
     pub output_layout: Layout,
     /// As for [`ColwiseParallel::use_local_output`].
     pub use_local_output: bool,
@@ -109,14 +122,17 @@ impl Default for RowwiseParallel {
 }
 
 impl RowwiseParallel {
+    /// The same style taking its input in `layout`.
     pub fn input_layout(mut self, layout: Layout) -> Self {
         self.input_layout = layout;
         self
     }
+    /// The same style handing its output back in `layout`.
     pub fn output_layout(mut self, layout: Layout) -> Self {
         self.output_layout = layout;
         self
     }
+    /// The same style with [`RowwiseParallel::use_local_output`] set to `yes`.
     pub fn use_local_output(mut self, yes: bool) -> Self {
         self.use_local_output = yes;
         self
@@ -139,6 +155,7 @@ impl RowwiseParallel {
 /// gradients, partial per rank, are all-reduced in backward.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SequenceParallel {
+    /// The sequence dim the input and output are sharded along (default 1).
     pub seq_dim: usize,
 }
 
@@ -153,7 +170,9 @@ impl Default for SequenceParallel {
 /// `input_layout` to `desired_input_layout`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PrepareModuleInput {
+    /// Layout the input arrives in.
     pub input_layout: Layout,
+    /// Layout the module's forward gets it in (not `Partial`).
     pub desired_input_layout: Layout,
 }
 
@@ -161,17 +180,24 @@ pub struct PrepareModuleInput {
 /// [`crate::parallel::ParallelIo`] child).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PrepareModuleOutput {
+    /// Layout the module's forward produces its output in.
     pub output_layout: Layout,
+    /// Layout the output is handed on in (not `Partial`).
     pub desired_output_layout: Layout,
 }
 
 /// Any of the styles, as stored in a [`crate::parallel::ParallelPlan`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ParallelStyle {
+    /// Split by output features ([`ColwiseParallel`]).
     Colwise(ColwiseParallel),
+    /// Split by input features or vocabulary rows ([`RowwiseParallel`]).
     Rowwise(RowwiseParallel),
+    /// Replicated parameters on a sequence-sharded activation ([`SequenceParallel`]).
     Sequence(SequenceParallel),
+    /// Re-lays a module's input out ([`PrepareModuleInput`]).
     PrepareInput(PrepareModuleInput),
+    /// Re-lays a module's output out ([`PrepareModuleOutput`]).
     PrepareOutput(PrepareModuleOutput),
 }
 

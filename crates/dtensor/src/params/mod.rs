@@ -21,9 +21,11 @@ use std::collections::HashMap;
 /// One trainable parameter.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ParamInfo {
+    /// The parameter's Burn id.
     pub id: ParamId,
     /// Dotted path, e.g. `blocks.0.attn.q.weight`.
     pub path: String,
+    /// The parameter tensor's dims.
     pub shape: Vec<usize>,
 }
 
@@ -40,6 +42,7 @@ impl ParamInfo {
 pub struct ParamValues {
     /// Dotted path, e.g. `blocks.0.attn.q.weight`.
     pub path: String,
+    /// The parameter tensor's dims.
     pub shape: Vec<usize>,
     /// Row-major values.
     pub values: Vec<f32>,

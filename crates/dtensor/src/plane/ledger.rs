@@ -17,7 +17,9 @@ use std::sync::{Arc, Mutex};
 /// Which way bytes crossed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Direction {
+    /// Read from a device into host memory.
     DeviceToHost,
+    /// Written from host memory to a device.
     HostToDevice,
 }
 
@@ -39,6 +41,7 @@ pub enum Reason {
 }
 
 impl Reason {
+    /// The reason as one lowercase word (`collective`, `activation`…), for labels.
     pub fn name(self) -> &'static str {
         match self {
             Reason::Collective => "collective",
@@ -146,7 +149,9 @@ impl Drop for LedgerGuard {
 /// Counted transfers.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Transfers {
+    /// Bytes moved between host and device, per direction and reason.
     pub moved: BTreeMap<(Direction, Reason), u64>,
+    /// Bytes carried by collectives and pipeline sends, whether staged or not.
     pub payload: u64,
 }
 

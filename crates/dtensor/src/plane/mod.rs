@@ -176,7 +176,9 @@ enum Pending<const D: usize> {
 /// When the communication thread started and finished a collective.
 #[derive(Debug, Clone, Copy)]
 pub struct Ran {
+    /// When the communication thread started the collective.
     pub start: std::time::Instant,
+    /// When it finished.
     pub end: std::time::Instant,
 }
 

@@ -10,13 +10,18 @@ use burn::tensor::{Device, Int, Tensor};
 /// Three linear layers with ReLUs: `inputs → hidden → hidden → classes`.
 #[derive(Module, Debug)]
 pub struct Classifier {
+    /// `inputs → hidden`.
     pub fc1: Linear,
+    /// `hidden → hidden`.
     pub fc2: Linear,
+    /// `hidden → classes` (the logits).
     pub fc3: Linear,
+    /// The activation after `fc1` and `fc2`.
     pub relu: Relu,
 }
 
 impl Classifier {
+    /// The three layers with Burn's default initialization, on `device`.
     pub fn new(inputs: usize, hidden: usize, classes: usize, device: &Device) -> Self {
         Self {
             fc1: LinearConfig::new(inputs, hidden).init(device),

@@ -6,16 +6,23 @@ use burn::module::Module;
 use burn::tensor::activation::softmax;
 use burn::tensor::{DType, Device, Tensor, TensorData};
 
+/// Causal multi-head self-attention over `[B, T, d]` activations: `q`, `k`, `v`, `o` are
+/// `d → d` projections with biases.
 #[derive(Module, Debug)]
 pub struct Attention {
+    /// The query projection `d → d`.
     pub q: Linear,
+    /// The key projection `d → d`.
     pub k: Linear,
+    /// The value projection `d → d`.
     pub v: Linear,
+    /// The output projection `d → d`, applied to the merged heads.
     pub o: Linear,
     n_heads: usize,
 }
 
 impl Attention {
+    /// `n_heads` heads over width `d` (`d` divisible by `n_heads`), GPT-2 initialization.
     pub fn new(d: usize, n_heads: usize, device: &Device) -> Self {
         Self {
             q: Linear::new(d, d, true, device),

@@ -10,31 +10,41 @@ use burn::tensor::{Device, Tensor};
 /// `fc2(GELU(fc1(x)))` with the exact (erf) GELU ([`bonfire_kernels::gelu`]).
 #[derive(Module, Debug)]
 pub struct Mlp {
+    /// The up projection `d → d_ff`.
     pub fc1: Linear,
+    /// The down projection `d_ff → d`.
     pub fc2: Linear,
 }
 
 impl Mlp {
+    /// Width `d` and hidden width `d_ff`, with biases, GPT-2 initialization.
     pub fn new(d: usize, d_ff: usize, device: &Device) -> Self {
         Self {
             fc1: Linear::new(d, d_ff, true, device),
             fc2: Linear::new(d_ff, d, true, device),
         }
     }
+    /// `x` `[B, T, d]` → `[B, T, d]`.
     pub fn forward(&self, x: Tensor<3>) -> Tensor<3> {
         self.fc2.forward(gelu(self.fc1.forward(x)))
     }
 }
 
+/// One pre-norm transformer block of the GPT (see the module docs).
 #[derive(Module, Debug)]
 pub struct Block {
+    /// The LayerNorm before attention.
     pub ln1: LayerNorm,
+    /// The causal self-attention.
     pub attn: Attention,
+    /// The LayerNorm before the MLP.
     pub ln2: LayerNorm,
+    /// The feed-forward network.
     pub mlp: Mlp,
 }
 
 impl Block {
+    /// Width `d`, `n_heads` attention heads and MLP hidden width `d_ff`, freshly initialized.
     pub fn new(d: usize, n_heads: usize, d_ff: usize, device: &Device) -> Self {
         Self {
             ln1: LayerNorm::new(d, device),

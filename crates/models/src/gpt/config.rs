@@ -5,11 +5,17 @@ use serde::{Deserialize, Serialize};
 /// Sizes of the GPT decoder (`cfg.json` of the parity harness).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GptConfig {
+    /// Number of token ids (rows of `tok_emb`, columns of the logits).
     pub vocab_size: usize,
+    /// Width of the activations `d`.
     pub d_model: usize,
+    /// Attention heads per block (must divide `d_model`).
     pub n_heads: usize,
+    /// Number of transformer blocks.
     pub n_layers: usize,
+    /// Longest sequence the model takes (rows of `pos_emb`).
     pub max_seq_len: usize,
+    /// Hidden width of each block's MLP.
     pub d_ff: usize,
 }
 

@@ -12,10 +12,15 @@ use burn::tensor::{DType, Device, Int, Tensor};
 /// `blocks.0.attn.q.weight`, ..., `head.weight`) in PyTorch layout.
 #[derive(Module, Debug)]
 pub struct Gpt {
+    /// Token embedding table `[V, d]`.
     pub tok_emb: Embedding,
+    /// Learned position embedding table `[max_seq_len, d]`.
     pub pos_emb: Embedding,
+    /// The `n_layers` transformer blocks, in order.
     pub blocks: Vec<Block>,
+    /// The final LayerNorm before the head.
     pub ln_f: LayerNorm,
+    /// The output projection `d → V`, without bias (weight `[V, d]`).
     pub head: Linear,
 }
 

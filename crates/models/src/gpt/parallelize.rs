@@ -145,14 +145,18 @@ impl ParallelModel for Gpt {
 /// The token and position embeddings (the first piece).
 #[derive(Module, Debug)]
 pub struct EmbedPiece {
+    /// The GPT's token embedding ([`Gpt::tok_emb`]).
     pub tok_emb: Embedding,
+    /// The GPT's position embedding ([`Gpt::pos_emb`]).
     pub pos_emb: Embedding,
 }
 
 /// The final LayerNorm and the output projection (the last piece).
 #[derive(Module, Debug)]
 pub struct HeadPiece {
+    /// The GPT's final LayerNorm ([`Gpt::ln_f`]).
     pub ln_f: LayerNorm,
+    /// The GPT's output projection ([`Gpt::head`]).
     pub head: Linear,
 }
 
@@ -162,8 +166,11 @@ pub struct HeadPiece {
 #[allow(clippy::large_enum_variant)]
 #[derive(Module, Debug)]
 pub enum Piece {
+    /// The embeddings: token ids `[B, T, 1]` as floats → `[B, T, d]`.
     Embed(EmbedPiece),
+    /// One transformer block: `[B, T, d]` → `[B, T, d]`.
     Layer(GptBlock),
+    /// The final norm and head: `[B, T, d]` → logits `[B, T, V]`.
     Head(HeadPiece),
 }
 
