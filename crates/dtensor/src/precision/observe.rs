@@ -24,8 +24,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// How many tensors of each float dtype a record saw.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct DtypeCounts {
+    /// Tensors in f32.
     pub f32: u64,
+    /// Tensors in bf16.
     pub bf16: u64,
+    /// Tensors in f16.
     pub f16: u64,
     /// Any other dtype.
     pub other: u64,
@@ -65,8 +68,11 @@ impl DtypeCounts {
 /// A snapshot of one thread's record (see the module docs).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Observed {
+    /// Parameter values the parallel-aware layers computed with.
     pub params: DtypeCounts,
+    /// Float inputs those layers received.
     pub activations: DtypeCounts,
+    /// Gradient buffers handed to a data-parallel reduction.
     pub reduced: DtypeCounts,
 }
 
