@@ -4,9 +4,9 @@
 use bonfire_comm::OpKind;
 use bonfire_comm::{ProcessGroup, ThreadWorld};
 use bonfire_dtensor::parallel::{
-    ColwiseParallel, Layout, ParallelError, ParallelLayerNorm, ParallelLinear, ParallelPlan,
-    PrepareModuleInput, RowwiseParallel, SequenceParallel, loss_parallel, parallelize_module,
-    path_matches,
+    ColwiseParallel, ParallelError, ParallelLayerNorm, ParallelLinear, ParallelPlan,
+    PrepareModuleInput, RowwiseParallel, SequenceParallel, StylePlacement, loss_parallel,
+    parallelize_module, path_matches,
 };
 use bonfire_dtensor::{CommCounter, DeviceMesh};
 use burn::module::Module;
@@ -149,7 +149,7 @@ fn clear_errors_before_sharding() {
         2,
         ParallelPlan::new().add(
             "layers.0.fc",
-            RowwiseParallel::default().output_layout(Layout::Shard(-1)),
+            RowwiseParallel::default().output_layout(StylePlacement::Shard(-1)),
         ),
     );
     assert!(e.contains("output layout"), "{e}");
@@ -159,8 +159,8 @@ fn clear_errors_before_sharding() {
         ParallelPlan::new().add(
             "layers.0",
             PrepareModuleInput {
-                input_layout: Layout::Shard(1),
-                desired_input_layout: Layout::Replicate,
+                input_layout: StylePlacement::Shard(1),
+                desired_input_layout: StylePlacement::Replicate,
             },
         ),
     );

@@ -5,9 +5,9 @@
 use bonfire_comm::OpKind;
 use bonfire_comm::{ProcessGroup, ThreadWorld};
 use bonfire_dtensor::parallel::{
-    ColwiseParallel, Layout, ParallelEmbedding, ParallelIo, ParallelLayerNorm, ParallelLinear,
-    ParallelPlan, PrepareModuleInput, RowwiseParallel, SequenceParallel, parallelize_module,
-    sequence, sharded_params,
+    ColwiseParallel, ParallelEmbedding, ParallelIo, ParallelLayerNorm, ParallelLinear,
+    ParallelPlan, PrepareModuleInput, RowwiseParallel, SequenceParallel, StylePlacement,
+    parallelize_module, sequence, sharded_params,
 };
 use bonfire_dtensor::{CommCounter, DeviceMesh, chunk_range};
 use burn::module::{Module, ModuleVisitor, Param};
@@ -144,11 +144,11 @@ fn mlp_parity_on(tp: usize, sp: bool, device: Device, recompute: bool) {
                 .add("norm", SequenceParallel::default())
                 .add(
                     "up",
-                    ColwiseParallel::default().input_layout(Layout::Shard(1)),
+                    ColwiseParallel::default().input_layout(StylePlacement::Shard(1)),
                 )
                 .add(
                     "down",
-                    RowwiseParallel::default().output_layout(Layout::Shard(1)),
+                    RowwiseParallel::default().output_layout(StylePlacement::Shard(1)),
                 )
         } else {
             ParallelPlan::new()
@@ -270,9 +270,9 @@ fn vocab_parallel_embedding_matches() {
     let want_y = vec_of(y);
     let want_g = collect(&model, Some(&grads));
     for (tp, out) in [
-        (2, Layout::Replicate),
-        (3, Layout::Replicate),
-        (2, Layout::Shard(1)),
+        (2, StylePlacement::Replicate),
+        (3, StylePlacement::Replicate),
+        (2, StylePlacement::Shard(1)),
     ] {
         world(tp, |pg| {
             let mesh = DeviceMesh::one_d(&pg, "tp").unwrap();
@@ -282,21 +282,21 @@ fn vocab_parallel_embedding_matches() {
             assert_eq!(local.tok.weight.dims(), [v / tp, d]);
             let counter = CommCounter::start();
             let y = local.tok.forward(ids.clone());
-            let expect = if out == Layout::Replicate {
+            let expect = if out == StylePlacement::Replicate {
                 OpKind::AllReduce
             } else {
                 OpKind::ReduceScatter
             };
             assert_eq!(counter.count(expect), 1);
             assert_eq!(counter.total(), 1);
-            let (y, w) = if out == Layout::Replicate {
+            let (y, w) = if out == StylePlacement::Replicate {
                 (y, w.clone())
             } else {
                 let r = chunk_range(4, tp, pg.rank());
                 (y, w.clone().narrow(1, r.start, r.len()))
             };
             let grads = (y.clone() * w).sum().backward();
-            let y = if out == Layout::Replicate {
+            let y = if out == StylePlacement::Replicate {
                 y
             } else {
                 sequence::sequence_gather(y.detach(), &pg, 1)
@@ -356,8 +356,8 @@ fn prepare_module_input_and_wildcards() {
             .add(
                 "blocks.*",
                 PrepareModuleInput {
-                    input_layout: Layout::Shard(1),
-                    desired_input_layout: Layout::Replicate,
+                    input_layout: StylePlacement::Shard(1),
+                    desired_input_layout: StylePlacement::Replicate,
                 },
             )
             .add("blocks.*.[qk]", ColwiseParallel::default())
@@ -369,17 +369,17 @@ fn prepare_module_input_and_wildcards() {
             .add(
                 "blocks.*",
                 PrepareModuleInput {
-                    input_layout: Layout::Shard(1),
-                    desired_input_layout: Layout::Replicate,
+                    input_layout: StylePlacement::Shard(1),
+                    desired_input_layout: StylePlacement::Replicate,
                 },
             )
             .add(
                 "blocks.*.q",
-                ColwiseParallel::default().output_layout(Layout::Replicate),
+                ColwiseParallel::default().output_layout(StylePlacement::Replicate),
             )
             .add(
                 "blocks.*.k",
-                ColwiseParallel::default().output_layout(Layout::Replicate),
+                ColwiseParallel::default().output_layout(StylePlacement::Replicate),
             );
         let local = parallelize_module(net.clone().fork(&device), &mesh, "tp", &plan).unwrap();
         assert_eq!(sharded_params(&local).len(), 6);
@@ -398,17 +398,17 @@ fn prepare_module_input_and_wildcards() {
             .add(
                 "blocks.0",
                 PrepareModuleInput {
-                    input_layout: Layout::Shard(1),
-                    desired_input_layout: Layout::Replicate,
+                    input_layout: StylePlacement::Shard(1),
+                    desired_input_layout: StylePlacement::Replicate,
                 },
             )
             .add(
                 "blocks.*.q",
-                ColwiseParallel::default().output_layout(Layout::Replicate),
+                ColwiseParallel::default().output_layout(StylePlacement::Replicate),
             )
             .add(
                 "blocks.*.k",
-                ColwiseParallel::default().output_layout(Layout::Replicate),
+                ColwiseParallel::default().output_layout(StylePlacement::Replicate),
             );
         let local = parallelize_module(net.clone().fork(&device), &mesh, "tp", &plan).unwrap();
         let shards = sharded_params(&local);
@@ -467,4 +467,15 @@ fn rms_norm_unsharded_and_sequence_parallel() {
         let (_, g) = &collect(&local, Some(&grads))["norm.weight"];
         assert_close(g, &want_g["norm.weight"].1, "rms weight grad");
     });
+}
+
+/// A style's placement is a DTensor placement once the activation's rank is known.
+#[test]
+fn style_placements_are_dtensor_placements() {
+    use bonfire_dtensor::Placement;
+    assert_eq!(StylePlacement::Shard(-1).placement(3), Placement::Shard(2));
+    assert_eq!(StylePlacement::Shard(1).placement(3), Placement::Shard(1));
+    assert_eq!(StylePlacement::Replicate.placement(2), Placement::Replicate);
+    assert_eq!(StylePlacement::Partial.placement(2), Placement::PARTIAL_SUM);
+    assert!(StylePlacement::Shard(-1).same_as(&StylePlacement::Shard(2), 3));
 }

@@ -21,8 +21,8 @@
 
 use super::sequence::{relayout, replicated_param};
 use super::style::{
-    ColwiseParallel, Layout, PrepareModuleInput, PrepareModuleOutput, RowwiseParallel,
-    SequenceParallel,
+    ColwiseParallel, PrepareModuleInput, PrepareModuleOutput, RowwiseParallel, SequenceParallel,
+    StylePlacement,
 };
 use crate::{chunk_range, functional};
 use bonfire_comm::ProcessGroup;
@@ -259,7 +259,7 @@ impl ParallelLinear {
         match state.applied {
             Applied::Colwise(style) => {
                 let x = match style.input_layout {
-                    Layout::Replicate => functional::copy_to_group(x, g),
+                    StylePlacement::Replicate => functional::copy_to_group(x, g),
                     layout => {
                         // Shard(d): gather the sequence; the local matmul's gradient is
                         // partial, so backward reduce-scatters it. Marked recomputable:
@@ -274,13 +274,13 @@ impl ParallelLinear {
                 if let Some(b) = &self.bias {
                     y = y + bias(b.val());
                 }
-                relayout(y, Layout::Shard(-1), style.output_layout, g)
+                relayout(y, StylePlacement::Shard(-1), style.output_layout, g)
             }
             Applied::Rowwise { style, .. } => {
-                let x = relayout(x, style.input_layout, Layout::Shard(-1), g);
+                let x = relayout(x, style.input_layout, StylePlacement::Shard(-1), g);
                 let y = self.matmul(x);
                 let sharded = style.output_layout.shard_dim(D).is_some();
-                let y = relayout(y, Layout::Partial, style.output_layout, g);
+                let y = relayout(y, StylePlacement::Partial, style.output_layout, g);
                 match &self.bias {
                     Some(b) if sharded => y + bias(replicated_param(b.val(), g)),
                     Some(b) => y + bias(b.val()),
@@ -361,11 +361,11 @@ impl ParallelEmbedding {
                 let rows = Self::lookup(self.weight.val(), local);
                 let keep = in_range.float().cast(rows.dtype()).unsqueeze_dim::<3>(2);
                 let partial = rows * keep;
-                relayout(partial, Layout::Partial, style.output_layout, g)
+                relayout(partial, StylePlacement::Partial, style.output_layout, g)
             }
             Applied::Colwise(style) => {
                 let y = Self::lookup(self.weight.val(), ids);
-                relayout(y, Layout::Shard(-1), style.output_layout, g)
+                relayout(y, StylePlacement::Shard(-1), style.output_layout, g)
             }
             Applied::Sequence(_) => Self::lookup(replicated_param(self.weight.val(), g), ids),
             other => panic!("bonfire-dtensor parallel: a ParallelEmbedding cannot run {other:?}"),

@@ -3,7 +3,7 @@
 //!
 //! - Parallel styles ([`style`]): [`ColwiseParallel`], [`RowwiseParallel`] (also Megatron's
 //!   vocab-parallel embedding, [`RowwiseParallel::vocab_embedding`]), [`SequenceParallel`],
-//!   [`PrepareModuleInput`], [`PrepareModuleOutput`], with input/output [`Layout`]s.
+//!   [`PrepareModuleInput`], [`PrepareModuleOutput`], with input/output [`StylePlacement`]s.
 //! - Parallel-aware layers ([`layers`]): [`ParallelLinear`], [`ParallelEmbedding`],
 //!   [`ParallelLayerNorm`], [`ParallelRmsNorm`], [`ParallelIo`] — ordinary Burn modules that
 //!   are exactly the plain layers until a plan is applied, and load the same checkpoints.
@@ -65,6 +65,6 @@ pub use layers::{
 pub use loss::loss_parallel;
 pub use plan::{ParallelError, ParallelPlan, parallelize_module, path_matches, sharded_params};
 pub use style::{
-    ColwiseParallel, Layout, ParallelStyle, PrepareModuleInput, PrepareModuleOutput,
-    RowwiseParallel, SequenceParallel,
+    ColwiseParallel, ParallelStyle, PrepareModuleInput, PrepareModuleOutput, RowwiseParallel,
+    SequenceParallel, StylePlacement,
 };

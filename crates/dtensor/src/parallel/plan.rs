@@ -47,7 +47,7 @@ pub enum ParallelError {
     },
     /// An input or output layout the style does not support.
     #[error("plan entry `{pattern}` on `{path}`: {message}")]
-    Layout {
+    StylePlacement {
         /// The entry's path pattern.
         pattern: String,
         /// The path of the matched module.
@@ -243,7 +243,7 @@ impl Site<'_> {
 
     /// The error of a layout the style does not support here.
     pub(super) fn layout_error(&self, message: impl Into<String>) -> ParallelError {
-        ParallelError::Layout {
+        ParallelError::StylePlacement {
             pattern: self.pattern.to_string(),
             path: self.path.to_string(),
             message: message.into(),

@@ -1,4 +1,4 @@
-//! Layout transitions of activations inside a tensor-parallel region, and the
+//! StylePlacement transitions of activations inside a tensor-parallel region, and the
 //! sequence-parallel helpers built on them.
 //!
 //! Gradient convention (Megatron's): the gradient of a `Replicate` activation is the full
@@ -9,7 +9,7 @@
 //! not divide evenly over the group panics with a clear message (check it up front with
 //! [`check_divisible`]).
 
-use super::style::Layout;
+use super::style::StylePlacement;
 use crate::functional;
 use bonfire_comm::{ProcessGroup, ReduceOp};
 use burn::tensor::Tensor;
@@ -39,23 +39,25 @@ fn must_divide<const D: usize>(x: &Tensor<D>, dim: usize, group: &ProcessGroup, 
 /// `Partial` → `Shard(a)` (reduce-scatter); `Shard(a)` → `Shard(b)` (all-to-all).
 pub fn relayout<const D: usize>(
     x: Tensor<D>,
-    from: Layout,
-    to: Layout,
+    from: StylePlacement,
+    to: StylePlacement,
     group: &ProcessGroup,
 ) -> Tensor<D> {
-    if from.same_as(&to, D) || group.size() == 1 && from != Layout::Partial {
+    if from.same_as(&to, D) || group.size() == 1 && from != StylePlacement::Partial {
         return x;
     }
     match (from.shard_dim(D), to.shard_dim(D), from, to) {
-        (Some(a), None, _, Layout::Replicate) => {
+        (Some(a), None, _, StylePlacement::Replicate) => {
             functional::gather(x, group, a, None).expect("valid dim")
         }
-        (None, Some(b), Layout::Replicate, _) => {
+        (None, Some(b), StylePlacement::Replicate, _) => {
             must_divide(&x, b, group, "the sharded dim");
             functional::split(x, group, b).expect("valid dim")
         }
-        (None, None, Layout::Partial, Layout::Replicate) => functional::reduce_from_group(x, group),
-        (None, Some(b), Layout::Partial, _) => {
+        (None, None, StylePlacement::Partial, StylePlacement::Replicate) => {
+            functional::reduce_from_group(x, group)
+        }
+        (None, Some(b), StylePlacement::Partial, _) => {
             must_divide(&x, b, group, "the sharded dim");
             functional::reduce_scatter(x, group, b, ReduceOp::Sum).expect("valid dim")
         }
@@ -68,10 +70,10 @@ pub fn relayout<const D: usize>(
 }
 
 /// Whether `from` → `to` is a transition [`relayout`] supports.
-pub fn supported_transition(from: Layout, to: Layout) -> bool {
+pub fn supported_transition(from: StylePlacement, to: StylePlacement) -> bool {
     !matches!(
         (from, to),
-        (_, Layout::Partial) if from != Layout::Partial
+        (_, StylePlacement::Partial) if from != StylePlacement::Partial
     )
 }
 
@@ -82,7 +84,12 @@ pub fn sequence_shard<const D: usize>(
     group: &ProcessGroup,
     seq_dim: usize,
 ) -> Tensor<D> {
-    relayout(x, Layout::Replicate, Layout::Shard(seq_dim as isize), group)
+    relayout(
+        x,
+        StylePlacement::Replicate,
+        StylePlacement::Shard(seq_dim as isize),
+        group,
+    )
 }
 
 /// Leaves a sequence-parallel region: all-gathers `seq_dim` to a replicated activation
@@ -92,7 +99,12 @@ pub fn sequence_gather<const D: usize>(
     group: &ProcessGroup,
     seq_dim: usize,
 ) -> Tensor<D> {
-    relayout(x, Layout::Shard(seq_dim as isize), Layout::Replicate, group)
+    relayout(
+        x,
+        StylePlacement::Shard(seq_dim as isize),
+        StylePlacement::Replicate,
+        group,
+    )
 }
 
 /// A replicated parameter used on sequence-sharded activations: identity forward, all-reduce

@@ -9,16 +9,18 @@
 
 use super::layers::{Applied, LayerKind};
 use super::plan::{Assignment, ParallelError, Site};
-use crate::chunk_range;
+use crate::{Placement, chunk_range};
 
-/// How an activation is laid out over the tensor-parallel group.
-///
+/// A [`Placement`] as a parallel style states it: how an activation of any rank lies over
+/// the style's tensor-parallel group (one mesh axis), before the activation exists — so
 /// `Shard(d)` counts dims from the front when `d ≥ 0` and from the back when `d < 0`
 /// (`Shard(-1)` is the last dim, `Shard(1)` the sequence dim of a `[B, T, d]` activation).
 /// The gradient convention is Megatron's: the gradient of a `Replicate` activation is the
-/// full gradient on every rank; a `Partial` activation holds one summand per rank.
+/// full gradient on every rank; a `Partial` activation holds one summand per rank (always a
+/// sum). [`StylePlacement::placement`] is the DTensor placement it means for an activation of
+/// a given rank.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Layout {
+pub enum StylePlacement {
     /// Every rank holds the whole activation.
     Replicate,
     /// Each rank holds its torch.chunk piece along this dim (negative: counted from the back).
@@ -27,21 +29,32 @@ pub enum Layout {
     Partial,
 }
 
-impl Layout {
+impl StylePlacement {
     /// The sharded dim of a rank-`rank` activation, if sharded.
     pub fn shard_dim(&self, rank: usize) -> Option<usize> {
         match *self {
-            Layout::Shard(d) if d < 0 => Some((rank as isize + d) as usize),
-            Layout::Shard(d) => Some(d as usize),
+            StylePlacement::Shard(d) if d < 0 => Some((rank as isize + d) as usize),
+            StylePlacement::Shard(d) => Some(d as usize),
             _ => None,
         }
     }
 
-    /// Whether the two layouts are the same for a rank-`rank` activation (`Shard(-1)` and
+    /// The [`Placement`] this means for a rank-`rank` activation.
+    pub fn placement(&self, rank: usize) -> Placement {
+        match *self {
+            StylePlacement::Replicate => Placement::Replicate,
+            StylePlacement::Shard(_) => Placement::Shard(self.shard_dim(rank).expect("a shard")),
+            StylePlacement::Partial => Placement::PARTIAL_SUM,
+        }
+    }
+
+    /// Whether the two placements are the same for a rank-`rank` activation (`Shard(-1)` and
     /// `Shard(2)` are the same for rank 3).
-    pub fn same_as(&self, other: &Layout, rank: usize) -> bool {
+    pub fn same_as(&self, other: &StylePlacement, rank: usize) -> bool {
         match (self, other) {
-            (Layout::Shard(_), Layout::Shard(_)) => self.shard_dim(rank) == other.shard_dim(rank),
+            (StylePlacement::Shard(_), StylePlacement::Shard(_)) => {
+                self.shard_dim(rank) == other.shard_dim(rank)
+            }
             _ => self == other,
         }
     }
@@ -54,11 +67,11 @@ impl Layout {
 /// is `Shard(-1)` (each rank its features) or `Replicate` (all-gathered).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ColwiseParallel {
-    /// Layout of the input the layer receives: `Replicate` (default) or `Shard(d)` on the
+    /// StylePlacement of the input the layer receives: `Replicate` (default) or `Shard(d)` on the
     /// sequence; an embedding's ids must be `Replicate`.
-    pub input_layout: Layout,
-    /// Layout of the output: `Shard(-1)` (default, each rank its features) or `Replicate`.
-    pub output_layout: Layout,
+    pub input_layout: StylePlacement,
+    /// StylePlacement of the output: `Shard(-1)` (default, each rank its features) or `Replicate`.
+    pub output_layout: StylePlacement,
     /// Bonfire layers always return local Burn tensors (static types): `true` is the only
     /// accepted value; `false` is rejected by validation with a pointer to
     /// [`crate::DTensor::from_local`].
@@ -68,8 +81,8 @@ pub struct ColwiseParallel {
 impl Default for ColwiseParallel {
     fn default() -> Self {
         Self {
-            input_layout: Layout::Replicate,
-            output_layout: Layout::Shard(-1),
+            input_layout: StylePlacement::Replicate,
+            output_layout: StylePlacement::Shard(-1),
             use_local_output: true,
         }
     }
@@ -77,12 +90,12 @@ impl Default for ColwiseParallel {
 
 impl ColwiseParallel {
     /// The same style taking its input in `layout`.
-    pub fn input_layout(mut self, layout: Layout) -> Self {
+    pub fn input_layout(mut self, layout: StylePlacement) -> Self {
         self.input_layout = layout;
         self
     }
     /// The same style handing its output back in `layout`.
-    pub fn output_layout(mut self, layout: Layout) -> Self {
+    pub fn output_layout(mut self, layout: StylePlacement) -> Self {
         self.output_layout = layout;
         self
     }
@@ -101,12 +114,12 @@ impl ColwiseParallel {
 /// column-wise layer) or `Replicate` (split locally, no communication).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RowwiseParallel {
-    /// Layout of the input the layer receives: `Shard(-1)` (default) or `Replicate`; an
+    /// StylePlacement of the input the layer receives: `Shard(-1)` (default) or `Replicate`; an
     /// embedding's ids must be `Replicate`.
-    pub input_layout: Layout,
-    /// Layout of the reduced output: `Replicate` (default, all-reduce) or `Shard(1)`
+    pub input_layout: StylePlacement,
+    /// StylePlacement of the reduced output: `Replicate` (default, all-reduce) or `Shard(1)`
     /// (reduce-scatter along the sequence).
-    pub output_layout: Layout,
+    pub output_layout: StylePlacement,
     /// As for [`ColwiseParallel::use_local_output`].
     pub use_local_output: bool,
 }
@@ -114,8 +127,8 @@ pub struct RowwiseParallel {
 impl Default for RowwiseParallel {
     fn default() -> Self {
         Self {
-            input_layout: Layout::Shard(-1),
-            output_layout: Layout::Replicate,
+            input_layout: StylePlacement::Shard(-1),
+            output_layout: StylePlacement::Replicate,
             use_local_output: true,
         }
     }
@@ -123,12 +136,12 @@ impl Default for RowwiseParallel {
 
 impl RowwiseParallel {
     /// The same style taking its input in `layout`.
-    pub fn input_layout(mut self, layout: Layout) -> Self {
+    pub fn input_layout(mut self, layout: StylePlacement) -> Self {
         self.input_layout = layout;
         self
     }
     /// The same style handing its output back in `layout`.
-    pub fn output_layout(mut self, layout: Layout) -> Self {
+    pub fn output_layout(mut self, layout: StylePlacement) -> Self {
         self.output_layout = layout;
         self
     }
@@ -140,9 +153,9 @@ impl RowwiseParallel {
     /// The Megatron vocab-parallel embedding: `RowwiseParallel` with a replicated input
     /// (token ids) and the given output layout (`Replicate`, or `Shard(1)` to enter a
     /// sequence-parallel region with a reduce-scatter).
-    pub fn vocab_embedding(output_layout: Layout) -> Self {
+    pub fn vocab_embedding(output_layout: StylePlacement) -> Self {
         Self {
-            input_layout: Layout::Replicate,
+            input_layout: StylePlacement::Replicate,
             output_layout,
             use_local_output: true,
         }
@@ -170,20 +183,20 @@ impl Default for SequenceParallel {
 /// `input_layout` to `desired_input_layout`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PrepareModuleInput {
-    /// Layout the input arrives in.
-    pub input_layout: Layout,
-    /// Layout the module's forward gets it in (not `Partial`).
-    pub desired_input_layout: Layout,
+    /// StylePlacement the input arrives in.
+    pub input_layout: StylePlacement,
+    /// StylePlacement the module's forward gets it in (not `Partial`).
+    pub desired_input_layout: StylePlacement,
 }
 
 /// Re-lays the output of a module out after its forward (the `output` call of its
 /// [`crate::parallel::ParallelIo`] child).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PrepareModuleOutput {
-    /// Layout the module's forward produces its output in.
-    pub output_layout: Layout,
-    /// Layout the output is handed on in (not `Partial`).
-    pub desired_output_layout: Layout,
+    /// StylePlacement the module's forward produces its output in.
+    pub output_layout: StylePlacement,
+    /// StylePlacement the output is handed on in (not `Partial`).
+    pub desired_output_layout: StylePlacement,
 }
 
 /// Any of the styles, as stored in a [`crate::parallel::ParallelPlan`].
@@ -253,7 +266,9 @@ impl ColwiseParallel {
         require_local_output(site, self.use_local_output)?;
         if kind == LayerKind::Linear {
             site.weight_len(0, "out_features")?;
-            if self.input_layout == Layout::Partial || self.input_layout.shard_dim(3) == Some(2) {
+            if self.input_layout == StylePlacement::Partial
+                || self.input_layout.shard_dim(3) == Some(2)
+            {
                 return Err(site.layout_error(format!(
                     "input layout {:?}: a column-wise layer takes a replicated or \
                      sequence-sharded input",
@@ -262,11 +277,11 @@ impl ColwiseParallel {
             }
         } else {
             site.weight_len(1, "embedding dim")?;
-            if self.input_layout != Layout::Replicate {
+            if self.input_layout != StylePlacement::Replicate {
                 return Err(site.layout_error("an embedding's ids must be Replicate"));
             }
         }
-        if self.output_layout == Layout::Partial {
+        if self.output_layout == StylePlacement::Partial {
             return Err(site.layout_error("output layout Partial: use Replicate or Shard"));
         }
         Ok(Assignment {
@@ -281,7 +296,9 @@ impl RowwiseParallel {
     /// embedding also gets the first vocabulary row this rank holds.
     fn assign(&self, site: &Site, kind: LayerKind) -> Result<Assignment, ParallelError> {
         require_local_output(site, self.use_local_output)?;
-        if self.output_layout == Layout::Partial || self.output_layout.shard_dim(3) == Some(2) {
+        if self.output_layout == StylePlacement::Partial
+            || self.output_layout.shard_dim(3) == Some(2)
+        {
             return Err(site.layout_error(format!(
                 "output layout {:?}: a row-wise layer's output is Replicate or \
                  sharded on the sequence (Shard(1))",
@@ -290,13 +307,13 @@ impl RowwiseParallel {
         }
         let offset = if kind == LayerKind::Linear {
             site.weight_len(1, "in_features")?;
-            if self.input_layout == Layout::Partial {
+            if self.input_layout == StylePlacement::Partial {
                 return Err(site.layout_error("input layout Partial"));
             }
             0
         } else {
             let rows = site.weight_len(0, "vocabulary size")?;
-            if self.input_layout != Layout::Replicate {
+            if self.input_layout != StylePlacement::Replicate {
                 return Err(site.layout_error("an embedding's ids must be Replicate"));
             }
             chunk_range(rows, site.parts, site.rank).start
@@ -327,7 +344,7 @@ impl PrepareModuleInput {
     fn assign(&self, site: &Site) -> Result<(String, Assignment), ParallelError> {
         let io = site.io_path()?;
         let (_, output) = site.held_io(&io);
-        if self.desired_input_layout == Layout::Partial {
+        if self.desired_input_layout == StylePlacement::Partial {
             return Err(site.layout_error("desired input layout Partial"));
         }
         Ok((io, io_assignment(Some(*self), output)))
@@ -340,7 +357,7 @@ impl PrepareModuleOutput {
     fn assign(&self, site: &Site) -> Result<(String, Assignment), ParallelError> {
         let io = site.io_path()?;
         let (input, _) = site.held_io(&io);
-        if self.desired_output_layout == Layout::Partial {
+        if self.desired_output_layout == StylePlacement::Partial {
             return Err(site.layout_error("desired output layout Partial"));
         }
         Ok((io, io_assignment(input, Some(*self))))

@@ -21,7 +21,7 @@ use crate::data::TokenBatch;
 use crate::gpt::cross_entropy;
 use crate::layers::{Embedding, Linear, RmsNorm};
 use bonfire_dtensor::parallel::{
-    ColwiseParallel, Layout, ParallelPlan, RowwiseParallel, SequenceParallel, loss_parallel,
+    ColwiseParallel, ParallelPlan, RowwiseParallel, SequenceParallel, StylePlacement, loss_parallel,
 };
 use bonfire_pipeline::Block;
 use bonfire_train::{Axis, LayoutError, ParallelDims, ParallelModel, Pipeline, TpOptions};
@@ -31,11 +31,11 @@ use burn::tensor::Tensor;
 /// The Llama's tensor-parallel plan (see the module docs).
 pub fn llama_tp_plan(sequence_parallel: bool, loss_parallel: bool) -> ParallelPlan {
     let head_out = if loss_parallel {
-        Layout::Shard(-1)
+        StylePlacement::Shard(-1)
     } else {
-        Layout::Replicate
+        StylePlacement::Replicate
     };
-    let seq = Layout::Shard(1);
+    let seq = StylePlacement::Shard(1);
     let (colwise, rowwise, embedding) = if sequence_parallel {
         (
             ColwiseParallel::default().input_layout(seq),
@@ -46,7 +46,7 @@ pub fn llama_tp_plan(sequence_parallel: bool, loss_parallel: bool) -> ParallelPl
         (
             ColwiseParallel::default(),
             RowwiseParallel::default(),
-            RowwiseParallel::vocab_embedding(Layout::Replicate),
+            RowwiseParallel::vocab_embedding(StylePlacement::Replicate),
         )
     };
     let mut plan = ParallelPlan::new().add("model.embed_tokens", embedding);
