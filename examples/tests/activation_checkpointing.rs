@@ -67,14 +67,7 @@ fn fixture() -> &'static Fixture {
 
 /// `flags`: `sp` (space separated).
 fn layout(mesh: &str, zero: usize, schedule: Option<&str>, flags: &str) -> LayoutArgs {
-    LayoutArgs {
-        mesh: Some(mesh.into()),
-        zero,
-        schedule: schedule.map(str::to_string),
-        microbatches: schedule.map(|_| 2),
-        sequence_parallel: flags.contains("sp"),
-        ..LayoutArgs::default()
-    }
+    common::layout(mesh, zero, schedule, schedule.map(|_| 2), flags)
 }
 
 /// Each case without checkpointing equals one device; with every block and every second

@@ -9,85 +9,26 @@
 mod common;
 
 use bonfire_examples::cli::LayoutArgs;
-use bonfire_examples::harness::HarnessResult;
 use bonfire_examples::{Gpt, default_device};
-use bonfire_models::data::Batches;
-use bonfire_train::OptimizerKind;
 use std::sync::OnceLock;
 
 const STEPS: usize = 3;
 const ROWS: usize = 8;
 
-struct Fixture {
-    model: Gpt,
-    batches: Batches,
-    reference: [HarnessResult; 2],
-}
-
-fn fixture() -> &'static Fixture {
-    static F: OnceLock<Fixture> = OnceLock::new();
+fn fixture() -> &'static common::Suite<Gpt> {
+    static F: OnceLock<common::Suite<Gpt>> = OnceLock::new();
     F.get_or_init(|| {
         let cfg = common::gpt_cfg();
         let model = common::seeded(3, &default_device(), |d| Gpt::new(&cfg, d));
-        let batches = common::random_batches(&cfg, STEPS, ROWS, 7);
-        let single = |optim| {
-            let dims = layout("dp=1", 0, None, None, "").dims("dp=1").unwrap();
-            common::train_layout(&model, &batches, &dims, optim, STEPS)
-        };
-        let reference = [single(OptimizerKind::Sgd), single(OptimizerKind::AdamW)];
-        let count = bonfire_dtensor::params::inventory(&model).len();
-        for r in &reference {
-            assert_eq!(r.losses.len(), STEPS, "reference losses");
-            assert_eq!(r.params.len(), count, "reference parameters");
-            assert_eq!(r.grad0.len(), count, "reference step-0 gradients");
-        }
-        Fixture {
-            model,
-            batches,
-            reference,
-        }
+        common::Suite::new(model, common::random_batches(&cfg, STEPS, ROWS, 7), STEPS)
     })
 }
 
-/// `flags`: `sp`, `lp` (space separated).
-fn layout(
-    mesh: &str,
-    zero: usize,
-    schedule: Option<&str>,
-    m: Option<usize>,
-    flags: &str,
-) -> LayoutArgs {
-    LayoutArgs {
-        mesh: Some(mesh.into()),
-        zero,
-        schedule: schedule.map(str::to_string),
-        microbatches: m,
-        sequence_parallel: flags.contains("sp"),
-        loss_parallel: flags.contains("lp"),
-        offload: flags.contains("offload"),
-        ..LayoutArgs::default()
-    }
-}
+use common::layout;
 
 /// Trains every case with SGD and AdamW and compares with one device.
 fn check(cases: &[LayoutArgs]) {
-    let f = fixture();
-    for (k, optim) in [OptimizerKind::Sgd, OptimizerKind::AdamW]
-        .into_iter()
-        .enumerate()
-    {
-        let tol = match optim {
-            OptimizerKind::Sgd => common::SGD,
-            OptimizerKind::AdamW => common::adamw(common::gpt_lr(optim)),
-        };
-        for case in cases {
-            let dims = case.dims("dp=1").unwrap();
-            let what = format!("{dims} {}", optim.name());
-            let got = common::train_layout(&f.model, &f.batches, &dims, optim, STEPS);
-            let closeness = common::assert_same_run(&what, &got, &f.reference[k], tol);
-            println!("parity {what}: {closeness}");
-        }
-    }
+    fixture().check("", cases);
 }
 
 /// A comparison of untouched weights would pass trivially: training moves every tensor by

@@ -18,8 +18,8 @@ mod common;
 use bonfire_comm::testing::{Tolerance, assert_close};
 use bonfire_examples::cli::LayoutArgs;
 use bonfire_examples::default_device;
-use bonfire_examples::harness::{self, HarnessConfig, HarnessResult};
-use bonfire_models::data::{self, Batches};
+use bonfire_examples::harness::{self, HarnessConfig};
+use bonfire_models::data;
 use bonfire_models::llama::{Llama, LlamaConfig};
 use bonfire_models::tensor_file::{self, HostTensor};
 use bonfire_models::weights;
@@ -132,84 +132,28 @@ fn cfg() -> LlamaConfig {
     }
 }
 
-struct Fixture {
-    model: Llama,
-    batches: Batches,
-    reference: [HarnessResult; 2],
-}
-
-fn lr(optim: OptimizerKind) -> f64 {
-    common::gpt_lr(optim)
-}
-
-fn fixture() -> &'static Fixture {
-    static F: OnceLock<Fixture> = OnceLock::new();
+fn fixture() -> &'static common::Suite<Llama> {
+    static F: OnceLock<common::Suite<Llama>> = OnceLock::new();
     F.get_or_init(|| {
         let cfg = cfg();
         let model = common::seeded(5, &default_device(), |d| Llama::new(&cfg, d));
-        let batches = common::random_batches(
-            &bonfire_examples::GptConfig {
-                vocab_size: cfg.vocab_size,
-                max_seq_len: cfg.max_position_embeddings,
-                ..common::gpt_cfg()
-            },
-            STEPS,
-            ROWS,
-            11,
-        );
-        let single = |optim| {
-            let dims = LayoutArgs::mesh("dp=1").dims("dp=1").unwrap();
-            harness::train(&model, &batches, &dims, optim, STEPS, lr(optim)).unwrap()
+        let shape = bonfire_examples::GptConfig {
+            vocab_size: cfg.vocab_size,
+            max_seq_len: cfg.max_position_embeddings,
+            ..common::gpt_cfg()
         };
-        let reference = [single(OptimizerKind::Sgd), single(OptimizerKind::AdamW)];
-        Fixture {
+        common::Suite::new(
             model,
-            batches,
-            reference,
-        }
+            common::random_batches(&shape, STEPS, ROWS, 11),
+            STEPS,
+        )
     })
 }
 
-/// `flags`: `sp`, `lp`, `offload`, `ac` (space separated).
-fn layout(
-    mesh: &str,
-    zero: usize,
-    schedule: Option<&str>,
-    m: Option<usize>,
-    flags: &str,
-) -> LayoutArgs {
-    LayoutArgs {
-        mesh: Some(mesh.into()),
-        zero,
-        schedule: schedule.map(str::to_string),
-        microbatches: m,
-        sequence_parallel: flags.contains("sp"),
-        loss_parallel: flags.contains("lp"),
-        offload: flags.contains("offload"),
-        activation_checkpointing: flags.contains("ac").then_some(1),
-        ..LayoutArgs::default()
-    }
-}
+use common::layout;
 
 fn check(cases: &[LayoutArgs]) {
-    let f = fixture();
-    for (k, optim) in [OptimizerKind::Sgd, OptimizerKind::AdamW]
-        .into_iter()
-        .enumerate()
-    {
-        let tol = match optim {
-            OptimizerKind::Sgd => common::SGD,
-            OptimizerKind::AdamW => common::adamw(lr(optim)),
-        };
-        for case in cases {
-            let dims = case.dims("dp=1").unwrap();
-            let what = format!("llama {dims} {}", optim.name());
-            let got = harness::train(&f.model, &f.batches, &dims, optim, STEPS, lr(optim))
-                .unwrap_or_else(|e| panic!("{what}: {e}"));
-            let closeness = common::assert_same_run(&what, &got, &f.reference[k], tol);
-            println!("parity {what}: {closeness}");
-        }
-    }
+    fixture().check("llama ", cases);
 }
 
 #[test]

@@ -11,7 +11,8 @@
 //!   Hugging Face `config.json`.
 //! - [`classifier`]: a plain Burn model, trained with DDP and ZeRO with no change to its code.
 //!
-//! [`layers`] are the parallel-aware layers the models are built from; [`weights`] loads and
+//! [`layers`] are the parallel-aware layers the models are built from; [`decoder`] what the
+//! decoders share when parallelized; [`weights`] loads and
 //! saves a model's parameters as safetensors; [`tensor_file`] reads and writes plain
 //! safetensors files of named tensors.
 
@@ -19,6 +20,7 @@
 
 pub mod classifier;
 pub mod data;
+pub mod decoder;
 pub mod gpt;
 pub mod layers;
 pub mod llama;

@@ -7,9 +7,11 @@
 use bonfire_comm::testing::{Closeness, Tolerance, assert_close};
 use bonfire_comm::{ReduceOp, ThreadWorld};
 use bonfire_ddp::{DataParallel, DdpConfig, DistributedDataParallel, params};
+use bonfire_examples::cli::LayoutArgs;
 use bonfire_examples::harness::HarnessResult;
 use bonfire_examples::{Gpt, GptConfig, default_device};
-use bonfire_models::data::Batches;
+use bonfire_models::data::{Batches, TokenBatch};
+use bonfire_train::{OptimizerKind, ParallelModel};
 use burn::module::Module;
 use burn::optim::{GradientsParams, ModuleOptimizer};
 use std::time::Duration;
@@ -24,10 +26,10 @@ pub fn adamw(lr: f64) -> Tolerance {
 }
 
 /// The learning rate of the GPT parity suites: 0.5 with SGD, 0.01 with AdamW.
-pub fn gpt_lr(optim: bonfire_train::OptimizerKind) -> f64 {
+pub fn gpt_lr(optim: OptimizerKind) -> f64 {
     match optim {
-        bonfire_train::OptimizerKind::Sgd => 0.5,
-        bonfire_train::OptimizerKind::AdamW => 0.01,
+        OptimizerKind::Sgd => 0.5,
+        OptimizerKind::AdamW => 0.01,
     }
 }
 
@@ -105,11 +107,107 @@ pub fn train_layout(
     model: &Gpt,
     batches: &Batches,
     dims: &bonfire_train::ParallelDims,
-    optim: bonfire_train::OptimizerKind,
+    optim: OptimizerKind,
     steps: usize,
 ) -> HarnessResult {
     bonfire_examples::harness::train(model, batches, dims, optim, steps, gpt_lr(optim))
         .unwrap_or_else(|e| panic!("{dims} {}: {e}", optim.name()))
+}
+
+/// A layout in the suites' shorthand: `flags` names options, space separated — `sp`, `lp`,
+/// `offload`, `ac` (every layer checkpointed).
+pub fn layout(
+    mesh: &str,
+    zero: usize,
+    schedule: Option<&str>,
+    m: Option<usize>,
+    flags: &str,
+) -> LayoutArgs {
+    LayoutArgs {
+        mesh: Some(mesh.into()),
+        zero,
+        schedule: schedule.map(str::to_string),
+        microbatches: m,
+        sequence_parallel: flags.contains("sp"),
+        loss_parallel: flags.contains("lp"),
+        offload: flags.contains("offload"),
+        activation_checkpointing: flags.contains("ac").then_some(1),
+        ..LayoutArgs::default()
+    }
+}
+
+/// A layout suite: a model, its global batches, and its run on one device with SGD and with
+/// AdamW (the reference every layout must equal).
+pub struct Suite<M> {
+    /// The model every layout starts from.
+    pub model: M,
+    /// The global batches of every step.
+    pub batches: Batches,
+    /// One device: `[SGD, AdamW]` at [`gpt_lr`].
+    pub reference: [HarnessResult; 2],
+    steps: usize,
+}
+
+impl<M: ParallelModel<Batch = TokenBatch> + Sync> Suite<M> {
+    /// The suite of `model` on `batches` for `steps` steps: trains the reference, checking it
+    /// has every loss, parameter and step-0 gradient (an empty one would pass every check).
+    pub fn new(model: M, batches: Batches, steps: usize) -> Self {
+        let dims = bonfire_train::ParallelDims::new();
+        let count = params::inventory(&model).len();
+        let single = |optim| {
+            let r = bonfire_examples::harness::train(
+                &model,
+                &batches,
+                &dims,
+                optim,
+                steps,
+                gpt_lr(optim),
+            )
+            .unwrap_or_else(|e| panic!("one device {}: {e}", optim.name()));
+            assert_eq!(r.losses.len(), steps, "reference losses");
+            assert_eq!(r.params.len(), count, "reference parameters");
+            assert_eq!(r.grad0.len(), count, "reference step-0 gradients");
+            r
+        };
+        let reference = [single(OptimizerKind::Sgd), single(OptimizerKind::AdamW)];
+        Self {
+            model,
+            batches,
+            reference,
+            steps,
+        }
+    }
+
+    /// Trains every case with SGD and with AdamW (at [`gpt_lr`]) and asserts each run equals
+    /// the reference within the parity tolerance; prints how close each came, prefixed by
+    /// `what`.
+    pub fn check(&self, what: &str, cases: &[LayoutArgs]) {
+        assert!(!cases.is_empty(), "{what}: no layout to check");
+        for (k, optim) in [OptimizerKind::Sgd, OptimizerKind::AdamW]
+            .into_iter()
+            .enumerate()
+        {
+            let tol = match optim {
+                OptimizerKind::Sgd => SGD,
+                OptimizerKind::AdamW => adamw(gpt_lr(optim)),
+            };
+            for case in cases {
+                let dims = case.dims("dp=1").unwrap();
+                let name = format!("{what}{dims} {}", optim.name());
+                let got = bonfire_examples::harness::train(
+                    &self.model,
+                    &self.batches,
+                    &dims,
+                    optim,
+                    self.steps,
+                    gpt_lr(optim),
+                )
+                .unwrap_or_else(|e| panic!("{name}: {e}"));
+                let closeness = assert_same_run(&name, &got, &self.reference[k], tol);
+                println!("parity {name}: {closeness}");
+            }
+        }
+    }
 }
 
 /// Losses and final parameters (flat, module order) of a run.

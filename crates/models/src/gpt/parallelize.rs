@@ -17,12 +17,11 @@
 //! r·h/tp .. (r+1)·h/tp), so `n_heads` must be divisible by the tensor-parallel size.
 
 use super::block::Block as GptBlock;
-use super::model::{Gpt, cross_entropy, embed, head};
+use super::model::{Gpt, embed, head};
 use crate::data::TokenBatch;
+use crate::decoder::{DecoderStyles, check_sequence, divisible, token_input, token_loss};
 use crate::layers::{Embedding, LayerNorm, Linear};
-use bonfire_dtensor::parallel::{
-    ColwiseParallel, ParallelPlan, RowwiseParallel, SequenceParallel, StylePlacement, loss_parallel,
-};
+use bonfire_dtensor::parallel::ParallelPlan;
 use bonfire_pipeline::Block;
 use bonfire_train::{Axis, LayoutError, ParallelDims, ParallelModel, Pipeline, TpOptions};
 use burn::module::Module;
@@ -30,53 +29,22 @@ use burn::tensor::Tensor;
 
 /// The GPT's tensor-parallel plan (see the module docs).
 pub fn gpt_tp_plan(sequence_parallel: bool, loss_parallel: bool) -> ParallelPlan {
-    let head_out = if loss_parallel {
-        StylePlacement::Shard(-1)
-    } else {
-        StylePlacement::Replicate
-    };
-    let seq = StylePlacement::Shard(1);
-    let (colwise, rowwise, embedding) = if sequence_parallel {
-        (
-            ColwiseParallel::default().input_layout(seq),
-            RowwiseParallel::default().output_layout(seq),
-            RowwiseParallel::vocab_embedding(seq),
-        )
-    } else {
-        (
-            ColwiseParallel::default(),
-            RowwiseParallel::default(),
-            RowwiseParallel::vocab_embedding(StylePlacement::Replicate),
-        )
-    };
+    let st = DecoderStyles::new(sequence_parallel, loss_parallel);
     let mut plan = ParallelPlan::new()
-        .add("tok_emb", embedding)
-        .add("blocks.*.attn.q", colwise)
-        .add("blocks.*.attn.k", colwise)
-        .add("blocks.*.attn.v", colwise)
-        .add("blocks.*.attn.o", rowwise)
-        .add("blocks.*.mlp.fc1", colwise)
-        .add("blocks.*.mlp.fc2", rowwise)
-        .add("head", colwise.output_layout(head_out));
-    if sequence_parallel {
-        let sp = SequenceParallel::default();
+        .add("tok_emb", st.embedding)
+        .add("blocks.*.attn.q", st.colwise)
+        .add("blocks.*.attn.k", st.colwise)
+        .add("blocks.*.attn.v", st.colwise)
+        .add("blocks.*.attn.o", st.rowwise)
+        .add("blocks.*.mlp.fc1", st.colwise)
+        .add("blocks.*.mlp.fc2", st.rowwise)
+        .add("head", st.head);
+    if let Some(sp) = st.norm {
         for path in ["pos_emb", "blocks.*.ln1", "blocks.*.ln2", "ln_f"] {
             plan = plan.add(path, sp);
         }
     }
     plan
-}
-
-fn divisible(axis: Axis, degree: usize, what: &str, value: usize) -> Result<(), LayoutError> {
-    if value % degree == 0 {
-        return Ok(());
-    }
-    Err(LayoutError::NotDivisible {
-        axis,
-        degree,
-        what: what.into(),
-        value,
-    })
 }
 
 impl ParallelModel for Gpt {
@@ -100,11 +68,8 @@ impl ParallelModel for Gpt {
     }
 
     /// Sequence parallelism shards the sequence over tp.
-    fn check_batch(&self, dims: &ParallelDims, (ids, _): &TokenBatch) -> Result<(), LayoutError> {
-        if dims.tp_options.sequence_parallel {
-            divisible(Axis::Tp, dims.tp(), "the sequence length", ids.dims()[1])?;
-        }
-        Ok(())
+    fn check_batch(&self, dims: &ParallelDims, batch: &TokenBatch) -> Result<(), LayoutError> {
+        check_sequence(dims, batch)
     }
 
     fn tensor_parallel_plan(&self, options: TpOptions) -> Option<ParallelPlan> {
@@ -132,13 +97,8 @@ impl ParallelModel for Gpt {
         let blocks: Vec<String> = (0..self.blocks.len())
             .map(|i| format!("blocks.{i}"))
             .collect();
-        let group = self.head.output_shard_group();
-        let loss = move |logits: Tensor<3>, (_, targets): &TokenBatch| match &group {
-            Some(g) => loss_parallel(logits, targets.clone(), g),
-            None => cross_entropy(logits, targets.clone()),
-        };
-        let input = |(ids, _): &TokenBatch| ids.clone().float().unsqueeze_dim::<3>(2);
-        Some(Pipeline::new(pieces(self), input, loss).with_checkpointable(blocks))
+        let loss = token_loss(self.head.output_shard_group());
+        Some(Pipeline::new(pieces(self), token_input, loss).with_checkpointable(blocks))
     }
 }
 

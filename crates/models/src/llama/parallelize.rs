@@ -18,11 +18,9 @@
 
 use super::model::{DecoderLayer, Llama, embed, head};
 use crate::data::TokenBatch;
-use crate::gpt::cross_entropy;
+use crate::decoder::{DecoderStyles, check_sequence, divisible, token_input, token_loss};
 use crate::layers::{Embedding, Linear, RmsNorm};
-use bonfire_dtensor::parallel::{
-    ColwiseParallel, ParallelPlan, RowwiseParallel, SequenceParallel, StylePlacement, loss_parallel,
-};
+use bonfire_dtensor::parallel::ParallelPlan;
 use bonfire_pipeline::Block;
 use bonfire_train::{Axis, LayoutError, ParallelDims, ParallelModel, Pipeline, TpOptions};
 use burn::module::Module;
@@ -30,37 +28,22 @@ use burn::tensor::Tensor;
 
 /// The Llama's tensor-parallel plan (see the module docs).
 pub fn llama_tp_plan(sequence_parallel: bool, loss_parallel: bool) -> ParallelPlan {
-    let head_out = if loss_parallel {
-        StylePlacement::Shard(-1)
-    } else {
-        StylePlacement::Replicate
-    };
-    let seq = StylePlacement::Shard(1);
-    let (colwise, rowwise, embedding) = if sequence_parallel {
-        (
-            ColwiseParallel::default().input_layout(seq),
-            RowwiseParallel::default().output_layout(seq),
-            RowwiseParallel::vocab_embedding(seq),
-        )
-    } else {
-        (
-            ColwiseParallel::default(),
-            RowwiseParallel::default(),
-            RowwiseParallel::vocab_embedding(StylePlacement::Replicate),
-        )
-    };
-    let mut plan = ParallelPlan::new().add("model.embed_tokens", embedding);
-    for part in ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"] {
-        plan = plan.add(format!("model.layers.*.{part}"), colwise);
+    let st = DecoderStyles::new(sequence_parallel, loss_parallel);
+    let mut plan = ParallelPlan::new().add("model.embed_tokens", st.embedding);
+    for (part, style) in [
+        ("self_attn.q_proj", st.colwise),
+        ("self_attn.k_proj", st.colwise),
+        ("self_attn.v_proj", st.colwise),
+        ("mlp.gate_proj", st.colwise),
+        ("mlp.up_proj", st.colwise),
+    ] {
+        plan = plan.add(format!("model.layers.*.{part}"), style);
     }
     plan = plan
-        .add("model.layers.*.self_attn.o_proj", rowwise)
-        .add("model.layers.*.mlp.gate_proj", colwise)
-        .add("model.layers.*.mlp.up_proj", colwise)
-        .add("model.layers.*.mlp.down_proj", rowwise)
-        .add("lm_head", colwise.output_layout(head_out));
-    if sequence_parallel {
-        let sp = SequenceParallel::default();
+        .add("model.layers.*.self_attn.o_proj", st.rowwise)
+        .add("model.layers.*.mlp.down_proj", st.rowwise)
+        .add("lm_head", st.head);
+    if let Some(sp) = st.norm {
         for path in [
             "model.layers.*.input_layernorm",
             "model.layers.*.post_attention_layernorm",
@@ -72,16 +55,9 @@ pub fn llama_tp_plan(sequence_parallel: bool, loss_parallel: bool) -> ParallelPl
     plan
 }
 
-fn divisible(degree: usize, what: &str, value: usize) -> Result<(), LayoutError> {
-    if value % degree == 0 {
-        return Ok(());
-    }
-    Err(LayoutError::NotDivisible {
-        axis: Axis::Tp,
-        degree,
-        what: what.into(),
-        value,
-    })
+/// `Ok` when tp divides `value` (`what`).
+fn divisible_tp(degree: usize, what: &str, value: usize) -> Result<(), LayoutError> {
+    divisible(Axis::Tp, degree, what, value)
 }
 
 impl ParallelModel for Llama {
@@ -110,19 +86,16 @@ impl ParallelModel for Llama {
                     ),
                 ));
             }
-            divisible(tp, "num_attention_heads", q / hd)?;
-            divisible(tp, "num_key_value_heads", kv / hd)?;
-            divisible(tp, "intermediate_size", l.mlp.gate_proj.weight.dims()[0])?;
+            divisible_tp(tp, "num_attention_heads", q / hd)?;
+            divisible_tp(tp, "num_key_value_heads", kv / hd)?;
+            divisible_tp(tp, "intermediate_size", l.mlp.gate_proj.weight.dims()[0])?;
         }
-        divisible(tp, "vocab_size", self.lm_head.weight.dims()[0])
+        divisible_tp(tp, "vocab_size", self.lm_head.weight.dims()[0])
     }
 
     /// Sequence parallelism shards the sequence over tp.
-    fn check_batch(&self, dims: &ParallelDims, (ids, _): &TokenBatch) -> Result<(), LayoutError> {
-        if dims.tp_options.sequence_parallel {
-            divisible(dims.tp(), "the sequence length", ids.dims()[1])?;
-        }
-        Ok(())
+    fn check_batch(&self, dims: &ParallelDims, batch: &TokenBatch) -> Result<(), LayoutError> {
+        check_sequence(dims, batch)
     }
 
     fn tensor_parallel_plan(&self, options: TpOptions) -> Option<ParallelPlan> {
@@ -155,13 +128,8 @@ impl ParallelModel for Llama {
         let layers: Vec<String> = (0..self.model.layers.len())
             .map(|i| format!("model.layers.{i}"))
             .collect();
-        let group = self.lm_head.output_shard_group();
-        let loss = move |logits: Tensor<3>, (_, targets): &TokenBatch| match &group {
-            Some(g) => loss_parallel(logits, targets.clone(), g),
-            None => cross_entropy(logits, targets.clone()),
-        };
-        let input = |(ids, _): &TokenBatch| ids.clone().float().unsqueeze_dim::<3>(2);
-        Some(Pipeline::new(pieces(self), input, loss).with_checkpointable(layers))
+        let loss = token_loss(self.lm_head.output_shard_group());
+        Some(Pipeline::new(pieces(self), token_input, loss).with_checkpointable(layers))
     }
 }
 
