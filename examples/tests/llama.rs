@@ -203,3 +203,50 @@ fn tp_beyond_the_kv_heads_is_refused() {
         "{err}"
     );
 }
+
+/// The parity harness's files in and out on a transformers checkpoint: `--config` a
+/// Hugging Face `config.json`, `--weights` its `model.safetensors`; in a 4-rank layout the
+/// result file holds every parameter under transformers' name, its `grad0.` and the losses,
+/// equal to transformers' float64 run.
+#[test]
+fn the_harness_trains_a_transformers_checkpoint_in_any_layout() {
+    let dir = fixture_dir();
+    let out = std::env::temp_dir().join(format!("bonfire-llama-harness-{}", std::process::id()));
+    let layout = LayoutArgs {
+        zero: 3,
+        sequence_parallel: true,
+        loss_parallel: true,
+        ..LayoutArgs::mesh("dp=2,tp=2")
+    };
+    let args = harness::HarnessArgs {
+        config: dir.join("config.json"),
+        weights: dir.join("model.safetensors"),
+        data: dir.join("batch.safetensors"),
+        dims: layout.dims("dp=1").unwrap(),
+        optim: OptimizerKind::Sgd,
+        device: "flex".into(),
+        steps: 2,
+        lr: 0.5,
+        out: out.join("result.safetensors"),
+    };
+    harness::run(&args).unwrap();
+    let got = harness::read_result(&args.out).unwrap();
+    let want = reference();
+    let params: Vec<&String> = want
+        .keys()
+        .filter(|k| k.starts_with("sgd.model.") || k.starts_with("sgd.lm_head"))
+        .collect();
+    assert_eq!(
+        got.len(),
+        2 * params.len() + 1,
+        "parameters, their grad0, the loss"
+    );
+    assert_close("loss", &got["loss"], &want["sgd.loss"], F64);
+    for key in params {
+        let name = key.trim_start_matches("sgd.");
+        assert_close(name, &got[name], &want[key], F64);
+        let g = format!("grad0.{name}");
+        assert_close(&g, &got[&g], &want[&g], F64);
+    }
+    std::fs::remove_dir_all(out).ok();
+}

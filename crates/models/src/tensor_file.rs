@@ -78,12 +78,16 @@ pub fn read(path: impl AsRef<Path>) -> Result<BTreeMap<String, HostTensor>, Stri
     Ok(out)
 }
 
-/// Writes f32 tensors to a safetensors file.
+/// Writes f32 tensors to a safetensors file (creating its folder).
 pub fn write_f32(
     path: impl AsRef<Path>,
     tensors: &BTreeMap<String, (Vec<usize>, Vec<f32>)>,
 ) -> Result<(), String> {
     let path = path.as_ref();
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    }
     let bytes: Vec<(String, Vec<usize>, Vec<u8>)> = tensors
         .iter()
         .map(|(name, (shape, data))| {
