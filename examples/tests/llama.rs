@@ -250,3 +250,87 @@ fn the_harness_trains_a_transformers_checkpoint_in_any_layout() {
     }
     std::fs::remove_dir_all(out).ok();
 }
+
+/// A Hugging Face directory in and out: the fixture (as transformers' `save_pretrained`
+/// wrote it) loads as `weights::load` reads it; saved back sharded at 8 KB it is several
+/// shards and an index whose map names every parameter once, and loads back bit for bit;
+/// saved whole it has exactly the tensors, names and shapes transformers wrote. A file that
+/// lacks a parameter, or has a tensor that is none, is refused naming it. With
+/// `BONFIRE_KEEP_EXPORT=DIR` the sharded export and the logits of the fixture's first batch
+/// (`logits.safetensors`) are left in DIR for `fixtures/llama/check_export.py`.
+#[test]
+fn hugging_face_directories_round_trip() {
+    use bonfire_models::pretrained::{self, INDEX};
+    let dir = fixture_dir();
+    let cfg = LlamaConfig::load(dir.join("config.json")).unwrap();
+    let device = default_device();
+    let model = pretrained::load_pretrained(Llama::new(&cfg, &device), &dir).unwrap();
+    let infos = bonfire_dtensor::params::inventory(&model);
+    let values = bonfire_dtensor::params::flatten_values(&model, &infos);
+    let direct = weights::load(Llama::new(&cfg, &device), dir.join("model.safetensors")).unwrap();
+    let flat = |m: &Llama| {
+        bonfire_dtensor::params::flatten_values(m, &bonfire_dtensor::params::inventory(m))
+    };
+    assert_eq!(flat(&direct), values);
+
+    let keep = std::env::var_os("BONFIRE_KEEP_EXPORT").map(PathBuf::from);
+    let tmp = std::env::temp_dir().join(format!("bonfire-hf-{}", std::process::id()));
+    let sharded = keep.clone().unwrap_or_else(|| tmp.join("sharded"));
+    let files = pretrained::save_pretrained(&model, &cfg.to_json(), &sharded, 8 << 10).unwrap();
+    assert!(files.len() >= 2, "{files:?}");
+    let index: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(sharded.join(INDEX)).unwrap()).unwrap();
+    let map = index["weight_map"].as_object().unwrap();
+    assert_eq!(map.len(), infos.len());
+    assert_eq!(
+        index["metadata"]["total_size"].as_u64().unwrap() as usize,
+        4 * values.len()
+    );
+    let back = pretrained::load_pretrained(Llama::new(&cfg, &device), &sharded).unwrap();
+    assert_eq!(flat(&back), values);
+    if keep.is_some() {
+        let batches = data::load_batches(dir.join("batch.safetensors"), cfg.vocab_size, 8).unwrap();
+        let (ids, _) = batches.rows(0, 0, batches.batch, &device);
+        let logits = back.forward(ids.clone());
+        let shape = logits.dims().to_vec();
+        let mut out = BTreeMap::new();
+        out.insert(
+            "logits".to_string(),
+            (shape, logits.into_data().try_to_vec::<f32>().unwrap()),
+        );
+        let ids: Vec<f32> = ids.float().into_data().try_to_vec::<f32>().unwrap();
+        out.insert("input_ids".to_string(), (vec![batches.batch, 8], ids));
+        tensor_file::write_f32(sharded.join("logits.safetensors"), &out).unwrap();
+    }
+
+    let whole = tmp.join("whole");
+    pretrained::save_pretrained(&model, &cfg.to_json(), &whole, usize::MAX).unwrap();
+    let shapes = |p: PathBuf| -> Vec<(String, Vec<usize>)> {
+        tensor_file::read(p)
+            .unwrap()
+            .into_iter()
+            .map(|(k, t)| (k, t.shape().to_vec()))
+            .collect()
+    };
+    assert_eq!(
+        shapes(whole.join("model.safetensors")),
+        shapes(dir.join("model.safetensors"))
+    );
+    assert!(!whole.join(INDEX).exists());
+
+    // One tensor short, one too many.
+    let mut tensors = pretrained::read_weights(&whole).unwrap();
+    let (shape, v) = tensors.remove("model.norm.weight").unwrap();
+    tensors.insert("model.extra.weight".into(), (shape, v));
+    let broken = tmp.join("broken");
+    tensor_file::write_f32(broken.join("model.safetensors"), &tensors).unwrap();
+    let err = pretrained::load_pretrained(Llama::new(&cfg, &device), &broken).unwrap_err();
+    assert!(
+        err.contains("missing parameters: model.norm.weight")
+            && err.contains("unexpected tensors: model.extra.weight"),
+        "{err}"
+    );
+    let err = pretrained::load_pretrained(Llama::new(&cfg, &device), &tmp).unwrap_err();
+    assert!(err.contains("has neither model.safetensors nor"), "{err}");
+    std::fs::remove_dir_all(tmp).ok();
+}

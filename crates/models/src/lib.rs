@@ -13,7 +13,8 @@
 //!
 //! [`layers`] are the parallel-aware layers the models are built from; [`decoder`] what the
 //! decoders share when parallelized; [`weights`] loads and
-//! saves a model's parameters as safetensors; [`tensor_file`] reads and writes plain
+//! saves a model's parameters as safetensors; [`pretrained`] Hugging Face model
+//! directories (`config.json`, sharded safetensors) in and out; [`tensor_file`] reads and writes plain
 //! safetensors files of named tensors.
 
 #![forbid(unsafe_code)]
@@ -24,6 +25,7 @@ pub mod decoder;
 pub mod gpt;
 pub mod layers;
 pub mod llama;
+pub mod pretrained;
 pub mod tensor_file;
 pub mod weights;
 

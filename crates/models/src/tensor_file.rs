@@ -78,6 +78,40 @@ pub fn read(path: impl AsRef<Path>) -> Result<BTreeMap<String, HostTensor>, Stri
     Ok(out)
 }
 
+/// Every float tensor of a safetensors file as f32 (f32, bf16 and f16 read exactly), by
+/// name; `Err` on a tensor of another dtype.
+pub fn read_floats(path: &Path) -> Result<BTreeMap<String, (Vec<usize>, Vec<f32>)>, String> {
+    let bytes = std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let st = safetensors::SafeTensors::deserialize(&bytes)
+        .map_err(|e| format!("{} is not a safetensors file: {e}", path.display()))?;
+    let mut out = BTreeMap::new();
+    for (name, view) in st.tensors() {
+        let raw = view.data();
+        let values: Vec<f32> = match view.dtype() {
+            Dtype::F32 => raw
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+                .collect(),
+            Dtype::BF16 => raw
+                .chunks_exact(2)
+                .map(|c| half::bf16::from_le_bytes(c.try_into().unwrap()).to_f32())
+                .collect(),
+            Dtype::F16 => raw
+                .chunks_exact(2)
+                .map(|c| half::f16::from_le_bytes(c.try_into().unwrap()).to_f32())
+                .collect(),
+            other => {
+                return Err(format!(
+                    "{}: tensor `{name}` has dtype {other:?}; expected a float",
+                    path.display()
+                ));
+            }
+        };
+        out.insert(name, (view.shape().to_vec(), values));
+    }
+    Ok(out)
+}
+
 /// Writes f32 tensors to a safetensors file (creating its folder).
 pub fn write_f32(
     path: impl AsRef<Path>,
