@@ -9,11 +9,10 @@
 //! model's f32) and is saved back the same way in f32 ([`save_pretrained`], sharded at a
 //! size), so that transformers loads it with no missing or unexpected keys.
 
-use crate::tensor_file;
+use crate::tensor_file::{self, F32Tensors};
 use bonfire_dtensor::params;
 use burn::module::Module;
 use serde_json::{Map, Value, json};
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 /// The single-file weights' name.
@@ -59,8 +58,8 @@ pub fn weight_files(dir: &Path) -> Result<Vec<PathBuf>, String> {
 }
 
 /// Every tensor of `dir`'s weight files, as f32, by name; `Err` on a name in two files.
-pub fn read_weights(dir: &Path) -> Result<BTreeMap<String, (Vec<usize>, Vec<f32>)>, String> {
-    let mut out = BTreeMap::new();
+pub fn read_weights(dir: &Path) -> Result<F32Tensors, String> {
+    let mut out = F32Tensors::new();
     for file in weight_files(dir)? {
         for (name, t) in tensor_file::read_floats(&file)? {
             if out.insert(name.clone(), t).is_some() {
@@ -119,12 +118,12 @@ pub fn save_pretrained<M: Module>(
     std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
     let infos = params::inventory(model);
     let values = params::named(&infos, &params::flatten_values(model, &infos));
-    let mut shards: Vec<BTreeMap<String, (Vec<usize>, Vec<f32>)>> = vec![BTreeMap::new()];
+    let mut shards: Vec<F32Tensors> = vec![F32Tensors::new()];
     let mut size = 0;
     for p in values {
         let bytes = 4 * p.values.len();
         if size > 0 && size + bytes > max_shard_bytes {
-            shards.push(BTreeMap::new());
+            shards.push(F32Tensors::new());
             size = 0;
         }
         size += bytes;

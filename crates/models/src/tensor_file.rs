@@ -6,6 +6,9 @@ use safetensors::tensor::{Dtype, TensorView};
 use std::collections::BTreeMap;
 use std::path::Path;
 
+/// Named f32 tensors: name → (dims, row-major values).
+pub type F32Tensors = BTreeMap<String, (Vec<usize>, Vec<f32>)>;
+
 /// A named tensor's contents on the host.
 #[derive(Debug, Clone, PartialEq)]
 pub enum HostTensor {
@@ -80,7 +83,7 @@ pub fn read(path: impl AsRef<Path>) -> Result<BTreeMap<String, HostTensor>, Stri
 
 /// Every float tensor of a safetensors file as f32 (f32, bf16 and f16 read exactly), by
 /// name; `Err` on a tensor of another dtype.
-pub fn read_floats(path: &Path) -> Result<BTreeMap<String, (Vec<usize>, Vec<f32>)>, String> {
+pub fn read_floats(path: &Path) -> Result<F32Tensors, String> {
     let bytes = std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
     let st = safetensors::SafeTensors::deserialize(&bytes)
         .map_err(|e| format!("{} is not a safetensors file: {e}", path.display()))?;
@@ -113,10 +116,7 @@ pub fn read_floats(path: &Path) -> Result<BTreeMap<String, (Vec<usize>, Vec<f32>
 }
 
 /// Writes f32 tensors to a safetensors file (creating its folder).
-pub fn write_f32(
-    path: impl AsRef<Path>,
-    tensors: &BTreeMap<String, (Vec<usize>, Vec<f32>)>,
-) -> Result<(), String> {
+pub fn write_f32(path: impl AsRef<Path>, tensors: &F32Tensors) -> Result<(), String> {
     let path = path.as_ref();
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir)
