@@ -192,15 +192,38 @@ fn compositions() {
     ]);
 }
 
-/// tp above the key/value heads is refused before anything is built, naming the heads.
+/// tp = 4 over 2 key/value heads: the kv projections stay whole on every rank and their
+/// gradients are summed over tp (± sequence and loss parallelism, with dp and pp).
 #[test]
-fn tp_beyond_the_kv_heads_is_refused() {
-    let f = fixture();
-    let dims = layout("tp=4", 0, None, None, "").dims("dp=1").unwrap();
-    let err = harness::train(&f.model, &f.batches, &dims, OptimizerKind::Sgd, 1, 0.1).unwrap_err();
-    assert!(
-        err.contains("tp=4") && err.contains("num_key_value_heads 2"),
-        "{err}"
+fn tensor_parallel_beyond_the_kv_heads() {
+    check(&[
+        layout("tp=4", 0, None, None, ""),
+        layout("tp=4", 0, None, None, "sp lp"),
+        layout("dp=2,tp=4", 3, None, None, "sp"),
+        layout("tp=4,pp=2", 0, Some("1f1b"), Some(2), "lp"),
+    ]);
+}
+
+/// A tp that neither divides the key/value heads nor is a multiple of them (6 over 4, with
+/// 12 query heads) is refused before anything is built, naming the heads.
+#[test]
+fn tp_that_does_not_fit_the_kv_heads_is_refused() {
+    let cfg = LlamaConfig {
+        hidden_size: 48,
+        num_attention_heads: 12,
+        num_key_value_heads: 4,
+        ..LlamaConfig::tiny()
+    };
+    let model = Llama::new(&cfg, &default_device());
+    let dims = layout("tp=6", 0, None, None, "").dims("dp=1").unwrap();
+    let batch = fixture().batches.rows(0, 0, 1, &default_device());
+    let err = bonfire_train::Trainer::new(dims, || OptimizerKind::Sgd.build())
+        .check(&model, 6, &batch)
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        err,
+        "tp=6: tp is neither a divisor nor a multiple of num_key_value_heads 4"
     );
 }
 

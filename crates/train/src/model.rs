@@ -18,7 +18,7 @@ use crate::engine::Engine;
 use crate::engine::pipeline::{Pieces, PipelineContext};
 use crate::error::{LayoutError, TrainError};
 use bonfire_dtensor::parallel::ParallelPlan;
-use bonfire_layout::{ParallelDims, TpOptions};
+use bonfire_layout::ParallelDims;
 use bonfire_pipeline::Block;
 use burn::module::Module;
 use burn::tensor::Tensor;
@@ -80,10 +80,10 @@ pub trait ParallelModel: Module + Sized + 'static {
         Ok(())
     }
 
-    /// The tensor-parallel plan over the tp axis (`None`: the model has none, and a layout
-    /// with tp > 1 is refused).
-    fn tensor_parallel_plan(&self, options: TpOptions) -> Option<ParallelPlan> {
-        let _ = options;
+    /// The tensor-parallel plan over the tp axis of `dims` (its degree and options; `None`:
+    /// the model has none, and a layout with tp > 1 is refused).
+    fn tensor_parallel_plan(&self, dims: &ParallelDims) -> Option<ParallelPlan> {
+        let _ = dims;
         None
     }
 

@@ -91,7 +91,7 @@ impl Trainer {
                 value: rows,
             });
         }
-        if dims.tp() > 1 && model.tensor_parallel_plan(dims.tp_options).is_none() {
+        if dims.tp() > 1 && model.tensor_parallel_plan(dims).is_none() {
             return Err(LayoutError::axis(
                 Axis::Tp,
                 dims.tp(),
@@ -148,9 +148,7 @@ impl Trainer {
         let model = params::fork(model, &device);
         let (mut model, _) = params::sync_from_root(model, world)?;
         if dims.tp() > 1 {
-            let plan = model
-                .tensor_parallel_plan(dims.tp_options)
-                .expect("checked");
+            let plan = model.tensor_parallel_plan(&dims).expect("checked");
             model = parallelize_module(model, &mesh, Axis::Tp.name(), &plan)?;
         }
         if model.layers().is_empty() && dims.dp() > 1 && world.rank() == 0 {

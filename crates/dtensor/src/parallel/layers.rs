@@ -21,8 +21,8 @@
 
 use super::sequence::{relayout, replicated_param};
 use super::style::{
-    ColwiseParallel, PrepareModuleInput, PrepareModuleOutput, RowwiseParallel, SequenceParallel,
-    StylePlacement,
+    ColwiseParallel, PrepareModuleInput, PrepareModuleOutput, ReplicateParallel, RowwiseParallel,
+    SequenceParallel, StylePlacement,
 };
 use crate::{chunk_range, functional};
 use bonfire_comm::ProcessGroup;
@@ -125,6 +125,7 @@ pub(crate) enum Applied {
         offset: usize,
     },
     Sequence(#[allow(dead_code)] SequenceParallel),
+    Replicate(ReplicateParallel),
     Io {
         input: Option<PrepareModuleInput>,
         output: Option<PrepareModuleOutput>,
@@ -257,19 +258,17 @@ impl ParallelLinear {
         };
         let g = &state.group;
         match state.applied {
+            Applied::Replicate(style) => {
+                let x = colwise_input(x, style.input_layout, g);
+                let w = replicated_param(self.weight.val(), g);
+                let y = crate::weight_grad::linear_matmul(x, w);
+                match &self.bias {
+                    Some(b) => y + bias(replicated_param(b.val(), g)),
+                    None => y,
+                }
+            }
             Applied::Colwise(style) => {
-                let x = match style.input_layout {
-                    StylePlacement::Replicate => functional::copy_to_group(x, g),
-                    layout => {
-                        // Shard(d): gather the sequence; the local matmul's gradient is
-                        // partial, so backward reduce-scatters it. Marked recomputable:
-                        // under Burn's Balanced checkpointing the gathered input is
-                        // re-gathered in backward instead of kept (Megatron's SP memory).
-                        let d = layout.shard_dim(D).expect("validated");
-                        let sizes = vec![x.dims()[d]; g.size()];
-                        functional::all_gather_recomputable(x, g, d, &sizes).expect("valid dim")
-                    }
-                };
+                let x = colwise_input(x, style.input_layout, g);
                 let mut y = self.matmul(x);
                 if let Some(b) = &self.bias {
                     y = y + bias(b.val());
@@ -288,6 +287,16 @@ impl ParallelLinear {
                 }
             }
             other => panic!("bonfire-dtensor parallel: a ParallelLinear cannot run {other:?}"),
+        }
+    }
+
+    /// This rank's place `(rank, size)` in the group over which the layer's output features
+    /// are split (a column-wise layer), if they are.
+    pub fn colwise_shard(&self) -> Option<(usize, usize)> {
+        let state = self.key.state()?;
+        match state.applied {
+            Applied::Colwise(_) => Some((state.group.rank(), state.group.size())),
+            _ => None,
         }
     }
 
@@ -405,6 +414,26 @@ fn norm_param<const D: usize>(key: &ParallelKey, p: Tensor<1>) -> Tensor<D> {
             applied: Applied::Sequence(_),
         }) => replicated_param(p, &group).unsqueeze::<D>(),
         _ => p.unsqueeze::<D>(),
+    }
+}
+
+/// The input of a column-wise (or replicated) linear laid out as `layout`, made whole for the
+/// local matmul: a replicated input passes (its gradient all-reduced in backward); a
+/// sequence shard is all-gathered — the local matmul's gradient is partial, so backward
+/// reduce-scatters it — marked recomputable: under Burn's Balanced checkpointing the gathered
+/// input is re-gathered in backward instead of kept (Megatron's SP memory).
+fn colwise_input<const D: usize>(
+    x: Tensor<D>,
+    layout: StylePlacement,
+    g: &ProcessGroup,
+) -> Tensor<D> {
+    match layout {
+        StylePlacement::Replicate => functional::copy_to_group(x, g),
+        layout => {
+            let d = layout.shard_dim(D).expect("validated");
+            let sizes = vec![x.dims()[d]; g.size()];
+            functional::all_gather_recomputable(x, g, d, &sizes).expect("valid dim")
+        }
     }
 }
 

@@ -65,6 +65,6 @@ pub use layers::{
 pub use loss::loss_parallel;
 pub use plan::{ParallelError, ParallelPlan, parallelize_module, path_matches, sharded_params};
 pub use style::{
-    ColwiseParallel, ParallelStyle, PrepareModuleInput, PrepareModuleOutput, RowwiseParallel,
-    SequenceParallel, StylePlacement,
+    ColwiseParallel, ParallelStyle, PrepareModuleInput, PrepareModuleOutput, ReplicateParallel,
+    RowwiseParallel, SequenceParallel, StylePlacement,
 };

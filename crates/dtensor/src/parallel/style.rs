@@ -162,6 +162,51 @@ impl RowwiseParallel {
     }
 }
 
+/// Keeps a `ParallelLinear` whole on every rank of the group: for a projection each rank
+/// needs only part of the output of — grouped-query attention's key/value projections when
+/// tp exceeds the key/value heads (each rank uses the heads its query heads attend with).
+/// The input is prepared as a column-wise layer's (a replicated input's gradient
+/// all-reduced in backward, a sequence-sharded one all-gathered); the output is whole
+/// (`Replicate`); the weight's gradient, which each rank computes from the part of the output
+/// it used, is summed over the group in backward, so every rank holds the full gradient.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReplicateParallel {
+    /// How the input arrives: `Replicate` or sharded along the sequence (`Shard(1)`).
+    pub input_layout: StylePlacement,
+}
+
+impl Default for ReplicateParallel {
+    fn default() -> Self {
+        Self {
+            input_layout: StylePlacement::Replicate,
+        }
+    }
+}
+
+impl ReplicateParallel {
+    /// The same style with input `layout`.
+    pub fn input_layout(mut self, layout: StylePlacement) -> Self {
+        self.input_layout = layout;
+        self
+    }
+
+    /// Checks the input layout of the linear at `site`.
+    fn assign(&self, site: &Site) -> Result<Assignment, ParallelError> {
+        if self.input_layout == StylePlacement::Partial || self.input_layout.shard_dim(3) == Some(2)
+        {
+            return Err(site.layout_error(format!(
+                "input layout {:?}: a replicated layer takes a replicated or sequence-sharded \
+                 input",
+                self.input_layout
+            )));
+        }
+        Ok(Assignment {
+            kind: LayerKind::Linear,
+            applied: Applied::Replicate(*self),
+        })
+    }
+}
+
 /// Sequence parallelism for a module with replicated parameters that works position-wise
 /// (LayerNorm, RMSNorm, a position embedding): its input and output are sharded along the
 /// sequence dim (`seq_dim`, 1 for `[B, T, d]`), no communication in forward; the parameters'
@@ -208,6 +253,8 @@ pub enum ParallelStyle {
     Rowwise(RowwiseParallel),
     /// Replicated parameters on a sequence-sharded activation ([`SequenceParallel`]).
     Sequence(SequenceParallel),
+    /// A linear kept whole, its weight's partial gradients summed ([`ReplicateParallel`]).
+    Replicate(ReplicateParallel),
     /// Re-lays a module's input out ([`PrepareModuleInput`]).
     PrepareInput(PrepareModuleInput),
     /// Re-lays a module's output out ([`PrepareModuleOutput`]).
@@ -221,6 +268,7 @@ impl ParallelStyle {
             ParallelStyle::Colwise(_) => "ColwiseParallel",
             ParallelStyle::Rowwise(_) => "RowwiseParallel",
             ParallelStyle::Sequence(_) => "SequenceParallel",
+            ParallelStyle::Replicate(_) => "ReplicateParallel",
             ParallelStyle::PrepareInput(_) => "PrepareModuleInput",
             ParallelStyle::PrepareOutput(_) => "PrepareModuleOutput",
         }
@@ -240,6 +288,7 @@ impl ParallelStyle {
             (Self::Sequence(s), Some(k @ (LayerKind::Norm | LayerKind::Embedding))) => {
                 at_site(s.assign(k))
             }
+            (Self::Replicate(s), Some(LayerKind::Linear)) => at_site(s.assign(site)?),
             (Self::PrepareInput(p), _) => p.assign(site),
             (Self::PrepareOutput(p), _) => p.assign(site),
             _ => Err(site.wrong_module()),
@@ -388,6 +437,11 @@ impl From<RowwiseParallel> for ParallelStyle {
 impl From<SequenceParallel> for ParallelStyle {
     fn from(s: SequenceParallel) -> Self {
         ParallelStyle::Sequence(s)
+    }
+}
+impl From<ReplicateParallel> for ParallelStyle {
+    fn from(s: ReplicateParallel) -> Self {
+        ParallelStyle::Replicate(s)
     }
 }
 impl From<PrepareModuleInput> for ParallelStyle {

@@ -23,7 +23,7 @@ use crate::decoder::{DecoderStyles, check_sequence, divisible, token_input, toke
 use crate::layers::{Embedding, LayerNorm, Linear};
 use bonfire_dtensor::parallel::ParallelPlan;
 use bonfire_pipeline::Block;
-use bonfire_train::{Axis, LayoutError, ParallelDims, ParallelModel, Pipeline, TpOptions};
+use bonfire_train::{Axis, LayoutError, ParallelDims, ParallelModel, Pipeline};
 use burn::module::Module;
 use burn::tensor::Tensor;
 
@@ -72,11 +72,9 @@ impl ParallelModel for Gpt {
         check_sequence(dims, batch)
     }
 
-    fn tensor_parallel_plan(&self, options: TpOptions) -> Option<ParallelPlan> {
-        Some(gpt_tp_plan(
-            options.sequence_parallel,
-            options.loss_parallel,
-        ))
+    fn tensor_parallel_plan(&self, dims: &ParallelDims) -> Option<ParallelPlan> {
+        let o = dims.tp_options;
+        Some(gpt_tp_plan(o.sequence_parallel, o.loss_parallel))
     }
 
     fn layers(&self) -> Vec<String> {

@@ -49,27 +49,42 @@ impl Attention {
         self.head_dim
     }
 
-    /// `x` `[B, T, d]` → `[B, T, d]`. The head counts are read from the local widths: under
-    /// tensor parallelism this rank's projections hold whole query heads and the key/value
-    /// heads they attend with, in order, so query head `j` still meets kv head
-    /// `⌊j·h_kv/h⌋`.
+    /// The key/value heads of the whole layer.
+    pub fn kv_heads(&self) -> usize {
+        self.k_proj.weight.dims()[0] / self.head_dim
+    }
+
+    /// `x` `[B, T, d]` → `[B, T, d]`. Query head `j` attends with kv head `⌊j·h_kv/h⌋`; the
+    /// head counts and this rank's heads are read from the projections: under tensor
+    /// parallelism `q_proj` holds this rank's query heads, and `k_proj`/`v_proj` either the
+    /// kv heads they attend with (column-wise) or every kv head (kept whole).
     pub fn forward(&self, x: Tensor<3>) -> Tensor<3> {
         let hd = self.head_dim;
         let q = split_heads(self.q_proj.forward(x.clone()), hd);
         let k = split_heads(self.k_proj.forward(x.clone()), hd);
         let v = split_heads(self.v_proj.forward(x), hd);
-        let [b, h, t, _] = q.dims();
+        let t = q.dims()[2];
         let (cos, sin) = rope_tables(t, hd, self.rope_theta, &q.device());
         let q = rotate(q, &cos, &sin);
         let k = rotate(k, &cos, &sin);
-        let repeat = |kv: Tensor<4>| {
-            let n_rep = h / kv.dims()[1];
-            kv.unsqueeze_dim::<5>(2)
-                .repeat_dim(2, n_rep)
-                .reshape([b, h, t, hd])
-        };
-        let y = causal_attention(q, repeat(k), repeat(v));
+        let heads = self.kv_of_queries(q.dims()[1], k.dims()[1], &q.device());
+        let y = causal_attention(q, k.select(1, heads.clone()), v.select(1, heads));
         self.o_proj.forward(merge_heads(y))
+    }
+
+    /// For each of this rank's `local_q` query heads, the index among its `local_kv`
+    /// key/value heads of the one it attends with.
+    fn kv_of_queries(&self, local_q: usize, local_kv: usize, device: &Device) -> Tensor<1, Int> {
+        let (rank, tp) = self.q_proj.colwise_shard().unwrap_or((0, 1));
+        let (kv_start, h_kv) = match self.k_proj.colwise_shard() {
+            Some((r, n)) => (r * local_kv, local_kv * n),
+            None => (0, local_kv),
+        };
+        let h = local_q * tp;
+        let heads: Vec<i64> = (0..local_q)
+            .map(|j| ((rank * local_q + j) * h_kv / h - kv_start) as i64)
+            .collect();
+        Tensor::from_data(TensorData::new(heads, [local_q]), device)
     }
 }
 

@@ -12,30 +12,47 @@
 //! | `self_attn.o_proj`, `mlp.down_proj` | row-wise, output all-reduced | row-wise, output reduce-scattered along the sequence |
 //! | `lm_head` | column-wise, output gathered (or kept vocab-sharded for `loss_parallel`) | the same, input all-gathered along the sequence |
 //!
-//! Rank r of tp holds query heads r·h/tp .. (r+1)·h/tp and key/value heads
-//! r·h_kv/tp .. (r+1)·h_kv/tp — the ones its query heads attend with — so tp must divide
-//! both head counts.
+//! Rank r of tp holds query heads r·h/tp .. (r+1)·h/tp, so tp divides h. When tp also
+//! divides the key/value heads h_kv, rank r holds kv heads r·h_kv/tp .. (r+1)·h_kv/tp — the
+//! ones its query heads attend with. When tp is a multiple of h_kv (more ranks than kv heads,
+//! as in Llama 3 70B's 8 kv heads on tp = 16), the key/value projections stay whole on every
+//! rank (`ReplicateParallel`): each rank computes every kv head and attends with the one its
+//! query heads need, and the projections' gradients — each rank's from the heads it used —
+//! are summed over tp. (That keeps h_kv·hd·d values of each projection per rank where
+//! Megatron keeps hd·d; the planner does not search tp above the kv heads yet.)
 
 use super::model::{DecoderLayer, Llama, embed, head};
 use crate::data::TokenBatch;
 use crate::decoder::{DecoderStyles, check_sequence, divisible, token_input, token_loss};
 use crate::layers::{Embedding, Linear, RmsNorm};
-use bonfire_dtensor::parallel::ParallelPlan;
+use bonfire_dtensor::parallel::{ParallelPlan, ParallelStyle, ReplicateParallel};
 use bonfire_pipeline::Block;
-use bonfire_train::{Axis, LayoutError, ParallelDims, ParallelModel, Pipeline, TpOptions};
+use bonfire_train::{Axis, LayoutError, ParallelDims, ParallelModel, Pipeline};
 use burn::module::Module;
 use burn::tensor::Tensor;
 
-/// The Llama's tensor-parallel plan (see the module docs).
-pub fn llama_tp_plan(sequence_parallel: bool, loss_parallel: bool) -> ParallelPlan {
+/// The Llama's tensor-parallel plan (see the module docs); `replicate_kv`: the key/value
+/// projections stay whole on every rank ([`ReplicateParallel`]) — when tp exceeds the
+/// key/value heads — instead of column-wise.
+pub fn llama_tp_plan(
+    sequence_parallel: bool,
+    loss_parallel: bool,
+    replicate_kv: bool,
+) -> ParallelPlan {
     let st = DecoderStyles::new(sequence_parallel, loss_parallel);
+    let kv: ParallelStyle = match replicate_kv {
+        true => ReplicateParallel::default()
+            .input_layout(st.colwise.input_layout)
+            .into(),
+        false => st.colwise.into(),
+    };
     let mut plan = ParallelPlan::new().add("model.embed_tokens", st.embedding);
     for (part, style) in [
-        ("self_attn.q_proj", st.colwise),
-        ("self_attn.k_proj", st.colwise),
-        ("self_attn.v_proj", st.colwise),
-        ("mlp.gate_proj", st.colwise),
-        ("mlp.up_proj", st.colwise),
+        ("self_attn.q_proj", st.colwise.into()),
+        ("self_attn.k_proj", kv),
+        ("self_attn.v_proj", kv),
+        ("mlp.gate_proj", st.colwise.into()),
+        ("mlp.up_proj", st.colwise.into()),
     ] {
         plan = plan.add(format!("model.layers.*.{part}"), style);
     }
@@ -75,19 +92,20 @@ impl ParallelModel for Llama {
             let a = &l.self_attn;
             let (q, kv) = (a.q_proj.weight.dims()[0], a.k_proj.weight.dims()[0]);
             let hd = a.head_dim();
-            if kv / hd < tp && tp % (kv / hd) == 0 {
+            divisible_tp(tp, "num_attention_heads", q / hd)?;
+            if kv / hd < tp && tp % (kv / hd) != 0 {
                 return Err(LayoutError::axis(
                     Axis::Tp,
                     tp,
                     format!(
-                        "tp exceeds num_key_value_heads {}: replicating a kv head over the \
-                         ranks that share it is not supported yet",
+                        "tp is neither a divisor nor a multiple of num_key_value_heads {}",
                         kv / hd
                     ),
                 ));
             }
-            divisible_tp(tp, "num_attention_heads", q / hd)?;
-            divisible_tp(tp, "num_key_value_heads", kv / hd)?;
+            if kv / hd >= tp {
+                divisible_tp(tp, "num_key_value_heads", kv / hd)?;
+            }
             divisible_tp(tp, "intermediate_size", l.mlp.gate_proj.weight.dims()[0])?;
         }
         divisible_tp(tp, "vocab_size", self.lm_head.weight.dims()[0])
@@ -98,10 +116,20 @@ impl ParallelModel for Llama {
         check_sequence(dims, batch)
     }
 
-    fn tensor_parallel_plan(&self, options: TpOptions) -> Option<ParallelPlan> {
+    /// Key/value projections column-wise when tp divides their heads, whole on every rank
+    /// when tp is a multiple of them (see [`llama_tp_plan`]).
+    fn tensor_parallel_plan(&self, dims: &ParallelDims) -> Option<ParallelPlan> {
+        let o = dims.tp_options;
+        let kv_heads = self
+            .model
+            .layers
+            .first()
+            .map_or(1, |l| l.self_attn.kv_heads());
+        let replicate_kv = dims.tp() > kv_heads;
         Some(llama_tp_plan(
-            options.sequence_parallel,
-            options.loss_parallel,
+            o.sequence_parallel,
+            o.loss_parallel,
+            replicate_kv,
         ))
     }
 
