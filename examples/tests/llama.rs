@@ -408,3 +408,86 @@ fn bf16_layouts_equal_bf16_on_one_device() {
         assert!(near < far, "{dims}: nearer fp32 ({far}) than bf16 ({near})");
     }
 }
+
+/// A Llama run checkpointed in one layout resumes in another: 4 steps under dp=2 × tp=2
+/// (ZeRO-1, SP), a checkpoint, 4 more under dp=2 × pp=2 (ZeRO-3, ZB-H1) equal 8 steps on one
+/// device (losses and parameters within the parity tolerance, SGD and AdamW).
+#[test]
+fn checkpoints_resume_in_another_layout() {
+    use bonfire_train::checkpoint::{CheckpointConfig, Checkpointer, resume};
+    use bonfire_train::{FitConfig, Hooks, Launcher, ParallelDims, TrainError, Trainer, fit};
+    let f = fixture();
+    let shape = bonfire_examples::GptConfig {
+        vocab_size: cfg().vocab_size,
+        max_seq_len: cfg().max_position_embeddings,
+        ..common::gpt_cfg()
+    };
+    let batches = common::random_batches(&shape, 8, ROWS, 13);
+    let leg = |dims: &ParallelDims,
+               optim: OptimizerKind,
+               steps: std::ops::Range<usize>,
+               from: Option<&std::path::Path>,
+               save: Option<&std::path::Path>| {
+        let trainer = Trainer::new(dims.clone(), move || optim.build());
+        let data = |s: usize, d: &burn::tensor::Device| batches.rows(s, 0, ROWS, d);
+        let first = data(0, &default_device());
+        let config = FitConfig {
+            start_step: steps.start,
+            ..FitConfig::new(steps.end, common::gpt_lr(optim))
+        };
+        let out = Launcher::Threads {
+            ranks: dims.world_size(),
+        }
+        .run("llama-resume", |pg| -> Result<_, TrainError> {
+            let mut engine = trainer.build(f.model.clone(), &pg, &first)?;
+            if let Some(dir) = from {
+                assert_eq!(resume(engine.as_mut(), dir)?.step, steps.start);
+            }
+            let mut hooks: Box<dyn Hooks<data::TokenBatch>> = match save {
+                Some(dir) => Box::new(Checkpointer::new(CheckpointConfig::new(dir))),
+                None => Box::new(()),
+            };
+            let reports = fit(engine.as_mut(), &data, &config, hooks.as_mut())?;
+            let params: Vec<f32> = engine
+                .parameters()?
+                .into_iter()
+                .flat_map(|p| p.values)
+                .collect();
+            Ok((reports.iter().map(|r| r.loss).collect::<Vec<f32>>(), params))
+        })
+        .unwrap();
+        out.into_iter().next().unwrap().unwrap()
+    };
+    let a = layout("dp=2,tp=2", 1, None, None, "sp")
+        .dims("dp=1")
+        .unwrap();
+    let b = layout("dp=2,pp=2", 3, Some("zb"), Some(2), "")
+        .dims("dp=1")
+        .unwrap();
+    for optim in [OptimizerKind::Sgd, OptimizerKind::AdamW] {
+        let dir = std::env::temp_dir().join(format!(
+            "bonfire-llama-resume-{}-{}",
+            optim.name(),
+            std::process::id()
+        ));
+        let (want_losses, want) = leg(&ParallelDims::new(), optim, 0..8, None, None);
+        let (mut losses, _) = leg(&a, optim, 0..4, None, Some(&dir));
+        let (more, got) = leg(&b, optim, 4..8, Some(&dir), None);
+        losses.extend(more);
+        let tol = match optim {
+            OptimizerKind::Sgd => common::SGD,
+            OptimizerKind::AdamW => common::adamw(common::gpt_lr(optim)),
+        };
+        let what = format!("llama {a} -> {b} {}", optim.name());
+        let c = assert_close(&format!("{what} losses"), &losses, &want_losses, tol);
+        assert_eq!(got.len(), want.len(), "{what}: parameters");
+        let c = c.max(assert_close(
+            &format!("{what} parameters"),
+            &got,
+            &want,
+            tol,
+        ));
+        println!("resume {what}: {c}");
+        std::fs::remove_dir_all(dir).ok();
+    }
+}
