@@ -109,7 +109,7 @@ fn main() {
     let cfg = GptConfig::bench();
     let device = default_device();
     let model = Gpt::new(&cfg, &device);
-    let data = args.run.batches(&cfg);
+    let data = args.run.batches(cfg.vocab_size, cfg.max_seq_len);
     eprintln!(
         "GPT bench size: {} parameters ({:.1} MiB of f32 gradients), batch {} x {} tokens per rank, buckets {} MiB",
         cfg.num_params(),

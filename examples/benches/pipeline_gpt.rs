@@ -72,7 +72,7 @@ struct Args {
 /// micro-batch of `rows` sequences under autodiff; the last piece's includes the loss.
 fn piece_costs(cfg: &GptConfig, rows: usize) -> Vec<f64> {
     let device = default_device();
-    let batches = random_batches(cfg, rows, 1, 5);
+    let batches = random_batches(cfg.vocab_size, cfg.max_seq_len, rows, 1, 5);
     let (ids, targets) = batches.rows(0, 0, rows, &device);
     let mut x: Tensor<3> = ids.float().unsqueeze_dim::<3>(2);
     let all = pieces(Gpt::new(cfg, &device));
@@ -162,7 +162,7 @@ fn rank_steps(
     let mut chunks = chunks_for_rank(&stages, schedule, pg.rank()).expect("stage map");
     drop(stages);
     let m = schedule.microbatches;
-    let batches = random_batches(cfg, rows, steps + 1, 5);
+    let batches = random_batches(cfg.vocab_size, cfg.max_seq_len, rows, steps + 1, 5);
     let mut timelines = Vec::with_capacity(steps);
     for s in 0..=steps {
         let micro: Vec<(Tensor<2, Int>, Tensor<2, Int>)> =

@@ -212,7 +212,7 @@ fn attention(
 /// The whole model's forward and backward, and Burn's SGD step on its gradients.
 fn whole_model(cfg: &GptConfig, b: usize, reps: usize, dev: &Device) {
     let mut model = Gpt::new(cfg, dev);
-    let data = random_batches(cfg, b, 1, 3);
+    let data = random_batches(cfg.vocab_size, cfg.max_seq_len, b, 1, 3);
     let (ids, targets) = data.rows(0, 0, b, dev);
     let mut optim = SgdConfig::new().init();
     let (mut fwd, mut bwd, mut opt) = (Vec::new(), Vec::new(), Vec::new());

@@ -1,9 +1,10 @@
-//! `cargo xtask bench train`: the bench GPT's training throughput in every layout, through the
-//! trainer's one loop (SGD), on rank threads — or as processes under `mpirun`
-//! (`--backend mpi`, which runs this binary with `--launcher env`).
+//! `cargo xtask bench train`: the bench GPT's (or, with `--model llama`, the bench Llama's)
+//! training throughput in every layout, through the trainer's one loop (SGD), on rank
+//! threads — or as processes under `mpirun` (`--backend mpi`, which runs this binary with
+//! `--launcher env`).
 //!
 //! Prints one line per layout:
-//! `bench train layout=<single|ddp|zero1|zero2|zero3|tp|tp-sp|pp-1f1b|pp-zb-h1|pp-zb-v>
+//! `bench train model=<gpt|llama> layout=<single|ddp|zero1|zero2|zero3|tp|tp-sp|pp-1f1b|pp-zb-h1|pp-zb-v>
 //! ranks=N step_ms=… tokens_per_s=… backend=…` — the median over the timed steps (after
 //! warm-up) of the slowest rank's step, and the tokens of the global batch per second of it.
 //! Every multi-rank layout trains the same global batch (`batch` × `ranks` sequences), so
@@ -20,8 +21,10 @@ use bonfire_comm::{ReduceOp, World};
 use bonfire_ddp::{DdpConfig, StepTiming, chrome_trace};
 use bonfire_examples::throughput::{self, Hosts, RankRun, RunArgs, median};
 use bonfire_examples::{Gpt, GptConfig, default_device};
+use bonfire_models::data::{Batches, TokenBatch};
+use bonfire_models::llama::{Llama, LlamaConfig};
 use bonfire_pipeline::ScheduleKind;
-use bonfire_train::{Axis, ParallelDims, Trainer};
+use bonfire_train::{Axis, ParallelDims, ParallelModel, Trainer};
 use bonfire_zero::{ZeroConfig, ZeroStage};
 use burn::optim::SgdConfig;
 use burn::tensor::Device;
@@ -52,6 +55,10 @@ struct Args {
     /// Where the Chrome traces go (default: `bench-train` in the workspace's target dir).
     #[arg(long)]
     out_dir: Option<PathBuf>,
+    /// The model: `gpt` (vocab 4096, d 256, 8 heads, 4 layers, seq 128, d_ff 1024) or `llama`
+    /// (vocab 4096, hidden 256, 8 heads, 4 kv heads, 4 layers, intermediate 688, seq 128).
+    #[arg(long, default_value = "gpt")]
+    model: String,
     /// Ignored (passed by `cargo bench`).
     #[arg(long, hide = true)]
     bench: bool,
@@ -97,10 +104,10 @@ struct Measured {
     timings: Vec<StepTiming>,
 }
 
-fn measure(
+fn measure<M: ParallelModel<Batch = TokenBatch> + Sync>(
     name: &str,
-    model: &Gpt,
-    data: &bonfire_models::data::Batches,
+    model: &M,
+    data: &Batches,
     args: &Args,
     world: Option<&World>,
 ) -> Result<Measured, String> {
@@ -198,8 +205,6 @@ fn main() -> Result<(), String> {
         "env" => Some(World::from_env().map_err(|e| e.to_string())?),
         other => return Err(format!("--launcher {other}: expected `threads` or `env`")),
     };
-    let backend = if world.is_some() { "mpi" } else { "threads" };
-    let lead = world.as_ref().is_none_or(|w| w.rank() == 0);
     let names: Vec<String> = if args.layouts.is_empty() {
         LAYOUTS.iter().map(|s| s.to_string()).collect()
     } else {
@@ -208,28 +213,53 @@ fn main() -> Result<(), String> {
     for name in &names {
         layout(name, &args)?;
     }
-    let cfg = GptConfig::bench();
-    let model = Gpt::new(&cfg, &default_device());
-    let data = args.run.batches(&cfg);
+    match args.model.as_str() {
+        "gpt" => {
+            let cfg = GptConfig::bench();
+            let model = Gpt::new(&cfg, &default_device());
+            let what = format!("GPT bench size: {} parameters", cfg.num_params());
+            let data = args.run.batches(cfg.vocab_size, cfg.max_seq_len);
+            run_all(&model, &data, &what, &names, &args, world.as_ref())
+        }
+        "llama" => {
+            let cfg = LlamaConfig::bench();
+            let model = Llama::new(&cfg, &default_device());
+            let what = format!("Llama bench size: {} parameters", cfg.num_params());
+            let data = args
+                .run
+                .batches(cfg.vocab_size, cfg.max_position_embeddings);
+            run_all(&model, &data, &what, &names, &args, world.as_ref())
+        }
+        other => Err(format!("--model {other}: expected `gpt` or `llama`")),
+    }
+}
+
+/// Measures every layout of `names` on `model` and prints its line.
+fn run_all<M: ParallelModel<Batch = TokenBatch> + Sync>(
+    model: &M,
+    data: &Batches,
+    what: &str,
+    names: &[String],
+    args: &Args,
+    world: Option<&World>,
+) -> Result<(), String> {
+    let backend = if world.is_some() { "mpi" } else { "threads" };
+    let lead = world.is_none_or(|w| w.rank() == 0);
     if lead {
         eprintln!(
-            "GPT bench size: {} parameters, batch {} x {} tokens per rank, {} rank(s), {backend}, \
+            "{what}, batch {} x {} tokens per rank, {} rank(s), {backend}, \
              {} warm-up + {} timed steps",
-            cfg.num_params(),
-            args.run.batch,
-            cfg.max_seq_len,
-            args.run.ranks,
-            args.run.warmup,
-            args.run.steps
+            args.run.batch, data.seq, args.run.ranks, args.run.warmup, args.run.steps
         );
     }
     let mut single_ms = None;
     let mut ddp_ms = None;
-    for name in &names {
-        let m = measure(name, &model, &data, &args, world.as_ref())?;
-        let ranks = layout(name, &args)?.1;
+    for name in names {
+        let m = measure(name, model, data, args, world)?;
+        let ranks = layout(name, args)?.1;
+        let model_name = &args.model;
         let mut line = format!(
-            "bench train layout={name} ranks={ranks} step_ms={:.1} tokens_per_s={:.0} backend={backend}",
+            "bench train model={model_name} layout={name} ranks={ranks} step_ms={:.1} tokens_per_s={:.0} backend={backend}",
             m.step_ms, m.tokens_per_s
         );
         match name.as_str() {
@@ -252,9 +282,9 @@ fn main() -> Result<(), String> {
         if let Some(h) = hidden(&m.timings) {
             line += &format!(" hidden={h:.2}");
             if lead {
-                let dir = out_dir(&args);
+                let dir = out_dir(args);
                 std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
-                let path = dir.join(format!("trace-{name}-{backend}.json"));
+                let path = dir.join(format!("trace-{model_name}-{name}-{backend}.json"));
                 std::fs::write(&path, chrome_trace(&m.timings)).map_err(|e| e.to_string())?;
                 eprintln!("trace: {}", path.display());
             }
@@ -263,6 +293,5 @@ fn main() -> Result<(), String> {
             println!("{line}");
         }
     }
-    drop(world);
     Ok(())
 }

@@ -1,4 +1,4 @@
-//! Step times of the GPT under a layout, for the benches (`cargo xtask bench ddp`, `bench
+//! Step times of a language model (the GPT, the Llama) under a layout, for the benches (`cargo xtask bench ddp`, `bench
 //! train`): random token batches, training through the trainer's one loop ([`fit`]) with SGD
 //! on rank threads, alone, or as this process's rank of a launcher's job, and the median over
 //! the timed steps (after warm-up) of the slowest rank's step.
@@ -8,24 +8,19 @@ use crate::default_device;
 use bonfire_comm::ProcessGroup;
 use bonfire_models::data::Batches;
 use bonfire_models::data::TokenBatch;
-use bonfire_models::gpt::Gpt;
-use bonfire_models::gpt::config::GptConfig;
-use bonfire_train::{FitConfig, Launcher, TrainError, Trainer, WrapperReport, fit};
+use bonfire_train::{FitConfig, Launcher, ParallelModel, TrainError, Trainer, WrapperReport, fit};
 use burn::tensor::Device;
 
-/// `steps` global batches of `rows` random sequences (ids and targets uniform over the
-/// vocabulary), the same on every rank and every run of the same `seed`.
-pub fn random_batches(cfg: &GptConfig, rows: usize, steps: usize, seed: u64) -> Batches {
+/// `steps` global batches of `rows` random sequences of `seq` tokens (ids and targets
+/// uniform over a vocabulary of `vocab`), the same on every rank and every run of the same
+/// `seed`.
+pub fn random_batches(vocab: usize, seq: usize, rows: usize, steps: usize, seed: u64) -> Batches {
     let mut rng = Rng::new(seed);
-    let n = steps * rows * cfg.max_seq_len;
-    let mut draw = || {
-        (0..n)
-            .map(|_| rng.below(cfg.vocab_size) as i64)
-            .collect::<Vec<_>>()
-    };
+    let n = steps * rows * seq;
+    let mut draw = || (0..n).map(|_| rng.below(vocab) as i64).collect::<Vec<_>>();
     let ids = draw();
     let targets = draw();
-    Batches::new(ids, targets, [steps, rows, cfg.max_seq_len])
+    Batches::new(ids, targets, [steps, rows, seq])
 }
 
 /// The run options the training benches share (`bench train`, `bench ddp`).
@@ -54,9 +49,16 @@ impl RunArgs {
         }
     }
 
-    /// Every step's global batch: `ranks × batch` random sequences (seed 3).
-    pub fn batches(&self, cfg: &GptConfig) -> Batches {
-        random_batches(cfg, self.ranks * self.batch, self.schedule().total(), 3)
+    /// Every step's global batch: `ranks × batch` random sequences of `seq` tokens over a
+    /// vocabulary of `vocab` (seed 3).
+    pub fn batches(&self, vocab: usize, seq: usize) -> Batches {
+        random_batches(
+            vocab,
+            seq,
+            self.ranks * self.batch,
+            self.schedule().total(),
+            3,
+        )
     }
 }
 
@@ -121,11 +123,11 @@ pub enum Hosts {
 /// What rank `rank` is given as the global batch of step `step` on `device`.
 pub type Rows<'a> = &'a (dyn Fn(usize, usize, &Device) -> TokenBatch + Sync);
 
-/// Trains `model` with `trainer` for `steps` SGD steps at learning rate 0.01 through [`fit`]
-/// on `hosts`; every rank's step times and wrapper report, in rank order (this process's
-/// ranks only).
-pub fn train(
-    model: &Gpt,
+/// Trains `model` (the GPT, the Llama) with `trainer` for `steps` SGD steps at learning
+/// rate 0.01 through [`fit`] on `hosts`; every rank's step times and wrapper report, in rank
+/// order (this process's ranks only).
+pub fn train<M: ParallelModel<Batch = TokenBatch> + Sync>(
+    model: &M,
     trainer: &Trainer,
     hosts: Hosts,
     steps: Steps,
