@@ -6,19 +6,38 @@
 //! [`measure_layout`] and [`predict_ranks`] hold one layout's measured bytes (on the counting
 //! allocator) and the planner's, per rank, for `tests/planner.rs` and `tests/planner_heldout.rs`.
 
-use crate::Gpt;
 use bonfire_comm::testing::rank_alloc;
 use bonfire_comm::{ReduceOp, ThreadWorld};
+use bonfire_models::data::TokenBatch;
 use bonfire_models::gpt::config::GptConfig;
+use bonfire_models::llama::LlamaConfig;
 use bonfire_plan::{
-    ClusterSpec, DeviceSpec, LinkSpec, MemoryParts, ModelSpec, PlannedLayout, Request, rank_memory,
-    rank_shapes,
+    Arch, Attention, ClusterSpec, DeviceSpec, LinkSpec, MemoryParts, ModelSpec, PlannedLayout,
+    Request, rank_memory, rank_shapes,
 };
 use bonfire_train::{
-    Axis, Launcher, MixedPrecision, OptimizerKind, ParallelDims, TrainError, Trainer,
+    Axis, Launcher, MixedPrecision, OptimizerKind, ParallelDims, ParallelModel, TrainError, Trainer,
 };
 use burn::tensor::{Device, Tensor, TensorData};
 use std::time::{Duration, Instant};
+
+/// Bonfire's Llama as the planner sees it: grouped-query attention, SwiGLU, RMSNorm, no
+/// biases — and its scores kept for backward (the Llama computes attention as the GPT does,
+/// not fused).
+pub fn llama_spec(cfg: &LlamaConfig) -> ModelSpec {
+    ModelSpec {
+        name: "llama".into(),
+        arch: Arch::Llama,
+        attention: Attention::Materialized,
+        vocab_size: cfg.vocab_size,
+        d_model: cfg.hidden_size,
+        n_heads: cfg.num_attention_heads,
+        n_kv_heads: cfg.num_key_value_heads,
+        n_layers: cfg.num_hidden_layers,
+        seq_len: cfg.max_position_embeddings,
+        d_ff: cfg.intermediate_size,
+    }
+}
 
 /// The GPT as the planner sees it (its position table has `max_seq_len` rows).
 pub fn gpt_spec(cfg: &GptConfig) -> ModelSpec {
@@ -266,16 +285,17 @@ pub fn warm_matmul_workspace() -> usize {
         .saturating_sub(before)
 }
 
-/// Trains `model` (of `cfg`) `steps` AdamW steps (at least 2) under `dims` on rank threads,
-/// `rows` sequences of `seq` tokens a step ([`bonfire_models::data::pattern_batch`]), and reads every
+/// Trains `model` (of a vocabulary of `vocab`) `steps` AdamW steps (at least 2) under `dims`
+/// on rank threads, `rows` sequences of `seq` tokens a step
+/// ([`bonfire_models::data::pattern_batch`]), and reads every
 /// rank's bytes from the counting allocator — which must be the binary's global allocator
 /// ([`rank_alloc::RankAllocator`]) — charged to allocator ranks `first..first + world` (fresh
 /// ones per run: blocks a run leaves alive do not disturb the next). Each rank's baseline is
 /// taken after its thread's matrix-product workspace exists ([`warm_matmul_workspace`]).
-pub fn measure_layout(
-    cfg: &GptConfig,
+pub fn measure_layout<M: ParallelModel<Batch = TokenBatch> + Sync>(
+    vocab: usize,
     dims: &ParallelDims,
-    model: &Gpt,
+    model: &M,
     (rows, seq, steps): (usize, usize, usize),
     first: usize,
 ) -> Vec<RankRun> {
@@ -285,7 +305,6 @@ pub fn measure_layout(
         "the counting allocator is not installed"
     );
     let trainer = Trainer::new(dims.clone(), || OptimizerKind::AdamW.build());
-    let vocab = cfg.vocab_size;
     Launcher::Threads {
         ranks: dims.world_size(),
     }
@@ -332,17 +351,16 @@ pub fn measure_layout(
 }
 
 /// The planner's bytes for every world rank of `layout` ([`rank_memory`] of its pipeline
-/// stage) training `cfg` on `req`; `Err` for a layout the planner does not model
+/// stage) training the model `spec` on `req`; `Err` for a layout the planner does not model
 /// ([`PlannedLayout::check_model`]).
 pub fn predict_ranks(
-    cfg: &GptConfig,
+    spec: &ModelSpec,
     req: &Request,
     layout: &ParallelDims,
 ) -> Result<Vec<MemoryParts>, String> {
-    let spec = gpt_spec(cfg);
-    layout.check_model(&spec, req.global_batch)?;
-    let shapes = rank_shapes(&spec, layout, req.seq);
+    layout.check_model(spec, req.global_batch)?;
+    let shapes = rank_shapes(spec, layout, req.seq);
     Ok((0..layout.world_size())
-        .map(|r| rank_memory(&spec, req, layout, &shapes, layout.coordinate(r, Axis::Pp)))
+        .map(|r| rank_memory(spec, req, layout, &shapes, layout.coordinate(r, Axis::Pp)))
         .collect())
 }

@@ -92,7 +92,7 @@ impl Measured {
 }
 
 fn measure(dims: &ParallelDims, model: &Gpt, first: usize) -> Measured {
-    let runs = measure_layout(&CFG, dims, model, (ROWS, SEQ, STEPS), first);
+    let runs = measure_layout(CFG.vocab_size, dims, model, (ROWS, SEQ, STEPS), first);
     Measured {
         held: runs.iter().map(|r| r.held).collect(),
         peaks: runs.iter().map(|r| r.steady_peak()).collect(),
@@ -147,7 +147,7 @@ struct Prediction {
 
 fn predict(cluster: &ClusterSpec, req: &Request, name: &str, dims: &ParallelDims) -> Prediction {
     let spec = gpt_spec(&CFG);
-    let ranks = predict_ranks(&CFG, req, dims)
+    let ranks = predict_ranks(&spec, req, dims)
         .unwrap_or_else(|e| panic!("{name}: a layout the planner models: {e}"));
     let shapes = rank_shapes(&spec, dims, SEQ);
     Prediction {

@@ -31,7 +31,7 @@
 //! (small/pp2 zb-v m = 4, rank 0, 1.16).
 
 use bonfire_comm::testing::rank_alloc::RankAllocator;
-use bonfire_examples::planner::{measure_layout, predict_ranks};
+use bonfire_examples::planner::{gpt_spec, measure_layout, predict_ranks};
 use bonfire_examples::{Gpt, GptConfig, default_device};
 use bonfire_plan::{MixedPrecision, Request, ScheduleKind, ZeroStage, base_layout};
 use bonfire_train::{ActivationCheckpointing, Axis, ParallelDims};
@@ -152,10 +152,16 @@ fn held_out_shapes_match_the_planner_per_rank() {
             memory_fraction: 1.0,
         };
         for (_, name, layout) in cases.iter().filter(|c| c.0 == i) {
-            let runs = measure_layout(&shape.cfg, layout, &model, (shape.rows, seq, STEPS), slot);
+            let runs = measure_layout(
+                shape.cfg.vocab_size,
+                layout,
+                &model,
+                (shape.rows, seq, STEPS),
+                slot,
+            );
             slot += layout.world_size();
-            let predicted =
-                predict_ranks(&shape.cfg, &req, layout).expect("a layout the planner models");
+            let predicted = predict_ranks(&gpt_spec(&shape.cfg), &req, layout)
+                .expect("a layout the planner models");
             assert_eq!(runs.len(), predicted.len(), "{name}: ranks");
             let row = Row {
                 name: format!("{}/{name}", shape.name),
