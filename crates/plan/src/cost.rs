@@ -181,7 +181,7 @@ impl Estimate {
     }
 }
 
-/// The cost of `layout` (which must pass [`ParallelDims::check`]) with its ranks' `shapes`.
+/// The cost of `layout` (which must pass [`crate::PlannedLayout::check_model`]) with its ranks' `shapes`.
 pub fn estimate(
     model: &ModelSpec,
     cluster: &ClusterSpec,
