@@ -6,8 +6,11 @@
 //! on the device) and its reduce-scatter (average) — each rank receiving its own range's part —
 //! starts on the group's communication thread as soon as every parameter in it has its
 //! gradient, while backward goes on (as DDP's all-reduces do); its pieces are dropped: a rank
-//! keeps only its own range, plus the buckets still filling or in flight. [`GradBuckets::finish`]
-//! waits for every bucket at the end of backward.
+//! keeps only its own range, plus the buckets still filling or in flight — at most
+//! [`MAX_IN_FLIGHT`] of them: launching one more first waits for the oldest (as FSDP limits
+//! its collectives in flight), so a communication thread that falls behind backward slows it
+//! instead of letting full-gradient buckets pile up. [`GradBuckets::finish`] waits for every
+//! bucket at the end of backward.
 //!
 //! Gradients arrive two ways:
 //! - during backward, for the layers a model runs through [`bonfire_dtensor::layer`]: each
@@ -31,6 +34,12 @@ use std::collections::BTreeMap;
 use std::ops::Range;
 use std::sync::Arc;
 
+/// The most bucket reduce-scatters a rank keeps in flight during backward: one, running
+/// while the next layer's backward computes (the stage-2 memory test's bound of a couple of
+/// layers in flight held with a 2 MiB margin in 5 of 5 runs with one; with two it came within
+/// 0.06 MiB of it in 1 run of 3, and with no limit failed, 4 layers in flight).
+pub(crate) const MAX_IN_FLIGHT: usize = 1;
+
 pub(crate) struct GradBuckets {
     pg: ProcessGroup,
     part: Arc<Partition>,
@@ -50,7 +59,10 @@ pub(crate) struct GradBuckets {
     next: usize,
     /// The reduce-scatters in flight, in launch order, with where their part goes in this
     /// rank's own range.
-    in_flight: Vec<(usize, PendingPiece)>,
+    in_flight: std::collections::VecDeque<(usize, PendingPiece)>,
+    /// The buckets already waited for (to keep [`MAX_IN_FLIGHT`]): where their part goes, the
+    /// part, and when the communication thread ran them.
+    done: Vec<(usize, Option<Tensor<1>>, Span)>,
     /// When each bucket was handed to the communication thread (µs since the timing epoch).
     launches: Vec<f64>,
     device: Option<Device>,
@@ -95,7 +107,8 @@ impl GradBuckets {
             arrived: vec![0; infos.len()],
             incomplete,
             next: 0,
-            in_flight: Vec::new(),
+            in_flight: std::collections::VecDeque::new(),
+            done: Vec::new(),
             launches: Vec::new(),
             device: None,
             dtype,
@@ -171,7 +184,12 @@ impl GradBuckets {
             let at = own_start.max(range.start).saturating_sub(own_start);
             self.launches.push(timing::now());
             let pending = plane::reduce_scatter_async(bucket, &counts, ReduceOp::Avg, &self.pg)?;
-            self.in_flight.push((at, pending));
+            self.in_flight.push_back((at, pending));
+            while self.in_flight.len() > MAX_IN_FLIGHT {
+                let (at, oldest) = self.in_flight.pop_front().expect("more than the limit");
+                let (piece, ran) = oldest.wait_timed()?;
+                self.done.push((at, piece, Span::from(ran)));
+            }
         }
         Ok(())
     }
@@ -194,7 +212,13 @@ impl GradBuckets {
         }
         self.launch_ready()?;
         let mut own = BTreeMap::new();
-        let mut spans = Vec::with_capacity(self.in_flight.len());
+        let mut spans = Vec::with_capacity(self.done.len() + self.in_flight.len());
+        for (at, piece, span) in std::mem::take(&mut self.done) {
+            spans.push(span);
+            if let Some(piece) = piece {
+                own.insert(at, piece);
+            }
+        }
         let mut first_error = None;
         for (at, pending) in std::mem::take(&mut self.in_flight) {
             // Every bucket is waited for, even after an error, so none is left running.
