@@ -62,6 +62,13 @@ struct Bucket {
     allocations: AtomicUsize,
 }
 
+impl Bucket {
+    /// Starts a new peak measurement from the live bytes now.
+    fn reset_peak(&self) {
+        self.peak.store(self.live.load(Relaxed), Relaxed);
+    }
+}
+
 static BUCKETS: [Bucket; MAX_RANKS + 2] = [const {
     Bucket {
         live: AtomicUsize::new(0),
@@ -132,8 +139,7 @@ pub fn peak(rank: usize) -> usize {
 
 /// Starts a new peak measurement for `rank` from its live bytes now.
 pub fn reset_peak(rank: usize) {
-    let b = &BUCKETS[slot_of(rank)];
-    b.peak.store(b.live.load(Relaxed), Relaxed);
+    BUCKETS[slot_of(rank)].reset_peak();
 }
 
 /// Live bytes of threads with no rank.
@@ -148,8 +154,7 @@ pub fn other_peak() -> usize {
 
 /// Starts a new peak measurement of the other bucket.
 pub fn reset_other_peak() {
-    let b = &BUCKETS[OTHER];
-    b.peak.store(b.live.load(Relaxed), Relaxed);
+    BUCKETS[OTHER].reset_peak();
 }
 
 /// Allocation calls (`alloc`, `alloc_zeroed`, `realloc`) `rank`'s threads have made.
@@ -169,8 +174,7 @@ pub fn process_peak() -> usize {
 
 /// Starts a new peak measurement of the whole process.
 pub fn reset_process_peak() {
-    let b = &BUCKETS[PROCESS];
-    b.peak.store(b.live.load(Relaxed), Relaxed);
+    BUCKETS[PROCESS].reset_peak();
 }
 
 /// Caps every rank's live bytes at `bytes` (`None`: no cap). See the module docs.
