@@ -111,10 +111,11 @@ impl HarnessConfig {
             .map_err(|e| format!("cannot read config {}: {e}", path.display()))?;
         let value: serde_json::Value = serde_json::from_str(&text)
             .map_err(|e| format!("invalid config {}: {e}", path.display()))?;
+        let what = path.display().to_string();
         if value.get("model_type").is_some() {
-            LlamaConfig::from_json(&path.display().to_string(), &text).map(Self::Llama)
+            LlamaConfig::from_json(&what, &text).map(Self::Llama)
         } else {
-            GptConfig::load(path).map(Self::Gpt)
+            GptConfig::from_json(&what, &text).map(Self::Gpt)
         }
     }
 

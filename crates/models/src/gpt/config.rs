@@ -49,8 +49,13 @@ impl GptConfig {
         let path = path.as_ref();
         let text = std::fs::read_to_string(path)
             .map_err(|e| format!("cannot read config {}: {e}", path.display()))?;
-        let cfg: Self = serde_json::from_str(&text)
-            .map_err(|e| format!("invalid config {}: {e}", path.display()))?;
+        Self::from_json(&path.display().to_string(), &text)
+    }
+
+    /// Parses and validates the text of a `cfg.json`; `what` names it in errors.
+    pub fn from_json(what: &str, text: &str) -> Result<Self, String> {
+        let cfg: Self =
+            serde_json::from_str(text).map_err(|e| format!("invalid config {what}: {e}"))?;
         cfg.validate()?;
         Ok(cfg)
     }
