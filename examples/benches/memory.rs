@@ -68,7 +68,7 @@ use bonfire_models::data::TokenBatch;
 use bonfire_models::llama::{Llama, LlamaConfig};
 use bonfire_plan::memory::state_bytes;
 use bonfire_plan::{MemoryParts, PlannedLayout, Request, rank_shapes};
-use bonfire_train::{Axis, Launcher, OptimizerKind, ParallelDims, TrainError, Trainer};
+use bonfire_train::{Axis, DataSource, Launcher, OptimizerKind, ParallelDims, TrainError, Trainer};
 use burn::tensor::Device;
 use std::time::Instant;
 
@@ -236,7 +236,7 @@ fn measure_rank(
     };
     let start = Instant::now();
     for step in 0..steps {
-        let batch = batch(step, engine.device());
+        let batch = batch.replica_batch(step, engine.replica(), engine.device());
         let before = rank_alloc::live(r);
         rank_alloc::reset_peak(r);
         engine.forward_backward(&batch)?;

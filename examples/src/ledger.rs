@@ -6,7 +6,7 @@
 use bonfire_dtensor::plane::{TransferLedger, Transfers};
 use bonfire_models::data::TokenBatch;
 use bonfire_models::gpt::Gpt;
-use bonfire_train::{Launcher, OptimizerKind, ParallelDims, TrainError, Trainer};
+use bonfire_train::{DataSource, Launcher, OptimizerKind, ParallelDims, TrainError, Trainer};
 use burn::tensor::Device;
 
 /// Each rank's transfers during the second step of `model` trained under `dims` with
@@ -27,9 +27,10 @@ pub fn second_step(
     .run("ledger", |pg| -> Result<Transfers, TrainError> {
         let mut engine = trainer.build(model.clone(), &pg, &first)?;
         let device = engine.device().clone();
-        engine.forward_backward(&batch(0, &device))?;
+        let replica = engine.replica();
+        engine.forward_backward(&batch.replica_batch(0, replica, &device))?;
         engine.step(lr)?;
-        let next = batch(1, &device);
+        let next = batch.replica_batch(1, replica, &device);
         let ledger = TransferLedger::start();
         engine.forward_backward(&next)?;
         engine.step(lr)?;

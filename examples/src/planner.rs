@@ -16,7 +16,8 @@ use bonfire_plan::{
     Request, rank_memory, rank_shapes,
 };
 use bonfire_train::{
-    Axis, Launcher, MixedPrecision, OptimizerKind, ParallelDims, ParallelModel, TrainError, Trainer,
+    Axis, DataSource, Launcher, MixedPrecision, OptimizerKind, ParallelDims, ParallelModel,
+    TrainError, Trainer,
 };
 use burn::tensor::{Device, Tensor, TensorData};
 use std::time::{Duration, Instant};
@@ -325,7 +326,7 @@ pub fn measure_layout<M: ParallelModel<Batch = TokenBatch> + Sync>(
         };
         let mut timed = f64::MAX;
         for step in 0..steps {
-            let b = batch(step, engine.device());
+            let b = batch.replica_batch(step, engine.replica(), engine.device());
             rank_alloc::reset_peak(r);
             let start = Instant::now();
             engine.forward_backward(&b)?;

@@ -491,3 +491,66 @@ fn checkpoints_resume_in_another_layout() {
         std::fs::remove_dir_all(dir).ok();
     }
 }
+
+/// `Engine::evaluate` in every kind of layout equals the loss plain Burn computes on one
+/// device (no Bonfire engine: `Llama::loss` and Burn's SGD), before and after a step, and an
+/// evaluation between steps leaves training exactly as it was: the loss of the step after it
+/// equals plain Burn's too.
+#[test]
+fn evaluation_in_every_kind_of_layout_equals_plain_burn() {
+    use bonfire_dtensor::params;
+    use bonfire_train::{DataSource, Launcher, Trainer};
+    use burn::optim::{GradientsParams, SgdConfig};
+    let f = fixture();
+    let device = default_device();
+    let lr = common::gpt_lr(OptimizerKind::Sgd);
+    let batch = |s: usize, d: &burn::tensor::Device| f.batches.rows(s, 0, ROWS, d);
+    // Plain Burn: eval on batch 2, a step on batch 0, eval again, the loss of batch 1.
+    let mut model = f.model.clone();
+    let loss_of = |m: &Llama, s: usize| {
+        let (ids, targets) = batch(s, &device);
+        m.loss(ids, targets)
+    };
+    let host = |t: burn::tensor::Tensor<1>| params::to_host(t.detach())[0];
+    let before = host(loss_of(&model, 2));
+    let grads = GradientsParams::from_grads(loss_of(&model, 0).backward(), &model);
+    model = SgdConfig::new().init().step(lr, model, grads);
+    let want = [before, host(loss_of(&model, 2)), host(loss_of(&model, 1))];
+    let cases = [
+        layout("dp=2", 0, None, None, ""),
+        layout("dp=2", 2, None, None, ""),
+        layout("dp=2", 3, None, None, ""),
+        layout("tp=2", 0, None, None, "sp lp"),
+        layout("tp=4", 0, None, None, ""),
+        layout("pp=2", 0, Some("1f1b"), Some(4), ""),
+        layout("pp=2", 0, Some("interleaved"), Some(4), ""),
+        layout("pp=2", 0, Some("zb-v"), Some(4), "ac"),
+        layout("dp=2,pp=2", 3, Some("gpipe"), Some(2), ""),
+        layout("dp=2,tp=2", 1, None, None, "ac"),
+    ];
+    for case in &cases {
+        let dims = case.dims("dp=1").unwrap();
+        let trainer = Trainer::new(dims.clone(), || OptimizerKind::Sgd.build());
+        let first = batch(0, &device);
+        let ranks = Launcher::Threads {
+            ranks: dims.world_size(),
+        }
+        .run("evaluate", |pg| {
+            let mut engine = trainer.build(f.model.clone(), &pg, &first)?;
+            let (replica, d) = (engine.replica(), engine.device().clone());
+            let eval = batch.replica_batch(2, replica, &d);
+            let e0 = engine.evaluate(&eval)?;
+            engine.forward_backward(&batch.replica_batch(0, replica, &d))?;
+            engine.step(lr)?;
+            let e1 = engine.evaluate(&eval)?;
+            let l1 = engine.forward_backward(&batch.replica_batch(1, replica, &d))?;
+            Ok::<_, bonfire_train::TrainError>([e0, e1, l1])
+        })
+        .unwrap_or_else(|e| panic!("{dims}: {e}"));
+        for got in ranks {
+            let got = got.unwrap_or_else(|e| panic!("{dims}: {e}"));
+            let c = assert_close(&format!("evaluate {dims}"), &got, &want, common::SGD);
+            println!("evaluate {dims}: {got:?} against {want:?}: {c}");
+        }
+    }
+}

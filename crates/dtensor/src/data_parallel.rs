@@ -52,6 +52,13 @@ pub trait DataParallel<M: Module> {
     /// reduced during that backward; hand its gradients to [`accumulate`](Self::accumulate).
     fn forward_micro<R>(&mut self, f: impl FnOnce(&M) -> R) -> R;
 
+    /// Runs a forward pass that no backward follows (evaluation): the module as
+    /// [`forward_micro`](Self::forward_micro) sees it, with nothing kept for a backward and
+    /// no gradient state touched.
+    fn evaluate<R>(&mut self, f: impl FnOnce(&M) -> R) -> R {
+        self.forward_micro(f)
+    }
+
     /// Takes the module's gradients out of `grads` (from a backward of
     /// [`forward_micro`](Self::forward_micro) outputs) and adds them to what earlier
     /// micro-batches left. Nothing is reduced; other tensors' gradients stay in `grads`.

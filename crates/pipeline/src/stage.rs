@@ -241,6 +241,8 @@ pub struct BurnStage<'a, M: Block<D>, H: StageParams<Vec<Vec<M>>>, const D: usiz
     /// Zero-bubble: the weight gradients each forward deferred, computed in "W".
     deferred: HashMap<(usize, usize), WeightGrads>,
     loss_total: f64,
+    /// Whether a backward follows (off for evaluation: forwards keep nothing).
+    backward: bool,
     /// The dtype the blocks compute in (activations and their gradients travel as f32 and
     /// are cast back to it on arrival; a half type round-trips exactly).
     dtype: DType,
@@ -276,6 +278,7 @@ impl<'a, M: Block<D>, H: StageParams<Vec<Vec<M>>>, const D: usize> BurnStage<'a,
             }),
             deferred: HashMap::new(),
             loss_total: 0.0,
+            backward: true,
             dtype: DType::F32,
             _blocks: std::marker::PhantomData,
         }
@@ -298,6 +301,13 @@ impl<'a, M: Block<D>, H: StageParams<Vec<Vec<M>>>, const D: usize> BurnStage<'a,
     /// order of the schedule is kept, the weight-gradient arithmetic is not moved).
     pub fn with_weight_grad_split(mut self, split: bool) -> Self {
         self.split &= split;
+        self
+    }
+
+    /// Forwards only (evaluation, [`Schedule::forward_only`]): nothing is kept for a
+    /// backward; [`finish`](Self::finish) gives the loss.
+    pub fn without_backward(mut self) -> Self {
+        self.backward = false;
         self
     }
 
@@ -405,11 +415,15 @@ impl<M: Block<D>, H: StageParams<Vec<Vec<M>>>, const D: usize> StageCompute
             let loss = loss_fn(mb, out).mul_scalar(weight);
             let value = plane::to_host(loss.clone().detach(), Reason::Report)[0];
             self.loss_total += f64::from(value);
-            self.saved.insert((mb, chunk), (leaf, Saved::Loss(loss)));
+            if self.backward {
+                self.saved.insert((mb, chunk), (leaf, Saved::Loss(loss)));
+            }
             Ok(None)
         } else {
             let host = Self::to_host(out.clone())?;
-            self.saved.insert((mb, chunk), (leaf, Saved::Output(out)));
+            if self.backward {
+                self.saved.insert((mb, chunk), (leaf, Saved::Output(out)));
+            }
             Ok(Some(host))
         }
     }

@@ -5,6 +5,7 @@
 
 use crate::engine::Engine;
 use crate::error::TrainError;
+use crate::model::Rows;
 use crate::scaler::{LossScaler, LossScaling};
 use bonfire_dtensor::PrecisionDTypes;
 use bonfire_dtensor::plane::ledger::Direction;
@@ -12,14 +13,56 @@ use bonfire_dtensor::plane::{TransferLedger, Transfers};
 use burn::tensor::{DType, Device};
 use indicatif::{ProgressBar, ProgressStyle};
 use std::io::Write;
+use std::ops::Range;
 use std::path::PathBuf;
 use std::time::Instant;
 
-/// Where batches come from: the *global* batch of step `step`, created on `device` (each rank
-/// takes its rows). Every rank must produce the same batch for the same step.
+/// Where batches come from: the *global* batch of step `step`, created on `device`, and each
+/// data-parallel replica's rows of it. Every rank must see the same global batch for the same
+/// step.
 pub trait DataSource<B> {
     /// The global batch of step `step`, created on `device`.
     fn batch(&self, step: usize, device: &Device) -> B;
+
+    /// Replica `replica`'s rows of the global batch of `step` — what the training loop asks
+    /// for. By default the global batch, cut; a source that can read rows alone (a token
+    /// file) reads only these.
+    fn replica_batch(&self, step: usize, replica: Replica, device: &Device) -> B
+    where
+        B: Rows,
+    {
+        let batch = self.batch(step, device);
+        let rows = replica.rows(batch.rows());
+        batch.narrow_rows(rows.start, rows.len())
+    }
+}
+
+/// One data-parallel replica of `count`: which rows of a global batch it trains on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Replica {
+    /// The replica's index on the dp axis.
+    pub index: usize,
+    /// The number of replicas (dp).
+    pub count: usize,
+}
+
+impl Replica {
+    /// The whole batch: one replica.
+    pub const WHOLE: Replica = Replica { index: 0, count: 1 };
+
+    /// Its rows of a global batch of `rows` rows: an equal share, in replica order.
+    ///
+    /// # Panics
+    /// If `count` does not divide `rows` (the trainer checks the batch before building).
+    pub fn rows(&self, rows: usize) -> Range<usize> {
+        assert!(
+            self.count > 0 && rows % self.count == 0,
+            "a global batch of {rows} rows does not split over {} replicas",
+            self.count
+        );
+        let per = rows / self.count;
+        self.index * per..(self.index + 1) * per
+    }
 }
 
 impl<B, F: Fn(usize, &Device) -> B> DataSource<B> for F {
@@ -220,7 +263,7 @@ impl Reporter {
 
 /// Trains `engine` from `config.start_step` up to `config.steps` on `data`, calling `hooks`;
 /// returns every step's report (the same on every rank but for the timings).
-pub fn fit<B>(
+pub fn fit<B: Rows>(
     engine: &mut dyn Engine<B>,
     data: &dyn DataSource<B>,
     config: &FitConfig,
@@ -235,7 +278,7 @@ pub fn fit<B>(
         .map(LossScaler::new);
     for step in config.start_step..config.steps {
         let start = Instant::now();
-        let batch = data.batch(step, engine.device());
+        let batch = data.replica_batch(step, engine.replica(), engine.device());
         let (ledger, mut moved) = (TransferLedger::start(), Transfers::default());
         let loss_scale = scaler.as_ref().map(LossScaler::scale);
         engine.set_loss_scale(loss_scale.unwrap_or(1.0));

@@ -86,7 +86,7 @@ pub use checkpoint::{CheckpointConfig, Checkpointer, resume};
 pub use engine::{Engine, RankMesh};
 pub use error::{LayoutError, TrainError};
 pub use fault::{FaultTolerance, KillAt, fit_fault_tolerant};
-pub use fit::{DataSource, FitConfig, Hooks, StepReport, fit};
+pub use fit::{DataSource, FitConfig, Hooks, Replica, StepReport, fit};
 pub use launch::Launcher;
 pub use model::{ParallelModel, Pipeline, Rows};
 pub use optim::OptimizerKind;

@@ -196,6 +196,12 @@ impl<M: Module> DataParallel<M> for DpWrapper<M> {
             DpWrapper::Zero(w) => w.forward_micro(f),
         }
     }
+    fn evaluate<R>(&mut self, f: impl FnOnce(&M) -> R) -> R {
+        match self {
+            DpWrapper::Ddp(w) => w.evaluate(f),
+            DpWrapper::Zero(w) => w.evaluate(f),
+        }
+    }
     fn accumulate(&mut self, grads: &mut Gradients) -> Result<(), TrainError> {
         each!(self, w => w.accumulate(grads))
     }
@@ -231,5 +237,20 @@ impl<M: Module, W: DataParallel<M>> StageParams<M> for Staged<'_, W> {
         self.0
             .accumulate(grads)
             .map_err(|e| PipelineError::Invalid(e.to_string()))
+    }
+}
+
+/// A data-parallel wrapper lent to a forward-only pipeline run (evaluation): each forward runs
+/// through [`DataParallel::evaluate`]; no gradient comes back.
+pub struct Evaluating<'a, W>(pub &'a mut W);
+
+impl<M: Module, W: DataParallel<M>> StageParams<M> for Evaluating<'_, W> {
+    fn forward<R>(&mut self, f: impl FnOnce(&M) -> R) -> R {
+        self.0.evaluate(f)
+    }
+    fn accumulate(&mut self, _grads: &mut Gradients) -> Result<(), PipelineError> {
+        Err(PipelineError::Invalid(
+            "an evaluation runs no backward: nothing to accumulate".into(),
+        ))
     }
 }

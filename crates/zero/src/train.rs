@@ -246,6 +246,15 @@ impl<M: Module> DataParallel<M> for Zero<M> {
         }
     }
 
+    /// At stage 3 the parameters are gathered as for a forward, and the owned pieces that
+    /// forward recorded for its backward are dropped again.
+    fn evaluate<R>(&mut self, f: impl FnOnce(&M) -> R) -> R {
+        let kept = self.pieces.len();
+        let out = self.forward_micro(f);
+        self.pieces.truncate(kept);
+        out
+    }
+
     fn accumulate(&mut self, grads: &mut Gradients) -> Result<()> {
         if self.config.stage != ZeroStage::Zero3 {
             let mut gp = GradientsParams::from_module(grads, self.model());

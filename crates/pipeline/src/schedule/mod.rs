@@ -279,6 +279,28 @@ impl Schedule {
         self.stage_map.stage(rank, chunk) + 1 == self.stages()
     }
 
+    /// The forwards alone (evaluation): every rank runs the forward of each micro-batch
+    /// through its stages in stage order, micro-batch after micro-batch. Every rank's program
+    /// follows the one global order (micro-batch, stage), and each send sits right after the
+    /// forward that produced it, each receive right before the forward that consumes it, so
+    /// it cannot deadlock; the checker, which asks for backwards, does not apply — run it
+    /// with [`crate::runtime::run_unchecked`].
+    pub fn forward_only(stage_map: StageMap, microbatches: usize) -> Self {
+        let compute = (0..stage_map.ranks())
+            .map(|rank| {
+                (0..microbatches)
+                    .flat_map(|mb| {
+                        (0..stage_map.stages())
+                            .map(|s| stage_map.locate(s))
+                            .filter(|&(r, _)| r == rank)
+                            .map(move |(_, chunk)| Action::Forward { mb, chunk })
+                    })
+                    .collect()
+            })
+            .collect();
+        Self::from_compute_order("forward", stage_map, microbatches, compute)
+    }
+
     /// Builds a schedule from per-rank *compute* orders (forward / backward actions only),
     /// inserting the communication: a receive right before a compute action whose input
     /// lives on another rank, a send right after one whose output goes to another rank.
@@ -426,6 +448,46 @@ mod tests {
                         panic!("{} p={p} m={m}: {e}\n{}", kind.name(), s.render(true));
                     }
                 }
+            }
+        }
+    }
+
+    /// Every stage's forward of every micro-batch, once; every send matched by a receive on
+    /// the rank it names; and, rank by rank, the forwards in the global (micro-batch, stage)
+    /// order — which is what keeps the unchecked run from deadlocking.
+    #[test]
+    fn forward_only_runs_every_forward_once_in_the_global_order() {
+        for kind in KINDS {
+            for (p, m) in [(1, 1), (2, 3), (3, 4), (4, 2)] {
+                let map = kind.generate(p, m).stage_map;
+                let s = Schedule::forward_only(map, m);
+                let mut seen = std::collections::HashSet::new();
+                for (rank, actions) in s.actions.iter().enumerate() {
+                    let mut last = None;
+                    for a in actions {
+                        match *a {
+                            Action::Forward { mb, chunk } => {
+                                let key = (mb, map.stage(rank, chunk));
+                                assert!(seen.insert(key), "{} twice", a.label());
+                                assert!(last < Some(key), "{} p={p}: out of order", kind.name());
+                                last = Some(key);
+                            }
+                            Action::SendActivation { mb, chunk, to } => {
+                                let next = map.locate(map.stage(rank, chunk) + 1);
+                                assert_eq!(next.0, to);
+                                let recv = Action::RecvActivation {
+                                    mb,
+                                    chunk: next.1,
+                                    from: rank,
+                                };
+                                assert!(s.actions[to].contains(&recv), "{}", a.label());
+                            }
+                            Action::RecvActivation { .. } => {}
+                            other => panic!("{} in a forward-only schedule", other.label()),
+                        }
+                    }
+                }
+                assert_eq!(seen.len(), m * map.stages(), "{} p={p} m={m}", kind.name());
             }
         }
     }

@@ -12,6 +12,7 @@ pub(crate) mod replica;
 
 use crate::checkpoint::{Holding, Loaded, RankState, Wants};
 use crate::error::TrainError;
+use crate::fit::Replica;
 use crate::wrapper::WrapperReport;
 use bonfire_comm::ProcessGroup;
 use bonfire_dtensor::params::ParamValues;
@@ -35,10 +36,21 @@ pub trait Engine<B> {
     fn world(&self) -> &ProcessGroup {
         self.place().mesh.world()
     }
-    /// Forward and backward of one global batch — this rank takes its replica's rows, and its
-    /// micro-batches under a pipeline — with the gradients reduced over dp. Returns the
-    /// global mean loss, the same on every rank. A collective.
+    /// This rank's data-parallel replica: which rows of a global batch it trains on.
+    fn replica(&self) -> Replica {
+        Replica {
+            index: self.place().coord(crate::Axis::Dp),
+            count: self.dims().dp(),
+        }
+    }
+    /// Forward and backward of this replica's rows of a global batch (see
+    /// [`replica`](Self::replica); its micro-batches under a pipeline), with the gradients
+    /// reduced over dp. Returns the global mean loss, the same on every rank. A collective.
     fn forward_backward(&mut self, batch: &B) -> Result<f32, TrainError>;
+    /// The mean loss of this replica's rows of a global batch, averaged over the replicas —
+    /// forward only: no gradient is kept or reduced, the parameters do not change. The same
+    /// on every rank. A collective.
+    fn evaluate(&mut self, batch: &B) -> Result<f32, TrainError>;
     /// Burn's optimizer step on what this rank owns. A collective where the dp wrapper
     /// gathers updated parameters.
     fn step(&mut self, lr: f64) -> Result<(), TrainError>;
@@ -177,12 +189,5 @@ impl RankMesh {
             tp_size: self.dims.tp(),
             dp_rank: self.coord(crate::Axis::Dp),
         }
-    }
-
-    /// This replica's rows of a global batch of `rows` rows (a multiple of dp, checked).
-    pub(crate) fn replica_rows(&self, rows: usize) -> std::ops::Range<usize> {
-        let per = rows / self.dims.dp();
-        let d = self.coord(crate::Axis::Dp);
-        d * per..(d + 1) * per
     }
 }

@@ -9,7 +9,7 @@ use super::export::ModelLayout;
 use super::{Engine, RankMesh, wrapper_methods};
 use crate::error::{LayoutError, TrainError};
 use crate::model::{BuildPipeline, Rows};
-use crate::wrapper::{DpSpec, DpWrapper, Staged};
+use crate::wrapper::{DpSpec, DpWrapper, Evaluating, Staged};
 use bonfire_comm::ReduceOp;
 use bonfire_dtensor::DataParallel;
 use bonfire_dtensor::PrecisionDTypes;
@@ -18,7 +18,7 @@ use bonfire_layout::Axis;
 use bonfire_pipeline::Generate;
 use bonfire_pipeline::{
     Block, BurnStage, Schedule, chunks_for_rank, microbatch_sizes, microbatch_weights,
-    run_schedule, split_at,
+    run_schedule, run_unchecked, split_at,
 };
 use burn::tensor::Tensor;
 use std::ops::Range;
@@ -245,6 +245,41 @@ struct PipelineEngine<P: Block<D>, const D: usize, B> {
 }
 
 impl<P: Block<D>, const D: usize, B: Rows> PipelineEngine<P, D, B> {
+    /// This replica's rows cut into the schedule's micro-batches, the first stage's inputs
+    /// of them (empty elsewhere), and their loss weights.
+    fn microbatches(&self, batch: &B) -> (Vec<B>, Vec<Tensor<D>>, Vec<f32>) {
+        let (rows, m) = (batch.rows(), self.schedule.microbatches);
+        let mut start = 0;
+        let micro: Vec<B> = microbatch_sizes(rows, m)
+            .into_iter()
+            .map(|len| {
+                let b = batch.narrow_rows(start, len);
+                start += len;
+                b
+            })
+            .collect();
+        let pp_rank = self.at.coord(Axis::Pp);
+        let first =
+            (0..self.schedule.stage_map.chunks()).any(|c| self.schedule.is_first(pp_rank, c));
+        let inputs = match first {
+            true => micro.iter().map(|b| (self.input)(b)).collect(),
+            false => Vec::new(),
+        };
+        (micro, inputs, microbatch_weights(rows, m))
+    }
+
+    /// The mean loss over the replicas, from the last stage's `loss` (a collective: the
+    /// last stage's ranks, dp · tp of them with tp ranks agreeing, hold the replicas' losses).
+    fn global_loss(&self, loss: Option<f64>) -> Result<f64, TrainError> {
+        let replicas = (self.at.dims.dp() * self.at.dims.tp()) as f64;
+        let mut global = [loss.map_or(0.0, |l| l / replicas)];
+        self.at
+            .mesh
+            .world()
+            .all_reduce(&mut global, ReduceOp::Sum)?;
+        Ok(global[0])
+    }
+
     /// Every parameter whole from this rank's `local` ones (a collective on tp and the world).
     fn assemble(&self, local: Vec<ParamValues>) -> Result<Vec<ParamValues>, TrainError> {
         let contributes = self.at.coord(Axis::Dp) == 0 && self.at.coord(Axis::Tp) == 0;
@@ -264,33 +299,15 @@ impl<P: Block<D> + 'static, const D: usize, B: Rows> Engine<B> for PipelineEngin
     }
 
     fn forward_backward(&mut self, batch: &B) -> Result<f32, TrainError> {
-        let rows = self.at.replica_rows(batch.rows());
-        let m = self.schedule.microbatches;
-        let mut start = rows.start;
-        let micro: Vec<B> = microbatch_sizes(rows.len(), m)
-            .into_iter()
-            .map(|len| {
-                let b = batch.narrow_rows(start, len);
-                start += len;
-                b
-            })
-            .collect();
-        let pp_rank = self.at.coord(Axis::Pp);
-        let chunks = self.schedule.stage_map.chunks();
-        let first = (0..chunks).any(|c| self.schedule.is_first(pp_rank, c));
-        let inputs = match first {
-            true => micro.iter().map(|b| (self.input)(b)).collect(),
-            false => Vec::new(),
-        };
+        let (micro, inputs, weights) = self.microbatches(batch);
         let loss_fn = self.loss.clone();
-        let weights = microbatch_weights(rows.len(), m);
-        let device = self.at.device.clone();
+        let pp_rank = self.at.coord(Axis::Pp);
         let scale = self.at.loss_scale;
         let mut stage = BurnStage::new(
             Recomputing::new(Staged(&mut self.wrapper), &self.recompute),
             &self.schedule,
             pp_rank,
-            device,
+            self.at.device.clone(),
             weights,
         )
         .with_inputs(inputs)
@@ -302,14 +319,28 @@ impl<P: Block<D> + 'static, const D: usize, B: Rows> Engine<B> for PipelineEngin
         run_schedule(&self.at.mesh, Axis::Pp.name(), &self.schedule, &mut stage)?;
         let (_, loss) = stage.finish();
         self.wrapper.reduce()?;
-        // The last stage's ranks (dp · tp of them, tp ranks agreeing) hold the replicas' losses.
-        let replicas = (self.at.dims.dp() * self.at.dims.tp()) as f64;
-        let mut global = [loss.map_or(0.0, |l| l / replicas)];
-        self.at
-            .mesh
-            .world()
-            .all_reduce(&mut global, ReduceOp::Sum)?;
-        Ok((global[0] / scale as f64) as f32)
+        Ok((self.global_loss(loss)? / scale as f64) as f32)
+    }
+
+    fn evaluate(&mut self, batch: &B) -> Result<f32, TrainError> {
+        let (micro, inputs, weights) = self.microbatches(batch);
+        let loss_fn = self.loss.clone();
+        let pp_rank = self.at.coord(Axis::Pp);
+        let forwards = Schedule::forward_only(self.schedule.stage_map, self.schedule.microbatches);
+        let mut stage = BurnStage::new(
+            Recomputing::new(Evaluating(&mut self.wrapper), &self.recompute),
+            &forwards,
+            pp_rank,
+            self.at.device.clone(),
+            weights,
+        )
+        .without_backward()
+        .with_inputs(inputs)
+        .with_dtype(self.at.dims.precision.param_dtype())
+        .with_loss(move |mb, out| loss_fn(out, &micro[mb]));
+        run_unchecked(self.at.group(Axis::Pp), &forwards, &mut stage)?;
+        let (_, loss) = stage.finish();
+        Ok(self.global_loss(loss)? as f32)
     }
 
     wrapper_methods!();

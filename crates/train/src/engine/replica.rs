@@ -7,7 +7,7 @@ use super::checkpointing;
 use super::export::ModelLayout;
 use super::{Engine, RankMesh, wrapper_methods};
 use crate::error::TrainError;
-use crate::model::{ParallelModel, Rows};
+use crate::model::ParallelModel;
 use crate::wrapper::DpWrapper;
 use bonfire_comm::ReduceOp;
 use bonfire_dtensor::DataParallel;
@@ -46,8 +46,7 @@ impl<M: ParallelModel> Engine<M::Batch> for ReplicaEngine<M> {
     }
 
     fn forward_backward(&mut self, batch: &M::Batch) -> Result<f32, TrainError> {
-        let rows = self.at.replica_rows(batch.rows());
-        let local = batch.narrow_rows(rows.start, rows.len());
+        let local = batch.clone();
         let ac = self.at.dims.activation_checkpointing;
         let loss = self.wrapper.forward(|m| checkpointing::loss(m, local, ac));
         let mut value = [plane::to_host(loss.clone().detach(), Reason::Report)[0]];
@@ -55,6 +54,16 @@ impl<M: ParallelModel> Engine<M::Batch> for ReplicaEngine<M> {
         self.wrapper
             .backward(if scale == 1.0 { loss } else { loss * scale })?;
         // Every tp rank of a replica holds the same loss: the mean over replicas is global.
+        self.at
+            .group(Axis::Dp)
+            .all_reduce(&mut value, ReduceOp::Avg)?;
+        Ok(value[0])
+    }
+
+    fn evaluate(&mut self, batch: &M::Batch) -> Result<f32, TrainError> {
+        let local = batch.clone();
+        let loss = self.wrapper.evaluate(|m| m.loss(local));
+        let mut value = [plane::to_host(loss, Reason::Report)[0]];
         self.at
             .group(Axis::Dp)
             .all_reduce(&mut value, ReduceOp::Avg)?;
