@@ -38,6 +38,7 @@ use bonfire_comm::testing::rank_alloc::{self, RankAllocator};
 use bonfire_dtensor::params;
 use bonfire_examples::cli::{CheckpointArgs, FaultArgs, LayoutArgs, fail, init_logging, survivors};
 use bonfire_examples::corpus::{self, CharTokenizer};
+use bonfire_examples::run::RunRecord;
 use bonfire_examples::{Gpt, GptConfig, default_device, harness};
 use bonfire_models::data::TokenBatch;
 use bonfire_models::weights;
@@ -282,69 +283,6 @@ impl Hooks<TokenBatch> for RunHooks<'_> {
     }
 }
 
-/// What a checkpoint records of the run (its index's `extra`), to continue the same run.
-#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
-struct RunRecord {
-    model: GptConfig,
-    seed: u64,
-    seq: usize,
-    global_rows: usize,
-    optim: String,
-    lr: f64,
-}
-
-/// The run a resumed checkpoint continues: checks the flags agree with it.
-fn resumed_run(
-    ckpt: &Checkpoint,
-    mine: &RunRecord,
-    dp: usize,
-    steps: usize,
-) -> Result<RunRecord, String> {
-    let run: RunRecord = serde_json::from_value(ckpt.index.extra["run"].clone())
-        .map_err(|e| format!("{}: not a train_gpt checkpoint ({e})", ckpt.dir.display()))?;
-    let differs = |what: &str, there: String, here: String| {
-        Err(format!(
-            "--resume {}: the run has {what} {there}, this command line {here} (a resumed run \
-             continues the same run)",
-            ckpt.dir.display()
-        ))
-    };
-    if run.model != mine.model {
-        return differs(
-            "model",
-            format!("{:?}", run.model),
-            format!("{:?}", mine.model),
-        );
-    }
-    if (run.seed, run.seq) != (mine.seed, mine.seq) {
-        return differs(
-            "--seed/--seq",
-            format!("{}/{}", run.seed, run.seq),
-            format!("{}/{}", mine.seed, mine.seq),
-        );
-    }
-    if (&run.optim, run.lr) != (&mine.optim, mine.lr) {
-        return differs(
-            "--optim/--lr",
-            format!("{}/{}", run.optim, run.lr),
-            format!("{}/{}", mine.optim, mine.lr),
-        );
-    }
-    if run.global_rows % dp != 0 {
-        return Err(format!(
-            "--resume: the run's global batch of {} rows does not split over dp={dp}",
-            run.global_rows
-        ));
-    }
-    if ckpt.step() >= steps {
-        return Err(format!(
-            "--resume: the checkpoint is at step {}, --steps {steps} (the run's total) leaves nothing to train",
-            ckpt.step()
-        ));
-    }
-    Ok(run)
-}
-
 fn main() {
     init_logging();
     let mut cli = Cli::parse();
@@ -363,16 +301,19 @@ fn main() {
     device.seed(cli.seed);
     let model = Gpt::new(&cfg, &device);
     let mut run = RunRecord {
-        model: cfg,
+        model: serde_json::to_value(cfg).expect("a config serializes"),
         seed: cli.seed,
         seq: cli.seq,
         global_rows: cli.batch * dims.dp(),
         optim: optim.name().into(),
         lr: cli.lr,
+        data: "generated".into(),
     };
     let resumed = cli.ckpt.resume.as_ref().map(|path| {
         let ckpt = Checkpoint::open(path).unwrap_or_else(|e| fail(e));
-        run = resumed_run(&ckpt, &run, dims.dp(), cli.steps).unwrap_or_else(|e| fail(e));
+        run = run
+            .resumed(&ckpt, dims.dp(), cli.steps, false)
+            .unwrap_or_else(|e| fail(e));
         ckpt
     });
     let rows = run.global_rows;
@@ -453,7 +394,7 @@ fn announce(
 ) {
     println!(
         "train_gpt: {} parameters, layout {dims}, {} x {} tokens per step, {} {} steps at lr {}, corpus {} chars",
-        run.model.num_params(),
+        cli.config().num_params(),
         run.global_rows,
         cli.seq,
         optim.name(),

@@ -32,7 +32,9 @@ pub mod harness;
 pub mod ledger;
 pub mod memory_formula;
 pub mod planner;
+pub mod run;
 pub mod throughput;
+pub mod train_data;
 
 pub use bonfire_models::{Gpt, GptConfig, cross_entropy};
 

@@ -136,6 +136,60 @@ pub trait Hooks<B> {
 /// No hooks.
 impl<B> Hooks<B> for () {}
 
+/// Hooks that may be absent.
+impl<B, H: Hooks<B>> Hooks<B> for Option<H> {
+    fn after_backward(
+        &mut self,
+        step: usize,
+        engine: &mut dyn Engine<B>,
+    ) -> Result<(), TrainError> {
+        self.as_mut()
+            .map_or(Ok(()), |h| h.after_backward(step, engine))
+    }
+    fn after_step(
+        &mut self,
+        report: &StepReport,
+        engine: &mut dyn Engine<B>,
+    ) -> Result<(), TrainError> {
+        self.as_mut()
+            .map_or(Ok(()), |h| h.after_step(report, engine))
+    }
+    fn checkpoint(&mut self, step: usize, engine: &mut dyn Engine<B>) -> Result<(), TrainError> {
+        self.as_mut().map_or(Ok(()), |h| h.checkpoint(step, engine))
+    }
+    fn finish(&mut self, engine: &mut dyn Engine<B>) -> Result<(), TrainError> {
+        self.as_mut().map_or(Ok(()), |h| h.finish(engine))
+    }
+}
+
+/// Two sets of hooks, the first called first at every point.
+impl<B, H1: Hooks<B>, H2: Hooks<B>> Hooks<B> for (H1, H2) {
+    fn after_backward(
+        &mut self,
+        step: usize,
+        engine: &mut dyn Engine<B>,
+    ) -> Result<(), TrainError> {
+        self.0.after_backward(step, engine)?;
+        self.1.after_backward(step, engine)
+    }
+    fn after_step(
+        &mut self,
+        report: &StepReport,
+        engine: &mut dyn Engine<B>,
+    ) -> Result<(), TrainError> {
+        self.0.after_step(report, engine)?;
+        self.1.after_step(report, engine)
+    }
+    fn checkpoint(&mut self, step: usize, engine: &mut dyn Engine<B>) -> Result<(), TrainError> {
+        self.0.checkpoint(step, engine)?;
+        self.1.checkpoint(step, engine)
+    }
+    fn finish(&mut self, engine: &mut dyn Engine<B>) -> Result<(), TrainError> {
+        self.0.finish(engine)?;
+        self.1.finish(engine)
+    }
+}
+
 /// The loop's options.
 #[derive(Debug, Clone)]
 pub struct FitConfig {

@@ -69,6 +69,7 @@
 pub mod checkpoint;
 mod engine;
 mod error;
+mod eval;
 pub mod fault;
 mod fit;
 mod launch;
@@ -85,6 +86,7 @@ pub use bonfire_layout::{
 pub use checkpoint::{CheckpointConfig, Checkpointer, resume};
 pub use engine::{Engine, RankMesh};
 pub use error::{LayoutError, TrainError};
+pub use eval::Evaluation;
 pub use fault::{FaultTolerance, KillAt, fit_fault_tolerant};
 pub use fit::{DataSource, FitConfig, Hooks, Replica, StepReport, fit};
 pub use launch::Launcher;

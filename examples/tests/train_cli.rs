@@ -1,0 +1,313 @@
+//! The training front door, `train`, as a user runs it:
+//!
+//! - **Hugging Face directories round-trip bit for bit**: the transformers fixture exported
+//!   with `--steps 0` holds exactly its tensors; a trained model exported at the end of a run
+//!   (sharded, with an index), the run's checkpoint exported under another layout with
+//!   `--resume … --steps 0`, and that export loaded and exported again are the same bits.
+//! - **Your own text, evaluated, resumed exactly**: a Llama on text tokenized by a Hugging
+//!   Face `tokenizer.json`, an eval loss every 2 steps; 4 steps on one device equal 2 steps
+//!   under dp=2 × tp=2 then 2 resumed under pp=2 (the data stream goes on where the
+//!   checkpoint left it) — every step's loss and both eval losses.
+//! - **Bad input** gets one clear error (exit 2) before anything trains.
+
+mod common;
+
+use bonfire_comm::testing::assert_close;
+use bonfire_models::tensor_file;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+const TOKENIZER: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../crates/data/tests/fixtures/tokenizer.json"
+);
+
+fn fixture() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures/llama")
+}
+
+/// A fresh directory for one test.
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("bonfire-train-{name}-{}", std::process::id()));
+    std::fs::remove_dir_all(&dir).ok();
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// Runs `train` with `args` (and `--log-every 0`); returns (exit code, stdout, stderr).
+fn train(args: &[&str]) -> (Option<i32>, String, String) {
+    let out = Command::new(common::example("train"))
+        .args(args)
+        .args(["--log-every", "0"])
+        .output()
+        .unwrap();
+    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    (out.status.code(), text(&out.stdout), text(&out.stderr))
+}
+
+/// Runs `train` and panics with its output unless it succeeds; returns stdout.
+fn ok(args: &[&str]) -> String {
+    let (code, stdout, stderr) = train(args);
+    assert_eq!(code, Some(0), "train {args:?}\n{stdout}\n{stderr}");
+    stdout
+}
+
+/// Every tensor of a Hugging Face directory, as f32 bits, by name.
+fn bits(dir: &Path) -> Vec<(String, Vec<usize>, Vec<u32>)> {
+    let files = bonfire_models::pretrained::weight_files(dir).unwrap();
+    let mut all: Vec<_> = files
+        .iter()
+        .flat_map(|f| tensor_file::read_floats(f).unwrap())
+        .map(|(name, (shape, v))| (name, shape, v.iter().map(|x| x.to_bits()).collect()))
+        .collect();
+    all.sort_by(|a, b| a.0.cmp(&b.0));
+    assert!(!all.is_empty(), "{}: no tensor", dir.display());
+    all
+}
+
+#[test]
+fn hugging_face_directories_round_trip_bit_for_bit() {
+    let dir = scratch("export");
+    let p = |name: &str| dir.join(name).to_str().unwrap().to_string();
+    let model = fixture();
+    let model = model.to_str().unwrap();
+    let common_args = ["--seq", "8", "--batch", "2"];
+    ok(&[
+        &["--model", model, "--steps", "0", "--export", &p("init")][..],
+        &common_args,
+    ]
+    .concat());
+    assert_eq!(bits(&dir.join("init")), bits(&fixture()));
+    // Trained, exported at the end in shards of at most 8 KB, and checkpointed.
+    let stdout = ok(&[
+        &[
+            "--model",
+            model,
+            "--steps",
+            "3",
+            "--mesh",
+            "dp=2,pp=2",
+            "--zero",
+            "1",
+            "--checkpoint-dir",
+            &p("ckpt"),
+            "--export",
+            &p("trained"),
+            "--max-shard-size",
+            "8KB",
+        ][..],
+        &common_args,
+    ]
+    .concat());
+    assert!(stdout.contains("weight files)"), "{stdout}");
+    assert!(dir.join("trained/model.safetensors.index.json").exists());
+    let trained = bits(&dir.join("trained"));
+    assert_ne!(trained, bits(&fixture()), "3 steps moved nothing");
+    // The checkpoint exported under another layout, with no step trained.
+    ok(&[
+        &[
+            "--model",
+            model,
+            "--resume",
+            &p("ckpt"),
+            "--steps",
+            "0",
+            "--mesh",
+            "tp=2",
+        ][..],
+        &["--export", &p("resumed")],
+        &common_args,
+    ]
+    .concat());
+    assert_eq!(bits(&dir.join("resumed")), trained);
+    // The export is a model directory the front door loads again.
+    ok(&[
+        &[
+            "--model",
+            &p("trained"),
+            "--steps",
+            "0",
+            "--export",
+            &p("again"),
+        ][..],
+        &common_args,
+    ]
+    .concat());
+    assert_eq!(bits(&dir.join("again")), trained);
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// Every step's loss of a `--metrics` file.
+fn losses(path: &Path) -> Vec<f32> {
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["loss"]
+                .as_f64()
+                .unwrap() as f32
+        })
+        .collect()
+}
+
+/// The eval losses a run printed (`eval step S  loss L`), by step.
+fn evals(stdout: &str) -> Vec<(usize, f32)> {
+    stdout
+        .lines()
+        .filter(|l| l.starts_with("eval step "))
+        .map(|l| {
+            (
+                common::number_after(l, "eval step "),
+                common::number_after(l, "loss "),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn own_text_evaluated_and_resumed_in_other_layouts_equals_one_device() {
+    let dir = scratch("text");
+    let p = |name: &str| dir.join(name).to_str().unwrap().to_string();
+    std::fs::write(
+        dir.join("train.txt"),
+        bonfire_examples::corpus::generate(20_000, 1),
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("valid.txt"),
+        bonfire_examples::corpus::generate(4_000, 2),
+    )
+    .unwrap();
+    let data = [
+        "--model",
+        "llama-tiny",
+        "--tokenizer",
+        TOKENIZER,
+        "--data",
+        &p("train.txt"),
+        "--eval-data",
+        &p("valid.txt"),
+        "--eval-every",
+        "2",
+        "--eval-batches",
+        "2",
+        "--seq",
+        "8",
+        "--optim",
+        "sgd",
+        "--lr",
+        "0.5",
+        "--seed",
+        "4",
+    ];
+    let one = ok(&[
+        &data[..],
+        &["--mesh", "dp=1", "--batch", "4", "--steps", "4"],
+        &["--metrics", &p("one.jsonl")],
+    ]
+    .concat());
+    let first = ok(&[
+        &data[..],
+        &["--mesh", "dp=2,tp=2", "--batch", "2", "--steps", "2"],
+        &[
+            "--checkpoint-dir",
+            &p("ckpt"),
+            "--metrics",
+            &p("split.jsonl"),
+        ],
+    ]
+    .concat());
+    let second = ok(&[
+        &data[..],
+        &["--mesh", "pp=2", "--batch", "4", "--steps", "4"],
+        &["--resume", &p("ckpt"), "--metrics", &p("split.jsonl")],
+    ]
+    .concat());
+    assert!(
+        second.contains("step 2 starts at epoch 0, position 8"),
+        "{second}"
+    );
+    let want = losses(&dir.join("one.jsonl"));
+    assert_eq!(want.len(), 4);
+    let c = assert_close(
+        "losses",
+        &losses(&dir.join("split.jsonl")),
+        &want,
+        common::SGD,
+    );
+    println!("losses {want:?}: {c}");
+    let (want, got) = (evals(&one), [evals(&first), evals(&second)].concat());
+    assert_eq!(
+        want.iter().map(|e| e.0).collect::<Vec<_>>(),
+        [2, 4],
+        "{one}"
+    );
+    assert_eq!(got.iter().map(|e| e.0).collect::<Vec<_>>(), [2, 4]);
+    let values = |e: &[(usize, f32)]| e.iter().map(|x| x.1).collect::<Vec<_>>();
+    // Printed with 6 decimals: 1e-6 absolute on top of the parity tolerance.
+    let tol = bonfire_comm::testing::Tolerance::new(1e-5, 1e-6);
+    let c = assert_close("eval losses", &values(&got), &values(&want), tol);
+    println!("eval losses {want:?}: {c}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn bad_input_gets_one_clear_error() {
+    let dir = scratch("bad");
+    let p = |name: &str| dir.join(name).to_str().unwrap().to_string();
+    // A token file with an id outside llama-tiny's 32 tokens.
+    let ids: Vec<u32> = (0..100)
+        .map(|i| if i == 57 { 40 } else { i % 32 })
+        .collect();
+    bonfire_data::write_tokens(
+        p("bad.bin"),
+        &ids,
+        bonfire_data::TokenWidth::U16,
+        bonfire_data::TokenFormat::Raw,
+    )
+    .unwrap();
+    std::fs::write(dir.join("text.txt"), "some text").unwrap();
+    let model = fixture();
+    let model = model.to_str().unwrap();
+    let cases: [(&[&str], &str); 6] = [
+        (
+            &["--model", "llama-tiny", "--data", &p("bad.bin")],
+            "token 40 at position 57",
+        ),
+        (
+            &["--model", "llama-tiny", "--data", &p("text.txt")],
+            "needs --tokenizer",
+        ),
+        (
+            &[
+                "--model",
+                "llama-tiny",
+                "--data",
+                &p("missing.txt"),
+                "--tokenizer",
+                TOKENIZER,
+            ],
+            "missing.txt",
+        ),
+        (
+            &["--model", model, "--seq", "16"],
+            "max_position_embeddings is 8",
+        ),
+        (
+            &["--model", "gpt", "--export", &p("out")],
+            "--export writes a Hugging Face Llama",
+        ),
+        (
+            &["--model", &p("nowhere")],
+            "not gpt, llama-tiny, llama-bench",
+        ),
+    ];
+    for (args, want) in cases {
+        let (code, stdout, stderr) = train(&[args, &["--steps", "1"]].concat());
+        assert_eq!(code, Some(2), "{args:?}: {stdout}{stderr}");
+        assert!(stderr.contains(want), "{args:?}: {stderr}");
+        assert_eq!(stderr.lines().count(), 1, "{args:?}: one line\n{stderr}");
+        assert!(!stdout.contains("step"), "{args:?} trained: {stdout}");
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
