@@ -19,6 +19,10 @@
 //! its sequences are read in a seeded per-epoch shuffle, step `s` being positions
 //! `s · global batch ..` of that stream, each data-parallel replica reading only its own rows;
 //! a `--resume`d run goes on with the stream where the checkpoint's step left it.
+//!
+//! A model directory's weights are read by every rank a slice at a time: only the
+//! tensor-parallel shards, ZeRO pieces and pipeline stages it holds (each rank prints
+//! `weights rank=R read=N total=M`, in parameter values).
 
 use bonfire_dtensor::params::{self, ParamValues};
 use bonfire_examples::cli::{CheckpointArgs, LayoutArgs, fail, init_logging, survivors};
@@ -29,7 +33,7 @@ use bonfire_examples::{Gpt, GptConfig, harness};
 use bonfire_models::data::TokenBatch;
 use bonfire_models::llama::{Llama, LlamaConfig};
 use bonfire_models::pretrained;
-use bonfire_train::checkpoint::{Checkpoint, Checkpointer, resume};
+use bonfire_train::checkpoint::{Checkpoint, Checkpointer, load_parameters, resume};
 use bonfire_train::{
     DataSource, Evaluation, FitConfig, Launcher, OptimizerKind, ParallelDims, ParallelModel,
     TrainError, Trainer, fit,
@@ -223,6 +227,8 @@ struct Job {
     eval: Option<TrainData>,
     run: RunRecord,
     resumed: Option<Checkpoint>,
+    /// The weights each rank loads its slices of (not when resuming: the checkpoint has them).
+    weights: Option<pretrained::Weights>,
     device: Device,
 }
 
@@ -281,7 +287,14 @@ fn main() {
     let eval = eval.map(|e| e.with_rows(run.global_rows));
     let device = harness::device(&cli.device).unwrap_or_else(|e| fail(e));
     device.seed(cli.seed);
+    let weights = match (&choice, &resumed) {
+        (Choice::Llama(_, Some(dir)), None) => {
+            Some(pretrained::Weights::open(dir).unwrap_or_else(|e| fail(e)))
+        }
+        _ => None,
+    };
     let job = Job {
+        weights,
         dims,
         optim,
         launcher,
@@ -294,11 +307,8 @@ fn main() {
     };
     match choice {
         Choice::Gpt(cfg) => job.train(Gpt::new(&cfg, &job.device), None),
-        Choice::Llama(cfg, weights) => {
-            let mut model = Llama::new(&cfg, &job.device);
-            if let Some(dir) = &weights {
-                model = pretrained::load_pretrained(model, dir).unwrap_or_else(|e| fail(e));
-            }
+        Choice::Llama(cfg, _) => {
+            let model = Llama::new(&cfg, &job.device);
             let export = |whole: Vec<ParamValues>| export_llama(&cfg, whole, &job.cli);
             job.train(model, Some(&export));
         }
@@ -356,6 +366,15 @@ impl Job {
                 let mut engine = trainer.build(model.clone(), &pg, &first)?;
                 if let Some(ckpt) = &self.resumed {
                     resume(engine.as_mut(), &ckpt.dir)?;
+                }
+                if let Some(weights) = &self.weights {
+                    let got = load_parameters(engine.as_mut(), weights)?;
+                    println!(
+                        "weights rank={} read={} total={}",
+                        pg.rank(),
+                        got.read,
+                        got.total
+                    );
                 }
                 let eval = self.eval.as_ref().map(|d| {
                     Evaluation::new(

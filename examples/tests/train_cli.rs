@@ -78,6 +78,33 @@ fn hugging_face_directories_round_trip_bit_for_bit() {
     ]
     .concat());
     assert_eq!(bits(&dir.join("init")), bits(&fixture()));
+    // Each rank reads only its slices: tp shards, ZeRO-3 pieces, pipeline stages.
+    for mesh in ["dp=2,tp=2", "pp=2,dp=2"] {
+        let out = p(&format!("sliced-{mesh}"));
+        let args = [
+            "--model", model, "--steps", "0", "--mesh", mesh, "--zero", "3", "--export", &out,
+        ];
+        let stdout = ok(&[&args[..], &common_args].concat());
+        let read: Vec<(usize, usize)> = stdout
+            .lines()
+            .filter(|l| l.starts_with("weights rank="))
+            .map(|l| {
+                (
+                    common::number_after(l, "read="),
+                    common::number_after(l, "total="),
+                )
+            })
+            .collect();
+        assert_eq!(read.len(), 4, "{stdout}");
+        for (got, total) in &read {
+            assert!(
+                *got > 0 && 2 * got < *total,
+                "{mesh}: a rank read {got} of {total}: {stdout}"
+            );
+        }
+        assert_eq!(bits(Path::new(&out)), bits(&fixture()), "{mesh}");
+        println!("{mesh} zero 3: values read per rank {read:?}");
+    }
     // Trained, exported at the end in shards of at most 8 KB, and checkpointed.
     let stdout = ok(&[
         &[

@@ -23,6 +23,7 @@ mod load;
 mod region;
 mod save;
 mod shards;
+mod source;
 
 pub use files::Fault;
 pub use index::{
@@ -33,6 +34,7 @@ pub use load::{Checkpoint, Resumed, resume};
 pub use region::{Region, Run};
 pub use save::{CheckpointConfig, Checkpointer};
 pub use shards::{Loaded, RankState, Slice, Wants};
+pub use source::{LoadedParameters, ParameterSource, load_parameters};
 
 pub(crate) use shards::{Holding, load as load_wrapper, rank_state, wants};
 

@@ -7,7 +7,12 @@
 //! directory with no renaming ([`load_pretrained`]: every parameter must be there with its
 //! shape, and every tensor must be a parameter; f32, bf16 and f16 files are read into the
 //! model's f32) and is saved back the same way in f32 ([`save_pretrained`], sharded at a
-//! size), so that transformers loads it with no missing or unexpected keys.
+//! size), so that transformers loads it with no missing or unexpected keys. [`Weights`]
+//! reads such a directory a slice at a time, for ranks that load only what they hold.
+
+mod slices;
+
+pub use slices::Weights;
 
 use crate::tensor_file::{self, F32Tensors};
 use bonfire_dtensor::params;
