@@ -88,6 +88,7 @@
 //! ```
 
 mod collectives;
+pub mod context;
 pub mod data_parallel;
 mod debug;
 mod dtensor;

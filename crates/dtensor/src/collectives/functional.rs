@@ -278,6 +278,14 @@ pub fn recv<const D: usize>(
     Ok(run(template, group, CollectiveKind::Recv { src, tag }))
 }
 
+/// One step around the ring of `group`: returns the tensor of the previous rank (rank − 1,
+/// mod the size) and hands this rank's to the next; every rank's tensor has the same shape.
+/// Backward sends each gradient back to the rank its tensor came from (ring attention's K/V
+/// blocks and their dK/dV).
+pub fn ring_shift<const D: usize>(tensor: Tensor<D>, group: &ProcessGroup, tag: u64) -> Tensor<D> {
+    run(tensor, group, CollectiveKind::Shift { offset: 1, tag })
+}
+
 /// Megatron's `f` ("copy to tensor-parallel region"): identity forward, all-reduce (sum)
 /// backward.
 pub fn copy_to_group<const D: usize>(tensor: Tensor<D>, group: &ProcessGroup) -> Tensor<D> {

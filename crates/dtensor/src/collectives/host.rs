@@ -136,6 +136,33 @@ where
             check(pg.recv(slice_mut::<T>(&mut data), *src, *tag), "recv");
             data
         }
+        CollectiveKind::Shift { offset, tag } => {
+            let (me, n) = (pg.rank(), pg.size());
+            let (dst, src) = ((me + offset) % n, (me + n - offset % n) % n);
+            if dst == me {
+                return data;
+            }
+            record(OpKind::Send);
+            record(OpKind::Recv);
+            let mut received = data.clone();
+            // Even ranks send first, odd ranks receive first: no cycle of ranks all waiting
+            // in a send that only completes when its receiver posts its receive.
+            let send = |d: &TensorData| check(pg.send(slice::<T>(d), dst, *tag), "ring send");
+            if me % 2 == 0 {
+                send(&data);
+                check(
+                    pg.recv(slice_mut::<T>(&mut received), src, *tag),
+                    "ring recv",
+                );
+            } else {
+                check(
+                    pg.recv(slice_mut::<T>(&mut received), src, *tag),
+                    "ring recv",
+                );
+                send(&data);
+            }
+            received
+        }
         CollectiveKind::CopyToGroup
         | CollectiveKind::Pad { .. }
         | CollectiveKind::Split { .. }

@@ -97,6 +97,16 @@ pub enum CollectiveKind {
         /// Message tag of the matching [`CollectiveKind::Send`].
         tag: u64,
     },
+    /// A ring step: every rank sends its tensor to rank `+ offset` and receives, in its
+    /// place, the tensor of rank `- offset` (mod the group size; every rank's tensor has the
+    /// same shape). Backward: the shift by `-offset`, each gradient going back to the rank
+    /// its tensor came from.
+    Shift {
+        /// How many ranks along the ring the tensors move (1: to the next rank).
+        offset: usize,
+        /// Message tag.
+        tag: u64,
+    },
     /// Megatron's `f`: identity forward, all-reduce (sum) backward.
     CopyToGroup,
     /// Megatron's `g`: all-reduce forward, identity backward (divided by the group size
@@ -280,6 +290,12 @@ impl CollectiveSpec {
                 }),
                 1.0,
             ),
+            Shift { offset, tag } => {
+                let n = self.group.size();
+                let back = (n - offset % n) % n;
+                let tag = tag ^ BACKWARD_TAG_BIT;
+                (Some(Shift { offset: back, tag }), 1.0)
+            }
             CopyToGroup => (Some(AllReduce { op: ReduceOp::Sum }), 1.0),
             ReduceFromGroup { op } => (None, avg(op)),
             Split { dim, sizes } => (

@@ -1,0 +1,20 @@
+//! Context parallelism: every sequence split over the ranks of a `cp` group, for every
+//! activation, attention included.
+//!
+//! - [`ContextSplit`]: which tokens of a sequence each cp rank holds. Balanced (the default of
+//!   Megatron-Core and torchtitan for causal models): the sequence is cut into `2·cp` equal
+//!   chunks and rank `r` holds chunks `r` and `2·cp − 1 − r`, so every rank does the same
+//!   causal attention work; unbalanced: rank `r` holds the `r`-th `T/cp` tokens. Positions
+//!   (position embeddings, rotary angles) follow the chunks ([`ContextSplit::positions`]).
+//! - [`ring_attention`]: attention of a rank's queries over the whole sequence's keys without
+//!   any rank holding them all: the K/V blocks travel around the cp ring ([`ring_shift`]),
+//!   each merged into the output with an online softmax (running max and sum); backward
+//!   sends dK/dV around the ring back to their owners (the shift's own backward).
+//!
+//! [`ring_shift`]: crate::functional::ring_shift
+
+mod ring;
+mod split;
+
+pub use ring::{RING_TAG, ring_attention};
+pub use split::ContextSplit;

@@ -1,0 +1,144 @@
+//! [`ring_attention`]: a rank's queries over the whole sequence's keys, the key/value blocks
+//! travelling around the cp ring, merged with an online softmax.
+
+use super::ContextSplit;
+use crate::functional::ring_shift;
+use bonfire_comm::ProcessGroup;
+use burn::tensor::{Int, Tensor, TensorData};
+
+/// The base tag of the ring's messages (step `s` uses `RING_TAG + s`).
+pub const RING_TAG: u64 = 0x5249_4e47_0000;
+
+/// Added to the scores of a masked (query, key) pair: `exp` of it is 0 against any real
+/// score, and it stays finite in every float type Bonfire computes in but f16 (where it
+/// rounds to −∞, whose `exp` is 0 as well).
+const MASKED: f32 = -1e30;
+
+/// Attention of this rank's queries over every rank's keys and values in the cp `group`:
+/// `softmax(q·kᵀ/√hd + mask)·v`, the mask causal on the tokens' positions in the whole
+/// sequence when `causal`.
+///
+/// `q` is `[B, H, T/cp, hd]`, this rank's tokens of the sequence as `split` gives them;
+/// `k` and `v` are `[B, H_kv, T/cp, hd]` with `H_kv` dividing `H` (query head `j` attends with
+/// kv head `⌊j·H_kv/H⌋`: the `H_kv` heads travel, repeated only where they are used). The
+/// `cp − 1` steps of the ring each send this rank's current K/V block to the next rank and
+/// receive the previous rank's; a block entirely in the future of every local query is not
+/// computed. No rank holds more than one `[T/cp, T/cp]` block of scores per head at a time in
+/// forward (backward keeps one per block, `T/cp × T` per head, never `T × T`). Backward
+/// (autodiff) sends each block's dK/dV back around the ring to the rank that owns it.
+pub fn ring_attention(
+    q: Tensor<4>,
+    k: Tensor<4>,
+    v: Tensor<4>,
+    group: &ProcessGroup,
+    split: &ContextSplit,
+    causal: bool,
+) -> Tensor<4> {
+    let (me, cp) = (group.rank(), group.size());
+    assert_eq!(
+        cp,
+        split.cp(),
+        "the split is for {} ranks, the group has {cp}",
+        split.cp()
+    );
+    let [_, h, t, hd] = q.dims();
+    let hkv = k.dims()[1];
+    assert!(
+        hkv > 0 && h % hkv == 0,
+        "{h} query heads over {hkv} kv heads"
+    );
+    assert_eq!(
+        t,
+        split.local_len(),
+        "queries of {t} tokens, the split gives {}",
+        split.local_len()
+    );
+    let device = q.device();
+    let heads: Vec<i64> = (0..h).map(|j| (j * hkv / h) as i64).collect();
+    let heads = Tensor::<1, Int>::from_data(TensorData::new(heads, [h]), &device);
+    let q = q * (1.0 / (hd as f64).sqrt());
+    let q_pos = split.positions(me);
+    let mut kv = Tensor::cat(vec![k, v], 1);
+    // (running max, running sum, running numerator) of the online softmax.
+    let mut state: Option<(Tensor<4>, Tensor<4>, Tensor<4>)> = None;
+    // Blocks not computed still enter the graph with a zero weight: backward must run every
+    // ring step on every rank (its peers wait for the gradients it sends back).
+    let mut skipped: Option<Tensor<1>> = None;
+    for step in 0..cp {
+        if step > 0 {
+            kv = ring_shift(kv, group, RING_TAG + step as u64);
+        }
+        let owner = (me + cp - step) % cp;
+        let mask = match causal {
+            true => causal_bias(&q_pos, &split.positions(owner)),
+            false => Bias::None,
+        };
+        let bias = match mask {
+            Bias::All => {
+                let zero = kv.clone().sum().mul_scalar(0.0);
+                skipped = Some(skipped.map_or(zero.clone(), |s| s + zero));
+                continue;
+            }
+            Bias::None => None,
+            Bias::Some(values) => Some(
+                Tensor::<2>::from_data(TensorData::new(values, [t, t]), &device)
+                    .cast(q.dtype())
+                    .unsqueeze::<4>(),
+            ),
+        };
+        let kb = kv.clone().narrow(1, 0, hkv).select(1, heads.clone());
+        let vb = kv.clone().narrow(1, hkv, hkv).select(1, heads.clone());
+        let mut scores = q.clone().matmul(kb.swap_dims(2, 3));
+        if let Some(bias) = bias {
+            scores = scores + bias;
+        }
+        // The shift by the running max only keeps exp finite: it cancels in the quotient, so
+        // it needs no gradient.
+        let block_max = scores.clone().detach().max_dim(3);
+        state = Some(match state {
+            None => {
+                let p = (scores - block_max.clone()).exp();
+                (block_max, p.clone().sum_dim(3), p.matmul(vb))
+            }
+            Some((m, l, acc)) => {
+                let m_new = m.clone().max_pair(block_max);
+                let alpha = (m - m_new.clone()).exp();
+                let p = (scores - m_new.clone()).exp();
+                let l = l * alpha.clone() + p.clone().sum_dim(3);
+                (m_new, l, acc * alpha + p.matmul(vb))
+            }
+        });
+    }
+    let (_, l, acc) = state.expect("a query attends at least to itself");
+    let out = acc / l;
+    match skipped {
+        Some(zero) => out + zero.unsqueeze::<4>(),
+        None => out,
+    }
+}
+
+/// The causal mask of one block.
+enum Bias {
+    /// No key is in the future of any query.
+    None,
+    /// Every key is in the future of every query: the block contributes nothing.
+    All,
+    /// `[Tq, Tk]` row-major: 0 where the key is at or before the query, [`MASKED`] after.
+    Some(Vec<f32>),
+}
+
+fn causal_bias(q_pos: &[usize], k_pos: &[usize]) -> Bias {
+    let (q_min, q_max) = (q_pos.iter().min(), q_pos.iter().max());
+    let (k_min, k_max) = (k_pos.iter().min(), k_pos.iter().max());
+    if k_max <= q_min {
+        return Bias::None;
+    }
+    if k_min > q_max {
+        return Bias::All;
+    }
+    let values = q_pos
+        .iter()
+        .flat_map(|q| k_pos.iter().map(move |k| if k > q { MASKED } else { 0.0 }))
+        .collect();
+    Bias::Some(values)
+}
