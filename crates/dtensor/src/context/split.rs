@@ -47,7 +47,7 @@ impl ContextSplit {
         assert!(rank < self.cp, "rank {rank} of a cp group of {}", self.cp);
         if !self.balanced {
             let n = self.local_len();
-            return vec![rank * n..(rank + 1) * n];
+            return std::iter::once(rank * n..(rank + 1) * n).collect();
         }
         let n = self.seq / (2 * self.cp);
         let other = 2 * self.cp - 1 - rank;
