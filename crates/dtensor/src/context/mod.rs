@@ -11,10 +11,16 @@
 //!   each merged into the output with an online softmax (running max and sum); backward
 //!   sends dK/dV around the ring back to their owners (the shift's own backward).
 //!
+//! - [`ContextScope`]: entered on a rank's thread for its forward and backward, it makes
+//!   [`attention`] ring attention and [`positions`] the chunks' — what a model calls instead
+//!   of its own attention and `0..T` to take part.
+//!
 //! [`ring_shift`]: crate::functional::ring_shift
 
 mod ring;
+mod scope;
 mod split;
 
 pub use ring::{RING_TAG, ring_attention};
+pub use scope::{ContextScope, ScopeGuard, attention, positions};
 pub use split::ContextSplit;

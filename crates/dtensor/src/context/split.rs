@@ -1,6 +1,7 @@
 //! [`ContextSplit`]: which tokens of a sequence each rank of a cp group holds.
 
 use burn::tensor::Tensor;
+use burn::tensor::kind::Basic;
 use std::ops::Range;
 
 /// How a sequence of `seq` tokens is split over `cp` ranks (see the module docs).
@@ -60,13 +61,18 @@ impl ContextSplit {
     }
 
     /// Rank `rank`'s tokens of `x`, whose dimension `dim` is the whole sequence.
-    pub fn local<const D: usize>(&self, x: Tensor<D>, dim: usize, rank: usize) -> Tensor<D> {
+    pub fn local<const D: usize, K: Basic + 'static>(
+        &self,
+        x: Tensor<D, K>,
+        dim: usize,
+        rank: usize,
+    ) -> Tensor<D, K> {
         assert_eq!(
             x.dims()[dim],
             self.seq,
             "dimension {dim} is not the whole sequence"
         );
-        let parts: Vec<Tensor<D>> = self
+        let parts: Vec<Tensor<D, K>> = self
             .chunks(rank)
             .into_iter()
             .map(|r| x.clone().narrow(dim, r.start, r.len()))

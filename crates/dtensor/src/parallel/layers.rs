@@ -381,10 +381,13 @@ impl ParallelEmbedding {
         }
     }
 
-    /// The rows of positions `0..t`, `[t, d]`; under [`SequenceParallel`] this rank's chunk
-    /// of them (`t` must divide evenly), to add to a sequence-sharded activation.
-    pub fn first_rows(&self, t: usize) -> Tensor<2> {
-        match self.key.state() {
+    /// The rows of the positions of a rank's `t` tokens, `[t, d]`: `0..t`, or its chunks' of
+    /// the whole sequence under a context-parallel scope ([`crate::context::positions`]);
+    /// under [`SequenceParallel`] this rank's piece of them (`t` must divide evenly), to add
+    /// to a sequence-sharded activation.
+    pub fn position_rows(&self, t: usize) -> Tensor<2> {
+        let positions = crate::context::positions(t);
+        let (weight, mine) = match self.key.state() {
             Some(ParallelState {
                 group,
                 applied: Applied::Sequence(_),
@@ -394,9 +397,20 @@ impl ParallelEmbedding {
                     panic!("bonfire-dtensor parallel: {e}");
                 }
                 let r = chunk_range(t, group.size(), group.rank());
-                replicated_param(self.weight.val(), &group).narrow(0, r.start, r.len())
+                (replicated_param(self.weight.val(), &group), &positions[r])
             }
-            _ => self.weight.val().narrow(0, 0, t),
+            _ => (self.weight.val(), &positions[..]),
+        };
+        let contiguous = mine.windows(2).all(|w| w[1] == w[0] + 1);
+        match (contiguous, mine.first()) {
+            (true, Some(&start)) => weight.narrow(0, start, mine.len()),
+            _ => {
+                let ids: Vec<i64> = mine.iter().map(|&p| p as i64).collect();
+                let n = ids.len();
+                let ids = burn::tensor::TensorData::new(ids, [n]);
+                let ids = Tensor::<1, Int>::from_data(ids, &weight.device());
+                weight.select(0, ids)
+            }
         }
     }
 }

@@ -39,13 +39,16 @@ impl Attention {
     /// hold whole heads (`h / tp` of them, in order) and `o` is row-wise over the same
     /// features; with sequence parallelism `x` is this rank's piece of the sequence and the
     /// projections return the whole sequence. The head count is read from the local widths.
+    /// Under a context-parallel scope the sequence is this rank's chunks and attention is
+    /// ring attention over the whole sequence.
     pub fn forward(&self, x: Tensor<3>) -> Tensor<3> {
         let d = x.dims()[2];
         let dh = d / self.n_heads;
         let q = self.q.forward(x.clone());
         let k = self.k.forward(x.clone());
         let v = self.v.forward(x);
-        let y = causal_attention(split_heads(q, dh), split_heads(k, dh), split_heads(v, dh));
+        let (q, k, v) = (split_heads(q, dh), split_heads(k, dh), split_heads(v, dh));
+        let y = bonfire_dtensor::context::attention(q, k, v, causal_attention);
         self.o.forward(merge_heads(y))
     }
 

@@ -60,13 +60,13 @@ impl Gpt {
     }
 }
 
-/// `tok_emb[ids] + pos_emb[0..T]`: `[B, T]` ids to `[B, T, d]` activations. Every layer runs
+/// `tok_emb[ids] + pos_emb[positions]` (`0..T`, or a context-parallel rank's chunks'): `[B, T]` ids to `[B, T, d]` activations. Every layer runs
 /// through [`layer`] (see `Block::forward`); the embeddings' input is token ids, so DDP
 /// anchors nothing there, but ZeRO-3 still gathers them per layer.
 pub fn embed(tok_emb: &Embedding, pos_emb: &Embedding, ids: Tensor<2, Int>) -> Tensor<3> {
     let [_, t] = ids.dims();
     let tokens = layer(tok_emb, &ids).forward(ids.clone());
-    let positions = layer(pos_emb, &ids).first_rows(t);
+    let positions = layer(pos_emb, &ids).position_rows(t);
     tokens + positions.unsqueeze::<3>()
 }
 

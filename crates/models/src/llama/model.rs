@@ -57,18 +57,33 @@ impl Attention {
     /// `x` `[B, T, d]` → `[B, T, d]`. Query head `j` attends with kv head `⌊j·h_kv/h⌋`; the
     /// head counts and this rank's heads are read from the projections: under tensor
     /// parallelism `q_proj` holds this rank's query heads, and `k_proj`/`v_proj` either the
-    /// kv heads they attend with (column-wise) or every kv head (kept whole).
+    /// kv heads they attend with (column-wise) or every kv head (kept whole). Under a
+    /// context-parallel scope the sequence is this rank's chunks (RoPE at their positions) and
+    /// attention is ring attention over the whole sequence.
     pub fn forward(&self, x: Tensor<3>) -> Tensor<3> {
         let hd = self.head_dim;
         let q = split_heads(self.q_proj.forward(x.clone()), hd);
         let k = split_heads(self.k_proj.forward(x.clone()), hd);
         let v = split_heads(self.v_proj.forward(x), hd);
-        let t = q.dims()[2];
-        let (cos, sin) = rope_tables(t, hd, self.rope_theta, &q.device());
+        let positions = bonfire_dtensor::context::positions(q.dims()[2]);
+        let (cos, sin) = rope_tables(&positions, hd, self.rope_theta, &q.device());
         let q = rotate(q, &cos, &sin);
         let k = rotate(k, &cos, &sin);
         let heads = self.kv_of_queries(q.dims()[1], k.dims()[1], &q.device());
-        let y = causal_attention(q, k.select(1, heads.clone()), v.select(1, heads));
+        // Query head j attends with local kv head ⌊j·h_kv/h⌋ unless tp replicated the kv
+        // heads: then they are repeated here, and travel repeated under context parallelism.
+        let grouped =
+            self.q_proj.colwise_shard().is_none() || self.k_proj.colwise_shard().is_some();
+        let (k, v) = match grouped {
+            true => (k, v),
+            false => (k.select(1, heads.clone()), v.select(1, heads.clone())),
+        };
+        let y = bonfire_dtensor::context::attention(q, k, v, |q, k, v| {
+            match k.dims()[1] == q.dims()[1] {
+                true => causal_attention(q, k, v),
+                false => causal_attention(q, k.select(1, heads.clone()), v.select(1, heads)),
+            }
+        });
         self.o_proj.forward(merge_heads(y))
     }
 
@@ -88,12 +103,18 @@ impl Attention {
     }
 }
 
-/// RoPE's `cos` and `sin` `[T, hd]` at positions `0..t`: angle `p·θ^(−2j/hd)` for pair
-/// `j < hd/2`, the half repeated twice (computed in f64, stored in f32).
-pub fn rope_tables(t: usize, hd: usize, theta: f64, device: &Device) -> (Tensor<2>, Tensor<2>) {
-    let half = hd / 2;
+/// RoPE's `cos` and `sin` `[T, hd]` at `positions` (`0..T`, or a context-parallel rank's
+/// chunks'): angle `p·θ^(−2j/hd)` for pair `j < hd/2`, the half repeated twice (computed in
+/// f64, stored in f32).
+pub fn rope_tables(
+    positions: &[usize],
+    hd: usize,
+    theta: f64,
+    device: &Device,
+) -> (Tensor<2>, Tensor<2>) {
+    let (t, half) = (positions.len(), hd / 2);
     let angle = |i: usize| {
-        let (p, j) = (i / hd, i % hd % half);
+        let (p, j) = (positions[i / hd], i % hd % half);
         p as f64 * theta.powf(-2.0 * j as f64 / hd as f64)
     };
     let table = |f: fn(f64) -> f64| {
