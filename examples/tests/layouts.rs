@@ -143,3 +143,17 @@ fn the_whole_mesh() {
         layout("dp=2,tp=2,pp=2", 1, Some("zb-v"), Some(4), "lp"),
     ]);
 }
+
+/// Context parallelism on the GPT (position embeddings at the chunks' positions, ring
+/// attention): alone, with dp and ZeRO over dp × cp, with tp and SP/LP (position rows
+/// sharded over tp within a rank's chunks), with a pipeline and activation checkpointing.
+#[test]
+fn context_parallel() {
+    check(&[
+        layout("cp=2", 0, None, None, ""),
+        layout("cp=4", 0, None, None, ""),
+        layout("dp=2,cp=2", 2, None, None, ""),
+        layout("cp=2,tp=2", 0, None, None, "sp lp"),
+        layout("pp=2,cp=2", 1, Some("interleaved"), Some(2), "ac"),
+    ]);
+}

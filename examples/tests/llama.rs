@@ -192,6 +192,23 @@ fn compositions() {
     ]);
 }
 
+/// Context parallelism (every sequence in load-balanced chunks over cp, ring attention):
+/// alone (cp = 2, 4), with dp and every ZeRO stage over dp × cp, with tp and SP/LP, with a
+/// pipeline, with activation checkpointing, and all together.
+#[test]
+fn context_parallel_layouts() {
+    check(&[
+        layout("cp=2", 0, None, None, ""),
+        layout("cp=4", 0, None, None, ""),
+        layout("dp=2,cp=2", 1, None, None, ""),
+        layout("dp=2,cp=2", 3, None, None, "ac"),
+        layout("cp=2,tp=2", 0, None, None, "sp lp"),
+        layout("pp=2,cp=2", 0, Some("1f1b"), Some(2), ""),
+        layout("pp=2,cp=2", 2, Some("zb-v"), Some(2), ""),
+        layout("dp=2,cp=2,tp=2", 2, None, None, "sp"),
+    ]);
+}
+
 /// tp = 4 over 2 key/value heads: the kv projections stay whole on every rank and their
 /// gradients are summed over tp (± sequence and loss parallelism, with dp and pp).
 #[test]
@@ -409,9 +426,10 @@ fn bf16_layouts_equal_bf16_on_one_device() {
     }
 }
 
-/// A Llama run checkpointed in one layout resumes in another: 4 steps under dp=2 × tp=2
-/// (ZeRO-1, SP), a checkpoint, 4 more under dp=2 × pp=2 (ZeRO-3, ZB-H1) equal 8 steps on one
-/// device (losses and parameters within the parity tolerance, SGD and AdamW).
+/// A Llama run checkpointed in one layout resumes in another: 3 steps under dp=2 × tp=2
+/// (ZeRO-1, SP), a checkpoint, 3 more under dp=2 × pp=2 (ZeRO-3, ZB-H1) equal 6 steps on one
+/// device (losses and parameters within the parity tolerance, SGD and AdamW); likewise
+/// dp=2 × cp=2 (ZeRO-3) to one device, and dp=2 (ZeRO-1) to cp=2 × tp=2 (SP).
 #[test]
 fn checkpoints_resume_in_another_layout() {
     use bonfire_train::checkpoint::{CheckpointConfig, Checkpointer, resume};
@@ -422,7 +440,12 @@ fn checkpoints_resume_in_another_layout() {
         max_seq_len: cfg().max_position_embeddings,
         ..common::gpt_cfg()
     };
-    let batches = common::random_batches(&shape, 8, ROWS, 13);
+    // 6 steps, saved after 3: at lr 0.5 (SGD) the f32 drift of 8 steps under cp (a different
+    // order of the attention's sums) comes within 1.06× of the 1e-5 tolerance even without
+    // a checkpoint; the test guards the state a checkpoint carries, not long-run drift.
+    const STEPS: usize = 6;
+    const SAVED_AT: usize = 3;
+    let batches = common::random_batches(&shape, STEPS, ROWS, 13);
     let leg = |dims: &ParallelDims,
                optim: OptimizerKind,
                steps: std::ops::Range<usize>,
@@ -458,21 +481,40 @@ fn checkpoints_resume_in_another_layout() {
         .unwrap();
         out.into_iter().next().unwrap().unwrap()
     };
-    let a = layout("dp=2,tp=2", 1, None, None, "sp")
-        .dims("dp=1")
-        .unwrap();
-    let b = layout("dp=2,pp=2", 3, Some("zb"), Some(2), "")
-        .dims("dp=1")
-        .unwrap();
-    for optim in [OptimizerKind::Sgd, OptimizerKind::AdamW] {
+    let dims = |mesh: &str, zero, schedule, m, flags| {
+        layout(mesh, zero, schedule, m, flags).dims("dp=1").unwrap()
+    };
+    // Saved in one layout, resumed in another: across tp/pp, and on cp = 2 to cp = 1 and back.
+    let pairs = [
+        (
+            dims("dp=2,tp=2", 1, None, None, "sp"),
+            dims("dp=2,pp=2", 3, Some("zb"), Some(2), ""),
+        ),
+        (
+            dims("dp=2,cp=2", 3, None, None, ""),
+            dims("dp=1", 0, None, None, ""),
+        ),
+        (
+            dims("dp=2", 1, None, None, ""),
+            dims("cp=2,tp=2", 0, None, None, "sp"),
+        ),
+    ];
+    for ((a, b), optim) in pairs.iter().flat_map(|p| {
+        [
+            (p.clone(), OptimizerKind::Sgd),
+            (p.clone(), OptimizerKind::AdamW),
+        ]
+    }) {
         let dir = std::env::temp_dir().join(format!(
-            "bonfire-llama-resume-{}-{}",
+            "bonfire-llama-resume-{}-{}-{}",
             optim.name(),
+            a.cp(),
             std::process::id()
         ));
-        let (want_losses, want) = leg(&ParallelDims::new(), optim, 0..8, None, None);
-        let (mut losses, _) = leg(&a, optim, 0..4, None, Some(&dir));
-        let (more, got) = leg(&b, optim, 4..8, Some(&dir), None);
+        let (want_losses, want) = leg(&ParallelDims::new(), optim, 0..STEPS, None, None);
+        let (mut losses, _) = leg(&a, optim, 0..SAVED_AT, None, Some(&dir));
+        let (more, got) = leg(&b, optim, SAVED_AT..STEPS, Some(&dir), None);
+        std::fs::remove_dir_all(&dir).ok();
         losses.extend(more);
         let tol = match optim {
             OptimizerKind::Sgd => common::SGD,
@@ -488,7 +530,6 @@ fn checkpoints_resume_in_another_layout() {
             tol,
         ));
         println!("resume {what}: {c}");
-        std::fs::remove_dir_all(dir).ok();
     }
 }
 

@@ -10,20 +10,25 @@ pub enum Axis {
     Pp,
     /// Data parallelism (DDP, or ZeRO stage 1–3): replicas on rows of the batch.
     Dp,
+    /// Context parallelism: every sequence split over the axis, attention a ring over it;
+    /// parameters are data-parallel over dp × cp.
+    Cp,
     /// Tensor parallelism (± sequence and loss parallelism): layers split.
     Tp,
 }
 
 impl Axis {
-    /// Every axis, in mesh order (outermost first): pp outermost, tp innermost
-    /// (torchtitan's order; consecutive ranks share a tp group, the fastest links).
-    pub const ALL: [Axis; 3] = [Axis::Pp, Axis::Dp, Axis::Tp];
+    /// Every axis, in mesh order (outermost first): pp outermost, tp innermost, cp next to
+    /// it (torchtitan's order; consecutive ranks share a tp group, the fastest links, then
+    /// the ring of a cp group).
+    pub const ALL: [Axis; 4] = [Axis::Pp, Axis::Dp, Axis::Cp, Axis::Tp];
 
     /// The axis's name on the mesh and on the command line.
     pub fn name(self) -> &'static str {
         match self {
             Axis::Pp => "pp",
             Axis::Dp => "dp",
+            Axis::Cp => "cp",
             Axis::Tp => "tp",
         }
     }

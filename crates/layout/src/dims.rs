@@ -96,6 +96,10 @@ impl ParallelDims {
     pub fn dp(&self) -> usize {
         self.degree(Axis::Dp)
     }
+    /// The cp degree (ranks a sequence is split over).
+    pub fn cp(&self) -> usize {
+        self.degree(Axis::Cp)
+    }
     /// The tp degree (ranks a layer is split over).
     pub fn tp(&self) -> usize {
         self.degree(Axis::Tp)
@@ -241,10 +245,12 @@ impl ParallelDims {
 }
 
 impl fmt::Display for ParallelDims {
-    /// `pp=2,dp=2,tp=2` plus the options in use, e.g. `dp=2,tp=2 zero=3 sp`.
+    /// `pp=2,dp=2,tp=2` plus the options in use, e.g. `dp=2,tp=2 zero=3 sp`; `cp` appears
+    /// when it is used (`pp=1,dp=2,cp=2,tp=1`), so layouts without it read as they always did.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let degrees: Vec<String> = Axis::ALL
             .iter()
+            .filter(|&&a| a != Axis::Cp || self.cp() > 1)
             .map(|&a| format!("{a}={}", self.degree(a)))
             .collect();
         write!(f, "{}", degrees.join(","))?;
@@ -284,8 +290,12 @@ mod tests {
         let at = |r| Axis::ALL.map(|a| d.coordinate(r, a));
         assert_eq!(
             (at(0), at(4), at(7), at(11)),
-            ([0, 0, 0], [0, 1, 1], [1, 0, 1], [1, 1, 2])
+            ([0, 0, 0, 0], [0, 1, 0, 1], [1, 0, 0, 1], [1, 1, 0, 2])
         );
+        let c = ParallelDims::parse_mesh("dp=2,cp=2,tp=2").unwrap();
+        assert_eq!(c.to_string(), "pp=1,dp=2,cp=2,tp=2");
+        assert_eq!(Axis::ALL.map(|a| c.coordinate(5, a)), [0, 1, 0, 1]);
+        assert_eq!(d.to_string(), "pp=2,dp=2,tp=3", "cp=1 is not printed");
         assert!(ParallelDims::parse_mesh("dp=0").is_err());
         assert!(
             ParallelDims::parse_mesh("xp=2")

@@ -5,6 +5,7 @@
 use crate::cross_entropy;
 use crate::data::TokenBatch;
 use bonfire_comm::ProcessGroup;
+use bonfire_dtensor::context::ContextSplit;
 use bonfire_dtensor::parallel::{
     ColwiseParallel, RowwiseParallel, SequenceParallel, StylePlacement, loss_parallel,
 };
@@ -72,12 +73,31 @@ pub fn divisible(axis: Axis, degree: usize, what: &str, value: usize) -> Result<
     })
 }
 
-/// Sequence parallelism shards the batch's sequence over tp: it must divide its length.
+/// Sequence parallelism shards a rank's sequence over tp (its chunks' tokens, `T/cp`, under
+/// context parallelism): it must divide its length.
 pub fn check_sequence(dims: &ParallelDims, (ids, _): &TokenBatch) -> Result<(), LayoutError> {
     if dims.tp_options.sequence_parallel {
-        divisible(Axis::Tp, dims.tp(), "the sequence length", ids.dims()[1])?;
+        let local = ids.dims()[1] / dims.cp();
+        let what = match dims.cp() {
+            1 => "the sequence length".to_string(),
+            cp => format!("the sequence length over cp={cp}"),
+        };
+        divisible(Axis::Tp, dims.tp(), &what, local)?;
     }
     Ok(())
+}
+
+/// The length of a token batch's sequences (context parallelism cuts them).
+pub fn sequence_length((ids, _): &TokenBatch) -> Option<usize> {
+    Some(ids.dims()[1])
+}
+
+/// A cp rank's tokens of a token batch: its chunks of every sequence, inputs and targets.
+pub fn context_batch((ids, targets): &TokenBatch, split: &ContextSplit, rank: usize) -> TokenBatch {
+    (
+        split.local(ids.clone(), 1, rank),
+        split.local(targets.clone(), 1, rank),
+    )
 }
 
 /// A pipeline's input: the batch's token ids as floats `[B, T, 1]`.

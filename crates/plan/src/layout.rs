@@ -189,6 +189,9 @@ impl PlannedLayout for ParallelDims {
     }
 
     fn check_model(&self, model: &ModelSpec, global_batch: usize) -> Result<(), String> {
+        if self.cp() > 1 {
+            return Err("the planner does not model context parallelism (cp) yet".into());
+        }
         if self.offload {
             return Err("the planner does not model ZeRO-Offload".into());
         }

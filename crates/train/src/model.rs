@@ -14,9 +14,10 @@
 //!   layers, [`Pipeline::with_checkpointable`] (e.g. the transformer blocks); the layout's
 //!   `activation_checkpointing` picks which of them recompute.
 
-use crate::engine::Engine;
 use crate::engine::pipeline::{Pieces, PipelineContext};
+use crate::engine::{ContextCut, Engine};
 use crate::error::{LayoutError, TrainError};
+use bonfire_dtensor::context::ContextSplit;
 use bonfire_dtensor::parallel::ParallelPlan;
 use bonfire_layout::ParallelDims;
 use bonfire_pipeline::Block;
@@ -95,6 +96,22 @@ pub trait ParallelModel: Module + Sized + 'static {
         Vec::new()
     }
 
+    /// The length of the sequences of `batch` (`None`: its rows are no sequences, and a
+    /// layout with cp > 1 is refused). Context parallelism cuts them.
+    fn sequence_length(batch: &Self::Batch) -> Option<usize> {
+        let _ = batch;
+        None
+    }
+
+    /// This cp rank's tokens of every sequence of `batch`, cut as `split` says (rank `rank`'s
+    /// chunks). Called only when [`sequence_length`](Self::sequence_length) is `Some`; the
+    /// model's attention and positions follow the chunks through
+    /// `bonfire_dtensor::context::{attention, positions}`.
+    fn context_batch(batch: &Self::Batch, split: &ContextSplit, rank: usize) -> Self::Batch {
+        let _ = (split, rank);
+        batch.clone()
+    }
+
     /// The model cut into pipeline pieces (`None`: the model has none, and a layout with
     /// pp > 1 is refused). Called after tensor parallelism is applied. The pieces named
     /// [checkpointable](Pipeline::with_checkpointable) are what activation checkpointing
@@ -160,7 +177,11 @@ pub(crate) trait BuildPipeline<B> {
     fn names(&self) -> Vec<String>;
     fn checkpointable(&self) -> &[String];
     fn set_checkpointable(&mut self, names: Vec<String>);
-    fn build(self: Box<Self>, ctx: PipelineContext) -> Result<Box<dyn Engine<B>>, TrainError>;
+    fn build(
+        self: Box<Self>,
+        ctx: PipelineContext,
+        context: ContextCut<B>,
+    ) -> Result<Box<dyn Engine<B>>, TrainError>;
     /// The loss of `batch` through every piece in order, piece `i` recomputed in backward
     /// where `recompute[i]`.
     fn loss(self: Box<Self>, batch: &B, recompute: &[bool]) -> Tensor<1>;

@@ -15,6 +15,7 @@ use crate::wrapper::{DpSpec, OptimizerFactory};
 use bonfire_comm::ProcessGroup;
 use bonfire_ddp::DdpConfig;
 use bonfire_dtensor::DeviceMesh;
+use bonfire_dtensor::context::ContextSplit;
 use bonfire_dtensor::parallel::parallelize_module;
 use bonfire_dtensor::params;
 use bonfire_layout::{Axis, ParallelDims};
@@ -99,6 +100,17 @@ impl Trainer {
             ));
         }
         model.check_layout(dims)?;
+        if dims.cp() > 1 {
+            let seq = M::sequence_length(batch).ok_or_else(|| {
+                LayoutError::axis(
+                    Axis::Cp,
+                    dims.cp(),
+                    "the model's batches have no sequences to split",
+                )
+            })?;
+            ContextSplit::new(seq, dims.cp(), true)
+                .map_err(|e| LayoutError::axis(Axis::Cp, dims.cp(), e))?;
+        }
         model.check_batch(dims, batch)?;
         if dims.activation_checkpointing.is_on() {
             checkpointing::check(model.clone().pipeline().as_ref(), dims)?;
@@ -131,7 +143,7 @@ impl Trainer {
     }
 
     /// Checks everything ([`check`](Self::check)), then builds this rank's engine for
-    /// `model` on `world`: the mesh `[pp, dp, tp]`, the model forked onto this rank's device
+    /// `model` on `world`: the mesh `[pp, dp, cp, tp]`, the model forked onto this rank's device
     /// (with Balanced gradient checkpointing for ZeRO-3), every rank given world rank 0's
     /// values, tensor parallelism applied, the pipeline split and the dp wrapper built. A
     /// collective on `world`.
@@ -151,7 +163,7 @@ impl Trainer {
             let plan = model.tensor_parallel_plan(&dims).expect("checked");
             model = parallelize_module(model, &mesh, Axis::Tp.name(), &plan)?;
         }
-        if model.layers().is_empty() && dims.dp() > 1 && world.rank() == 0 {
+        if model.layers().is_empty() && dims.dp() * dims.cp() > 1 && world.rank() == 0 {
             tracing::info!(
                 "bonfire-train: the model names no layers, so {} (run layers through \
                  `bonfire_dtensor::layer` and list them in `ParallelModel::layers`)",
@@ -171,7 +183,9 @@ impl Trainer {
             loss_scale: 1.0,
         };
         if at.dims.pp() == 1 {
-            let wrapper = self.dp.build(model, &at.mesh, Axis::Dp.name(), &at.dims)?;
+            let wrapper = self
+                .dp
+                .build(model, &at.replica_mesh()?, Axis::Dp.name(), &at.dims)?;
             return Ok(Box::new(ReplicaEngine::new(at, wrapper, layout)));
         }
         let pipeline = model.pipeline().expect("checked");
@@ -180,7 +194,9 @@ impl Trainer {
             dp: self.dp.clone(),
             layout,
         };
-        pipeline.inner.build(ctx)
+        pipeline
+            .inner
+            .build(ctx, crate::engine::replica::context_cut::<M>())
     }
 
     /// The device a rank computes on: the model's, with Balanced gradient checkpointing under

@@ -21,6 +21,7 @@ use super::model::{Gpt, embed, head};
 use crate::data::TokenBatch;
 use crate::decoder::{DecoderStyles, check_sequence, divisible, token_input, token_loss};
 use crate::layers::{Embedding, LayerNorm, Linear};
+use bonfire_dtensor::context::ContextSplit;
 use bonfire_dtensor::parallel::ParallelPlan;
 use bonfire_pipeline::Block;
 use bonfire_train::{Axis, LayoutError, ParallelDims, ParallelModel, Pipeline};
@@ -70,6 +71,14 @@ impl ParallelModel for Gpt {
     /// Sequence parallelism shards the sequence over tp.
     fn check_batch(&self, dims: &ParallelDims, batch: &TokenBatch) -> Result<(), LayoutError> {
         check_sequence(dims, batch)
+    }
+
+    fn sequence_length(batch: &TokenBatch) -> Option<usize> {
+        crate::decoder::sequence_length(batch)
+    }
+
+    fn context_batch(batch: &TokenBatch, split: &ContextSplit, rank: usize) -> TokenBatch {
+        crate::decoder::context_batch(batch, split, rank)
     }
 
     fn tensor_parallel_plan(&self, dims: &ParallelDims) -> Option<ParallelPlan> {

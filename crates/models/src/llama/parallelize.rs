@@ -25,6 +25,7 @@ use super::model::{DecoderLayer, Llama, embed, head};
 use crate::data::TokenBatch;
 use crate::decoder::{DecoderStyles, check_sequence, divisible, token_input, token_loss};
 use crate::layers::{Embedding, Linear, RmsNorm};
+use bonfire_dtensor::context::ContextSplit;
 use bonfire_dtensor::parallel::{ParallelPlan, ParallelStyle, ReplicateParallel};
 use bonfire_pipeline::Block;
 use bonfire_train::{Axis, LayoutError, ParallelDims, ParallelModel, Pipeline};
@@ -114,6 +115,14 @@ impl ParallelModel for Llama {
     /// Sequence parallelism shards the sequence over tp.
     fn check_batch(&self, dims: &ParallelDims, batch: &TokenBatch) -> Result<(), LayoutError> {
         check_sequence(dims, batch)
+    }
+
+    fn sequence_length(batch: &TokenBatch) -> Option<usize> {
+        crate::decoder::sequence_length(batch)
+    }
+
+    fn context_batch(batch: &TokenBatch, split: &ContextSplit, rank: usize) -> TokenBatch {
+        crate::decoder::context_batch(batch, split, rank)
     }
 
     /// Key/value projections column-wise when tp divides their heads, whole on every rank

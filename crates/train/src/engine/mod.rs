@@ -15,6 +15,7 @@ use crate::error::TrainError;
 use crate::fit::Replica;
 use crate::wrapper::WrapperReport;
 use bonfire_comm::ProcessGroup;
+use bonfire_dtensor::context::{ContextScope, ContextSplit};
 use bonfire_dtensor::params::ParamValues;
 use bonfire_layout::ParallelDims;
 use burn::tensor::Device;
@@ -140,7 +141,22 @@ macro_rules! wrapper_methods {
 }
 pub(crate) use wrapper_methods;
 
-/// A rank's place in a layout: the layout, its mesh `[pp, dp, tp]`, and the device it
+/// How a model's batches are cut for context parallelism (its
+/// `ParallelModel::{sequence_length, context_batch}`).
+pub(crate) struct ContextCut<B> {
+    pub seq: fn(&B) -> Option<usize>,
+    pub cut: fn(&B, &ContextSplit, usize) -> B,
+}
+
+impl<B> Clone for ContextCut<B> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<B> Copy for ContextCut<B> {}
+
+/// A rank's place in a layout: the layout, its mesh `[pp, dp, cp, tp]`, and the device it
 /// computes on.
 pub struct RankMesh {
     pub(crate) dims: ParallelDims,
@@ -151,7 +167,7 @@ pub struct RankMesh {
 }
 
 impl RankMesh {
-    /// The mesh `[pp, dp, tp]`.
+    /// The mesh `[pp, dp, cp, tp]`.
     pub fn mesh(&self) -> &bonfire_dtensor::DeviceMesh {
         &self.mesh
     }
@@ -167,6 +183,41 @@ impl RankMesh {
             .coord(axis.name())
             .expect("every axis is on the mesh")
     }
+    /// The mesh the dp wrapper averages gradients over, one axis named `dp`: dp alone, or
+    /// dp × cp flattened (context-parallel ranks hold the same parameters and see different
+    /// tokens, so they reduce gradients together).
+    pub(crate) fn replica_mesh(&self) -> Result<bonfire_dtensor::DeviceMesh, TrainError> {
+        if self.dims.cp() == 1 {
+            return Ok(self.mesh.clone());
+        }
+        let dp_cp = self
+            .mesh
+            .submesh(&[crate::Axis::Dp.name(), crate::Axis::Cp.name()])?;
+        Ok(bonfire_dtensor::DeviceMesh::one_d(
+            dp_cp.world(),
+            crate::Axis::Dp.name(),
+        )?)
+    }
+
+    /// With a cp axis: this rank's chunks of every sequence of `batch` and the context scope
+    /// its forward and backward must run in (ring attention, the chunks' positions); without
+    /// one, the batch itself.
+    pub(crate) fn context<B: Clone>(
+        &self,
+        batch: &B,
+        cut: ContextCut<B>,
+    ) -> (B, Option<bonfire_dtensor::context::ScopeGuard>) {
+        let cp = self.dims.cp();
+        if cp == 1 {
+            return (batch.clone(), None);
+        }
+        let seq = (cut.seq)(batch).expect("checked: the batch has sequences");
+        let split = ContextSplit::new(seq, cp, true).expect("checked: the sequence cuts");
+        let local = (cut.cut)(batch, &split, self.coord(crate::Axis::Cp));
+        let group = self.group(crate::Axis::Cp).clone();
+        (local, Some(ContextScope { group, split }.enter()))
+    }
+
     /// Whether `local_finite` holds on every rank of the world (a collective).
     pub(crate) fn all_finite(&self, local_finite: bool) -> Result<bool, TrainError> {
         let mut bad = [u8::from(!local_finite)];
@@ -187,7 +238,8 @@ impl RankMesh {
             indices,
             tp_rank: self.coord(crate::Axis::Tp),
             tp_size: self.dims.tp(),
-            dp_rank: self.coord(crate::Axis::Dp),
+            // The rank in the dp wrapper's group (dp × cp, row-major).
+            dp_rank: self.coord(crate::Axis::Dp) * self.dims.cp() + self.coord(crate::Axis::Cp),
         }
     }
 }

@@ -6,7 +6,7 @@
 
 use super::checkpointing::{Recomputing, forward_piece, recompute_flags};
 use super::export::ModelLayout;
-use super::{Engine, RankMesh, wrapper_methods};
+use super::{ContextCut, Engine, RankMesh, wrapper_methods};
 use crate::error::{LayoutError, TrainError};
 use crate::model::{BuildPipeline, Rows};
 use crate::wrapper::{DpSpec, DpWrapper, Evaluating, Staged};
@@ -176,7 +176,11 @@ where
         (self.loss)(x, batch)
     }
 
-    fn build(self: Box<Self>, ctx: PipelineContext) -> Result<Box<dyn Engine<B>>, TrainError> {
+    fn build(
+        self: Box<Self>,
+        ctx: PipelineContext,
+        context: ContextCut<B>,
+    ) -> Result<Box<dyn Engine<B>>, TrainError> {
         let dims = &ctx.at.dims;
         let kind = dims
             .pp_options
@@ -215,9 +219,12 @@ where
         let stages = split_at(pieces, &points)?;
         let chunks = chunks_for_rank(&stages, &schedule, pp_rank)?;
         drop(stages);
-        let wrapper = ctx
-            .dp
-            .build(chunks, &ctx.at.mesh, Axis::Dp.name(), &ctx.at.dims)?;
+        let wrapper = ctx.dp.build(
+            chunks,
+            &ctx.at.replica_mesh()?,
+            Axis::Dp.name(),
+            &ctx.at.dims,
+        )?;
         Ok(Box::new(PipelineEngine {
             at: ctx.at,
             schedule,
@@ -227,6 +234,7 @@ where
             layout: ctx.layout,
             input: self.input,
             loss: self.loss,
+            context,
         }))
     }
 }
@@ -242,6 +250,8 @@ struct PipelineEngine<P: Block<D>, const D: usize, B> {
     layout: ModelLayout,
     input: InputFn<B, D>,
     loss: LossFn<B, D>,
+    /// How batches are cut under context parallelism.
+    context: ContextCut<B>,
 }
 
 impl<P: Block<D>, const D: usize, B: Rows> PipelineEngine<P, D, B> {
@@ -269,9 +279,11 @@ impl<P: Block<D>, const D: usize, B: Rows> PipelineEngine<P, D, B> {
     }
 
     /// The mean loss over the replicas, from the last stage's `loss` (a collective: the
-    /// last stage's ranks, dp · tp of them with tp ranks agreeing, hold the replicas' losses).
+    /// last stage's ranks, dp · cp · tp of them with tp ranks agreeing, hold the replicas'
+    /// losses — each cp rank its tokens' mean, as many tokens on each).
     fn global_loss(&self, loss: Option<f64>) -> Result<f64, TrainError> {
-        let replicas = (self.at.dims.dp() * self.at.dims.tp()) as f64;
+        let dims = &self.at.dims;
+        let replicas = (dims.dp() * dims.cp() * dims.tp()) as f64;
         let mut global = [loss.map_or(0.0, |l| l / replicas)];
         self.at
             .mesh
@@ -282,7 +294,9 @@ impl<P: Block<D>, const D: usize, B: Rows> PipelineEngine<P, D, B> {
 
     /// Every parameter whole from this rank's `local` ones (a collective on tp and the world).
     fn assemble(&self, local: Vec<ParamValues>) -> Result<Vec<ParamValues>, TrainError> {
-        let contributes = self.at.coord(Axis::Dp) == 0 && self.at.coord(Axis::Tp) == 0;
+        let contributes = [Axis::Dp, Axis::Cp, Axis::Tp]
+            .iter()
+            .all(|&a| self.at.coord(a) == 0);
         self.layout.whole_assembled(
             local,
             &self.indices,
@@ -299,7 +313,8 @@ impl<P: Block<D> + 'static, const D: usize, B: Rows> Engine<B> for PipelineEngin
     }
 
     fn forward_backward(&mut self, batch: &B) -> Result<f32, TrainError> {
-        let (micro, inputs, weights) = self.microbatches(batch);
+        let (batch, _context) = self.at.context(batch, self.context);
+        let (micro, inputs, weights) = self.microbatches(&batch);
         let loss_fn = self.loss.clone();
         let pp_rank = self.at.coord(Axis::Pp);
         let scale = self.at.loss_scale;
@@ -323,7 +338,8 @@ impl<P: Block<D> + 'static, const D: usize, B: Rows> Engine<B> for PipelineEngin
     }
 
     fn evaluate(&mut self, batch: &B) -> Result<f32, TrainError> {
-        let (micro, inputs, weights) = self.microbatches(batch);
+        let (batch, _context) = self.at.context(batch, self.context);
+        let (micro, inputs, weights) = self.microbatches(&batch);
         let loss_fn = self.loss.clone();
         let pp_rank = self.at.coord(Axis::Pp);
         let forwards = Schedule::forward_only(self.schedule.stage_map, self.schedule.microbatches);

@@ -5,7 +5,7 @@
 
 use super::checkpointing;
 use super::export::ModelLayout;
-use super::{Engine, RankMesh, wrapper_methods};
+use super::{ContextCut, Engine, RankMesh, wrapper_methods};
 use crate::error::TrainError;
 use crate::model::ParallelModel;
 use crate::wrapper::DpWrapper;
@@ -46,29 +46,38 @@ impl<M: ParallelModel> Engine<M::Batch> for ReplicaEngine<M> {
     }
 
     fn forward_backward(&mut self, batch: &M::Batch) -> Result<f32, TrainError> {
-        let local = batch.clone();
+        let (local, _context) = self.at.context(batch, context_cut::<M>());
         let ac = self.at.dims.activation_checkpointing;
         let loss = self.wrapper.forward(|m| checkpointing::loss(m, local, ac));
         let mut value = [plane::to_host(loss.clone().detach(), Reason::Report)[0]];
         let scale = self.at.loss_scale;
         self.wrapper
             .backward(if scale == 1.0 { loss } else { loss * scale })?;
-        // Every tp rank of a replica holds the same loss: the mean over replicas is global.
-        self.at
-            .group(Axis::Dp)
+        // Every tp rank of a replica holds the same loss, every cp rank the mean over its
+        // tokens (as many on each): the mean over dp × cp is global.
+        self.wrapper
+            .process_group()
             .all_reduce(&mut value, ReduceOp::Avg)?;
         Ok(value[0])
     }
 
     fn evaluate(&mut self, batch: &M::Batch) -> Result<f32, TrainError> {
-        let local = batch.clone();
+        let (local, _context) = self.at.context(batch, context_cut::<M>());
         let loss = self.wrapper.evaluate(|m| m.loss(local));
         let mut value = [plane::to_host(loss, Reason::Report)[0]];
-        self.at
-            .group(Axis::Dp)
+        self.wrapper
+            .process_group()
             .all_reduce(&mut value, ReduceOp::Avg)?;
         Ok(value[0])
     }
 
     wrapper_methods!();
+}
+
+/// How `M` cuts its batches for context parallelism.
+pub(crate) fn context_cut<M: ParallelModel>() -> ContextCut<M::Batch> {
+    ContextCut {
+        seq: M::sequence_length,
+        cut: M::context_batch,
+    }
 }
