@@ -49,6 +49,7 @@ fn sources() -> Vec<PathBuf> {
         "pipeline/src",
         "train/src",
         "dtensor/src/parallel",
+        "dtensor/src/context",
     ];
     let mut files = Vec::new();
     for root in roots {

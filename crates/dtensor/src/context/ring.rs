@@ -4,7 +4,7 @@
 use super::ContextSplit;
 use crate::functional::ring_shift;
 use bonfire_comm::ProcessGroup;
-use burn::tensor::{Int, Tensor, TensorData};
+use burn::tensor::{Device, Int, Tensor};
 
 /// The base tag of the ring's messages (step `s` uses `RING_TAG + s`).
 pub const RING_TAG: u64 = 0x5249_4e47_0000;
@@ -54,8 +54,8 @@ pub fn ring_attention(
         split.local_len()
     );
     let device = q.device();
-    let heads: Vec<i64> = (0..h).map(|j| (j * hkv / h) as i64).collect();
-    let heads = Tensor::<1, Int>::from_data(TensorData::new(heads, [h]), &device);
+    // Query head j attends with kv head ⌊j·hkv/h⌋ (computed on the device).
+    let heads = (Tensor::<1, Int>::arange(0..h as i64, &device) * hkv as i64).div_scalar(h as i64);
     let q = q * (1.0 / (hd as f64).sqrt());
     let q_pos = split.positions(me);
     let mut kv = Tensor::cat(vec![k, v], 1);
@@ -69,22 +69,15 @@ pub fn ring_attention(
             kv = ring_shift(kv, group, RING_TAG + step as u64);
         }
         let owner = (me + cp - step) % cp;
-        let mask = match causal {
-            true => causal_bias(&q_pos, &split.positions(owner)),
-            false => Bias::None,
-        };
-        let bias = match mask {
-            Bias::All => {
+        let k_pos = split.positions(owner);
+        let bias = match (causal, Future::of(&q_pos, &k_pos)) {
+            (true, Future::All) => {
                 let zero = kv.clone().sum().mul_scalar(0.0);
                 skipped = Some(skipped.map_or(zero.clone(), |s| s + zero));
                 continue;
             }
-            Bias::None => None,
-            Bias::Some(values) => Some(
-                Tensor::<2>::from_data(TensorData::new(values, [t, t]), &device)
-                    .cast(q.dtype())
-                    .unsqueeze::<4>(),
-            ),
+            (true, Future::Some) => Some(causal_bias(split, me, owner, &device).cast(q.dtype())),
+            _ => None,
         };
         let kb = kv.clone().narrow(1, 0, hkv).select(1, heads.clone());
         let vb = kv.clone().narrow(1, hkv, hkv).select(1, heads.clone());
@@ -117,28 +110,36 @@ pub fn ring_attention(
     }
 }
 
-/// The causal mask of one block.
-enum Bias {
-    /// No key is in the future of any query.
+/// How much of a block of keys lies in the future of a rank's queries.
+enum Future {
+    /// No key is after any query.
     None,
-    /// Every key is in the future of every query: the block contributes nothing.
+    /// Some keys are after some queries.
+    Some,
+    /// Every key is after every query: the block contributes nothing.
     All,
-    /// `[Tq, Tk]` row-major: 0 where the key is at or before the query, [`MASKED`] after.
-    Some(Vec<f32>),
 }
 
-fn causal_bias(q_pos: &[usize], k_pos: &[usize]) -> Bias {
-    let (q_min, q_max) = (q_pos.iter().min(), q_pos.iter().max());
-    let (k_min, k_max) = (k_pos.iter().min(), k_pos.iter().max());
-    if k_max <= q_min {
-        return Bias::None;
+impl Future {
+    fn of(q_pos: &[usize], k_pos: &[usize]) -> Self {
+        let (q_min, q_max) = (q_pos.iter().min(), q_pos.iter().max());
+        let (k_min, k_max) = (k_pos.iter().min(), k_pos.iter().max());
+        if k_max <= q_min {
+            Future::None
+        } else if k_min > q_max {
+            Future::All
+        } else {
+            Future::Some
+        }
     }
-    if k_min > q_max {
-        return Bias::All;
-    }
-    let values = q_pos
-        .iter()
-        .flat_map(|q| k_pos.iter().map(move |k| if k > q { MASKED } else { 0.0 }))
-        .collect();
-    Bias::Some(values)
+}
+
+/// `[1, 1, Tq, Tk]`: 0 where rank `owner`'s key is at or before rank `me`'s query, [`MASKED`]
+/// after (built on the device from the chunks' positions).
+fn causal_bias(split: &ContextSplit, me: usize, owner: usize, device: &Device) -> Tensor<4> {
+    let q = split.position_ids(me, device).unsqueeze_dim::<2>(1);
+    let k = split.position_ids(owner, device).unsqueeze_dim::<2>(0);
+    let t = split.local_len();
+    let after = k.expand([t, t]).greater(q.expand([t, t]));
+    (after.float() * MASKED).unsqueeze::<4>()
 }

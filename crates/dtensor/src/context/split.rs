@@ -1,7 +1,7 @@
 //! [`ContextSplit`]: which tokens of a sequence each rank of a cp group holds.
 
-use burn::tensor::Tensor;
 use burn::tensor::kind::Basic;
+use burn::tensor::{Device, Int, Tensor};
 use std::ops::Range;
 
 /// How a sequence of `seq` tokens is split over `cp` ranks (see the module docs).
@@ -58,6 +58,17 @@ impl ContextSplit {
     /// The position in the whole sequence of each token rank `rank` holds.
     pub fn positions(&self, rank: usize) -> Vec<usize> {
         self.chunks(rank).into_iter().flatten().collect()
+    }
+
+    /// [`positions`](Self::positions) as an int tensor on `device`, built there (no host
+    /// data).
+    pub fn position_ids(&self, rank: usize, device: &Device) -> Tensor<1, Int> {
+        let parts = self
+            .chunks(rank)
+            .into_iter()
+            .map(|r| Tensor::<1, Int>::arange(r.start as i64..r.end as i64, device))
+            .collect();
+        Tensor::cat(parts, 0)
     }
 
     /// Rank `rank`'s tokens of `x`, whose dimension `dim` is the whole sequence.

@@ -401,16 +401,19 @@ impl ParallelEmbedding {
             }
             _ => (self.weight.val(), &positions[..]),
         };
-        let contiguous = mine.windows(2).all(|w| w[1] == w[0] + 1);
-        match (contiguous, mine.first()) {
-            (true, Some(&start)) => weight.narrow(0, start, mine.len()),
-            _ => {
-                let ids: Vec<i64> = mine.iter().map(|&p| p as i64).collect();
-                let n = ids.len();
-                let ids = burn::tensor::TensorData::new(ids, [n]);
-                let ids = Tensor::<1, Int>::from_data(ids, &weight.device());
-                weight.select(0, ids)
+        // Runs of consecutive positions (one without a context split, two per rank with
+        // one), each a slice of the table: no index crosses from the host.
+        let mut rows = Vec::new();
+        let mut start = 0;
+        for i in 1..=mine.len() {
+            if i == mine.len() || mine[i] != mine[i - 1] + 1 {
+                rows.push(weight.clone().narrow(0, mine[start], i - start));
+                start = i;
             }
+        }
+        match rows.len() {
+            1 => rows.pop().expect("one run"),
+            _ => Tensor::cat(rows, 0),
         }
     }
 }
