@@ -284,8 +284,12 @@ fn a_failure_before_the_first_step_and_a_second_failure_are_survived() {
 }
 
 #[test]
-fn a_tensor_or_pipeline_parallel_layout_is_refused() {
-    for (mesh, axis) in [("dp=2,tp=2", "tp=2"), ("dp=2,pp=2", "pp=2")] {
+fn a_context_tensor_or_pipeline_parallel_layout_is_refused() {
+    for (mesh, axis) in [
+        ("dp=2,cp=2", "cp=2"),
+        ("dp=2,tp=2", "tp=2"),
+        ("dp=2,pp=2", "pp=2"),
+    ] {
         let err = bonfire_train::fault::check_layout(&dims(mesh, 0))
             .unwrap_err()
             .to_string();

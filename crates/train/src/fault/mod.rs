@@ -17,7 +17,7 @@
 //!    global batch when the survivors divide its rows; otherwise its first
 //!    `rows − rows mod survivors` rows (said in the log).
 //!
-//! Only a pure dp layout (DDP or ZeRO 1–3, tp = pp = 1) can do this: a dead rank's
+//! Only a pure dp layout (DDP or ZeRO 1–3, cp = tp = pp = 1) can do this: a dead rank's
 //! tensor-parallel shards or pipeline stage exist on no other rank, so such layouts are
 //! refused before anything is built. MPI cannot shrink a communicator here: a dead rank ends
 //! the job with an error naming it, and `--resume` continues from the last checkpoint on
@@ -161,14 +161,15 @@ pub fn print_summary<B>(run: &FaultRun<B>) {
 
 /// Refuses a layout fault tolerance cannot serve: anything but pure dp.
 pub fn check_layout(dims: &ParallelDims) -> Result<(), LayoutError> {
-    for axis in [Axis::Tp, Axis::Pp] {
+    for axis in [Axis::Cp, Axis::Tp, Axis::Pp] {
         let degree = dims.degree(axis);
         if degree > 1 {
             return Err(LayoutError::Axis {
                 axis,
                 degree,
-                reason: "fault tolerance needs a pure dp layout: a dead rank's tensor-parallel \
-                         shards or pipeline stage exist on no other rank"
+                reason: "fault tolerance needs a pure dp layout: a dead rank's chunks of the \
+                         sequences, tensor-parallel shards or pipeline stage exist on no other \
+                         rank"
                     .into(),
             });
         }
