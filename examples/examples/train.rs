@@ -25,7 +25,9 @@
 //! `weights rank=R read=N total=M`, in parameter values).
 
 use bonfire_dtensor::params::{self, ParamValues};
-use bonfire_examples::cli::{CheckpointArgs, LayoutArgs, fail, init_logging, survivors};
+use bonfire_examples::cli::{
+    CheckpointArgs, GptArgs, LayoutArgs, RunArgs, fail, init_logging, survivors,
+};
 use bonfire_examples::corpus::CharTokenizer;
 use bonfire_examples::run::RunRecord;
 use bonfire_examples::train_data::TrainData;
@@ -35,8 +37,8 @@ use bonfire_models::llama::{Llama, LlamaConfig};
 use bonfire_models::pretrained;
 use bonfire_train::checkpoint::{Checkpoint, Checkpointer, load_parameters, resume};
 use bonfire_train::{
-    DataSource, Evaluation, FitConfig, Launcher, OptimizerKind, ParallelDims, ParallelModel,
-    TrainError, Trainer, fit,
+    DataSource, Evaluation, Launcher, OptimizerKind, ParallelDims, ParallelModel, TrainError,
+    Trainer, fit,
 };
 use burn::tensor::Device;
 use clap::Parser;
@@ -55,34 +57,12 @@ struct Cli {
     /// Distributed checkpoints and resuming.
     #[command(flatten)]
     ckpt: CheckpointArgs,
-    /// Burn's optimizer: adamw (β1 0.9, β2 0.95, ε 1e-6, weight decay 0.1) or sgd.
-    #[arg(long, default_value = "adamw")]
-    optim: String,
-    /// Learning rate.
-    #[arg(long, default_value_t = 3e-3)]
-    lr: f64,
-    /// Optimizer steps: the run's total (a resumed run goes on up to it; with --resume and
-    /// --export, 0 trains nothing and exports the checkpoint).
-    #[arg(long, default_value_t = 300)]
-    steps: usize,
-    /// Sequences per data-parallel replica per step (the global batch is dp times this).
-    #[arg(long, default_value_t = 8)]
-    batch: usize,
-    /// Tokens per sequence.
-    #[arg(long, default_value_t = 64)]
-    seq: usize,
-    /// The GPT's width (with --model gpt).
-    #[arg(long, default_value_t = 128)]
-    d_model: usize,
-    /// The GPT's attention heads (with --model gpt).
-    #[arg(long, default_value_t = 4)]
-    heads: usize,
-    /// The GPT's layers (with --model gpt).
-    #[arg(long, default_value_t = 2)]
-    layers: usize,
-    /// The GPT's feed-forward width (with --model gpt).
-    #[arg(long, default_value_t = 512)]
-    d_ff: usize,
+    /// The optimizer, steps, batch, seed, device, reporting and launcher.
+    #[command(flatten)]
+    run: RunArgs,
+    /// The GPT's sizes (with --model gpt).
+    #[command(flatten)]
+    gpt: GptArgs,
     /// A Hugging Face `tokenizer.json` (read offline) for text data; the model's vocabulary
     /// must hold it (the GPT and the presets take its size, padded to a multiple of 8).
     #[arg(long, value_name = "FILE")]
@@ -101,28 +81,13 @@ struct Cli {
     #[arg(long, value_name = "N", default_value_t = 4)]
     eval_batches: usize,
     /// At the end, write the model as a Hugging Face directory (config.json and safetensors,
-    /// sharded with an index past --max-shard-size). Llama models.
+    /// sharded with an index past --max-shard-size). Llama models. With --resume, --steps 0
+    /// trains nothing and exports the checkpoint.
     #[arg(long, value_name = "DIR")]
     export: Option<PathBuf>,
     /// The largest weight file of --export (`5GiB`, `200MB`, bytes).
     #[arg(long, value_name = "BYTES", default_value = "5GiB", value_parser = bonfire_plan::parse_bytes)]
     max_shard_size: usize,
-    /// Seed of the initial model and of the data's order.
-    #[arg(long, default_value_t = 0)]
-    seed: u64,
-    /// The Burn device every rank computes on: `flex` (CPU) or `wgpu` (`--features wgpu`).
-    #[arg(long, default_value = "flex")]
-    device: String,
-    /// Print the loss every this many steps.
-    #[arg(long, default_value_t = 25)]
-    log_every: usize,
-    /// Write one JSON line per step (step, loss, tokens_per_s, step_ms) to this file.
-    #[arg(long)]
-    metrics: Option<PathBuf>,
-    /// `threads`: every rank a thread of this process; `env`: this process is one rank of a
-    /// job started by `mpirun` (build with `--features mpi`).
-    #[arg(long, default_value = "threads")]
-    launcher: String,
 }
 
 /// The model a command line names.
@@ -144,18 +109,11 @@ impl Cli {
             } else {
                 cfg.vocab_size
             },
-            max_position_embeddings: cfg.max_position_embeddings.max(self.seq),
+            max_position_embeddings: cfg.max_position_embeddings.max(self.run.seq),
             ..cfg
         };
         let choice = match self.model.as_str() {
-            "gpt" => Choice::Gpt(GptConfig {
-                vocab_size: vocab,
-                d_model: self.d_model,
-                n_heads: self.heads,
-                n_layers: self.layers,
-                max_seq_len: self.seq,
-                d_ff: self.d_ff,
-            }),
+            "gpt" => Choice::Gpt(self.gpt.config(vocab, self.run.seq)),
             "llama-tiny" => Choice::Llama(preset(LlamaConfig::tiny()), None),
             "llama-bench" => Choice::Llama(preset(LlamaConfig::bench()), None),
             dir => {
@@ -178,15 +136,6 @@ impl Cli {
             return Err("--export writes a Hugging Face Llama directory: use a Llama model".into());
         }
         Ok(choice)
-    }
-
-    /// The layout: `--mesh` (default dp=2), 1F1B when a pipeline names no schedule.
-    fn dims(&self) -> Result<ParallelDims, String> {
-        let mut dims = self.layout.dims("dp=2")?;
-        if dims.pp() > 1 && dims.pp_options.schedule.is_none() {
-            dims = dims.with_schedule(bonfire_pipeline::ScheduleKind::OneFOneB);
-        }
-        Ok(dims)
     }
 }
 
@@ -238,21 +187,29 @@ type Export<'a> = &'a (dyn Fn(Vec<ParamValues>) -> Result<(), String> + Sync);
 fn main() {
     init_logging();
     let cli = Cli::parse();
-    let dims = cli.dims().unwrap_or_else(|e| fail(e));
-    let optim = OptimizerKind::parse(&cli.optim).unwrap_or_else(|e| fail(e));
-    let launcher = Launcher::parse(&cli.launcher, dims.world_size()).unwrap_or_else(|e| fail(e));
+    let dims = cli.layout.training_dims().unwrap_or_else(|e| fail(e));
+    let optim = OptimizerKind::parse(&cli.run.optim).unwrap_or_else(|e| fail(e));
+    let launcher =
+        Launcher::parse(&cli.run.launcher, dims.world_size()).unwrap_or_else(|e| fail(e));
     let tokenizer = cli.tokenizer.as_ref().map(|p| {
         bonfire_data::Tokenizer::from_file(p).unwrap_or_else(|e| fail(format!("--tokenizer: {e}")))
     });
     let choice = cli
         .choice(tokenizer.as_ref().map(|t| t.vocab_size()))
         .unwrap_or_else(|e| fail(e));
-    choice.validate(cli.seq).unwrap_or_else(|e| fail(e));
+    choice.validate(cli.run.seq).unwrap_or_else(|e| fail(e));
     let vocab = choice.vocab_size();
-    let rows = cli.batch * dims.dp();
+    let rows = cli.run.batch * dims.dp();
     let open = |path: &Path, what: &str| {
-        TrainData::packed(path, tokenizer.as_ref(), vocab, rows, cli.seq, cli.seed)
-            .unwrap_or_else(|e| fail(format!("{what}: {e}")))
+        TrainData::packed(
+            path,
+            tokenizer.as_ref(),
+            vocab,
+            rows,
+            cli.run.seq,
+            cli.run.seed,
+        )
+        .unwrap_or_else(|e| fail(format!("{what}: {e}")))
     };
     let data = match &cli.data {
         Some(path) => open(path, "--data"),
@@ -260,7 +217,7 @@ fn main() {
             "the generated corpus has {} characters, the model's vocabulary {vocab}: give --data",
             CharTokenizer.vocab_size()
         )),
-        None => TrainData::generated(rows, cli.seq, cli.seed),
+        None => TrainData::generated(rows, cli.run.seq, cli.run.seed),
     };
     if cli.eval_every > 0 && cli.eval_data.is_none() {
         fail("--eval-every needs --eval-data");
@@ -268,25 +225,25 @@ fn main() {
     let eval = cli.eval_data.as_ref().map(|p| open(p, "--eval-data"));
     let mut run = RunRecord {
         model: choice.config_json(),
-        seed: cli.seed,
-        seq: cli.seq,
+        seed: cli.run.seed,
+        seq: cli.run.seq,
         global_rows: rows,
         optim: optim.name().into(),
-        lr: cli.lr,
+        lr: cli.run.lr,
         data: data.label(),
     };
     let export_only = cli.export.is_some();
     let resumed = cli.ckpt.resume.as_ref().map(|path| {
         let ckpt = Checkpoint::open(path).unwrap_or_else(|e| fail(e));
         run = run
-            .resumed(&ckpt, dims.dp(), cli.steps, export_only)
+            .resumed(&ckpt, dims.dp(), cli.run.steps, export_only)
             .unwrap_or_else(|e| fail(e));
         ckpt
     });
     let data = data.with_rows(run.global_rows);
     let eval = eval.map(|e| e.with_rows(run.global_rows));
-    let device = harness::device(&cli.device).unwrap_or_else(|e| fail(e));
-    device.seed(cli.seed);
+    let device = harness::device(&cli.run.device).unwrap_or_else(|e| fail(e));
+    device.seed(cli.run.seed);
     let weights = match (&choice, &resumed) {
         (Choice::Llama(_, Some(dir)), None) => {
             Some(pretrained::Weights::open(dir).unwrap_or_else(|e| fail(e)))
@@ -347,19 +304,13 @@ impl Job {
         self.announce(&model, start_step);
         let checkpoints = cli.ckpt.config().unwrap_or_else(|e| fail(e)).map(|c| {
             c.with_optimizer(optim.describe())
-                .with_rng(serde_json::json!({ "seed": cli.seed, "note": "the model is initialized from the seed; batch s is positions s·global_rows.. of the data's seeded stream" }))
+                .with_rng(serde_json::json!({ "seed": cli.run.seed, "note": "the model is initialized from the seed; batch s is positions s·global_rows.. of the data's seeded stream" }))
                 .with_extra(serde_json::json!({ "run": self.run }))
         });
-        let end = cli.steps.max(start_step);
-        let config = FitConfig {
-            start_step,
-            tokens_per_step: Some(self.run.global_rows * cli.seq),
-            progress: true,
-            log_every: cli.log_every,
-            metrics: cli.metrics.clone(),
-            checkpoint_every: cli.ckpt.checkpoint_every,
-            ..FitConfig::new(end, cli.lr)
-        };
+        let config =
+            cli.run
+                .fit_config(start_step, self.run.global_rows, cli.ckpt.checkpoint_every);
+        let end = config.steps;
         let outcomes = self
             .launcher
             .run_each("train", |pg| -> Result<(), TrainError> {
@@ -413,10 +364,10 @@ impl Job {
             model.num_params(),
             self.dims,
             run.global_rows,
-            cli.seq,
+            cli.run.seq,
             self.optim.name(),
-            cli.steps,
-            cli.lr,
+            cli.run.steps,
+            cli.run.lr,
             run.data
         );
         if let (Some(n), Some((epoch, position))) =
@@ -424,7 +375,7 @@ impl Job {
         {
             println!(
                 "data: {n} sequences of {} tokens an epoch; step {start_step} starts at epoch {epoch}, position {position}",
-                cli.seq
+                cli.run.seq
             );
         }
         if let Some(ckpt) = &self.resumed {

@@ -36,19 +36,22 @@
 
 use bonfire_comm::testing::rank_alloc::{self, RankAllocator};
 use bonfire_dtensor::params;
-use bonfire_examples::cli::{CheckpointArgs, FaultArgs, LayoutArgs, fail, init_logging, survivors};
-use bonfire_examples::corpus::{self, CharTokenizer};
+use bonfire_examples::cli::{
+    CheckpointArgs, FaultArgs, GptArgs, LayoutArgs, RunArgs, fail, init_logging, survivors,
+};
+use bonfire_examples::corpus::CharTokenizer;
 use bonfire_examples::run::RunRecord;
+use bonfire_examples::train_data::TrainData;
 use bonfire_examples::{Gpt, GptConfig, default_device, harness};
 use bonfire_models::data::TokenBatch;
 use bonfire_models::weights;
 use bonfire_train::checkpoint::{Checkpoint, Checkpointer, resume};
 use bonfire_train::{
-    Engine, FitConfig, Hooks, Launcher, OptimizerKind, ParallelDims, StepReport, TrainError,
+    DataSource, Engine, Hooks, Launcher, OptimizerKind, ParallelDims, StepReport, TrainError,
     Trainer, fault, fit, fit_fault_tolerant,
 };
 use burn::module::Module;
-use burn::tensor::{Device, Int, Tensor, TensorData};
+use burn::tensor::{Int, Tensor, TensorData};
 use clap::Parser;
 use std::path::PathBuf;
 
@@ -67,56 +70,22 @@ struct Cli {
     /// Fault tolerance (`--fault-tolerant`) and failure injection (`--kill-rank R --at-step S`).
     #[command(flatten)]
     fault: FaultArgs,
-    /// Burn's optimizer: adamw (β1 0.9, β2 0.95, ε 1e-6, weight decay 0.1) or sgd.
-    #[arg(long, default_value = "adamw")]
-    optim: String,
-    /// Learning rate.
-    #[arg(long, default_value_t = 3e-3)]
-    lr: f64,
-    /// Optimizer steps.
-    #[arg(long, default_value_t = 300)]
-    steps: usize,
-    /// Sequences per data-parallel replica per step (the global batch is dp times this).
-    #[arg(long, default_value_t = 8)]
-    batch: usize,
-    /// Tokens per sequence.
-    #[arg(long, default_value_t = 64)]
-    seq: usize,
-    #[arg(long, default_value_t = 128)]
-    d_model: usize,
-    #[arg(long, default_value_t = 4)]
-    heads: usize,
-    #[arg(long, default_value_t = 2)]
-    layers: usize,
-    #[arg(long, default_value_t = 512)]
-    d_ff: usize,
+    /// The optimizer, steps, batch, seed, device, reporting and launcher.
+    #[command(flatten)]
+    run: RunArgs,
+    /// The GPT's sizes.
+    #[command(flatten)]
+    gpt: GptArgs,
     /// Ranks for `--mesh auto` (the planner chooses their layout; the global batch is
     /// `--batch` × `--ranks` sequences, split over the replicas the plan has).
     #[arg(long, default_value_t = 2)]
     ranks: usize,
-    /// Seed of the initial model and of the batches.
-    #[arg(long, default_value_t = 0)]
-    seed: u64,
-    /// The Burn device every rank computes on: `flex` (CPU) or `wgpu` (a build with
-    /// `--features wgpu`).
-    #[arg(long, default_value = "flex")]
-    device: String,
-    /// Print the loss every this many steps.
-    #[arg(long, default_value_t = 25)]
-    log_every: usize,
-    /// Write one JSON line per step (step, loss, tokens_per_s, step_ms) to this file.
-    #[arg(long)]
-    metrics: Option<PathBuf>,
     /// Where to save the trained parameters (safetensors, PyTorch layout).
     #[arg(long, default_value = "target/train_gpt/gpt.safetensors")]
     checkpoint: PathBuf,
     /// Train only: no checkpoint (rank 0 gathers the whole model to save it), no sample.
     #[arg(long)]
     no_save: bool,
-    /// `threads`: every rank a thread of this process; `env`: this process is one rank of a
-    /// job started by a launcher (`mpirun`; build with `--features mpi`).
-    #[arg(long, default_value = "threads")]
-    launcher: String,
     /// Cap every rank's live heap bytes (`300MiB`, `1.5GiB`, `64M`, bytes): an allocation that
     /// would go over aborts the run with one `out of memory` line naming the rank, the bytes
     /// it asked for, its live bytes and the budget.
@@ -129,24 +98,7 @@ impl Cli {
         if self.layout.mesh.as_deref() == Some("auto") {
             return self.auto_dims();
         }
-        let mut dims = self.layout.dims("dp=2")?;
-        if dims.pp() > 1 && dims.pp_options.schedule.is_none() {
-            dims = dims.with_schedule(bonfire_pipeline::ScheduleKind::OneFOneB);
-        }
-        Ok(dims)
-    }
-
-    /// The loop's configuration: the run's steps from `start_step`, `rows` sequences a step.
-    fn fit_config(&self, start_step: usize, rows: usize) -> FitConfig {
-        FitConfig {
-            start_step,
-            tokens_per_step: Some(rows * self.seq),
-            progress: true,
-            log_every: self.log_every,
-            metrics: self.metrics.clone(),
-            checkpoint_every: self.ckpt.checkpoint_every,
-            ..FitConfig::new(self.steps, self.lr)
-        }
+        self.layout.training_dims()
     }
 
     /// `--mesh auto`: the planner's fastest layout for `--ranks` CPU ranks of this machine
@@ -161,7 +113,7 @@ impl Cli {
             ..self.layout.clone()
         };
         if format!("{chosen:?}") != format!("{:?}", LayoutArgs::default())
-            || self.launcher != "threads"
+            || self.run.launcher != "threads"
         {
             return Err("--mesh auto chooses the layout for --ranks rank threads (--launcher threads): give no other layout option than --precision/--reduce-in-half".into());
         }
@@ -171,33 +123,27 @@ impl Cli {
         }
         .dims("dp=1")?
         .precision;
-        let rows = self.batch * self.ranks;
+        let rows = self.run.batch * self.ranks;
         let (dims, lines) = bonfire_examples::planner::auto_layout(
             &self.config(),
             self.ranks,
             rows,
-            self.seq,
+            self.run.seq,
             &precision,
             self.memory_budget,
         )?;
         for line in lines {
             println!("{line}");
         }
-        self.batch = rows / dims.dp();
+        self.run.batch = rows / dims.dp();
         Ok(dims)
     }
 
     /// The vocabulary is padded to a multiple of 8 (as Megatron pads it) so that tensor
     /// parallelism up to 8 can split the embedding and the head.
     fn config(&self) -> GptConfig {
-        GptConfig {
-            vocab_size: CharTokenizer.vocab_size().next_multiple_of(8),
-            d_model: self.d_model,
-            n_heads: self.heads,
-            n_layers: self.layers,
-            max_seq_len: self.seq,
-            d_ff: self.d_ff,
-        }
+        let vocab = CharTokenizer.vocab_size().next_multiple_of(8);
+        self.gpt.config(vocab, self.run.seq)
     }
 }
 
@@ -287,51 +233,50 @@ fn main() {
     init_logging();
     let mut cli = Cli::parse();
     let dims = cli.dims().unwrap_or_else(|e| fail(e));
-    let optim = OptimizerKind::parse(&cli.optim).unwrap_or_else(|e| fail(e));
+    let optim = OptimizerKind::parse(&cli.run.optim).unwrap_or_else(|e| fail(e));
     let cfg = cli.config();
     cfg.validate().unwrap_or_else(|e| fail(e));
-    let launcher = Launcher::parse(&cli.launcher, dims.world_size()).unwrap_or_else(|e| fail(e));
+    let launcher =
+        Launcher::parse(&cli.run.launcher, dims.world_size()).unwrap_or_else(|e| fail(e));
     let mut tolerance = cli
         .fault
         .options(&dims, launcher)
         .unwrap_or_else(|e| fail(e));
-    let text = corpus::generate(400_000, cli.seed);
-    let tokens = CharTokenizer.encode(&text);
-    let device = harness::device(&cli.device).unwrap_or_else(|e| fail(e));
-    device.seed(cli.seed);
+    let device = harness::device(&cli.run.device).unwrap_or_else(|e| fail(e));
+    device.seed(cli.run.seed);
     let model = Gpt::new(&cfg, &device);
     let mut run = RunRecord {
         model: serde_json::to_value(cfg).expect("a config serializes"),
-        seed: cli.seed,
-        seq: cli.seq,
-        global_rows: cli.batch * dims.dp(),
+        seed: cli.run.seed,
+        seq: cli.run.seq,
+        global_rows: cli.run.batch * dims.dp(),
         optim: optim.name().into(),
-        lr: cli.lr,
+        lr: cli.run.lr,
         data: "generated".into(),
     };
     let resumed = cli.ckpt.resume.as_ref().map(|path| {
         let ckpt = Checkpoint::open(path).unwrap_or_else(|e| fail(e));
         run = run
-            .resumed(&ckpt, dims.dp(), cli.steps, false)
+            .resumed(&ckpt, dims.dp(), cli.run.steps, false)
             .unwrap_or_else(|e| fail(e));
         ckpt
     });
     let rows = run.global_rows;
-    let data = |step: usize, device: &Device| {
-        corpus::global_batch(&tokens, rows, cli.seq, cli.seed, step, device)
-    };
+    let data = TrainData::generated(rows, cli.run.seq, cli.run.seed);
     let trainer = Trainer::new(dims.clone(), move || optim.build());
     trainer
-        .check(&model, dims.world_size(), &data(0, &device))
+        .check(&model, dims.world_size(), &data.batch(0, &device))
         .unwrap_or_else(|e| fail(e));
     let start_step = resumed.as_ref().map_or(0, Checkpoint::step);
-    announce(&cli, &dims, &run, optim, text.len(), resumed.as_ref());
+    announce(&cli, &dims, &run, optim, data.tokens(), resumed.as_ref());
     let checkpoints = cli.ckpt.config().unwrap_or_else(|e| fail(e)).map(|c| {
         c.with_optimizer(optim.describe())
-            .with_rng(serde_json::json!({ "seed": cli.seed, "note": "batches are drawn from (seed, step); nothing else is random after initialization" }))
+            .with_rng(serde_json::json!({ "seed": cli.run.seed, "note": "batches are drawn from (seed, step); nothing else is random after initialization" }))
             .with_extra(serde_json::json!({ "run": run }))
     });
-    let config = cli.fit_config(start_step, rows);
+    let config = cli
+        .run
+        .fit_config(start_step, rows, cli.ckpt.checkpoint_every);
     rank_alloc::set_budget(cli.memory_budget);
     if let Some(t) = &mut tolerance {
         t.resume = resumed.as_ref().map(|c| c.dir.clone());
@@ -348,7 +293,7 @@ fn main() {
                     model: SaveAtEnd {
                         cfg,
                         path: (!cli.no_save).then_some(&cli.checkpoint),
-                        last: cli.steps,
+                        last: cli.run.steps,
                         trained: None,
                     },
                 };
@@ -360,7 +305,7 @@ fn main() {
                     }
                     return Ok((hooks.model.trained, rank));
                 }
-                let first = data(0, &device);
+                let first = data.batch(0, &device);
                 let mut engine = trainer.build(model.clone(), &pg, &first)?;
                 if let Some(ckpt) = &resumed {
                     resume(engine.as_mut(), &ckpt.dir)?;
@@ -379,7 +324,10 @@ fn main() {
     }
     let trained = ranks.into_iter().next().and_then(|(model, _)| model);
     if let Some(model) = trained {
-        println!("sample: {:?}", sample(&model.valid(), "the ", 120, cli.seq));
+        println!(
+            "sample: {:?}",
+            sample(&model.valid(), "the ", 120, cli.run.seq)
+        );
     }
 }
 
@@ -396,10 +344,10 @@ fn announce(
         "train_gpt: {} parameters, layout {dims}, {} x {} tokens per step, {} {} steps at lr {}, corpus {} chars",
         cli.config().num_params(),
         run.global_rows,
-        cli.seq,
+        cli.run.seq,
         optim.name(),
-        cli.steps,
-        cli.lr,
+        cli.run.steps,
+        cli.run.lr,
         corpus_chars
     );
     if let Some(ckpt) = resumed {

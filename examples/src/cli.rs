@@ -54,6 +54,16 @@ impl LayoutArgs {
         }
     }
 
+    /// The layout of a training program: `dp=2` when no `--mesh` was given, 1F1B when a
+    /// pipeline names no schedule.
+    pub fn training_dims(&self) -> Result<ParallelDims, String> {
+        let dims = self.dims("dp=2")?;
+        Ok(match dims.pp() > 1 && dims.pp_options.schedule.is_none() {
+            true => dims.with_schedule(ScheduleKind::OneFOneB),
+            false => dims,
+        })
+    }
+
     /// The layout they describe, `default_mesh` when no `--mesh` was given.
     pub fn dims(&self, default_mesh: &str) -> Result<ParallelDims, String> {
         let mesh = self.mesh.as_deref().unwrap_or(default_mesh);
@@ -90,6 +100,97 @@ impl LayoutArgs {
             .with_sequence_parallel(self.sequence_parallel)
             .with_loss_parallel(self.loss_parallel)
             .with_offload(self.offload))
+    }
+}
+
+/// What every training program's command line has besides the layout: the optimizer, the
+/// run's length and batch, the seed, the device, the reporting and the launcher.
+#[derive(Debug, Clone, clap::Args)]
+pub struct RunArgs {
+    /// Burn's optimizer: adamw (β1 0.9, β2 0.95, ε 1e-6, weight decay 0.1) or sgd.
+    #[arg(long, default_value = "adamw")]
+    pub optim: String,
+    /// Learning rate.
+    #[arg(long, default_value_t = 3e-3)]
+    pub lr: f64,
+    /// Optimizer steps: the run's total (a resumed run goes on up to it).
+    #[arg(long, default_value_t = 300)]
+    pub steps: usize,
+    /// Sequences per data-parallel replica per step (the global batch is dp times this).
+    #[arg(long, default_value_t = 8)]
+    pub batch: usize,
+    /// Tokens per sequence.
+    #[arg(long, default_value_t = 64)]
+    pub seq: usize,
+    /// Seed of the initial model and of the batches.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// The Burn device every rank computes on: `flex` (CPU) or `wgpu` (a build with
+    /// `--features wgpu`).
+    #[arg(long, default_value = "flex")]
+    pub device: String,
+    /// Print the loss every this many steps.
+    #[arg(long, default_value_t = 25)]
+    pub log_every: usize,
+    /// Write one JSON line per step (step, loss, tokens_per_s, step_ms) to this file.
+    #[arg(long)]
+    pub metrics: Option<PathBuf>,
+    /// `threads`: every rank a thread of this process; `env`: this process is one rank of a
+    /// job started by a launcher (`mpirun`; build with `--features mpi`).
+    #[arg(long, default_value = "threads")]
+    pub launcher: String,
+}
+
+impl RunArgs {
+    /// The loop's configuration: from `start_step` up to the run's last step (`steps`, at
+    /// least `start_step`), `rows` sequences a step, a progress bar, the log and metrics
+    /// options, a checkpoint every `checkpoint_every` steps.
+    pub fn fit_config(
+        &self,
+        start_step: usize,
+        rows: usize,
+        checkpoint_every: Option<usize>,
+    ) -> bonfire_train::FitConfig {
+        bonfire_train::FitConfig {
+            start_step,
+            tokens_per_step: Some(rows * self.seq),
+            progress: true,
+            log_every: self.log_every,
+            metrics: self.metrics.clone(),
+            checkpoint_every,
+            ..bonfire_train::FitConfig::new(self.steps.max(start_step), self.lr)
+        }
+    }
+}
+
+/// The GPT's sizes on a command line.
+#[derive(Debug, Clone, clap::Args)]
+pub struct GptArgs {
+    /// The GPT's width.
+    #[arg(long, default_value_t = 128)]
+    pub d_model: usize,
+    /// The GPT's attention heads.
+    #[arg(long, default_value_t = 4)]
+    pub heads: usize,
+    /// The GPT's layers.
+    #[arg(long, default_value_t = 2)]
+    pub layers: usize,
+    /// The GPT's feed-forward width.
+    #[arg(long, default_value_t = 512)]
+    pub d_ff: usize,
+}
+
+impl GptArgs {
+    /// The GPT of these sizes over `vocab_size` tokens and sequences of `seq`.
+    pub fn config(&self, vocab_size: usize, seq: usize) -> crate::GptConfig {
+        crate::GptConfig {
+            vocab_size,
+            d_model: self.d_model,
+            n_heads: self.heads,
+            n_layers: self.layers,
+            max_seq_len: seq,
+            d_ff: self.d_ff,
+        }
     }
 }
 

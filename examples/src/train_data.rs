@@ -105,6 +105,14 @@ impl TrainData {
         }
     }
 
+    /// The number of tokens of the data (the generated corpus: one per character).
+    pub fn tokens(&self) -> usize {
+        match self {
+            Self::Generated { tokens, .. } => tokens.len(),
+            Self::Packed { sequences, .. } => sequences.tokens().len(),
+        }
+    }
+
     /// The number of sequences of an epoch (`None` for the generated corpus, which draws).
     pub fn sequences(&self) -> Option<usize> {
         match self {
