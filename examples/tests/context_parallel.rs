@@ -1,12 +1,14 @@
 //! Context parallelism at the model level: the GPT and the Llama, each rank holding its
 //! load-balanced chunks of every sequence inside a `ContextScope` (ring attention, positions
 //! of its chunks), give the one-device loss (the mean of the ranks' losses) and the one-device
-//! gradient of every parameter (the mean of the ranks' gradients), cp = 2 and 4.
+//! gradient of every parameter (the mean of the ranks' gradients), cp = 2 and 4, with
+//! exactly `2·(cp − 1)` sends and as many receives per layer and nothing else.
 
 mod common;
 
 use bonfire_comm::testing::{Tolerance, assert_close};
-use bonfire_comm::{ReduceOp, ThreadWorld};
+use bonfire_comm::{OpKind, ReduceOp, ThreadWorld};
+use bonfire_dtensor::CommCounter;
 use bonfire_dtensor::context::{ContextScope, ContextSplit};
 use bonfire_dtensor::params;
 use bonfire_examples::default_device;
@@ -42,7 +44,7 @@ fn loss_and_grads<M: ParallelModel<Batch = TokenBatch>>(
 
 fn check<M: ParallelModel<Batch = TokenBatch> + Sync>(
     what: &str,
-    model: &M,
+    (model, layers): (&M, usize),
     batch: &TokenBatch,
     cp: usize,
 ) {
@@ -62,7 +64,20 @@ fn check<M: ParallelModel<Batch = TokenBatch> + Sync>(
                 split,
             }
             .enter();
+            let counter = CommCounter::start();
             let (loss, mut grads) = loss_and_grads(model, local);
+            // Each layer's attention: cp − 1 K/V blocks forward, as many gradients back.
+            let ring = 2 * (cp - 1) * layers;
+            assert_eq!(
+                (
+                    counter.count(OpKind::Send),
+                    counter.count(OpKind::Recv),
+                    counter.total()
+                ),
+                (ring, ring, 2 * ring),
+                "{what} cp={cp}: sends, receives and all calls of one forward and backward"
+            );
+            drop(counter);
             let mut loss = [loss];
             pg.all_reduce(&mut loss, ReduceOp::Avg).unwrap();
             pg.all_reduce(&mut grads, ReduceOp::Avg).unwrap();
@@ -90,7 +105,18 @@ fn gpt_and_llama_with_their_sequences_split_equal_one_device() {
     };
     let llama = common::seeded(5, &device, |d| Llama::new(&llama_cfg, d));
     for cp in [2, 4] {
-        check("gpt", &gpt, &batches.rows(0, 0, 4, &device), cp);
-        check("llama", &llama, &batches.rows(0, 0, 4, &device), cp);
+        check(
+            "gpt",
+            (&gpt, cfg.n_layers),
+            &batches.rows(0, 0, 4, &device),
+            cp,
+        );
+        let layers = llama_cfg.num_hidden_layers;
+        check(
+            "llama",
+            (&llama, layers),
+            &batches.rows(0, 0, 4, &device),
+            cp,
+        );
     }
 }

@@ -9,10 +9,12 @@ use crate::{CommError, Result};
 use std::cell::Cell;
 use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 struct Slot<T> {
     result: Mutex<Option<Result<T>>>,
+    /// When the call finished (set with the result).
+    finished: Mutex<Option<Instant>>,
     done: Condvar,
 }
 
@@ -31,6 +33,7 @@ impl<T> Work<T> {
     pub(crate) fn pair() -> (Work<T>, Completer<T>) {
         let slot = Arc::new(Slot {
             result: Mutex::new(None),
+            finished: Mutex::new(None),
             done: Condvar::new(),
         });
         (Work { slot: slot.clone() }, Completer { slot })
@@ -64,6 +67,15 @@ impl<T> Work<T> {
         }
     }
 
+    /// [`Work::wait`], with the instant the call finished (which may be long before this
+    /// returns: how much of a transfer a caller's computation hid).
+    pub fn wait_timed(self) -> Result<(T, Instant)> {
+        let slot = self.slot.clone();
+        let value = self.wait()?;
+        let finished = slot.finished.lock().unwrap_or_else(|e| e.into_inner());
+        Ok((value, finished.unwrap_or_else(Instant::now)))
+    }
+
     /// Like [`Work::wait`] but gives the handle back if the call is still running after `d`.
     pub fn wait_timeout(self, d: Duration) -> std::result::Result<Result<T>, Work<T>> {
         let guard = self.lock();
@@ -88,6 +100,7 @@ impl<T> Work<T> {
 
 impl<T> Completer<T> {
     pub(crate) fn complete(self, result: Result<T>) {
+        *self.slot.finished.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
         *self.slot.result.lock().unwrap_or_else(|e| e.into_inner()) = Some(result);
         self.slot.done.notify_all();
     }

@@ -2,6 +2,7 @@
 //! collective) and their Chrome-trace form, so that overlap can be measured and seen on one
 //! timeline: DDP's all-reduces and ZeRO-2's reduce-scatters alike.
 
+use std::cell::Cell;
 use std::sync::OnceLock;
 use std::time::Instant;
 
@@ -138,4 +139,56 @@ pub fn chrome_trace(steps: &[StepTiming]) -> String {
         }
     }
     format!("{{\"traceEvents\":[\n{}\n]}}\n", events.join(",\n"))
+}
+
+/// How much of the overlapped ring shifts' transfer time ran while this thread computed
+/// (context parallelism's K/V blocks and their gradients): from the post of each shift until
+/// both its send and its receive had finished, against the part of that before the thread
+/// came to wait for it.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct ShiftOverlap {
+    /// Shifts finished.
+    pub shifts: usize,
+    /// Their transfers' total time, µs.
+    pub transfer_us: f64,
+    /// The part of it before this thread waited, µs.
+    pub hidden_us: f64,
+}
+
+impl ShiftOverlap {
+    /// `hidden / transfer` (`None` when no shift ran).
+    pub fn hidden_fraction(&self) -> Option<f64> {
+        (self.shifts > 0).then(|| {
+            if self.transfer_us > 0.0 {
+                self.hidden_us / self.transfer_us
+            } else {
+                1.0
+            }
+        })
+    }
+}
+
+thread_local! {
+    static SHIFTS: Cell<ShiftOverlap> = const {
+        Cell::new(ShiftOverlap { shifts: 0, transfer_us: 0.0, hidden_us: 0.0 })
+    };
+}
+
+/// Adds one shift posted at `posted`, waited for from `waited`, finished at `finished`.
+pub(crate) fn record_shift(posted: Instant, waited: Instant, finished: Instant) {
+    let us = |d: std::time::Duration| d.as_secs_f64() * 1e6;
+    let transfer = us(finished.saturating_duration_since(posted));
+    let hidden = us(finished.min(waited).saturating_duration_since(posted));
+    SHIFTS.with(|s| {
+        let mut o = s.get();
+        o.shifts += 1;
+        o.transfer_us += transfer;
+        o.hidden_us += hidden;
+        s.set(o);
+    });
+}
+
+/// This thread's [`ShiftOverlap`] since the last call, reset.
+pub fn take_shift_overlap() -> ShiftOverlap {
+    SHIFTS.with(|s| s.take())
 }

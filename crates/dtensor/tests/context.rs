@@ -2,7 +2,7 @@
 //! and not, load-balanced and not, with grouped-query and plain multi-head attention, every
 //! rank's output and its dq, dk, dv equal full attention computed on one device at the
 //! rank's positions; the ring sends and receives `cp − 1` blocks in forward and as many
-//! gradients in backward.
+//! gradients in backward, every one through the overlapped shift.
 
 mod common;
 
@@ -10,6 +10,7 @@ use bonfire_comm::OpKind;
 use bonfire_comm::testing::{Tolerance, assert_close};
 use bonfire_dtensor::CommCounter;
 use bonfire_dtensor::context::{ContextSplit, ring_attention};
+use bonfire_dtensor::timing::take_shift_overlap;
 use burn::tensor::activation::softmax;
 use burn::tensor::{Int, Tensor, TensorData};
 use common::*;
@@ -80,6 +81,7 @@ fn check(cp: usize, causal: bool, balanced: bool, heads: usize, kv_heads: usize)
             local(&k).require_grad(),
             local(&v).require_grad(),
         );
+        let _ = take_shift_overlap();
         let counter = CommCounter::start();
         let out = ring_attention(ql.clone(), kl.clone(), vl.clone(), &pg, &split, causal);
         let forward_sends = counter.count(OpKind::Send);
@@ -88,6 +90,8 @@ fn check(cp: usize, causal: bool, balanced: bool, heads: usize, kv_heads: usize)
             forward_sends,
             counter.count(OpKind::Send),
             counter.count(OpKind::Recv),
+            // Every shift, forward and backward, went through the overlapped halves.
+            take_shift_overlap().shifts,
         );
         let got = [
             out,
@@ -107,7 +111,7 @@ fn check(cp: usize, causal: bool, balanced: bool, heads: usize, kv_heads: usize)
         }
         assert_eq!(
             sends,
-            (cp - 1, 2 * (cp - 1), 2 * (cp - 1)),
+            (cp - 1, 2 * (cp - 1), 2 * (cp - 1), 2 * (cp - 1)),
             "{what} rank {r}: sends"
         );
     }

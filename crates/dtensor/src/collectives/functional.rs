@@ -286,6 +286,51 @@ pub fn ring_shift<const D: usize>(tensor: Tensor<D>, group: &ProcessGroup, tag: 
     run(tensor, group, CollectiveKind::Shift { offset: 1, tag })
 }
 
+/// [`ring_shift`] in two halves, so that the transfer runs while the caller computes: posts
+/// this rank's tensor to the next rank and a receive from the previous one on the group's
+/// communication threads, and returns at once. [`PendingShift::finish`] gives the tensor
+/// received. Backward is overlapped the same way: the finish's backward starts sending the
+/// gradient back to the rank it came from, and the start's backward — after the gradients of
+/// whatever was computed in between — adds the gradient that arrived.
+pub fn ring_shift_start<const D: usize>(
+    tensor: Tensor<D>,
+    group: &ProcessGroup,
+    tag: u64,
+) -> PendingShift<D> {
+    let kind = CollectiveKind::ShiftStart {
+        offset: 1,
+        tag,
+        keep: true,
+    };
+    PendingShift {
+        posted: run(tensor, group, kind),
+        group: group.clone(),
+        tag,
+    }
+}
+
+/// A [`ring_shift_start`] in flight. Finish it on the thread that started it, before another
+/// shift with the same tag starts on this rank.
+#[must_use = "a started ring shift must be finished"]
+#[derive(Debug)]
+pub struct PendingShift<const D: usize> {
+    posted: Tensor<D>,
+    group: ProcessGroup,
+    tag: u64,
+}
+
+impl<const D: usize> PendingShift<D> {
+    /// Waits for the transfer and returns the previous rank's tensor.
+    pub fn finish(self) -> Tensor<D> {
+        let kind = CollectiveKind::ShiftFinish {
+            offset: 1,
+            tag: self.tag,
+            add: false,
+        };
+        run(self.posted, &self.group, kind)
+    }
+}
+
 /// Megatron's `f` ("copy to tensor-parallel region"): identity forward, all-reduce (sum)
 /// backward.
 pub fn copy_to_group<const D: usize>(tensor: Tensor<D>, group: &ProcessGroup) -> Tensor<D> {

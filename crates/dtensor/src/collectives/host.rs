@@ -26,7 +26,7 @@ pub(crate) fn execute(data: TensorData, spec: &CollectiveSpec) -> TensorData {
     }
 }
 
-fn check(result: Result<(), CommError>, what: &str) {
+pub(super) fn check(result: Result<(), CommError>, what: &str) {
     if let Err(e) = result {
         panic!("bonfire-dtensor: {what} failed: {e}");
     }
@@ -163,6 +163,12 @@ where
             }
             received
         }
+        CollectiveKind::ShiftStart { offset, tag, keep } => {
+            super::shift::start::<T>(pg, data, (*offset, *tag), *keep)
+        }
+        CollectiveKind::ShiftFinish { tag, add, .. } => {
+            super::shift::finish::<T>(pg, data, *tag, *add)
+        }
         CollectiveKind::CopyToGroup
         | CollectiveKind::Pad { .. }
         | CollectiveKind::Split { .. }
@@ -279,12 +285,12 @@ where
     TensorData::new(unpack(recv, pre_c, cat.sizes, post_c, zero), out_shape)
 }
 
-fn slice<T: BurnElement>(data: &TensorData) -> &[T] {
+pub(super) fn slice<T: BurnElement>(data: &TensorData) -> &[T] {
     data.as_slice::<T>()
         .expect("bonfire-dtensor: tensor data is not host-readable")
 }
 
-fn slice_mut<T: BurnElement>(data: &mut TensorData) -> &mut [T] {
+pub(super) fn slice_mut<T: BurnElement>(data: &mut TensorData) -> &mut [T] {
     data.as_mut_slice::<T>()
         .expect("bonfire-dtensor: tensor data is not host-writable")
 }

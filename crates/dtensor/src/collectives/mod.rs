@@ -18,6 +18,7 @@ mod autodiff;
 pub mod functional;
 mod host;
 mod ops;
+mod shift;
 
 pub use ops::CollectiveBackend;
 
@@ -106,6 +107,32 @@ pub enum CollectiveKind {
         offset: usize,
         /// Message tag.
         tag: u64,
+    },
+    /// The first half of a [`CollectiveKind::Shift`] that overlaps the caller's computation:
+    /// posts this rank's tensor to rank `+ offset` and a receive from rank `- offset` on the
+    /// group's send and receive threads, and returns at once — the input itself (`keep`) or
+    /// zeros of its shape. The [`CollectiveKind::ShiftFinish`] of the same tag, later on this
+    /// thread, takes what arrived. Backward (of the `keep` form): waits for the gradient's
+    /// shift back and adds it to the gradient.
+    ShiftStart {
+        /// How many ranks along the ring the tensors move (1: to the next rank).
+        offset: usize,
+        /// Message tag, shared with the finishing half.
+        tag: u64,
+        /// Return the input (forward) rather than zeros (the backward's half).
+        keep: bool,
+    },
+    /// The second half of an overlapped shift: waits for the [`CollectiveKind::ShiftStart`]
+    /// of `tag` posted on this thread and returns the tensor received (the input, the start's
+    /// output, is a template), or the input plus it (`add`). Backward (of the plain form):
+    /// starts the gradient's shift back to the rank its tensor came from.
+    ShiftFinish {
+        /// The offset of the start (the backward shifts by its opposite).
+        offset: usize,
+        /// Message tag of the start.
+        tag: u64,
+        /// Return the input plus the tensor received (the backward's half).
+        add: bool,
     },
     /// Megatron's `f`: identity forward, all-reduce (sum) backward.
     CopyToGroup,
@@ -213,6 +240,9 @@ impl CollectiveSpec {
         let linear = |op: &ReduceOp| matches!(op, ReduceOp::Sum | ReduceOp::Avg);
         match &self.kind {
             CollectiveKind::AllReduce { op } => *op != ReduceOp::Product,
+            // The halves that run on gradients have no gradient of their own.
+            CollectiveKind::ShiftStart { keep, .. } => *keep,
+            CollectiveKind::ShiftFinish { add, .. } => !add,
             CollectiveKind::Reduce { op, .. }
             | CollectiveKind::ReduceScatter { op, .. }
             | CollectiveKind::ReduceFromGroup { op }
@@ -295,6 +325,31 @@ impl CollectiveSpec {
                 let back = (n - offset % n) % n;
                 let tag = tag ^ BACKWARD_TAG_BIT;
                 (Some(Shift { offset: back, tag }), 1.0)
+            }
+            // The gradients' shift is overlapped too: the finish's backward starts it (zeros
+            // for now), the start's backward — later in backward, after the computation in
+            // between — adds what arrived.
+            ShiftStart { offset, tag, .. } => {
+                let n = self.group.size();
+                let back = (n - offset % n) % n;
+                let tag = tag ^ BACKWARD_TAG_BIT;
+                let finish = ShiftFinish {
+                    offset: back,
+                    tag,
+                    add: true,
+                };
+                (Some(finish), 1.0)
+            }
+            ShiftFinish { offset, tag, .. } => {
+                let n = self.group.size();
+                let back = (n - offset % n) % n;
+                let tag = tag ^ BACKWARD_TAG_BIT;
+                let start = ShiftStart {
+                    offset: back,
+                    tag,
+                    keep: false,
+                };
+                (Some(start), 1.0)
             }
             CopyToGroup => (Some(AllReduce { op: ReduceOp::Sum }), 1.0),
             ReduceFromGroup { op } => (None, avg(op)),

@@ -2,7 +2,7 @@
 //! travelling around the cp ring, merged with an online softmax.
 
 use super::ContextSplit;
-use crate::functional::ring_shift;
+use crate::functional::ring_shift_start;
 use bonfire_comm::ProcessGroup;
 use burn::tensor::{Device, Int, Tensor};
 
@@ -22,7 +22,8 @@ const MASKED: f32 = -1e30;
 /// `k` and `v` are `[B, H_kv, T/cp, hd]` with `H_kv` dividing `H` (query head `j` attends with
 /// kv head `⌊j·H_kv/H⌋`: the `H_kv` heads travel, repeated only where they are used). The
 /// `cp − 1` steps of the ring each send this rank's current K/V block to the next rank and
-/// receive the previous rank's; a block entirely in the future of every local query is not
+/// receive the previous rank's, the transfer running while the current block is computed
+/// ([`ring_shift_start`]); a block entirely in the future of every local query is not
 /// computed. No rank holds more than one `[T/cp, T/cp]` block of scores per head at a time in
 /// forward (backward keeps one per block, `T/cp × T` per head, never `T × T`). Backward
 /// (autodiff) sends each block's dK/dV back around the ring to the rank that owns it.
@@ -60,53 +61,76 @@ pub fn ring_attention(
     let q_pos = split.positions(me);
     let mut kv = Tensor::cat(vec![k, v], 1);
     // (running max, running sum, running numerator) of the online softmax.
-    let mut state: Option<(Tensor<4>, Tensor<4>, Tensor<4>)> = None;
+    let mut state: Option<Softmax> = None;
     // Blocks not computed still enter the graph with a zero weight: backward must run every
     // ring step on every rank (its peers wait for the gradients it sends back).
     let mut skipped: Option<Tensor<1>> = None;
     for step in 0..cp {
-        if step > 0 {
-            kv = ring_shift(kv, group, RING_TAG + step as u64);
-        }
+        // The next block travels while this one is computed.
+        let next = (step + 1 < cp)
+            .then(|| ring_shift_start(kv.clone(), group, RING_TAG + step as u64 + 1));
         let owner = (me + cp - step) % cp;
         let k_pos = split.positions(owner);
         let bias = match (causal, Future::of(&q_pos, &k_pos)) {
-            (true, Future::All) => {
+            (true, Future::All) => None,
+            (true, Future::Some) => {
+                Some(Some(causal_bias(split, me, owner, &device).cast(q.dtype())))
+            }
+            _ => Some(None),
+        };
+        match bias {
+            None => {
                 let zero = kv.clone().sum().mul_scalar(0.0);
                 skipped = Some(skipped.map_or(zero.clone(), |s| s + zero));
-                continue;
             }
-            (true, Future::Some) => Some(causal_bias(split, me, owner, &device).cast(q.dtype())),
-            _ => None,
-        };
-        let kb = kv.clone().narrow(1, 0, hkv).select(1, heads.clone());
-        let vb = kv.clone().narrow(1, hkv, hkv).select(1, heads.clone());
-        let mut scores = q.clone().matmul(kb.swap_dims(2, 3));
-        if let Some(bias) = bias {
-            scores = scores + bias;
+            Some(bias) => {
+                let kb = kv.clone().narrow(1, 0, hkv).select(1, heads.clone());
+                let vb = kv.clone().narrow(1, hkv, hkv).select(1, heads.clone());
+                state = Some(merge(state, q.clone(), kb, vb, bias));
+            }
         }
-        // The shift by the running max only keeps exp finite: it cancels in the quotient, so
-        // it needs no gradient.
-        let block_max = scores.clone().detach().max_dim(3);
-        state = Some(match state {
-            None => {
-                let p = (scores - block_max.clone()).exp();
-                (block_max, p.clone().sum_dim(3), p.matmul(vb))
-            }
-            Some((m, l, acc)) => {
-                let m_new = m.clone().max_pair(block_max);
-                let alpha = (m - m_new.clone()).exp();
-                let p = (scores - m_new.clone()).exp();
-                let l = l * alpha.clone() + p.clone().sum_dim(3);
-                (m_new, l, acc * alpha + p.matmul(vb))
-            }
-        });
+        if let Some(next) = next {
+            kv = next.finish();
+        }
     }
     let (_, l, acc) = state.expect("a query attends at least to itself");
     let out = acc / l;
     match skipped {
         Some(zero) => out + zero.unsqueeze::<4>(),
         None => out,
+    }
+}
+
+/// The running (max, sum, numerator) of the online softmax over the blocks seen so far.
+type Softmax = (Tensor<4>, Tensor<4>, Tensor<4>);
+
+/// `state` with one more block of keys and values (scores shifted by `bias`) merged in.
+fn merge(
+    state: Option<Softmax>,
+    q: Tensor<4>,
+    kb: Tensor<4>,
+    vb: Tensor<4>,
+    bias: Option<Tensor<4>>,
+) -> Softmax {
+    let mut scores = q.matmul(kb.swap_dims(2, 3));
+    if let Some(bias) = bias {
+        scores = scores + bias;
+    }
+    // The shift by the running max only keeps exp finite: it cancels in the quotient, so it
+    // needs no gradient.
+    let block_max = scores.clone().detach().max_dim(3);
+    match state {
+        None => {
+            let p = (scores - block_max.clone()).exp();
+            (block_max, p.clone().sum_dim(3), p.matmul(vb))
+        }
+        Some((m, l, acc)) => {
+            let m_new = m.clone().max_pair(block_max);
+            let alpha = (m - m_new.clone()).exp();
+            let p = (scores - m_new.clone()).exp();
+            let l = l * alpha.clone() + p.clone().sum_dim(3);
+            (m_new, l, acc * alpha + p.matmul(vb))
+        }
     }
 }
 
