@@ -12,7 +12,8 @@ use crate::memory::{
 };
 use crate::model::ModelSpec;
 use crate::time::{
-    KERNELS_EMBEDDING, KERNELS_HEAD, KERNELS_PER_BLOCK, StepTime, all_gather, all_reduce, p2p,
+    KERNELS_EMBEDDING, KERNELS_HEAD, KERNELS_PER_BLOCK, KERNELS_PER_RING_STEP, StepTime,
+    all_gather, all_reduce, p2p, ring_transfer,
 };
 
 /// What is trained: sequences per step, tokens per sequence, which precisions may be used,
@@ -197,7 +198,7 @@ pub fn estimate(
             _ => Some(b),
         })
         .expect("at least one pipeline rank");
-    let time = step_time(model, cluster, layout, shapes, tokens);
+    let time = step_time(model, cluster, layout, shapes, (tokens, req.seq));
     Estimate {
         layout: layout.clone(),
         memory,
@@ -205,9 +206,9 @@ pub fn estimate(
     }
 }
 
-/// Tokens in one micro-batch of one replica.
+/// Tokens of one micro-batch on one rank: its replica's sequences, `seq / cp` tokens of each.
 fn micro_batch_tokens(req: &Request, layout: &ParallelDims) -> f64 {
-    (req.global_batch / layout.dp() / layout.microbatches() * req.seq) as f64
+    (req.global_batch / layout.dp() / layout.microbatches() * req.seq) as f64 / layout.cp() as f64
 }
 
 /// The bytes of pipeline rank `r` (of `shapes`) under `layout`.
@@ -223,7 +224,13 @@ pub fn rank_memory(
     let held = schedule.map_or_else(Held::single, |sc| sc.held(p, m, r));
     let s = &shapes[r];
     let tokens = micro_batch_tokens(req, layout);
-    let state = state_bytes(layout.zero, s.params, layout.dp(), layout.precision, false);
+    let state = state_bytes(
+        layout.zero,
+        s.params,
+        layout.replicas(),
+        layout.precision,
+        false,
+    );
     // The DDP engine's running sums of earlier micro-batches' gradients, live at the peak in
     // a pipeline's steady state (beside the reduced buckets the state counts).
     let sums = match schedule {
@@ -267,7 +274,7 @@ fn step_time(
     cluster: &ClusterSpec,
     layout: &ParallelDims,
     shapes: &[RankShape],
-    tokens: f64,
+    (tokens, seq): (f64, usize),
 ) -> StepTime {
     let m = layout.microbatches() as f64;
     let rate = cluster.device.rate(layout.precision);
@@ -319,11 +326,13 @@ fn step_time(
             } else {
                 1.0
             };
-        let link = cluster.group_link(layout.pp(), layout.dp() * layout.tp());
+        let link = cluster.group_link(layout.pp(), layout.replicas() * layout.tp());
         2.0 * chunks * m * p2p(msg, link)
     } else {
         0.0
     };
+    let blocks = shapes.iter().map(|s| s.blocks).max().unwrap_or(0) as f64;
+    let cp_comm = m * blocks * ring_per_block(model, cluster, layout, tokens, seq);
     let psi = shapes.iter().map(|s| s.params).max().unwrap_or(0) as f64;
     let head = |s: &RankShape| s.chunks.iter().any(|c| c.has_head);
     let layers = shapes
@@ -338,17 +347,56 @@ fn step_time(
         bubble,
         tp_comm,
         pp_comm,
+        cp_comm,
         dp_comm,
         optimizer,
         dp_hidden,
     }
 }
 
+/// Seconds of context parallelism's ring one block adds per micro-batch on a rank of
+/// `tokens` tokens (its `seq / cp` of each sequence): `cp − 1` transfers of the block's keys
+/// and values (`2·tokens·kv_dim/tp` values) in forward, as many of their gradients in
+/// backward, and the forward's again when recomputing, each on the cp group's link beside
+/// one block of attention — `4·(seq/cp)·d/tp` FLOPs a token forward, twice that backward —
+/// which hides it up to the cluster's overlap fraction ([`ring_transfer`]).
+fn ring_per_block(
+    model: &ModelSpec,
+    cluster: &ClusterSpec,
+    layout: &ParallelDims,
+    tokens: f64,
+    seq: usize,
+) -> f64 {
+    let (cp, tp) = (layout.cp(), layout.tp() as f64);
+    if cp <= 1 {
+        return 0.0;
+    }
+    let bytes = 2.0 * tokens * model.kv_dim() as f64 / tp * layout.precision.param.bytes() as f64;
+    let rate = cluster.device.rate(layout.precision);
+    let forward = 4.0 * (seq / cp) as f64 * model.d_model as f64 / tp * tokens / rate;
+    let link = cluster.group_link(cp, layout.tp());
+    let step = |compute: f64| ring_transfer(bytes, compute, cluster.overlap, link);
+    let passes = step(forward)
+        + step(2.0 * forward)
+        + if layout.recomputes() {
+            step(forward)
+        } else {
+            0.0
+        };
+    (cp - 1) as f64 * passes
+}
+
 /// Kernels pipeline rank `s` launches for one micro-batch: its pieces' forward kernels
-/// ([`KERNELS_PER_BLOCK`], [`KERNELS_EMBEDDING`], [`KERNELS_HEAD`]), twice as many in
-/// backward, and the blocks' forward again when recomputing.
+/// ([`KERNELS_PER_BLOCK`], with ring attention [`KERNELS_PER_RING_STEP`] for each of its
+/// `cp` steps, [`KERNELS_EMBEDDING`], [`KERNELS_HEAD`]), twice as many in backward, and the
+/// blocks' forward again when recomputing.
 fn kernels_per_micro_batch(layout: &ParallelDims, s: &RankShape) -> f64 {
-    let blocks = s.blocks as f64 * KERNELS_PER_BLOCK;
+    let ring = if layout.cp() > 1 {
+        layout.cp() as f64 * KERNELS_PER_RING_STEP
+    } else {
+        0.0
+    };
+    let blocks = s.blocks as f64 * (KERNELS_PER_BLOCK + ring);
     let embedding = if s.has_embedding {
         KERNELS_EMBEDDING
     } else {
@@ -374,7 +422,8 @@ fn bucketed(bytes: f64, cost: impl Fn(f64) -> f64) -> f64 {
 }
 
 /// Exposed and hidden data-parallel communication, and the optimizer step, for `psi`
-/// parameters a rank in `layers` pieces (ZeRO-3 gathers each piece in its own call).
+/// parameters a rank in `layers` pieces (ZeRO-3 gathers each piece in its own call), over
+/// the dp × cp ranks that replicate them.
 fn dp_and_optimizer(
     cluster: &ClusterSpec,
     layout: &ParallelDims,
@@ -383,7 +432,7 @@ fn dp_and_optimizer(
     compute: f64,
 ) -> (f64, f64, f64) {
     let (pb, rb, k) = bytes_per_param(layout.precision);
-    let n = layout.dp();
+    let n = layout.replicas();
     let link = cluster.group_link(n, layout.tp());
     let gather = |bytes: f64| bucketed(bytes, |b| all_gather(b, n, link));
     let comm = match layout.zero {

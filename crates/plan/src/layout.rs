@@ -2,6 +2,8 @@
 //! searched and costed here as it is): the pieces and parameters each pipeline rank gets and
 //! whether a model and a batch admit the layout ([`PlannedLayout`]), and what a schedule
 //! implies ([`ScheduleModel`]): its bubble and the micro-batches a rank keeps ([`Held`]).
+//! Context parallelism (cp) splits every sequence over cp ranks; parameters are
+//! data-parallel over dp × cp ([`PlannedLayout::replicas`]).
 
 use crate::model::{ModelSpec, stage_ranges};
 use bonfire_layout::{ActivationCheckpointing, Axis};
@@ -152,13 +154,20 @@ pub trait PlannedLayout {
     fn rank_params(&self, model: &ModelSpec, pp_rank: usize) -> usize;
     /// Whether every layer recomputes its activations in backward.
     fn recomputes(&self) -> bool;
+    /// The ranks a parameter is replicated over, and its gradients reduced (and ZeRO's
+    /// state sharded) over: dp × cp (cp ranks hold the same parameters).
+    fn replicas(&self) -> usize;
+    /// Whether sequences of `seq` tokens cut under the layout: into `2·cp` equal chunks
+    /// (the balanced split of `bonfire_dtensor::context::ContextSplit`), and a rank's
+    /// `seq / cp` tokens over tp under sequence parallelism. `Err` says what does not.
+    fn check_sequence(&self, seq: usize) -> Result<(), String>;
     /// Whether the planner can cost the layout for `model` on `global_batch` sequences:
     /// options it models (no offload, no split points, checkpointing off or every layer,
     /// loss parallelism exactly when tp > 1) and shapes that fit (tp divides the heads,
     /// key/value heads, d_ff and the vocabulary; each stage gets a piece; the batch splits
     /// into dp replicas and micro-batches). `Err` says what does not.
     fn check_model(&self, model: &ModelSpec, global_batch: usize) -> Result<(), String>;
-    /// One `key=value` line: `dp=… zero=… tp=… sp=… pp=… schedule=… microbatches=…
+    /// One `key=value` line: `dp=… cp=… zero=… tp=… sp=… pp=… schedule=… microbatches=…
     /// recompute=… precision=… reduce=…`.
     fn record(&self) -> String;
 }
@@ -188,10 +197,29 @@ impl PlannedLayout for ParallelDims {
         self.activation_checkpointing.is_on()
     }
 
-    fn check_model(&self, model: &ModelSpec, global_batch: usize) -> Result<(), String> {
-        if self.cp() > 1 {
-            return Err("the planner does not model context parallelism (cp) yet".into());
+    fn replicas(&self) -> usize {
+        self.dp() * self.cp()
+    }
+
+    fn check_sequence(&self, seq: usize) -> Result<(), String> {
+        let cp = self.cp();
+        if seq % (2 * cp) != 0 {
+            return Err(format!(
+                "a sequence of {seq} tokens does not cut into 2·cp = {} equal chunks (cp = {cp})",
+                2 * cp
+            ));
         }
+        if self.tp_options.sequence_parallel && (seq / cp) % self.tp() != 0 {
+            return Err(format!(
+                "sequence parallelism: {} tokens per cp rank do not split over tp={}",
+                seq / cp,
+                self.tp()
+            ));
+        }
+        Ok(())
+    }
+
+    fn check_model(&self, model: &ModelSpec, global_batch: usize) -> Result<(), String> {
         if self.offload {
             return Err("the planner does not model ZeRO-Offload".into());
         }
@@ -244,9 +272,10 @@ impl PlannedLayout for ParallelDims {
     fn record(&self) -> String {
         let on = |b: bool| if b { "on" } else { "off" };
         format!(
-            "dp={} zero={} tp={} sp={} pp={} schedule={} microbatches={} recompute={} \
+            "dp={} cp={} zero={} tp={} sp={} pp={} schedule={} microbatches={} recompute={} \
              precision={} reduce={}",
             self.dp(),
+            self.cp(),
             self.zero.index(),
             self.tp(),
             on(self.tp_options.sequence_parallel),
@@ -261,11 +290,16 @@ impl PlannedLayout for ParallelDims {
 }
 
 /// The layout the planner starts from for a (dp, tp, pp): DDP in f32, loss parallelism on
-/// tp (as the planner models it), nothing else.
+/// tp (as the planner models it), nothing else (cp = 1; [`context_layout`] adds it).
 pub fn base_layout(dp: usize, tp: usize, pp: usize) -> ParallelDims {
     ParallelDims::new()
         .with_degree(Axis::Dp, dp)
         .with_degree(Axis::Tp, tp)
         .with_degree(Axis::Pp, pp)
         .with_loss_parallel(tp > 1)
+}
+
+/// [`base_layout`] with the sequences split over `cp` ranks (mesh `[pp, dp, cp, tp]`).
+pub fn context_layout(dp: usize, cp: usize, tp: usize, pp: usize) -> ParallelDims {
+    base_layout(dp, tp, pp).with_degree(Axis::Cp, cp)
 }

@@ -63,7 +63,7 @@ pub use cost::{
 pub use error::PlanError;
 pub use layout::{
     Held, MixedPrecision, ParallelDims, PlannedLayout, SEARCHED_SCHEDULES, ScheduleKind,
-    ScheduleModel, ZeroStage, base_layout,
+    ScheduleModel, ZeroStage, base_layout, context_layout,
 };
-pub use model::{Arch, Attention, ModelSpec, PRESETS, stage_ranges};
+pub use model::{Arch, Attention, ModelSpec, PRESETS, RING_KEPT_SCORES, stage_ranges};
 pub use search::{Plan, candidates, estimate_all, plan};

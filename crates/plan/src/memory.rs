@@ -3,7 +3,7 @@
 //! checks against a counting allocator), of what Bonfire's engines actually hold
 //! ([`state_bytes`]: the formula with the two departures that table measured), and of the
 //! rest of a rank's peak: the activations its in-flight micro-batches keep
-//! ([`activation_bytes`]) and the transient buffers of backward and the optimizer step
+//! ([`activation_bytes`], per token of the rank's share of each sequence: [`block_elems`]) and the transient buffers of backward and the optimizer step
 //! ([`transient_bytes`]).
 
 use crate::cost::ChunkShape;
@@ -117,10 +117,7 @@ pub fn activation_bytes(
     let mut bytes = held_bytes(model, layout, chunks, held, tokens, seq);
     if layout.recomputes() && chunks.iter().any(|c| c.blocks > 0) {
         let ab = layout.precision.param.bytes() as f64;
-        bytes +=
-            model.block_activation_elems(layout.tp(), layout.tp_options.sequence_parallel, seq)
-                * tokens
-                * ab;
+        bytes += block_elems(model, layout, seq) * tokens * ab;
     }
     if chunks.iter().any(|c| c.has_head) {
         let buffers = if layout.tp() > 1 { 3.0 } else { 2.0 };
@@ -134,6 +131,15 @@ pub fn activation_bytes(
         bytes += (buffers + half) * logits_bytes(model, layout, tokens);
     }
     bytes
+}
+
+/// Elements a block keeps per token of a rank under `layout` for sequences of `seq` tokens:
+/// [`ModelSpec::block_activation_elems`] and, under context parallelism, what ring attention
+/// keeps beyond it ([`ModelSpec::ring_attention_elems`]). The rank holds `seq / cp` tokens of
+/// each sequence (the caller's token count), each attending over all `seq`.
+pub fn block_elems(model: &ModelSpec, layout: &ParallelDims, seq: usize) -> f64 {
+    model.block_activation_elems(layout.tp(), layout.tp_options.sequence_parallel, seq)
+        + model.ring_attention_elems(layout.tp(), layout.cp(), seq)
 }
 
 /// The f32 logits of one micro-batch on one tp rank (the vocabulary split by the parallel
@@ -170,10 +176,7 @@ pub fn held_bytes(
             };
         (input * tokens * ab, 0.0)
     } else {
-        let per_block =
-            model.block_activation_elems(layout.tp(), layout.tp_options.sequence_parallel, seq)
-                * tokens
-                * ab;
+        let per_block = block_elems(model, layout, seq) * tokens * ab;
         (
             per_block,
             model.block_weight_grad_elems(layout.tp()) * tokens * ab,

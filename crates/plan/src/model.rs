@@ -227,7 +227,8 @@ impl ModelSpec {
         self.n_layers + 2
     }
 
-    fn kv_dim(&self) -> usize {
+    /// The width of the key (and of the value) projection: `n_kv_heads` heads.
+    pub fn kv_dim(&self) -> usize {
         self.d_model / self.n_heads * self.n_kv_heads
     }
 
@@ -329,6 +330,27 @@ impl ModelSpec {
         replicated + (4.0 * d + mlp + scores) / t
     }
 
+    /// Elements a block keeps per token on one rank of `tp` beyond (or, negative, short of)
+    /// [`Self::block_activation_elems`] at `seq` — the whole sequence — when the sequence is
+    /// split over `cp > 1` ranks and attention is Bonfire's ring attention
+    /// (`bonfire_dtensor::context::ring_attention`, which autodiff differentiates step by
+    /// step). Each of the `cp` ring steps computes its block — with balanced chunks no block
+    /// lies wholly in a rank's future, so none is skipped — and keeps for backward that
+    /// block's keys and values repeated to the rank's query heads (the products' inputs,
+    /// `2·d/tp` per token per block, where one attention keeps `2·d/tp` in all) and
+    /// [`RING_KEPT_SCORES`] `T/cp × T/cp` buffers per head (`T/cp × T` over the blocks, where
+    /// one attention keeps `2` of `T × T`); the online softmax's running numerator is kept by
+    /// its final division (`d/tp`), and a row sum or rescale factor per head and block.
+    /// Derived from the code, not fitted. Fused (flash) attention keeps no block: 0.
+    pub fn ring_attention_elems(&self, tp: usize, cp: usize, seq: usize) -> f64 {
+        if cp <= 1 || self.attention == Attention::Flash {
+            return 0.0;
+        }
+        let (d, h, cp) = (self.d_model as f64, self.n_heads as f64, cp as f64);
+        let scores = (RING_KEPT_SCORES - 2.0) * h * seq as f64;
+        ((2.0 * (cp - 1.0) + 1.0) * d + cp * h + scores) / tp as f64
+    }
+
     /// Elements a block keeps per token on one rank of `tp` between its input-gradient
     /// backward (B) and its deferred weight gradients (W) under a zero-bubble schedule: each
     /// linear layer's input and output gradient (`bonfire_dtensor::weight_grad`). The inputs
@@ -352,6 +374,12 @@ impl ModelSpec {
         block.max(self.vocab_size * self.d_model / tp)
     }
 }
+
+/// `[T/cp, T/cp]` buffers per head a ring-attention step keeps for backward: its
+/// probabilities, kept once — by the product with the values and by the exponential, whose
+/// backward (`bonfire_kernels::exp`) uses its output; Burn's own `exp` keeps its input, a
+/// second buffer. Counted from the code, not fitted.
+pub const RING_KEPT_SCORES: f64 = 1.0;
 
 /// The pieces each of `stages` pipeline stages runs, `[start, end)` per stage: an even split
 /// of `pieces` (the first stages one larger), or at the piece indices `points` — the split

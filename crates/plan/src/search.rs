@@ -1,5 +1,6 @@
 //! The search ([`plan`]): every layout of the cluster's ranks the model admits — tp within a
-//! node (a divisor of the devices per node), pp up to the pipeline pieces, dp the rest; each
+//! node (a divisor of the devices per node), pp up to the pipeline pieces, cp a power of two
+//! whose `2·cp` chunks cut the sequence, dp the rest; each
 //! ZeRO stage, ± sequence parallelism, each schedule and micro-batch count, ± recompute, each
 //! requested precision — costed by [`estimate`], the ones that fit ranked by predicted step
 //! time, and the reasons for the top one ([`explain`]).
@@ -9,7 +10,7 @@ use crate::cluster::ClusterSpec;
 use crate::cost::{Estimate, Request, estimate, rank_shapes, schedule_fits};
 use crate::error::PlanError;
 use crate::layout::{
-    ParallelDims, PlannedLayout, SEARCHED_SCHEDULES, ScheduleKind, ZeroStage, base_layout,
+    ParallelDims, PlannedLayout, SEARCHED_SCHEDULES, ScheduleKind, ZeroStage, context_layout,
 };
 use crate::model::ModelSpec;
 use bonfire_layout::ActivationCheckpointing;
@@ -45,8 +46,16 @@ fn microbatch_counts(pp: usize, local: usize) -> Vec<usize> {
     out
 }
 
+/// The cp degrees tried with `n` ranks left after tp and pp, for sequences of `seq` tokens:
+/// 1, and the powers of two dividing `n` whose `2·cp` chunks cut the sequence.
+fn context_degrees(n: usize, seq: usize) -> impl Iterator<Item = usize> {
+    std::iter::successors(Some(1usize), |c| Some(c * 2))
+        .take_while(move |&c| c <= n)
+        .filter(move |&c| n % c == 0 && (c == 1 || seq % (2 * c) == 0))
+}
+
 /// Every layout the model and the batch admit on the cluster (before memory), and the
-/// reasons for the (tp, pp) pairs that were turned away.
+/// reasons for the (tp, pp, cp) triples that were turned away.
 pub fn candidates(
     model: &ModelSpec,
     cluster: &ClusterSpec,
@@ -56,60 +65,79 @@ pub fn candidates(
     let (mut out, mut refused) = (Vec::new(), Vec::new());
     for tp in divisors(cluster.gpus_per_node) {
         for pp in divisors(world / tp) {
-            let dp = world / tp / pp;
-            let mut base = base_layout(dp, tp, pp);
-            if pp > 1 {
-                // The shapes alone: micro-batches are tried below.
-                base = base.with_microbatches(1);
+            for cp in context_degrees(world / tp / pp, req.seq) {
+                let dp = world / tp / pp / cp;
+                let mut base = context_layout(dp, cp, tp, pp);
+                if pp > 1 {
+                    // The shapes alone: micro-batches are tried below.
+                    base = base.with_microbatches(1);
+                }
+                if let Err(reason) = base.check_model(model, req.global_batch) {
+                    let cp = if cp > 1 {
+                        format!(" cp={cp}")
+                    } else {
+                        String::new()
+                    };
+                    refused.push(format!("tp={tp} pp={pp}{cp} dp={dp}: {reason}"));
+                    continue;
+                }
+                out.extend(variants(model, req, context_layout(dp, cp, tp, pp)));
             }
-            if let Err(reason) = base.check_model(model, req.global_batch) {
-                refused.push(format!("tp={tp} pp={pp} dp={dp}: {reason}"));
+        }
+    }
+    (out, refused)
+}
+
+/// The searched variants of `base` (its degrees): each schedule and micro-batch count (with
+/// a pipeline), ZeRO stage (with more than one replica), ± sequence parallelism (tp > 1),
+/// ± recompute of every block, each requested precision.
+fn variants(model: &ModelSpec, req: &Request, base: ParallelDims) -> Vec<ParallelDims> {
+    let (dp, tp, pp) = (base.dp(), base.tp(), base.pp());
+    let schedules: Vec<Option<ScheduleKind>> = if pp > 1 {
+        SEARCHED_SCHEDULES.into_iter().map(Some).collect()
+    } else {
+        vec![None]
+    };
+    let stages: &[ZeroStage] = if base.replicas() > 1 {
+        &ZeroStage::ALL
+    } else {
+        &ZeroStage::ALL[..1]
+    };
+    let mut out = Vec::new();
+    for schedule in schedules {
+        for m in microbatch_counts(pp, req.global_batch / dp) {
+            let mut l = base.clone();
+            if let Some(kind) = schedule {
+                l = l.with_schedule(kind).with_microbatches(m);
+            }
+            if schedule.is_some_and(|s| !schedule_fits(s, pp, m))
+                || l.check_model(model, req.global_batch).is_err()
+            {
                 continue;
             }
-            let schedules: Vec<Option<ScheduleKind>> = if pp > 1 {
-                SEARCHED_SCHEDULES.into_iter().map(Some).collect()
-            } else {
-                vec![None]
-            };
-            let stages: &[ZeroStage] = if dp > 1 {
-                &ZeroStage::ALL
-            } else {
-                &ZeroStage::ALL[..1]
-            };
-            for schedule in schedules {
-                for m in microbatch_counts(pp, req.global_batch / dp) {
-                    let mut l = base_layout(dp, tp, pp);
-                    if let Some(kind) = schedule {
-                        l = l.with_schedule(kind).with_microbatches(m);
-                    }
-                    if schedule.is_some_and(|s| !schedule_fits(s, pp, m))
-                        || l.check_model(model, req.global_batch).is_err()
-                    {
+            for &zero in stages {
+                for sp in [false, true].into_iter().filter(|&s| !s || tp > 1) {
+                    let l = l.clone().with_zero(zero).with_sequence_parallel(sp);
+                    if l.check_sequence(req.seq).is_err() {
                         continue;
                     }
-                    for &zero in stages {
-                        for sp in [false, true].into_iter().filter(|&s| !s || tp > 1) {
-                            for ac in [
-                                ActivationCheckpointing::Off,
-                                ActivationCheckpointing::Every(1),
-                            ] {
-                                for &precision in &req.precisions {
-                                    out.push(
-                                        l.clone()
-                                            .with_zero(zero)
-                                            .with_sequence_parallel(sp)
-                                            .with_activation_checkpointing(ac)
-                                            .with_precision(precision),
-                                    );
-                                }
-                            }
+                    for ac in [
+                        ActivationCheckpointing::Off,
+                        ActivationCheckpointing::Every(1),
+                    ] {
+                        for &precision in &req.precisions {
+                            out.push(
+                                l.clone()
+                                    .with_activation_checkpointing(ac)
+                                    .with_precision(precision),
+                            );
                         }
                     }
                 }
             }
         }
     }
-    (out, refused)
+    out
 }
 
 /// Costs every candidate (ranks' shapes computed once per tp, pp and schedule).
@@ -192,15 +220,16 @@ pub fn plan(model: &ModelSpec, cluster: &ClusterSpec, req: &Request) -> Result<P
 type Member = fn(&ParallelDims) -> bool;
 
 /// The families the reasons compare the winner with.
-const FAMILIES: [(&str, Member); 4] = [
+const FAMILIES: [(&str, Member); 5] = [
     ("DDP", |l| {
-        l.tp() == 1 && l.pp() == 1 && l.zero == ZeroStage::Zero0
+        l.tp() == 1 && l.pp() == 1 && l.cp() == 1 && l.zero == ZeroStage::Zero0
     }),
     ("ZeRO alone", |l| {
-        l.tp() == 1 && l.pp() == 1 && l.zero != ZeroStage::Zero0
+        l.tp() == 1 && l.pp() == 1 && l.cp() == 1 && l.zero != ZeroStage::Zero0
     }),
     ("with tensor parallelism", |l| l.tp() > 1),
     ("with a pipeline", |l| l.pp() > 1),
+    ("with context parallelism", |l| l.cp() > 1),
 ];
 
 /// Why the first of `ranked` won: its memory against the device, the part of the step that
@@ -225,13 +254,14 @@ pub fn explain(
             top.memory.describe(),
         ),
         format!(
-            "time: {:.3} ms = compute {:.3} + kernel launches {:.3} + bubble {:.3} + tp {:.3} + pp {:.3} + dp exposed {:.3} + optimizer {:.3}; bound by {}",
+            "time: {:.3} ms = compute {:.3} + kernel launches {:.3} + bubble {:.3} + tp {:.3} + pp {:.3} + cp ring {:.3} + dp exposed {:.3} + optimizer {:.3}; bound by {}",
             top.step_ms(),
             t.compute * 1e3,
             t.launch * 1e3,
             t.bubble * 1e3,
             t.tp_comm * 1e3,
             t.pp_comm * 1e3,
+            t.cp_comm * 1e3,
             t.dp_comm * 1e3,
             t.optimizer * 1e3,
             t.bound().0

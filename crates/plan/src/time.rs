@@ -3,7 +3,8 @@
 //! plus the link's fixed cost per call; fixed costs per kernel ([`KERNELS_PER_BLOCK`]);
 //! compute from FLOPs at the device's sustained rate; the pipeline's bubble by its schedule;
 //! data-parallel communication hidden behind backward up to the cluster's overlap fraction;
-//! the optimizer step bound by memory bandwidth.
+//! the optimizer step bound by memory bandwidth; context parallelism's ring transfers, each
+//! hidden behind one block's compute up to the overlap fraction ([`ring_transfer`]).
 
 use crate::cluster::LinkSpec;
 
@@ -11,6 +12,12 @@ use crate::cluster::LinkSpec;
 /// their biases, the heads' reshapes, scores, mask, softmax, the activation, residual adds:
 /// about 20 in an eager GPT block); backward launches twice as many.
 pub const KERNELS_PER_BLOCK: f64 = 20.0;
+/// Kernels one step of ring attention launches in a forward (counted in
+/// `bonfire_dtensor::context::ring_attention`: the block's key/value narrows and head
+/// selects, the causal bias from the chunks' positions, the two products, the bias, the
+/// running max, the rescale, exponents, sums and the running numerator's update): a block
+/// under cp > 1 launches `cp` of them besides [`KERNELS_PER_BLOCK`].
+pub const KERNELS_PER_RING_STEP: f64 = 20.0;
 /// Kernels the embeddings (lookups and their sum) launch in a forward.
 pub const KERNELS_EMBEDDING: f64 = 3.0;
 /// Kernels the head (norm, product, loss) launches in a forward.
@@ -41,6 +48,13 @@ pub fn p2p(bytes: f64, link: &LinkSpec) -> f64 {
     bytes / link.bandwidth + link.latency + link.call
 }
 
+/// Seconds one ring step's transfer of `bytes` adds beside `compute` seconds of the block
+/// computed while it travels (the send is posted before the block's compute): the part of
+/// `bytes/B` that `overlap` of the compute does not hide, plus `α + c`.
+pub fn ring_transfer(bytes: f64, compute: f64, overlap: f64, link: &LinkSpec) -> f64 {
+    (bytes / link.bandwidth - overlap * compute).max(0.0) + link.latency + link.call
+}
+
 /// A step's predicted time, by part, seconds.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct StepTime {
@@ -54,6 +68,8 @@ pub struct StepTime {
     pub tp_comm: f64,
     /// Pipeline sends between stages.
     pub pp_comm: f64,
+    /// Context parallelism's ring transfers not hidden behind the blocks' compute.
+    pub cp_comm: f64,
     /// Data-parallel (DDP / ZeRO) communication not hidden behind backward.
     pub dp_comm: f64,
     /// The optimizer step.
@@ -71,6 +87,7 @@ impl StepTime {
             + self.bubble
             + self.tp_comm
             + self.pp_comm
+            + self.cp_comm
             + self.dp_comm
             + self.optimizer
     }
@@ -83,6 +100,7 @@ impl StepTime {
             ("pipeline bubble", self.bubble),
             ("tensor-parallel communication", self.tp_comm),
             ("pipeline communication", self.pp_comm),
+            ("context-parallel ring", self.cp_comm),
             ("data-parallel communication", self.dp_comm),
             ("optimizer step", self.optimizer),
         ]
