@@ -10,6 +10,7 @@
 //! - [`gelu`]: the exact (erf) GELU. On Flex, f32, one vectorizable pass each way (an erf
 //!   with ≤ 1.5e-7 absolute error and an exp by range reduction, sharing `exp(−x²/2)`)
 //!   instead of Flex's scalar `libm::erff`; elsewhere Burn's own `gelu` / `gelu_backward`.
+//! - [`exp`]: `exp`, its backward from the output it keeps (Burn's keeps the input).
 //!
 //! The math of every op is backend-generic (Burn ops on the inner backend) and runs on Flex,
 //! on a CubeCL device (features `wgpu`, `cuda`) and under `Autodiff` of either.
@@ -23,7 +24,7 @@ use burn::backend::{Autodiff, Backend, Dispatch, Flex, TensorMetadata, backend_e
 use burn::tensor::{DType, IndexingUpdateOp, Int, Scalar, Shape, Tensor, TensorData};
 
 /// Backends that run Bonfire's fused ops (see the module docs). Call them through
-/// [`causal_softmax`], [`cross_entropy`] and [`gelu`].
+/// [`causal_softmax`], [`cross_entropy`], [`gelu`] and [`exp`].
 #[backend_extension(Autodiff, Flex, Cube: cfg(any(feature = "wgpu", feature = "cuda")))]
 pub trait FusedBackend: Backend {
     /// `softmax(scale · scores + mask)` over the last dim of `[.., Tq, Tk]`, the mask −∞
@@ -35,6 +36,8 @@ pub trait FusedBackend: Backend {
     fn gelu_erf(x: FloatTensor<Self>) -> FloatTensor<Self>;
     /// `grad · GELU′(x)` (not differentiable itself).
     fn gelu_erf_backward(x: FloatTensor<Self>, grad: FloatTensor<Self>) -> FloatTensor<Self>;
+    /// `exp(x)`, its backward `grad · exp(x)` from the output it keeps.
+    fn exp_keeping_output(x: FloatTensor<Self>) -> FloatTensor<Self>;
 }
 
 /// `softmax(scale · scores + causal mask)` over the last dim of `[B, h, Tq, Tk]` (a query
@@ -57,6 +60,16 @@ pub fn cross_entropy(logits: Tensor<2>, targets: Tensor<1, Int>) -> Tensor<1> {
 /// The exact (erf) GELU.
 pub fn gelu<const D: usize>(x: Tensor<D>) -> Tensor<D> {
     Tensor::from_dispatch(<Dispatch as FusedBackend>::gelu_erf(x.into_dispatch()))
+}
+
+/// `exp(x)`, whose backward keeps the output rather than the input. Burn's `exp` keeps its
+/// input and recomputes the exponential in backward; where the output is kept anyway — an
+/// attention block's probabilities, which the product with the values saves — this keeps one
+/// tensor instead of two.
+pub fn exp<const D: usize>(x: Tensor<D>) -> Tensor<D> {
+    Tensor::from_dispatch(<Dispatch as FusedBackend>::exp_keeping_output(
+        x.into_dispatch(),
+    ))
 }
 
 // ---------------------------------------------------------------------------------------
@@ -176,6 +189,9 @@ impl FusedBackend for Flex {
             _ => <Self as burn::backend::ops::ActivationOps<Self>>::gelu_backward(x, grad),
         }
     }
+    fn exp_keeping_output(x: FloatTensor<Self>) -> FloatTensor<Self> {
+        <Self as burn::backend::ops::FloatTensorOps<Self>>::float_exp(x)
+    }
 }
 
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
@@ -191,6 +207,9 @@ impl FusedBackend for burn::backend::Cube {
     }
     fn gelu_erf_backward(x: FloatTensor<Self>, grad: FloatTensor<Self>) -> FloatTensor<Self> {
         <Self as burn::backend::ops::ActivationOps<Self>>::gelu_backward(x, grad)
+    }
+    fn exp_keeping_output(x: FloatTensor<Self>) -> FloatTensor<Self> {
+        <Self as burn::backend::ops::FloatTensorOps<Self>>::float_exp(x)
     }
 }
 
@@ -248,6 +267,21 @@ impl<B: FusedBackend> Backward<B, 1> for GeluBackward {
     }
 }
 
+#[derive(Debug)]
+struct ExpBackward;
+
+impl<B: FusedBackend> Backward<B, 1> for ExpBackward {
+    /// The output `exp(x)`.
+    type State = FloatTensor<B>;
+
+    fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let grad = grads.consume::<B>(&ops.node);
+        if let [Some(parent)] = ops.parents {
+            grads.register::<B>(parent.id, B::float_mul(grad, ops.state));
+        }
+    }
+}
+
 impl<B: FusedBackend, C: CheckpointStrategy> FusedBackend for Autodiff<B, C> {
     fn causal_softmax(scores: FloatTensor<Self>, scale: f64) -> FloatTensor<Self> {
         let step = CausalSoftmaxBackward { scale };
@@ -300,6 +334,20 @@ impl<B: FusedBackend, C: CheckpointStrategy> FusedBackend for Autodiff<B, C> {
 
     fn gelu_erf_backward(_x: FloatTensor<Self>, _grad: FloatTensor<Self>) -> FloatTensor<Self> {
         panic!("bonfire-kernels: gelu_erf_backward is not differentiable");
+    }
+
+    fn exp_keeping_output(x: FloatTensor<Self>) -> FloatTensor<Self> {
+        match ExpBackward
+            .prepare::<C>([x.node()])
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => {
+                let y = B::exp_keeping_output(x.into_primitive());
+                prep.finish(y.clone(), y)
+            }
+            OpsKind::UnTracked(prep) => prep.finish(B::exp_keeping_output(x.into_primitive())),
+        }
     }
 }
 
@@ -366,6 +414,12 @@ mod tests {
                 .neg()
         };
         same_as(x, |x| cross_entropy(x, targets.clone()), reference, 1e-6);
+    }
+
+    #[test]
+    fn exp_is_burns_exp() {
+        let x = Tensor::<3>::random([2, 7, 33], Distribution::Normal(0.0, 2.0), &device());
+        same_as(x, exp, |x| x.exp(), 1e-5);
     }
 
     #[test]

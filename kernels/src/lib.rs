@@ -27,7 +27,7 @@ mod pack;
 mod quantize;
 
 pub use adamw::{FusedAdamW, FusedAdamWConfig};
-pub use fused::{causal_softmax, cross_entropy, gelu};
+pub use fused::{causal_softmax, cross_entropy, exp, gelu};
 pub use pack::{pack_scaled, unpack_scaled};
 pub use quantize::quantize_with_feedback;
 

@@ -30,6 +30,7 @@ const BENCH_TARGETS: &[BenchTarget] = &[
     BenchTarget::new("train", "bonfire-examples", "train"),
     BenchTarget::new("profile", "bonfire-examples", "profile"),
     BenchTarget::new("tp", "bonfire-examples", "tp_memory"),
+    BenchTarget::new("cp", "bonfire-examples", "context"),
     BenchTarget::new("memory", "bonfire-examples", "memory"),
     BenchTarget::new("pipeline", "bonfire-pipeline", "bubble"),
     // The same name again: its `workload=gpt` lines (the GPT's stages live in the examples).

@@ -4,6 +4,7 @@
 use super::ContextSplit;
 use crate::functional::ring_shift_start;
 use bonfire_comm::ProcessGroup;
+use bonfire_kernels::exp;
 use burn::tensor::{Device, Int, Tensor};
 
 /// The base tag of the ring's messages (step `s` uses `RING_TAG + s`).
@@ -119,15 +120,16 @@ fn merge(
     // The shift by the running max only keeps exp finite: it cancels in the quotient, so it
     // needs no gradient.
     let block_max = scores.clone().detach().max_dim(3);
+    // The block's probabilities: kept once (for this exp and the product with the values).
     match state {
         None => {
-            let p = (scores - block_max.clone()).exp();
+            let p = exp(scores - block_max.clone());
             (block_max, p.clone().sum_dim(3), p.matmul(vb))
         }
         Some((m, l, acc)) => {
             let m_new = m.clone().max_pair(block_max);
             let alpha = (m - m_new.clone()).exp();
-            let p = (scores - m_new.clone()).exp();
+            let p = exp(scores - m_new.clone());
             let l = l * alpha.clone() + p.clone().sum_dim(3);
             (m_new, l, acc * alpha + p.matmul(vb))
         }
