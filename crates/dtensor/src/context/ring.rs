@@ -5,7 +5,7 @@ use super::ContextSplit;
 use crate::functional::ring_shift_start;
 use bonfire_comm::ProcessGroup;
 use bonfire_kernels::exp;
-use burn::tensor::{Device, Int, Tensor};
+use burn::tensor::{DType, Device, Int, Tensor};
 
 /// The base tag of the ring's messages (step `s` uses `RING_TAG + s`).
 pub const RING_TAG: u64 = 0x5249_4e47_0000;
@@ -59,6 +59,9 @@ pub fn ring_attention(
     // Query head j attends with kv head ⌊j·hkv/h⌋ (computed on the device).
     let heads = (Tensor::<1, Int>::arange(0..h as i64, &device) * hkv as i64).div_scalar(h as i64);
     let q = q * (1.0 / (hd as f64).sqrt());
+    // 16-bit inputs: scores, the softmax and its sums in f32 (as the one-device fused softmax
+    // does under autocast), the output back in the input's dtype.
+    let dtype = q.dtype();
     let q_pos = split.positions(me);
     let mut kv = Tensor::cat(vec![k, v], 1);
     // (running max, running sum, running numerator) of the online softmax.
@@ -74,9 +77,7 @@ pub fn ring_attention(
         let k_pos = split.positions(owner);
         let bias = match (causal, Future::of(&q_pos, &k_pos)) {
             (true, Future::All) => None,
-            (true, Future::Some) => {
-                Some(Some(causal_bias(split, me, owner, &device).cast(q.dtype())))
-            }
+            (true, Future::Some) => Some(Some(causal_bias(split, me, owner, &device))),
             _ => Some(None),
         };
         match bias {
@@ -95,7 +96,7 @@ pub fn ring_attention(
         }
     }
     let (_, l, acc) = state.expect("a query attends at least to itself");
-    let out = acc / l;
+    let out = (acc / l).cast(dtype);
     match skipped {
         Some(zero) => out + zero.unsqueeze::<4>(),
         None => out,
@@ -113,7 +114,12 @@ fn merge(
     vb: Tensor<4>,
     bias: Option<Tensor<4>>,
 ) -> Softmax {
-    let mut scores = q.matmul(kb.swap_dims(2, 3));
+    let wide = |t: Tensor<4>| match t.dtype() {
+        DType::F16 | DType::BF16 => t.cast(DType::F32),
+        _ => t,
+    };
+    let mut scores = wide(q.matmul(kb.swap_dims(2, 3)));
+    let vb = wide(vb);
     if let Some(bias) = bias {
         scores = scores + bias;
     }
