@@ -8,7 +8,7 @@
 //! cargo run --example plan -- --model gpt-bench --device cpu --gpus-per-node 2 --global-batch 16
 //! ```
 //!
-//! One line per feasible layout, `plan rank=K dp=… zero=… tp=… sp=… pp=… schedule=…
+//! One line per feasible layout, `plan rank=K dp=… cp=… zero=… tp=… sp=… pp=… schedule=…
 //! microbatches=… recompute=… precision=… reduce=… bytes_per_rank=… step_ms=…`, then `why: …` lines
 //! for the first. A request nothing fits exits with status 2 and `error: no layout fits: …`
 //! (what does not fit where); a model or cluster file with a missing or impossible value
@@ -32,7 +32,7 @@ use bonfire_plan::{
 use clap::Parser;
 
 #[derive(Parser, Debug)]
-#[command(about = "Rank the dp × ZeRO × tp × pp layouts that fit a model on a cluster")]
+#[command(about = "Rank the dp × ZeRO × cp × tp × pp layouts that fit a model on a cluster")]
 struct Cli {
     /// A preset (gpt-bench, gpt3-175b, llama3-8b, llama3-70b, llama3-405b) or a JSON file.
     #[arg(long)]

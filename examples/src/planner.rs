@@ -353,13 +353,15 @@ pub fn measure_layout<M: ParallelModel<Batch = TokenBatch> + Sync>(
 
 /// The planner's bytes for every world rank of `layout` ([`rank_memory`] of its pipeline
 /// stage) training the model `spec` on `req`; `Err` for a layout the planner does not model
-/// ([`PlannedLayout::check_model`]).
+/// ([`PlannedLayout::check_model`]) or whose sequences do not cut
+/// ([`PlannedLayout::check_sequence`]: `2·cp` chunks).
 pub fn predict_ranks(
     spec: &ModelSpec,
     req: &Request,
     layout: &ParallelDims,
 ) -> Result<Vec<MemoryParts>, String> {
     layout.check_model(spec, req.global_batch)?;
+    layout.check_sequence(req.seq)?;
     let shapes = rank_shapes(spec, layout, req.seq);
     Ok((0..layout.world_size())
         .map(|r| rank_memory(spec, req, layout, &shapes, layout.coordinate(r, Axis::Pp)))

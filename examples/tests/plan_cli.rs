@@ -56,6 +56,7 @@ fn plan_ranks_the_layouts_and_explains_the_first() {
     assert_eq!(ranked.len(), 5, "{stdout}");
     for key in [
         "dp=",
+        "cp=",
         "zero=",
         "tp=",
         "sp=",
@@ -162,7 +163,9 @@ fn train_gpt_mesh_auto_trains_the_planners_layout_within_the_budget() {
     assert!(stdout.contains("auto: why: memory: "), "{stdout}");
     // DDP without recompute does not fit 64 MiB: the planner must not pick it.
     assert!(
-        !chosen.contains("dp=2 zero=0 tp=1 sp=off pp=1 schedule=none microbatches=1 recompute=off"),
+        !chosen.contains(
+            "dp=2 cp=1 zero=0 tp=1 sp=off pp=1 schedule=none microbatches=1 recompute=off"
+        ),
         "{chosen}"
     );
     let predicted: f64 = common::number_after(chosen, "bytes_per_rank=");

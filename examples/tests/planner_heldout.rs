@@ -22,6 +22,12 @@
 //! of this set (issue 26) found above the planner's state on every shape, putting every row
 //! of the small shape (state 0.9–14 MB) outside.
 //!
+//! Context parallelism (cp) is held out the same way ([`context_rows`]): the bench GPT's
+//! sizes at 512 tokens, one sequence a step, on one rank and on cp = 2 (± ZeRO-1 over
+//! dp × cp): every rank's bytes within the same band (asserted); the step times' order
+//! wherever the planner separates them by 35 % or more is printed, not asserted
+//! ([`check_time_order`] says why). No constant was fitted on them.
+//!
 //! Every row is asserted. Three changes to the model's *structure* (no constant) were found
 //! on this set and checked on the fit set before they were adopted, so the rows they moved
 //! have informed the model and are not strictly held out any more (docs/planner.md): ZeRO-3
@@ -31,9 +37,12 @@
 //! (small/pp2 zb-v m = 4, rank 0, 1.16).
 
 use bonfire_comm::testing::rank_alloc::RankAllocator;
-use bonfire_examples::planner::{gpt_spec, measure_layout, predict_ranks};
+use bonfire_examples::planner::{calibrate, gpt_spec, measure_layout, predict_ranks, this_machine};
 use bonfire_examples::{Gpt, GptConfig, default_device};
-use bonfire_plan::{MixedPrecision, Request, ScheduleKind, ZeroStage, base_layout};
+use bonfire_plan::{
+    MixedPrecision, Request, ScheduleKind, ZeroStage, base_layout, context_layout, estimate,
+    rank_shapes,
+};
 use bonfire_train::{ActivationCheckpointing, Axis, ParallelDims};
 use std::time::Instant;
 
@@ -41,6 +50,11 @@ use std::time::Instant;
 static HEAP: RankAllocator = RankAllocator;
 
 const STEPS: usize = 2;
+/// Two layouts whose predicted step times differ by at least this factor must be measured in
+/// that order (`tests/planner.rs`'s `SEPARATED`: above this VM's noise between layouts).
+const SEPARATED: f64 = 1.35;
+/// Rounds over the cp layouts for their step times (each layout timed this many times).
+const TIME_ROUNDS: usize = 3;
 /// The band every rank's bytes must keep around the planner's.
 const BAND: f64 = 0.15;
 
@@ -143,7 +157,6 @@ fn held_out_shapes_match_the_planner_per_rank() {
     let mut rows = Vec::new();
     let mut slot = 0;
     for (i, shape) in shapes.iter().enumerate() {
-        let model = Gpt::new(&shape.cfg, &default_device());
         let seq = shape.cfg.max_seq_len;
         let req = Request {
             global_batch: shape.rows,
@@ -152,54 +165,158 @@ fn held_out_shapes_match_the_planner_per_rank() {
             memory_fraction: 1.0,
         };
         for (_, name, layout) in cases.iter().filter(|c| c.0 == i) {
-            let runs = measure_layout(
-                shape.cfg.vocab_size,
-                layout,
-                &model,
-                (shape.rows, seq, STEPS),
-                slot,
-            );
+            let (row, _) = measure_row(shape.name, name, layout, &shape.cfg, (&req, slot));
             slot += layout.world_size();
-            let predicted = predict_ranks(&gpt_spec(&shape.cfg), &req, layout)
-                .expect("a layout the planner models");
-            assert_eq!(runs.len(), predicted.len(), "{name}: ranks");
-            let row = Row {
-                name: format!("{}/{name}", shape.name),
-                state: runs
-                    .iter()
-                    .zip(&predicted)
-                    .map(|(r, p)| r.held as f64 / p.state.total())
-                    .collect(),
-                peak: runs
-                    .iter()
-                    .zip(&predicted)
-                    .map(|(r, p)| r.steady_peak() as f64 / p.total())
-                    .collect(),
-            };
-            eprintln!(
-                "planner-check set=heldout shape={} layout={name} ({layout}) \
-                 measured_held={:?} state_ratio={:.3?} measured_peaks={:?} \
-                 predicted_peaks={:.0?} peak_ratio={:.3?} workspace={:?} \
-                 measured_backward_step={:?} predicted_backward_sum={:.0?}",
-                shape.name,
-                runs.iter().map(|r| r.held).collect::<Vec<_>>(),
-                row.state,
-                runs.iter().map(|r| r.steady_peak()).collect::<Vec<_>>(),
-                predicted.iter().map(|p| p.total()).collect::<Vec<_>>(),
-                row.peak,
-                runs.iter().map(|r| r.workspace).collect::<Vec<_>>(),
-                runs.iter()
-                    .map(|r| (r.backward_peak, r.step_peak))
-                    .collect::<Vec<_>>(),
-                predicted
-                    .iter()
-                    .map(|p| (p.at_backward(), p.at_gradient_sum()))
-                    .collect::<Vec<_>>(),
-            );
             rows.push(row);
         }
     }
+    let times = context_rows(&mut rows, slot);
     check(&rows, clock.elapsed().as_secs_f64());
+    check_time_order(&times);
+}
+
+/// Trains `layout` on `cfg` (`req`'s batch, allocator ranks from `slot`), prints its line and
+/// returns its row and rank 0's fastest step in ms.
+fn measure_row(
+    shape: &str,
+    name: &str,
+    layout: &ParallelDims,
+    cfg: &GptConfig,
+    (req, slot): (&Request, usize),
+) -> (Row, f64) {
+    let model = Gpt::new(cfg, &default_device());
+    let batch = (req.global_batch, req.seq, STEPS);
+    let runs = measure_layout(cfg.vocab_size, layout, &model, batch, slot);
+    let predicted =
+        predict_ranks(&gpt_spec(cfg), req, layout).expect("a layout the planner models");
+    assert_eq!(runs.len(), predicted.len(), "{name}: ranks");
+    let row = Row {
+        name: format!("{shape}/{name}"),
+        state: runs
+            .iter()
+            .zip(&predicted)
+            .map(|(r, p)| r.held as f64 / p.state.total())
+            .collect(),
+        peak: runs
+            .iter()
+            .zip(&predicted)
+            .map(|(r, p)| r.steady_peak() as f64 / p.total())
+            .collect(),
+    };
+    eprintln!(
+        "planner-check set=heldout shape={shape} layout={name} ({layout}) \
+         measured_held={:?} state_ratio={:.3?} measured_peaks={:?} \
+         predicted_peaks={:.0?} peak_ratio={:.3?} workspace={:?} \
+         measured_backward_step={:?} predicted_backward_sum={:.0?} measured_ms={:.1}",
+        runs.iter().map(|r| r.held).collect::<Vec<_>>(),
+        row.state,
+        runs.iter().map(|r| r.steady_peak()).collect::<Vec<_>>(),
+        predicted.iter().map(|p| p.total()).collect::<Vec<_>>(),
+        row.peak,
+        runs.iter().map(|r| r.workspace).collect::<Vec<_>>(),
+        runs.iter()
+            .map(|r| (r.backward_peak, r.step_peak))
+            .collect::<Vec<_>>(),
+        predicted
+            .iter()
+            .map(|p| (p.at_backward(), p.at_gradient_sum()))
+            .collect::<Vec<_>>(),
+        runs[0].step_ms,
+    );
+    (row, runs[0].step_ms)
+}
+
+/// Context parallelism, held out (no constant was fitted on these runs; the planner's cp
+/// terms are derived from the code): the bench GPT's sizes with a 512-token position table —
+/// sequences 4× the fit set's, the scores then 3/4 of a block's activations — one sequence a
+/// step, on one rank and split over cp = 2 rank threads, with and without ZeRO-1 (sharded over
+/// dp × cp). Adds the rows (allocator ranks from `slot`) and returns each layout's name,
+/// measured and predicted step ms.
+fn context_rows(rows: &mut Vec<Row>, mut slot: usize) -> Vec<(String, f64, f64)> {
+    let cfg = GptConfig {
+        max_seq_len: 512,
+        ..GptConfig::bench()
+    };
+    let req = Request {
+        global_batch: 1,
+        seq: cfg.max_seq_len,
+        precisions: vec![MixedPrecision::f32()],
+        memory_fraction: 1.0,
+    };
+    let calib = calibrate(2, cfg.max_seq_len / 2, cfg.d_model, cfg.d_ff);
+    let cluster = this_machine(2, 8 << 30, &calib);
+    let spec = gpt_spec(&cfg);
+    let cases = [
+        ("single", context_layout(1, 1, 1, 1)),
+        ("cp2", context_layout(1, 2, 1, 1)),
+        (
+            "cp2-zero1",
+            context_layout(1, 2, 1, 1).with_zero(ZeroStage::Zero1),
+        ),
+    ];
+    let mut times: Vec<(String, f64, f64)> = cases
+        .iter()
+        .map(|(name, layout)| {
+            let shapes = rank_shapes(&spec, layout, req.seq);
+            let predicted = estimate(&spec, &cluster, &req, layout, &shapes).step_ms();
+            (format!("long/{name}"), f64::MAX, predicted)
+        })
+        .collect();
+    // Round robin, the fastest step of each layout kept (a busy spell hits every layout);
+    // the first round's bytes are the rows.
+    for round in 0..TIME_ROUNDS {
+        for ((name, layout), time) in cases.iter().zip(&mut times) {
+            let (row, ms) = measure_row("long", name, layout, &cfg, (&req, slot));
+            slot += layout.world_size();
+            time.1 = time.1.min(ms);
+            if round == 0 {
+                rows.push(row);
+            }
+        }
+    }
+    for (name, measured, predicted) in &times {
+        eprintln!(
+            "planner-check set=heldout layout={name} measured_ms={measured:.1} \
+             predicted_ms={predicted:.1}"
+        );
+    }
+    times
+}
+
+/// The pairs the planner separates by [`SEPARATED`] or more, and how many were measured in
+/// the predicted order — printed, not asserted: on this 2-core VM cp = 2 under DDP measured
+/// 1.0–1.5 × its prediction (no faster than one rank in two of three loaded runs) while
+/// ZeRO-1 on the same mesh came within 1.1–1.6 ×, a cost of DDP beside the ring's transfer
+/// threads the time model does not have (docs/planner.md). Asserting the order would assert
+/// the load of the machine; the byte rows above are asserted.
+fn check_time_order(times: &[(String, f64, f64)]) {
+    let (mut pairs, mut agree) = (0, 0);
+    for (i, a) in times.iter().enumerate() {
+        for b in &times[i + 1..] {
+            let (fast, slow) = if a.2 <= b.2 { (a, b) } else { (b, a) };
+            if slow.2 / fast.2 < SEPARATED {
+                continue;
+            }
+            pairs += 1;
+            if slow.1 > fast.1 {
+                agree += 1;
+            } else {
+                eprintln!(
+                    "planner-check set=heldout cp time order disagrees: {} predicted {:.2}× \
+                     slower than {}, measured {:.0} vs {:.0} ms",
+                    slow.0,
+                    slow.2 / fast.2,
+                    fast.0,
+                    slow.1,
+                    fast.1
+                );
+            }
+        }
+    }
+    eprintln!(
+        "planner-check set=heldout cp time order: {agree} of {pairs} pairs separated by \
+         {SEPARATED}× in the predicted order (printed, not asserted)"
+    );
 }
 
 /// Every rank of every row within [`BAND`], both figures; the misses
