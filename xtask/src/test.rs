@@ -206,16 +206,21 @@ fn fmt() -> Result<Outcome> {
     Ok(Outcome::Passed)
 }
 
+/// Clippy on the whole workspace, every target, with the features the test step builds:
+/// where lavapipe is present the [`WGPU_PACKAGES`]' `wgpu` features, so that the wgpu code
+/// paths are linted in the same pass (a second pass would check Burn and every crate again:
+/// minutes on a 2-core machine). The code only built *without* `wgpu` — two `--device wgpu`
+/// refusals and `runs_kernels`' fallback, a few lines — is then linted by a developer's
+/// `cargo clippy` alone.
 fn clippy() -> Result<Outcome> {
-    let mut command = process::cargo();
-    command.args([
-        "clippy",
-        "--workspace",
-        "--all-targets",
-        "--",
-        "-D",
-        "warnings",
-    ]);
+    let mut command = if crate::packages::lavapipe_present() {
+        wgpu_cargo("clippy")
+    } else {
+        let mut command = process::cargo();
+        command.arg("clippy");
+        command
+    };
+    command.args(["--workspace", "--all-targets", "--", "-D", "warnings"]);
     process::run(command)?;
     Ok(Outcome::Passed)
 }
@@ -312,8 +317,8 @@ fn mpi() -> Result<Outcome> {
     }
 }
 
-/// Clippy on the feature-gated code: the comm backends (`nccl` always — it builds without
-/// CUDA —, `mpi` when MPI is installed) and the wgpu paths.
+/// Clippy on the comm backends behind features: `nccl` always (it builds without CUDA),
+/// `mpi` when MPI is installed (the wgpu paths are linted by [`clippy`]).
 fn clippy_features() -> Result<Outcome> {
     let features = if crate::mpi::mpirun_available() {
         "nccl,mpi"
@@ -332,13 +337,6 @@ fn clippy_features() -> Result<Outcome> {
         "-D",
         "warnings",
     ]);
-    process::run(command)?;
-    // The wgpu code paths (kernels, the plane's wgpu tests, the examples' wgpu suite).
-    let mut command = wgpu_cargo("clippy");
-    for package in WGPU_PACKAGES {
-        command.args(["-p", package]);
-    }
-    command.args(["--all-targets", "--", "-D", "warnings"]);
     process::run(command)?;
     Ok(Outcome::Passed)
 }
