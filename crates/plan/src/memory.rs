@@ -136,10 +136,15 @@ pub fn activation_bytes(
 /// Elements a block keeps per token of a rank under `layout` for sequences of `seq` tokens:
 /// [`ModelSpec::block_activation_elems`] and, under context parallelism, what ring attention
 /// keeps beyond it ([`ModelSpec::ring_attention_elems`]). The rank holds `seq / cp` tokens of
-/// each sequence (the caller's token count), each attending over all `seq`.
+/// each sequence (the caller's token count), each attending over all `seq`. Counted in
+/// elements of the compute dtype: ring attention's probabilities are f32 under a 16-bit one,
+/// each `4 / bytes` such elements ([`ModelSpec::ring_score_elems`]).
 pub fn block_elems(model: &ModelSpec, layout: &ParallelDims, seq: usize) -> f64 {
-    model.block_activation_elems(layout.tp(), layout.tp_options.sequence_parallel, seq)
-        + model.ring_attention_elems(layout.tp(), layout.cp(), seq)
+    let (tp, cp) = (layout.tp(), layout.cp());
+    let widened = 4.0 / layout.precision.param.bytes() as f64 - 1.0;
+    model.block_activation_elems(tp, layout.tp_options.sequence_parallel, seq)
+        + model.ring_attention_elems(tp, cp, seq)
+        + widened * model.ring_score_elems(tp, cp, seq)
 }
 
 /// The f32 logits of one micro-batch on one tp rank (the vocabulary split by the parallel

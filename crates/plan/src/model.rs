@@ -351,6 +351,17 @@ impl ModelSpec {
         ((2.0 * (cp - 1.0) + 1.0) * d + cp * h + scores) / tp as f64
     }
 
+    /// Of [`Self::ring_attention_elems`], the probabilities ring attention keeps per token on
+    /// one rank of `tp` (`RING_KEPT_SCORES · h · T / tp`): in f32 whatever the compute dtype
+    /// (the ring widens 16-bit scores as the fused softmax does). 0 without cp or under
+    /// fused attention.
+    pub fn ring_score_elems(&self, tp: usize, cp: usize, seq: usize) -> f64 {
+        if cp <= 1 || self.attention == Attention::Flash {
+            return 0.0;
+        }
+        RING_KEPT_SCORES * self.n_heads as f64 * seq as f64 / tp as f64
+    }
+
     /// Elements a block keeps per token on one rank of `tp` between its input-gradient
     /// backward (B) and its deferred weight gradients (W) under a zero-bubble schedule: each
     /// linear layer's input and output gradient (`bonfire_dtensor::weight_grad`). The inputs

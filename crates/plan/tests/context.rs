@@ -6,7 +6,7 @@
 //! layout first; a short one does not, where cp costs more. No machine is measured here
 //! (`examples/tests/planner_heldout.rs` measures cp layouts).
 
-use bonfire_plan::memory::formula;
+use bonfire_plan::memory::{block_elems, formula};
 use bonfire_plan::{
     ClusterSpec, DeviceSpec, LinkSpec, MemoryParts, MixedPrecision, ModelSpec, PlannedLayout,
     Request, ZeroStage, candidates, context_layout, estimate, estimate_all, plan, rank_memory,
@@ -156,6 +156,11 @@ fn activations_divide_by_cp_and_state_shards_over_dp_times_cp() {
             m.activations
         );
     }
+    // Under bf16 the ring's probabilities stay f32: one more bf16-sized element each.
+    let bf16 = context_layout(1, 2, 1, 1).with_precision(MixedPrecision::bf16());
+    let widened =
+        block_elems(&model, &bf16, t) - block_elems(&model, &context_layout(1, 2, 1, 1), t);
+    assert_eq!(widened, h * t as f64);
     let one = memory(&model, &req, &context_layout(1, 1, 1, 1));
     let two = memory(&model, &req, &context_layout(1, 2, 1, 1));
     let ratio = two.activations / one.activations;
