@@ -8,8 +8,8 @@
 //! cross-entropy are `bonfire_kernels`' fused ops with hand-written backwards), Burn's
 //! `loss.backward()`, `GradientsParams::from_grads` and Burn's own `SgdConfig` /
 //! `AdamWConfig` (β1 0.9, β2 0.95, ε 1e-6, weight decay 0.1). Against it, with SGD and AdamW:
-//! Bonfire's one-device run and one layout per axis (DDP dp=2, ZeRO-3 dp=2, tp=2, pp=2 1F1B)
-//! through the parity harness — the loss of every step, every step-0 gradient and every
+//! Bonfire's one-device run and one layout per axis (DDP dp=2, ZeRO-3 dp=2, tp=2, pp=2 1F1B,
+//! cp=2 with ring attention) through the parity harness — the loss of every step, every step-0 gradient and every
 //! parameter after 3 steps, within the suites' tolerances (`common::SGD`, `common::adamw`).
 
 mod common;
@@ -244,6 +244,7 @@ const LAYOUTS: &[(&str, usize, Option<&str>, Option<usize>)] = &[
     ("dp=2", 3, None, None),
     ("tp=2", 0, None, None),
     ("pp=2", 0, Some("1f1b"), Some(4)),
+    ("cp=2", 0, None, None),
 ];
 
 fn check(optim: OptimizerKind) {
