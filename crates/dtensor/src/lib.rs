@@ -93,6 +93,7 @@ pub mod data_parallel;
 mod debug;
 mod dtensor;
 mod error;
+pub mod expert;
 pub mod graph;
 mod mesh;
 pub mod parallel;

@@ -36,6 +36,8 @@ const PLANE_CALLS: &[&str] = &[
     "plane::all_reduce_async",
     "plane::reduce_scatter_async",
     "plane::all_gather",
+    "plane::counts_to_host",
+    "plane::indices_from_host",
     "plane::ledger::current",
     "plane::ledger::record_payload",
 ];
@@ -50,6 +52,7 @@ fn sources() -> Vec<PathBuf> {
         "train/src",
         "dtensor/src/parallel",
         "dtensor/src/context",
+        "dtensor/src/expert",
     ];
     let mut files = Vec::new();
     for root in roots {

@@ -38,6 +38,9 @@ pub enum Reason {
     Checkpoint,
     /// A loss value read for reporting.
     Report,
+    /// Expert parallelism's routed token counts (its all-to-alls' sizes) and the indices
+    /// built from them.
+    Routing,
 }
 
 impl Reason {
@@ -50,6 +53,7 @@ impl Reason {
             Reason::Export => "export",
             Reason::Checkpoint => "checkpoint",
             Reason::Report => "report",
+            Reason::Routing => "routing",
         }
     }
 }

@@ -20,6 +20,7 @@
 
 #[cfg(feature = "cuda")]
 mod cuda;
+mod index;
 pub mod ledger;
 
 use crate::{DTensorError, Result};
@@ -27,6 +28,7 @@ use bonfire_comm::{CommError, ProcessGroup, ReduceOp, Work};
 use burn::tensor::{DType, Device, Tensor, TensorData};
 use ledger::{Direction, Reason};
 
+pub use index::{counts_to_host, indices_from_host};
 pub use ledger::{TransferLedger, Transfers};
 
 /// Whether `device`'s tensors live in host memory (Burn's CPU backends), so that reading them
