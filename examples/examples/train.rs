@@ -199,7 +199,7 @@ fn main() {
         .unwrap_or_else(|e| fail(e));
     choice.validate(cli.run.seq).unwrap_or_else(|e| fail(e));
     let vocab = choice.vocab_size();
-    let rows = cli.run.batch * dims.dp();
+    let rows = cli.run.batch * dims.data_replicas();
     let open = |path: &Path, what: &str| {
         TrainData::packed(
             path,
@@ -236,7 +236,7 @@ fn main() {
     let resumed = cli.ckpt.resume.as_ref().map(|path| {
         let ckpt = Checkpoint::open(path).unwrap_or_else(|e| fail(e));
         run = run
-            .resumed(&ckpt, dims.dp(), cli.run.steps, export_only)
+            .resumed(&ckpt, dims.data_replicas(), cli.run.steps, export_only)
             .unwrap_or_else(|e| fail(e));
         ckpt
     });

@@ -135,7 +135,7 @@ impl Cli {
         for line in lines {
             println!("{line}");
         }
-        self.run.batch = rows / dims.dp();
+        self.run.batch = rows / dims.data_replicas();
         Ok(dims)
     }
 
@@ -249,7 +249,7 @@ fn main() {
         model: serde_json::to_value(cfg).expect("a config serializes"),
         seed: cli.run.seed,
         seq: cli.run.seq,
-        global_rows: cli.run.batch * dims.dp(),
+        global_rows: cli.run.batch * dims.data_replicas(),
         optim: optim.name().into(),
         lr: cli.run.lr,
         data: "generated".into(),
@@ -257,7 +257,7 @@ fn main() {
     let resumed = cli.ckpt.resume.as_ref().map(|path| {
         let ckpt = Checkpoint::open(path).unwrap_or_else(|e| fail(e));
         run = run
-            .resumed(&ckpt, dims.dp(), cli.run.steps, false)
+            .resumed(&ckpt, dims.data_replicas(), cli.run.steps, false)
             .unwrap_or_else(|e| fail(e));
         ckpt
     });

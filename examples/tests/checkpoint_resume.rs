@@ -4,7 +4,8 @@
 //! export of every such checkpoint loads into a plain GPT with the trained values; bad and
 //! hostile checkpoints are refused with a clear error and the engine untouched; a save killed
 //! midway (a child process aborting inside the save) leaves the previous checkpoint the
-//! loadable latest; the last K are kept; a resharding load reads only the blocks it needs.
+//! loadable latest; the last K are kept; a resharding load reads only the blocks it needs;
+//! HSDP (dp_replicate) checkpoints move to and from plain layouts.
 
 mod common;
 
@@ -253,6 +254,16 @@ fn dp2_tp2_zero3_sp_to_pp2_interleaved_zero1() {
         dims("dp=2,tp=2", 3, None, true),
         dims("dp=2,pp=2", 1, Some("interleaved:2"), false),
     );
+}
+
+/// HSDP's checkpoint (replica 0 writes the ZeRO-3 shards) resumes on ZeRO-3 over dp=4 and
+/// on one device; a plain ZeRO-2 checkpoint resumes under HSDP.
+#[test]
+fn hsdp_to_and_from_plain_layouts() {
+    let hsdp = |zero| dims("dp_replicate=2,dp=2", zero, None, false);
+    check_resume(hsdp(3), dims("dp=4", 3, None, false));
+    check_resume(hsdp(3), dims("dp=1", 0, None, false));
+    check_resume(dims("dp=4", 2, None, false), hsdp(1));
 }
 
 /// A leg of `steps` under `mesh` with ZeRO `zero` and `optim`, nothing saved or resumed.

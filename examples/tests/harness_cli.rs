@@ -212,6 +212,47 @@ fn layouts_that_do_not_fit_are_refused_clearly() {
     harness::run(&args(&dir, ok, OptimizerKind::Sgd).unwrap()).unwrap();
 }
 
+/// `--mesh dp_replicate=2,dp=2 --zero 3` (HSDP) runs through the harness and equals one
+/// device; dp_replicate with nothing to shard over, or over rows it does not split, is
+/// refused with what to do.
+#[test]
+fn hsdp_mesh_through_the_harness() {
+    let cfg = common::gpt_cfg();
+    let dir = tmp_dir("hsdp", &cfg);
+    let single = args(&dir, layout("dp=1"), OptimizerKind::AdamW).unwrap();
+    harness::run(&single).unwrap();
+    let want = harness::read_result(&single.out).unwrap();
+    let hsdp = LayoutArgs {
+        zero: 3,
+        ..layout("dp_replicate=2,dp=2")
+    };
+    let a = args(&dir, hsdp, OptimizerKind::AdamW).unwrap();
+    assert_eq!(a.dims.to_string(), "pp=1,dp_replicate=2,dp=2,tp=1 zero=3");
+    harness::run(&a).unwrap();
+    let got = harness::read_result(&a.out).unwrap();
+    assert_eq!(got.len(), want.len());
+    for (name, v) in &want {
+        bonfire_comm::testing::assert_close(name, &got[name], v, common::adamw(a.lr));
+    }
+    let cases = [
+        (
+            LayoutArgs {
+                zero: 2,
+                ..layout("dp_replicate=2")
+            },
+            "dp_replicate=2: HSDP replicates ZeRO stage 2's shards, but there is no dp (or cp) axis",
+        ),
+        (
+            layout("dp_replicate=3"),
+            "dp_replicate=3: the batch's 4 rows do not split over dp_replicate × dp = 3",
+        ),
+    ];
+    for (case, expected) in cases {
+        let err = refused(&dir, case.clone());
+        assert!(err.contains(expected), "{case:?}: {err}");
+    }
+}
+
 /// Split points name pipeline pieces by module path; a name the model does not have is an
 /// error that lists the pieces.
 #[test]

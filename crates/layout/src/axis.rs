@@ -8,6 +8,11 @@ use std::fmt;
 pub enum Axis {
     /// Pipeline parallelism: the model cut into stages.
     Pp,
+    /// HSDP's replicas (FSDP2/torchtitan's `dp_replicate`): outside dp, each replica holds the
+    /// same ZeRO shards as its peers and trains on its own rows of the batch; each shard's
+    /// gradient is all-reduced across the replicas after ZeRO's reduce-scatter within dp.
+    /// Without ZeRO it is plain DDP over dp_replicate × dp × cp.
+    DpReplicate,
     /// Data parallelism (DDP, or ZeRO stage 1–3): replicas on rows of the batch.
     Dp,
     /// Context parallelism: every sequence split over the axis, attention a ring over it;
@@ -20,13 +25,15 @@ pub enum Axis {
 impl Axis {
     /// Every axis, in mesh order (outermost first): pp outermost, tp innermost, cp next to
     /// it (torchtitan's order; consecutive ranks share a tp group, the fastest links, then
-    /// the ring of a cp group).
-    pub const ALL: [Axis; 4] = [Axis::Pp, Axis::Dp, Axis::Cp, Axis::Tp];
+    /// the ring of a cp group); dp_replicate outside dp (torchtitan's order: a ZeRO shard
+    /// group on the nearer ranks, the replicas' all-reduce across the farther links).
+    pub const ALL: [Axis; 5] = [Axis::Pp, Axis::DpReplicate, Axis::Dp, Axis::Cp, Axis::Tp];
 
     /// The axis's name on the mesh and on the command line.
     pub fn name(self) -> &'static str {
         match self {
             Axis::Pp => "pp",
+            Axis::DpReplicate => "dp_replicate",
             Axis::Dp => "dp",
             Axis::Cp => "cp",
             Axis::Tp => "tp",

@@ -96,6 +96,20 @@ impl ParallelDims {
     pub fn dp(&self) -> usize {
         self.degree(Axis::Dp)
     }
+    /// The dp_replicate degree (HSDP's replicas of every ZeRO shard; 1 without HSDP).
+    pub fn dp_replicate(&self) -> usize {
+        self.degree(Axis::DpReplicate)
+    }
+    /// The data-parallel replicas that train on distinct rows of a batch: dp_replicate × dp
+    /// (cp ranks share their replica's rows and split its sequences).
+    pub fn data_replicas(&self) -> usize {
+        self.dp_replicate() * self.dp()
+    }
+    /// Whether the layout is HSDP: replicas (dp_replicate > 1) of ZeRO shards (stage ≥ 1).
+    /// Without ZeRO dp_replicate is plain DDP over dp_replicate × dp × cp.
+    pub fn is_hsdp(&self) -> bool {
+        self.dp_replicate() > 1 && self.zero != ZeroStage::Zero0
+    }
     /// The cp degree (ranks a sequence is split over).
     pub fn cp(&self) -> usize {
         self.degree(Axis::Cp)
@@ -193,6 +207,20 @@ impl ParallelDims {
                 world,
             });
         }
+        if self.is_hsdp() && self.dp() * self.cp() == 1 {
+            return Err(LayoutError::axis(
+                Axis::DpReplicate,
+                self.dp_replicate(),
+                format!(
+                    "HSDP replicates ZeRO stage {}'s shards, but there is no dp (or cp) axis to \
+                     shard over: add one (e.g. dp_replicate={},dp=2), or use dp={} for ZeRO \
+                     over every rank",
+                    self.zero.index(),
+                    self.dp_replicate(),
+                    self.dp_replicate()
+                ),
+            ));
+        }
         if let Err(reason) = self.precision.validate() {
             return Err(LayoutError::axis(Axis::Dp, self.dp(), reason));
         }
@@ -245,12 +273,16 @@ impl ParallelDims {
 }
 
 impl fmt::Display for ParallelDims {
-    /// `pp=2,dp=2,tp=2` plus the options in use, e.g. `dp=2,tp=2 zero=3 sp`; `cp` appears
-    /// when it is used (`pp=1,dp=2,cp=2,tp=1`), so layouts without it read as they always did.
+    /// `pp=2,dp=2,tp=2` plus the options in use, e.g. `dp=2,tp=2 zero=3 sp`; `cp` and
+    /// `dp_replicate` appear when they are used (`pp=1,dp_replicate=2,dp=2,cp=2,tp=1`), so
+    /// layouts without them read as they always did.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let degrees: Vec<String> = Axis::ALL
             .iter()
-            .filter(|&&a| a != Axis::Cp || self.cp() > 1)
+            .filter(|&&a| {
+                (a != Axis::Cp || self.cp() > 1)
+                    && (a != Axis::DpReplicate || self.dp_replicate() > 1)
+            })
             .map(|&a| format!("{a}={}", self.degree(a)))
             .collect();
         write!(f, "{}", degrees.join(","))?;
@@ -290,11 +322,16 @@ mod tests {
         let at = |r| Axis::ALL.map(|a| d.coordinate(r, a));
         assert_eq!(
             (at(0), at(4), at(7), at(11)),
-            ([0, 0, 0, 0], [0, 1, 0, 1], [1, 0, 0, 1], [1, 1, 0, 2])
+            (
+                [0, 0, 0, 0, 0],
+                [0, 0, 1, 0, 1],
+                [1, 0, 0, 0, 1],
+                [1, 0, 1, 0, 2]
+            )
         );
         let c = ParallelDims::parse_mesh("dp=2,cp=2,tp=2").unwrap();
         assert_eq!(c.to_string(), "pp=1,dp=2,cp=2,tp=2");
-        assert_eq!(Axis::ALL.map(|a| c.coordinate(5, a)), [0, 1, 0, 1]);
+        assert_eq!(Axis::ALL.map(|a| c.coordinate(5, a)), [0, 0, 1, 0, 1]);
         assert_eq!(d.to_string(), "pp=2,dp=2,tp=3", "cp=1 is not printed");
         assert!(ParallelDims::parse_mesh("dp=0").is_err());
         assert!(
@@ -330,5 +367,32 @@ mod tests {
         let ok = d.with_schedule(ScheduleKind::OneFOneB).with_microbatches(4);
         ok.validate(12).unwrap();
         assert_eq!(ok.to_string(), "pp=2,dp=2,tp=3 schedule=1f1b m=4");
+    }
+
+    #[test]
+    fn hsdp_parses_prints_and_is_checked() {
+        let h = ParallelDims::parse_mesh("dp_replicate=2,dp=2,tp=2")
+            .unwrap()
+            .with_zero(ZeroStage::Zero3);
+        assert_eq!(h.to_string(), "pp=1,dp_replicate=2,dp=2,tp=2 zero=3");
+        assert_eq!(
+            (h.dp_replicate(), h.data_replicas(), h.world_size()),
+            (2, 4, 8)
+        );
+        assert!(h.is_hsdp());
+        h.validate(8).unwrap();
+        // dp_replicate is outside dp: ranks 0–3 are replica 0, 4–7 replica 1.
+        assert_eq!(Axis::ALL.map(|a| h.coordinate(6, a)), [0, 1, 1, 0, 0]);
+        let back = ParallelDims::parse_mesh(h.to_string().split(' ').next().unwrap()).unwrap();
+        assert_eq!(back.with_zero(ZeroStage::Zero3), h);
+        let ddp = ParallelDims::parse_mesh("dp_replicate=2").unwrap();
+        assert!(!ddp.is_hsdp(), "without ZeRO it is DDP");
+        ddp.validate(2).unwrap();
+        let e = ddp.with_zero(ZeroStage::Zero2).validate(2).unwrap_err();
+        assert!(
+            e.to_string()
+                .starts_with("dp_replicate=2: HSDP replicates ZeRO stage 2's shards"),
+            "{e}"
+        );
     }
 }

@@ -162,7 +162,7 @@ pub trait PlannedLayout {
     /// `seq / cp` tokens over tp under sequence parallelism. `Err` says what does not.
     fn check_sequence(&self, seq: usize) -> Result<(), String>;
     /// Whether the planner can cost the layout for `model` on `global_batch` sequences:
-    /// options it models (no offload, no split points, checkpointing off or every layer,
+    /// options it models (no dp_replicate, no offload, no split points, checkpointing off or every layer,
     /// loss parallelism exactly when tp > 1) and shapes that fit (tp divides the heads,
     /// key/value heads, d_ff and the vocabulary; each stage gets a piece; the batch splits
     /// into dp replicas and micro-batches). `Err` says what does not.
@@ -220,6 +220,14 @@ impl PlannedLayout for ParallelDims {
     }
 
     fn check_model(&self, model: &ModelSpec, global_batch: usize) -> Result<(), String> {
+        if self.dp_replicate() > 1 {
+            return Err(format!(
+                "the planner does not model dp_replicate (HSDP's replicas: ZeRO state sharded \
+                 over dp only, a second all-reduce across dp_replicate={}): plan dp={} instead",
+                self.dp_replicate(),
+                self.data_replicas()
+            ));
+        }
         if self.offload {
             return Err("the planner does not model ZeRO-Offload".into());
         }

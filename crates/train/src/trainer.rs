@@ -84,6 +84,17 @@ impl Trainer {
         dims.validate(world)?;
         self.dp.check(dims)?;
         let rows = batch.rows();
+        if dims.dp_replicate() > 1 && rows % dims.data_replicas() != 0 {
+            return Err(LayoutError::axis(
+                Axis::DpReplicate,
+                dims.dp_replicate(),
+                format!(
+                    "the batch's {rows} rows do not split over dp_replicate × dp = {} \
+                     data-parallel replicas",
+                    dims.data_replicas()
+                ),
+            ));
+        }
         if rows % dims.dp() != 0 {
             return Err(LayoutError::NotDivisible {
                 axis: Axis::Dp,
@@ -116,7 +127,7 @@ impl Trainer {
             checkpointing::check(model.clone().pipeline().as_ref(), dims)?;
         }
         if dims.pp() > 1 {
-            let per_replica = rows / dims.dp();
+            let per_replica = rows / dims.data_replicas();
             let m = dims.microbatches();
             if m > per_replica {
                 return Err(LayoutError::axis(
@@ -163,7 +174,7 @@ impl Trainer {
             let plan = model.tensor_parallel_plan(&dims).expect("checked");
             model = parallelize_module(model, &mesh, Axis::Tp.name(), &plan)?;
         }
-        if model.layers().is_empty() && dims.dp() * dims.cp() > 1 && world.rank() == 0 {
+        if model.layers().is_empty() && dims.data_replicas() * dims.cp() > 1 && world.rank() == 0 {
             tracing::info!(
                 "bonfire-train: the model names no layers, so {} (run layers through \
                  `bonfire_dtensor::layer` and list them in `ParallelModel::layers`)",
@@ -183,9 +194,7 @@ impl Trainer {
             loss_scale: 1.0,
         };
         if at.dims.pp() == 1 {
-            let wrapper = self
-                .dp
-                .build(model, &at.replica_mesh()?, Axis::Dp.name(), &at.dims)?;
+            let wrapper = self.dp.build_at(model, &at)?;
             return Ok(Box::new(ReplicaEngine::new(at, wrapper, layout)));
         }
         let pipeline = model.pipeline().expect("checked");

@@ -127,6 +127,24 @@ impl DpSpec {
     }
 }
 
+impl DpSpec {
+    /// This rank's wrapper of `model` at its place `at` in the layout: on the dp wrapper's
+    /// group ([`RankMesh::replica_mesh`](crate::RankMesh)), and under HSDP with ZeRO's
+    /// replica group (dp_replicate), across which each shard's gradient is averaged. A
+    /// collective on the wrapper's group.
+    pub(crate) fn build_at<M: Module>(
+        &self,
+        model: M,
+        at: &crate::RankMesh,
+    ) -> Result<DpWrapper<M>, TrainError> {
+        let built = self.build(model, &at.replica_mesh()?, Axis::Dp.name(), &at.dims)?;
+        Ok(match (built, at.replicate_group()) {
+            (DpWrapper::Zero(z), Some(g)) => DpWrapper::Zero(Box::new(z.with_replicas(g.clone()))),
+            (w, _) => w,
+        })
+    }
+}
+
 /// DDP or ZeRO, chosen at run time.
 pub enum DpWrapper<M: Module> {
     /// DDP (ZeRO stage 0): every dp rank holds the whole state and gradients are all-reduced.

@@ -123,6 +123,21 @@ impl<M: Module> Zero<M> {
             }
             ZeroStage::Zero3 => unreachable!("stage 3 keeps a shard"),
         }
+        self.reduce_replicas()
+    }
+
+    /// HSDP: averages this rank's reduced gradient (the full vector at stages 0–1, the own
+    /// range at 2–3) across the replicas of its shards ([`Zero::with_replicas`]), so that it
+    /// is the mean over the shard group × the replicas.
+    fn reduce_replicas(&mut self) -> Result<()> {
+        let Some(replicas) = self.replicas.clone() else {
+            return Ok(());
+        };
+        if let Some(Some(g)) = self.grads.take() {
+            self.grads = Some(Some(plane::all_reduce(g, ReduceOp::Avg, &replicas)?));
+        } else {
+            self.grads = Some(None);
+        }
         Ok(())
     }
 
@@ -294,7 +309,7 @@ impl<M: Module> DataParallel<M> for Zero<M> {
             let g = (!parts.is_empty()).then(|| bonfire_kernels::pack_scaled(&parts, scale));
             self.grads = Some(g);
             self.pieces.clear();
-            return Ok(());
+            return self.reduce_replicas();
         }
         let per_param = std::mem::replace(&mut self.accumulated, vec![None; self.infos.len()]);
         self.reduce_parts(per_param)

@@ -30,6 +30,9 @@ use std::sync::{Arc, Mutex};
 /// rank its own parameters (`model.fork(&device)`).
 pub struct Zero<M: Module> {
     pub(crate) pg: ProcessGroup,
+    /// HSDP: the ranks that hold the same shards as this one (same place in `pg`, another
+    /// replica); each shard's gradient is averaged across them after the reduction in `pg`.
+    pub(crate) replicas: Option<ProcessGroup>,
     pub(crate) config: ZeroConfig,
     pub(crate) infos: Arc<Vec<ParamInfo>>,
     pub(crate) part: Arc<Partition>,
@@ -147,6 +150,7 @@ impl<M: Module> Zero<M> {
             accumulated: vec![None; infos.len()],
             accumulated_own: Default::default(),
             pg,
+            replicas: None,
             config,
             infos: Arc::new(infos),
             part: Arc::new(part),
@@ -164,6 +168,21 @@ impl<M: Module> Zero<M> {
             timing: StepTiming::default(),
             timings: Vec::new(),
         })
+    }
+
+    /// HSDP (FSDP2's hybrid sharding): `replicas` is the group of ranks that hold this rank's
+    /// shards — the same rank of another copy of the shard group, each training on its own
+    /// rows. After every reduction within the shard group (stage 1's all-reduce, stages 2–3's
+    /// reduce-scatter) this rank's gradient is all-reduced across `replicas` and averaged, so
+    /// that the step sees the mean over all of them. Parameters and optimizer state stay
+    /// equal on the replicas (same values, same gradients). A group of one rank is no change.
+    pub fn with_replicas(mut self, replicas: ProcessGroup) -> Self {
+        self.replicas = (replicas.size() > 1).then_some(replicas);
+        self
+    }
+    /// The HSDP replica group ([`with_replicas`](Self::with_replicas)), if any.
+    pub fn replicas(&self) -> Option<&ProcessGroup> {
+        self.replicas.as_ref()
     }
 
     /// The flat range this rank owns (all of it at stage 0).

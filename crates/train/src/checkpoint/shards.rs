@@ -71,6 +71,9 @@ pub(crate) struct Holding<'a> {
     pub tp_rank: usize,
     pub tp_size: usize,
     pub dp_rank: usize,
+    /// HSDP: which replica of the ZeRO shards this rank is (its dp_replicate coordinate; 0
+    /// without HSDP). Only replica 0 writes its shards.
+    pub replica: usize,
 }
 
 impl Holding<'_> {
@@ -139,7 +142,7 @@ pub(crate) fn rank_state<M: Module>(
         }
         DpWrapper::Zero(z) => {
             let replicated = z.config().stage == ZeroStage::Zero0;
-            if !replicated || h.dp_rank == 0 {
+            if h.replica == 0 && (!replicated || h.dp_rank == 0) {
                 let own = z.own_values();
                 let start = z.own_range().start;
                 let states = z.optimizer().export_all();

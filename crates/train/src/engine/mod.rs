@@ -39,10 +39,7 @@ pub trait Engine<B> {
     }
     /// This rank's data-parallel replica: which rows of a global batch it trains on.
     fn replica(&self) -> Replica {
-        Replica {
-            index: self.place().coord(crate::Axis::Dp),
-            count: self.dims().dp(),
-        }
+        self.place().data_replica()
     }
     /// Forward and backward of this replica's rows of a global batch (see
     /// [`replica`](Self::replica); its micro-batches under a pipeline), with the gradients
@@ -183,20 +180,60 @@ impl RankMesh {
             .coord(axis.name())
             .expect("every axis is on the mesh")
     }
+    /// This rank's data-parallel replica: which rows of a global batch it trains on
+    /// (dp_replicate × dp replicas, dp_replicate outermost; cp ranks share their replica's
+    /// rows).
+    pub fn data_replica(&self) -> Replica {
+        Replica {
+            index: self.coord(crate::Axis::DpReplicate) * self.dims.dp()
+                + self.coord(crate::Axis::Dp),
+            count: self.dims.data_replicas(),
+        }
+    }
+
     /// The mesh the dp wrapper averages gradients over, one axis named `dp`: dp alone, or
-    /// dp × cp flattened (context-parallel ranks hold the same parameters and see different
-    /// tokens, so they reduce gradients together).
+    /// the data-parallel axes flattened (context-parallel ranks hold the same parameters and
+    /// see different tokens, so they reduce gradients together): dp × cp under ZeRO — HSDP's
+    /// shard group, its replicas reduced apart ([`replicate_group`](Self::replicate_group)) —
+    /// and dp_replicate × dp × cp under DDP.
     pub(crate) fn replica_mesh(&self) -> Result<bonfire_dtensor::DeviceMesh, TrainError> {
-        if self.dims.cp() == 1 {
+        use crate::Axis;
+        let axes: &[Axis] = if self.dims.is_hsdp() {
+            &[Axis::Dp, Axis::Cp]
+        } else {
+            &[Axis::DpReplicate, Axis::Dp, Axis::Cp]
+        };
+        let names: Vec<&str> = axes
+            .iter()
+            .filter(|&&a| self.dims.degree(a) > 1)
+            .map(|a| a.name())
+            .collect();
+        if names.is_empty() || names == [Axis::Dp.name()] {
             return Ok(self.mesh.clone());
         }
-        let dp_cp = self
-            .mesh
-            .submesh(&[crate::Axis::Dp.name(), crate::Axis::Cp.name()])?;
+        let flat = self.mesh.submesh(&names)?;
         Ok(bonfire_dtensor::DeviceMesh::one_d(
-            dp_cp.world(),
-            crate::Axis::Dp.name(),
+            flat.world(),
+            Axis::Dp.name(),
         )?)
+    }
+
+    /// HSDP's replica group: the ranks holding this rank's ZeRO shards (its dp_replicate
+    /// slice); `None` without HSDP.
+    pub(crate) fn replicate_group(&self) -> Option<&ProcessGroup> {
+        self.dims
+            .is_hsdp()
+            .then(|| self.group(crate::Axis::DpReplicate))
+    }
+
+    /// Averages `value` (a loss already averaged over the dp wrapper's group) over HSDP's
+    /// replicas too, so that it is the mean over the whole global batch. A collective on the
+    /// replica group (nothing without HSDP).
+    pub(crate) fn average_replicas(&self, value: &mut [f32]) -> Result<(), TrainError> {
+        if let Some(g) = self.replicate_group() {
+            g.all_reduce(value, bonfire_comm::ReduceOp::Avg)?;
+        }
+        Ok(())
     }
 
     /// With a cp axis: this rank's chunks of every sequence of `batch` and the context scope
@@ -238,8 +275,23 @@ impl RankMesh {
             indices,
             tp_rank: self.coord(crate::Axis::Tp),
             tp_size: self.dims.tp(),
-            // The rank in the dp wrapper's group (dp × cp, row-major).
-            dp_rank: self.coord(crate::Axis::Dp) * self.dims.cp() + self.coord(crate::Axis::Cp),
+            // The rank in the dp wrapper's group (dp × cp, row-major; dp_replicate outside
+            // them under DDP).
+            dp_rank: self.wrapper_rank(),
+            replica: match self.dims.is_hsdp() {
+                true => self.coord(crate::Axis::DpReplicate),
+                false => 0,
+            },
+        }
+    }
+
+    /// This rank's place in the dp wrapper's group (see [`replica_mesh`](Self::replica_mesh)).
+    fn wrapper_rank(&self) -> usize {
+        use crate::Axis;
+        let shard = self.coord(Axis::Dp) * self.dims.cp() + self.coord(Axis::Cp);
+        match self.dims.is_hsdp() {
+            true => shard,
+            false => self.coord(Axis::DpReplicate) * self.dims.dp() * self.dims.cp() + shard,
         }
     }
 }

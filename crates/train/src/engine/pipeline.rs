@@ -219,12 +219,7 @@ where
         let stages = split_at(pieces, &points)?;
         let chunks = chunks_for_rank(&stages, &schedule, pp_rank)?;
         drop(stages);
-        let wrapper = ctx.dp.build(
-            chunks,
-            &ctx.at.replica_mesh()?,
-            Axis::Dp.name(),
-            &ctx.at.dims,
-        )?;
+        let wrapper = ctx.dp.build_at(chunks, &ctx.at)?;
         Ok(Box::new(PipelineEngine {
             at: ctx.at,
             schedule,
@@ -283,7 +278,7 @@ impl<P: Block<D>, const D: usize, B: Rows> PipelineEngine<P, D, B> {
     /// losses — each cp rank its tokens' mean, as many tokens on each).
     fn global_loss(&self, loss: Option<f64>) -> Result<f64, TrainError> {
         let dims = &self.at.dims;
-        let replicas = (dims.dp() * dims.cp() * dims.tp()) as f64;
+        let replicas = (dims.data_replicas() * dims.cp() * dims.tp()) as f64;
         let mut global = [loss.map_or(0.0, |l| l / replicas)];
         self.at
             .mesh
@@ -294,7 +289,7 @@ impl<P: Block<D>, const D: usize, B: Rows> PipelineEngine<P, D, B> {
 
     /// Every parameter whole from this rank's `local` ones (a collective on tp and the world).
     fn assemble(&self, local: Vec<ParamValues>) -> Result<Vec<ParamValues>, TrainError> {
-        let contributes = [Axis::Dp, Axis::Cp, Axis::Tp]
+        let contributes = [Axis::DpReplicate, Axis::Dp, Axis::Cp, Axis::Tp]
             .iter()
             .all(|&a| self.at.coord(a) == 0);
         self.layout.whole_assembled(

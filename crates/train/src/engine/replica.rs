@@ -58,6 +58,7 @@ impl<M: ParallelModel> Engine<M::Batch> for ReplicaEngine<M> {
         self.wrapper
             .process_group()
             .all_reduce(&mut value, ReduceOp::Avg)?;
+        self.at.average_replicas(&mut value)?;
         Ok(value[0])
     }
 
@@ -68,6 +69,7 @@ impl<M: ParallelModel> Engine<M::Batch> for ReplicaEngine<M> {
         self.wrapper
             .process_group()
             .all_reduce(&mut value, ReduceOp::Avg)?;
+        self.at.average_replicas(&mut value)?;
         Ok(value[0])
     }
 

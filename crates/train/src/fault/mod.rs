@@ -159,8 +159,18 @@ pub fn print_summary<B>(run: &FaultRun<B>) {
     );
 }
 
-/// Refuses a layout fault tolerance cannot serve: anything but pure dp.
+/// Refuses a layout fault tolerance cannot serve: anything but pure dp. dp_replicate is
+/// refused too: the survivors re-form one dp group (`Trainer::with_dp`), and HSDP's two
+/// groups (shards and replicas) would have to be re-cut around the dead rank.
 pub fn check_layout(dims: &ParallelDims) -> Result<(), LayoutError> {
+    if dims.dp_replicate() > 1 {
+        return Err(LayoutError::axis(
+            Axis::DpReplicate,
+            dims.dp_replicate(),
+            "fault tolerance re-forms one dp group from the survivors: use dp alone (e.g. \
+             dp=4 instead of dp_replicate=2,dp=2)",
+        ));
+    }
     for axis in [Axis::Cp, Axis::Tp, Axis::Pp] {
         let degree = dims.degree(axis);
         if degree > 1 {
