@@ -1,5 +1,5 @@
 //! The parity harness (see the contract in the repository's notes): a fixed model — the
-//! contract's GPT, or a Llama when the config is a Hugging Face `config.json` — trained for a
+//! contract's GPT, or a Llama or a Mixtral when the config is a Hugging Face `config.json` — trained for a
 //! few SGD or AdamW steps under any layout, through the trainer's one loop, writing the
 //! parameters, the step-0 gradients and the losses.
 
@@ -10,6 +10,7 @@ use bonfire_models::data::TokenBatch;
 use bonfire_models::gpt::Gpt;
 use bonfire_models::gpt::config::GptConfig;
 use bonfire_models::llama::{Llama, LlamaConfig};
+use bonfire_models::mixtral::{Mixtral, MixtralConfig};
 use bonfire_models::tensor_file::{self, HostTensor};
 use bonfire_models::weights;
 use bonfire_train::{
@@ -94,14 +95,16 @@ pub fn device(name: &str) -> Result<Device, String> {
     }
 }
 
-/// The model of a harness config: the contract's GPT (`cfg.json`), or a Llama (a Hugging Face
-/// `config.json` with `"model_type": "llama"`).
+/// The model of a harness config: the contract's GPT (`cfg.json`), or a Llama or a Mixtral (a
+/// Hugging Face `config.json` with `"model_type": "llama"` or `"mixtral"`).
 #[derive(Debug, Clone)]
 pub enum HarnessConfig {
     /// The contract's GPT.
     Gpt(GptConfig),
     /// A Hugging Face Llama.
     Llama(LlamaConfig),
+    /// A Hugging Face Mixtral.
+    Mixtral(MixtralConfig),
 }
 
 impl HarnessConfig {
@@ -112,7 +115,9 @@ impl HarnessConfig {
         let value: serde_json::Value = serde_json::from_str(&text)
             .map_err(|e| format!("invalid config {}: {e}", path.display()))?;
         let what = path.display().to_string();
-        if value.get("model_type").is_some() {
+        if value.get("model_type").and_then(|t| t.as_str()) == Some("mixtral") {
+            MixtralConfig::from_json(&what, &text).map(Self::Mixtral)
+        } else if value.get("model_type").is_some() {
             LlamaConfig::from_json(&what, &text).map(Self::Llama)
         } else {
             GptConfig::from_json(&what, &text).map(Self::Gpt)
@@ -124,6 +129,7 @@ impl HarnessConfig {
         match self {
             Self::Gpt(c) => (c.vocab_size, c.max_seq_len),
             Self::Llama(c) => (c.vocab_size, c.max_position_embeddings),
+            Self::Mixtral(c) => (c.base.vocab_size, c.base.max_position_embeddings),
         }
     }
 }
@@ -150,6 +156,10 @@ pub fn run(args: &HarnessArgs) -> Result<HarnessResult, String> {
         }
         HarnessConfig::Llama(c) => {
             let model = weights::load(Llama::new(c, &device), &args.weights)?;
+            train(&model, &batches, dims, optim, steps, lr)?
+        }
+        HarnessConfig::Mixtral(c) => {
+            let model = weights::load(Mixtral::new(c, &device), &args.weights)?;
             train(&model, &batches, dims, optim, steps, lr)?
         }
     };

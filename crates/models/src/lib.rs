@@ -9,6 +9,8 @@
 //!   trained on token batches ([`data`]).
 //! - [`llama`]: Hugging Face's Llama, parameters under transformers' names, its config a
 //!   Hugging Face `config.json`.
+//! - [`mixtral`]: Hugging Face's Mixtral (a sparse mixture of experts in every layer), the
+//!   Llama's attention and layers ([`decoder_layer`]) around its router and experts.
 //! - [`classifier`]: a plain Burn model, trained with DDP and ZeRO with no change to its code.
 //!
 //! [`layers`] are the parallel-aware layers the models are built from; [`decoder`] what the
@@ -22,9 +24,11 @@
 pub mod classifier;
 pub mod data;
 pub mod decoder;
+pub mod decoder_layer;
 pub mod gpt;
 pub mod layers;
 pub mod llama;
+pub mod mixtral;
 pub mod pretrained;
 pub mod tensor_file;
 pub mod weights;
@@ -32,3 +36,4 @@ pub mod weights;
 pub use classifier::Classifier;
 pub use gpt::{Gpt, GptConfig, cross_entropy};
 pub use llama::{Llama, LlamaConfig};
+pub use mixtral::{Mixtral, MixtralConfig};

@@ -69,14 +69,24 @@ impl LlamaConfig {
     /// `num_key_value_heads` to `num_attention_heads`. Tied embeddings, biases and a rope
     /// scaling other than the default are refused (the model has none of them).
     pub fn from_json(what: &str, text: &str) -> Result<Self, String> {
+        Self::from_json_of("llama", what, text)
+    }
+
+    /// [`from_json`](Self::from_json) for a config of `model_type` (the Llama family's
+    /// shared fields: the Mixtral reads its own on top).
+    pub(crate) fn from_json_of(model_type: &str, what: &str, text: &str) -> Result<Self, String> {
         let bad = |reason: String| format!("{what}: {reason}");
         let v: Value = serde_json::from_str(text).map_err(|e| bad(format!("not JSON: {e}")))?;
         let obj = v
             .as_object()
             .ok_or_else(|| bad("not a JSON object".into()))?;
         match obj.get("model_type").and_then(Value::as_str) {
-            Some("llama") => {}
-            other => return Err(bad(format!("model_type is {other:?}, not \"llama\""))),
+            Some(t) if t == model_type => {}
+            other => {
+                return Err(bad(format!(
+                    "model_type is {other:?}, not \"{model_type}\""
+                )));
+            }
         }
         for (flag, meaning) in [
             ("tie_word_embeddings", "tied embeddings"),

@@ -21,7 +21,7 @@
 //! are summed over tp. (That keeps h_kv·hd·d values of each projection per rank where
 //! Megatron keeps hd·d; the planner does not search tp above the kv heads yet.)
 
-use super::model::{DecoderLayer, Llama, embed, head};
+use super::model::{Attention, DecoderLayer, Llama, embed, head};
 use crate::data::TokenBatch;
 use crate::decoder::{DecoderStyles, check_sequence, divisible, token_input, token_loss};
 use crate::layers::{Embedding, Linear, RmsNorm};
@@ -41,6 +41,21 @@ pub fn llama_tp_plan(
     replicate_kv: bool,
 ) -> ParallelPlan {
     let st = DecoderStyles::new(sequence_parallel, loss_parallel);
+    attention_tp_plan(sequence_parallel, loss_parallel, replicate_kv)
+        .add("model.layers.*.mlp.gate_proj", st.colwise)
+        .add("model.layers.*.mlp.up_proj", st.colwise)
+        .add("model.layers.*.mlp.down_proj", st.rowwise)
+}
+
+/// The plan of every Llama-family decoder without its feed-forward: the embedding, the
+/// attention projections, the norms under sequence parallelism and the head (the Llama adds
+/// its MLP; the Mixtral keeps its router and experts whole on every rank).
+pub fn attention_tp_plan(
+    sequence_parallel: bool,
+    loss_parallel: bool,
+    replicate_kv: bool,
+) -> ParallelPlan {
+    let st = DecoderStyles::new(sequence_parallel, loss_parallel);
     let kv: ParallelStyle = match replicate_kv {
         true => ReplicateParallel::default()
             .input_layout(st.colwise.input_layout)
@@ -52,14 +67,11 @@ pub fn llama_tp_plan(
         ("self_attn.q_proj", st.colwise.into()),
         ("self_attn.k_proj", kv),
         ("self_attn.v_proj", kv),
-        ("mlp.gate_proj", st.colwise.into()),
-        ("mlp.up_proj", st.colwise.into()),
     ] {
         plan = plan.add(format!("model.layers.*.{part}"), style);
     }
     plan = plan
         .add("model.layers.*.self_attn.o_proj", st.rowwise)
-        .add("model.layers.*.mlp.down_proj", st.rowwise)
         .add("lm_head", st.head);
     if let Some(sp) = st.norm {
         for path in [
@@ -71,6 +83,28 @@ pub fn llama_tp_plan(
         }
     }
     plan
+}
+
+/// Query heads and key/value heads of `a` must split over tp (the kv heads evenly, or tp a
+/// multiple of them: then they stay whole on every rank).
+pub fn check_attention_tp(a: &Attention, tp: usize) -> Result<(), LayoutError> {
+    let (q, kv) = (a.q_proj.weight.dims()[0], a.k_proj.weight.dims()[0]);
+    let hd = a.head_dim();
+    divisible_tp(tp, "num_attention_heads", q / hd)?;
+    if kv / hd < tp && tp % (kv / hd) != 0 {
+        return Err(LayoutError::axis(
+            Axis::Tp,
+            tp,
+            format!(
+                "tp is neither a divisor nor a multiple of num_key_value_heads {}",
+                kv / hd
+            ),
+        ));
+    }
+    if kv / hd >= tp {
+        divisible_tp(tp, "num_key_value_heads", kv / hd)?;
+    }
+    Ok(())
 }
 
 /// `Ok` when tp divides `value` (`what`).
@@ -90,23 +124,7 @@ impl ParallelModel for Llama {
     fn check_layout(&self, dims: &ParallelDims) -> Result<(), LayoutError> {
         let tp = dims.tp();
         if let Some(l) = self.model.layers.first() {
-            let a = &l.self_attn;
-            let (q, kv) = (a.q_proj.weight.dims()[0], a.k_proj.weight.dims()[0]);
-            let hd = a.head_dim();
-            divisible_tp(tp, "num_attention_heads", q / hd)?;
-            if kv / hd < tp && tp % (kv / hd) != 0 {
-                return Err(LayoutError::axis(
-                    Axis::Tp,
-                    tp,
-                    format!(
-                        "tp is neither a divisor nor a multiple of num_key_value_heads {}",
-                        kv / hd
-                    ),
-                ));
-            }
-            if kv / hd >= tp {
-                divisible_tp(tp, "num_key_value_heads", kv / hd)?;
-            }
+            check_attention_tp(&l.self_attn, tp)?;
             divisible_tp(tp, "intermediate_size", l.mlp.gate_proj.weight.dims()[0])?;
         }
         divisible_tp(tp, "vocab_size", self.lm_head.weight.dims()[0])

@@ -82,7 +82,11 @@ pub fn read_weights(dir: &Path) -> Result<F32Tensors, String> {
 /// float dtype read as f32). `Err`, before anything is assigned, lists the parameters the
 /// files lack, the tensors that are no parameter, and shapes that differ.
 pub fn load_pretrained<M: Module>(model: M, dir: &Path) -> Result<M, String> {
-    let mut tensors = read_weights(dir)?;
+    load_tensors(model, read_weights(dir)?, dir)
+}
+
+/// [`load_pretrained`] from tensors already read (and renamed) from `dir`.
+pub fn load_tensors<M: Module>(model: M, mut tensors: F32Tensors, dir: &Path) -> Result<M, String> {
     let infos = params::inventory(&model);
     let (mut missing, mut shapes, mut flat) = (Vec::new(), Vec::new(), Vec::new());
     for info in &infos {

@@ -1,0 +1,14 @@
+//! Mixtral (Hugging Face's `MixtralForCausalLM`): [`model`] (the decoder and its loss),
+//! [`moe`] (the sparse mixture-of-experts feed-forward), [`config`] (a Hugging Face
+//! `config.json`), [`parallelize`] (its tensor-parallel plan and the layouts it refuses) and
+//! [`pretrained`] (published checkpoints' per-expert names folded into the fused ones).
+
+pub mod config;
+pub mod model;
+pub mod moe;
+pub mod parallelize;
+pub mod pretrained;
+
+pub use config::MixtralConfig;
+pub use model::{Mixtral, balance};
+pub use moe::{Routing, SparseMoe, top_k_mask};

@@ -1,0 +1,278 @@
+//! The Mixtral's sparse mixture-of-experts feed-forward ([`SparseMoe`], transformers'
+//! `MixtralSparseMoeBlock`): a router picks each token's top k of E experts, and only those
+//! run on it, weighted by the router's renormalized probabilities. Dropless: each expert
+//! takes every token routed to it, however many (none too).
+//!
+//! The tokens are grouped by expert with expert parallelism's primitives
+//! ([`bonfire_dtensor::expert::permute`]: the order computed on the device, only the E counts
+//! read to the host through the data plane), each expert runs on its consecutive rows, and
+//! [`bonfire_dtensor::expert::unpermute`] adds each token's outputs back weighted. An expert
+//! with no token is skipped: the rows of the fused parameters that are its own get a zero
+//! gradient.
+
+use crate::decoder_layer::FeedForward;
+use crate::layers::Linear;
+use bonfire_dtensor::expert::{permute, unpermute};
+use burn::module::{Module, Param};
+use burn::tensor::activation::{silu, softmax};
+use burn::tensor::{Device, Distribution, Int, Tensor};
+
+/// The experts of one layer, stored fused as transformers 5 stores them.
+#[derive(Module, Debug)]
+pub struct Experts {
+    /// `[E, 2F, d]`: rows `0..F` of expert e are its gate projection, `F..2F` its up
+    /// projection.
+    pub gate_up_proj: Param<Tensor<3>>,
+    /// `[E, d, F]`: each expert's down projection.
+    pub down_proj: Param<Tensor<3>>,
+}
+
+impl Experts {
+    /// `e` N(0, 0.02) experts of width `f` on `d`.
+    pub fn new(e: usize, d: usize, f: usize, device: &Device) -> Self {
+        let normal = |shape: [usize; 3]| {
+            Param::from_tensor(Tensor::random(
+                shape,
+                Distribution::Normal(0.0, 0.02),
+                device,
+            ))
+        };
+        Self {
+            gate_up_proj: normal([e, 2 * f, d]),
+            down_proj: normal([e, d, f]),
+        }
+    }
+
+    /// Expert `e` on its tokens `x` `[c, d]`: `down_e(SiLU(g_e x) ⊙ u_e x)`.
+    pub fn expert(&self, e: usize, x: Tensor<2>) -> Tensor<2> {
+        let [_, two_f, d] = self.gate_up_proj.dims();
+        let f = two_f / 2;
+        let gate_up = self.gate_up_proj.val().narrow(0, e, 1).reshape([two_f, d]);
+        let down = self.down_proj.val().narrow(0, e, 1).reshape([d, f]);
+        let h = x.matmul(gate_up.transpose());
+        let act = silu(h.clone().narrow(1, 0, f)) * h.narrow(1, f, f);
+        act.matmul(down.transpose())
+    }
+}
+
+/// What a layer's router chose, per sequence, for the load-balancing loss.
+#[derive(Debug, Clone)]
+pub struct Routing {
+    /// `[B, E]`: Σ over the sequence's tokens of the router probability p_e (with its
+    /// gradient).
+    pub probs: Tensor<2>,
+    /// `[B, E]`: how many of the sequence's tokens chose expert e among their top k (no
+    /// gradient).
+    pub counts: Tensor<2>,
+    /// The tokens of each sequence routed here (T, or a cp rank's share of it).
+    pub tokens: usize,
+}
+
+/// The sparse MoE feed-forward: router `gate` `[E, d]` (no bias) and the [`Experts`].
+#[derive(Module, Debug)]
+pub struct SparseMoe {
+    /// The router: logits `[E]` per token.
+    pub gate: Linear,
+    /// The experts.
+    pub experts: Experts,
+    top_k: usize,
+}
+
+impl SparseMoe {
+    /// A fresh block of `e` experts of width `f` on `d`, routing each token to `top_k`.
+    pub fn new(d: usize, f: usize, e: usize, top_k: usize, device: &Device) -> Self {
+        Self {
+            gate: Linear::new(d, e, false, device),
+            experts: Experts::new(e, d, f, device),
+            top_k,
+        }
+    }
+
+    /// Experts per token (k).
+    pub fn top_k(&self) -> usize {
+        self.top_k
+    }
+}
+
+/// `[N, E]`: expert e's rank among token n's experts — the number of experts with a larger
+/// p, or an equal p and a lower index (ties: the lower index first). No gradient.
+pub fn expert_ranks(p: Tensor<2>) -> Tensor<2> {
+    let [_, e] = p.dims();
+    let device = p.device();
+    let p = p.detach();
+    let mine = p.clone().unsqueeze_dim::<3>(2); // [N, E, 1]: p_e
+    let other = p.unsqueeze_dim::<3>(1); // [N, 1, E]: p_e'
+    let idx = Tensor::<1, Int>::arange(0..e as i64, &device);
+    // lower[e, e'] = 1 where e' < e.
+    let lower = idx
+        .clone()
+        .unsqueeze_dim::<2>(0)
+        .lower(idx.unsqueeze_dim::<2>(1))
+        .float()
+        .unsqueeze_dim::<3>(0);
+    let ahead = other.clone().greater(mine.clone()).float() + other.equal(mine).float() * lower;
+    ahead.sum_dim(2).squeeze_dim::<2>(2)
+}
+
+/// `[N, E]` 1 where expert e is among token n's `k` most probable (its rank below `k`), else
+/// 0. No gradient.
+pub fn top_k_mask(p: Tensor<2>, k: usize) -> Tensor<2> {
+    expert_ranks(p).lower_elem(k as f64).float()
+}
+
+/// Each token's k chosen experts `[N, k]` (slot j: the expert of rank j) and their weights
+/// `[N, k]` taken from `weights` `[N, E]`.
+fn chosen_experts(ranks: Tensor<2>, weights: Tensor<2>, k: usize) -> (Tensor<2, Int>, Tensor<2>) {
+    let e = ranks.dims()[1];
+    let index = Tensor::<1, Int>::arange(0..e as i64, &ranks.device())
+        .float()
+        .unsqueeze_dim::<2>(0);
+    let (mut ids, mut ws) = (Vec::with_capacity(k), Vec::with_capacity(k));
+    for slot in 0..k {
+        let at = ranks.clone().equal_elem(slot as f64).float();
+        ids.push((at.clone() * index.clone()).sum_dim(1));
+        ws.push((weights.clone() * at).sum_dim(1));
+    }
+    (Tensor::cat(ids, 1).int(), Tensor::cat(ws, 1))
+}
+
+impl FeedForward for SparseMoe {
+    type Routing = Routing;
+
+    /// `x` `[B, T, d]`: the weighted sum of each token's chosen experts, and the routing.
+    fn forward_routed(&self, x: Tensor<3>) -> (Tensor<3>, Routing) {
+        let [b, t, d] = x.dims();
+        let n = b * t;
+        let e = self.gate.weight.dims()[0];
+        let p = softmax(self.gate.forward(x.clone()).reshape([n, e]), 1);
+        let ranks = expert_ranks(p.clone());
+        let chosen = ranks.clone().lower_elem(self.top_k as f64).float();
+        let kept = p.clone() * chosen.clone();
+        let weights = kept.clone() / kept.sum_dim(1); // [N, E], renormalized over the k
+        let routing = Routing {
+            probs: p.reshape([b, t, e]).sum_dim(1).reshape([b, e]),
+            counts: chosen.reshape([b, t, e]).sum_dim(1).reshape([b, e]),
+            tokens: t,
+        };
+        let (experts, weights) = chosen_experts(ranks, weights, self.top_k);
+        let (grouped, perm) = permute(x.reshape([n, d]), experts, e);
+        let mut start = 0;
+        let mut outputs = Vec::with_capacity(e);
+        for (expert, &len) in perm.counts().iter().enumerate() {
+            if len > 0 {
+                let rows = grouped.clone().narrow(0, start, len);
+                outputs.push(self.experts.expert(expert, rows));
+                start += len;
+            }
+        }
+        let out = unpermute(Tensor::cat(outputs, 0), &perm, weights);
+        (out.reshape([b, t, d]), routing)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burn::tensor::TensorData;
+
+    fn device() -> Device {
+        Device::flex().autodiff()
+    }
+
+    fn rows(t: Tensor<2>) -> Vec<f32> {
+        t.into_data()
+            .convert::<f32>()
+            .try_into_vec::<f32>()
+            .unwrap()
+    }
+
+    /// Ties go to the lower index; exactly k experts per token.
+    #[test]
+    fn top_k_breaks_ties_by_the_lower_index() {
+        let p = Tensor::<2>::from_data(
+            TensorData::new(
+                vec![
+                    0.25f32, 0.25, 0.25, 0.25, //
+                    0.1, 0.3, 0.3, 0.3, //
+                    0.4, 0.1, 0.4, 0.1, //
+                    0.1, 0.2, 0.3, 0.4,
+                ],
+                [4, 4],
+            ),
+            &device(),
+        );
+        let want = [
+            1.0, 1.0, 0.0, 0.0, //
+            0.0, 1.0, 1.0, 0.0, //
+            1.0, 0.0, 1.0, 0.0, //
+            0.0, 0.0, 1.0, 1.0,
+        ];
+        assert_eq!(rows(top_k_mask(p, 2)), want);
+    }
+
+    /// The gradients of (`out` · `r`).sum() for the router and both expert tensors.
+    fn grads_of(moe: &SparseMoe, out: Tensor<2>, r: Tensor<2>) -> Vec<Vec<f32>> {
+        let grads = (out * r).sum().backward();
+        let flat = |t: Option<Tensor<3>>| {
+            t.unwrap()
+                .into_data()
+                .convert::<f32>()
+                .try_into_vec::<f32>()
+                .unwrap()
+        };
+        vec![
+            rows(moe.gate.weight.val().grad(&grads).unwrap()),
+            flat(moe.experts.gate_up_proj.val().grad(&grads)),
+            flat(moe.experts.down_proj.val().grad(&grads)),
+        ]
+    }
+
+    /// The grouped dispatch equals every expert on every token weighted by the renormalized
+    /// top-k probabilities (zero for the unchosen), outputs and gradients; an expert that no
+    /// token chose (expert 3: positive inputs, a negative router row) gets a zero gradient.
+    #[test]
+    fn dispatch_equals_the_dense_sum_and_an_idle_expert_gets_zero_gradient() {
+        let device = device();
+        device.seed(3);
+        let (d, f, e, k) = (6, 5, 4, 2);
+        let mut moe = SparseMoe::new(d, f, e, k, &device);
+        let w = moe.gate.weight.val();
+        let w = w.slice_assign([3..4, 0..d], Tensor::ones([1, d], &device).neg());
+        moe.gate.weight = Param::from_tensor(w.detach());
+        let x = Tensor::<3>::random([2, 5, d], Distribution::Uniform(0.1, 1.0), &device);
+        let r = Tensor::<2>::random([10, d], Distribution::Normal(0.0, 1.0), &device);
+        let (y, routing) = moe.forward_routed(x.clone());
+        let flat = x.reshape([10, d]);
+        let p = softmax(moe.gate.forward(flat.clone()), 1);
+        let chosen = top_k_mask(p.clone(), k);
+        let kept = p * chosen.clone();
+        let weights = kept.clone() / kept.sum_dim(1);
+        let mut dense = Tensor::<2>::zeros([10, d], &device);
+        for expert in 0..e {
+            let we = weights.clone().narrow(1, expert, 1);
+            dense = dense + moe.experts.expert(expert, flat.clone()) * we;
+        }
+        let y = y.reshape([10, d]);
+        let close = |what: &str, got: &[f32], want: &[f32]| {
+            for (g, w) in got.iter().zip(want) {
+                assert!((g - w).abs() < 1e-6, "{what}: {got:?} vs {want:?}");
+            }
+        };
+        close("output", &rows(y.clone()), &rows(dense.clone()));
+        assert_eq!(rows(routing.counts.clone().sum_dim(1)), vec![10.0, 10.0]);
+        let counts = rows(chosen.sum_dim(0));
+        assert_eq!(counts[3], 0.0, "{counts:?}");
+        let (got, want) = (grads_of(&moe, y, r.clone()), grads_of(&moe, dense, r));
+        for (what, (g, w)) in ["router", "gate_up_proj", "down_proj"]
+            .iter()
+            .zip(got.iter().zip(&want))
+        {
+            close(what, g, w);
+        }
+        let per_expert = got[1].len() / e;
+        for (expert, rows) in got[1].chunks(per_expert).enumerate() {
+            let used = rows.iter().any(|&v| v != 0.0);
+            assert_eq!(used, counts[expert] > 0.0, "expert {expert}: {counts:?}");
+        }
+    }
+}

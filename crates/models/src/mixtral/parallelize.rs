@@ -1,0 +1,100 @@
+//! How the Mixtral is parallelized, from outside its code: its [`ParallelModel`].
+//!
+//! - Data parallelism and ZeRO: the balance term is a mean over sequences, so the mean over
+//!   replicas of each replica's loss is the global loss.
+//! - Context parallelism: a rank holds chunks of every sequence; [`super::balance`] sums the
+//!   counts and the probability sums over the scope's cp group.
+//! - Tensor parallelism: the attention's plan is the Llama's ([`attention_tp_plan`]: heads
+//!   split, the embedding vocab-parallel, the head column-wise, loss parallelism); the router
+//!   and the experts stay whole (replicated) on every tp rank, each computing the same
+//!   routing from the same replicated input. Sequence parallelism is refused (it would hand
+//!   each tp rank a part of the sequence for the replicated experts).
+//! - Pipeline parallelism is refused: the balance term couples every layer's routing of a
+//!   sequence, and a pipeline puts the layers on different stages.
+
+use super::model::Mixtral;
+use crate::data::TokenBatch;
+use crate::decoder::{check_sequence, divisible};
+use crate::llama::parallelize::{attention_tp_plan, check_attention_tp};
+use bonfire_dtensor::context::ContextSplit;
+use bonfire_dtensor::parallel::ParallelPlan;
+use bonfire_train::{Axis, LayoutError, ParallelDims, ParallelModel};
+use burn::tensor::Tensor;
+
+impl ParallelModel for Mixtral {
+    type Batch = TokenBatch;
+
+    fn loss(&self, (ids, targets): TokenBatch) -> Tensor<1> {
+        Mixtral::loss(self, ids, targets)
+    }
+
+    /// Refuses pipelines and sequence parallelism (see the module docs); query heads,
+    /// key/value heads and the vocabulary must split over tp.
+    fn check_layout(&self, dims: &ParallelDims) -> Result<(), LayoutError> {
+        if dims.pp() > 1 {
+            return Err(LayoutError::axis(
+                Axis::Pp,
+                dims.pp(),
+                "the Mixtral's load-balancing loss couples the routing of all its layers, \
+                 which a pipeline puts on different stages: pipeline parallelism is not \
+                 supported for the Mixtral",
+            ));
+        }
+        let tp = dims.tp();
+        if tp > 1 && dims.tp_options.sequence_parallel {
+            return Err(LayoutError::axis(
+                Axis::Tp,
+                tp,
+                "sequence parallelism is not supported for the Mixtral (its router and \
+                 experts are replicated over tp)",
+            ));
+        }
+        if let Some(l) = self.model.layers.first() {
+            check_attention_tp(&l.self_attn, tp)?;
+        }
+        divisible(Axis::Tp, tp, "vocab_size", self.lm_head.weight.dims()[0])
+    }
+
+    fn check_batch(&self, dims: &ParallelDims, batch: &TokenBatch) -> Result<(), LayoutError> {
+        check_sequence(dims, batch)
+    }
+
+    fn sequence_length(batch: &TokenBatch) -> Option<usize> {
+        crate::decoder::sequence_length(batch)
+    }
+
+    fn context_batch(batch: &TokenBatch, split: &ContextSplit, rank: usize) -> TokenBatch {
+        crate::decoder::context_batch(batch, split, rank)
+    }
+
+    /// The Llama's attention plan; the router and experts are in no entry (replicated).
+    fn tensor_parallel_plan(&self, dims: &ParallelDims) -> Option<ParallelPlan> {
+        let o = dims.tp_options;
+        let kv_heads = self
+            .model
+            .layers
+            .first()
+            .map_or(1, |l| l.self_attn.kv_heads());
+        Some(attention_tp_plan(
+            o.sequence_parallel,
+            o.loss_parallel,
+            dims.tp() > kv_heads,
+        ))
+    }
+
+    fn layers(&self) -> Vec<String> {
+        let mut out = vec!["model.embed_tokens".to_string()];
+        for i in 0..self.model.layers.len() {
+            for part in [
+                "input_layernorm",
+                "self_attn",
+                "post_attention_layernorm",
+                "mlp",
+            ] {
+                out.push(format!("model.layers.{i}.{part}"));
+            }
+        }
+        out.extend(["model.norm".to_string(), "lm_head".to_string()]);
+        out
+    }
+}
