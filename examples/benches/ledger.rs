@@ -11,6 +11,12 @@
 //! memory is the host's, so nothing is copied; on wgpu (a build with `--features wgpu`, which
 //! `cargo xtask bench ledger` turns on where Mesa's lavapipe is installed) each collective is
 //! staged down and up once. A `zero2-offload` line adds ZeRO-Offload (stage 2).
+//!
+//! Then HSDP against ZeRO-3 over the whole dp, on four rank threads (Flex; the same global
+//! batch of 32 rows), the bytes of rank 0's collectives by kind (`ledger/hsdp.rs`):
+//!
+//! `bench ledger collectives layout=zero3-dp4|hsdp-r2-dp2 shard_group=N replicas=R
+//! allgather=B allgather_sent=B reduce_scatter=B allreduce=B rank=0 ranks=4`
 
 use bonfire_dtensor::plane::Transfers;
 use bonfire_dtensor::plane::ledger::Direction;
@@ -20,6 +26,9 @@ use bonfire_pipeline::ScheduleKind;
 use bonfire_train::{Axis, OptimizerKind, ParallelDims};
 use bonfire_zero::ZeroStage;
 use burn::tensor::{Device, Int, Tensor, TensorData};
+
+#[path = "ledger/hsdp.rs"]
+mod hsdp;
 
 const BATCH: usize = 8;
 const RANKS: usize = 2;
@@ -93,4 +102,7 @@ fn main() {
             println!("{}", line(name, layout, &ranks[0]));
         }
     }
+    let device = harness::device("flex").unwrap_or_else(|e| panic!("{e}"));
+    device.seed(0);
+    hsdp::lines(&Gpt::new(&cfg, &device), &cfg, batch);
 }

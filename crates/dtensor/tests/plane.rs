@@ -1,9 +1,9 @@
 //! The data plane: collectives on Burn tensors return tensors on the same device, work on the
 //! tensor's own buffer on a host device (no transfer counted, the buffer reused), carry
-//! half-precision tensors as half precision, and record their payload.
+//! half-precision tensors as half precision, and record their payload (by kind of call too).
 
 mod common;
-use bonfire_comm::ReduceOp;
+use bonfire_comm::{OpKind, ReduceOp};
 use bonfire_dtensor::plane::{self, TransferLedger, ledger::Direction};
 use burn::backend::Flex;
 use burn::tensor::{DType, Device, Tensor, TensorData};
@@ -37,12 +37,18 @@ fn all_reduce_and_broadcast_on_the_host_reuse_the_buffer_and_move_nothing() {
             values(z).iter().all(|&v| v == 3.0),
             t.total(Direction::DeviceToHost) + t.total(Direction::HostToDevice),
             t.payload,
+            [OpKind::AllReduce, OpKind::Broadcast, OpKind::AllGather].map(|op| t.carried(op)),
         )
     });
-    for (same, right, moved, payload) in out {
+    for (same, right, moved, payload, by_op) in out {
         assert!(same && right);
         assert_eq!(moved, 0, "a host device moves nothing");
         assert_eq!(payload, 2 * 4096 * 4, "two collectives of 16 KiB");
+        assert_eq!(
+            by_op,
+            [4096 * 4, 4096 * 4, 0],
+            "the payload by kind of call"
+        );
     }
 }
 

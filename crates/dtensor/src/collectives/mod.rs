@@ -180,6 +180,26 @@ pub enum CollectiveKind {
 }
 
 impl CollectiveKind {
+    /// The communication call that the forward of this kind makes (a shift is a send and a
+    /// receive, counted as its send), for the transfer ledger's bytes by kind.
+    pub fn op_kind(&self) -> bonfire_comm::OpKind {
+        use bonfire_comm::OpKind;
+        match self {
+            CollectiveKind::AllReduce { .. } | CollectiveKind::ReduceFromGroup { .. } => {
+                OpKind::AllReduce
+            }
+            CollectiveKind::Broadcast { .. } => OpKind::Broadcast,
+            CollectiveKind::Reduce { .. } => OpKind::Reduce,
+            CollectiveKind::AllGather { .. } | CollectiveKind::Gather { .. } => OpKind::AllGather,
+            CollectiveKind::ReduceScatter { .. } | CollectiveKind::Partition { .. } => {
+                OpKind::ReduceScatter
+            }
+            CollectiveKind::AllToAll { .. } => OpKind::AllToAll,
+            CollectiveKind::Recv { .. } => OpKind::Recv,
+            _ => OpKind::Send,
+        }
+    }
+
     /// Whether the forward of this kind exchanges data.
     pub fn communicates(&self) -> bool {
         !matches!(

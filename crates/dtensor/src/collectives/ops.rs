@@ -81,7 +81,7 @@ fn forward_kind<B: Backend>(
             }
             let out = host::execute(data, spec);
             let received = out.bytes().len();
-            ledger::record_payload(sent.max(received));
+            ledger::record_carried(spec.kind.op_kind(), sent.max(received));
             if !host {
                 ledger::record(Direction::HostToDevice, Reason::Collective, received);
             }

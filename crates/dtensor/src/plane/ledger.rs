@@ -9,6 +9,7 @@
 //! CPU backend (`Flex`) a tensor's buffer *is* host memory, so reading it is no transfer;
 //! on wgpu or CUDA every staged byte is.
 
+use bonfire_comm::OpKind;
 use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::fmt;
@@ -62,6 +63,7 @@ impl Reason {
 struct Counts {
     moved: BTreeMap<(Direction, Reason), u64>,
     payload: u64,
+    carried: BTreeMap<OpKind, u64>,
 }
 
 type Shared = Arc<Mutex<Counts>>;
@@ -90,6 +92,16 @@ pub fn record_payload(bytes: usize) {
     each(|c| c.payload += bytes as u64);
 }
 
+/// Records `bytes` carried by a call of kind `op` (its whole buffer: an all-gather's gathered
+/// output, a reduce-scatter's input) on every ledger of this thread: in the payload and by
+/// kind ([`Transfers::carried`]).
+pub fn record_carried(op: OpKind, bytes: usize) {
+    each(|c| {
+        c.payload += bytes as u64;
+        *c.carried.entry(op).or_insert(0) += bytes as u64;
+    });
+}
+
 /// Counts the transfers of this thread (and of helper threads that join it) while alive.
 #[must_use = "counting stops when the ledger drops"]
 pub struct TransferLedger {
@@ -110,6 +122,7 @@ impl TransferLedger {
         Transfers {
             moved: c.moved.clone(),
             payload: c.payload,
+            by_op: c.carried.clone(),
         }
     }
 }
@@ -157,6 +170,10 @@ pub struct Transfers {
     pub moved: BTreeMap<(Direction, Reason), u64>,
     /// Bytes carried by collectives and pipeline sends, whether staged or not.
     pub payload: u64,
+    /// The part of `payload` recorded by kind of call (the data plane's and the differentiable
+    /// collectives' host paths; CUDA's device collectives and the pipeline stages' own
+    /// activation sends count in `payload` only).
+    pub by_op: BTreeMap<OpKind, u64>,
 }
 
 impl Transfers {
@@ -166,6 +183,13 @@ impl Transfers {
             *self.moved.entry(*key).or_insert(0) += bytes;
         }
         self.payload += other.payload;
+        for (op, bytes) in &other.by_op {
+            *self.by_op.entry(*op).or_insert(0) += bytes;
+        }
+    }
+    /// Bytes carried by calls of kind `op` ([`Transfers::by_op`]).
+    pub fn carried(&self, op: OpKind) -> u64 {
+        self.by_op.get(&op).copied().unwrap_or(0)
     }
     /// Bytes moved in `direction`, for every reason.
     pub fn total(&self, direction: Direction) -> u64 {

@@ -150,7 +150,7 @@ pub fn all_reduce<const D: usize>(
     }
     let device = tensor.device();
     let data = to_data(tensor, Reason::Collective);
-    ledger::record_payload(data.bytes().len());
+    ledger::record_carried(bonfire_comm::OpKind::AllReduce, data.bytes().len());
     let shape = data.shape().to_vec();
     let data = with_values!(data, v => {
         group.all_reduce(&mut v, op)?;
@@ -222,7 +222,7 @@ pub fn all_reduce_async<const D: usize>(
     }
     let device = tensor.device();
     let data = to_data(tensor, Reason::Collective);
-    ledger::record_payload(data.bytes().len());
+    ledger::record_carried(bonfire_comm::OpKind::AllReduce, data.bytes().len());
     let work = run_timed(group, move |pg| {
         let shape = data.shape().to_vec();
         Ok(with_values!(data, v => {
@@ -324,7 +324,7 @@ pub fn reduce_scatter_async(
     }
     let device = tensor.device();
     let data = to_data(tensor, Reason::Collective);
-    ledger::record_payload(data.bytes().len());
+    ledger::record_carried(bonfire_comm::OpKind::ReduceScatter, data.bytes().len());
     let counts = counts.to_vec();
     let work = run_timed(group, move |pg| {
         Ok(with_values!(data, v => {
@@ -354,7 +354,7 @@ pub fn broadcast<const D: usize>(
     }
     let device = tensor.device();
     let data = to_data(tensor, Reason::Collective);
-    ledger::record_payload(data.bytes().len());
+    ledger::record_carried(bonfire_comm::OpKind::Broadcast, data.bytes().len());
     let shape = data.shape().to_vec();
     let data = with_values!(data, v => {
         group.broadcast(&mut v, root)?;
@@ -382,7 +382,7 @@ pub fn reduce_scatter(
     }
     let device = tensor.device();
     let data = to_data(tensor, Reason::Collective);
-    ledger::record_payload(data.bytes().len());
+    ledger::record_carried(bonfire_comm::OpKind::ReduceScatter, data.bytes().len());
     let out = with_values!(data, v => {
         let mut recv = vec![Default::default(); mine];
         group.reduce_scatter_uneven(&v, &mut recv, counts, op)?;
@@ -426,7 +426,7 @@ pub fn all_gather(
         group.all_gather_uneven(&v, &mut recv, counts)?;
         TensorData::new(recv, [total])
     });
-    ledger::record_payload(out.bytes().len());
+    ledger::record_carried(bonfire_comm::OpKind::AllGather, out.bytes().len());
     Ok(from_data(out, device, Reason::Collective))
 }
 
@@ -442,7 +442,7 @@ pub fn send<const D: usize>(
         return cuda::send(tensor, dst, tag, group);
     }
     let data = to_data(tensor, Reason::Activation);
-    ledger::record_payload(data.bytes().len());
+    ledger::record_carried(bonfire_comm::OpKind::Send, data.bytes().len());
     with_values!(data, v => group.send(&v, dst, tag)?);
     Ok(())
 }
@@ -467,6 +467,6 @@ pub fn recv<const D: usize>(
         group.recv(&mut v, src, tag)?;
         TensorData::new(v, shape)
     });
-    ledger::record_payload(data.bytes().len());
+    ledger::record_carried(bonfire_comm::OpKind::Recv, data.bytes().len());
     Ok(from_data(data, device, Reason::Activation))
 }
