@@ -10,8 +10,10 @@ use std::path::PathBuf;
 /// The layout options of a command line, as given (checked further when the run is built).
 #[derive(Debug, Clone, Default, clap::Args)]
 pub struct LayoutArgs {
-    /// Axes and sizes, e.g. `dp=2`, `tp=4`, `dp=2,tp=2,pp=2`, `dp=2,cp=2` (omitted axes are 1;
-    /// cp splits every sequence, which must cut into 2·cp equal chunks).
+    /// Axes and sizes, e.g. `dp=2`, `tp=4`, `dp=2,tp=2,pp=2`, `dp=2,cp=2`,
+    /// `dp_replicate=2,dp=2` (omitted axes are 1; cp splits every sequence, which must cut into
+    /// 2·cp equal chunks; dp_replicate replicates ZeRO's dp shards — HSDP — or, without ZeRO,
+    /// is DDP over dp_replicate × dp).
     #[arg(long)]
     pub mesh: Option<String>,
     /// ZeRO stage on the dp axis: 0 is DDP; 1, 2, 3 shard the optimizer state, the

@@ -25,7 +25,7 @@
 //! - [`layout`] (`bonfire-layout`): the layout itself, shared by trainer and planner —
 //!   `ParallelDims` (degrees per `Axis`, their options, precision, checks), schedule
 //!   kinds, ZeRO stages; no dependencies.
-//! - [`train`] (`bonfire-train`): one layout (`ParallelDims` over a `[pp, dp, cp, tp]` mesh)
+//! - [`train`] (`bonfire-train`): one layout (`ParallelDims` over a `[pp, dp_replicate, dp, cp, tp]` mesh)
 //!   and one training loop (`Trainer`, `fit`) for any Burn model implementing
 //!   `ParallelModel`, with DDP or ZeRO on dp, tensor parallelism on tp and any pipeline
 //!   schedule on pp.

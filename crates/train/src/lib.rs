@@ -1,12 +1,12 @@
 //! # bonfire-train
 //!
-//! One layout and one training loop for any Burn model on any `pp × dp × cp × tp` mesh, with DDP
+//! One layout and one training loop for any Burn model on any `pp × dp_replicate × dp × cp × tp` mesh, with DDP
 //! or ZeRO 1–3 on dp, tensor (± sequence and loss) parallelism on tp and any pipeline
 //! schedule on pp — torchtitan's structure in Rust:
 //!
 //! - [`ParallelDims`] (`bonfire-layout`'s, shared with the planner) owns the layout: the
 //!   degree of each [`Axis`], each axis's options, their validation; the trainer builds its
-//!   one `DeviceMesh` (`[pp, dp, cp, tp]`, tp innermost).
+//!   one `DeviceMesh` (`[pp, dp_replicate, dp, cp, tp]`, tp innermost).
 //! - [`ParallelModel`] is what a model implements: its loss, and, for each further axis, its
 //!   description from outside the model's code (a tensor-parallel plan, pipeline pieces by
 //!   module path, its layers). A plain Burn model needs only the loss.

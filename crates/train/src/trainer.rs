@@ -154,7 +154,7 @@ impl Trainer {
     }
 
     /// Checks everything ([`check`](Self::check)), then builds this rank's engine for
-    /// `model` on `world`: the mesh `[pp, dp, cp, tp]`, the model forked onto this rank's device
+    /// `model` on `world`: the mesh `[pp, dp_replicate, dp, cp, tp]`, the model forked onto this rank's device
     /// (with Balanced gradient checkpointing for ZeRO-3), every rank given world rank 0's
     /// values, tensor parallelism applied, the pipeline split and the dp wrapper built. A
     /// collective on `world`.

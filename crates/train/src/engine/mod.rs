@@ -153,7 +153,7 @@ impl<B> Clone for ContextCut<B> {
 
 impl<B> Copy for ContextCut<B> {}
 
-/// A rank's place in a layout: the layout, its mesh `[pp, dp, cp, tp]`, and the device it
+/// A rank's place in a layout: the layout, its mesh `[pp, dp_replicate, dp, cp, tp]`, and the device it
 /// computes on.
 pub struct RankMesh {
     pub(crate) dims: ParallelDims,
@@ -164,7 +164,7 @@ pub struct RankMesh {
 }
 
 impl RankMesh {
-    /// The mesh `[pp, dp, cp, tp]`.
+    /// The mesh `[pp, dp_replicate, dp, cp, tp]`.
     pub fn mesh(&self) -> &bonfire_dtensor::DeviceMesh {
         &self.mesh
     }
