@@ -298,6 +298,14 @@ fn a_context_tensor_or_pipeline_parallel_layout_is_refused() {
             "{err}"
         );
     }
+    // HSDP's two groups (shards, replicas) are not re-formed around a dead rank.
+    let err = bonfire_train::fault::check_layout(&dims("dp_replicate=2,dp=2", 3))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.starts_with("dp_replicate=2: fault tolerance re-forms one dp group"),
+        "{err}"
+    );
 }
 
 /// `train_gpt` with `args` on the tiny GPT of the MPI steps (`examples/tiny_gpt.args`), 6

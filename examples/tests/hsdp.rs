@@ -2,8 +2,8 @@
 //! of the shards, each shard's gradient averaged across them, every replica on its own rows.
 //! Each layout equals one device with SGD and AdamW — the loss of every step, every step-0
 //! gradient and every parameter after 3 steps, within the tolerance of `common` (as in
-//! `layouts.rs`) — alone with ZeRO 1, 2 and 3, as plain DDP without ZeRO, and composed with
-//! tp, pp and cp, on up to 8 rank threads.
+//! `layouts.rs`) — alone with ZeRO 1, 2 and 3 (2 with offload too), as plain DDP without
+//! ZeRO, and composed with tp, pp and cp, on up to 8 rank threads.
 
 mod common;
 
@@ -37,6 +37,8 @@ fn hsdp_with_every_zero_stage_and_ddp_without() {
         .collect();
     // Without ZeRO, dp_replicate is DDP over dp_replicate × dp.
     cases.push(layout("dp_replicate=2,dp=2", 0, None, None, ""));
+    // ZeRO-Offload: the replicas' average happens on the device, before the state's step.
+    cases.push(layout("dp_replicate=2,dp=2", 2, None, None, "offload"));
     check(&cases);
 }
 
