@@ -1,7 +1,7 @@
 //! The parity harness (see the contract in the repository's notes): a fixed model — the
-//! contract's GPT, or a Llama or a Mixtral when the config is a Hugging Face `config.json` — trained for a
-//! few SGD or AdamW steps under any layout, through the trainer's one loop, writing the
-//! parameters, the step-0 gradients and the losses.
+//! contract's GPT, or a Llama or a Mixtral when the config is a Hugging Face `config.json` —
+//! trained for a few SGD or AdamW steps under any layout, through the trainer's one loop,
+//! writing the parameters, the step-0 gradients and the losses.
 
 use crate::default_device;
 use bonfire_dtensor::params::ParamValues;

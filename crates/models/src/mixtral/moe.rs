@@ -15,7 +15,7 @@ use crate::layers::Linear;
 use bonfire_dtensor::expert::{permute, unpermute};
 use burn::module::{Module, Param};
 use burn::tensor::activation::{silu, softmax};
-use burn::tensor::{Device, Distribution, Int, Tensor};
+use burn::tensor::{DType, Device, Distribution, Int, Tensor};
 
 /// The experts of one layer, stored fused as transformers 5 stores them.
 #[derive(Module, Debug)]
@@ -47,8 +47,10 @@ impl Experts {
     pub fn expert(&self, e: usize, x: Tensor<2>) -> Tensor<2> {
         let [_, two_f, d] = self.gate_up_proj.dims();
         let f = two_f / 2;
+        let dtype = x.dtype();
         let gate_up = self.gate_up_proj.val().narrow(0, e, 1).reshape([two_f, d]);
         let down = self.down_proj.val().narrow(0, e, 1).reshape([d, f]);
+        let (gate_up, down) = (gate_up.cast(dtype), down.cast(dtype));
         let h = x.matmul(gate_up.transpose());
         let act = silu(h.clone().narrow(1, 0, f)) * h.narrow(1, f, f);
         act.matmul(down.transpose())
@@ -144,7 +146,11 @@ impl FeedForward for SparseMoe {
         let [b, t, d] = x.dims();
         let n = b * t;
         let e = self.gate.weight.dims()[0];
-        let p = softmax(self.gate.forward(x.clone()).reshape([n, e]), 1);
+        let dtype = x.dtype();
+        // The router's softmax, top k and weights in f32 (as transformers computes them),
+        // whatever the compute dtype; the experts in the compute dtype.
+        let logits = self.gate.forward(x.clone()).reshape([n, e]);
+        let p = softmax(logits.cast(DType::F32), 1);
         let ranks = expert_ranks(p.clone());
         let chosen = ranks.clone().lower_elem(self.top_k as f64).float();
         let kept = p.clone() * chosen.clone();
@@ -165,7 +171,7 @@ impl FeedForward for SparseMoe {
                 start += len;
             }
         }
-        let out = unpermute(Tensor::cat(outputs, 0), &perm, weights);
+        let out = unpermute(Tensor::cat(outputs, 0), &perm, weights.cast(dtype));
         (out.reshape([b, t, d]), routing)
     }
 }
