@@ -47,6 +47,6 @@ fn hsdp_with_tp_pp_and_cp() {
     check(&[
         layout("dp_replicate=2,dp=2,tp=2", 3, None, None, "sp lp"),
         layout("dp_replicate=2,dp=2,pp=2", 2, Some("1f1b"), Some(2), ""),
-        layout("dp_replicate=2,dp=2,cp=2", 2, None, None, ""),
+        layout("dp_replicate=2,dp=2,cp=2", 3, None, None, ""),
     ]);
 }

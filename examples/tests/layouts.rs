@@ -153,6 +153,7 @@ fn context_parallel() {
         layout("cp=2", 0, None, None, ""),
         layout("cp=4", 0, None, None, ""),
         layout("dp=2,cp=2", 2, None, None, ""),
+        layout("dp=2,cp=2", 3, None, None, ""),
         layout("cp=2,tp=2", 0, None, None, "sp lp"),
         layout("pp=2,cp=2", 1, Some("interleaved"), Some(2), "ac"),
     ]);

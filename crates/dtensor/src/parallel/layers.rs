@@ -411,10 +411,11 @@ impl ParallelEmbedding {
                 start = i;
             }
         }
-        match rows.len() {
-            1 => rows.pop().expect("one run"),
-            _ => Tensor::cat(rows, 0),
-        }
+        // Concatenated even when there is one run, so that every cp rank records the same
+        // ops: a rank whose two chunks are adjacent (one run) would otherwise differ from the
+        // others and, under Balanced checkpointing (ZeRO-3), decide differently whether
+        // backward recomputes — re-gathers — the table: a collective mismatch on dp × cp.
+        Tensor::cat(rows, 0)
     }
 }
 
