@@ -1,6 +1,7 @@
 //! The training front door: one program for every model — the GPT, a Llama preset, or a
-//! Hugging Face Llama directory — under any layout, on the generated corpus or on your own
-//! text or token files, with distributed checkpoints, evaluation and a Hugging Face export.
+//! Hugging Face Llama or Mixtral directory — under any layout, on the generated corpus or on
+//! your own text or token files, with distributed checkpoints, evaluation and a Hugging Face
+//! export.
 //!
 //! ```sh
 //! cargo run --release --example train -- --model llama-tiny --mesh dp=2,tp=2 --steps 50
@@ -34,8 +35,12 @@ use bonfire_examples::train_data::TrainData;
 use bonfire_examples::{Gpt, GptConfig, harness};
 use bonfire_models::data::TokenBatch;
 use bonfire_models::llama::{Llama, LlamaConfig};
+use bonfire_models::mixtral::pretrained::MixtralWeights;
+use bonfire_models::mixtral::{Mixtral, MixtralConfig};
 use bonfire_models::pretrained;
-use bonfire_train::checkpoint::{Checkpoint, Checkpointer, load_parameters, resume};
+use bonfire_train::checkpoint::{
+    Checkpoint, Checkpointer, ParameterSource, load_parameters, resume,
+};
 use bonfire_train::{
     DataSource, Evaluation, Launcher, OptimizerKind, ParallelDims, ParallelModel, TrainError,
     Trainer, fit,
@@ -45,9 +50,11 @@ use clap::Parser;
 use std::path::{Path, PathBuf};
 
 #[derive(Parser, Debug, Clone)]
-#[command(about = "Train the GPT or a Llama under any layout, on generated text or your own data")]
+#[command(
+    about = "Train the GPT, a Llama or a Mixtral under any layout, on generated text or your data"
+)]
 struct Cli {
-    /// `gpt`, `llama-tiny`, `llama-bench`, or a Hugging Face Llama directory (its
+    /// `gpt`, `llama-tiny`, `llama-bench`, or a Hugging Face Llama or Mixtral directory (its
     /// config.json, and its weights when it has them; without, the model starts from --seed).
     #[arg(long, default_value = "gpt")]
     model: String,
@@ -81,8 +88,8 @@ struct Cli {
     #[arg(long, value_name = "N", default_value_t = 4)]
     eval_batches: usize,
     /// At the end, write the model as a Hugging Face directory (config.json and safetensors,
-    /// sharded with an index past --max-shard-size). Llama models. With --resume, --steps 0
-    /// trains nothing and exports the checkpoint.
+    /// sharded with an index past --max-shard-size). Llama and Mixtral models. With --resume,
+    /// --steps 0 trains nothing and exports the checkpoint.
     #[arg(long, value_name = "DIR")]
     export: Option<PathBuf>,
     /// The largest weight file of --export (`5GiB`, `200MB`, bytes).
@@ -95,6 +102,8 @@ enum Choice {
     Gpt(GptConfig),
     /// A Llama, with the directory of its weights when it starts from them.
     Llama(LlamaConfig, Option<PathBuf>),
+    /// A Mixtral, with the directory of its weights when it starts from them.
+    Mixtral(MixtralConfig, Option<PathBuf>),
 }
 
 impl Cli {
@@ -125,15 +134,22 @@ impl Cli {
                         pretrained::CONFIG
                     ));
                 }
-                let cfg = LlamaConfig::load(dir.join(pretrained::CONFIG))?;
+                let config = dir.join(pretrained::CONFIG);
                 let has_weights = [pretrained::WEIGHTS, pretrained::INDEX]
                     .iter()
                     .any(|f| dir.join(f).exists());
-                Choice::Llama(cfg, has_weights.then(|| dir.to_path_buf()))
+                let weights = has_weights.then(|| dir.to_path_buf());
+                match harness::HarnessConfig::load(&config)? {
+                    harness::HarnessConfig::Mixtral(cfg) => Choice::Mixtral(cfg, weights),
+                    _ => Choice::Llama(LlamaConfig::load(config)?, weights),
+                }
             }
         };
         if self.export.is_some() && matches!(choice, Choice::Gpt(_)) {
-            return Err("--export writes a Hugging Face Llama directory: use a Llama model".into());
+            return Err(
+                "--export writes a Hugging Face Llama or Mixtral directory: use one of those"
+                    .into(),
+            );
         }
         Ok(choice)
     }
@@ -144,6 +160,7 @@ impl Choice {
         match self {
             Choice::Gpt(c) => c.vocab_size,
             Choice::Llama(c, _) => c.vocab_size,
+            Choice::Mixtral(c, _) => c.base.vocab_size,
         }
     }
 
@@ -151,6 +168,7 @@ impl Choice {
         match self {
             Choice::Gpt(c) => serde_json::to_value(c).expect("a config serializes"),
             Choice::Llama(c, _) => serde_json::from_str(&c.to_json()).expect("valid JSON"),
+            Choice::Mixtral(c, _) => serde_json::from_str(&c.to_json()).expect("valid JSON"),
         }
     }
 
@@ -162,6 +180,9 @@ impl Choice {
                 c.max_position_embeddings
             )),
             Choice::Llama(c, _) => c.validate(),
+            Choice::Mixtral(c, _) => Choice::Llama(c.base, None)
+                .validate(seq)
+                .and_then(|()| c.validate()),
         }
     }
 }
@@ -177,7 +198,7 @@ struct Job {
     run: RunRecord,
     resumed: Option<Checkpoint>,
     /// The weights each rank loads its slices of (not when resuming: the checkpoint has them).
-    weights: Option<pretrained::Weights>,
+    weights: Option<Box<dyn ParameterSource>>,
     device: Device,
 }
 
@@ -246,7 +267,12 @@ fn main() {
     device.seed(cli.run.seed);
     let weights = match (&choice, &resumed) {
         (Choice::Llama(_, Some(dir)), None) => {
-            Some(pretrained::Weights::open(dir).unwrap_or_else(|e| fail(e)))
+            let w = pretrained::Weights::open(dir).unwrap_or_else(|e| fail(e));
+            Some(Box::new(w) as Box<dyn ParameterSource>)
+        }
+        (Choice::Mixtral(_, Some(dir)), None) => {
+            let w = MixtralWeights::open(dir).unwrap_or_else(|e| fail(e));
+            Some(Box::new(w) as Box<dyn ParameterSource>)
         }
         _ => None,
     };
@@ -266,23 +292,38 @@ fn main() {
         Choice::Gpt(cfg) => job.train(Gpt::new(&cfg, &job.device), None),
         Choice::Llama(cfg, _) => {
             let model = Llama::new(&cfg, &job.device);
-            let export = |whole: Vec<ParamValues>| export_llama(&cfg, whole, &job.cli);
+            let export = |whole: Vec<ParamValues>| {
+                let fresh = Llama::new(&cfg, &bonfire_examples::default_device());
+                export_model(fresh, &cfg.to_json(), whole, &job.cli)
+            };
+            job.train(model, Some(&export));
+        }
+        Choice::Mixtral(cfg, _) => {
+            let model = Mixtral::new(&cfg, &job.device);
+            let export = |whole: Vec<ParamValues>| {
+                let fresh = Mixtral::new(&cfg, &bonfire_examples::default_device());
+                export_model(fresh, &cfg.to_json(), whole, &job.cli)
+            };
             job.train(model, Some(&export));
         }
     }
 }
 
-/// Writes `whole` (every parameter of a Llama of `cfg`) to `--export` as a Hugging Face
-/// directory.
-fn export_llama(cfg: &LlamaConfig, whole: Vec<ParamValues>, cli: &Cli) -> Result<(), String> {
+/// Writes `whole` (every parameter of `model`, a fresh model of the run's config
+/// `config_json`) to `--export` as a Hugging Face directory.
+fn export_model<M: burn::module::Module>(
+    model: M,
+    config_json: &str,
+    whole: Vec<ParamValues>,
+    cli: &Cli,
+) -> Result<(), String> {
     let Some(dir) = &cli.export else {
         return Ok(());
     };
-    let model = Llama::new(cfg, &bonfire_examples::default_device());
     let infos = params::inventory(&model);
     let flat: Vec<f32> = whole.into_iter().flat_map(|p| p.values).collect();
     let model = params::assign_values(model, &infos, &flat);
-    let files = pretrained::save_pretrained(&model, &cfg.to_json(), dir, cli.max_shard_size)?;
+    let files = pretrained::save_pretrained(&model, config_json, dir, cli.max_shard_size)?;
     println!("exported {} ({} weight files)", dir.display(), files.len());
     Ok(())
 }
@@ -319,7 +360,7 @@ impl Job {
                     resume(engine.as_mut(), &ckpt.dir)?;
                 }
                 if let Some(weights) = &self.weights {
-                    let got = load_parameters(engine.as_mut(), weights)?;
+                    let got = load_parameters(engine.as_mut(), weights.as_ref())?;
                     println!(
                         "weights rank={} read={} total={}",
                         pg.rank(),

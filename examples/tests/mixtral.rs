@@ -354,3 +354,106 @@ fn the_harness_trains_a_mixtral_checkpoint() {
     assert_eq!(got.len(), 2 * n + 1, "parameters, their grad0, the loss");
     std::fs::remove_dir_all(out).ok();
 }
+
+/// The `train` front door takes a Mixtral directory (`--model`, its per-expert
+/// `model.safetensors`): under dp = 2 × tp = 2 ZeRO-3 each rank reads only its slices through
+/// `MixtralWeights` (the experts assembled from their per-expert tensors and cut to the
+/// rank's ZeRO pieces), and `--export` writes exactly the fixture's fused `state_dict`; a
+/// pipeline is refused with the model's error.
+#[test]
+fn train_loads_a_mixtral_directory_a_slice_per_rank() {
+    let out = std::env::temp_dir().join(format!("bonfire-mixtral-train-{}", std::process::id()));
+    let (model, export) = (fixture_dir(), out.join("export"));
+    let run = |extra: &[&str]| {
+        let base = [
+            "--model",
+            model.to_str().unwrap(),
+            "--seq",
+            "8",
+            "--batch",
+            "2",
+        ];
+        std::process::Command::new(common::example("train"))
+            .args(base)
+            .args(extra)
+            .args(["--log-every", "0"])
+            .output()
+            .unwrap()
+    };
+    let done = run(&[
+        "--steps",
+        "0",
+        "--mesh",
+        "dp=2,tp=2",
+        "--zero",
+        "3",
+        "--export",
+        export.to_str().unwrap(),
+    ]);
+    let stdout = String::from_utf8_lossy(&done.stdout).into_owned();
+    assert!(
+        done.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&done.stderr)
+    );
+    let read: Vec<(usize, usize)> = stdout
+        .lines()
+        .filter(|l| l.starts_with("weights rank="))
+        .map(|l| {
+            (
+                common::number_after(l, "read="),
+                common::number_after(l, "total="),
+            )
+        })
+        .collect();
+    assert_eq!(read.len(), 4, "{stdout}");
+    assert!(
+        read.iter().all(|(got, total)| *got > 0 && 2 * got < *total),
+        "{read:?}"
+    );
+    let tensors = |p: PathBuf| tensor_file::read_floats(&p).unwrap();
+    assert_eq!(
+        tensors(export.join("model.safetensors")),
+        tensors(fixture_dir().join("state_dict.safetensors"))
+    );
+    let refused = run(&["--steps", "1", "--mesh", "pp=2"]);
+    let stderr = String::from_utf8_lossy(&refused.stderr).into_owned();
+    assert!(!refused.status.success());
+    assert!(
+        stderr.contains("pipeline parallelism is not supported"),
+        "{stderr}"
+    );
+    std::fs::remove_dir_all(out).ok();
+}
+
+/// `MixtralWeights` on the per-expert fixture answers for the fused names: whole tensors,
+/// a box of experts 1..3 and a flat range of it equal the fused `state_dict`'s elements.
+#[test]
+fn mixtral_weights_read_regions_of_fused_tensors() {
+    use bonfire_models::mixtral::pretrained::MixtralWeights;
+    use bonfire_train::checkpoint::{ParameterSource, Region};
+    let source = MixtralWeights::open(&fixture_dir()).unwrap();
+    let fused = pretrained::read_weights(&fixture_dir()).unwrap();
+    let fused = moe_pretrained::fuse_experts(fused).unwrap();
+    let params: Vec<(String, Vec<usize>)> = fused
+        .iter()
+        .map(|(k, (s, _))| (k.clone(), s.clone()))
+        .collect();
+    source.check(&params).unwrap();
+    let name = "model.layers.1.mlp.experts.gate_up_proj";
+    let (shape, values) = &fused[name];
+    assert_eq!(
+        &source.read(name, shape, &Region::whole(shape)).unwrap(),
+        values
+    );
+    let (two_f, d) = (shape[1], shape[2]);
+    let boxed = Region::of_box(vec![1, 0, 0], vec![2, two_f, d]);
+    let want = &values[two_f * d..3 * two_f * d];
+    assert_eq!(source.read(name, shape, &boxed).unwrap(), want);
+    let range = boxed.narrow(5..two_f * d + 7);
+    let got = source.read(name, shape, &range).unwrap();
+    assert_eq!(got, &want[5..two_f * d + 7]);
+    let mut short = params;
+    short.pop();
+    assert!(source.check(&short).is_err());
+}

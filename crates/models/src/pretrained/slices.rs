@@ -156,6 +156,13 @@ fn header(file: &mut File, path: &Path, k: usize) -> Result<Vec<(String, Entry)>
     Ok(out)
 }
 
+impl Weights {
+    /// The names of the tensors in the files.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.tensors.keys().map(String::as_str)
+    }
+}
+
 impl ParameterSource for Weights {
     fn check(&self, params: &[(String, Vec<usize>)]) -> Result<(), String> {
         let mut problems = Vec::new();
