@@ -11,9 +11,9 @@
 //! parameters after AdamW within relative 1e-5 and the suites' AdamW floor 2e-3·lr.
 //!
 //! **Layouts** on the fixture's model (idle experts included) and random batches: dp = 2 with
-//! ZeRO 0–3, dp = 4 ZeRO-3, tp = 2 (± loss parallelism, with dp and ZeRO-3), cp = 2 and 4
-//! (alone, with dp and ZeRO, with tp, all three) — every loss, step-0 gradient and parameter
-//! after 2 steps equals one device: SGD within the suites' tolerance, AdamW within [`ADAMW`].
+//! ZeRO 0–3, dp = 4 ZeRO-3, HSDP (dp_replicate = 2 × dp = 2, ZeRO-2), tp = 2 (± loss
+//! parallelism, with dp and ZeRO-3), cp = 2 and 4 (alone, with dp and ZeRO, with tp, all
+//! three) — every loss, step-0 gradient and parameter after 2 steps equals one device: SGD within the suites' tolerance, AdamW within [`ADAMW`].
 //! bf16 trains in dp, cp, tp and cp × tp. Pipelines, sequence parallelism and activation
 //! checkpointing are refused naming why.
 
@@ -221,6 +221,7 @@ fn check(cases: &[LayoutArgs]) {
 fn data_parallel_with_every_zero_stage() {
     let mut cases: Vec<LayoutArgs> = (0..=3).map(|z| layout("dp=2", z, None, None, "")).collect();
     cases.push(layout("dp=4", 3, None, None, ""));
+    cases.push(layout("dp_replicate=2,dp=2", 2, None, None, ""));
     check(&cases);
 }
 
