@@ -1,14 +1,16 @@
 //! Mixtral (Hugging Face's `MixtralForCausalLM`): [`model`] (the decoder and its loss),
 //! [`moe`] (the sparse mixture-of-experts feed-forward), [`config`] (a Hugging Face
-//! `config.json`), [`parallelize`] (its tensor-parallel plan and the layouts it refuses) and
+//! `config.json`), [`parallelize`] (its tensor-parallel plan and the layouts it refuses),
+//! [`pipeline`] (its pipeline pieces, the routing riding with the activations) and
 //! [`pretrained`] (published checkpoints' per-expert names folded into the fused ones).
 
 pub mod config;
 pub mod model;
 pub mod moe;
 pub mod parallelize;
+pub mod pipeline;
 pub mod pretrained;
 
 pub use config::MixtralConfig;
-pub use model::{Mixtral, balance};
+pub use model::{Mixtral, balance, balance_of};
 pub use moe::{Routing, SparseMoe, top_k_mask};

@@ -2,7 +2,7 @@
 //! embedding, attention, norms and head ([`crate::decoder_layer`], [`crate::llama`]) with a
 //! sparse mixture of experts ([`SparseMoe`]) as every layer's feed-forward, and the loss of
 //! `shared/notes/parity-harness.md`: mean cross-entropy + α · the sequence-wise
-//! load-balancing term ([`balance`]). Module paths are transformers 5's `state_dict()` names
+//! load-balancing term ([`balance`], [`balance_of`]). Module paths are transformers 5's `state_dict()` names
 //! (`model.layers.0.mlp.experts.gate_up_proj`).
 
 use super::config::MixtralConfig;
@@ -16,7 +16,7 @@ use bonfire_dtensor::context::ContextScope;
 use bonfire_dtensor::functional::all_reduce;
 use bonfire_dtensor::parallel::loss_parallel;
 use burn::module::Module;
-use burn::tensor::{Device, Int, Tensor};
+use burn::tensor::{DType, Device, Int, Tensor};
 
 /// The Mixtral's decoder layer: the shared layer around its [`SparseMoe`].
 pub type DecoderLayer = decoder_layer::DecoderLayer<SparseMoe>;
@@ -101,31 +101,39 @@ impl Mixtral {
     }
 }
 
-/// The load-balancing term of the notes, sequence-wise: for each sequence b, over its T
-/// tokens of all L layers, f_e = (times e is among a token's top k) / (L·T) (no gradient),
-/// P_e = mean of p_e over the same rows, balance_b = E · Σ_e f_e·P_e; the mean over the
-/// sequences, `[1]`. Under a context-parallel scope a rank holds chunks of each sequence:
-/// the counts and the probability sums are summed over the scope's group first (the sums
-/// differentiably: the all-reduce's backward sums each rank's gradient back, and the
-/// trainer's mean over cp leaves each rank's share), and T is the whole sequence's length.
+/// The load-balancing term of the notes over every layer's [`Routing`] ([`balance_of`] of
+/// their sums).
 pub fn balance(routing: &[Routing]) -> Tensor<1> {
     let first = routing.first().expect("at least one layer");
-    let [b, e] = first.probs.dims();
     let mut probs = first.probs.clone();
     let mut counts = first.counts.clone();
     for r in &routing[1..] {
         probs = probs + r.probs.clone();
         counts = counts + r.counts.clone();
     }
-    let mut t = None;
+    balance_of(probs, counts, routing.len())
+}
+
+/// The load-balancing term of the notes, sequence-wise, from each token's probabilities and
+/// top-k indicators summed over the model's `layers` layers (`[B, T, E]` each): for each
+/// sequence b, over its T tokens of all L layers, f_e = (times e is among a token's top k) /
+/// (L·T) (no gradient), P_e = mean of p_e over the same rows, balance_b = E · Σ_e f_e·P_e; the
+/// mean over the sequences, `[1]`. Under a context-parallel scope a rank holds chunks of each
+/// sequence: the counts and the probability sums are summed over the scope's group first (the
+/// sums differentiably: the all-reduce's backward sums each rank's gradient back, and the
+/// trainer's mean over cp leaves each rank's share), and T is the whole sequence's length.
+pub fn balance_of(probs: Tensor<3>, counts: Tensor<3>, layers: usize) -> Tensor<1> {
+    let [b, t, e] = probs.dims();
+    let mut probs = probs.cast(DType::F32).sum_dim(1).reshape([b, e]);
+    let mut counts = counts.detach().cast(DType::F32).sum_dim(1).reshape([b, e]);
+    let mut t = t;
     if let Some(scope) = ContextScope::current() {
         probs = all_reduce(probs, &scope.group, ReduceOp::Sum);
-        counts = all_reduce(counts.detach(), &scope.group, ReduceOp::Sum);
-        t = Some(scope.split.seq());
+        counts = all_reduce(counts, &scope.group, ReduceOp::Sum);
+        t = scope.split.seq();
     }
-    let t = t.unwrap_or(first.tokens);
-    let rows = (routing.len() * t) as f64;
-    let per_sequence = (counts.detach() * probs).sum_dim(1).reshape([b]);
+    let rows = (layers * t) as f64;
+    let per_sequence = (counts * probs).sum_dim(1).reshape([b]);
     per_sequence
         .mul_scalar(e as f64 / (rows * rows))
         .mean()

@@ -57,17 +57,13 @@ impl Experts {
     }
 }
 
-/// What a layer's router chose, per sequence, for the load-balancing loss.
+/// What a layer's router chose, per token, for the load-balancing loss.
 #[derive(Debug, Clone)]
 pub struct Routing {
-    /// `[B, E]`: Σ over the sequence's tokens of the router probability p_e (with its
-    /// gradient).
-    pub probs: Tensor<2>,
-    /// `[B, E]`: how many of the sequence's tokens chose expert e among their top k (no
-    /// gradient).
-    pub counts: Tensor<2>,
-    /// The tokens of each sequence routed here (T, or a cp rank's share of it).
-    pub tokens: usize,
+    /// `[B, T, E]`: the router probabilities p_e of each token (with their gradient).
+    pub probs: Tensor<3>,
+    /// `[B, T, E]`: 1 where expert e is among the token's top k, else 0 (no gradient).
+    pub counts: Tensor<3>,
 }
 
 /// The sparse MoE feed-forward: router `gate` `[E, d]` (no bias) and the [`Experts`].
@@ -156,9 +152,8 @@ impl FeedForward for SparseMoe {
         let kept = p.clone() * chosen.clone();
         let weights = kept.clone() / kept.sum_dim(1); // [N, E], renormalized over the k
         let routing = Routing {
-            probs: p.reshape([b, t, e]).sum_dim(1).reshape([b, e]),
-            counts: chosen.reshape([b, t, e]).sum_dim(1).reshape([b, e]),
-            tokens: t,
+            probs: p.reshape([b, t, e]),
+            counts: chosen.reshape([b, t, e]),
         };
         let (experts, weights) = chosen_experts(ranks, weights, self.top_k);
         let (grouped, perm) = permute(x.reshape([n, d]), experts, e);
@@ -265,7 +260,8 @@ mod tests {
             }
         };
         close("output", &rows(y.clone()), &rows(dense.clone()));
-        assert_eq!(rows(routing.counts.clone().sum_dim(1)), vec![10.0, 10.0]);
+        let per_sequence = routing.counts.clone().sum_dim(2).sum_dim(1).reshape([2, 1]);
+        assert_eq!(rows(per_sequence), vec![10.0, 10.0]);
         let counts = rows(chosen.sum_dim(0));
         assert_eq!(counts[3], 0.0, "{counts:?}");
         let (got, want) = (grads_of(&moe, y, r.clone()), grads_of(&moe, dense, r));

@@ -9,16 +9,18 @@
 //!   and the experts stay whole (replicated) on every tp rank, each computing the same
 //!   routing from the same replicated input. Sequence parallelism is refused (it would hand
 //!   each tp rank a part of the sequence for the replicated experts).
-//! - Pipeline parallelism is refused: the balance term couples every layer's routing of a
-//!   sequence, and a pipeline puts the layers on different stages.
+//! - Pipeline parallelism (every schedule) and activation checkpointing: [`super::pipeline`]'s
+//!   pieces carry each token's routing with the activations, so the balance term over all
+//!   layers is exact on the last stage.
 
 use super::model::Mixtral;
+use super::pipeline;
 use crate::data::TokenBatch;
-use crate::decoder::{check_sequence, divisible};
+use crate::decoder::{check_sequence, divisible, token_input};
 use crate::llama::parallelize::{attention_tp_plan, check_attention_tp};
 use bonfire_dtensor::context::ContextSplit;
 use bonfire_dtensor::parallel::ParallelPlan;
-use bonfire_train::{Axis, LayoutError, ParallelDims, ParallelModel};
+use bonfire_train::{Axis, LayoutError, ParallelDims, ParallelModel, Pipeline};
 use burn::tensor::Tensor;
 
 impl ParallelModel for Mixtral {
@@ -28,18 +30,9 @@ impl ParallelModel for Mixtral {
         Mixtral::loss(self, ids, targets)
     }
 
-    /// Refuses pipelines and sequence parallelism (see the module docs); query heads,
-    /// key/value heads and the vocabulary must split over tp.
+    /// Refuses sequence parallelism (see the module docs); query heads, key/value heads and
+    /// the vocabulary must split over tp.
     fn check_layout(&self, dims: &ParallelDims) -> Result<(), LayoutError> {
-        if dims.pp() > 1 {
-            return Err(LayoutError::axis(
-                Axis::Pp,
-                dims.pp(),
-                "the Mixtral's load-balancing loss couples the routing of all its layers, \
-                 which a pipeline puts on different stages: pipeline parallelism is not \
-                 supported for the Mixtral",
-            ));
-        }
         let tp = dims.tp();
         if tp > 1 && dims.tp_options.sequence_parallel {
             return Err(LayoutError::axis(
@@ -80,6 +73,26 @@ impl ParallelModel for Mixtral {
             o.loss_parallel,
             dims.tp() > kv_heads,
         ))
+    }
+
+    /// The embedding, each decoder layer, the final norm with the head; token ids enter as
+    /// floats `[B, T, 1]`; activations carry the routing (see [`super::pipeline`]). The decoder
+    /// layers are the checkpointable layers.
+    fn pipeline(self) -> Option<Pipeline<TokenBatch>> {
+        let layers = self.model.layers.len();
+        let experts = self
+            .model
+            .layers
+            .first()
+            .map_or(0, |l| l.mlp.gate.weight.dims()[0]);
+        let names: Vec<String> = (0..layers).map(|i| format!("model.layers.{i}")).collect();
+        let loss = pipeline::loss(
+            self.lm_head.output_shard_group(),
+            experts,
+            layers,
+            self.aux_loss_coef(),
+        );
+        Some(Pipeline::new(pipeline::pieces(self), token_input, loss).with_checkpointable(names))
     }
 
     fn layers(&self) -> Vec<String> {
