@@ -340,37 +340,7 @@ impl CollectiveSpec {
                 }),
                 1.0,
             ),
-            Shift { offset, tag } => {
-                let n = self.group.size();
-                let back = (n - offset % n) % n;
-                let tag = tag ^ BACKWARD_TAG_BIT;
-                (Some(Shift { offset: back, tag }), 1.0)
-            }
-            // The gradients' shift is overlapped too: the finish's backward starts it (zeros
-            // for now), the start's backward — later in backward, after the computation in
-            // between — adds what arrived.
-            ShiftStart { offset, tag, .. } => {
-                let n = self.group.size();
-                let back = (n - offset % n) % n;
-                let tag = tag ^ BACKWARD_TAG_BIT;
-                let finish = ShiftFinish {
-                    offset: back,
-                    tag,
-                    add: true,
-                };
-                (Some(finish), 1.0)
-            }
-            ShiftFinish { offset, tag, .. } => {
-                let n = self.group.size();
-                let back = (n - offset % n) % n;
-                let tag = tag ^ BACKWARD_TAG_BIT;
-                let start = ShiftStart {
-                    offset: back,
-                    tag,
-                    keep: false,
-                };
-                (Some(start), 1.0)
-            }
+            Shift { .. } | ShiftStart { .. } | ShiftFinish { .. } => (Some(self.ring_dual()), 1.0),
             CopyToGroup => (Some(AllReduce { op: ReduceOp::Sum }), 1.0),
             ReduceFromGroup { op } => (None, avg(op)),
             Split { dim, sizes } => (
@@ -390,6 +360,33 @@ impl CollectiveSpec {
             Partition { op, .. } => (None, if *op == ReduceOp::Avg { size } else { 1.0 }),
             // Pad's backward is a local slice, done by the autodiff step itself.
             Pad { .. } => (None, 1.0),
+        }
+    }
+
+    /// The dual of a ring shift: the shift back, each gradient to the rank its tensor came
+    /// from. Overlapped shifts stay overlapped: the finish's backward starts the gradients'
+    /// shift (zeros for now), the start's backward — later in backward, after the computation
+    /// in between — adds what arrived.
+    fn ring_dual(&self) -> CollectiveKind {
+        use CollectiveKind::*;
+        let n = self.group.size();
+        let back = |offset: &usize| (n - offset % n) % n;
+        match &self.kind {
+            Shift { offset, tag } => Shift {
+                offset: back(offset),
+                tag: tag ^ BACKWARD_TAG_BIT,
+            },
+            ShiftStart { offset, tag, .. } => ShiftFinish {
+                offset: back(offset),
+                tag: tag ^ BACKWARD_TAG_BIT,
+                add: true,
+            },
+            ShiftFinish { offset, tag, .. } => ShiftStart {
+                offset: back(offset),
+                tag: tag ^ BACKWARD_TAG_BIT,
+                keep: false,
+            },
+            other => unreachable!("{other:?} is not a ring shift"),
         }
     }
 
