@@ -9,7 +9,8 @@
 //! ```
 //!
 //! One line per feasible layout, `plan rank=K dp=… cp=… zero=… tp=… sp=… pp=… schedule=…
-//! microbatches=… recompute=… precision=… reduce=… bytes_per_rank=… step_ms=…`, then `why: …` lines
+//! microbatches=… recompute=… precision=… reduce=… bytes_per_rank=… step_ms=…` (led by
+//! `dp_replicate=R` for an HSDP layout: R replicas of ZeRO shards over dp × cp), then `why: …` lines
 //! for the first. A request nothing fits exits with status 2 and `error: no layout fits: …`
 //! (what does not fit where); a model or cluster file with a missing or impossible value
 //! exits with status 2 and one line naming the field.
@@ -32,7 +33,9 @@ use bonfire_plan::{
 use clap::Parser;
 
 #[derive(Parser, Debug)]
-#[command(about = "Rank the dp × ZeRO × cp × tp × pp layouts that fit a model on a cluster")]
+#[command(
+    about = "Rank the dp (× dp_replicate) × ZeRO × cp × tp × pp layouts that fit a model on a cluster"
+)]
 struct Cli {
     /// A preset (gpt-bench, gpt3-175b, llama3-8b, llama3-70b, llama3-405b) or a JSON file.
     #[arg(long)]

@@ -1,8 +1,9 @@
 //! Issue 18, points 2 and 4 end to end: the `plan` example ranks layouts and explains the
-//! first, fails with one line on an infeasible request and on a bad description (naming
-//! the field), and `train_gpt --mesh auto` trains under the layout the planner chose for
-//! this machine within a memory budget DDP does not fit (`tests/memory_budget.rs`: DDP
-//! peaks at 77.3 MB a rank on this model, over the 64 MiB budget).
+//! first (an HSDP layout's line led by `dp_replicate=`, issue 30), fails with one line on an
+//! infeasible request and on a bad description (naming the field), and `train_gpt --mesh
+//! auto` trains under the layout the planner chose for this machine within a memory budget
+//! DDP does not fit (`tests/memory_budget.rs`: DDP peaks at 77.3 MB a rank on this model,
+//! over the 64 MiB budget).
 
 mod common;
 
@@ -78,6 +79,48 @@ fn plan_ranks_the_layouts_and_explains_the_first() {
     assert!(ms.windows(2).all(|w| w[0] <= w[1]), "fastest first: {ms:?}");
     assert!(
         stdout.contains("why: memory: ") && stdout.contains("why: DDP: none fits"),
+        "{stdout}"
+    );
+}
+
+/// Issue 30: on two nodes with 100 GbE between them the bench GPT's first layout is HSDP
+/// (ZeRO sharded over each node's 8 ranks, the replicas across the nodes): its line leads
+/// with `dp_replicate=2`, a why line says where its groups run, and plain layouts' lines
+/// carry no `dp_replicate=`.
+#[test]
+fn plan_shows_dp_replicate_for_an_hsdp_layout() {
+    let plan = common::example("plan");
+    let out = Command::new(&plan)
+        .args([
+            "--model",
+            "gpt-bench",
+            "--nodes",
+            "2",
+            "--gpus-per-node",
+            "8",
+        ])
+        .args([
+            "--device", "h100", "--intra", "nvlink", "--inter", "ethernet",
+        ])
+        .args(["--global-batch", "64", "--seq", "128", "--top", "40"])
+        .output()
+        .unwrap();
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stderr}");
+    let ranked: Vec<&str> = stdout
+        .lines()
+        .filter(|l| l.starts_with("plan rank="))
+        .collect();
+    assert!(
+        ranked[0].starts_with("plan rank=1 dp_replicate=2 dp=8 cp=1 zero="),
+        "{stdout}"
+    );
+    assert!(
+        ranked.iter().any(|l| !l.contains("dp_replicate=")),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("why: HSDP: ZeRO-") && stdout.contains("on ethernet"),
         "{stdout}"
     );
 }

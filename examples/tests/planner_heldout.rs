@@ -5,7 +5,12 @@
 //! (vocab 4096, d 256, 8 heads, 4 layers, seq 128, d_ff 1024, 8 sequences a step) in every
 //! dimension; the layouts are spread over them so that every kind the planner searches
 //! appears at least once: DDP, ZeRO 1, 2 and 3, TP = 2 ± SP, PP = 2 under GPipe, 1F1B,
-//! interleaved, ZB-H1 and ZB-V, recompute, bf16, and two 4-rank meshes (dp × tp, pp × dp).
+//! interleaved, ZB-H1 and ZB-V, recompute, bf16, two 4-rank meshes (dp × tp, pp × dp), and
+//! HSDP (issue 30: `dp_replicate=2,dp=2` on 4 ranks under ZeRO-1 on *small*, ZeRO-2 and
+//! ZeRO-3 on *deep* — the state sharded over the 2-rank shard group only, each replica
+//! training on its own quarter of the batch; no constant was fitted on these rows; *small*
+//! under HSDP ZeRO-3, one sequence a rank, reads 1.12–1.18 as plain dp = 2 ZeRO-3 on the
+//! same per-rank batch does, docs/planner.md).
 //!
 //! Every layout trains 2 AdamW steps on rank threads under this binary's counting allocator
 //! ([`RankAllocator`]). For **every rank**, its held bytes (after the last forward+backward)
@@ -41,7 +46,7 @@ use bonfire_examples::planner::{calibrate, gpt_spec, measure_layout, predict_ran
 use bonfire_examples::{Gpt, GptConfig, default_device};
 use bonfire_plan::{
     MixedPrecision, Request, ScheduleKind, ZeroStage, base_layout, context_layout, estimate,
-    rank_shapes,
+    hsdp_layout, rank_shapes,
 };
 use bonfire_train::{ActivationCheckpointing, Axis, ParallelDims};
 use std::time::Instant;
@@ -104,6 +109,7 @@ fn layouts() -> Vec<(usize, &'static str, ParallelDims)> {
             .with_microbatches(microbatches)
     };
     let ac = |l: ParallelDims| l.with_activation_checkpointing(ActivationCheckpointing::Every(1));
+    let hsdp = |zero| hsdp_layout(2, 2, 1, 1, 1).with_zero(zero);
     let bf16 = |l: ParallelDims| l.with_precision(MixedPrecision::bf16());
     use ScheduleKind::{GPipe, OneFOneB, ZbH1, ZbV};
     use ZeroStage::{Zero0, Zero1, Zero2, Zero3};
@@ -116,6 +122,7 @@ fn layouts() -> Vec<(usize, &'static str, ParallelDims)> {
         (0, "pp2-zbv-m4", pp(ZbV, 4)),
         (0, "ddp-bf16", bf16(dp(2, Zero0))),
         (0, "dp2xtp2", base_layout(2, 2, 1)),
+        (0, "hsdp2x2-zero1", hsdp(Zero1)),
         (1, "zero2", dp(2, Zero2)),
         (1, "tp2+sp", tp(true)),
         (1, "pp2-gpipe-m3", pp(GPipe, 3)),
@@ -135,6 +142,8 @@ fn layouts() -> Vec<(usize, &'static str, ParallelDims)> {
         (2, "tp2-bf16", bf16(tp(false))),
         (2, "zero1-bf16", bf16(dp(2, Zero1))),
         (2, "pp2xdp2-zbv-m4", pp(ZbV, 4).with_degree(Axis::Dp, 2)),
+        (2, "hsdp2x2-zero2", hsdp(Zero2)),
+        (2, "hsdp2x2-zero3", hsdp(Zero3)),
     ]
 }
 

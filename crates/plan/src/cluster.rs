@@ -1,7 +1,7 @@
 //! [`ClusterSpec`]: the machine a plan is for — nodes × devices per node, each device's
 //! memory, FLOP rate and memory bandwidth ([`DeviceSpec`], presets `h100`, `a100`, `cpu`), the
 //! links inside a node and between nodes ([`LinkSpec`], presets `nvlink`, `nvlink3`, `pcie`,
-//! `ib`, `ethernet`, `shm`) — and which link a parallel group of the `[pp, dp, cp, tp]` mesh
+//! `ib`, `ethernet`, `shm`) — and which link a parallel group of the `[pp, dp_replicate, dp, cp, tp]` mesh
 //! crosses. The figures and their sources are listed in `docs/planner.md`.
 
 use crate::error::PlanError;

@@ -206,9 +206,11 @@ pub fn estimate(
     }
 }
 
-/// Tokens of one micro-batch on one rank: its replica's sequences, `seq / cp` tokens of each.
+/// Tokens of one micro-batch on one rank: its replica's sequences (one of dp_replicate × dp),
+/// `seq / cp` tokens of each.
 fn micro_batch_tokens(req: &Request, layout: &ParallelDims) -> f64 {
-    (req.global_batch / layout.dp() / layout.microbatches() * req.seq) as f64 / layout.cp() as f64
+    let sequences = req.global_batch / layout.data_replicas() / layout.microbatches();
+    (sequences * req.seq) as f64 / layout.cp() as f64
 }
 
 /// The bytes of pipeline rank `r` (of `shapes`) under `layout`.
@@ -227,7 +229,7 @@ pub fn rank_memory(
     let state = state_bytes(
         layout.zero,
         s.params,
-        layout.replicas(),
+        layout.shard_ranks(),
         layout.precision,
         false,
     );
@@ -339,8 +341,7 @@ fn step_time(
         .iter()
         .map(|s| s.blocks + usize::from(s.has_embedding) + usize::from(head(s)))
         .max();
-    let (dp_comm, dp_hidden, optimizer) =
-        dp_and_optimizer(cluster, layout, psi, layers.unwrap_or(1), compute + launch);
+    let dp = dp_and_optimizer(cluster, layout, psi, layers.unwrap_or(1), compute + launch);
     StepTime {
         compute,
         launch,
@@ -348,9 +349,10 @@ fn step_time(
         tp_comm,
         pp_comm,
         cp_comm,
-        dp_comm,
-        optimizer,
-        dp_hidden,
+        dp_comm: dp.exposed,
+        replica_comm: dp.replica,
+        optimizer: dp.optimizer,
+        dp_hidden: dp.hidden,
     }
 }
 
@@ -421,18 +423,39 @@ fn bucketed(bytes: f64, cost: impl Fn(f64) -> f64) -> f64 {
     calls * cost(bytes / calls)
 }
 
-/// Exposed and hidden data-parallel communication, and the optimizer step, for `psi`
-/// parameters a rank in `layers` pieces (ZeRO-3 gathers each piece in its own call), over
-/// the dp × cp ranks that replicate them.
+/// A step's data-parallel seconds ([`dp_and_optimizer`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct DpTime {
+    /// The reduction (and ZeRO's gathers) not hidden behind compute.
+    exposed: f64,
+    /// The part hidden behind compute.
+    hidden: f64,
+    /// HSDP's all-reduce across the replicas ([`replica_all_reduce`]).
+    replica: f64,
+    /// The optimizer step on the rank's owned parameters.
+    optimizer: f64,
+}
+
+/// Data-parallel communication and the optimizer step for `psi` parameters a rank in
+/// `layers` pieces (ZeRO-3 gathers each piece in its own call). Without ZeRO, DDP's
+/// bucketed all-reduce over every replica (dp_replicate × dp × cp); with ZeRO, its
+/// collectives over the shard group (dp × cp, [`PlannedLayout::shard_ranks`], on the link
+/// its span needs: inside a node when it fits one) — hidden behind backward (ZeRO-3: forward
+/// and backward) up to the cluster's overlap — and, under HSDP, [`replica_all_reduce`]
+/// after them. The optimizer steps the rank's owned parameters (Ψ / (dp·cp) under ZeRO).
 fn dp_and_optimizer(
     cluster: &ClusterSpec,
     layout: &ParallelDims,
     psi: f64,
     layers: usize,
     compute: f64,
-) -> (f64, f64, f64) {
+) -> DpTime {
     let (pb, rb, k) = bytes_per_param(layout.precision);
-    let n = layout.replicas();
+    let n = if layout.zero == ZeroStage::Zero0 {
+        layout.replicas()
+    } else {
+        layout.shard_ranks()
+    };
     let link = cluster.group_link(n, layout.tp());
     let gather = |bytes: f64| bucketed(bytes, |b| all_gather(b, n, link));
     let comm = match layout.zero {
@@ -457,8 +480,33 @@ fn dp_and_optimizer(
     } else {
         psi / n as f64
     };
-    let optimizer = owned * (pb + rb + 2.0 * k) / cluster.device.mem_bw;
-    (exposed, comm - exposed, optimizer)
+    DpTime {
+        exposed,
+        hidden: comm - exposed,
+        replica: replica_all_reduce(cluster, layout, psi),
+        optimizer: owned * (pb + rb + 2.0 * k) / cluster.device.mem_bw,
+    }
+}
+
+/// Seconds of HSDP's all-reduce across the dp_replicate replicas (0 without HSDP): each rank
+/// averages its reduced gradient with the ranks holding the same shard — its own range
+/// (Ψ/(dp·cp) values) at stages 2–3, the full vector (Ψ) at stage 1 (`bonfire_zero`'s
+/// `with_replicas`) — in the reduce dtype, in one call, on the replica group's link (ranks
+/// dp·cp·tp apart: across nodes once the replicas do not fit one). Bonfire runs it after the
+/// shard group's reduction, before the step: on the critical path, not hidden.
+pub fn replica_all_reduce(cluster: &ClusterSpec, layout: &ParallelDims, psi: f64) -> f64 {
+    if !layout.is_hsdp() {
+        return 0.0;
+    }
+    let r = layout.dp_replicate();
+    let (_, rb, _) = bytes_per_param(layout.precision);
+    let n = layout.shard_ranks();
+    let values = match layout.zero {
+        ZeroStage::Zero1 => psi,
+        _ => psi / n as f64,
+    };
+    let link = cluster.group_link(r, n * layout.tp());
+    all_reduce(values * rb, r, link)
 }
 
 /// Whether `s` is a pipeline schedule the planner tries with `pp` ranks and `m` micro-batches.

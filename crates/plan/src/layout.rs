@@ -3,7 +3,9 @@
 //! whether a model and a batch admit the layout ([`PlannedLayout`]), and what a schedule
 //! implies ([`ScheduleModel`]): its bubble and the micro-batches a rank keeps ([`Held`]).
 //! Context parallelism (cp) splits every sequence over cp ranks; parameters are
-//! data-parallel over dp × cp ([`PlannedLayout::replicas`]).
+//! data-parallel over dp_replicate × dp × cp ([`PlannedLayout::replicas`]) and ZeRO shards
+//! them over dp × cp ([`PlannedLayout::shard_ranks`]): under HSDP the dp_replicate replicas
+//! hold the same shards.
 
 use crate::model::{ModelSpec, stage_ranges};
 use bonfire_layout::{ActivationCheckpointing, Axis};
@@ -154,21 +156,27 @@ pub trait PlannedLayout {
     fn rank_params(&self, model: &ModelSpec, pp_rank: usize) -> usize;
     /// Whether every layer recomputes its activations in backward.
     fn recomputes(&self) -> bool;
-    /// The ranks a parameter is replicated over, and its gradients reduced (and ZeRO's
-    /// state sharded) over: dp × cp (cp ranks hold the same parameters).
+    /// The ranks a parameter is replicated over and its gradients averaged over:
+    /// dp_replicate × dp × cp (cp ranks hold the same parameters).
     fn replicas(&self) -> usize;
+    /// The ranks ZeRO shards a parameter's state over (its *shard group*): dp × cp. Under
+    /// HSDP (dp_replicate > 1) each of the dp_replicate replicas holds the same shards and
+    /// all-reduces its reduced gradient shard across them; without ZeRO every one of the
+    /// [`Self::replicas`] holds everything.
+    fn shard_ranks(&self) -> usize;
     /// Whether sequences of `seq` tokens cut under the layout: into `2·cp` equal chunks
     /// (the balanced split of `bonfire_dtensor::context::ContextSplit`), and a rank's
     /// `seq / cp` tokens over tp under sequence parallelism. `Err` says what does not.
     fn check_sequence(&self, seq: usize) -> Result<(), String>;
     /// Whether the planner can cost the layout for `model` on `global_batch` sequences:
-    /// options it models (no dp_replicate, no offload, no split points, checkpointing off or every layer,
-    /// loss parallelism exactly when tp > 1) and shapes that fit (tp divides the heads,
-    /// key/value heads, d_ff and the vocabulary; each stage gets a piece; the batch splits
-    /// into dp replicas and micro-batches). `Err` says what does not.
+    /// options it models (no offload, no split points, checkpointing off or every layer,
+    /// loss parallelism exactly when tp > 1, HSDP with a dp or cp axis to shard over) and
+    /// shapes that fit (tp divides the heads, key/value heads, d_ff and the vocabulary; each
+    /// stage gets a piece; the batch splits into dp_replicate × dp replicas and
+    /// micro-batches). `Err` says what does not.
     fn check_model(&self, model: &ModelSpec, global_batch: usize) -> Result<(), String>;
     /// One `key=value` line: `dp=… cp=… zero=… tp=… sp=… pp=… schedule=… microbatches=…
-    /// recompute=… precision=… reduce=…`.
+    /// recompute=… precision=… reduce=…`, led by `dp_replicate=…` when it is above 1.
     fn record(&self) -> String;
 }
 
@@ -198,6 +206,10 @@ impl PlannedLayout for ParallelDims {
     }
 
     fn replicas(&self) -> usize {
+        self.data_replicas() * self.cp()
+    }
+
+    fn shard_ranks(&self) -> usize {
         self.dp() * self.cp()
     }
 
@@ -220,12 +232,10 @@ impl PlannedLayout for ParallelDims {
     }
 
     fn check_model(&self, model: &ModelSpec, global_batch: usize) -> Result<(), String> {
-        if self.dp_replicate() > 1 {
+        if self.is_hsdp() && self.shard_ranks() == 1 {
             return Err(format!(
-                "the planner does not model dp_replicate (HSDP's replicas: ZeRO state sharded \
-                 over dp only, a second all-reduce across dp_replicate={}): plan dp={} instead",
-                self.dp_replicate(),
-                self.data_replicas()
+                "HSDP (dp_replicate={}) with ZeRO needs a dp or cp axis to shard over",
+                self.dp_replicate()
             ));
         }
         if self.offload {
@@ -267,9 +277,14 @@ impl PlannedLayout for ParallelDims {
                 model.pieces()
             ));
         }
-        if global_batch % (self.dp() * self.microbatches()) != 0 {
+        if global_batch % (self.data_replicas() * self.microbatches()) != 0 {
+            let replicate = match self.dp_replicate() {
+                1 => String::new(),
+                r => format!("dp_replicate={r} × "),
+            };
             return Err(format!(
-                "the global batch {global_batch} does not split into dp={} × {} micro-batches",
+                "the global batch {global_batch} does not split into {replicate}dp={} × {} \
+                 micro-batches",
                 self.dp(),
                 self.microbatches()
             ));
@@ -279,9 +294,13 @@ impl PlannedLayout for ParallelDims {
 
     fn record(&self) -> String {
         let on = |b: bool| if b { "on" } else { "off" };
+        let replicate = match self.dp_replicate() {
+            1 => String::new(),
+            r => format!("dp_replicate={r} "),
+        };
         format!(
-            "dp={} cp={} zero={} tp={} sp={} pp={} schedule={} microbatches={} recompute={} \
-             precision={} reduce={}",
+            "{replicate}dp={} cp={} zero={} tp={} sp={} pp={} schedule={} microbatches={} \
+             recompute={} precision={} reduce={}",
             self.dp(),
             self.cp(),
             self.zero.index(),
@@ -310,4 +329,11 @@ pub fn base_layout(dp: usize, tp: usize, pp: usize) -> ParallelDims {
 /// [`base_layout`] with the sequences split over `cp` ranks (mesh `[pp, dp, cp, tp]`).
 pub fn context_layout(dp: usize, cp: usize, tp: usize, pp: usize) -> ParallelDims {
     base_layout(dp, tp, pp).with_degree(Axis::Cp, cp)
+}
+
+/// HSDP: `replicate` replicas (the `dp_replicate` axis, outside dp: mesh
+/// `[pp, dp_replicate, dp, cp, tp]`) of [`context_layout`]'s layout, each holding the same
+/// ZeRO shards over its dp × cp ranks; set a ZeRO stage (1–3) on it.
+pub fn hsdp_layout(replicate: usize, dp: usize, cp: usize, tp: usize, pp: usize) -> ParallelDims {
+    context_layout(dp, cp, tp, pp).with_degree(Axis::DpReplicate, replicate)
 }

@@ -16,6 +16,9 @@
 //!   transients;
 //! - [`time`] and [`cost`]: step time from FLOPs, ring collectives on the links a group
 //!   crosses, overlap, the pipeline bubble per schedule, the optimizer step;
+//! - HSDP: a `dp_replicate` axis outside dp, ZeRO sharded over dp × cp only
+//!   ([`PlannedLayout::shard_ranks`]), each rank's gradient shard all-reduced across the
+//!   replicas ([`cost::replica_all_reduce`]);
 //! - [`search`]: [`plan`] ranks every layout that fits and says why the first won, or fails
 //!   with [`PlanError::Infeasible`] naming what does not fit where.
 //!
@@ -63,7 +66,7 @@ pub use cost::{
 pub use error::PlanError;
 pub use layout::{
     Held, MixedPrecision, ParallelDims, PlannedLayout, SEARCHED_SCHEDULES, ScheduleKind,
-    ScheduleModel, ZeroStage, base_layout, context_layout,
+    ScheduleModel, ZeroStage, base_layout, context_layout, hsdp_layout,
 };
 pub use model::{Arch, Attention, ModelSpec, PRESETS, RING_KEPT_SCORES, stage_ranges};
 pub use search::{Plan, candidates, estimate_all, plan};

@@ -1,9 +1,10 @@
 //! The search ([`plan`]): every layout of the cluster's ranks the model admits — tp within a
 //! node (a divisor of the devices per node), pp up to the pipeline pieces, cp a power of two
-//! whose `2·cp` chunks cut the sequence, dp the rest; each
-//! ZeRO stage, ± sequence parallelism, each schedule and micro-batch count, ± recompute, each
-//! requested precision — costed by [`estimate`], the ones that fit ranked by predicted step
-//! time, and the reasons for the top one ([`explain`]).
+//! whose `2·cp` chunks cut the sequence, the data-parallel rest as dp or, with ZeRO, as
+//! dp_replicate × dp (HSDP: every divisor > 1 as dp_replicate, leaving dp × cp > 1 to shard
+//! over); each ZeRO stage, ± sequence parallelism, each schedule and micro-batch count,
+//! ± recompute, each requested precision — costed by [`estimate`], the ones that fit ranked
+//! by predicted step time, and the reasons for the top one ([`explain`]).
 
 use crate::bytes::format_bytes;
 use crate::cluster::ClusterSpec;
@@ -11,6 +12,7 @@ use crate::cost::{Estimate, Request, estimate, rank_shapes, schedule_fits};
 use crate::error::PlanError;
 use crate::layout::{
     ParallelDims, PlannedLayout, SEARCHED_SCHEDULES, ScheduleKind, ZeroStage, context_layout,
+    hsdp_layout,
 };
 use crate::model::ModelSpec;
 use bonfire_layout::ActivationCheckpointing;
@@ -82,6 +84,10 @@ pub fn candidates(
                     continue;
                 }
                 out.extend(variants(model, req, context_layout(dp, cp, tp, pp)));
+                // HSDP: the same ranks as dp_replicate × dp, ZeRO sharded over dp × cp.
+                for r in divisors(dp).filter(|&r| r > 1 && dp / r * cp > 1) {
+                    out.extend(variants(model, req, hsdp_layout(r, dp / r, cp, tp, pp)));
+                }
             }
         }
     }
@@ -89,16 +95,19 @@ pub fn candidates(
 }
 
 /// The searched variants of `base` (its degrees): each schedule and micro-batch count (with
-/// a pipeline), ZeRO stage (with more than one replica), ± sequence parallelism (tp > 1),
-/// ± recompute of every block, each requested precision.
+/// a pipeline), ZeRO stage (with more than one replica; only 1–3 under HSDP, whose DDP is
+/// plain dp's), ± sequence parallelism (tp > 1), ± recompute of every block, each requested
+/// precision.
 fn variants(model: &ModelSpec, req: &Request, base: ParallelDims) -> Vec<ParallelDims> {
-    let (dp, tp, pp) = (base.dp(), base.tp(), base.pp());
+    let (dp, tp, pp) = (base.data_replicas(), base.tp(), base.pp());
     let schedules: Vec<Option<ScheduleKind>> = if pp > 1 {
         SEARCHED_SCHEDULES.into_iter().map(Some).collect()
     } else {
         vec![None]
     };
-    let stages: &[ZeroStage] = if base.replicas() > 1 {
+    let stages: &[ZeroStage] = if base.dp_replicate() > 1 {
+        &ZeroStage::ALL[1..]
+    } else if base.replicas() > 1 {
         &ZeroStage::ALL
     } else {
         &ZeroStage::ALL[..1]
@@ -220,16 +229,23 @@ pub fn plan(model: &ModelSpec, cluster: &ClusterSpec, req: &Request) -> Result<P
 type Member = fn(&ParallelDims) -> bool;
 
 /// The families the reasons compare the winner with.
-const FAMILIES: [(&str, Member); 5] = [
+const FAMILIES: [(&str, Member); 6] = [
     ("DDP", |l| {
         l.tp() == 1 && l.pp() == 1 && l.cp() == 1 && l.zero == ZeroStage::Zero0
     }),
     ("ZeRO alone", |l| {
-        l.tp() == 1 && l.pp() == 1 && l.cp() == 1 && l.zero != ZeroStage::Zero0
+        l.tp() == 1
+            && l.pp() == 1
+            && l.cp() == 1
+            && l.zero != ZeroStage::Zero0
+            && l.dp_replicate() == 1
     }),
     ("with tensor parallelism", |l| l.tp() > 1),
     ("with a pipeline", |l| l.pp() > 1),
     ("with context parallelism", |l| l.cp() > 1),
+    ("HSDP (dp_replicate replicas of ZeRO shards)", |l| {
+        l.dp_replicate() > 1
+    }),
 ];
 
 /// Why the first of `ranked` won: its memory against the device, the part of the step that
@@ -254,7 +270,7 @@ pub fn explain(
             top.memory.describe(),
         ),
         format!(
-            "time: {:.3} ms = compute {:.3} + kernel launches {:.3} + bubble {:.3} + tp {:.3} + pp {:.3} + cp ring {:.3} + dp exposed {:.3} + optimizer {:.3}; bound by {}",
+            "time: {:.3} ms = compute {:.3} + kernel launches {:.3} + bubble {:.3} + tp {:.3} + pp {:.3} + cp ring {:.3} + dp exposed {:.3} + replicas {:.3} + optimizer {:.3}; bound by {}",
             top.step_ms(),
             t.compute * 1e3,
             t.launch * 1e3,
@@ -263,6 +279,7 @@ pub fn explain(
             t.pp_comm * 1e3,
             t.cp_comm * 1e3,
             t.dp_comm * 1e3,
+            t.replica_comm * 1e3,
             t.optimizer * 1e3,
             t.bound().0
         ),
@@ -283,6 +300,9 @@ pub fn explain(
             cluster.inter.bandwidth / 1e9
         ));
     }
+    if top.layout.is_hsdp() {
+        why.push(hsdp_line(cluster, &top.layout));
+    }
     if let Some(next) = ranked.get(1) {
         why.push(format!(
             "runner-up: {} at {:.3} ms (+{:.1} %)",
@@ -293,6 +313,28 @@ pub fn explain(
     }
     let _ = req;
     why
+}
+
+/// Where an HSDP winner's groups run: the shard group (dp × cp) and the replica group.
+fn hsdp_line(cluster: &ClusterSpec, l: &ParallelDims) -> String {
+    let n = l.shard_ranks();
+    let shard = cluster.group_link(n, l.tp());
+    let replica = cluster.group_link(l.dp_replicate(), n * l.tp());
+    format!(
+        "HSDP: ZeRO-{} shards over dp × cp = {n} ranks on {} ({:.0} GB/s); the {} replicas \
+         all-reduce each rank's gradient {} on {} ({:.0} GB/s)",
+        l.zero.index(),
+        shard.name,
+        shard.bandwidth / 1e9,
+        l.dp_replicate(),
+        if l.zero == ZeroStage::Zero1 {
+            "(the whole vector)"
+        } else {
+            "shard"
+        },
+        replica.name,
+        replica.bandwidth / 1e9
+    )
 }
 
 fn family_line(

@@ -72,6 +72,9 @@ pub struct StepTime {
     pub cp_comm: f64,
     /// Data-parallel (DDP / ZeRO) communication not hidden behind backward.
     pub dp_comm: f64,
+    /// HSDP's all-reduce of each rank's reduced gradient across its dp_replicate replicas
+    /// (after the shard group's reduction, not hidden; 0 without HSDP).
+    pub replica_comm: f64,
     /// The optimizer step.
     pub optimizer: f64,
     /// Data-parallel communication hidden behind compute (not in the total: it breaks ties —
@@ -89,6 +92,7 @@ impl StepTime {
             + self.pp_comm
             + self.cp_comm
             + self.dp_comm
+            + self.replica_comm
             + self.optimizer
     }
 
@@ -102,6 +106,7 @@ impl StepTime {
             ("pipeline communication", self.pp_comm),
             ("context-parallel ring", self.cp_comm),
             ("data-parallel communication", self.dp_comm),
+            ("HSDP's all-reduce across replicas", self.replica_comm),
             ("optimizer step", self.optimizer),
         ]
         .into_iter()

@@ -204,24 +204,3 @@ fn the_ring_is_paid_where_it_is_not_hidden() {
     let dp2 = estimate(&model, &cluster, &req2, &dp2, &rank_shapes(&model, &dp2, t)).time;
     assert_eq!(two.dp_comm + two.dp_hidden, dp2.dp_comm + dp2.dp_hidden);
 }
-
-/// HSDP's dp_replicate axis is not modelled yet: the planner refuses it and says what to
-/// plan instead (the search never proposes it).
-#[test]
-fn dp_replicate_is_refused_with_its_reason() {
-    let (model, _) = (bench_gpt(24), request(8, 24, MixedPrecision::f32()));
-    let hsdp = context_layout(2, 1, 1, 1)
-        .with_degree(bonfire_layout::Axis::DpReplicate, 2)
-        .with_zero(ZeroStage::Zero3);
-    let e = hsdp.check_model(&model, 8).unwrap_err();
-    assert!(
-        e.contains("does not model dp_replicate") && e.contains("dp=4"),
-        "{e}"
-    );
-    assert!(
-        context_layout(4, 1, 1, 1)
-            .with_zero(ZeroStage::Zero3)
-            .check_model(&model, 8)
-            .is_ok()
-    );
-}
