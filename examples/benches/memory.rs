@@ -55,9 +55,12 @@
 //! planner_bytes=… peak_ratio=… state_ratio_min=…`): rows the planner was never fitted on,
 //! printed, not asserted.
 //!
+//! `--model mixtral`: the bench Mixtral's expert and parameter bytes per rank at ep = 1
+//! (one rank, DDP, ZeRO 1–3, TP 2; `memory/mixtral.rs`).
+//!
 //! Options: `--steps K` (≥ 2, default 2), `--only NAME,NAME` (layouts whose name contains
 //! one of them), `--budget BYTES`, `--trace` (every rank's live and peak bytes at every
-//! phase boundary, on stderr), `--model gpt|llama`.
+//! phase boundary, on stderr), `--model gpt|llama|mixtral`.
 
 use bonfire_comm::testing::rank_alloc::{self, RankAllocator};
 use bonfire_examples::cli::LayoutArgs;
@@ -71,6 +74,9 @@ use bonfire_plan::{MemoryParts, PlannedLayout, Request, rank_shapes};
 use bonfire_train::{Axis, DataSource, Launcher, OptimizerKind, ParallelDims, TrainError, Trainer};
 use burn::tensor::Device;
 use std::time::Instant;
+
+#[path = "memory/mixtral.rs"]
+mod mixtral;
 
 #[global_allocator]
 static HEAP: RankAllocator = RankAllocator;
@@ -576,6 +582,9 @@ fn main() {
         .expect("--budget BYTES");
     if value("--model").as_deref() == Some("llama") {
         return llama_rows(steps, &only);
+    }
+    if value("--model").as_deref() == Some("mixtral") {
+        return mixtral::rows(steps, &only);
     }
     let flag = args.iter().any(|a| a == "--trace");
     TRACE.store(flag, std::sync::atomic::Ordering::Relaxed);

@@ -37,6 +37,22 @@ impl MixtralConfig {
         }
     }
 
+    /// The bench size: the Llama bench's body ([`LlamaConfig::bench`]: vocab 4096, hidden
+    /// 256, 8 heads, 4 kv heads, 4 layers, positions 128) with 8 experts of width 344 per
+    /// layer, top 2 — each token's active feed-forward (2 × 344) is the Llama bench's 688 —
+    /// and α = 0.02.
+    pub fn bench() -> Self {
+        Self {
+            base: LlamaConfig {
+                intermediate_size: 344,
+                ..LlamaConfig::bench()
+            },
+            num_local_experts: 8,
+            num_experts_per_tok: 2,
+            router_aux_loss_coef: 0.02,
+        }
+    }
+
     /// Parses a Hugging Face `config.json` of `"model_type": "mixtral"`; `what` names it in
     /// errors. The Llama fields as [`LlamaConfig::from_json`] reads them, plus
     /// `num_local_experts`, `num_experts_per_tok` (defaults 8 and 2, transformers') and

@@ -1,0 +1,120 @@
+//! `bench train --model mixtral`'s routing lines: how unevenly the Mixtral's routers load
+//! their experts, step by step, on the trajectory every multi-rank layout trains.
+//!
+//! The engines on the rank threads do not hand their model out, so the routing is read from a
+//! one-device replay of the same training: the same initial model, SGD at the same learning
+//! rate (0.01, `throughput::train`'s), the same global batch of every step (`batch × ranks`
+//! rows) — the trajectory each multi-rank layout reproduces (dp, ZeRO, tp of the Mixtral equal
+//! one device: `crates/models` tests). At each step the forward's routing
+//! ([`Mixtral::forward_routed`]) gives every layer's tokens per expert (the top-k indicators
+//! summed over the batch); a layer's imbalance is max over experts of its tokens / their mean
+//! (N·k/E): 1 is perfect balance, E/k the worst possible.
+//!
+//! `bench train model=mixtral routing step=S layers=L experts=E top_k=K tokens=N
+//! imbalance_mean=… imbalance_max=… max_layer=… loads=a/b/…` (the loads of the most
+//! imbalanced layer), then a summary over the timed steps.
+
+use bonfire_dtensor::plane::{self, ledger::Reason};
+use bonfire_models::cross_entropy;
+use bonfire_models::data::{Batches, TokenBatch};
+use bonfire_models::mixtral::{Mixtral, balance};
+use burn::optim::{GradientsParams, SgdConfig};
+use burn::tensor::{Device, Tensor};
+
+/// The learning rate of `throughput::train` (and so of every layout's run).
+const LR: f64 = 0.01;
+
+/// One step's imbalance: the mean over layers, the max and the layer holding it, that
+/// layer's tokens per expert.
+pub struct StepRouting {
+    pub mean: f64,
+    pub max: f64,
+    pub max_layer: usize,
+    pub loads: Vec<f32>,
+}
+
+/// One forward of `model` on a batch: every layer's tokens per expert `[L][E]`, the balance
+/// term's value, and the loss (mean cross-entropy + α · balance, as [`Mixtral::loss`]).
+fn forward(model: &Mixtral, (ids, targets): TokenBatch) -> (Vec<Vec<f32>>, f64, Tensor<1>) {
+    let (logits, routing) = model.forward_routed(ids);
+    let per_layer = routing
+        .iter()
+        .map(|r| {
+            let [b, t, e] = r.counts.dims();
+            let summed = r.counts.clone().detach().reshape([b * t, e]).sum_dim(0);
+            plane::to_host(summed, Reason::Report)
+        })
+        .collect();
+    let aux = balance(&routing);
+    let value = plane::to_host(aux.clone().detach(), Reason::Report)[0] as f64;
+    let loss = cross_entropy(logits, targets) + aux.mul_scalar(model.aux_loss_coef());
+    (per_layer, value, loss)
+}
+
+/// The imbalance of one step's per-layer loads.
+fn imbalance(per_layer: Vec<Vec<f32>>) -> StepRouting {
+    let ratios: Vec<f64> = per_layer
+        .iter()
+        .map(|l| {
+            let mean = l.iter().map(|&c| c as f64).sum::<f64>() / l.len() as f64;
+            l.iter().copied().fold(0.0f32, f32::max) as f64 / mean
+        })
+        .collect();
+    let max_layer = (0..ratios.len())
+        .max_by(|&a, &b| ratios[a].total_cmp(&ratios[b]))
+        .expect("a layer");
+    StepRouting {
+        mean: ratios.iter().sum::<f64>() / ratios.len() as f64,
+        max: ratios[max_layer],
+        max_layer,
+        loads: per_layer[max_layer].clone(),
+    }
+}
+
+/// Replays `steps` SGD steps of `model` on one device on the first `rows` sequences of each
+/// step of `data`, printing every step's routing line; returns every step's imbalance.
+pub fn replay(model: &Mixtral, data: &Batches, rows: usize, steps: usize) -> Vec<StepRouting> {
+    let device: Device = bonfire_examples::default_device();
+    let mut model = model.clone();
+    let mut optim = SgdConfig::new().init();
+    let mut out = Vec::with_capacity(steps);
+    for s in 0..steps {
+        let (per_layer, aux, loss) = forward(&model, data.rows(s, 0, rows, &device));
+        let (l, e) = (per_layer.len(), per_layer[0].len());
+        let tokens: f64 = per_layer[0].iter().map(|&c| c as f64).sum::<f64>();
+        let k = model.model.layers[0].mlp.top_k();
+        let r = imbalance(per_layer);
+        println!(
+            "bench train model=mixtral routing step={s} layers={l} experts={e} top_k={k} \
+             tokens={} imbalance_mean={:.3} imbalance_max={:.3} max_layer={} balance_term={aux:.4} \
+             loads={}",
+            tokens as usize / k,
+            r.mean,
+            r.max,
+            r.max_layer,
+            r.loads
+                .iter()
+                .map(|c| format!("{c:.0}"))
+                .collect::<Vec<_>>()
+                .join("/")
+        );
+        out.push(r);
+        let grads = GradientsParams::from_grads(loss.backward(), &model);
+        model = optim.step(LR, model, grads);
+    }
+    out
+}
+
+/// The summary line over the steps after `warmup` (the timed ones): the mean over steps of
+/// each step's mean over layers, and the largest single layer's imbalance of any step.
+pub fn summary(steps: &[StepRouting], warmup: usize) {
+    let timed = &steps[warmup.min(steps.len())..];
+    let n = timed.len().max(1) as f64;
+    let mean = timed.iter().map(|r| r.mean).sum::<f64>() / n;
+    let max = timed.iter().map(|r| r.max).fold(0.0, f64::max);
+    println!(
+        "bench train model=mixtral routing_summary steps={} imbalance_mean={mean:.3} \
+         imbalance_max={max:.3} source=one-device-replay",
+        timed.len()
+    );
+}
