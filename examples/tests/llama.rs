@@ -21,7 +21,7 @@ use bonfire_examples::default_device;
 use bonfire_examples::harness::{self, HarnessConfig};
 use bonfire_models::data;
 use bonfire_models::llama::{Llama, LlamaConfig};
-use bonfire_models::tensor_file::{self, HostTensor};
+use bonfire_models::tensor_file;
 use bonfire_models::weights;
 use bonfire_train::OptimizerKind;
 use std::collections::BTreeMap;
@@ -29,19 +29,7 @@ use std::path::PathBuf;
 use std::sync::OnceLock;
 
 fn fixture_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures/llama")
-}
-
-/// The fixture's reference tensors (f32 values of float64 results).
-fn reference() -> BTreeMap<String, Vec<f32>> {
-    tensor_file::read(fixture_dir().join("reference.safetensors"))
-        .unwrap()
-        .into_iter()
-        .filter_map(|(k, v)| match v {
-            HostTensor::F32 { data, .. } => Some((k, data)),
-            HostTensor::I64 { .. } => None,
-        })
-        .collect()
+    common::fixture_dir("llama")
 }
 
 /// f32 against a float64 result: relative 1e-5 with a floor for elements that cancel.
@@ -93,7 +81,7 @@ fn logits_and_training_match_transformers_in_float64() {
         cfg.max_position_embeddings,
     )
     .unwrap();
-    let want = reference();
+    let want = common::fixture_reference("llama");
     let (ids, _) = batches.rows(0, 0, batches.batch, &device);
     let logits = model.forward(ids).into_data().try_to_vec::<f32>().unwrap();
     let c = assert_close("logits", &logits, &want["logits"], F64);
@@ -271,7 +259,7 @@ fn the_harness_trains_a_transformers_checkpoint_in_any_layout() {
     };
     harness::run(&args).unwrap();
     let got = harness::read_result(&args.out).unwrap();
-    let want = reference();
+    let want = common::fixture_reference("llama");
     let params: Vec<&String> = want
         .keys()
         .filter(|k| k.starts_with("sgd.model.") || k.starts_with("sgd.lm_head"))

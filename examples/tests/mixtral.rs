@@ -26,27 +26,14 @@ use bonfire_examples::harness::{self, HarnessConfig};
 use bonfire_models::data;
 use bonfire_models::mixtral::{Mixtral, MixtralConfig, balance, pretrained as moe_pretrained};
 use bonfire_models::pretrained;
-use bonfire_models::tensor_file::{self, F32Tensors, HostTensor};
+use bonfire_models::tensor_file::{self, F32Tensors};
 use bonfire_models::weights;
 use bonfire_train::OptimizerKind;
-use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
 fn fixture_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures/mixtral")
-}
-
-/// The fixture's reference tensors (f32 values of float64 results).
-fn reference() -> BTreeMap<String, Vec<f32>> {
-    tensor_file::read(fixture_dir().join("reference.safetensors"))
-        .unwrap()
-        .into_iter()
-        .filter_map(|(k, v)| match v {
-            HostTensor::F32 { data, .. } => Some((k, data)),
-            HostTensor::I64 { .. } => None,
-        })
-        .collect()
+    common::fixture_dir("mixtral")
 }
 
 /// f32 against a float64 result: relative 1e-5 with a floor for elements that cancel.
@@ -77,7 +64,7 @@ fn logits_balance_and_training_match_transformers_in_float64() {
     let device = default_device();
     let model = fixture_model();
     let batches = data::load_batches(fixture_dir().join("batch.safetensors"), 64, 8).unwrap();
-    let want = reference();
+    let want = common::fixture_reference("mixtral");
     let (ids, _) = batches.rows(0, 0, batches.batch, &device);
     let (logits, routing) = model.forward_routed(ids);
     // The fixture's idle experts are idle here too.
@@ -350,7 +337,7 @@ fn the_harness_trains_a_mixtral_checkpoint() {
     };
     harness::run(&args).unwrap();
     let got = harness::read_result(&args.out).unwrap();
-    let want = reference();
+    let want = common::fixture_reference("mixtral");
     assert_close("loss", &got["loss"], &want["sgd.loss"], F64);
     let mut n = 0;
     for (key, w) in want

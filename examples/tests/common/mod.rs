@@ -393,3 +393,24 @@ pub fn printed_peaks(stdout: &str) -> Vec<usize> {
 pub fn full_sweep() -> bool {
     std::env::var("BONFIRE_FULL").is_ok_and(|v| v == "1")
 }
+
+/// The directory of the committed fixture `name` (`examples/fixtures/<name>`).
+pub fn fixture_dir(name: &str) -> std::path::PathBuf {
+    std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("fixtures")
+        .join(name)
+}
+
+/// The reference tensors of fixture `name` (`reference.safetensors`: f32 values of float64
+/// results; its integer tensors left out).
+pub fn fixture_reference(name: &str) -> std::collections::BTreeMap<String, Vec<f32>> {
+    use bonfire_models::tensor_file::{self, HostTensor};
+    tensor_file::read(fixture_dir(name).join("reference.safetensors"))
+        .unwrap()
+        .into_iter()
+        .filter_map(|(k, v)| match v {
+            HostTensor::F32 { data, .. } => Some((k, data)),
+            HostTensor::I64 { .. } => None,
+        })
+        .collect()
+}
