@@ -110,8 +110,7 @@ pub enum HarnessConfig {
 impl HarnessConfig {
     /// Reads `path`: a Hugging Face config when it names a `model_type`, else a GPT `cfg.json`.
     pub fn load(path: &std::path::Path) -> Result<Self, String> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| format!("cannot read config {}: {e}", path.display()))?;
+        let text = bonfire_models::read_config(path)?;
         let value: serde_json::Value = serde_json::from_str(&text)
             .map_err(|e| format!("invalid config {}: {e}", path.display()))?;
         let what = path.display().to_string();

@@ -37,3 +37,9 @@ pub use classifier::Classifier;
 pub use gpt::{Gpt, GptConfig, cross_entropy};
 pub use llama::{Llama, LlamaConfig};
 pub use mixtral::{Mixtral, MixtralConfig};
+
+/// The text of the configuration file at `path` (`cfg.json`, `config.json`), or an error
+/// naming the file — what every model's `load` parses.
+pub fn read_config(path: &std::path::Path) -> Result<String, String> {
+    std::fs::read_to_string(path).map_err(|e| format!("cannot read config {}: {e}", path.display()))
+}

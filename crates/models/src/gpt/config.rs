@@ -47,9 +47,7 @@ impl GptConfig {
     /// Reads a `cfg.json`.
     pub fn load(path: impl AsRef<std::path::Path>) -> Result<Self, String> {
         let path = path.as_ref();
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| format!("cannot read config {}: {e}", path.display()))?;
-        Self::from_json(&path.display().to_string(), &text)
+        Self::from_json(&path.display().to_string(), &crate::read_config(path)?)
     }
 
     /// Parses and validates the text of a `cfg.json`; `what` names it in errors.

@@ -157,9 +157,7 @@ impl LlamaConfig {
     /// Reads a `config.json` file.
     pub fn load(path: impl AsRef<std::path::Path>) -> Result<Self, String> {
         let path = path.as_ref();
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| format!("cannot read config {}: {e}", path.display()))?;
-        Self::from_json(&path.display().to_string(), &text)
+        Self::from_json(&path.display().to_string(), &crate::read_config(path)?)
     }
 
     /// The `config.json` transformers reads back as this model (f32, untied, no biases).

@@ -107,6 +107,13 @@ pub fn check_attention_tp(a: &Attention, tp: usize) -> Result<(), LayoutError> {
     Ok(())
 }
 
+/// Whether `tp` exceeds the kv heads of `attention` (a decoder's first layer's; none: 1):
+/// each kv head is then whole on several tp ranks rather than split
+/// ([`attention_tp_plan`]'s `replicate_kv`).
+pub fn replicates_kv(attention: Option<&Attention>, tp: usize) -> bool {
+    tp > attention.map_or(1, Attention::kv_heads)
+}
+
 /// `Ok` when tp divides `value` (`what`).
 fn divisible_tp(degree: usize, what: &str, value: usize) -> Result<(), LayoutError> {
     divisible(Axis::Tp, degree, what, value)
@@ -147,12 +154,8 @@ impl ParallelModel for Llama {
     /// when tp is a multiple of them (see [`llama_tp_plan`]).
     fn tensor_parallel_plan(&self, dims: &ParallelDims) -> Option<ParallelPlan> {
         let o = dims.tp_options;
-        let kv_heads = self
-            .model
-            .layers
-            .first()
-            .map_or(1, |l| l.self_attn.kv_heads());
-        let replicate_kv = dims.tp() > kv_heads;
+        let attention = self.model.layers.first().map(|l| &l.self_attn);
+        let replicate_kv = replicates_kv(attention, dims.tp());
         Some(llama_tp_plan(
             o.sequence_parallel,
             o.loss_parallel,

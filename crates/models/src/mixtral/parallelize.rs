@@ -17,7 +17,7 @@ use super::model::Mixtral;
 use super::pipeline;
 use crate::data::TokenBatch;
 use crate::decoder::{check_sequence, divisible, token_input};
-use crate::llama::parallelize::{attention_tp_plan, check_attention_tp};
+use crate::llama::parallelize::{attention_tp_plan, check_attention_tp, replicates_kv};
 use bonfire_dtensor::context::ContextSplit;
 use bonfire_dtensor::parallel::ParallelPlan;
 use bonfire_train::{Axis, LayoutError, ParallelDims, ParallelModel, Pipeline};
@@ -63,15 +63,11 @@ impl ParallelModel for Mixtral {
     /// The Llama's attention plan; the router and experts are in no entry (replicated).
     fn tensor_parallel_plan(&self, dims: &ParallelDims) -> Option<ParallelPlan> {
         let o = dims.tp_options;
-        let kv_heads = self
-            .model
-            .layers
-            .first()
-            .map_or(1, |l| l.self_attn.kv_heads());
+        let attention = self.model.layers.first().map(|l| &l.self_attn);
         Some(attention_tp_plan(
             o.sequence_parallel,
             o.loss_parallel,
-            dims.tp() > kv_heads,
+            replicates_kv(attention, dims.tp()),
         ))
     }
 
