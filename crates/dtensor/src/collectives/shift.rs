@@ -21,7 +21,6 @@ use std::time::Instant;
 struct Posted {
     sent: Box<dyn Any>,
     received: Box<dyn Any>,
-    shape: Vec<usize>,
     at: Instant,
 }
 
@@ -60,11 +59,9 @@ where
         let received = pg.recv_async(vec![<T as CommElement>::from_f64(0.0); len], src, tag);
         (pg.send_async(values, dst, tag), received)
     };
-    let shape: Vec<usize> = data.shape().iter().copied().collect();
     let posted = Posted {
         sent: Box::new(sent),
         received: Box::new(received),
-        shape: shape.clone(),
         at,
     };
     let clash = POSTED.with(|p| p.borrow_mut().insert(key(pg, tag), posted));
@@ -75,7 +72,10 @@ where
     if keep {
         data
     } else {
-        TensorData::new(vec![<T as CommElement>::from_f64(0.0); len], shape)
+        TensorData::new(
+            vec![<T as CommElement>::from_f64(0.0); len],
+            data.shape().clone(),
+        )
     }
 }
 
@@ -111,7 +111,7 @@ where
     let (_, put) = done(sent, "ring send");
     record_shift(posted.at, waited, got.max(put));
     if !add {
-        return TensorData::new(received, posted.shape);
+        return TensorData::new(received, data.shape().clone());
     }
     for (d, r) in slice_mut::<T>(&mut data).iter_mut().zip(&received) {
         *d = <T as CommElement>::from_f64(CommElement::to_f64(*d) + CommElement::to_f64(*r));
