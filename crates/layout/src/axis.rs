@@ -2,8 +2,9 @@
 
 use std::fmt;
 
-/// A parallel axis of the mesh. A new axis is a variant here, its name, its place in
-/// [`Axis::ALL`], and its rules in [`crate::ParallelDims::validate`].
+/// A parallel axis of a layout. A new mesh axis is a variant here, its name, its place in
+/// [`Axis::ALL`], and its rules in [`crate::ParallelDims::validate`]; an axis that borrows
+/// its ranks from others (ep) is in [`Axis::BORROWED`] instead.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Axis {
     /// Pipeline parallelism: the model cut into stages.
@@ -20,6 +21,10 @@ pub enum Axis {
     Cp,
     /// Tensor parallelism (± sequence and loss parallelism): layers split.
     Tp,
+    /// Expert parallelism: a mixture of experts' E experts split over groups of `ep`
+    /// consecutive ranks of the flattened dp × cp group (torchtitan's way: ep borrows its
+    /// ranks, it adds none), tokens exchanged all-to-all; not a dimension of the mesh.
+    Ep,
 }
 
 impl Axis {
@@ -29,6 +34,12 @@ impl Axis {
     /// group on the nearer ranks, the replicas' all-reduce across the farther links).
     pub const ALL: [Axis; 5] = [Axis::Pp, Axis::DpReplicate, Axis::Dp, Axis::Cp, Axis::Tp];
 
+    /// The axes that borrow their ranks from the mesh's (no dimension of their own).
+    pub const BORROWED: [Axis; 1] = [Axis::Ep];
+
+    /// How many axes there are, mesh and borrowed.
+    pub const COUNT: usize = Axis::ALL.len() + Axis::BORROWED.len();
+
     /// The axis's name on the mesh and on the command line.
     pub fn name(self) -> &'static str {
         match self {
@@ -37,15 +48,20 @@ impl Axis {
             Axis::Dp => "dp",
             Axis::Cp => "cp",
             Axis::Tp => "tp",
+            Axis::Ep => "ep",
         }
     }
 
     /// The axis called `name`.
     pub fn parse(name: &str) -> Option<Axis> {
-        Axis::ALL.into_iter().find(|a| a.name() == name)
+        Axis::ALL
+            .into_iter()
+            .chain(Axis::BORROWED)
+            .find(|a| a.name() == name)
     }
 
-    /// The axis's position in [`Axis::ALL`] (its dimension of the mesh).
+    /// The axis's position in [`Axis::ALL`] (its dimension of the mesh); the borrowed axes
+    /// follow.
     pub fn index(self) -> usize {
         self as usize
     }
@@ -67,5 +83,6 @@ mod tests {
             assert_eq!((Axis::parse(a.name()), a.index()), (Some(a), i));
         }
         assert_eq!(Axis::parse("xp"), None);
+        assert_eq!((Axis::parse("ep"), Axis::Ep.index()), (Some(Axis::Ep), 5));
     }
 }

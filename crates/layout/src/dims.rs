@@ -16,7 +16,7 @@ use std::fmt;
 /// model and the batch before building anything.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct ParallelDims {
-    degrees: [usize; Axis::ALL.len()],
+    degrees: [usize; Axis::COUNT],
     /// ZeRO stage on the dp axis (stage 0 is DDP).
     pub zero: ZeroStage,
     /// ZeRO-Offload: the optimizer state, its master values and the update live on a CPU
@@ -43,7 +43,7 @@ impl ParallelDims {
     /// One rank: every degree 1, DDP.
     pub fn new() -> Self {
         Self {
-            degrees: [1; Axis::ALL.len()],
+            degrees: [1; Axis::COUNT],
             zero: ZeroStage::Zero0,
             offload: false,
             tp_options: TpOptions::default(),
@@ -66,7 +66,11 @@ impl ParallelDims {
                 .split_once('=')
                 .ok_or_else(|| bad(format!("`{part}` is not AXIS=SIZE (e.g. dp=2)")))?;
             let axis = Axis::parse(name.trim()).ok_or_else(|| {
-                let known: Vec<&str> = Axis::ALL.iter().map(|a| a.name()).collect();
+                let known: Vec<&str> = Axis::ALL
+                    .iter()
+                    .chain(&Axis::BORROWED)
+                    .map(|a| a.name())
+                    .collect();
                 bad(format!(
                     "unknown axis `{}` (known: {})",
                     name.trim(),
@@ -122,13 +126,29 @@ impl ParallelDims {
     pub fn pp(&self) -> usize {
         self.degree(Axis::Pp)
     }
-    /// Number of ranks the layout needs.
+    /// The ep degree: how many ranks of a dp × cp group split a mixture of experts' experts
+    /// (1: every rank holds them all). It borrows its ranks: it adds none to the world.
+    pub fn ep(&self) -> usize {
+        self.degree(Axis::Ep)
+    }
+    /// The ranks that hold the same experts and reduce their gradients together under ep:
+    /// dp × cp / ep (dp × cp without ep).
+    pub fn expert_replicas(&self) -> usize {
+        self.dp() * self.cp() / self.ep()
+    }
+    /// Number of ranks the layout needs (the mesh axes' degrees; ep borrows from dp × cp).
     pub fn world_size(&self) -> usize {
-        self.degrees.iter().product()
+        Axis::ALL.iter().map(|&a| self.degree(a)).product()
     }
     /// Where world rank `rank` sits on `axis` of the mesh (axes in [`Axis::ALL`] order, the
-    /// last innermost).
+    /// last innermost). On ep: its place in its group of ep consecutive ranks of the dp × cp
+    /// group.
     pub fn coordinate(&self, rank: usize, axis: Axis) -> usize {
+        if axis == Axis::Ep {
+            let flat =
+                self.coordinate(rank, Axis::Dp) * self.cp() + self.coordinate(rank, Axis::Cp);
+            return flat % self.ep();
+        }
         let inner: usize = Axis::ALL[axis.index() + 1..]
             .iter()
             .map(|&a| self.degree(a))
@@ -195,7 +215,7 @@ impl ParallelDims {
     /// belongs to an axis that exists, the degrees multiply to the world size. (The model
     /// and the batch are checked by the trainer, `bonfire_train::Trainer::build`.)
     pub fn validate(&self, world: usize) -> Result<(), LayoutError> {
-        for axis in Axis::ALL {
+        for axis in Axis::ALL.into_iter().chain(Axis::BORROWED) {
             if self.degree(axis) == 0 {
                 return Err(LayoutError::axis(axis, 0, "a degree must be at least 1"));
             }
@@ -221,6 +241,7 @@ impl ParallelDims {
                 ),
             ));
         }
+        self.validate_ep()?;
         if let Err(reason) = self.precision.validate() {
             return Err(LayoutError::axis(Axis::Dp, self.dp(), reason));
         }
@@ -272,10 +293,42 @@ impl ParallelDims {
     }
 }
 
+impl ParallelDims {
+    /// ep borrows its ranks from dp × cp: it must divide them; HSDP's two groups and ep's
+    /// two are not combined.
+    fn validate_ep(&self) -> Result<(), LayoutError> {
+        let ep = self.ep();
+        if ep == 1 {
+            return Ok(());
+        }
+        let ranks = self.dp() * self.cp();
+        if ranks % ep != 0 {
+            return Err(LayoutError::axis(
+                Axis::Ep,
+                ep,
+                format!(
+                    "ep borrows its ranks from dp × cp = {ranks} (dp={}, cp={}), which it must \
+                     divide: give dp (× cp) a multiple of {ep}",
+                    self.dp(),
+                    self.cp()
+                ),
+            ));
+        }
+        if self.dp_replicate() > 1 {
+            return Err(LayoutError::axis(
+                Axis::Ep,
+                ep,
+                "ep with dp_replicate (HSDP) is not supported: borrow ep from dp alone",
+            ));
+        }
+        Ok(())
+    }
+}
+
 impl fmt::Display for ParallelDims {
-    /// `pp=2,dp=2,tp=2` plus the options in use, e.g. `dp=2,tp=2 zero=3 sp`; `cp` and
-    /// `dp_replicate` appear when they are used (`pp=1,dp_replicate=2,dp=2,cp=2,tp=1`), so
-    /// layouts without them read as they always did.
+    /// `pp=2,dp=2,tp=2` plus the options in use, e.g. `dp=2,tp=2 zero=3 sp`; `cp`,
+    /// `dp_replicate` and `ep` appear when they are used (`pp=1,dp_replicate=2,dp=2,cp=2,tp=1`,
+    /// `pp=1,dp=4,tp=1,ep=2`), so layouts without them read as they always did.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let degrees: Vec<String> = Axis::ALL
             .iter()
@@ -286,6 +339,9 @@ impl fmt::Display for ParallelDims {
             .map(|&a| format!("{a}={}", self.degree(a)))
             .collect();
         write!(f, "{}", degrees.join(","))?;
+        if self.ep() > 1 {
+            write!(f, ",ep={}", self.ep())?;
+        }
         if self.zero != ZeroStage::Zero0 {
             write!(f, " zero={}", self.zero.index())?;
         }
@@ -393,6 +449,48 @@ mod tests {
             e.to_string()
                 .starts_with("dp_replicate=2: HSDP replicates ZeRO stage 2's shards"),
             "{e}"
+        );
+    }
+
+    #[test]
+    fn ep_borrows_from_dp_and_cp() {
+        let e = ParallelDims::parse_mesh("dp=4,ep=2").unwrap();
+        assert_eq!((e.world_size(), e.ep(), e.expert_replicas()), (4, 2, 2));
+        assert_eq!(e.to_string(), "pp=1,dp=4,tp=1,ep=2");
+        assert_eq!(ParallelDims::parse_mesh("pp=1,dp=4,tp=1,ep=2").unwrap(), e);
+        e.validate(4).unwrap();
+        // ep groups are consecutive ranks of dp × cp: 0,1 | 2,3.
+        assert_eq!(
+            (0..4)
+                .map(|r| e.coordinate(r, Axis::Ep))
+                .collect::<Vec<_>>(),
+            [0, 1, 0, 1]
+        );
+        let c = ParallelDims::parse_mesh("dp=2,cp=2,tp=2,ep=4").unwrap();
+        c.validate(8).unwrap();
+        assert_eq!((c.world_size(), c.expert_replicas()), (8, 1));
+        // tp is innermost: ranks 2k and 2k+1 share a dp × cp place.
+        assert_eq!(
+            (0..8)
+                .map(|r| c.coordinate(r, Axis::Ep))
+                .collect::<Vec<_>>(),
+            [0, 0, 1, 1, 2, 2, 3, 3]
+        );
+        let bad = ParallelDims::parse_mesh("dp=3,ep=2")
+            .unwrap()
+            .validate(3)
+            .unwrap_err();
+        assert!(
+            bad.to_string()
+                .starts_with("ep=2: ep borrows its ranks from dp × cp = 3"),
+            "{bad}"
+        );
+        let h = ParallelDims::parse_mesh("dp_replicate=2,dp=2,ep=2").unwrap();
+        assert!(
+            h.validate(4)
+                .unwrap_err()
+                .to_string()
+                .contains("dp_replicate")
         );
     }
 }
