@@ -2,18 +2,19 @@
 //! [`crate::memory::state_bytes`], activations of the in-flight micro-batches, transients)
 //! and the step time by part ([`StepTime`]), for a model, a cluster and a [`Request`].
 
-use crate::cluster::ClusterSpec;
+use crate::cluster::{ClusterSpec, LinkSpec};
 use crate::layout::{
     Held, MixedPrecision, ParallelDims, PlannedLayout, ScheduleKind, ScheduleModel, ZeroStage,
 };
 use crate::memory::{
     FormulaBytes, activation_bytes, bytes_per_param, gradient_copy_bytes, gradients_at_peak,
-    held_bytes, state_bytes, transient_bytes,
+    held_bytes, rank_state, transient_bytes,
 };
 use crate::model::ModelSpec;
 use crate::time::{
-    KERNELS_EMBEDDING, KERNELS_HEAD, KERNELS_PER_BLOCK, KERNELS_PER_RING_STEP, StepTime,
-    all_gather, all_reduce, p2p, ring_transfer,
+    KERNELS_EMBEDDING, KERNELS_HEAD, KERNELS_MOE_ROUTING, KERNELS_PER_BLOCK,
+    KERNELS_PER_LOCAL_EXPERT, KERNELS_PER_RING_STEP, StepTime, all_gather, all_reduce, all_to_all,
+    p2p, ring_transfer,
 };
 
 /// What is trained: sequences per step, tokens per sequence, which precisions may be used,
@@ -45,11 +46,16 @@ pub struct ChunkShape {
     pub non_linear_params: usize,
 }
 
-/// One pipeline rank's share of the model under a (tp, pp, schedule).
+/// One pipeline rank's share of the model under a (tp, pp, schedule, ep).
 #[derive(Debug, Clone, PartialEq)]
 pub struct RankShape {
-    /// Parameters (its tp shard of its pieces).
+    /// Parameters (its tp shard of its pieces; of a mixture of experts' experts its `E/ep`).
     pub params: usize,
+    /// Of [`Self::params`], the experts' (`E/ep` of each block's; 0 for a dense model):
+    /// data-parallel over the dp·cp/ep ranks holding the same experts, not over dp × cp.
+    pub expert_params: usize,
+    /// Its blocks with a mixture of experts (each exchanges its tokens under ep).
+    pub moe_blocks: usize,
     /// Transformer blocks it runs.
     pub blocks: usize,
     /// Whether it runs piece 0 (the embeddings).
@@ -62,30 +68,37 @@ pub struct RankShape {
     pub block_flops: f64,
 }
 
-/// Every pipeline rank's [`RankShape`] for `layout`'s tp, pp and schedule.
+/// Every pipeline rank's [`RankShape`] for `layout`'s tp, pp, schedule and ep.
 pub fn rank_shapes(model: &ModelSpec, layout: &ParallelDims, seq: usize) -> Vec<RankShape> {
+    let ep = layout.ep();
+    // A piece's experts on this rank (E/ep of them), and its parameters with only those.
+    let experts = |p: usize| model.piece_expert_params(p) / ep;
+    let params =
+        |p: usize| model.piece_params(layout.tp(), p) - model.piece_expert_params(p) + experts(p);
     (0..layout.pp())
         .map(|r| {
             let chunks = layout.chunk_pieces(model, r);
             let pieces = chunks.concat();
             let is_block = |p: &usize| *p >= 1 && *p <= model.n_layers;
             let flops = |p: &usize| model.piece_flops_per_token(layout.tp(), *p, seq);
+            let blocks = pieces.iter().filter(|p| is_block(p)).count();
             RankShape {
-                params: pieces
-                    .iter()
-                    .map(|p| model.piece_params(layout.tp(), *p))
-                    .sum(),
-                blocks: pieces.iter().filter(|p| is_block(p)).count(),
+                params: pieces.iter().map(|&p| params(p)).sum(),
+                expert_params: pieces.iter().map(|&p| experts(p)).sum(),
+                moe_blocks: if model.moe().is_some() { blocks } else { 0 },
+                blocks,
                 has_embedding: pieces.contains(&0),
                 chunks: chunks
                     .iter()
                     .map(|c| ChunkShape {
                         blocks: c.iter().filter(|p| is_block(p)).count(),
                         has_head: c.contains(&(model.n_layers + 1)),
-                        params: c.iter().map(|p| model.piece_params(layout.tp(), *p)).sum(),
+                        params: c.iter().map(|&p| params(p)).sum(),
+                        // The experts' gradients come out of B (plain products, not linear
+                        // layers).
                         non_linear_params: c
                             .iter()
-                            .map(|p| model.piece_non_linear_params(layout.tp(), *p))
+                            .map(|&p| model.piece_non_linear_params(layout.tp(), p) + experts(p))
                             .sum(),
                     })
                     .collect(),
@@ -226,13 +239,7 @@ pub fn rank_memory(
     let held = schedule.map_or_else(Held::single, |sc| sc.held(p, m, r));
     let s = &shapes[r];
     let tokens = micro_batch_tokens(req, layout);
-    let state = state_bytes(
-        layout.zero,
-        s.params,
-        layout.shard_ranks(),
-        layout.precision,
-        false,
-    );
+    let state = rank_state(layout, s.params, s.expert_params);
     // The DDP engine's running sums of earlier micro-batches' gradients, live at the peak in
     // a pipeline's steady state (beside the reduced buckets the state counts).
     let sums = match schedule {
@@ -288,7 +295,8 @@ fn step_time(
         };
         (3.0 * s.flops + recompute) * tokens / rate
     };
-    let launch_mb = |s: &RankShape| kernels_per_micro_batch(layout, s) * cluster.device.launch;
+    let launch_mb =
+        |s: &RankShape| kernels_per_micro_batch(model, layout, s) * cluster.device.launch;
     let per_mb = |s: &RankShape| flops_mb(s) + launch_mb(s);
     let slowest = shapes
         .iter()
@@ -335,13 +343,24 @@ fn step_time(
     };
     let blocks = shapes.iter().map(|s| s.blocks).max().unwrap_or(0) as f64;
     let cp_comm = m * blocks * ring_per_block(model, cluster, layout, tokens, seq);
-    let psi = shapes.iter().map(|s| s.params).max().unwrap_or(0) as f64;
+    let moe_blocks = shapes.iter().map(|s| s.moe_blocks).max().unwrap_or(0) as f64;
+    let ep_comm = m * moe_blocks * ep_per_layer(model, cluster, layout, tokens);
+    let fullest = shapes
+        .iter()
+        .max_by_key(|s| s.params)
+        .expect("at least one pipeline rank");
     let head = |s: &RankShape| s.chunks.iter().any(|c| c.has_head);
     let layers = shapes
         .iter()
         .map(|s| s.blocks + usize::from(s.has_embedding) + usize::from(head(s)))
         .max();
-    let dp = dp_and_optimizer(cluster, layout, psi, layers.unwrap_or(1), compute + launch);
+    let dp = dp_and_optimizer(
+        cluster,
+        layout,
+        fullest,
+        layers.unwrap_or(1),
+        compute + launch,
+    );
     StepTime {
         compute,
         launch,
@@ -349,6 +368,7 @@ fn step_time(
         tp_comm,
         pp_comm,
         cp_comm,
+        ep_comm,
         dp_comm: dp.exposed,
         replica_comm: dp.replica,
         optimizer: dp.optimizer,
@@ -388,17 +408,87 @@ fn ring_per_block(
     (cp - 1) as f64 * passes
 }
 
+/// The bytes a rank sends in one of expert parallelism's all-to-alls of a mixture-of-experts
+/// layer, for a micro-batch of `tokens` tokens on the rank: each token's `k` routed rows of
+/// `d` values in the compute dtype, of which — with balanced loads, an assumption — the
+/// share `(ep−1)/ep` goes to the other ranks of its ep group: `tokens·k·d·(ep−1)/ep` values.
+/// The combine sends as many back. 0 without ep or for a dense model.
+pub fn all_to_all_bytes(model: &ModelSpec, layout: &ParallelDims, tokens: f64) -> f64 {
+    let (Some(moe), ep) = (model.moe(), layout.ep()) else {
+        return 0.0;
+    };
+    let ab = layout.precision.param.bytes() as f64;
+    let k = moe.top_k as f64;
+    tokens * k * model.d_model as f64 * (ep - 1) as f64 / ep as f64 * ab
+}
+
+/// The fewest peers in its own node that a rank of an ep group has: the group is `ep`
+/// consecutive ranks of the flattened dp × cp group (`ParallelDims::coordinate` on ep), so
+/// in the mesh `[pp, dp, cp, tp]` (tp innermost; no dp_replicate with ep) ranks `tp` apart
+/// spanning `ep·tp` consecutive ranks from `b·dp·cp·tp + g·ep·tp` (pipeline block b, group g).
+/// `ep − 1` when every group stays in a node.
+pub fn expert_group_local_peers(cluster: &ClusterSpec, layout: &ParallelDims) -> usize {
+    let (ep, tp, gpn) = (layout.ep(), layout.tp(), cluster.gpus_per_node);
+    let block = layout.dp() * layout.cp() * tp;
+    let groups = layout.dp() * layout.cp() / ep;
+    let mut fewest = ep;
+    for b in 0..layout.pp() {
+        for g in 0..groups {
+            let start = b * block + g * ep * tp;
+            // The members' nodes rise with their index: count each node's run.
+            let mut run = 0;
+            for i in 0..ep {
+                let node = (start + i * tp) / gpn;
+                if i > 0 && node != (start + (i - 1) * tp) / gpn {
+                    fewest = fewest.min(run);
+                    run = 0;
+                }
+                run += 1;
+            }
+            fewest = fewest.min(run);
+        }
+    }
+    fewest - 1
+}
+
+/// Seconds of expert parallelism's all-to-alls one mixture-of-experts layer costs a rank per
+/// micro-batch of `tokens` tokens: the dispatch and the combine in forward, the same two in
+/// backward (their gradients), and the forward's two again when recomputing, each of
+/// [`all_to_all_bytes`] on the links the ep group spans ([`expert_group_local_peers`]:
+/// inside a node while the group fits one). Not hidden: the experts wait for their tokens
+/// and the next layer for their outputs (Bonfire does not overlap them).
+pub fn ep_per_layer(
+    model: &ModelSpec,
+    cluster: &ClusterSpec,
+    layout: &ParallelDims,
+    tokens: f64,
+) -> f64 {
+    let ep = layout.ep();
+    if ep <= 1 || model.moe().is_none() {
+        return 0.0;
+    }
+    let bytes = all_to_all_bytes(model, layout, tokens);
+    let local = expert_group_local_peers(cluster, layout);
+    let calls = if layout.recomputes() { 6.0 } else { 4.0 };
+    calls * all_to_all(bytes, ep, local, &cluster.intra, &cluster.inter)
+}
+
 /// Kernels pipeline rank `s` launches for one micro-batch: its pieces' forward kernels
 /// ([`KERNELS_PER_BLOCK`], with ring attention [`KERNELS_PER_RING_STEP`] for each of its
-/// `cp` steps, [`KERNELS_EMBEDDING`], [`KERNELS_HEAD`]), twice as many in backward, and the
-/// blocks' forward again when recomputing.
-fn kernels_per_micro_batch(layout: &ParallelDims, s: &RankShape) -> f64 {
+/// `cp` steps, with a mixture of experts [`KERNELS_MOE_ROUTING`] and
+/// [`KERNELS_PER_LOCAL_EXPERT`] for each of its `E/ep` experts, [`KERNELS_EMBEDDING`],
+/// [`KERNELS_HEAD`]), twice as many in backward, and the blocks' forward again when
+/// recomputing.
+fn kernels_per_micro_batch(model: &ModelSpec, layout: &ParallelDims, s: &RankShape) -> f64 {
     let ring = if layout.cp() > 1 {
         layout.cp() as f64 * KERNELS_PER_RING_STEP
     } else {
         0.0
     };
-    let blocks = s.blocks as f64 * (KERNELS_PER_BLOCK + ring);
+    let moe = model.moe().map_or(0.0, |m| {
+        KERNELS_MOE_ROUTING + (m.experts / layout.ep()) as f64 * KERNELS_PER_LOCAL_EXPERT
+    });
+    let blocks = s.blocks as f64 * (KERNELS_PER_BLOCK + ring + moe);
     let embedding = if s.has_embedding {
         KERNELS_EMBEDDING
     } else {
@@ -436,17 +526,19 @@ struct DpTime {
     optimizer: f64,
 }
 
-/// Data-parallel communication and the optimizer step for `psi` parameters a rank in
+/// Data-parallel communication and the optimizer step for the parameters of rank `s` in
 /// `layers` pieces (ZeRO-3 gathers each piece in its own call). Without ZeRO, DDP's
 /// bucketed all-reduce over every replica (dp_replicate × dp × cp); with ZeRO, its
 /// collectives over the shard group (dp × cp, [`PlannedLayout::shard_ranks`], on the link
 /// its span needs: inside a node when it fits one) — hidden behind backward (ZeRO-3: forward
 /// and backward) up to the cluster's overlap — and, under HSDP, [`replica_all_reduce`]
-/// after them. The optimizer steps the rank's owned parameters (Ψ / (dp·cp) under ZeRO).
+/// after them. Under ep > 1 the rank's experts go the same way over the dp·cp/ep ranks
+/// holding the same experts (ranks `ep·tp` apart), beside the rest over dp × cp. The
+/// optimizer steps the rank's owned parameters (Ψ / (dp·cp) under ZeRO, experts Ψₑ/(dp·cp/ep)).
 fn dp_and_optimizer(
     cluster: &ClusterSpec,
     layout: &ParallelDims,
-    psi: f64,
+    s: &RankShape,
     layers: usize,
     compute: f64,
 ) -> DpTime {
@@ -456,17 +548,12 @@ fn dp_and_optimizer(
     } else {
         layout.shard_ranks()
     };
-    let link = cluster.group_link(n, layout.tp());
-    let gather = |bytes: f64| bucketed(bytes, |b| all_gather(b, n, link));
-    let comm = match layout.zero {
-        ZeroStage::Zero0 => bucketed(psi * rb, |b| all_reduce(b, n, link)),
-        ZeroStage::Zero1 | ZeroStage::Zero2 => gather(psi * rb) + gather(psi * pb),
-        ZeroStage::Zero3 => {
-            let gathers = if layout.recomputes() { 3.0 } else { 2.0 };
-            let per_layer = layers as f64 * all_gather(psi * pb / layers as f64, n, link);
-            gathers * per_layer.max(gather(psi * pb)) + gather(psi * rb)
-        }
-    };
+    let experts = if layout.ep() > 1 { s.expert_params } else { 0 };
+    let psi = (s.params - experts) as f64;
+    let stride = layout.ep() * layout.tp();
+    let (ne, psi_e) = (layout.expert_replicas(), experts as f64);
+    let comm = dp_comm(layout, psi, n, cluster.group_link(n, layout.tp()), layers)
+        + dp_comm(layout, psi_e, ne, cluster.group_link(ne, stride), layers);
     // ZeRO-3's gathers run beside forward and backward; the others' reductions beside
     // backward (two thirds of the compute).
     let window = if layout.zero == ZeroStage::Zero3 {
@@ -475,16 +562,37 @@ fn dp_and_optimizer(
         compute * 2.0 / 3.0
     };
     let exposed = (comm - cluster.overlap * window).max(0.0);
-    let owned = if layout.zero == ZeroStage::Zero0 || n == 1 {
-        psi
-    } else {
-        psi / n as f64
+    let owned = |psi: f64, n: usize| {
+        if layout.zero == ZeroStage::Zero0 || n == 1 {
+            psi
+        } else {
+            psi / n as f64
+        }
     };
     DpTime {
         exposed,
         hidden: comm - exposed,
         replica: replica_all_reduce(cluster, layout, psi),
-        optimizer: owned * (pb + rb + 2.0 * k) / cluster.device.mem_bw,
+        optimizer: (owned(psi, n) + owned(psi_e, ne)) * (pb + rb + 2.0 * k) / cluster.device.mem_bw,
+    }
+}
+
+/// Seconds of the data-parallel collectives of `psi` parameters over `n` ranks on `link`
+/// (see [`dp_and_optimizer`]); 0 for no parameter.
+fn dp_comm(layout: &ParallelDims, psi: f64, n: usize, link: &LinkSpec, layers: usize) -> f64 {
+    if psi == 0.0 {
+        return 0.0;
+    }
+    let (pb, rb, _) = bytes_per_param(layout.precision);
+    let gather = |bytes: f64| bucketed(bytes, |b| all_gather(b, n, link));
+    match layout.zero {
+        ZeroStage::Zero0 => bucketed(psi * rb, |b| all_reduce(b, n, link)),
+        ZeroStage::Zero1 | ZeroStage::Zero2 => gather(psi * rb) + gather(psi * pb),
+        ZeroStage::Zero3 => {
+            let gathers = if layout.recomputes() { 3.0 } else { 2.0 };
+            let per_layer = layers as f64 * all_gather(psi * pb / layers as f64, n, link);
+            gathers * per_layer.max(gather(psi * pb)) + gather(psi * rb)
+        }
     }
 }
 

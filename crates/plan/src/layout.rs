@@ -5,7 +5,9 @@
 //! Context parallelism (cp) splits every sequence over cp ranks; parameters are
 //! data-parallel over dp_replicate × dp × cp ([`PlannedLayout::replicas`]) and ZeRO shards
 //! them over dp × cp ([`PlannedLayout::shard_ranks`]): under HSDP the dp_replicate replicas
-//! hold the same shards.
+//! hold the same shards. Expert parallelism (ep, [`expert_layout`]) splits a mixture of
+//! experts' experts over groups of ep consecutive dp × cp ranks; its expert parameters are
+//! data-parallel (and ZeRO-sharded) over the dp·cp/ep ranks holding the same experts.
 
 use crate::model::{ModelSpec, stage_ranges};
 use bonfire_layout::{ActivationCheckpointing, Axis};
@@ -170,7 +172,9 @@ pub trait PlannedLayout {
     fn check_sequence(&self, seq: usize) -> Result<(), String>;
     /// Whether the planner can cost the layout for `model` on `global_batch` sequences:
     /// options it models (no offload, no split points, checkpointing off or every layer,
-    /// loss parallelism exactly when tp > 1, HSDP with a dp or cp axis to shard over) and
+    /// loss parallelism exactly when tp > 1, HSDP with a dp or cp axis to shard over, ep
+    /// only for a mixture of experts, dividing its experts and dp × cp, without HSDP or
+    /// sequence parallelism) and
     /// shapes that fit (tp divides the heads, key/value heads, d_ff and the vocabulary; each
     /// stage gets a piece; the batch splits into dp_replicate × dp replicas and
     /// micro-batches). `Err` says what does not.
@@ -253,6 +257,7 @@ impl PlannedLayout for ParallelDims {
                 self.activation_checkpointing
             ));
         }
+        check_experts(self, model)?;
         let t = self.tp();
         if self.tp_options.loss_parallel != (t > 1) {
             return Err(format!(
@@ -265,6 +270,10 @@ impl PlannedLayout for ParallelDims {
             ("d_ff", model.d_ff),
             ("vocab_size", model.vocab_size),
         ] {
+            // A mixture of experts' experts are whole on every tp rank.
+            if name == "d_ff" && model.moe().is_some() {
+                continue;
+            }
             if n % t != 0 {
                 return Err(format!("tp={t} does not divide {name} {n}"));
             }
@@ -298,8 +307,12 @@ impl PlannedLayout for ParallelDims {
             1 => String::new(),
             r => format!("dp_replicate={r} "),
         };
+        let ep = match self.ep() {
+            1 => String::new(),
+            e => format!(" ep={e}"),
+        };
         format!(
-            "{replicate}dp={} cp={} zero={} tp={} sp={} pp={} schedule={} microbatches={} \
+            "{replicate}dp={} cp={}{ep} zero={} tp={} sp={} pp={} schedule={} microbatches={} \
              recompute={} precision={} reduce={}",
             self.dp(),
             self.cp(),
@@ -314,6 +327,52 @@ impl PlannedLayout for ParallelDims {
             self.precision.reduce.name(),
         )
     }
+}
+
+/// Expert parallelism as the planner models it: ep only for a mixture of experts, dividing
+/// its E experts and borrowing its ranks from dp × cp (which it must divide; not with HSDP's
+/// dp_replicate — `ParallelDims::validate`'s rules); no sequence parallelism for a mixture of
+/// experts (Bonfire's Mixtral refuses it: its router and experts are replicated over tp).
+fn check_experts(l: &ParallelDims, model: &ModelSpec) -> Result<(), String> {
+    let ep = l.ep();
+    let Some(moe) = model.moe() else {
+        return match ep {
+            1 => Ok(()),
+            _ => Err(format!(
+                "ep={ep} needs a mixture of experts ({} is dense)",
+                model.name
+            )),
+        };
+    };
+    if l.tp_options.sequence_parallel {
+        return Err(
+            "sequence parallelism is not modelled for a mixture of experts (Bonfire's Mixtral \
+             replicates its router and experts over tp)"
+                .into(),
+        );
+    }
+    if moe.experts % ep != 0 {
+        return Err(format!(
+            "ep={ep} does not divide the {} experts",
+            moe.experts
+        ));
+    }
+    let ranks = l.dp() * l.cp();
+    if ranks % ep != 0 {
+        return Err(format!(
+            "ep={ep} does not divide dp × cp = {ranks}, whose ranks it borrows"
+        ));
+    }
+    if ep > 1 && l.dp_replicate() > 1 {
+        return Err("ep with dp_replicate (HSDP) is not supported".into());
+    }
+    Ok(())
+}
+
+/// [`context_layout`] with each group of `ep` consecutive dp × cp ranks splitting a mixture
+/// of experts' experts (ep borrows its ranks from dp × cp: no more ranks).
+pub fn expert_layout(dp: usize, cp: usize, ep: usize, tp: usize, pp: usize) -> ParallelDims {
+    context_layout(dp, cp, tp, pp).with_degree(Axis::Ep, ep)
 }
 
 /// The layout the planner starts from for a (dp, tp, pp): DDP in f32, loss parallelism on

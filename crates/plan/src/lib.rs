@@ -4,8 +4,8 @@
 //! time predicted — and the reasons. A pure cost model (no Burn; of Bonfire only the layout
 //! vocabulary, `bonfire-layout`):
 //!
-//! - [`model`]: [`ModelSpec`] (Bonfire's GPT or Llama, presets `gpt-bench`, `gpt3-175b`,
-//!   `llama3-8b`, `llama3-70b`, `llama3-405b`), parameters per pipeline piece and tp rank,
+//! - [`model`]: [`ModelSpec`] (Bonfire's GPT, Llama or Mixtral, presets `gpt-bench`,
+//!   `gpt3-175b`, `llama3-8b`, `llama3-70b`, `llama3-405b`, `mixtral-8x7b`), parameters per pipeline piece and tp rank,
 //!   FLOPs, activations kept for backward;
 //! - [`cluster`]: [`ClusterSpec`] (nodes, devices per node, [`DeviceSpec`] presets `h100`,
 //!   `a100` or a measured CPU rate, [`LinkSpec`] presets `nvlink`, `pcie`, `ib`, `ethernet`);
@@ -16,6 +16,10 @@
 //!   transients;
 //! - [`time`] and [`cost`]: step time from FLOPs, ring collectives on the links a group
 //!   crosses, overlap, the pipeline bubble per schedule, the optimizer step;
+//! - expert parallelism: for a mixture of experts ([`Arch::Mixtral`]), ep over groups of ep
+//!   consecutive dp × cp ranks, each holding `E/ep` experts, their state sharded over the
+//!   dp·cp/ep ranks holding the same experts ([`memory::rank_state`]), tokens exchanged by
+//!   all-to-alls on the links the group spans ([`cost::ep_per_layer`]);
 //! - HSDP: a `dp_replicate` axis outside dp, ZeRO sharded over dp × cp only
 //!   ([`PlannedLayout::shard_ranks`]), each rank's gradient shard all-reduced across the
 //!   replicas ([`cost::replica_all_reduce`]);
@@ -66,7 +70,7 @@ pub use cost::{
 pub use error::PlanError;
 pub use layout::{
     Held, MixedPrecision, ParallelDims, PlannedLayout, SEARCHED_SCHEDULES, ScheduleKind,
-    ScheduleModel, ZeroStage, base_layout, context_layout, hsdp_layout,
+    ScheduleModel, ZeroStage, base_layout, context_layout, expert_layout, hsdp_layout,
 };
-pub use model::{Arch, Attention, ModelSpec, PRESETS, RING_KEPT_SCORES, stage_ranges};
-pub use search::{Plan, candidates, estimate_all, plan};
+pub use model::{Arch, Attention, ModelSpec, Moe, PRESETS, RING_KEPT_SCORES, stage_ranges};
+pub use search::{Plan, candidates, estimate_all, expert_degrees, plan};

@@ -4,7 +4,8 @@
 //! ([`state_bytes`]: the formula with the two departures that table measured), and of the
 //! rest of a rank's peak: the activations its in-flight micro-batches keep
 //! ([`activation_bytes`], per token of the rank's share of each sequence: [`block_elems`]) and the transient buffers of backward and the optimizer step
-//! ([`transient_bytes`]).
+//! ([`transient_bytes`]). Under expert parallelism a rank's experts' state is sharded over
+//! the ranks holding the same experts ([`rank_state`]).
 
 use crate::cost::ChunkShape;
 use crate::layout::{Held, MixedPrecision, ParallelDims, PlannedLayout, ZeroStage};
@@ -80,6 +81,28 @@ pub fn state_bytes(
         f.optim += psi * 4.0 / n;
     }
     f
+}
+
+/// What a rank holding `params` parameters under `layout` holds ([`state_bytes`]), of
+/// which `experts` are a mixture of experts' (its `E/ep` experts): under ep > 1 those are
+/// data-parallel over the dp·cp/ep ranks holding the same experts
+/// (`ParallelDims::expert_replicas`) — ZeRO shards them over those — and the rest over
+/// dp × cp ([`PlannedLayout::shard_ranks`]) as without ep. With ep = 1 every parameter is
+/// dp × cp's.
+pub fn rank_state(layout: &ParallelDims, params: usize, experts: usize) -> FormulaBytes {
+    let state = |psi, n| state_bytes(layout.zero, psi, n, layout.precision, false);
+    if layout.ep() == 1 || experts == 0 {
+        return state(params, layout.shard_ranks());
+    }
+    let (d, e) = (
+        state(params - experts, layout.shard_ranks()),
+        state(experts, layout.expert_replicas()),
+    );
+    FormulaBytes {
+        params: d.params + e.params,
+        grads: d.grads + e.grads,
+        optim: d.optim + e.optim,
+    }
 }
 
 /// The gradient bytes of `state` live at the step's peak (backward's start, every
@@ -188,7 +211,10 @@ pub fn held_bytes(
         )
     };
     let recomputed_weights = if layout.recomputes() {
-        (model.piece_params(layout.tp(), 1) - model.piece_non_linear_params(layout.tp(), 1)) as f64
+        // A block's linear weights (its experts, B's anyway, are in the chunk's non-linear).
+        (model.piece_params(layout.tp(), 1)
+            - model.block_expert_params()
+            - model.piece_non_linear_params(layout.tp(), 1)) as f64
     } else {
         0.0
     };
@@ -207,14 +233,15 @@ pub fn held_bytes(
 
 /// Transient bytes at a backward's start beyond the state and the activations, for a rank
 /// of `psi` parameters: ZeRO-3's two gathered layers (the one computing and the prefetched
-/// one), in the param dtype; with tensor parallelism [`TP_GRADIENT_COPIES`] gradient-sized
+/// one, with the rank's `E/ep` experts), in the param dtype; with tensor parallelism [`TP_GRADIENT_COPIES`] gradient-sized
 /// buffers in the reduce dtype (its collectives' copies). Nothing else of size Ψ is live then:
 /// the linear layers' weight gradients are single products with no per-sequence buffers.
 pub fn transient_bytes(model: &ModelSpec, layout: &ParallelDims, psi: usize) -> f64 {
     let pb = layout.precision.param.bytes() as f64;
     let mut bytes = 0.0;
     if layout.zero == ZeroStage::Zero3 {
-        bytes += 2.0 * model.largest_layer_params(layout.tp()) as f64 * pb;
+        let layer = model.largest_layer_params_ep(layout.tp(), layout.ep());
+        bytes += 2.0 * layer as f64 * pb;
     }
     if layout.tp() > 1 {
         bytes += TP_GRADIENT_COPIES * psi as f64 * layout.precision.reduce.bytes() as f64;

@@ -1,7 +1,8 @@
 //! [`ModelSpec`]: a decoder-only transformer as the cost model sees it — its sizes, its
-//! architecture (Bonfire's GPT or Llama), its parameters per pipeline piece and per
+//! architecture (Bonfire's GPT, Llama or Mixtral), its parameters per pipeline piece and per
 //! tensor-parallel rank, its FLOPs and the activations it keeps for backward — and the
-//! presets `gpt-bench`, `gpt3-175b`, `llama3-8b`, `llama3-70b`, `llama3-405b`.
+//! presets `gpt-bench`, `gpt3-175b`, `llama3-8b`, `llama3-70b`, `llama3-405b`,
+//! `mixtral-8x7b`.
 //!
 //! Pieces are the pipeline's unit, as the trainer cuts the GPT: piece 0 is the embeddings,
 //! pieces 1..=L the blocks, piece L + 1 the final norm and the head.
@@ -18,6 +19,20 @@ pub enum Arch {
     /// Llama: RoPE (no position table), RMSNorm, no biases, grouped-query attention,
     /// SwiGLU MLP (gate, up, down), untied head.
     Llama,
+    /// Mixtral: the Llama's block with its MLP replaced by a sparse mixture of experts
+    /// (`bonfire_models::mixtral`): a router `[E, d]` and E SwiGLU experts of width `d_ff`
+    /// (gate+up `[2F, d]`, down `[d, F]`), each token routed to its top k. Tensor parallelism
+    /// splits the attention only: the router and the experts are whole on every tp rank.
+    Mixtral(Moe),
+}
+
+/// A mixture of experts' shape: E experts per layer, k of them per token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Moe {
+    /// Experts per layer (E, Hugging Face's `num_local_experts`).
+    pub experts: usize,
+    /// Experts each token is routed to (k, `num_experts_per_tok`).
+    pub top_k: usize,
 }
 
 /// How attention keeps its scores for backward.
@@ -56,15 +71,16 @@ pub struct ModelSpec {
 }
 
 /// The presets' names.
-pub const PRESETS: [&str; 5] = [
+pub const PRESETS: [&str; 6] = [
     "gpt-bench",
     "gpt3-175b",
     "llama3-8b",
     "llama3-70b",
     "llama3-405b",
+    "mixtral-8x7b",
 ];
 
-const FIELDS: [&str; 10] = [
+const FIELDS: [&str; 12] = [
     "name",
     "arch",
     "attention",
@@ -75,6 +91,8 @@ const FIELDS: [&str; 10] = [
     "n_layers",
     "seq_len",
     "d_ff",
+    "n_experts",
+    "experts_per_token",
 ];
 
 impl ModelSpec {
@@ -131,25 +149,52 @@ impl ModelSpec {
             "llama3-8b" => Self::llama3(name, 4096, 32, 32, 14_336),
             "llama3-70b" => Self::llama3(name, 8192, 64, 80, 28_672),
             "llama3-405b" => Self::llama3(name, 16_384, 128, 126, 53_248),
+            // Mixtral 8x7B (mistralai/Mixtral-8x7B-v0.1's config.json): vocabulary 32,000,
+            // hidden 4096, 32 heads, 8 kv heads, 32 layers, 32K positions, 8 experts of
+            // width 14,336, top 2 — 46.7 B parameters, 12.9 B active per token.
+            "mixtral-8x7b" => Self {
+                name: name.to_string(),
+                arch: Arch::Mixtral(Moe {
+                    experts: 8,
+                    top_k: 2,
+                }),
+                attention: Attention::Flash,
+                vocab_size: 32_000,
+                d_model: 4096,
+                n_heads: 32,
+                n_kv_heads: 8,
+                n_layers: 32,
+                seq_len: 32_768,
+                d_ff: 14_336,
+            },
             _ => return None,
         })
     }
 
     /// A model from a JSON object (`what` names it in errors): `vocab_size`, `d_model`,
-    /// `n_heads`, `n_layers`, `seq_len`, `d_ff` required; `arch` (`gpt` | `llama`, default
-    /// gpt), `attention` (`materialized` | `flash`, default materialized for gpt, flash for
-    /// llama), `n_kv_heads` (default `n_heads`), `name` optional.
+    /// `n_heads`, `n_layers`, `seq_len`, `d_ff` required; `arch` (`gpt` | `llama` |
+    /// `mixtral`, default gpt), `attention` (`materialized` | `flash`, default materialized
+    /// for gpt, flash otherwise), `n_kv_heads` (default `n_heads`), `name` optional; for
+    /// `mixtral` `n_experts` (E) and `experts_per_token` (k) required, `d_ff` each expert's
+    /// width (refused for the others).
     pub fn from_json(what: &str, text: &str) -> Result<Self, PlanError> {
         let mut f = Fields::parse(what, text)?;
         let arch = match f.string_opt("arch")?.as_deref() {
             None | Some("gpt") => Arch::Gpt,
             Some("llama") => Arch::Llama,
+            Some("mixtral") => Arch::Mixtral(Moe {
+                experts: f.count("n_experts")?,
+                top_k: f.count("experts_per_token")?,
+            }),
             Some(other) => {
-                return Err(f.error("arch", format!("`{other}` is unknown (gpt, llama)")));
+                return Err(f.error(
+                    "arch",
+                    format!("`{other}` is unknown (gpt, llama, mixtral)"),
+                ));
             }
         };
         let attention = match f.string_opt("attention")?.as_deref() {
-            None if arch == Arch::Llama => Attention::Flash,
+            None if arch != Arch::Gpt => Attention::Flash,
             None | Some("materialized") => Attention::Materialized,
             Some("flash") => Attention::Flash,
             Some(other) => {
@@ -219,7 +264,42 @@ impl ModelSpec {
                 "grouped-query attention needs arch `llama`".into(),
             );
         }
+        if let Some(moe) = self.moe()
+            && (moe.experts == 0 || moe.top_k == 0 || moe.top_k > moe.experts)
+        {
+            return bad(
+                "experts_per_token",
+                format!(
+                    "{} experts per token of {} experts: k must be between 1 and E (≥ 1)",
+                    moe.top_k, moe.experts
+                ),
+            );
+        }
         Ok(())
+    }
+
+    /// The mixture of experts, for a Mixtral; `None` for a dense model.
+    pub fn moe(&self) -> Option<Moe> {
+        match self.arch {
+            Arch::Mixtral(moe) => Some(moe),
+            _ => None,
+        }
+    }
+
+    /// A block's expert parameters, all E experts (`3·E·d·d_ff`; 0 for a dense model): whole
+    /// on every tp rank, split over ep by the caller.
+    pub fn block_expert_params(&self) -> usize {
+        self.moe()
+            .map_or(0, |m| 3 * m.experts * self.d_model * self.d_ff)
+    }
+
+    /// Expert parameters of piece `piece` (a block's [`Self::block_expert_params`]).
+    pub fn piece_expert_params(&self, piece: usize) -> usize {
+        if piece >= 1 && piece <= self.n_layers {
+            self.block_expert_params()
+        } else {
+            0
+        }
     }
 
     /// Pipeline pieces: embeddings, the blocks, the head.
@@ -240,6 +320,10 @@ impl ModelSpec {
         match self.arch {
             Arch::Gpt => (3 * (d * d + d) + d * d + (f * d + f) + d * f, 4 * d + d + d),
             Arch::Llama => (2 * d * d + 2 * d * kv + 3 * d * f, 2 * d),
+            Arch::Mixtral(m) => (
+                2 * d * d + 2 * d * kv,
+                2 * d + m.experts * d + self.block_expert_params(),
+            ),
         }
     }
 
@@ -248,11 +332,11 @@ impl ModelSpec {
         let (v, d) = (self.vocab_size, self.d_model);
         let positions = match self.arch {
             Arch::Gpt => self.seq_len * d,
-            Arch::Llama => 0,
+            Arch::Llama | Arch::Mixtral(_) => 0,
         };
         let norm = match self.arch {
             Arch::Gpt => 2 * d,
-            Arch::Llama => d,
+            Arch::Llama | Arch::Mixtral(_) => d,
         };
         if piece == 0 {
             v * d / tp + positions
@@ -274,7 +358,7 @@ impl ModelSpec {
         }
         let norm = match self.arch {
             Arch::Gpt => 2 * d,
-            Arch::Llama => d,
+            Arch::Llama | Arch::Mixtral(_) => d,
         };
         if piece == self.n_layers + 1 {
             return norm;
@@ -282,6 +366,10 @@ impl ModelSpec {
         match self.arch {
             Arch::Gpt => (3 * d + self.d_ff) / tp + 2 * d + 2 * norm,
             Arch::Llama => 2 * norm,
+            // The experts' products are plain matrix products of their parameters, not
+            // linear layers: their gradients come out of B (the caller adds the rank's
+            // experts, `E/ep` of them).
+            Arch::Mixtral(_) => 2 * norm,
         }
     }
 
@@ -305,8 +393,19 @@ impl ModelSpec {
         let matmuls = match self.arch {
             Arch::Gpt => 4.0 * d * d + 2.0 * d * f,
             Arch::Llama => 2.0 * d * d + 2.0 * d * kv + 3.0 * d * f,
+            Arch::Mixtral(_) => 2.0 * d * d + 2.0 * d * kv,
         };
-        (2.0 * matmuls + 4.0 * seq as f64 * d) / tp as f64
+        (2.0 * matmuls + 4.0 * seq as f64 * d) / tp as f64 + self.moe_flops_per_token()
+    }
+
+    /// Forward FLOPs per token of a block's mixture of experts (0 for a dense model): the
+    /// router (`2·d·E`) and the token's k experts (`2·3·d·d_ff` each) — active parameters,
+    /// not all E — on every tp rank (tp does not split them).
+    pub fn moe_flops_per_token(&self) -> f64 {
+        self.moe().map_or(0.0, |m| {
+            let (d, f) = (self.d_model as f64, self.d_ff as f64);
+            2.0 * d * m.experts as f64 + m.top_k as f64 * 6.0 * d * f
+        })
     }
 
     /// Elements a block keeps for backward per token, on one rank of `tp` (sequences of
@@ -320,6 +419,7 @@ impl ModelSpec {
         let mlp = match self.arch {
             Arch::Gpt => 2.0 * f,
             Arch::Llama => 3.0 * f,
+            Arch::Mixtral(_) => 0.0,
         };
         let scores = match self.attention {
             Attention::Materialized => 2.0 * h * seq as f64,
@@ -327,7 +427,19 @@ impl ModelSpec {
         };
         let t = tp as f64;
         let replicated = if sp { 4.0 * d / t } else { 4.0 * d };
-        replicated + (4.0 * d + mlp + scores) / t
+        replicated + (4.0 * d + mlp + scores) / t + self.moe_activation_elems()
+    }
+
+    /// Elements a block's mixture of experts keeps per token (0 for a dense model), on every
+    /// tp rank (tp does not split it): for each of the token's k routed rows — dropless, and
+    /// with balanced loads every rank computes `k·tokens` rows, whatever ep — the grouped
+    /// input (d), the expert's SwiGLU activations (3·d_ff, the Llama MLP's count) and its
+    /// output before the weighted sum (d); and the router's probabilities and weights (2·E).
+    pub fn moe_activation_elems(&self) -> f64 {
+        self.moe().map_or(0.0, |m| {
+            let (d, f) = (self.d_model as f64, self.d_ff as f64);
+            m.top_k as f64 * (2.0 * d + 3.0 * f) + 2.0 * m.experts as f64
+        })
     }
 
     /// Elements a block keeps per token on one rank of `tp` beyond (or, negative, short of)
@@ -374,6 +486,11 @@ impl ModelSpec {
         let up = match self.arch {
             Arch::Gpt => f,
             Arch::Llama => 2.0 * f,
+            // The router's input (the MLP input's d) and output gradient (E) are kept; the
+            // experts are not linear layers (their gradients come out of B).
+            Arch::Mixtral(m) => {
+                return 3.0 * d + m.experts as f64 + (2.0 * d + 2.0 * kv) / tp as f64;
+            }
         };
         4.0 * d + (d + f + d + 2.0 * kv + up) / tp as f64
     }
@@ -381,7 +498,13 @@ impl ModelSpec {
     /// Bytes of the largest single layer's parameters in `param_bytes` per value, on one
     /// rank of `tp` (the largest of a block and the vocabulary matrix).
     pub fn largest_layer_params(&self, tp: usize) -> usize {
-        let block = self.piece_params(tp, 1);
+        self.largest_layer_params_ep(tp, 1)
+    }
+
+    /// [`Self::largest_layer_params`] on a rank holding `E/ep` of each block's experts.
+    pub fn largest_layer_params_ep(&self, tp: usize, ep: usize) -> usize {
+        let experts = self.block_expert_params();
+        let block = self.piece_params(tp, 1) - experts + experts / ep;
         block.max(self.vocab_size * self.d_model / tp)
     }
 }

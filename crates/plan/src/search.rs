@@ -2,7 +2,8 @@
 //! node (a divisor of the devices per node), pp up to the pipeline pieces, cp a power of two
 //! whose `2·cp` chunks cut the sequence, the data-parallel rest as dp or, with ZeRO, as
 //! dp_replicate × dp (HSDP: every divisor > 1 as dp_replicate, leaving dp × cp > 1 to shard
-//! over); each ZeRO stage, ± sequence parallelism, each schedule and micro-batch count,
+//! over) and, for a mixture of experts, ep over dp × cp (every divisor of dp·cp dividing
+//! the experts, [`expert_degrees`]); each ZeRO stage, ± sequence parallelism, each schedule and micro-batch count,
 //! ± recompute, each requested precision — costed by [`estimate`], the ones that fit ranked
 //! by predicted step time, and the reasons for the top one ([`explain`]).
 
@@ -12,7 +13,7 @@ use crate::cost::{Estimate, Request, estimate, rank_shapes, schedule_fits};
 use crate::error::PlanError;
 use crate::layout::{
     ParallelDims, PlannedLayout, SEARCHED_SCHEDULES, ScheduleKind, ZeroStage, context_layout,
-    hsdp_layout,
+    expert_layout, hsdp_layout,
 };
 use crate::model::ModelSpec;
 use bonfire_layout::ActivationCheckpointing;
@@ -56,6 +57,13 @@ fn context_degrees(n: usize, seq: usize) -> impl Iterator<Item = usize> {
         .filter(move |&c| n % c == 0 && (c == 1 || seq % (2 * c) == 0))
 }
 
+/// The ep degrees tried for `model` with `ranks` dp × cp ranks: the divisors of `ranks`
+/// that divide its experts (1 among them) for a mixture of experts; only 1 for a dense model.
+pub fn expert_degrees(model: &ModelSpec, ranks: usize) -> impl Iterator<Item = usize> {
+    let experts = model.moe().map_or(1, |m| m.experts);
+    divisors(ranks).filter(move |&e| experts % e == 0)
+}
+
 /// Every layout the model and the batch admit on the cluster (before memory), and the
 /// reasons for the (tp, pp, cp) triples that were turned away.
 pub fn candidates(
@@ -87,6 +95,10 @@ pub fn candidates(
                 // HSDP: the same ranks as dp_replicate × dp, ZeRO sharded over dp × cp.
                 for r in divisors(dp).filter(|&r| r > 1 && dp / r * cp > 1) {
                     out.extend(variants(model, req, hsdp_layout(r, dp / r, cp, tp, pp)));
+                }
+                // ep: a mixture of experts' experts over ep consecutive dp × cp ranks.
+                for ep in expert_degrees(model, dp * cp).filter(|&e| e > 1) {
+                    out.extend(variants(model, req, expert_layout(dp, cp, ep, tp, pp)));
                 }
             }
         }
@@ -125,7 +137,9 @@ fn variants(model: &ModelSpec, req: &Request, base: ParallelDims) -> Vec<Paralle
                 continue;
             }
             for &zero in stages {
-                for sp in [false, true].into_iter().filter(|&s| !s || tp > 1) {
+                // Sequence parallelism with tp > 1, not for a mixture of experts.
+                let sp_ok = tp > 1 && model.moe().is_none();
+                for sp in [false, true].into_iter().filter(|&s| !s || sp_ok) {
                     let l = l.clone().with_zero(zero).with_sequence_parallel(sp);
                     if l.check_sequence(req.seq).is_err() {
                         continue;
@@ -149,7 +163,7 @@ fn variants(model: &ModelSpec, req: &Request, base: ParallelDims) -> Vec<Paralle
     out
 }
 
-/// Costs every candidate (ranks' shapes computed once per tp, pp and schedule).
+/// Costs every candidate (ranks' shapes computed once per tp, pp, schedule and ep).
 pub fn estimate_all(
     model: &ModelSpec,
     cluster: &ClusterSpec,
@@ -161,7 +175,7 @@ pub fn estimate_all(
     let estimates = layouts
         .iter()
         .map(|l| {
-            let k = (l.tp(), l.pp(), l.pp_options.schedule);
+            let k = (l.tp(), l.pp(), l.pp_options.schedule, l.ep());
             if key != Some(k) {
                 shapes = rank_shapes(model, l, req.seq);
                 key = Some(k);
@@ -270,7 +284,7 @@ pub fn explain(
             top.memory.describe(),
         ),
         format!(
-            "time: {:.3} ms = compute {:.3} + kernel launches {:.3} + bubble {:.3} + tp {:.3} + pp {:.3} + cp ring {:.3} + dp exposed {:.3} + replicas {:.3} + optimizer {:.3}; bound by {}",
+            "time: {:.3} ms = compute {:.3} + kernel launches {:.3} + bubble {:.3} + tp {:.3} + pp {:.3} + cp ring {:.3}{} + dp exposed {:.3} + replicas {:.3} + optimizer {:.3}; bound by {}",
             top.step_ms(),
             t.compute * 1e3,
             t.launch * 1e3,
@@ -278,6 +292,10 @@ pub fn explain(
             t.tp_comm * 1e3,
             t.pp_comm * 1e3,
             t.cp_comm * 1e3,
+            match model.moe() {
+                Some(_) => format!(" + ep all-to-all {:.3}", t.ep_comm * 1e3),
+                None => String::new(),
+            },
             t.dp_comm * 1e3,
             t.replica_comm * 1e3,
             t.optimizer * 1e3,
@@ -288,6 +306,14 @@ pub fn explain(
         why.push(family_line(
             name, member, top, ranked, all, capacity, cluster,
         ));
+    }
+    if model.moe().is_some() {
+        let member: Member = |l| l.ep() > 1;
+        let name = "with expert parallelism";
+        why.push(family_line(
+            name, member, top, ranked, all, capacity, cluster,
+        ));
+        why.push(expert_line(model, cluster, req, top));
     }
     if cluster.gpus_per_node > 1 || cluster.nodes > 1 {
         why.push(format!(
@@ -313,6 +339,41 @@ pub fn explain(
     }
     let _ = req;
     why
+}
+
+/// A mixture of experts' winner: its experts per rank, where its ep group's all-to-alls
+/// run and what they cost (not hidden), and the group its experts' gradients are reduced in.
+fn expert_line(model: &ModelSpec, cluster: &ClusterSpec, req: &Request, top: &Estimate) -> String {
+    let l = &top.layout;
+    let experts = model.moe().map_or(0, |m| m.experts);
+    if l.ep() == 1 {
+        return format!(
+            "experts: all {experts} on every rank (ep=1, no all-to-all); their gradients \
+             reduced with the rest"
+        );
+    }
+    let local = crate::cost::expert_group_local_peers(cluster, l);
+    let link = if local + 1 == l.ep() {
+        &cluster.intra
+    } else {
+        &cluster.inter
+    };
+    let tokens =
+        (req.global_batch / l.data_replicas() / l.microbatches() * req.seq) as f64 / l.cp() as f64;
+    let bytes = crate::cost::all_to_all_bytes(model, l, tokens);
+    format!(
+        "experts: {} of {experts} per rank (ep={}); its all-to-alls send {} a rank per \
+         layer and micro-batch each, {:.3} ms a step on {} ({} of {} peers in the node), not \
+         hidden; expert gradients reduced over the {} ranks holding the same experts",
+        experts / l.ep(),
+        l.ep(),
+        format_bytes(bytes),
+        top.time.ep_comm * 1e3,
+        link.name,
+        local,
+        l.ep() - 1,
+        l.expert_replicas()
+    )
 }
 
 /// Where an HSDP winner's groups run: the shard group (dp × cp) and the replica group.

@@ -4,7 +4,8 @@
 //! compute from FLOPs at the device's sustained rate; the pipeline's bubble by its schedule;
 //! data-parallel communication hidden behind backward up to the cluster's overlap fraction;
 //! the optimizer step bound by memory bandwidth; context parallelism's ring transfers, each
-//! hidden behind one block's compute up to the overlap fraction ([`ring_transfer`]).
+//! hidden behind one block's compute up to the overlap fraction ([`ring_transfer`]);
+//! expert parallelism's all-to-alls on the links its group spans ([`all_to_all`]).
 
 use crate::cluster::LinkSpec;
 
@@ -18,6 +19,15 @@ pub const KERNELS_PER_BLOCK: f64 = 20.0;
 /// running max, the rescale, exponents, sums and the running numerator's update): a block
 /// under cp > 1 launches `cp` of them besides [`KERNELS_PER_BLOCK`].
 pub const KERNELS_PER_RING_STEP: f64 = 20.0;
+/// Kernels a mixture of experts' routing launches in a forward besides
+/// [`KERNELS_PER_BLOCK`] (an estimate from `bonfire_models::mixtral::moe`: the router's
+/// product, softmax and top k by ranks, the renormalized weights, the chosen experts' ids,
+/// the permutation and its inverse — about 30; not measured).
+pub const KERNELS_MOE_ROUTING: f64 = 30.0;
+/// Kernels each of a rank's local experts launches in a forward (its weights' narrows,
+/// reshapes and casts, the two products, SiLU and the gate's product: about 10; not
+/// measured).
+pub const KERNELS_PER_LOCAL_EXPERT: f64 = 10.0;
 /// Kernels the embeddings (lookups and their sum) launch in a forward.
 pub const KERNELS_EMBEDDING: f64 = 3.0;
 /// Kernels the head (norm, product, loss) launches in a forward.
@@ -41,6 +51,25 @@ pub fn all_gather(bytes: f64, n: usize, link: &LinkSpec) -> f64 {
     }
     let k = (n - 1) as f64;
     k / n as f64 * bytes / link.bandwidth + k * link.latency + link.call
+}
+
+/// Seconds of one all-to-all of `n` ranks in which a rank sends `bytes` in all, an equal
+/// share to each of its `n − 1` peers, `local` of them in its node (on `intra`) and the rest
+/// on `inter`: both links carry their shares at once, so the slower share bounds it, plus
+/// `(n−1)·α` and one call's `c` of the slower link.
+pub fn all_to_all(bytes: f64, n: usize, local: usize, intra: &LinkSpec, inter: &LinkSpec) -> f64 {
+    if n <= 1 {
+        return 0.0;
+    }
+    let share = bytes / (n - 1) as f64;
+    let remote = n - 1 - local;
+    let inside = local as f64 * share / intra.bandwidth;
+    let (wire, link) = if remote == 0 {
+        (inside, intra)
+    } else {
+        (inside.max(remote as f64 * share / inter.bandwidth), inter)
+    };
+    wire + (n - 1) as f64 * link.latency + link.call
 }
 
 /// Seconds to send `bytes` to one peer: `bytes/B + α + c`.
@@ -70,6 +99,9 @@ pub struct StepTime {
     pub pp_comm: f64,
     /// Context parallelism's ring transfers not hidden behind the blocks' compute.
     pub cp_comm: f64,
+    /// Expert parallelism's all-to-alls (dispatch and combine, forward and backward; on the
+    /// critical path, not hidden).
+    pub ep_comm: f64,
     /// Data-parallel (DDP / ZeRO) communication not hidden behind backward.
     pub dp_comm: f64,
     /// HSDP's all-reduce of each rank's reduced gradient across its dp_replicate replicas
@@ -91,6 +123,7 @@ impl StepTime {
             + self.tp_comm
             + self.pp_comm
             + self.cp_comm
+            + self.ep_comm
             + self.dp_comm
             + self.replica_comm
             + self.optimizer
@@ -105,6 +138,7 @@ impl StepTime {
             ("tensor-parallel communication", self.tp_comm),
             ("pipeline communication", self.pp_comm),
             ("context-parallel ring", self.cp_comm),
+            ("expert-parallel all-to-all", self.ep_comm),
             ("data-parallel communication", self.dp_comm),
             ("HSDP's all-reduce across replicas", self.replica_comm),
             ("optimizer step", self.optimizer),
