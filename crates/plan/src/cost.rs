@@ -3,6 +3,7 @@
 //! and the step time by part ([`StepTime`]), for a model, a cluster and a [`Request`].
 
 use crate::cluster::{ClusterSpec, LinkSpec};
+use crate::experts::ep_per_layer;
 use crate::layout::{
     Held, MixedPrecision, ParallelDims, PlannedLayout, ScheduleKind, ScheduleModel, ZeroStage,
 };
@@ -13,8 +14,8 @@ use crate::memory::{
 use crate::model::ModelSpec;
 use crate::time::{
     KERNELS_EMBEDDING, KERNELS_HEAD, KERNELS_MOE_ROUTING, KERNELS_PER_BLOCK,
-    KERNELS_PER_LOCAL_EXPERT, KERNELS_PER_RING_STEP, StepTime, all_gather, all_reduce, all_to_all,
-    p2p, ring_transfer,
+    KERNELS_PER_LOCAL_EXPERT, KERNELS_PER_RING_STEP, StepTime, all_gather, all_reduce, p2p,
+    ring_transfer,
 };
 
 /// What is trained: sequences per step, tokens per sequence, which precisions may be used,
@@ -406,71 +407,6 @@ fn ring_per_block(
             0.0
         };
     (cp - 1) as f64 * passes
-}
-
-/// The bytes a rank sends in one of expert parallelism's all-to-alls of a mixture-of-experts
-/// layer, for a micro-batch of `tokens` tokens on the rank: each token's `k` routed rows of
-/// `d` values in the compute dtype, of which — with balanced loads, an assumption — the
-/// share `(ep−1)/ep` goes to the other ranks of its ep group: `tokens·k·d·(ep−1)/ep` values.
-/// The combine sends as many back. 0 without ep or for a dense model.
-pub fn all_to_all_bytes(model: &ModelSpec, layout: &ParallelDims, tokens: f64) -> f64 {
-    let (Some(moe), ep) = (model.moe(), layout.ep()) else {
-        return 0.0;
-    };
-    let ab = layout.precision.param.bytes() as f64;
-    let k = moe.top_k as f64;
-    tokens * k * model.d_model as f64 * (ep - 1) as f64 / ep as f64 * ab
-}
-
-/// The fewest peers in its own node that a rank of an ep group has: the group is `ep`
-/// consecutive ranks of the flattened dp × cp group (`ParallelDims::coordinate` on ep), so
-/// in the mesh `[pp, dp, cp, tp]` (tp innermost; no dp_replicate with ep) ranks `tp` apart
-/// spanning `ep·tp` consecutive ranks from `b·dp·cp·tp + g·ep·tp` (pipeline block b, group g).
-/// `ep − 1` when every group stays in a node.
-pub fn expert_group_local_peers(cluster: &ClusterSpec, layout: &ParallelDims) -> usize {
-    let (ep, tp, gpn) = (layout.ep(), layout.tp(), cluster.gpus_per_node);
-    let block = layout.dp() * layout.cp() * tp;
-    let groups = layout.dp() * layout.cp() / ep;
-    let mut fewest = ep;
-    for b in 0..layout.pp() {
-        for g in 0..groups {
-            let start = b * block + g * ep * tp;
-            // The members' nodes rise with their index: count each node's run.
-            let mut run = 0;
-            for i in 0..ep {
-                let node = (start + i * tp) / gpn;
-                if i > 0 && node != (start + (i - 1) * tp) / gpn {
-                    fewest = fewest.min(run);
-                    run = 0;
-                }
-                run += 1;
-            }
-            fewest = fewest.min(run);
-        }
-    }
-    fewest - 1
-}
-
-/// Seconds of expert parallelism's all-to-alls one mixture-of-experts layer costs a rank per
-/// micro-batch of `tokens` tokens: the dispatch and the combine in forward, the same two in
-/// backward (their gradients), and the forward's two again when recomputing, each of
-/// [`all_to_all_bytes`] on the links the ep group spans ([`expert_group_local_peers`]:
-/// inside a node while the group fits one). Not hidden: the experts wait for their tokens
-/// and the next layer for their outputs (Bonfire does not overlap them).
-pub fn ep_per_layer(
-    model: &ModelSpec,
-    cluster: &ClusterSpec,
-    layout: &ParallelDims,
-    tokens: f64,
-) -> f64 {
-    let ep = layout.ep();
-    if ep <= 1 || model.moe().is_none() {
-        return 0.0;
-    }
-    let bytes = all_to_all_bytes(model, layout, tokens);
-    let local = expert_group_local_peers(cluster, layout);
-    let calls = if layout.recomputes() { 6.0 } else { 4.0 };
-    calls * all_to_all(bytes, ep, local, &cluster.intra, &cluster.inter)
 }
 
 /// Kernels pipeline rank `s` launches for one micro-batch: its pieces' forward kernels

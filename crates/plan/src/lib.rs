@@ -19,7 +19,7 @@
 //! - expert parallelism: for a mixture of experts ([`Arch::Mixtral`]), ep over groups of ep
 //!   consecutive dp × cp ranks, each holding `E/ep` experts, their state sharded over the
 //!   dp·cp/ep ranks holding the same experts ([`memory::rank_state`]), tokens exchanged by
-//!   all-to-alls on the links the group spans ([`cost::ep_per_layer`]);
+//!   all-to-alls on the links the group spans ([`experts::ep_per_layer`]);
 //! - HSDP: a `dp_replicate` axis outside dp, ZeRO sharded over dp × cp only
 //!   ([`PlannedLayout::shard_ranks`]), each rank's gradient shard all-reduced across the
 //!   replicas ([`cost::replica_all_reduce`]);
@@ -55,6 +55,7 @@ pub mod bytes;
 pub mod cluster;
 pub mod cost;
 pub mod error;
+pub mod experts;
 mod json;
 pub mod layout;
 pub mod memory;

@@ -352,7 +352,7 @@ fn expert_line(model: &ModelSpec, cluster: &ClusterSpec, req: &Request, top: &Es
              reduced with the rest"
         );
     }
-    let local = crate::cost::expert_group_local_peers(cluster, l);
+    let local = crate::experts::expert_group_local_peers(cluster, l);
     let link = if local + 1 == l.ep() {
         &cluster.intra
     } else {
@@ -360,7 +360,7 @@ fn expert_line(model: &ModelSpec, cluster: &ClusterSpec, req: &Request, top: &Es
     };
     let tokens =
         (req.global_batch / l.data_replicas() / l.microbatches() * req.seq) as f64 / l.cp() as f64;
-    let bytes = crate::cost::all_to_all_bytes(model, l, tokens);
+    let bytes = crate::experts::all_to_all_bytes(model, l, tokens);
     format!(
         "experts: {} of {experts} per rank (ep={}); its all-to-alls send {} a rank per \
          layer and micro-batch each, {:.3} ms a step on {} ({} of {} peers in the node), not \
