@@ -16,6 +16,8 @@
 //! three) — every loss, step-0 gradient and parameter after 2 steps equals one device: SGD within the suites' tolerance, AdamW within [`ADAMW`].
 //! Every pipeline schedule, pipelines with dp, tp and cp, and activation checkpointing, the
 //! same. bf16 trains in dp, cp, tp and cp × tp. Sequence parallelism is refused naming why.
+//! Expert parallelism (DDP): ep = 2, 4 over dp, ep with tp — the same; experts that do not
+//! split, ep not dividing dp × cp, ep with ZeRO and ep with cp are refused.
 
 mod common;
 
@@ -212,6 +214,40 @@ fn data_parallel_with_every_zero_stage() {
     cases.push(layout("dp=4", 3, None, None, ""));
     cases.push(layout("dp_replicate=2,dp=2", 2, None, None, ""));
     check(&cases);
+}
+
+/// Experts split over ep ranks borrowed from dp (× cp), the grouped tokens exchanged
+/// all-to-all (the fixture's idle experts included: at ep = 4 a rank's only expert gets no
+/// token): ep = 2 and 4 over dp, with tp on the attention.
+#[test]
+fn expert_parallel_layouts() {
+    check(&[
+        layout("dp=2,ep=2", 0, None, None, ""),
+        layout("dp=4,ep=2", 0, None, None, ""),
+        layout("dp=4,ep=4", 0, None, None, ""),
+        layout("dp=2,tp=2,ep=2", 0, None, None, "lp"),
+    ]);
+}
+
+/// What expert parallelism cannot do is refused before anything is built, naming why.
+#[test]
+fn expert_parallelism_refusals() {
+    let s = suite();
+    let refused = |mesh: &str, zero: usize, want: &str| {
+        let dims = layout(mesh, zero, None, None, "").dims("dp=1").unwrap();
+        let e = harness::train(&s.model, &s.batches, &dims, OptimizerKind::Sgd, 1, 0.1)
+            .expect_err(mesh)
+            .to_string();
+        assert!(e.contains(want), "{mesh} zero={zero}: {e}");
+    };
+    refused(
+        "cp=3,ep=3",
+        0,
+        "holds 4 experts, which do not split over ep=3",
+    );
+    refused("dp=4,ep=3", 0, "ep borrows its ranks from dp × cp = 4");
+    refused("dp=2,ep=2", 1, "ZeRO stage 1 is not supported yet");
+    refused("dp=2,cp=2,ep=2", 0, "with cp is not supported yet");
 }
 
 /// Attention heads split over tp, the router and experts whole on every rank.

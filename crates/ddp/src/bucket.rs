@@ -14,13 +14,22 @@ pub struct BucketPlan {
     pub lens: Vec<usize>,
     /// (bucket, offset within it) of each parameter.
     pub loc: Vec<(usize, usize)>,
+    /// Whether each bucket holds expert parameters (reduced over their own group).
+    pub expert: Vec<bool>,
 }
 
 impl BucketPlan {
     /// Groups `infos` from last to first into buckets of at most `cap_bytes` (f32) each; a
     /// parameter larger than the cap gets a bucket of its own.
     pub fn new(infos: &[ParamInfo], cap_bytes: usize) -> Self {
+        Self::grouped(infos, cap_bytes, &vec![false; infos.len()])
+    }
+
+    /// [`new`](Self::new) with the parameters where `expert` is true never sharing a bucket
+    /// with the others (expert parallelism reduces them over another group).
+    pub fn grouped(infos: &[ParamInfo], cap_bytes: usize, expert: &[bool]) -> Self {
         let cap = (cap_bytes / 4).max(1);
+        let mut kinds: Vec<bool> = Vec::new();
         let mut buckets: Vec<Vec<usize>> = Vec::new();
         let mut lens = Vec::new();
         let mut loc = vec![(0, 0); infos.len()];
@@ -28,18 +37,24 @@ impl BucketPlan {
             let n = infos[i].numel();
             let start_new = match lens.last() {
                 None => true,
-                Some(&len) => len > 0 && len + n > cap,
+                Some(&len) => (len > 0 && len + n > cap) || kinds.last() != Some(&expert[i]),
             };
             if start_new {
                 buckets.push(Vec::new());
                 lens.push(0);
+                kinds.push(expert[i]);
             }
             let b = buckets.len() - 1;
             loc[i] = (b, lens[b]);
             buckets[b].push(i);
             lens[b] += n;
         }
-        Self { buckets, lens, loc }
+        Self {
+            buckets,
+            lens,
+            loc,
+            expert: kinds,
+        }
     }
 
     /// Number of buckets.

@@ -9,6 +9,7 @@ use crate::timing::{self, StepTiming};
 use bonfire_comm::{ProcessGroup, ReduceOp};
 use bonfire_dtensor::PrecisionDTypes;
 use bonfire_dtensor::data_parallel::scale_and_check;
+use bonfire_dtensor::expert::ExpertParams;
 use bonfire_dtensor::graph::{SharedSink, SinkHook};
 use bonfire_dtensor::plane::{self, ledger::Reason};
 use bonfire_dtensor::precision::{MixedPrecision, cast_module};
@@ -37,6 +38,8 @@ pub struct DistributedDataParallel<M: Module> {
     master: Option<M>,
     optim: ModuleOptimizer,
     pg: ProcessGroup,
+    /// Expert parallelism's parameters: reduced over their replicas, not over `pg`.
+    experts: Option<ExpertParams>,
     config: DdpConfig,
     infos: Arc<Vec<ParamInfo>>,
     index: Arc<HashMap<ParamId, usize>>,
@@ -83,9 +86,35 @@ impl<M: Module> DistributedDataParallel<M> {
         pg: ProcessGroup,
         config: DdpConfig,
     ) -> Result<Self, DdpError> {
+        Self::with_experts(model, optim, pg, config, None)
+    }
+
+    /// [`new`](Self::new) under expert parallelism: the parameters of `experts` hold this
+    /// rank's experts (other ranks of `pg` hold others), take their values from their own
+    /// replicas and have their gradients averaged over them (scaled by
+    /// [`ExpertParams::grad_scale`]: the mean over `pg`), in buckets of their own. Local SGD
+    /// (which averages parameters over `pg`) is refused with experts.
+    pub fn with_experts(
+        model: M,
+        optim: impl Into<ModuleOptimizer>,
+        pg: ProcessGroup,
+        config: DdpConfig,
+        experts: Option<ExpertParams>,
+    ) -> Result<Self, DdpError> {
         config.compression.check_device(&model.devices())?;
-        let (model, infos) = params::sync_from_root(model, &pg)?;
-        let plan = BucketPlan::new(&infos, config.bucket_bytes);
+        if experts.is_some() && config.sync != SyncMode::EveryStep {
+            return Err(DdpError::Usage(
+                "local SGD averages every parameter over the group, but expert parameters \
+                 differ between expert-parallel ranks: use SyncMode::EveryStep"
+                    .to_string(),
+            ));
+        }
+        let (model, infos) = params::sync_from_root_with(model, &pg, experts.as_ref())?;
+        let is_expert: Vec<bool> = infos
+            .iter()
+            .map(|p| experts.as_ref().is_some_and(|x| x.contains(&p.id)))
+            .collect();
+        let plan = BucketPlan::grouped(&infos, config.bucket_bytes, &is_expert);
         let (model, master) = replica_and_master(model, config.precision);
         Ok(Self {
             model: Some(model),
@@ -97,6 +126,7 @@ impl<M: Module> DistributedDataParallel<M> {
             residuals: vec![None; plan.num_buckets()],
             plan: Arc::new(plan),
             pg,
+            experts,
             config,
             pending: None,
             syncing: true,
@@ -191,6 +221,9 @@ impl<M: Module> DistributedDataParallel<M> {
             &self.config,
             std::mem::take(&mut self.residuals),
             accumulated,
+            self.experts
+                .as_ref()
+                .map(|x| (x.replicas.clone(), x.grad_scale())),
         )
     }
 

@@ -19,6 +19,8 @@ use std::sync::Arc;
 
 pub(crate) struct Reducer {
     pg: ProcessGroup,
+    /// Expert parallelism's parameters' group and gradient scale (their buckets' reduction).
+    experts: Option<(ProcessGroup, f32)>,
     plan: Arc<BucketPlan>,
     infos: Arc<Vec<ParamInfo>>,
     compression: Compression,
@@ -51,6 +53,7 @@ impl Reducer {
         config: &DdpConfig,
         residuals: Vec<Option<Tensor<1>>>,
         accumulated: Vec<Option<Tensor<1>>>,
+        experts: Option<(ProcessGroup, f32)>,
     ) -> Self {
         let (compression, record) = (config.compression, config.record_timings);
         let dtype = config.precision.reduce_dtype();
@@ -60,6 +63,7 @@ impl Reducer {
             expected: vec![0; infos.len()],
             arrived: vec![0; infos.len()],
             pg,
+            experts,
             plan,
             infos,
             compression,
@@ -96,7 +100,8 @@ impl Reducer {
     }
 
     /// Packs bucket `b` (its parameters' gradients in bucket order, zeros for a parameter that
-    /// got none) and starts its all-reduce.
+    /// got none) and starts its all-reduce: over the group, or for an expert bucket over the
+    /// experts' replicas, scaled to the mean over the whole group.
     fn launch(&mut self, b: usize) {
         let device = self.device().unwrap_or_else(Device::flex);
         let parts: Vec<Tensor<1>> = self.plan.buckets[b]
@@ -107,13 +112,17 @@ impl Reducer {
                 })
             })
             .collect();
-        let bucket = bonfire_kernels::pack_scaled(&parts, 1.0);
+        let (pg, scale) = match &self.experts {
+            Some((group, scale)) if self.plan.expert[b] => (group, *scale),
+            _ => (&self.pg, 1.0),
+        };
+        let bucket = bonfire_kernels::pack_scaled(&parts, scale);
         bonfire_dtensor::precision::observe::observer().reduced(bucket.dtype());
         if self.record {
             self.launches[b] = crate::timing::now();
         }
         let residual = &mut self.residuals[b];
-        self.in_flight[b] = Some(self.compression.launch(&self.pg, bucket, residual));
+        self.in_flight[b] = Some(self.compression.launch(pg, bucket, residual));
     }
 
     /// Completes the step: `leftover[i]` is parameter i's gradient that did not come through

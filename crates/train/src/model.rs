@@ -10,6 +10,8 @@
 //! - pipeline parallelism: [`ParallelModel::pipeline`], the model cut into pieces named by
 //!   module path, with how a batch enters the first piece and how the last one's output
 //!   becomes the loss;
+//! - expert parallelism: [`ParallelModel::experts`], the module paths of its stacked
+//!   experts;
 //! - activation checkpointing (any layout): the pipeline pieces that are checkpointable
 //!   layers, [`Pipeline::with_checkpointable`] (e.g. the transformer blocks); the layout's
 //!   `activation_checkpointing` picks which of them recompute.
@@ -86,6 +88,15 @@ pub trait ParallelModel: Module + Sized + 'static {
     fn tensor_parallel_plan(&self, dims: &ParallelDims) -> Option<ParallelPlan> {
         let _ = dims;
         None
+    }
+
+    /// The module paths of the model's mixture-of-experts expert modules: every parameter
+    /// under them is stacked by expert along dimension 0, and the model runs its experts
+    /// through `bonfire_dtensor::expert::run_experts`. Expert parallelism (ep > 1) keeps a
+    /// rank's `E/ep` experts of each and exchanges tokens; empty (the default): the model has
+    /// no experts, and a layout with ep > 1 is refused.
+    fn experts(&self) -> Vec<String> {
+        Vec::new()
     }
 
     /// The module paths of the layers the model runs through `bonfire_dtensor::layer` (what

@@ -5,6 +5,7 @@
 use crate::error::{LayoutError, TrainError};
 use bonfire_comm::ProcessGroup;
 use bonfire_ddp::{DdpConfig, DistributedDataParallel, StepTiming};
+use bonfire_dtensor::expert::ExpertParams;
 use bonfire_dtensor::params::ParamValues;
 use bonfire_dtensor::{DataParallel, DeviceMesh};
 use bonfire_layout::{Axis, ParallelDims};
@@ -109,15 +110,28 @@ impl DpSpec {
         axis: &str,
         dims: &ParallelDims,
     ) -> Result<DpWrapper<M>, TrainError> {
+        self.build_with(model, mesh, axis, dims, None)
+    }
+
+    /// [`build`](Self::build), with expert parallelism's parameters reduced apart (DDP; the
+    /// trainer refuses ep with ZeRO before building).
+    fn build_with<M: Module>(
+        &self,
+        model: M,
+        mesh: &DeviceMesh,
+        axis: &str,
+        dims: &ParallelDims,
+        experts: Option<ExpertParams>,
+    ) -> Result<DpWrapper<M>, TrainError> {
         self.check(dims)?;
         let optim = (self.optimizer)();
         Ok(match dims.zero {
-            ZeroStage::Zero0 => DpWrapper::Ddp(Box::new(DistributedDataParallel::on_mesh(
+            ZeroStage::Zero0 => DpWrapper::Ddp(Box::new(DistributedDataParallel::with_experts(
                 model,
                 optim,
-                mesh,
-                axis,
+                mesh.group(axis)?.clone(),
                 self.ddp.clone().with_precision(dims.precision),
+                experts,
             )?)),
             _ => {
                 let config = self.zero_config(dims);
@@ -130,14 +144,17 @@ impl DpSpec {
 impl DpSpec {
     /// This rank's wrapper of `model` at its place `at` in the layout: on the dp wrapper's
     /// group ([`RankMesh::replica_mesh`](crate::RankMesh)), and under HSDP with ZeRO's
-    /// replica group (dp_replicate), across which each shard's gradient is averaged. A
-    /// collective on the wrapper's group.
+    /// replica group (dp_replicate), across which each shard's gradient is averaged; under
+    /// expert parallelism with `experts`, the expert parameters reduced over their replicas.
+    /// A collective on the wrapper's group.
     pub(crate) fn build_at<M: Module>(
         &self,
         model: M,
         at: &crate::RankMesh,
+        experts: Option<ExpertParams>,
     ) -> Result<DpWrapper<M>, TrainError> {
-        let built = self.build(model, &at.replica_mesh()?, Axis::Dp.name(), &at.dims)?;
+        let mesh = at.replica_mesh()?;
+        let built = self.build_with(model, &mesh, Axis::Dp.name(), &at.dims, experts)?;
         Ok(match (built, at.replicate_group()) {
             (DpWrapper::Zero(z), Some(g)) => DpWrapper::Zero(Box::new(z.with_replicas(g.clone()))),
             (w, _) => w,

@@ -9,9 +9,17 @@
 //! A layer on one rank: `permute` → its experts on each group of rows → `unpermute`. Under
 //! expert parallelism: `permute` → `dispatch` → the rank's experts → `combine` →
 //! `unpermute`. Everything is differentiable; only the counts per expert cross to the host.
+//! - [`ExpertScope`] / [`run_experts`]: a model runs its experts through `run_experts`; the
+//!   trainer enters the ep group's scope, and the experts run where they are held.
+//! - [`shard_experts`] / [`ExpertParams`]: a rank's slice of the expert parameters and which
+//!   ranks reduce their gradients together.
 
 mod dispatch;
+mod params;
 mod permute;
+mod scope;
 
 pub use dispatch::{ExpertDispatch, combine, dispatch};
+pub use params::{ExpertParams, check_experts, shard_experts};
 pub use permute::{TokenPermutation, permute, unpermute};
+pub use scope::{ExpertGuard, ExpertScope, run_experts};

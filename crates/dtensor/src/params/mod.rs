@@ -12,7 +12,7 @@ mod sync;
 
 pub use flat::{assign_flat, flat, grads_from_flat, grads_from_parts, take_flat_grads};
 
-pub use sync::{check_same, model_device, sync_from_root};
+pub use sync::{check_same, model_device, sync_from_root, sync_from_root_with};
 
 use burn::module::{Module, ModuleMapper, ModuleVisitor, Param, ParamId};
 use burn::tensor::Tensor;

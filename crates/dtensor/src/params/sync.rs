@@ -100,6 +100,35 @@ pub fn sync_from_root<M: Module>(module: M, pg: &ProcessGroup) -> Result<(M, Vec
     Ok((assign_flat(module, &infos, &values), infos))
 }
 
+/// [`sync_from_root`] with expert parallelism's parameters apart: every rank of `pg` must hold
+/// the same parameters (paths and shapes); the others take rank 0's values over `pg`, the
+/// expert parameters (each rank its own experts) the values of rank 0 of their
+/// [`replicas`](crate::expert::ExpertParams::replicas). Without experts, [`sync_from_root`].
+/// A collective on `pg`, then on the replicas.
+pub fn sync_from_root_with<M: Module>(
+    module: M,
+    pg: &ProcessGroup,
+    experts: Option<&crate::expert::ExpertParams>,
+) -> Result<(M, Vec<ParamInfo>)> {
+    let Some(experts) = experts else {
+        return sync_from_root(module, pg);
+    };
+    let infos = inventory(&module);
+    if pg.size() > 1 {
+        check_same(pg, &infos)?;
+    }
+    let (mine, shared): (Vec<ParamInfo>, Vec<ParamInfo>) =
+        infos.iter().cloned().partition(|p| experts.contains(&p.id));
+    let mut module = module;
+    for (part, group) in [(shared, pg), (mine, &experts.replicas)] {
+        if group.size() > 1 && !part.is_empty() {
+            let values = crate::plane::broadcast(flat(&module, &part), 0, group)?;
+            module = assign_flat(module, &part, &values);
+        }
+    }
+    Ok((module, infos))
+}
+
 /// The device of `module`'s first float parameter (`None` for a module without any).
 pub fn model_device<M: Module>(module: &M) -> Option<Device> {
     struct First(Option<Device>);

@@ -12,7 +12,7 @@
 
 use crate::decoder_layer::FeedForward;
 use crate::layers::Linear;
-use bonfire_dtensor::expert::{permute, unpermute};
+use bonfire_dtensor::expert::{permute, run_experts, unpermute};
 use burn::module::{Module, Param};
 use burn::tensor::activation::{silu, softmax};
 use burn::tensor::{DType, Device, Distribution, Int, Tensor};
@@ -157,16 +157,11 @@ impl FeedForward for SparseMoe {
         };
         let (experts, weights) = chosen_experts(ranks, weights, self.top_k);
         let (grouped, perm) = permute(x.reshape([n, d]), experts, e);
-        let mut start = 0;
-        let mut outputs = Vec::with_capacity(e);
-        for (expert, &len) in perm.counts().iter().enumerate() {
-            if len > 0 {
-                let rows = grouped.clone().narrow(0, start, len);
-                outputs.push(self.experts.expert(expert, rows));
-                start += len;
-            }
-        }
-        let out = unpermute(Tensor::cat(outputs, 0), &perm, weights.cast(dtype));
+        let rows = run_experts(grouped, perm.counts(), |i, rows| {
+            self.experts.expert(i, rows)
+        })
+        .unwrap_or_else(|err| panic!("expert parallelism: {err}"));
+        let out = unpermute(rows, &perm, weights.cast(dtype));
         (out.reshape([b, t, d]), routing)
     }
 }

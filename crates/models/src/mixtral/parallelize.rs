@@ -9,6 +9,9 @@
 //!   and the experts stay whole (replicated) on every tp rank, each computing the same
 //!   routing from the same replicated input. Sequence parallelism is refused (it would hand
 //!   each tp rank a part of the sequence for the replicated experts).
+//! - Expert parallelism: [`ParallelModel::experts`] names each layer's fused experts; a rank
+//!   keeps its `E/ep` of them and its [`super::moe::SparseMoe`] exchanges the grouped tokens
+//!   over the ep group (`bonfire_dtensor::expert::run_experts`). The router stays whole.
 //! - Pipeline parallelism (every schedule) and activation checkpointing: [`super::pipeline`]'s
 //!   pieces carry each token's routing with the activations, so the balance term over all
 //!   layers is exact on the last stage.
@@ -89,6 +92,14 @@ impl ParallelModel for Mixtral {
             self.aux_loss_coef(),
         );
         Some(Pipeline::new(pipeline::pieces(self), token_input, loss).with_checkpointable(names))
+    }
+
+    /// Each layer's fused experts (`[E, 2F, d]`, `[E, d, F]`): expert parallelism keeps a
+    /// rank's `E/ep` of them.
+    fn experts(&self) -> Vec<String> {
+        (0..self.model.layers.len())
+            .map(|i| format!("model.layers.{i}.mlp.experts"))
+            .collect()
     }
 
     fn layers(&self) -> Vec<String> {

@@ -1,7 +1,8 @@
 //! Whole parameters from any layout: a rank's values are its tensor-parallel shards of the
 //! parameters of its pipeline stages; [`ModelLayout`] knows which model parameter each is and
 //! along which dimension it is split, gathers the shards over tp and, under a pipeline,
-//! assembles the stages' parameters over the world in the model's order.
+//! assembles the stages' parameters over the world in the model's order. Under expert
+//! parallelism the expert parameters are gathered over the ep group along their experts.
 
 use crate::error::TrainError;
 use bonfire_comm::{ProcessGroup, ReduceOp};
@@ -15,6 +16,10 @@ use burn::module::Module;
 pub(crate) struct ModelLayout {
     pub infos: Vec<ParamInfo>,
     shard_dims: Vec<Option<usize>>,
+    /// Whether each parameter holds this rank's slice of the experts (dimension 0), split
+    /// over `ep` ranks.
+    experts: Vec<bool>,
+    ep: usize,
 }
 
 impl ModelLayout {
@@ -26,7 +31,24 @@ impl ModelLayout {
             .iter()
             .map(|p| sharded.get(&p.path).copied())
             .collect();
-        Self { infos, shard_dims }
+        let experts = vec![false; infos.len()];
+        Self {
+            infos,
+            shard_dims,
+            experts,
+            ep: 1,
+        }
+    }
+
+    /// The layout with the parameters `ids` holding a slice of the experts out of `ep`.
+    pub fn with_experts(
+        mut self,
+        ids: &std::collections::HashSet<burn::module::ParamId>,
+        ep: usize,
+    ) -> Self {
+        self.experts = self.infos.iter().map(|p| ids.contains(&p.id)).collect();
+        self.ep = ep;
+        self
     }
 
     /// The dimension parameter `i` is split along over tp (`None`: replicated on tp).
@@ -47,26 +69,39 @@ impl ModelLayout {
         if let Some(d) = self.shard_dims[i] {
             shape[d] *= tp;
         }
+        if self.experts[i] {
+            shape[0] *= self.ep;
+        }
         shape
     }
 
     /// Parameter `i`'s whole values from this rank's `local` ones (a collective on `tp`
-    /// where it is sharded).
-    fn whole(&self, i: usize, local: Vec<f32>, tp: &ProcessGroup) -> Result<Vec<f32>, TrainError> {
-        match self.shard_dims[i] {
-            Some(dim) if tp.size() > 1 => {
+    /// where it is sharded, on `ep` for an expert parameter).
+    fn whole(
+        &self,
+        i: usize,
+        local: Vec<f32>,
+        tp: &ProcessGroup,
+        ep: Option<&ProcessGroup>,
+    ) -> Result<Vec<f32>, TrainError> {
+        match (self.shard_dims[i], ep) {
+            (Some(dim), _) if tp.size() > 1 => {
                 Ok(params::unshard(&local, &self.infos[i].shape, dim, tp)?)
+            }
+            (_, Some(ep)) if self.experts[i] => {
+                Ok(params::unshard(&local, &self.infos[i].shape, 0, ep)?)
             }
             _ => Ok(local),
         }
     }
 
     /// Every parameter whole, from every parameter's local values in model order (replicas:
-    /// each rank holds all of them).
+    /// each rank holds all of them; under expert parallelism `ep` gathers the experts).
     pub fn whole_all(
         &self,
         local: Vec<ParamValues>,
         tp: &ProcessGroup,
+        ep: Option<&ProcessGroup>,
     ) -> Result<Vec<ParamValues>, TrainError> {
         self.check_count(local.len(), self.infos.len())?;
         local
@@ -76,7 +111,7 @@ impl ModelLayout {
                 Ok(ParamValues {
                     path: self.infos[i].path.clone(),
                     shape: self.whole_shape(i, tp.size()),
-                    values: self.whole(i, p.values, tp)?,
+                    values: self.whole(i, p.values, tp, ep)?,
                 })
             })
             .collect()
@@ -104,7 +139,7 @@ impl ModelLayout {
         }
         let mut flat = vec![0.0f32; *offsets.last().unwrap()];
         for (p, &i) in local.into_iter().zip(indices) {
-            let whole = self.whole(i, p.values, tp)?;
+            let whole = self.whole(i, p.values, tp, None)?;
             if contributes {
                 flat[offsets[i]..offsets[i + 1]].copy_from_slice(&whole);
             }

@@ -119,6 +119,7 @@ macro_rules! wrapper_methods {
         }
 
         fn save_state(&mut self) -> Result<$crate::checkpoint::RankState, $crate::TrainError> {
+            self.at.refuse_expert_checkpoint()?;
             let holding = self.at.holding(&self.layout, &self.indices);
             $crate::checkpoint::rank_state(&self.wrapper, &holding)
         }
@@ -132,6 +133,7 @@ macro_rules! wrapper_methods {
             &mut self,
             loaded: $crate::checkpoint::Loaded,
         ) -> Result<(), $crate::TrainError> {
+            self.at.refuse_expert_checkpoint()?;
             $crate::checkpoint::load_wrapper(&mut self.wrapper, loaded)
         }
     };
@@ -161,6 +163,19 @@ pub struct RankMesh {
     pub(crate) device: Device,
     /// The loss scale of the next forward/backward (dynamic loss scaling).
     pub(crate) loss_scale: f32,
+    /// Under expert parallelism: the ep group (consecutive ranks of dp × cp splitting the
+    /// experts) and the ranks holding the same experts.
+    pub(crate) experts: Option<ExpertGroups>,
+}
+
+/// Expert parallelism's two groups, carved from the flattened dp × cp group as
+/// `[dp·cp/ep, ep]`, ep innermost.
+#[derive(Debug, Clone)]
+pub(crate) struct ExpertGroups {
+    /// The ranks that split the experts and exchange tokens.
+    pub ep: ProcessGroup,
+    /// The ranks that hold the same experts (their gradients are reduced together).
+    pub replicas: ProcessGroup,
 }
 
 impl RankMesh {
@@ -218,6 +233,38 @@ impl RankMesh {
         )?)
     }
 
+    /// Expert parallelism's groups of `dims` (`None` at ep = 1). A collective on the world.
+    pub(crate) fn expert_groups(&self) -> Result<Option<ExpertGroups>, TrainError> {
+        let ep = self.dims.ep();
+        if ep == 1 {
+            return Ok(None);
+        }
+        let flat = self.replica_mesh()?;
+        let flat = flat.group(crate::Axis::Dp.name())?;
+        let (me, n) = (flat.rank(), flat.size());
+        // Fresh groups even where one has the dp wrapper's members (ep = dp·cp): the
+        // exchanges in backward must not share a sequence with the wrapper's bucket
+        // all-reduces, which start whenever a bucket is ready.
+        let first = me / ep * ep;
+        let ep_ranks: Vec<usize> = (first..first + ep).collect();
+        let replica_ranks: Vec<usize> = (me % ep..n).step_by(ep).collect();
+        Ok(Some(ExpertGroups {
+            ep: flat.new_group(&ep_ranks)?,
+            replicas: flat.new_group(&replica_ranks)?,
+        }))
+    }
+
+    /// The expert-parallel scope a forward and backward run in (`None` at ep = 1).
+    pub(crate) fn expert_scope(&self) -> Option<bonfire_dtensor::expert::ExpertGuard> {
+        let groups = self.experts.as_ref()?;
+        Some(
+            bonfire_dtensor::expert::ExpertScope {
+                group: groups.ep.clone(),
+            }
+            .enter(),
+        )
+    }
+
     /// HSDP's replica group: the ranks holding this rank's ZeRO shards (its dp_replicate
     /// slice); `None` without HSDP.
     pub(crate) fn replicate_group(&self) -> Option<&ProcessGroup> {
@@ -253,6 +300,20 @@ impl RankMesh {
         let local = (cut.cut)(batch, &split, self.coord(crate::Axis::Cp));
         let group = self.group(crate::Axis::Cp).clone();
         (local, Some(ContextScope { group, split }.enter()))
+    }
+
+    /// Checkpoints do not yet know expert parallelism's slices: refused, before anything is
+    /// written or changed.
+    pub(crate) fn refuse_expert_checkpoint(&self) -> Result<(), TrainError> {
+        match self.dims.ep() {
+            1 => Ok(()),
+            ep => Err(TrainError::Layout(crate::LayoutError::axis(
+                crate::Axis::Ep,
+                ep,
+                "checkpoints of expert-parallel layouts are not supported yet: save and \
+                 resume at ep=1",
+            ))),
+        }
     }
 
     /// Whether `local_finite` holds on every rank of the world (a collective).

@@ -219,7 +219,7 @@ where
         let stages = split_at(pieces, &points)?;
         let chunks = chunks_for_rank(&stages, &schedule, pp_rank)?;
         drop(stages);
-        let wrapper = ctx.dp.build_at(chunks, &ctx.at)?;
+        let wrapper = ctx.dp.build_at(chunks, &ctx.at, None)?;
         Ok(Box::new(PipelineEngine {
             at: ctx.at,
             schedule,

@@ -34,9 +34,11 @@ impl<M: ParallelModel> ReplicaEngine<M> {
         }
     }
 
-    /// Every parameter whole from this rank's `local` ones (a collective on tp).
+    /// Every parameter whole from this rank's `local` ones (a collective on tp, and on ep
+    /// for the experts).
     fn assemble(&self, local: Vec<ParamValues>) -> Result<Vec<ParamValues>, TrainError> {
-        self.layout.whole_all(local, self.at.group(Axis::Tp))
+        let ep = self.at.experts.as_ref().map(|g| &g.ep);
+        self.layout.whole_all(local, self.at.group(Axis::Tp), ep)
     }
 }
 
@@ -47,6 +49,7 @@ impl<M: ParallelModel> Engine<M::Batch> for ReplicaEngine<M> {
 
     fn forward_backward(&mut self, batch: &M::Batch) -> Result<f32, TrainError> {
         let (local, _context) = self.at.context(batch, context_cut::<M>());
+        let _experts = self.at.expert_scope();
         let ac = self.at.dims.activation_checkpointing;
         let loss = self.wrapper.forward(|m| checkpointing::loss(m, local, ac));
         let mut value = [plane::to_host(loss.clone().detach(), Reason::Report)[0]];
@@ -64,6 +67,7 @@ impl<M: ParallelModel> Engine<M::Batch> for ReplicaEngine<M> {
 
     fn evaluate(&mut self, batch: &M::Batch) -> Result<f32, TrainError> {
         let (local, _context) = self.at.context(batch, context_cut::<M>());
+        let _experts = self.at.expert_scope();
         let loss = self.wrapper.evaluate(|m| m.loss(local));
         let mut value = [plane::to_host(loss, Reason::Report)[0]];
         self.wrapper

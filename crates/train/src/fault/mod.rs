@@ -171,15 +171,15 @@ pub fn check_layout(dims: &ParallelDims) -> Result<(), LayoutError> {
              dp=4 instead of dp_replicate=2,dp=2)",
         ));
     }
-    for axis in [Axis::Cp, Axis::Tp, Axis::Pp] {
+    for axis in [Axis::Cp, Axis::Tp, Axis::Pp, Axis::Ep] {
         let degree = dims.degree(axis);
         if degree > 1 {
             return Err(LayoutError::Axis {
                 axis,
                 degree,
                 reason: "fault tolerance needs a pure dp layout: a dead rank's chunks of the \
-                         sequences, tensor-parallel shards or pipeline stage exist on no other \
-                         rank"
+                         sequences, tensor-parallel shards, pipeline stage or experts exist on \
+                         no other rank"
                     .into(),
             });
         }
