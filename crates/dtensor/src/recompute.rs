@@ -23,8 +23,11 @@
 //!   back-propagates `sum(y ⊙ dy)` there — whose gradient with respect to `y` is exactly
 //!   `dy` — and hands out the gradient of `x`, and each parameter's gradient to its tie,
 //!   which registers it for the parameter value: from there it flows on through the
-//!   wrappers' hooks and gathers as without checkpointing. A parameter `f` does not use gets
-//!   no gradient, as without checkpointing.
+//!   wrappers' hooks and gathers as without checkpointing. A parameter `f` does not use (an
+//!   expert that got no row) gets no gradient, as without checkpointing; but a wrapper's
+//!   node between the parameter and its tie (DDP's hook, ZeRO-3's gather) runs its backward
+//!   all the same, being in the graph through the tie: it gets zeros, which the wrappers
+//!   treat as no gradient (see the ties' backward).
 //!
 //! Data-parallel wrappers see the region as one layer: [`recompute()`] first enters it through
 //! [`crate::layer`] with `x` (DDP hooks its parameters anchored at `x`, ZeRO-3 gathers them),
@@ -48,7 +51,9 @@ use burn::backend::{
     backend_extension,
 };
 use burn::module::{Module, ModuleMapper, ModuleVisitor, Param, ParamId};
-use burn::tensor::{DispatchTensor, GradientCheckpointingStrategy, Gradients, Shape, Tensor};
+use burn::tensor::{
+    DType, DispatchTensor, GradientCheckpointingStrategy, Gradients, Shape, Tensor,
+};
 use std::cell::Cell;
 use std::sync::{Arc, Mutex};
 
@@ -482,6 +487,9 @@ where
 #[derive(Debug)]
 struct TieBackward {
     tie: Tie,
+    /// The parameter value's shape and dtype, for a zero gradient (see the backward).
+    shape: Shape,
+    dtype: DType,
 }
 
 impl<B: Backend> Backward<B, 2> for TieBackward
@@ -492,13 +500,28 @@ where
 
     fn backward(self, ops: Ops<(), 2>, grads: &mut AutodiffGradients, _: &mut Checkpointer) {
         let token = grads.consume::<B>(&ops.node);
+        let device = token.device();
         let [acc, value] = ops.parents;
         if let Some(node) = acc {
             grads.register::<B>(node.id, token);
         }
         let deposited = self.tie.deposit.lock().unwrap()[self.tie.slot].take();
-        if let (Some(node), Some(grad)) = (value, deposited) {
-            grads.register::<B>(node.id, from_dispatch::<B>(grad));
+        let Some(node) = value else { return };
+        match deposited {
+            Some(grad) => grads.register::<B>(node.id, from_dispatch::<B>(grad)),
+            // The recomputation left no gradient: `f` did not use the parameter this time (a
+            // rank whose experts got no row). A leaf keeps none, as without checkpointing.
+            // An operation between the leaf and the tie (a wrapper's gradient hook, a
+            // ZeRO-3 gather, a cast) is a node of this graph only through the tie, and its
+            // backward step runs and consumes a gradient all the same: it gets zeros. The
+            // wrappers add those as they add nothing (DDP and ZeRO fill a missing gradient
+            // with zeros), and a gather's reduce-scatter runs on every rank, as its peers —
+            // whose tie is in their graph too — expect.
+            None if !node.parents.is_empty() => {
+                let zeros = B::float_zeros(self.shape, &device, self.dtype.into());
+                grads.register::<B>(node.id, zeros);
+            }
+            None => {}
         }
     }
 }
@@ -572,7 +595,8 @@ where
     }
 
     fn tie(acc: FloatTensor<Self>, value: FloatTensor<Self>, tie: Tie) -> FloatTensor<Self> {
-        let prep = TieBackward { tie }
+        let (shape, dtype) = (value.shape(), value.dtype());
+        let prep = TieBackward { tie, shape, dtype }
             .prepare::<C>([acc.node(), value.node()])
             .compute_bound();
         drop(value);
