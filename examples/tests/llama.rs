@@ -420,8 +420,6 @@ fn bf16_layouts_equal_bf16_on_one_device() {
 /// dp=2 × cp=2 (ZeRO-3) to one device, and dp=2 (ZeRO-1) to cp=2 × tp=2 (SP).
 #[test]
 fn checkpoints_resume_in_another_layout() {
-    use bonfire_train::checkpoint::{CheckpointConfig, Checkpointer, resume};
-    use bonfire_train::{FitConfig, Hooks, Launcher, ParallelDims, TrainError, Trainer, fit};
     let f = fixture();
     let shape = bonfire_examples::GptConfig {
         vocab_size: cfg().vocab_size,
@@ -434,41 +432,6 @@ fn checkpoints_resume_in_another_layout() {
     const STEPS: usize = 6;
     const SAVED_AT: usize = 3;
     let batches = common::random_batches(&shape, STEPS, ROWS, 13);
-    let leg = |dims: &ParallelDims,
-               optim: OptimizerKind,
-               steps: std::ops::Range<usize>,
-               from: Option<&std::path::Path>,
-               save: Option<&std::path::Path>| {
-        let trainer = Trainer::new(dims.clone(), move || optim.build());
-        let data = |s: usize, d: &burn::tensor::Device| batches.rows(s, 0, ROWS, d);
-        let first = data(0, &default_device());
-        let config = FitConfig {
-            start_step: steps.start,
-            ..FitConfig::new(steps.end, common::gpt_lr(optim))
-        };
-        let out = Launcher::Threads {
-            ranks: dims.world_size(),
-        }
-        .run("llama-resume", |pg| -> Result<_, TrainError> {
-            let mut engine = trainer.build(f.model.clone(), &pg, &first)?;
-            if let Some(dir) = from {
-                assert_eq!(resume(engine.as_mut(), dir)?.step, steps.start);
-            }
-            let mut hooks: Box<dyn Hooks<data::TokenBatch>> = match save {
-                Some(dir) => Box::new(Checkpointer::new(CheckpointConfig::new(dir))),
-                None => Box::new(()),
-            };
-            let reports = fit(engine.as_mut(), &data, &config, hooks.as_mut())?;
-            let params: Vec<f32> = engine
-                .parameters()?
-                .into_iter()
-                .flat_map(|p| p.values)
-                .collect();
-            Ok((reports.iter().map(|r| r.loss).collect::<Vec<f32>>(), params))
-        })
-        .unwrap();
-        out.into_iter().next().unwrap().unwrap()
-    };
     let dims = |mesh: &str, zero, schedule, m, flags| {
         layout(mesh, zero, schedule, m, flags).dims("dp=1").unwrap()
     };
@@ -487,37 +450,8 @@ fn checkpoints_resume_in_another_layout() {
             dims("cp=2,tp=2", 0, None, None, "sp"),
         ),
     ];
-    for ((a, b), optim) in pairs.iter().flat_map(|p| {
-        [
-            (p.clone(), OptimizerKind::Sgd),
-            (p.clone(), OptimizerKind::AdamW),
-        ]
-    }) {
-        let dir = std::env::temp_dir().join(format!(
-            "bonfire-llama-resume-{}-{}-{}",
-            optim.name(),
-            a.cp(),
-            std::process::id()
-        ));
-        let (want_losses, want) = leg(&ParallelDims::new(), optim, 0..STEPS, None, None);
-        let (mut losses, _) = leg(&a, optim, 0..SAVED_AT, None, Some(&dir));
-        let (more, got) = leg(&b, optim, SAVED_AT..STEPS, Some(&dir), None);
-        std::fs::remove_dir_all(&dir).ok();
-        losses.extend(more);
-        let tol = match optim {
-            OptimizerKind::Sgd => common::SGD,
-            OptimizerKind::AdamW => common::adamw(common::gpt_lr(optim)),
-        };
-        let what = format!("llama {a} -> {b} {}", optim.name());
-        let c = assert_close(&format!("{what} losses"), &losses, &want_losses, tol);
-        assert_eq!(got.len(), want.len(), "{what}: parameters");
-        let c = c.max(assert_close(
-            &format!("{what} parameters"),
-            &got,
-            &want,
-            tol,
-        ));
-        println!("resume {what}: {c}");
+    for (a, b) in &pairs {
+        common::resume::check_resume("llama", &f.model, &batches, ROWS, (a, b), STEPS, SAVED_AT);
     }
 }
 

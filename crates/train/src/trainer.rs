@@ -224,6 +224,7 @@ impl Trainer {
             at,
             dp: self.dp.clone(),
             layout,
+            experts,
         };
         pipeline
             .inner
@@ -245,8 +246,7 @@ impl Trainer {
     }
 }
 
-/// Expert parallelism's checks: a model with experts that split over ep, and (for now) DDP
-/// without a pipeline.
+/// Expert parallelism's checks: a model with experts that split over ep, and (for now) DDP.
 fn check_experts<M: ParallelModel>(model: &M, dims: &ParallelDims) -> Result<(), LayoutError> {
     let ep = dims.ep();
     if ep == 1 {
@@ -265,14 +265,6 @@ fn check_experts<M: ParallelModel>(model: &M, dims: &ParallelDims) -> Result<(),
             "expert parallelism with ZeRO stage {} is not supported yet: use DDP (zero=0)",
             dims.zero.index()
         ));
-    }
-    if dims.pp() > 1 {
-        return refuse("expert parallelism with a pipeline is not supported yet".into());
-    }
-    if dims.cp() > 1 {
-        // Measured: dp=2,cp=2,ep=4 deadlocks in backward — one cp rank reaches a ring step's
-        // receive before its experts' exchange, its cp peer the other way round.
-        return refuse("expert parallelism with cp is not supported yet: borrow ep from dp".into());
     }
     Ok(())
 }

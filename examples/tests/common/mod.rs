@@ -4,6 +4,8 @@
 
 #![allow(dead_code)]
 
+pub mod resume;
+
 use bonfire_comm::testing::{Closeness, Tolerance, assert_close};
 use bonfire_comm::{ReduceOp, ThreadWorld};
 use bonfire_ddp::{DataParallel, DdpConfig, DistributedDataParallel, params};

@@ -3,7 +3,8 @@
 //! tensor as a [`Region`] — its tensor-parallel shard's box, narrowed to its ZeRO piece — and
 //! the slices it must be given to resume. The engines call these on their dp wrapper.
 //!
-//! Ownership (each element written once): DDP replicas are written by dp coordinate 0, ZeRO
+//! Ownership (each element written once): DDP replicas are written by dp coordinate 0 (an
+//! expert parameter under ep by each of the first ep ranks, its slice of the experts), ZeRO
 //! pieces by the rank that owns them, parameters replicated over tp by tp coordinate 0,
 //! pipeline stages by the pp coordinate that runs them.
 
@@ -71,6 +72,8 @@ pub(crate) struct Holding<'a> {
     pub tp_rank: usize,
     pub tp_size: usize,
     pub dp_rank: usize,
+    /// The ep degree: expert parameters hold the experts of ep rank `dp_rank % ep`.
+    pub ep: usize,
     /// HSDP: which replica of the ZeRO shards this rank is (its dp_replicate coordinate; 0
     /// without HSDP). Only replica 0 writes its shards.
     pub replica: usize,
@@ -85,7 +88,19 @@ impl Holding<'_> {
         if let Some(d) = self.layout.shard_dim(i).filter(|_| self.tp_size > 1) {
             offsets[d] = self.tp_rank * shape[d];
         }
+        if self.layout.is_expert(i) {
+            offsets[0] = self.dp_rank % self.ep * shape[0];
+        }
         Region::of_box(offsets, shape)
+    }
+
+    /// Whether this DDP replica writes wrapper parameter `k`: dp rank 0 a shared one, the
+    /// first ep ranks (each its own experts) an expert one.
+    fn writes_replica(&self, k: usize) -> bool {
+        match self.layout.is_expert(self.indices[k]) {
+            true => self.dp_rank < self.ep,
+            false => self.dp_rank == 0,
+        }
     }
 
     /// Whether this rank writes wrapper parameter `k` (one tp rank writes a replicated one).
@@ -124,12 +139,12 @@ pub(crate) fn rank_state<M: Module>(
     let mut slices = Vec::new();
     match w {
         DpWrapper::Ddp(d) => {
-            if h.dp_rank == 0 {
+            if h.dp_rank < h.ep {
                 let values = d.parameters()?;
                 let mut states = record_states(d.optimizer());
                 for (k, (p, info)) in values.into_iter().zip(d.params()).enumerate() {
                     let state = states.remove(&info.id.val()).map(without_rank);
-                    if h.writes_on_tp(k) {
+                    if h.writes_on_tp(k) && h.writes_replica(k) {
                         slices.push(Slice {
                             param: h.indices[k],
                             region: h.shard_box(k),

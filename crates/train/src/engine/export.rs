@@ -56,6 +56,11 @@ impl ModelLayout {
         self.shard_dims[i]
     }
 
+    /// Whether parameter `i` holds a slice of the experts (split over ep along dimension 0).
+    pub fn is_expert(&self, i: usize) -> bool {
+        self.experts[i]
+    }
+
     /// Every parameter's path and whole shape, in model order, on a tp axis of `tp` ranks.
     pub fn whole_params(&self, tp: usize) -> Vec<(String, Vec<usize>)> {
         (0..self.infos.len())
@@ -118,14 +123,16 @@ impl ModelLayout {
     }
 
     /// Every parameter whole when each rank holds some of them (`local[k]` is model parameter
-    /// `indices[k]`): gathered over tp, then summed over `world` with one contribution per
-    /// parameter (`contributes` on exactly one rank holding it). A collective on both.
+    /// `indices[k]`): gathered over tp (and the experts over `ep`), then summed over `world`
+    /// with one contribution per parameter (`contributes` on exactly one rank holding it). A
+    /// collective on all of them.
     pub fn whole_assembled(
         &self,
         local: Vec<ParamValues>,
         indices: &[usize],
         contributes: bool,
         tp: &ProcessGroup,
+        ep: Option<&ProcessGroup>,
         world: &ProcessGroup,
     ) -> Result<Vec<ParamValues>, TrainError> {
         self.check_count(local.len(), indices.len())?;
@@ -139,7 +146,7 @@ impl ModelLayout {
         }
         let mut flat = vec![0.0f32; *offsets.last().unwrap()];
         for (p, &i) in local.into_iter().zip(indices) {
-            let whole = self.whole(i, p.values, tp, None)?;
+            let whole = self.whole(i, p.values, tp, ep)?;
             if contributes {
                 flat[offsets[i]..offsets[i + 1]].copy_from_slice(&whole);
             }

@@ -119,7 +119,6 @@ macro_rules! wrapper_methods {
         }
 
         fn save_state(&mut self) -> Result<$crate::checkpoint::RankState, $crate::TrainError> {
-            self.at.refuse_expert_checkpoint()?;
             let holding = self.at.holding(&self.layout, &self.indices);
             $crate::checkpoint::rank_state(&self.wrapper, &holding)
         }
@@ -133,7 +132,6 @@ macro_rules! wrapper_methods {
             &mut self,
             loaded: $crate::checkpoint::Loaded,
         ) -> Result<(), $crate::TrainError> {
-            self.at.refuse_expert_checkpoint()?;
             $crate::checkpoint::load_wrapper(&mut self.wrapper, loaded)
         }
     };
@@ -302,20 +300,6 @@ impl RankMesh {
         (local, Some(ContextScope { group, split }.enter()))
     }
 
-    /// Checkpoints do not yet know expert parallelism's slices: refused, before anything is
-    /// written or changed.
-    pub(crate) fn refuse_expert_checkpoint(&self) -> Result<(), TrainError> {
-        match self.dims.ep() {
-            1 => Ok(()),
-            ep => Err(TrainError::Layout(crate::LayoutError::axis(
-                crate::Axis::Ep,
-                ep,
-                "checkpoints of expert-parallel layouts are not supported yet: save and \
-                 resume at ep=1",
-            ))),
-        }
-    }
-
     /// Whether `local_finite` holds on every rank of the world (a collective).
     pub(crate) fn all_finite(&self, local_finite: bool) -> Result<bool, TrainError> {
         let mut bad = [u8::from(!local_finite)];
@@ -339,6 +323,7 @@ impl RankMesh {
             // The rank in the dp wrapper's group (dp × cp, row-major; dp_replicate outside
             // them under DDP).
             dp_rank: self.wrapper_rank(),
+            ep: self.dims.ep(),
             replica: match self.dims.is_hsdp() {
                 true => self.coord(crate::Axis::DpReplicate),
                 false => 0,

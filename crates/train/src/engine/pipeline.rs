@@ -57,6 +57,8 @@ pub(crate) struct PipelineContext {
     pub at: RankMesh,
     pub dp: DpSpec,
     pub layout: ModelLayout,
+    /// Under expert parallelism: this rank's expert parameters and their replicas.
+    pub experts: Option<bonfire_dtensor::expert::ExpertParams>,
 }
 
 /// Where the stages begin, as piece indices: at the pieces `named` (module paths, in order)
@@ -219,7 +221,7 @@ where
         let stages = split_at(pieces, &points)?;
         let chunks = chunks_for_rank(&stages, &schedule, pp_rank)?;
         drop(stages);
-        let wrapper = ctx.dp.build_at(chunks, &ctx.at, None)?;
+        let wrapper = ctx.dp.build_at(chunks, &ctx.at, ctx.experts)?;
         Ok(Box::new(PipelineEngine {
             at: ctx.at,
             schedule,
@@ -287,7 +289,8 @@ impl<P: Block<D>, const D: usize, B: Rows> PipelineEngine<P, D, B> {
         Ok(global[0])
     }
 
-    /// Every parameter whole from this rank's `local` ones (a collective on tp and the world).
+    /// Every parameter whole from this rank's `local` ones (a collective on tp, on ep for
+    /// the experts, and on the world).
     fn assemble(&self, local: Vec<ParamValues>) -> Result<Vec<ParamValues>, TrainError> {
         let contributes = [Axis::DpReplicate, Axis::Dp, Axis::Cp, Axis::Tp]
             .iter()
@@ -297,6 +300,7 @@ impl<P: Block<D>, const D: usize, B: Rows> PipelineEngine<P, D, B> {
             &self.indices,
             contributes,
             self.at.group(Axis::Tp),
+            self.at.experts.as_ref().map(|g| &g.ep),
             self.at.mesh.world(),
         )
     }
@@ -309,6 +313,7 @@ impl<P: Block<D> + 'static, const D: usize, B: Rows> Engine<B> for PipelineEngin
 
     fn forward_backward(&mut self, batch: &B) -> Result<f32, TrainError> {
         let (batch, _context) = self.at.context(batch, self.context);
+        let _experts = self.at.expert_scope();
         let (micro, inputs, weights) = self.microbatches(&batch);
         let loss_fn = self.loss.clone();
         let pp_rank = self.at.coord(Axis::Pp);
@@ -334,6 +339,7 @@ impl<P: Block<D> + 'static, const D: usize, B: Rows> Engine<B> for PipelineEngin
 
     fn evaluate(&mut self, batch: &B) -> Result<f32, TrainError> {
         let (batch, _context) = self.at.context(batch, self.context);
+        let _experts = self.at.expert_scope();
         let (micro, inputs, weights) = self.microbatches(&batch);
         let loss_fn = self.loss.clone();
         let pp_rank = self.at.coord(Axis::Pp);
