@@ -56,7 +56,7 @@
 //! printed, not asserted.
 //!
 //! `--model mixtral`: the bench Mixtral's expert and parameter bytes per rank at ep = 1
-//! (one rank, DDP, ZeRO 1–3, TP 2; `memory/mixtral.rs`).
+//! (DDP, ZeRO 1–3, TP 2) and under DDP at ep = 2 and 4 (`memory/mixtral.rs`).
 //!
 //! Options: `--steps K` (≥ 2, default 2), `--only NAME,NAME` (layouts whose name contains
 //! one of them), `--budget BYTES`, `--trace` (every rank's live and peak bytes at every

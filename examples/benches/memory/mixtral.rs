@@ -1,9 +1,10 @@
 //! `bench memory --model mixtral`: the bench Mixtral's (`MixtralConfig::bench`: the Llama
 //! bench's body, 8 experts of width 344 per layer, top 2) bytes per rank from the counting
-//! allocator, with no expert parallelism (ep = 1: every rank holds every expert, ZeRO-3
-//! shards them with the rest).
+//! allocator: at ep = 1 (every rank holds every expert, ZeRO-3 shards them with the rest) and
+//! under expert parallelism with DDP (dp = 2 at ep = 2; dp = 4 at ep = 1, 2 and 4: a rank
+//! keeps E/ep experts).
 //!
-//! `bench memory model=mixtral layout=… ranks=N rank=R experts_held=… expert_bytes=…
+//! `bench memory model=mixtral layout=… ranks=N ep=P rank=R experts_held=… expert_bytes=…
 //! params_bytes=… expert_fraction=… held_bytes=… steady_peak_bytes=… step_ms=…`, one line per rank:
 //! - `expert_bytes`: what the allocator charged the rank's thread for the model's experts
 //!   (every layer's `gate_up_proj` `[E, 2F, d]` and `down_proj` `[E, d, F]`, made on the
@@ -12,11 +13,21 @@
 //! - `experts_held`: `whole` where the rank holds every expert (`expert_fraction` =
 //!   expert_bytes / params_bytes is then the experts' share of its parameters), `sharded`
 //!   under ZeRO-3 (the rank holds 1/dp of them; its `params_bytes`, as the GPT's ZeRO-3 rows,
-//!   still include what the build leaves live until the first step);
+//!   still include what the build leaves live until the first step), `1/ep` under expert
+//!   parallelism;
 //! - `params_bytes`: live after `Trainer::build` (the parameters as the layout holds them),
 //!   over the rank's baseline, as the GPT rows;
 //! - `held_bytes`: live after the last forward+backward (parameters, gradients, AdamW state);
 //!   `steady_peak_bytes`: the most live over the steps after the first.
+//!
+//! Then one `ep_summary` line per rank of each ep > 1 layout whose ep = 1 layout (DDP, same
+//! dp) also ran, from the held bytes (steady state: the `params_bytes` of a layout whose ep
+//! group is all of dp still hold what the build made until the first step replaces it):
+//! `expert_state_bytes_ep1` = 4 × the ep = 1 run's `expert_bytes` (the experts' values,
+//! gradients and AdamW moments: DDP holds 16 bytes per parameter), `held_expert_state_bytes`
+//! = its `held_bytes` − the ep = 1 run's dense part (its `held_bytes` −
+//! expert_state_bytes_ep1), `ratio` = their quotient, `expected` = 1/ep; `held_ratio` = its
+//! `held_bytes` / the ep = 1 run's.
 
 use bonfire_comm::testing::rank_alloc;
 use bonfire_examples::default_device;
@@ -113,27 +124,35 @@ fn measure(
     .collect()
 }
 
-/// The layouts of the Mixtral rows: DDP, ZeRO 1–3 and TP 2 (f32). No one-rank row: a
-/// one-rank engine trains the caller's parameters in place, so the rank is charged none.
+/// The layouts of the Mixtral rows: DDP, ZeRO 1–3 and TP 2 (f32), then DDP with expert
+/// parallelism: dp = 2 at ep = 2, dp = 4 at ep = 1, 2, 4. No one-rank row: a one-rank engine
+/// trains the caller's parameters in place, so the rank is charged none.
 fn cases() -> Vec<super::Case> {
     let mut out = vec![super::case("ddp", "dp=2", |_| {})];
     for z in 1..=3 {
         out.push(super::case(&format!("zero{z}"), "dp=2", |a| a.zero = z));
     }
     out.push(super::case("tp2", "tp=2", |_| {}));
+    out.push(super::case("ddp-ep2", "dp=2,ep=2", |_| {}));
+    out.push(super::case("ddp4", "dp=4", |_| {}));
+    for ep in [2, 4] {
+        out.push(super::case(
+            &format!("ddp4-ep{ep}"),
+            &format!("dp=4,ep={ep}"),
+            |_| {},
+        ));
+    }
     out
 }
 
-/// `--model mixtral`: every layout's lines (see the file's docs).
-pub fn rows(steps: usize, only: &[String]) {
-    let cfg = MixtralConfig::bench();
+/// The model's header line.
+fn header(cfg: &MixtralConfig, steps: usize) {
     let b = &cfg.base;
-    let model = Mixtral::new(&cfg, &default_device());
     let expert_params =
         b.num_hidden_layers * cfg.num_local_experts * 3 * b.hidden_size * b.intermediate_size;
     println!(
         "bench memory model=mixtral vocab={} hidden={} heads={} kv_heads={} layers={} \
-         experts={} top_k={} expert_width={} params={} expert_params={expert_params} ep=1 \
+         experts={} top_k={} expert_width={} params={} expert_params={expert_params} \
          rows={ROWS} tokens_per_row={SEQ} optimizer=adamw steps={steps} backend=flex \
          machine=cpu-threads",
         b.vocab_size,
@@ -146,34 +165,92 @@ pub fn rows(steps: usize, only: &[String]) {
         b.intermediate_size,
         cfg.num_params()
     );
+}
+
+/// One layout's rows, one per rank.
+fn print_rows(case: &super::Case, ranks: &[Bytes]) {
+    let (dims, ep) = (&case.dims, case.dims.ep());
+    let held = match (dims.zero, ep) {
+        (_, 2..) => "1/ep",
+        (ZeroStage::Zero3, _) => "sharded",
+        _ => "whole",
+    };
+    for (rank, m) in ranks.iter().enumerate() {
+        println!(
+            "bench memory model=mixtral layout={} ranks={} ep={ep} rank={rank} precision=f32 \
+             experts_held={held} expert_bytes={} params_bytes={} expert_fraction={:.4} \
+             held_bytes={} steady_peak_bytes={} step_ms={:.0}",
+            case.name,
+            dims.world_size(),
+            m.experts,
+            m.params,
+            m.experts as f64 / m.params as f64,
+            m.held,
+            m.steady_peak,
+            m.step_ms
+        );
+    }
+}
+
+/// The `ep_summary` lines of every ep > 1 layout whose ep = 1 layout (DDP, same dp) ran.
+fn ep_summary(measured: &[(&super::Case, Vec<Bytes>)]) {
+    let plain = |dp: usize| {
+        measured.iter().find(|(c, _)| {
+            c.dims.ep() == 1
+                && c.dims.dp() == dp
+                && c.dims.tp() == 1
+                && c.dims.zero == ZeroStage::Zero0
+        })
+    };
+    for (case, ranks) in measured.iter().filter(|(c, _)| c.dims.ep() > 1) {
+        let (dp, ep) = (case.dims.dp(), case.dims.ep());
+        let Some((_, base)) = plain(dp) else {
+            println!(
+                "bench memory model=mixtral ep_summary layout={} skipped=\"no ep=1 run at dp={dp}\"",
+                case.name
+            );
+            continue;
+        };
+        for (rank, (m, b)) in ranks.iter().zip(base).enumerate() {
+            // At ep = 1 the rank holds 16 bytes per parameter: the experts' values, gradients
+            // and AdamW moments are 4 × expert_bytes, the rest is dense.
+            let experts_ep1 = 4.0 * b.experts as f64;
+            let dense = b.held as f64 - experts_ep1;
+            let held_experts = m.held as f64 - dense;
+            println!(
+                "bench memory model=mixtral ep_summary layout={} dp={dp} ep={ep} rank={rank} \
+                 expert_state_bytes_ep1={experts_ep1:.0} held_expert_state_bytes={held_experts:.0} \
+                 ratio={:.4} expected={:.4} held_bytes={} held_bytes_ep1={} held_ratio={:.4} \
+                 params_bytes={} params_bytes_ep1={}",
+                case.name,
+                held_experts / experts_ep1,
+                1.0 / ep as f64,
+                m.held,
+                b.held,
+                m.held as f64 / b.held as f64,
+                m.params,
+                b.params,
+            );
+        }
+    }
+}
+
+/// `--model mixtral`: every layout's lines (see the file's docs).
+pub fn rows(steps: usize, only: &[String]) {
+    let cfg = MixtralConfig::bench();
+    let model = Mixtral::new(&cfg, &default_device());
+    header(&cfg, steps);
+    let cases = cases();
+    let mut measured = Vec::new();
     let mut first = 0;
-    for case in cases() {
+    for case in &cases {
         if !only.is_empty() && !only.iter().any(|o| case.name.contains(o.as_str())) {
             continue;
         }
-        let ranks = case.dims.world_size();
-        let held = match case.dims.zero {
-            ZeroStage::Zero3 => "sharded",
-            _ => "whole",
-        };
-        for (rank, m) in measure(&case, &cfg, &model, steps, first)
-            .iter()
-            .enumerate()
-        {
-            println!(
-                "bench memory model=mixtral layout={} ranks={ranks} rank={rank} precision=f32 \
-                 experts_held={held} expert_bytes={} params_bytes={} expert_fraction={:.4} \
-                 held_bytes={} \
-                 steady_peak_bytes={} step_ms={:.0}",
-                case.name,
-                m.experts,
-                m.params,
-                m.experts as f64 / m.params as f64,
-                m.held,
-                m.steady_peak,
-                m.step_ms
-            );
-        }
-        first += ranks;
+        let ranks = measure(case, &cfg, &model, steps, first);
+        print_rows(case, &ranks);
+        first += case.dims.world_size();
+        measured.push((case, ranks));
     }
+    ep_summary(&measured);
 }
