@@ -3,12 +3,15 @@
 //! every layout, through the trainer's one loop (SGD), on rank threads — or as processes under
 //! `mpirun` (`--backend mpi`, which runs this binary with `--launcher env`).
 //!
-//! The Mixtral runs `single`, `ddp`, `zero1`–`zero3` and `tp` by default (it refuses `tp-sp`),
-//! then prints its routers' load imbalance step by step (`train/routing.rs`). Its all-to-all
-//! bytes and time come with expert parallelism, not built yet: no such field is printed.
+//! The Mixtral runs `single`, `ddp`, `zero1`–`zero3`, `tp` and the expert-parallel `ddp-ep2`
+//! (dp = ranks, ep = 2; `ddp-ep4` too where the ranks split by 4) by default (it refuses
+//! `tp-sp`), then prints its routers' load imbalance step by step (`train/routing.rs`) and, for
+//! each ep layout, the rows each ep rank receives (`routing_ep`). An ep row adds `ep=…
+//! a2a_bytes=… a2a_ms=… a2a_calls=… a2a_share=…`: a rank's all-to-all bytes and time per step
+//! (`train/experts.rs`; `a2a_share` = a2a_ms / step_ms).
 //!
 //! Prints one line per layout:
-//! `bench train model=<gpt|llama|mixtral> layout=<single|ddp|zero1|zero2|zero3|tp|tp-sp|pp-1f1b|pp-zb-h1|pp-zb-v>
+//! `bench train model=<gpt|llama|mixtral> layout=<single|ddp|zero1|zero2|zero3|tp|tp-sp|pp-1f1b|pp-zb-h1|pp-zb-v|ddp-epK>
 //! ranks=N step_ms=… tokens_per_s=… backend=…` — the median over the timed steps (after
 //! warm-up) of the slowest rank's step, and the tokens of the global batch per second of it.
 //! Every multi-rank layout trains the same global batch (`batch` × `ranks` sequences), so
@@ -36,6 +39,8 @@ use burn::tensor::Device;
 use clap::Parser;
 use std::path::PathBuf;
 
+#[path = "train/experts.rs"]
+mod experts;
 #[path = "train/routing.rs"]
 mod routing;
 
@@ -43,8 +48,10 @@ const LAYOUTS: &[&str] = &[
     "single", "ddp", "zero1", "zero2", "zero3", "tp", "tp-sp", "pp-1f1b", "pp-zb-h1", "pp-zb-v",
 ];
 /// The Mixtral's default layouts: one rank, dp, ZeRO and tp (it refuses sequence
-/// parallelism; expert parallelism is not built yet).
+/// parallelism), then `ddp-epK` (DDP over every rank, expert parallelism K) for K = 2 and 4
+/// where the ranks split by K.
 const MIXTRAL_LAYOUTS: &[&str] = &["single", "ddp", "zero1", "zero2", "zero3", "tp"];
+const EP_DEGREES: &[usize] = &[2, 4];
 
 #[derive(Parser, Debug)]
 struct Args {
@@ -99,12 +106,16 @@ fn layout(name: &str, args: &Args) -> Result<(ParallelDims, usize), String> {
         "pp-1f1b" => (pp("1f1b"), n),
         "pp-zb-h1" => (pp("zb-h1"), n),
         "pp-zb-v" => (pp("zb-v"), n),
-        other => {
-            return Err(format!(
-                "unknown layout `{other}`; known: {}",
-                LAYOUTS.join(", ")
-            ));
-        }
+        other => match other.strip_prefix("ddp-ep").map(str::parse::<usize>) {
+            Some(Ok(ep)) if ep > 1 && n % ep == 0 => (dp().with_degree(Axis::Ep, ep), n),
+            Some(_) => return Err(format!("{other}: ep must be above 1 and divide {n} ranks")),
+            None => {
+                return Err(format!(
+                    "unknown layout `{other}`; known: {}, ddp-epK (the Mixtral)",
+                    LAYOUTS.join(", ")
+                ));
+            }
+        },
     })
 }
 
@@ -114,6 +125,9 @@ struct Measured {
     tokens_per_s: f64,
     /// Every step's timings of this process's ranks (DDP, ZeRO-2), warm-up excluded.
     timings: Vec<StepTiming>,
+    /// Under ep: a rank's all-to-all bytes, time (ms) and calls per step
+    /// ([`experts::summary`]).
+    a2a: Option<[f64; 3]>,
 }
 
 fn measure<M: ParallelModel<Batch = TokenBatch> + Sync>(
@@ -122,6 +136,7 @@ fn measure<M: ParallelModel<Batch = TokenBatch> + Sync>(
     data: &Batches,
     args: &Args,
     world: Option<&World>,
+    probed: Option<&experts::Probed>,
 ) -> Result<Measured, String> {
     let (dims, ranks) = layout(name, args)?;
     let steps = args.run.schedule();
@@ -153,14 +168,27 @@ fn measure<M: ParallelModel<Batch = TokenBatch> + Sync>(
             ));
         }
     };
-    let mut per_rank = throughput::train(model, &trainer, hosts, steps, &rows)
-        .map_err(|e| format!("layout {name}: {e}"))?;
+    let failed = |e: bonfire_train::TrainError| format!("layout {name}: {e}");
+    let (mut per_rank, mut a2a) = match (dims.ep(), probed) {
+        (1, _) => (
+            throughput::train(model, &trainer, hosts, steps, &rows).map_err(failed)?,
+            Vec::new(),
+        ),
+        (_, Some(p)) => experts::train(p, &trainer, hosts, steps, &rows)
+            .map_err(failed)?
+            .into_iter()
+            .unzip(),
+        (_, None) => return Err(format!("layout {name}: ep needs --model mixtral")),
+    };
     if let Some(w) = world {
         // The slowest rank of each step, across processes.
         for run in &mut per_rank {
             w.group()
                 .all_reduce(&mut run.step_ms, ReduceOp::Max)
                 .map_err(|e| e.to_string())?;
+        }
+        for steps in &mut a2a {
+            experts::largest_across(w.group(), steps).map_err(|e| e.to_string())?;
         }
     }
     let step_ms = steps.slowest(&per_rank);
@@ -175,6 +203,7 @@ fn measure<M: ParallelModel<Batch = TokenBatch> + Sync>(
         step_ms,
         tokens_per_s: tokens / (step_ms / 1e3),
         timings,
+        a2a: (!a2a.is_empty()).then(|| experts::summary(&a2a, steps)),
     })
 }
 
@@ -220,7 +249,13 @@ fn main() -> Result<(), String> {
     let names: Vec<String> = if !args.layouts.is_empty() {
         args.layouts.clone()
     } else if args.model == "mixtral" {
-        MIXTRAL_LAYOUTS.iter().map(|s| s.to_string()).collect()
+        let ep = EP_DEGREES.iter().filter(|&&k| args.run.ranks % k == 0);
+        let ep = ep.map(|k| format!("ddp-ep{k}"));
+        MIXTRAL_LAYOUTS
+            .iter()
+            .map(|s| s.to_string())
+            .chain(ep)
+            .collect()
     } else {
         LAYOUTS.iter().map(|s| s.to_string()).collect()
     };
@@ -233,7 +268,7 @@ fn main() -> Result<(), String> {
             let model = Gpt::new(&cfg, &default_device());
             let what = format!("GPT bench size: {} parameters", cfg.num_params());
             let data = args.run.batches(cfg.vocab_size, cfg.max_seq_len);
-            run_all(&model, &data, &what, &names, &args, world.as_ref())
+            run_all(&model, &data, &what, &names, &args, world.as_ref(), None)
         }
         "llama" => {
             let cfg = LlamaConfig::bench();
@@ -242,7 +277,7 @@ fn main() -> Result<(), String> {
             let data = args
                 .run
                 .batches(cfg.vocab_size, cfg.max_position_embeddings);
-            run_all(&model, &data, &what, &names, &args, world.as_ref())
+            run_all(&model, &data, &what, &names, &args, world.as_ref(), None)
         }
         "mixtral" => {
             let cfg = MixtralConfig::bench();
@@ -256,14 +291,20 @@ fn main() -> Result<(), String> {
                 cfg.num_experts_per_tok
             );
             let data = args.run.batches(b.vocab_size, b.max_position_embeddings);
-            run_all(&model, &data, &what, &names, &args, world.as_ref())?;
-            if world.as_ref().is_none_or(|w| w.rank() == 0) {
+            let probed = experts::Probed::new(model.clone());
+            let world = world.as_ref();
+            run_all(&model, &data, &what, &names, &args, world, Some(&probed))?;
+            if world.is_none_or(|w| w.rank() == 0) {
                 let rows = args.run.batch * args.run.ranks;
                 let steps = args.run.schedule();
-                routing::summary(
-                    &routing::replay(&model, &data, rows, steps.total()),
-                    steps.warmup,
-                );
+                let replayed = routing::replay(&model, &data, rows, steps.total());
+                routing::summary(&replayed, steps.warmup);
+                for name in &names {
+                    let dims = layout(name, &args)?.0;
+                    if dims.ep() > 1 {
+                        routing::ep_summary(&replayed, steps.warmup, name, dims.dp(), dims.ep());
+                    }
+                }
             }
             Ok(())
         }
@@ -281,6 +322,7 @@ fn run_all<M: ParallelModel<Batch = TokenBatch> + Sync>(
     names: &[String],
     args: &Args,
     world: Option<&World>,
+    probed: Option<&experts::Probed>,
 ) -> Result<(), String> {
     let backend = if world.is_some() { "mpi" } else { "threads" };
     let lead = world.is_none_or(|w| w.rank() == 0);
@@ -294,8 +336,8 @@ fn run_all<M: ParallelModel<Batch = TokenBatch> + Sync>(
     let mut single_ms = None;
     let mut ddp_ms = None;
     for name in names {
-        let m = measure(name, model, data, args, world)?;
-        let ranks = layout(name, args)?.1;
+        let m = measure(name, model, data, args, world, probed)?;
+        let (dims, ranks) = layout(name, args)?;
         let model_name = &args.model;
         let mut line = format!(
             "bench train model={model_name} layout={name} ranks={ranks} step_ms={:.1} tokens_per_s={:.0} backend={backend}",
@@ -314,6 +356,13 @@ fn run_all<M: ParallelModel<Batch = TokenBatch> + Sync>(
                     line += &format!(" ratio_vs_ddp={:.2}", m.step_ms / d);
                 }
             }
+        }
+        if let Some([bytes, ms, calls]) = m.a2a {
+            line += &format!(
+                " ep={} a2a_bytes={bytes:.0} a2a_ms={ms:.1} a2a_calls={calls:.0} a2a_share={:.2}",
+                dims.ep(),
+                ms / m.step_ms
+            );
         }
         if let Some([fwd, bwd, wait]) = phases(&m.timings) {
             line += &format!(" fwd_ms={fwd:.1} bwd_ms={bwd:.1} wait_ms={wait:.1}");

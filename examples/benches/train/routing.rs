@@ -13,6 +13,13 @@
 //! `bench train model=mixtral routing step=S layers=L experts=E top_k=K tokens=N
 //! imbalance_mean=… imbalance_max=… max_layer=… loads=a/b/…` (the loads of the most
 //! imbalanced layer), then a summary over the timed steps.
+//!
+//! For each expert-parallel layout of the run (dp replicas, ep groups of ep consecutive
+//! replicas, ep rank r holding experts r·E/ep..(r+1)·E/ep), from the same replay cut into the
+//! replicas' rows: `routing_ep` — per layer the rows each ep rank receives from its group
+//! (what its experts run on), their imbalance (max over the dp ranks / their mean: the
+//! busiest rank sets the exchange's and the experts' pace), and the fraction of routed rows
+//! that leave their rank (the rest stay for its own experts).
 
 use bonfire_dtensor::plane::{self, ledger::Reason};
 use bonfire_models::cross_entropy;
@@ -31,17 +38,20 @@ pub struct StepRouting {
     pub max: f64,
     pub max_layer: usize,
     pub loads: Vec<f32>,
+    /// Every layer's tokens per expert of each row (sequence) of the batch, `[L][B·E]`.
+    pub rows: Vec<Vec<f32>>,
 }
 
-/// One forward of `model` on a batch: every layer's tokens per expert `[L][E]`, the balance
-/// term's value, and the loss (mean cross-entropy + α · balance, as [`Mixtral::loss`]).
+/// One forward of `model` on a batch: every layer's tokens per expert of each row `[L][B·E]`,
+/// the balance term's value, and the loss (mean cross-entropy + α · balance, as
+/// [`Mixtral::loss`]).
 fn forward(model: &Mixtral, (ids, targets): TokenBatch) -> (Vec<Vec<f32>>, f64, Tensor<1>) {
     let (logits, routing) = model.forward_routed(ids);
     let per_layer = routing
         .iter()
         .map(|r| {
-            let [b, t, e] = r.counts.dims();
-            let summed = r.counts.clone().detach().reshape([b * t, e]).sum_dim(0);
+            let [b, _, e] = r.counts.dims();
+            let summed = r.counts.clone().detach().sum_dim(1).reshape([b * e]);
             plane::to_host(summed, Reason::Report)
         })
         .collect();
@@ -51,8 +61,15 @@ fn forward(model: &Mixtral, (ids, targets): TokenBatch) -> (Vec<Vec<f32>>, f64, 
     (per_layer, value, loss)
 }
 
+/// Tokens per expert `[E]` summed over the rows of `rows` (`[B·E]`).
+fn loads(rows: &[f32], e: usize) -> Vec<f32> {
+    (0..e)
+        .map(|x| rows.iter().skip(x).step_by(e).sum())
+        .collect()
+}
+
 /// The imbalance of one step's per-layer loads.
-fn imbalance(per_layer: Vec<Vec<f32>>) -> StepRouting {
+fn imbalance(per_layer: Vec<Vec<f32>>, rows: Vec<Vec<f32>>) -> StepRouting {
     let ratios: Vec<f64> = per_layer
         .iter()
         .map(|l| {
@@ -68,6 +85,7 @@ fn imbalance(per_layer: Vec<Vec<f32>>) -> StepRouting {
         max: ratios[max_layer],
         max_layer,
         loads: per_layer[max_layer].clone(),
+        rows,
     }
 }
 
@@ -79,11 +97,13 @@ pub fn replay(model: &Mixtral, data: &Batches, rows: usize, steps: usize) -> Vec
     let mut optim = SgdConfig::new().init();
     let mut out = Vec::with_capacity(steps);
     for s in 0..steps {
-        let (per_layer, aux, loss) = forward(&model, data.rows(s, 0, rows, &device));
-        let (l, e) = (per_layer.len(), per_layer[0].len());
+        let (per_row, aux, loss) = forward(&model, data.rows(s, 0, rows, &device));
+        let e = model.model.layers[0].mlp.gate.weight.dims()[0];
+        let per_layer: Vec<Vec<f32>> = per_row.iter().map(|r| loads(r, e)).collect();
+        let l = per_layer.len();
         let tokens: f64 = per_layer[0].iter().map(|&c| c as f64).sum::<f64>();
         let k = model.model.layers[0].mlp.top_k();
-        let r = imbalance(per_layer);
+        let r = imbalance(per_layer, per_row);
         println!(
             "bench train model=mixtral routing step={s} layers={l} experts={e} top_k={k} \
              tokens={} imbalance_mean={:.3} imbalance_max={:.3} max_layer={} balance_term={aux:.4} \
@@ -116,5 +136,52 @@ pub fn summary(steps: &[StepRouting], warmup: usize) {
         "bench train model=mixtral routing_summary steps={} imbalance_mean={mean:.3} \
          imbalance_max={max:.3} source=one-device-replay",
         timed.len()
+    );
+}
+
+/// One layer's rows received by each of the `dp` ranks under `ep` (see the file's docs) and
+/// the rows that leave their rank, from its tokens per expert of each row `rows` (`[B·E]`).
+fn exchanged(rows: &[f32], e: usize, dp: usize, ep: usize) -> (Vec<f64>, f64) {
+    let b = rows.len() / e;
+    let (per_replica, local) = (b / dp, e / ep);
+    let mut received = vec![0.0f64; dp];
+    let mut remote = 0.0;
+    for (row, counts) in rows.chunks(e).enumerate() {
+        let replica = row / per_replica;
+        let group = replica / ep;
+        for (x, &c) in counts.iter().enumerate() {
+            let holder = x / local;
+            received[group * ep + holder] += c as f64;
+            if holder != replica % ep {
+                remote += c as f64;
+            }
+        }
+    }
+    (received, remote)
+}
+
+/// The `routing_ep` line of the layout `name` (`dp` ranks, `ep`) over the steps after
+/// `warmup`: the mean over steps and layers of the received rows' imbalance, its largest,
+/// and the fraction of the routed rows that left their rank.
+pub fn ep_summary(steps: &[StepRouting], warmup: usize, name: &str, dp: usize, ep: usize) {
+    let timed = &steps[warmup.min(steps.len())..];
+    let (mut sum, mut max, mut n, mut remote, mut total) = (0.0, 0.0f64, 0, 0.0, 0.0);
+    for step in timed {
+        for rows in &step.rows {
+            let e = step.loads.len();
+            let (received, left) = exchanged(rows, e, dp, ep);
+            let all: f64 = received.iter().sum();
+            let ratio = received.iter().copied().fold(0.0, f64::max) / (all / dp as f64);
+            (sum, max, n) = (sum + ratio, max.max(ratio), n + 1);
+            (remote, total) = (remote + left, total + all);
+        }
+    }
+    println!(
+        "bench train model=mixtral routing_ep layout={name} dp={dp} ep={ep} steps={} \
+         received_imbalance_mean={:.3} received_imbalance_max={max:.3} remote_fraction={:.3} \
+         source=one-device-replay",
+        timed.len(),
+        sum / n.max(1) as f64,
+        remote / total.max(1.0)
     );
 }
