@@ -113,8 +113,8 @@ impl DpSpec {
         self.build_with(model, mesh, axis, dims, None)
     }
 
-    /// [`build`](Self::build), with expert parallelism's parameters reduced apart (DDP; the
-    /// trainer refuses ep with ZeRO before building).
+    /// [`build`](Self::build), with expert parallelism's parameters reduced apart (DDP, ZeRO
+    /// 1–2; the trainer refuses ep with ZeRO-3 before building).
     fn build_with<M: Module>(
         &self,
         model: M,
@@ -135,7 +135,11 @@ impl DpSpec {
             )?)),
             _ => {
                 let config = self.zero_config(dims);
-                DpWrapper::Zero(Box::new(Zero::on_mesh(model, optim, mesh, axis, config)?))
+                let zero = match experts {
+                    Some(x) => Zero::on_mesh_with_experts(model, optim, mesh, axis, config, x)?,
+                    None => Zero::on_mesh(model, optim, mesh, axis, config)?,
+                };
+                DpWrapper::Zero(Box::new(zero))
             }
         })
     }

@@ -58,11 +58,13 @@ impl<M: Module> Zero<M> {
             None => held_param_bytes(self.model()),
         };
         let grads = self.grads.as_ref().and_then(Option::as_ref);
+        let experts = self.experts.as_ref();
         MemoryReport {
             params,
-            grads: grads.map_or(0, |g| g.shape().num_elements() * 4),
-            optim_device: self.optim.device_bytes(),
-            optim_host: self.optim.offload_bytes(),
+            grads: grads.map_or(0, |g| g.shape().num_elements() * 4)
+                + experts.map_or(0, |x| x.grad_bytes()),
+            optim_device: self.optim.device_bytes() + experts.map_or(0, |x| x.optim.device_bytes()),
+            optim_host: self.optim.offload_bytes() + experts.map_or(0, |x| x.optim.offload_bytes()),
             gathered_peak: self.last_gather.peak_live_bytes,
             gathered_total: self.last_gather.total_bytes,
         }

@@ -78,6 +78,7 @@
 pub mod checkpoint;
 mod config;
 mod error;
+mod experts;
 mod gather;
 mod held;
 pub mod optim;

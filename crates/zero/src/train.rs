@@ -126,6 +126,38 @@ impl<M: Module> Zero<M> {
         self.reduce_replicas()
     }
 
+    /// Expert parallelism: the experts' flat gradients out of `gp` (`None` without experts).
+    fn take_expert_grads(&self, gp: &mut GradientsParams) -> Option<Vec<Option<Tensor<1>>>> {
+        let side = self.experts.as_ref()?;
+        Some(params::take_flat_grads(self.model(), &side.infos, gp))
+    }
+
+    /// Expert parallelism: reduces the experts' gradients over their replicas (nothing
+    /// without experts).
+    fn reduce_experts(&mut self, per_param: Option<Vec<Option<Tensor<1>>>>) -> Result<()> {
+        match (self.experts.as_mut(), per_param) {
+            (Some(side), Some(g)) => side.reduce(g),
+            _ => Ok(()),
+        }
+    }
+
+    /// `dense` and `experts` (named values of each part) in module order.
+    fn in_module_order(
+        &self,
+        dense: Vec<ParamValues>,
+        experts: Vec<ParamValues>,
+    ) -> Vec<ParamValues> {
+        let mut by_path: std::collections::HashMap<String, ParamValues> = dense
+            .into_iter()
+            .chain(experts)
+            .map(|p| (p.path.clone(), p))
+            .collect();
+        self.all_infos
+            .iter()
+            .filter_map(|info| by_path.remove(&info.path))
+            .collect()
+    }
+
     /// HSDP: averages this rank's reduced gradient (the full vector at stages 0–1, the own
     /// range at 2–3) across the replicas of its shards ([`Zero::with_replicas`]), so that it
     /// is the mean over the shard group × the replicas.
@@ -247,8 +279,10 @@ impl<M: Module> DataParallel<M> for Zero<M> {
         } else {
             let mut gp = GradientsParams::from_grads(grads, self.model());
             let per_param = params::take_flat_grads(self.model(), &self.infos, &mut gp);
+            let experts = self.take_expert_grads(&mut gp);
             drop(gp);
             self.reduce_parts(per_param)
+                .and_then(|_| self.reduce_experts(experts))
         };
         self.timing.wait = timing::span_since(wait_start);
         out
@@ -274,7 +308,11 @@ impl<M: Module> DataParallel<M> for Zero<M> {
         if self.config.stage != ZeroStage::Zero3 {
             let mut gp = GradientsParams::from_module(grads, self.model());
             let per_param = params::take_flat_grads(self.model(), &self.infos, &mut gp);
+            let experts = self.take_expert_grads(&mut gp);
             self.add_accumulated(per_param);
+            if let (Some(side), Some(g)) = (self.experts.as_mut(), experts) {
+                side.accumulate(g);
+            }
             return Ok(());
         }
         let acc = &mut self.accumulated_own;
@@ -312,7 +350,9 @@ impl<M: Module> DataParallel<M> for Zero<M> {
             return self.reduce_replicas();
         }
         let per_param = std::mem::replace(&mut self.accumulated, vec![None; self.infos.len()]);
-        self.reduce_parts(per_param)
+        let experts = self.experts.as_ref().map(|x| vec![None; x.infos.len()]);
+        self.reduce_parts(per_param)?;
+        self.reduce_experts(experts)
     }
 
     /// Steps the optimizer on this rank's range and brings every rank's updated range back
@@ -349,6 +389,10 @@ impl<M: Module> DataParallel<M> for Zero<M> {
                 self.model = Some(params::assign_flat(model, &self.infos, &flat));
             }
         }
+        if let Some(side) = self.experts.as_mut() {
+            let model = self.model.take().expect("model");
+            self.model = Some(side.step(lr, model)?);
+        }
         self.steps += 1;
         if self.config.record_timings {
             let mut t = std::mem::take(&mut self.timing);
@@ -360,27 +404,37 @@ impl<M: Module> DataParallel<M> for Zero<M> {
     }
 
     fn unscale_gradients(&mut self, factor: f32) -> Result<bool> {
+        let experts_finite = self.experts.as_mut().is_none_or(|x| x.unscale(factor));
         let Some(g) = self.grads.as_mut().and_then(Option::take) else {
-            return Ok(true);
+            return Ok(experts_finite);
         };
         let (g, finite) = bonfire_dtensor::data_parallel::scale_and_check(g, factor);
         self.grads = Some(Some(g));
-        Ok(finite)
+        Ok(finite && experts_finite)
     }
 
     /// The averaged gradient of every parameter from the last backward, whole (all-gathered
     /// from the owners at stages 2–3: a collective there). Empty before the first backward or
     /// after the step.
     fn gradients(&self) -> Result<Vec<ParamValues>> {
-        Ok(match self.full_gradient()? {
+        let dense = match self.full_gradient()? {
             Some(flat) => params::named(&self.infos, &plane::to_host(flat, Reason::Export)),
             None => Vec::new(),
-        })
+        };
+        match &self.experts {
+            Some(x) if !dense.is_empty() => Ok(self.in_module_order(dense, x.gradients()?)),
+            _ => Ok(dense),
+        }
     }
 
-    /// Every parameter, whole (all-gathered from the owners at stage 3: a collective there).
+    /// Every parameter, whole (all-gathered from the owners at stage 3: a collective there;
+    /// under expert parallelism the experts are this rank's slice).
     fn parameters(&self) -> Result<Vec<ParamValues>> {
-        Ok(params::named(&self.infos, &self.full_values()?))
+        let dense = params::named(&self.infos, &self.full_values()?);
+        match &self.experts {
+            Some(x) => Ok(self.in_module_order(dense, x.values(self.model())?)),
+            None => Ok(dense),
+        }
     }
 
     fn into_model(self) -> Result<M> {

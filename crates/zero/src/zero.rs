@@ -4,6 +4,7 @@
 
 use crate::config::{ZeroConfig, ZeroStage};
 use crate::error::{Result, ZeroError};
+use crate::experts::ExpertShards;
 use crate::gather::GatherSummary;
 use crate::optim::ShardOptimizer;
 use crate::params::{self, ParamInfo};
@@ -12,6 +13,7 @@ use crate::reduce::GradBuckets;
 use bonfire_comm::ProcessGroup;
 use bonfire_dtensor::DeviceMesh;
 use bonfire_dtensor::PrecisionDTypes;
+use bonfire_dtensor::expert::ExpertParams;
 use bonfire_dtensor::graph::SharedSink;
 use bonfire_dtensor::plane::{self, ledger::Reason};
 use bonfire_dtensor::timing::StepTiming;
@@ -34,7 +36,13 @@ pub struct Zero<M: Module> {
     /// replica); each shard's gradient is averaged across them after the reduction in `pg`.
     pub(crate) replicas: Option<ProcessGroup>,
     pub(crate) config: ZeroConfig,
+    /// The parameters this partition holds: every parameter, or under expert parallelism
+    /// every one but the experts ([`ExpertShards`]).
     pub(crate) infos: Arc<Vec<ParamInfo>>,
+    /// Expert parallelism: the experts' own shards over their replicas.
+    pub(crate) experts: Option<ExpertShards>,
+    /// Every parameter in module order (the experts' among them), for whole exports.
+    pub(crate) all_infos: Arc<Vec<ParamInfo>>,
     pub(crate) part: Arc<Partition>,
     /// Stages 0–2: the full replica. Stage 3: a skeleton whose parameters hold no values.
     pub(crate) model: Option<M>,
@@ -82,7 +90,7 @@ impl<M: Module> Zero<M> {
         pg: ProcessGroup,
         config: ZeroConfig,
     ) -> Result<Self> {
-        Self::build(model, optim.into(), pg, config)
+        Self::build(model, optim.into(), pg, config, None)
     }
 
     /// [`new`](Self::new) on the group of this rank's slice along the mesh axis `axis` (on a
@@ -96,7 +104,23 @@ impl<M: Module> Zero<M> {
         config: ZeroConfig,
     ) -> Result<Self> {
         let pg = mesh.group(axis)?.clone();
-        Self::build(model, optim.into(), pg, config)
+        Self::build(model, optim.into(), pg, config, None)
+    }
+
+    /// [`on_mesh`](Self::on_mesh) under expert parallelism: the parameters of `experts` hold
+    /// this rank's slice of the experts and get shards of their own over their replicas
+    /// (stages 1–2; stage 3 with experts is refused). A collective on the axis's group, then
+    /// on the replicas.
+    pub fn on_mesh_with_experts(
+        model: M,
+        optim: impl Into<ModuleOptimizer>,
+        mesh: &DeviceMesh,
+        axis: &str,
+        config: ZeroConfig,
+        experts: ExpertParams,
+    ) -> Result<Self> {
+        let pg = mesh.group(axis)?.clone();
+        Self::build(model, optim.into(), pg, config, Some(experts))
     }
 
     fn build(
@@ -104,8 +128,19 @@ impl<M: Module> Zero<M> {
         optim: ModuleOptimizer,
         pg: ProcessGroup,
         config: ZeroConfig,
+        experts: Option<ExpertParams>,
     ) -> Result<Self> {
-        let (model, infos) = params::sync_from_root(model, &pg)?;
+        if experts.is_some() && !matches!(config.stage, ZeroStage::Zero1 | ZeroStage::Zero2) {
+            return Err(ZeroError::Usage(format!(
+                "expert parallelism with ZeRO stage {} is not supported yet: use stage 1 or 2",
+                config.stage.index()
+            )));
+        }
+        let (model, all) = params::sync_from_root_with(model, &pg, experts.as_ref())?;
+        let (expert_infos, infos): (Vec<ParamInfo>, Vec<ParamInfo>) = all
+            .iter()
+            .cloned()
+            .partition(|p| experts.as_ref().is_some_and(|x| x.contains(&p.id)));
         let device = compute_device(&model, &config);
         let flat = plane::to_device(params::flat(&model, &infos), &device, Reason::Collective);
         let total: usize = infos.iter().map(ParamInfo::numel).sum();
@@ -116,8 +151,24 @@ impl<M: Module> Zero<M> {
                 pg.size()
             )));
         }
+        let side = match experts {
+            Some(x) => Some(ExpertShards::new(
+                x,
+                expert_infos,
+                optim.clone(),
+                &config,
+                &device,
+            )?),
+            None => None,
+        };
         let mut zero = Self::empty(model, optim, pg, config, infos, device)?;
+        zero.all_infos = Arc::new(all);
         zero.set_full_values(flat);
+        if let Some(mut side) = side {
+            let model = zero.model.take().expect("model");
+            zero.model = Some(side.install(model));
+            zero.experts = Some(side);
+        }
         Ok(zero)
     }
 
@@ -152,6 +203,8 @@ impl<M: Module> Zero<M> {
             pg,
             replicas: None,
             config,
+            all_infos: Arc::new(infos.clone()),
+            experts: None,
             infos: Arc::new(infos),
             part: Arc::new(part),
             model: Some(model),
@@ -179,6 +232,11 @@ impl<M: Module> Zero<M> {
     pub fn with_replicas(mut self, replicas: ProcessGroup) -> Self {
         self.replicas = (replicas.size() > 1).then_some(replicas);
         self
+    }
+    /// Whether expert parallelism's experts have shards of their own here
+    /// ([`on_mesh_with_experts`](Self::on_mesh_with_experts)).
+    pub fn has_experts(&self) -> bool {
+        self.experts.is_some()
     }
     /// The HSDP replica group ([`with_replicas`](Self::with_replicas)), if any.
     pub fn replicas(&self) -> Option<&ProcessGroup> {

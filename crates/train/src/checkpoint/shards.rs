@@ -131,6 +131,19 @@ fn for_holder(mut s: FlatState, shape: &[usize]) -> FlatState {
     s
 }
 
+/// Checkpoints of ZeRO with expert parallelism's shards are not written yet: refused before
+/// anything is written or changed.
+fn refuse_experts<M: Module>(z: &bonfire_zero::Zero<M>) -> Result<(), TrainError> {
+    match z.has_experts() {
+        true => Err(TrainError::Io(
+            "checkpoints of ZeRO with expert parallelism are not supported yet: save under \
+             DDP (zero=0) with ep, or without ep"
+                .into(),
+        )),
+        false => Ok(()),
+    }
+}
+
 /// What this rank writes (see the module docs).
 pub(crate) fn rank_state<M: Module>(
     w: &DpWrapper<M>,
@@ -156,6 +169,7 @@ pub(crate) fn rank_state<M: Module>(
             }
         }
         DpWrapper::Zero(z) => {
+            refuse_experts(z)?;
             let replicated = z.config().stage == ZeroStage::Zero0;
             if h.replica == 0 && (!replicated || h.dp_rank == 0) {
                 let own = z.own_values();
@@ -229,6 +243,7 @@ pub(crate) fn load<M: Module>(w: &mut DpWrapper<M>, loaded: Loaded) -> Result<()
             d.load_state(&flat, optim);
         }
         DpWrapper::Zero(z) => {
+            refuse_experts(z)?;
             let pieces = z.optimizer().pieces().to_vec();
             let scalars = loaded.state.iter().flatten().map(|s| &s.scalars);
             if let Some(first) = scalars.clone().next()

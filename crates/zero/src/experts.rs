@@ -1,0 +1,215 @@
+//! ZeRO under expert parallelism: [`ExpertShards`], the expert parameters' own flat vector.
+//!
+//! A rank's expert parameters hold its ep rank's slice of the experts, which the other ep
+//! ranks of its dp group do not have; the ranks holding the same slice are the experts'
+//! replicas ([`ExpertParams::replicas`], `dp·cp/ep` of them). So the experts get a flat
+//! vector and a [`Partition`] of their own, over the replicas — stage 1 shards their
+//! optimizer state there, stage 2 their gradients too — while every other parameter keeps
+//! the wrapper's partition over the whole dp group. Their gradient is reduced over the
+//! replicas and scaled by [`ExpertParams::grad_scale`] (the mean over the whole dp group).
+//! The model holds the slice whole between steps, as stages 1–2 hold every parameter.
+
+use crate::config::{ZeroConfig, ZeroStage};
+use crate::error::Result;
+use crate::optim::ShardOptimizer;
+use crate::params::{self, ParamInfo, ParamValues};
+use crate::partition::Partition;
+use bonfire_comm::ReduceOp;
+use bonfire_dtensor::PrecisionDTypes;
+use bonfire_dtensor::expert::ExpertParams;
+use bonfire_dtensor::plane::{self, ledger::Reason};
+use burn::module::Module;
+use burn::optim::ModuleOptimizer;
+use burn::tensor::{DType, Device, Tensor};
+use std::ops::Range;
+
+/// The expert parameters' shards on one rank (see the module docs).
+pub(crate) struct ExpertShards {
+    pub params: ExpertParams,
+    /// The expert parameters, in module order.
+    pub infos: Vec<ParamInfo>,
+    part: Partition,
+    pub optim: ShardOptimizer,
+    stage: ZeroStage,
+    /// The averaged gradient after a reduction: the whole expert vector (stage 1) or the own
+    /// range (stage 2; `None` when this rank owns nothing).
+    grads: Option<Option<Tensor<1>>>,
+    /// Micro-batch gradients summed since the last reduction, per expert parameter.
+    accumulated: Vec<Option<Tensor<1>>>,
+    device: Device,
+    config: ZeroConfig,
+}
+
+impl ExpertShards {
+    /// The shards of `infos` (the expert parameters of `params`) for `config`'s stage (1 or
+    /// 2), stepped by a copy of `optim` on `device`.
+    pub fn new(
+        params: ExpertParams,
+        infos: Vec<ParamInfo>,
+        optim: ModuleOptimizer,
+        config: &ZeroConfig,
+        device: &Device,
+    ) -> Result<Self> {
+        let part = Partition::balanced(&infos, params.replicas.size());
+        let me = params.replicas.rank();
+        let offload = config.offload.then(|| config.offload_device.clone());
+        let optim = ShardOptimizer::new(
+            optim,
+            part.pieces(me),
+            part.ranges[me].start,
+            device.clone(),
+            offload,
+        )?;
+        Ok(Self {
+            accumulated: vec![None; infos.len()],
+            params,
+            infos,
+            part,
+            optim,
+            stage: config.stage,
+            grads: None,
+            device: device.clone(),
+            config: config.clone(),
+        })
+    }
+
+    /// This rank's range of the expert vector.
+    pub fn own_range(&self) -> Range<usize> {
+        self.part.ranges[self.params.replicas.rank()].clone()
+    }
+
+    /// Takes the model's expert values as they are (each rank its slice): under mixed
+    /// precision the own range becomes the optimizer's fp32 master and the model holds the
+    /// experts in the param dtype.
+    pub fn install<M: Module>(&mut self, model: M) -> M {
+        let precision = self.config.precision;
+        if !precision.is_mixed() {
+            return model;
+        }
+        let flat = params::flat(&model, &self.infos).detach().cast(DType::F32);
+        let own = self.own_range();
+        let mine = (!own.is_empty()).then(|| flat.clone().narrow(0, own.start, own.len()));
+        self.optim.set_master(mine);
+        let half = flat.cast(precision.param_dtype());
+        params::assign_flat(model, &self.infos, &half)
+    }
+
+    /// Adds per-parameter flat gradients to the micro-batch sum.
+    pub fn accumulate(&mut self, per_param: Vec<Option<Tensor<1>>>) {
+        for (acc, g) in self.accumulated.iter_mut().zip(per_param) {
+            if let Some(g) = g {
+                *acc = Some(match acc.take() {
+                    Some(sum) => sum + g,
+                    None => g,
+                });
+            }
+        }
+    }
+
+    /// Reduces the accumulated gradients plus `per_param` over the replicas, scaled to the
+    /// mean over the whole dp group: the whole vector (stage 1) or the own range (stage 2).
+    pub fn reduce(&mut self, per_param: Vec<Option<Tensor<1>>>) -> Result<()> {
+        self.accumulate(per_param);
+        let dtype = self.config.precision.reduce_dtype();
+        let parts: Vec<Tensor<1>> =
+            std::mem::replace(&mut self.accumulated, vec![None; self.infos.len()])
+                .into_iter()
+                .zip(&self.infos)
+                .map(|(g, p)| match g {
+                    Some(g) => g.cast(dtype),
+                    None => Tensor::zeros([p.numel()], (&self.device, dtype)),
+                })
+                .collect();
+        let flat = bonfire_kernels::pack_scaled(&parts, self.params.grad_scale());
+        let replicas = &self.params.replicas;
+        self.grads = Some(match self.stage {
+            ZeroStage::Zero2 => {
+                plane::reduce_scatter(flat, &self.part.counts(), ReduceOp::Avg, replicas)?
+            }
+            _ => Some(plane::all_reduce(flat, ReduceOp::Avg, replicas)?),
+        });
+        Ok(())
+    }
+
+    /// Steps the own range and brings the replicas' updated ranges back into `model`.
+    pub fn step<M: Module>(&mut self, lr: f64, model: M) -> Result<M> {
+        let grads = self.grads.take().flatten();
+        let own = self.own_range();
+        let updated = match grads {
+            Some(g) if !own.is_empty() => {
+                let g = match self.stage {
+                    ZeroStage::Zero2 => g,
+                    _ => g.narrow(0, own.start, own.len()),
+                };
+                let values = params::flat(&model, &self.infos).narrow(0, own.start, own.len());
+                Some(self.optim.step(lr, values, g))
+            }
+            _ => None,
+        };
+        let dtype = self.config.precision.param_dtype();
+        let counts = self.part.counts();
+        let replicas = &self.params.replicas;
+        let flat = plane::all_gather(updated, &counts, dtype, replicas, &self.device)?;
+        Ok(params::assign_flat(model, &self.infos, &flat))
+    }
+
+    /// Multiplies the held gradient by `factor`; whether it is finite (on this rank).
+    pub fn unscale(&mut self, factor: f32) -> bool {
+        let Some(g) = self.grads.as_mut().and_then(Option::take) else {
+            return true;
+        };
+        let (g, finite) = bonfire_dtensor::data_parallel::scale_and_check(g, factor);
+        self.grads = Some(Some(g));
+        finite
+    }
+
+    /// The averaged gradient of every expert parameter (this rank's slice), named; empty
+    /// before a reduction. A collective on the replicas at stage 2.
+    pub fn gradients(&self) -> Result<Vec<ParamValues>> {
+        let Some(g) = &self.grads else {
+            return Ok(Vec::new());
+        };
+        let flat = match self.stage {
+            ZeroStage::Zero2 => {
+                let dtype = self.config.precision.reduce_dtype();
+                let counts = self.part.counts();
+                let replicas = &self.params.replicas;
+                plane::all_gather(g.clone(), &counts, dtype, replicas, &self.device)?
+            }
+            _ => g.clone().expect("stage 1 holds the whole vector"),
+        };
+        Ok(params::named(
+            &self.infos,
+            &plane::to_host(flat, Reason::Export),
+        ))
+    }
+
+    /// Every expert parameter (this rank's slice), named, in fp32: the masters all-gathered
+    /// over the replicas under mixed precision (a collective there), else the model's values.
+    pub fn values<M: Module>(&self, model: &M) -> Result<Vec<ParamValues>> {
+        let flat = if self.config.precision.is_mixed() {
+            let home = self.device.clone().inner();
+            let master = self.optim.master().map(|m| {
+                let m = plane::to_device(m.clone(), &home, Reason::Offload);
+                params::with_context_of(m, &self.device)
+            });
+            let counts = self.part.counts();
+            let replicas = &self.params.replicas;
+            plane::all_gather(master, &counts, DType::F32, replicas, &self.device)?
+        } else {
+            params::flat(model, &self.infos).cast(DType::F32)
+        };
+        Ok(params::named(
+            &self.infos,
+            &plane::to_host(flat, Reason::Export),
+        ))
+    }
+
+    /// Bytes of gradients this rank holds for the experts.
+    pub fn grad_bytes(&self) -> usize {
+        self.grads
+            .as_ref()
+            .and_then(Option::as_ref)
+            .map_or(0, |g| g.shape().num_elements() * 4)
+    }
+}
