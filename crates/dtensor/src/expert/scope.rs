@@ -54,6 +54,15 @@ impl ExpertScope {
 /// the same number of times. Returns the outputs in `grouped`'s order. An expert with no row
 /// does not run; a rank with no row at all still takes part in both exchanges and in their
 /// backward (its experts must keep the rows' width: `[M, d]` → `[M, d]`).
+///
+/// Backward runs the exchanges' duals in the reverse of their forward order on every rank,
+/// whatever the loads: each exchange hangs off the residual stream after the one before (and
+/// after the layer's ring-attention shifts under cp), and Burn's backward, deepest node
+/// first, keeps that order. The depths themselves depend on the loads — a rank none of whose
+/// experts gets a row skips their operations, and its combine is shallower — so a collective
+/// in backward on a branch off that stream (into the loss) would fall among the exchanges at
+/// a different place on different ranks and deadlock them: keep such branches free of
+/// backward collectives (the Mixtral's balance term sums over cp in forward only).
 pub fn run_experts(
     grouped: Tensor<2>,
     counts: &[usize],

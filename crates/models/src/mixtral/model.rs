@@ -2,7 +2,8 @@
 //! embedding, attention, norms and head ([`crate::decoder_layer`], [`crate::llama`]) with a
 //! sparse mixture of experts ([`SparseMoe`]) as every layer's feed-forward, and the loss of
 //! `shared/notes/parity-harness.md`: mean cross-entropy + α · the sequence-wise
-//! load-balancing term ([`balance`], [`balance_of`]). Module paths are transformers 5's `state_dict()` names
+//! load-balancing term ([`balance`], [`balance_of`]; under cp its sums cross the cp group in
+//! forward only). Module paths are transformers 5's `state_dict()` names
 //! (`model.layers.0.mlp.experts.gate_up_proj`).
 
 use super::config::MixtralConfig;
@@ -11,7 +12,7 @@ use crate::decoder_layer;
 use crate::gpt::cross_entropy;
 use crate::layers::{Embedding, Linear, RmsNorm};
 use crate::llama::{embed, head};
-use bonfire_comm::ReduceOp;
+use bonfire_comm::{ProcessGroup, ReduceOp};
 use bonfire_dtensor::context::ContextScope;
 use bonfire_dtensor::functional::all_reduce;
 use bonfire_dtensor::parallel::loss_parallel;
@@ -120,15 +121,15 @@ pub fn balance(routing: &[Routing]) -> Tensor<1> {
 /// (L·T) (no gradient), P_e = mean of p_e over the same rows, balance_b = E · Σ_e f_e·P_e; the
 /// mean over the sequences, `[1]`. Under a context-parallel scope a rank holds chunks of each
 /// sequence: the counts and the probability sums are summed over the scope's group first (the
-/// sums differentiably: the all-reduce's backward sums each rank's gradient back, and the
-/// trainer's mean over cp leaves each rank's share), and T is the whole sequence's length.
+/// sums with a gradient that takes no collective: [`sum_over_cp`]), and T is the whole
+/// sequence's length.
 pub fn balance_of(probs: Tensor<3>, counts: Tensor<3>, layers: usize) -> Tensor<1> {
     let [b, t, e] = probs.dims();
     let mut probs = probs.cast(DType::F32).sum_dim(1).reshape([b, e]);
     let mut counts = counts.detach().cast(DType::F32).sum_dim(1).reshape([b, e]);
     let mut t = t;
     if let Some(scope) = ContextScope::current() {
-        probs = all_reduce(probs, &scope.group, ReduceOp::Sum);
+        probs = sum_over_cp(probs, &scope.group);
         counts = all_reduce(counts, &scope.group, ReduceOp::Sum);
         t = scope.split.seq();
     }
@@ -138,4 +139,83 @@ pub fn balance_of(probs: Tensor<3>, counts: Tensor<3>, layers: usize) -> Tensor<
         .mul_scalar(e as f64 / (rows * rows))
         .mean()
         .reshape([1])
+}
+
+/// `sums` summed over the cp `group` (an all-reduce of the values), with a gradient that
+/// takes no collective in backward: every rank of the group computes the same balance term
+/// from the same totals, so the all-reduce's backward would add up `cp` equal gradients —
+/// here each rank's own sums get `cp` times its gradient, the same value (the trainer's mean
+/// over cp then leaves each rank its share).
+///
+/// Why no collective: this branch of the graph leaves the residual stream, along which the
+/// ring attention's shifts and the experts' exchanges lie one after the other; Burn runs
+/// backward by graph depth, so a collective here takes its place among those by depth, and
+/// depths along the stream depend on the routing (a rank none of whose experts gets a row has
+/// a shallower combine). With ep borrowed from cp two cp ranks met this all-reduce and an
+/// expert exchange in opposite orders and deadlocked.
+fn sum_over_cp(sums: Tensor<2>, group: &ProcessGroup) -> Tensor<2> {
+    let total = all_reduce(sums.clone().detach(), group, ReduceOp::Sum);
+    // The total's value (sums − sums is 0), cp times the identity's gradient.
+    total + (sums.clone() - sums.detach()).mul_scalar(group.size() as f64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bonfire_comm::ThreadWorld;
+    use bonfire_dtensor::context::ContextSplit;
+    use burn::tensor::TensorData;
+    use std::time::Duration;
+
+    fn values(t: Tensor<3>) -> Vec<f32> {
+        t.into_data().convert::<f32>().try_to_vec::<f32>().unwrap()
+    }
+
+    /// Under a cp scope the balance term equals one device's over the whole sequences, and its
+    /// backward runs no collective: rank 0 back-propagates alone (its cp peer has left after
+    /// forward), and its probabilities' gradient is cp times one device's for its tokens.
+    #[test]
+    fn balance_under_cp_equals_one_device_and_takes_no_collective_in_backward() {
+        let (b, t, e, cp) = (2, 8, 4, 2);
+        let probs: Vec<f32> = (0..b * t * e)
+            .map(|i| (i * 7 % 11 + 1) as f32 / 16.0)
+            .collect();
+        let counts: Vec<f32> = (0..b * t * e).map(|i| (i % 3 == 0) as u8 as f32).collect();
+        let make = |v: &[f32], device: &Device| {
+            Tensor::<3>::from_data(TensorData::new(v.to_vec(), [b, t, e]), device)
+        };
+        let device = Device::flex().autodiff();
+        let p = make(&probs, &device).require_grad();
+        let whole = balance_of(p.clone(), make(&counts, &device), 1);
+        let want_grad = p.grad(&whole.clone().backward()).unwrap();
+        let want = whole.into_data().try_to_vec::<f32>().unwrap()[0];
+        let split = ContextSplit::new(t, cp, true).unwrap();
+        let ranks = ThreadWorld::new(cp)
+            .timeout(Duration::from_secs(20))
+            .launch(|group| {
+                let (r, device) = (group.rank(), Device::flex().autodiff());
+                let local = |v: &[f32]| split.local(make(v, &device), 1, r);
+                let p = local(&probs).detach().require_grad();
+                let _scope = ContextScope { group, split }.enter();
+                let bal = balance_of(p.clone(), local(&counts), 1);
+                let value = bal.clone().into_data().try_to_vec::<f32>().unwrap()[0];
+                let grad = (r == 0).then(|| values(p.grad(&bal.backward()).unwrap()));
+                (value, grad)
+            })
+            .unwrap_or_else(|err| panic!("{err}"));
+        let want_local = values(split.local(want_grad, 1, 0).mul_scalar(cp as f64));
+        for (r, (value, _)) in ranks.iter().enumerate() {
+            assert!(
+                (value - want).abs() <= 1e-6 * want.abs(),
+                "rank {r}: {value} vs {want}"
+            );
+        }
+        let got = ranks[0].1.as_ref().unwrap();
+        for (g, w) in got.iter().zip(&want_local) {
+            assert!(
+                (g - w).abs() <= 1e-6 * w.abs().max(1e-3),
+                "{got:?} vs {want_local:?}"
+            );
+        }
+    }
 }
