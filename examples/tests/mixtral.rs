@@ -235,8 +235,8 @@ fn expert_parallel_layouts() {
 }
 
 /// ZeRO under expert parallelism: the experts' optimizer state (stage 1) and gradients
-/// (stage 2) sharded over the ranks holding the same experts, every other parameter's over
-/// the whole dp group.
+/// (stages 2–3) sharded over the ranks holding the same experts, every other parameter's
+/// over the whole dp group (at stage 3 their values too; the experts' slice stays whole).
 #[test]
 fn expert_parallel_with_zero() {
     check(&[
@@ -244,6 +244,9 @@ fn expert_parallel_with_zero() {
         layout("dp=4,ep=2", 1, None, None, ""),
         layout("dp=4,ep=2", 2, None, None, ""),
         layout("dp=4,ep=4", 2, None, None, ""),
+        layout("dp=2,ep=2", 3, None, None, ""),
+        layout("dp=4,ep=2", 3, None, None, ""),
+        layout("pp=2,dp=2,ep=2", 2, Some("1f1b"), Some(2), ""),
     ]);
 }
 
@@ -285,7 +288,6 @@ fn expert_parallelism_refusals() {
         "holds 4 experts, which do not split over ep=3",
     );
     refused("dp=4,ep=3", 0, "ep borrows its ranks from dp × cp = 4");
-    refused("dp=2,ep=2", 3, "ZeRO stage 3 is not supported yet");
 }
 
 /// Attention heads split over tp, the router and experts whole on every rank.

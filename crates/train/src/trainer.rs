@@ -246,8 +246,7 @@ impl Trainer {
     }
 }
 
-/// Expert parallelism's checks: a model with experts that split over ep, and (for now) no
-/// ZeRO-3.
+/// Expert parallelism's checks: a model with experts that split over ep.
 fn check_experts<M: ParallelModel>(model: &M, dims: &ParallelDims) -> Result<(), LayoutError> {
     let ep = dims.ep();
     if ep == 1 {
@@ -260,11 +259,6 @@ fn check_experts<M: ParallelModel>(model: &M, dims: &ParallelDims) -> Result<(),
     }
     if let Err(e) = expert::check_experts(model, &experts, ep) {
         return refuse(e.to_string());
-    }
-    if dims.zero == ZeroStage::Zero3 {
-        return refuse(
-            "expert parallelism with ZeRO stage 3 is not supported yet: use stage 0, 1 or 2".into(),
-        );
     }
     Ok(())
 }

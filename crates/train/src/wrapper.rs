@@ -113,8 +113,7 @@ impl DpSpec {
         self.build_with(model, mesh, axis, dims, None)
     }
 
-    /// [`build`](Self::build), with expert parallelism's parameters reduced apart (DDP, ZeRO
-    /// 1–2; the trainer refuses ep with ZeRO-3 before building).
+    /// [`build`](Self::build), with expert parallelism's parameters reduced apart.
     fn build_with<M: Module>(
         &self,
         model: M,

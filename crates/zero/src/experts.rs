@@ -4,10 +4,11 @@
 //! ranks of its dp group do not have; the ranks holding the same slice are the experts'
 //! replicas ([`ExpertParams::replicas`], `dp·cp/ep` of them). So the experts get a flat
 //! vector and a [`Partition`] of their own, over the replicas — stage 1 shards their
-//! optimizer state there, stage 2 their gradients too — while every other parameter keeps
-//! the wrapper's partition over the whole dp group. Their gradient is reduced over the
+//! optimizer state there, stages 2 and 3 their gradients too — while every other parameter
+//! keeps the wrapper's partition over the whole dp group. Their gradient is reduced over the
 //! replicas and scaled by [`ExpertParams::grad_scale`] (the mean over the whole dp group).
-//! The model holds the slice whole between steps, as stages 1–2 hold every parameter.
+//! The model holds the slice whole between steps, at stage 3 too (the experts' parameters
+//! are not sharded further: stage 3 acts as stage 2 for them).
 
 use crate::config::{ZeroConfig, ZeroStage};
 use crate::error::Result;
@@ -18,9 +19,9 @@ use bonfire_comm::ReduceOp;
 use bonfire_dtensor::PrecisionDTypes;
 use bonfire_dtensor::expert::ExpertParams;
 use bonfire_dtensor::plane::{self, ledger::Reason};
-use burn::module::Module;
+use burn::module::{Module, ModuleVisitor, Param, ParamId};
 use burn::optim::ModuleOptimizer;
-use burn::tensor::{DType, Device, Tensor};
+use burn::tensor::{DType, Device, Gradients, Tensor};
 use std::ops::Range;
 
 /// The expert parameters' shards on one rank (see the module docs).
@@ -41,8 +42,8 @@ pub(crate) struct ExpertShards {
 }
 
 impl ExpertShards {
-    /// The shards of `infos` (the expert parameters of `params`) for `config`'s stage (1 or
-    /// 2), stepped by a copy of `optim` on `device`.
+    /// The shards of `infos` (the expert parameters of `params`) for `config`'s stage (1–3),
+    /// stepped by a copy of `optim` on `device`.
     pub fn new(
         params: ExpertParams,
         infos: Vec<ParamInfo>,
@@ -123,7 +124,7 @@ impl ExpertShards {
         let flat = bonfire_kernels::pack_scaled(&parts, self.params.grad_scale());
         let replicas = &self.params.replicas;
         self.grads = Some(match self.stage {
-            ZeroStage::Zero2 => {
+            ZeroStage::Zero2 | ZeroStage::Zero3 => {
                 plane::reduce_scatter(flat, &self.part.counts(), ReduceOp::Avg, replicas)?
             }
             _ => Some(plane::all_reduce(flat, ReduceOp::Avg, replicas)?),
@@ -138,7 +139,7 @@ impl ExpertShards {
         let updated = match grads {
             Some(g) if !own.is_empty() => {
                 let g = match self.stage {
-                    ZeroStage::Zero2 => g,
+                    ZeroStage::Zero2 | ZeroStage::Zero3 => g,
                     _ => g.narrow(0, own.start, own.len()),
                 };
                 let values = params::flat(&model, &self.infos).narrow(0, own.start, own.len());
@@ -170,7 +171,7 @@ impl ExpertShards {
             return Ok(Vec::new());
         };
         let flat = match self.stage {
-            ZeroStage::Zero2 => {
+            ZeroStage::Zero2 | ZeroStage::Zero3 => {
                 let dtype = self.config.precision.reduce_dtype();
                 let counts = self.part.counts();
                 let replicas = &self.params.replicas;
@@ -203,6 +204,35 @@ impl ExpertShards {
             &self.infos,
             &plane::to_host(flat, Reason::Export),
         ))
+    }
+
+    /// The gradients of the expert parameters out of `grads` (flat, `None` for one without),
+    /// reading only those parameters of `model` (a stage-3 skeleton's others hold no value).
+    pub fn take_grads<M: Module>(
+        &self,
+        model: &M,
+        grads: &mut Gradients,
+    ) -> Vec<Option<Tensor<1>>> {
+        struct Take<'a> {
+            index: std::collections::HashMap<ParamId, usize>,
+            grads: &'a mut Gradients,
+            out: Vec<Option<Tensor<1>>>,
+        }
+        impl ModuleVisitor for Take<'_> {
+            fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+                if let Some(&i) = self.index.get(&param.id) {
+                    let n = param.lazy_shape().num_elements();
+                    self.out[i] = param.val().grad_remove(self.grads).map(|g| g.reshape([n]));
+                }
+            }
+        }
+        let mut take = Take {
+            index: params::index_of(&self.infos),
+            grads,
+            out: vec![None; self.infos.len()],
+        };
+        model.visit(&mut take);
+        take.out
     }
 
     /// Bytes of gradients this rank holds for the experts.

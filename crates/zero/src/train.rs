@@ -315,6 +315,10 @@ impl<M: Module> DataParallel<M> for Zero<M> {
             }
             return Ok(());
         }
+        if let Some(side) = self.experts.as_mut() {
+            let g = side.take_grads(self.model.as_ref().expect("model"), grads);
+            side.accumulate(g);
+        }
         let acc = &mut self.accumulated_own;
         // Each forward's pieces get gradients from that forward's backward only.
         self.pieces
@@ -347,6 +351,8 @@ impl<M: Module> DataParallel<M> for Zero<M> {
             let g = (!parts.is_empty()).then(|| bonfire_kernels::pack_scaled(&parts, scale));
             self.grads = Some(g);
             self.pieces.clear();
+            let experts = self.experts.as_ref().map(|x| vec![None; x.infos.len()]);
+            self.reduce_experts(experts)?;
             return self.reduce_replicas();
         }
         let per_param = std::mem::replace(&mut self.accumulated, vec![None; self.infos.len()]);

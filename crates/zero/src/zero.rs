@@ -17,9 +17,10 @@ use bonfire_dtensor::expert::ExpertParams;
 use bonfire_dtensor::graph::SharedSink;
 use bonfire_dtensor::plane::{self, ledger::Reason};
 use bonfire_dtensor::timing::StepTiming;
-use burn::module::{Module, ModuleMapper, Param};
+use burn::module::{Module, ModuleMapper, Param, ParamId};
 use burn::optim::ModuleOptimizer;
 use burn::tensor::{DType, Device, Tensor};
+use std::collections::HashSet;
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicUsize};
 use std::sync::{Arc, Mutex};
@@ -108,9 +109,10 @@ impl<M: Module> Zero<M> {
     }
 
     /// [`on_mesh`](Self::on_mesh) under expert parallelism: the parameters of `experts` hold
-    /// this rank's slice of the experts and get shards of their own over their replicas
-    /// (stages 1–2; stage 3 with experts is refused). A collective on the axis's group, then
-    /// on the replicas.
+    /// this rank's slice of the experts and get shards of their own over their replicas: their
+    /// optimizer state (stages 1–3) and gradients (2–3); at stage 3 the slice itself stays
+    /// whole between steps while every other parameter is sharded. A collective on the axis's
+    /// group, then on the replicas.
     pub fn on_mesh_with_experts(
         model: M,
         optim: impl Into<ModuleOptimizer>,
@@ -130,11 +132,10 @@ impl<M: Module> Zero<M> {
         config: ZeroConfig,
         experts: Option<ExpertParams>,
     ) -> Result<Self> {
-        if experts.is_some() && !matches!(config.stage, ZeroStage::Zero1 | ZeroStage::Zero2) {
-            return Err(ZeroError::Usage(format!(
-                "expert parallelism with ZeRO stage {} is not supported yet: use stage 1 or 2",
-                config.stage.index()
-            )));
+        if experts.is_some() && config.stage == ZeroStage::Zero0 {
+            return Err(ZeroError::Usage(
+                "expert parallelism needs ZeRO stage 1, 2 or 3 here (stage 0 is DDP's)".into(),
+            ));
         }
         let (model, all) = params::sync_from_root_with(model, &pg, experts.as_ref())?;
         let (expert_infos, infos): (Vec<ParamInfo>, Vec<ParamInfo>) = all
@@ -161,7 +162,11 @@ impl<M: Module> Zero<M> {
             )?),
             None => None,
         };
-        let mut zero = Self::empty(model, optim, pg, config, infos, device)?;
+        let keep = side
+            .as_ref()
+            .map(|x| x.params.ids.clone())
+            .unwrap_or_default();
+        let mut zero = Self::empty(model, optim, pg, config, infos, device, &keep)?;
         zero.all_infos = Arc::new(all);
         zero.set_full_values(flat);
         if let Some(mut side) = side {
@@ -179,6 +184,7 @@ impl<M: Module> Zero<M> {
         config: ZeroConfig,
         infos: Vec<ParamInfo>,
         device: Device,
+        keep: &HashSet<ParamId>,
     ) -> Result<Self> {
         let sharded = config.stage != ZeroStage::Zero0;
         let owners = if sharded { pg.size() } else { 1 };
@@ -193,7 +199,7 @@ impl<M: Module> Zero<M> {
             offload,
         )?;
         let model = if config.stage == ZeroStage::Zero3 {
-            hollow(model, &device)
+            hollow(model, &device, keep)
         } else {
             model
         };
@@ -425,12 +431,16 @@ fn compute_device<M: Module>(model: &M, config: &ZeroConfig) -> Device {
     }
 }
 
-/// `model` with every float parameter replaced by a value-less placeholder (same id, shape)
-/// on `device`; it materializes zeros only if something reads it.
-pub(crate) fn hollow<M: Module>(model: M, device: &Device) -> M {
-    struct Hollow<'a>(&'a Device);
+/// `model` with every float parameter but those in `keep` (expert parallelism's experts, held
+/// whole) replaced by a value-less placeholder (same id, shape) on `device`; it materializes
+/// zeros only if something reads it.
+pub(crate) fn hollow<M: Module>(model: M, device: &Device, keep: &HashSet<ParamId>) -> M {
+    struct Hollow<'a>(&'a Device, &'a HashSet<ParamId>);
     impl ModuleMapper for Hollow<'_> {
         fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
+            if self.1.contains(&param.id) {
+                return param;
+            }
             let id = param.id;
             let shape = param.lazy_shape();
             let rg = param.is_require_grad();
@@ -448,5 +458,5 @@ pub(crate) fn hollow<M: Module>(model: M, device: &Device) -> M {
             )
         }
     }
-    model.map(&mut Hollow(device))
+    model.map(&mut Hollow(device, keep))
 }
