@@ -13,11 +13,15 @@
 //! **Layouts** on the fixture's model (idle experts included) and random batches: dp = 2 with
 //! ZeRO 0–3, dp = 4 ZeRO-3, HSDP (dp_replicate = 2 × dp = 2, ZeRO-2), tp = 2 (± loss
 //! parallelism, with dp and ZeRO-3), cp = 2 and 4 (alone, with dp and ZeRO, with tp, all
-//! three) — every loss, step-0 gradient and parameter after 2 steps equals one device: SGD within the suites' tolerance, AdamW within [`ADAMW`].
-//! Every pipeline schedule, pipelines with dp, tp and cp, and activation checkpointing, the
-//! same. bf16 trains in dp, cp, tp and cp × tp. Sequence parallelism is refused naming why.
-//! Expert parallelism (DDP): ep = 2, 4 over dp and over dp × cp, ep with tp — the same;
-//! experts that do not split, ep not dividing dp × cp and ep with ZeRO are refused.
+//! three) — every loss, step-0 gradient and parameter after 2 steps equals one device: SGD
+//! within the suites' tolerance, AdamW within [`ADAMW`]. Every pipeline schedule, pipelines
+//! with dp, tp and cp, and activation checkpointing, the same. bf16 trains in dp, cp, tp and
+//! cp × tp. Sequence parallelism is refused naming why.
+//!
+//! **Expert parallelism**: ep = 2, 4 over dp and over dp × cp, with tp, with ZeRO 1–3, with
+//! pipelines and activation checkpointing — the same; bf16 under ep (DDP, ZeRO-2); a run
+//! saved at ep = 2 resumes at ep = 1 and ep = 4; the parity harness with `ep=` equals
+//! transformers. Experts that do not split over ep and ep not dividing dp × cp are refused.
 
 mod common;
 
@@ -247,6 +251,7 @@ fn expert_parallel_with_zero() {
         layout("dp=2,ep=2", 3, None, None, ""),
         layout("dp=4,ep=2", 3, None, None, ""),
         layout("pp=2,dp=2,ep=2", 2, Some("1f1b"), Some(2), ""),
+        layout("dp=2,cp=2,ep=4", 2, None, None, ""),
     ]);
 }
 
