@@ -24,10 +24,8 @@
 //!   `dy` — and hands out the gradient of `x`, and each parameter's gradient to its tie,
 //!   which registers it for the parameter value: from there it flows on through the
 //!   wrappers' hooks and gathers as without checkpointing. A parameter `f` does not use (an
-//!   expert that got no row) gets no gradient, as without checkpointing; but a wrapper's
-//!   node between the parameter and its tie (DDP's hook, ZeRO-3's gather) runs its backward
-//!   all the same, being in the graph through the tie: it gets zeros, which the wrappers
-//!   treat as no gradient (see the ties' backward).
+//!   expert that got no row) gets no gradient; a wrapper's node on it (DDP's hook, ZeRO-3's
+//!   gather), in the graph through the tie, gets zeros: the wrappers' missing gradient.
 //!
 //! Data-parallel wrappers see the region as one layer: [`recompute()`] first enters it through
 //! [`crate::layer`] with `x` (DDP hooks its parameters anchored at `x`, ZeRO-3 gathers them),
@@ -35,8 +33,8 @@
 //! ([`crate::without_layer_hooks`]), so that the `layer` calls inside `f` are plain clones of
 //! parameters already hooked or gathered. The values are the same, and so are the
 //! operations: the gradients are those of the plain forward, to the last bit.
-//! Tensor-parallel collectives inside `f` run again in backward, in the same order on every
-//! rank.
+//! Collectives inside `f` (tensor parallelism's; the experts' exchanges, whose scope must
+//! stay entered through backward) run again in backward, in the same order on every rank.
 
 use crate::scope::{layer, without_layer_hooks};
 use burn::backend::TensorMetadata;
@@ -509,14 +507,11 @@ where
         let Some(node) = value else { return };
         match deposited {
             Some(grad) => grads.register::<B>(node.id, from_dispatch::<B>(grad)),
-            // The recomputation left no gradient: `f` did not use the parameter this time (a
-            // rank whose experts got no row). A leaf keeps none, as without checkpointing.
-            // An operation between the leaf and the tie (a wrapper's gradient hook, a
-            // ZeRO-3 gather, a cast) is a node of this graph only through the tie, and its
-            // backward step runs and consumes a gradient all the same: it gets zeros. The
-            // wrappers add those as they add nothing (DDP and ZeRO fill a missing gradient
-            // with zeros), and a gather's reduce-scatter runs on every rank, as its peers —
-            // whose tie is in their graph too — expect.
+            // `f` did not use the parameter this time (experts that got no row): a leaf gets
+            // none, as without checkpointing; an operation (DDP's hook, a ZeRO-3 gather, a
+            // cast), in the graph through the tie, runs its backward all the same and needs
+            // a gradient: zeros, which the wrappers add as they add a missing one, and a
+            // gather's reduce-scatter runs on every rank, as its peers expect.
             None if !node.parents.is_empty() => {
                 let zeros = B::float_zeros(self.shape, &device, self.dtype.into());
                 grads.register::<B>(node.id, zeros);
