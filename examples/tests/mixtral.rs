@@ -256,8 +256,9 @@ fn expert_parallel_with_zero() {
 }
 
 /// An expert-parallel run checkpointed at ep = 2 resumes at ep = 1 and at ep = 4 (each ep
-/// rank writes its slice of the experts, the resumed layout reads its own): 2 steps, a
-/// checkpoint, 2 more equal 4 steps on one device, SGD and AdamW.
+/// rank writes its slice of the experts — under ZeRO each rank its pieces of them — and the
+/// resumed layout reads its own), under DDP and ZeRO 1–3, and a run without ep resumes with
+/// it: 2 steps, a checkpoint, 2 more equal 4 steps on one device, SGD and AdamW.
 #[test]
 fn expert_parallel_checkpoints_resume_at_another_ep() {
     let shape = bonfire_examples::GptConfig {
@@ -266,11 +267,14 @@ fn expert_parallel_checkpoints_resume_at_another_ep() {
         ..common::gpt_cfg()
     };
     let batches = common::random_batches(&shape, 4, ROWS, 17);
-    let dims = |mesh: &str| layout(mesh, 0, None, None, "").dims("dp=1").unwrap();
+    let dims = |mesh: &str, zero| layout(mesh, zero, None, None, "").dims("dp=1").unwrap();
     let model = fixture_model();
     for (a, b) in [
-        (dims("dp=2,ep=2"), dims("dp=2")),
-        (dims("dp=2,ep=2"), dims("dp=4,ep=4")),
+        (dims("dp=2,ep=2", 0), dims("dp=2", 0)),
+        (dims("dp=2,ep=2", 0), dims("dp=4,ep=4", 0)),
+        (dims("dp=2,ep=2", 2), dims("dp=4,ep=4", 1)),
+        (dims("dp=4,ep=2", 3), dims("dp=1", 0)),
+        (dims("dp=2", 1), dims("dp=2,ep=2", 3)),
     ] {
         common::resume::check_resume("mixtral", &model, &batches, ROWS, (&a, &b), 4, 2);
     }

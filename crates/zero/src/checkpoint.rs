@@ -272,9 +272,22 @@ impl Pieces {
 }
 
 impl<M: Module> Zero<M> {
+    /// This file format knows one partition: a wrapper with expert shards checkpoints through
+    /// `bonfire-train`'s checkpoints (which place every slice in the whole tensors).
+    fn refuse_experts(&self, what: &str) -> Result<()> {
+        match self.experts.is_some() {
+            true => Err(ZeroError::Usage(format!(
+                "{what}: this format has no place for expert parallelism's shards; use \
+                 bonfire_train::checkpoint"
+            ))),
+            false => Ok(()),
+        }
+    }
+
     /// Writes every parameter in full to `path` (safetensors, module paths), from rank 0.
     /// A collective (parameters are gathered at stage 3).
     pub fn save_consolidated(&self, path: impl AsRef<Path>) -> Result<()> {
+        self.refuse_experts("save_consolidated")?;
         let flat = plane::to_host(self.full_tensor()?, Reason::Checkpoint);
         if self.pg.rank() == 0 {
             let tensors: Vec<_> = self
@@ -299,6 +312,7 @@ impl<M: Module> Zero<M> {
     /// Writes this rank's pieces (values and optimizer state) to `dir`; every rank writes its
     /// own file. A collective (a barrier at the end).
     pub fn save_sharded(&self, dir: impl AsRef<Path>) -> Result<()> {
+        self.refuse_experts("save_sharded")?;
         let dir = dir.as_ref();
         std::fs::create_dir_all(dir).map_err(err)?;
         let own = self.own_range();
@@ -369,6 +383,7 @@ impl<M: Module> Zero<M> {
     /// parameters (all of them at stages 0–2, its range at 3) and the optimizer state of its
     /// pieces. Every rank reads the files it needs; a collective (barrier).
     pub fn load_sharded(&mut self, dir: impl AsRef<Path>) -> Result<()> {
+        self.refuse_experts("load_sharded")?;
         let store = Pieces::load(dir.as_ref())?;
         let infos = self.infos.clone();
         let values = if self.config.stage == ZeroStage::Zero3 {

@@ -235,11 +235,86 @@ impl ExpertShards {
         take.out
     }
 
+    /// The own range's values in fp32 (the master under mixed precision), on the host.
+    pub fn own_values<M: Module>(&self, model: &M) -> Vec<f32> {
+        let own = self.own_range();
+        if own.is_empty() {
+            return Vec::new();
+        }
+        let t = match self.optim.master() {
+            Some(m) => m.clone(),
+            None => params::flat(model, &self.infos).narrow(0, own.start, own.len()),
+        };
+        plane::to_host(t.cast(DType::F32), Reason::Checkpoint)
+    }
+
+    /// Installs the experts' values (`values`: this rank's whole slice, fp32, in module order)
+    /// and the optimizer state of each piece, into `model`. No communication.
+    pub fn load<M: Module>(
+        &mut self,
+        model: M,
+        values: Vec<f32>,
+        states: Vec<Option<crate::FlatState>>,
+    ) -> Result<M> {
+        let n = values.len();
+        let t = plane::from_host(values, [n], &self.device, Reason::Checkpoint);
+        let model = params::assign_flat(model, &self.infos, &t);
+        let model = self.install(model);
+        self.optim.import(states)?;
+        self.grads = None;
+        self.accumulated = vec![None; self.infos.len()];
+        Ok(model)
+    }
+
     /// Bytes of gradients this rank holds for the experts.
     pub fn grad_bytes(&self) -> usize {
         self.grads
             .as_ref()
             .and_then(Option::as_ref)
             .map_or(0, |g| g.shape().num_elements() * 4)
+    }
+}
+
+/// Checkpoints of a wrapper with expert shards (for `bonfire-train`'s checkpoints).
+impl<M: Module> crate::Zero<M> {
+    /// Every parameter in module order, the experts' among them (without experts, the same as
+    /// [`params`](Self::params)).
+    pub fn all_params(&self) -> &[ParamInfo] {
+        &self.all_infos
+    }
+    /// The expert parameters, in module order (`None` without experts).
+    pub fn expert_params(&self) -> Option<&[ParamInfo]> {
+        self.experts.as_ref().map(|x| x.infos.as_slice())
+    }
+    /// The pieces of the experts' vector this rank steps (empty without experts).
+    pub fn expert_pieces(&self) -> &[crate::Piece] {
+        self.experts.as_ref().map_or(&[], |x| x.optim.pieces())
+    }
+    /// The experts' own range, fp32, on the host (empty without experts).
+    pub fn expert_own_values(&self) -> Vec<f32> {
+        let model = self.model.as_ref().expect("model");
+        self.experts
+            .as_ref()
+            .map_or_else(Vec::new, |x| x.own_values(model))
+    }
+    /// The optimizer state of each expert piece (empty without experts).
+    pub fn expert_states(&self) -> Vec<Option<crate::FlatState>> {
+        self.experts
+            .as_ref()
+            .map_or_else(Vec::new, |x| x.optim.export_all())
+    }
+    /// Installs the experts' values (this rank's whole slice, fp32, module order) and their
+    /// pieces' optimizer state. No communication; call it between steps.
+    pub fn load_expert_state(
+        &mut self,
+        values: Vec<f32>,
+        states: Vec<Option<crate::FlatState>>,
+    ) -> Result<()> {
+        let Some(side) = self.experts.as_mut() else {
+            return Err(crate::ZeroError::Usage("no expert shards to load".into()));
+        };
+        let model = self.model.take().expect("model");
+        self.model = Some(side.load(model, values, states)?);
+        Ok(())
     }
 }

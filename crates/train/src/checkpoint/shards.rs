@@ -131,17 +131,46 @@ fn for_holder(mut s: FlatState, shape: &[usize]) -> FlatState {
     s
 }
 
-/// Checkpoints of ZeRO with expert parallelism's shards are not written yet: refused before
-/// anything is written or changed.
-fn refuse_experts<M: Module>(z: &bonfire_zero::Zero<M>) -> Result<(), TrainError> {
-    match z.has_experts() {
-        true => Err(TrainError::Io(
-            "checkpoints of ZeRO with expert parallelism are not supported yet: save under \
-             DDP (zero=0) with ep, or without ep"
-                .into(),
-        )),
-        false => Ok(()),
+/// A ZeRO partition's pieces on this rank (the parameters' or the experts'), with their
+/// values and optimizer state, and each partition parameter's place among the wrapper's.
+struct Owned<'a> {
+    pieces: &'a [bonfire_zero::Piece],
+    values: Vec<f32>,
+    states: Vec<Option<FlatState>>,
+    at: Vec<usize>,
+}
+
+impl Owned<'_> {
+    /// Adds a slice per piece this rank writes.
+    fn write(self, h: &Holding, slices: &mut Vec<Slice>) {
+        let start = self.pieces.first().map_or(0, |p| p.flat.start);
+        for (piece, state) in self.pieces.iter().zip(self.states) {
+            let k = self.at[piece.param];
+            if h.writes_on_tp(k) {
+                let at = piece.flat.start - start..piece.flat.end - start;
+                slices.push(Slice {
+                    param: h.indices[k],
+                    region: h.shard_box(k).narrow(piece.within.clone()),
+                    values: self.values[at].to_vec(),
+                    state: state.map(without_rank),
+                });
+            }
+        }
     }
+}
+
+/// Where each of `part` (a partition's parameters) is among `all` (the wrapper's, in order).
+fn positions(
+    all: &[bonfire_zero::params::ParamInfo],
+    part: &[bonfire_zero::params::ParamInfo],
+) -> Vec<usize> {
+    part.iter()
+        .map(|p| {
+            all.iter()
+                .position(|a| a.id == p.id)
+                .expect("a partition holds the wrapper's parameters")
+        })
+        .collect()
 }
 
 /// What this rank writes (see the module docs).
@@ -169,23 +198,24 @@ pub(crate) fn rank_state<M: Module>(
             }
         }
         DpWrapper::Zero(z) => {
-            refuse_experts(z)?;
             let replicated = z.config().stage == ZeroStage::Zero0;
             if h.replica == 0 && (!replicated || h.dp_rank == 0) {
-                let own = z.own_values();
-                let start = z.own_range().start;
-                let states = z.optimizer().export_all();
-                for (piece, state) in z.optimizer().pieces().iter().zip(states) {
-                    let k = piece.param;
-                    if h.writes_on_tp(k) {
-                        let at = piece.flat.start - start..piece.flat.end - start;
-                        slices.push(Slice {
-                            param: h.indices[k],
-                            region: h.shard_box(k).narrow(piece.within.clone()),
-                            values: own[at].to_vec(),
-                            state: state.map(without_rank),
-                        });
-                    }
+                let all = z.all_params();
+                let dense = Owned {
+                    pieces: z.optimizer().pieces(),
+                    values: z.own_values(),
+                    states: z.optimizer().export_all(),
+                    at: positions(all, z.params()),
+                };
+                dense.write(h, &mut slices);
+                if let Some(experts) = z.expert_params() {
+                    let owned = Owned {
+                        pieces: z.expert_pieces(),
+                        values: z.expert_own_values(),
+                        states: z.expert_states(),
+                        at: positions(all, experts),
+                    };
+                    owned.write(h, &mut slices);
                 }
             }
         }
@@ -206,17 +236,32 @@ pub(crate) fn wants<M: Module>(w: &DpWrapper<M>, h: &Holding) -> Wants {
     let (values, state) = match w {
         DpWrapper::Ddp(_) => (all.clone(), all),
         DpWrapper::Zero(z) => {
-            let pieces: Vec<(usize, Region)> = z
+            let all_params = z.all_params();
+            let region_of = |at: &[usize], p: &bonfire_zero::Piece| {
+                let k = at[p.param];
+                (h.indices[k], h.shard_box(k).narrow(p.within.clone()))
+            };
+            let dense_at = positions(all_params, z.params());
+            let mut pieces: Vec<(usize, Region)> = z
                 .optimizer()
                 .pieces()
                 .iter()
-                .map(|p| {
-                    let region = h.shard_box(p.param).narrow(p.within.clone());
-                    (h.indices[p.param], region)
-                })
+                .map(|p| region_of(&dense_at, p))
                 .collect();
+            let dense_pieces = pieces.clone();
+            let experts_at = z.expert_params().map(|x| positions(all_params, x));
+            if let Some(at) = &experts_at {
+                pieces.extend(z.expert_pieces().iter().map(|p| region_of(at, p)));
+            }
             match z.config().stage {
-                ZeroStage::Zero3 => (pieces.clone(), pieces),
+                ZeroStage::Zero3 => {
+                    // Its pieces of the sharded parameters, the experts' slice whole.
+                    let mut values = dense_pieces;
+                    if let Some(at) = &experts_at {
+                        values.extend(at.iter().map(|&k| (h.indices[k], h.shard_box(k))));
+                    }
+                    (values, pieces)
+                }
                 _ => (all, pieces),
             }
         }
@@ -230,9 +275,9 @@ pub(crate) fn wants<M: Module>(w: &DpWrapper<M>, h: &Holding) -> Wants {
 
 /// Installs `loaded` (the answer to [`wants`]) into the wrapper. No communication.
 pub(crate) fn load<M: Module>(w: &mut DpWrapper<M>, loaded: Loaded) -> Result<(), TrainError> {
-    let flat: Vec<f32> = loaded.values.into_iter().flatten().collect();
     match w {
         DpWrapper::Ddp(d) => {
+            let flat: Vec<f32> = loaded.values.into_iter().flatten().collect();
             let states = d
                 .params()
                 .iter()
@@ -242,26 +287,68 @@ pub(crate) fn load<M: Module>(w: &mut DpWrapper<M>, loaded: Loaded) -> Result<()
             let optim = with_states(d.optimizer().clone(), states);
             d.load_state(&flat, optim);
         }
-        DpWrapper::Zero(z) => {
-            refuse_experts(z)?;
-            let pieces = z.optimizer().pieces().to_vec();
-            let scalars = loaded.state.iter().flatten().map(|s| &s.scalars);
-            if let Some(first) = scalars.clone().next()
-                && let Some(other) = scalars.clone().find(|s| *s != first)
-            {
-                return Err(TrainError::Io(format!(
-                    "the checkpoint's optimizer scalars differ between the parameters one ZeRO \
-                     rank steps together ({first:?} and {other:?}): they cannot share one range"
-                )));
-            }
-            let states = loaded
-                .state
-                .into_iter()
-                .zip(&pieces)
-                .map(|(s, p)| s.map(|s| for_holder(s, &[p.len()])))
-                .collect();
-            z.load_state(flat, states)?;
-        }
+        DpWrapper::Zero(z) => load_zero(z, loaded)?,
     }
     Ok(())
+}
+
+/// Installs `loaded` into a ZeRO wrapper: its partition's values and pieces' state, and under
+/// expert parallelism the experts' (in [`wants`]' order: values — every parameter's in order
+/// at stages 0–2, at stage 3 the pieces then the experts' slice whole — and the state of the
+/// partition's pieces, then of the experts').
+fn load_zero<M: Module>(z: &mut bonfire_zero::Zero<M>, loaded: Loaded) -> Result<(), TrainError> {
+    let scalars = loaded.state.iter().flatten().map(|s| &s.scalars);
+    if let Some(first) = scalars.clone().next()
+        && let Some(other) = scalars.clone().find(|s| *s != first)
+    {
+        return Err(TrainError::Io(format!(
+            "the checkpoint's optimizer scalars differ between the parameters one ZeRO \
+             rank steps together ({first:?} and {other:?}): they cannot share one range"
+        )));
+    }
+    let holder = |pieces: &[bonfire_zero::Piece], states: Vec<Option<FlatState>>| {
+        states
+            .into_iter()
+            .zip(pieces)
+            .map(|(s, p)| s.map(|s| for_holder(s, &[p.len()])))
+            .collect::<Vec<_>>()
+    };
+    let dense_pieces = z.optimizer().pieces().to_vec();
+    let expert_pieces = z.expert_pieces().to_vec();
+    let mut states = loaded.state;
+    let expert_states = states.split_off(dense_pieces.len().min(states.len()));
+    let (dense, experts) = split_values(z, loaded.values);
+    z.load_state(dense, holder(&dense_pieces, states))?;
+    if z.expert_params().is_some() {
+        z.load_expert_state(experts, holder(&expert_pieces, expert_states))?;
+    }
+    Ok(())
+}
+
+/// The loaded values of a ZeRO wrapper split into its partition's and the experts' (both
+/// flat, in order; see [`load_zero`]).
+fn split_values<M: Module>(
+    z: &bonfire_zero::Zero<M>,
+    values: Vec<Vec<f32>>,
+) -> (Vec<f32>, Vec<f32>) {
+    let Some(experts) = z.expert_params() else {
+        return (values.into_iter().flatten().collect(), Vec::new());
+    };
+    if z.config().stage == ZeroStage::Zero3 {
+        let n = z.optimizer().pieces().len();
+        let mut values = values;
+        let rest = values.split_off(n.min(values.len()));
+        return (
+            values.into_iter().flatten().collect(),
+            rest.into_iter().flatten().collect(),
+        );
+    }
+    let (mut dense, mut expert) = (Vec::new(), Vec::new());
+    for (info, v) in z.all_params().iter().zip(values) {
+        match experts.iter().any(|x| x.id == info.id) {
+            true => expert.extend(v),
+            false => dense.extend(v),
+        }
+    }
+    (dense, expert)
 }
