@@ -240,7 +240,8 @@ fn expert_parallel_layouts() {
 
 /// ZeRO under expert parallelism: the experts' optimizer state (stage 1) and gradients
 /// (stages 2–3) sharded over the ranks holding the same experts, every other parameter's
-/// over the whole dp group (at stage 3 their values too; the experts' slice stays whole).
+/// over the whole dp group (at stage 3 their values too; the experts' slice stays whole); under
+/// HSDP each replica's shards, the experts' too, averaged across the replicas.
 #[test]
 fn expert_parallel_with_zero() {
     check(&[
@@ -252,6 +253,9 @@ fn expert_parallel_with_zero() {
         layout("dp=4,ep=2", 3, None, None, ""),
         layout("pp=2,dp=2,ep=2", 2, Some("1f1b"), Some(2), ""),
         layout("dp=2,cp=2,ep=4", 2, None, None, ""),
+        layout("dp_replicate=2,dp=2,ep=2", 0, None, None, ""),
+        layout("dp_replicate=2,dp=2,ep=2", 2, None, None, ""),
+        layout("dp_replicate=2,dp=2,ep=2", 3, None, None, ""),
     ]);
 }
 

@@ -294,8 +294,8 @@ impl ParallelDims {
 }
 
 impl ParallelDims {
-    /// ep borrows its ranks from dp × cp: it must divide them; HSDP's two groups and ep's
-    /// two are not combined.
+    /// ep borrows its ranks from dp × cp (not from dp_replicate: an ep group stays inside a
+    /// replica): it must divide them.
     fn validate_ep(&self) -> Result<(), LayoutError> {
         let ep = self.ep();
         if ep == 1 {
@@ -312,13 +312,6 @@ impl ParallelDims {
                     self.dp(),
                     self.cp()
                 ),
-            ));
-        }
-        if self.dp_replicate() > 1 {
-            return Err(LayoutError::axis(
-                Axis::Ep,
-                ep,
-                "ep with dp_replicate (HSDP) is not supported: borrow ep from dp alone",
             ));
         }
         Ok(())
@@ -486,11 +479,11 @@ mod tests {
             "{bad}"
         );
         let h = ParallelDims::parse_mesh("dp_replicate=2,dp=2,ep=2").unwrap();
-        assert!(
-            h.validate(4)
-                .unwrap_err()
-                .to_string()
-                .contains("dp_replicate")
+        h.validate(4).unwrap();
+        // Inside each replica: ranks 0,1 | 2,3.
+        assert_eq!(
+            (0..4).map(|r| h.coordinate(r, Axis::Ep)).collect::<Vec<_>>(),
+            [0, 1, 0, 1]
         );
     }
 }

@@ -39,6 +39,9 @@ pub(crate) struct ExpertShards {
     accumulated: Vec<Option<Tensor<1>>>,
     device: Device,
     config: ZeroConfig,
+    /// HSDP: the ranks holding the same shards in the other replicas; the reduced gradient
+    /// is averaged across them too.
+    pub outer: Option<bonfire_comm::ProcessGroup>,
 }
 
 impl ExpertShards {
@@ -71,6 +74,7 @@ impl ExpertShards {
             grads: None,
             device: device.clone(),
             config: config.clone(),
+            outer: None,
         })
     }
 
@@ -108,7 +112,8 @@ impl ExpertShards {
     }
 
     /// Reduces the accumulated gradients plus `per_param` over the replicas, scaled to the
-    /// mean over the whole dp group: the whole vector (stage 1) or the own range (stage 2).
+    /// mean over the whole dp group: the whole vector (stage 1) or the own range (stages
+    /// 2–3); under HSDP then averaged across the [`outer`](Self::outer) replicas.
     pub fn reduce(&mut self, per_param: Vec<Option<Tensor<1>>>) -> Result<()> {
         self.accumulate(per_param);
         let dtype = self.config.precision.reduce_dtype();
@@ -123,11 +128,15 @@ impl ExpertShards {
                 .collect();
         let flat = bonfire_kernels::pack_scaled(&parts, self.params.grad_scale());
         let replicas = &self.params.replicas;
-        self.grads = Some(match self.stage {
+        let reduced = match self.stage {
             ZeroStage::Zero2 | ZeroStage::Zero3 => {
                 plane::reduce_scatter(flat, &self.part.counts(), ReduceOp::Avg, replicas)?
             }
             _ => Some(plane::all_reduce(flat, ReduceOp::Avg, replicas)?),
+        };
+        self.grads = Some(match (reduced, &self.outer) {
+            (Some(g), Some(outer)) => Some(plane::all_reduce(g, ReduceOp::Avg, outer)?),
+            (g, _) => g,
         });
         Ok(())
     }

@@ -235,8 +235,12 @@ impl<M: Module> Zero<M> {
     /// reduce-scatter) this rank's gradient is all-reduced across `replicas` and averaged, so
     /// that the step sees the mean over all of them. Parameters and optimizer state stay
     /// equal on the replicas (same values, same gradients). A group of one rank is no change.
+    /// Expert parallelism's shards are averaged across the same replicas.
     pub fn with_replicas(mut self, replicas: ProcessGroup) -> Self {
         self.replicas = (replicas.size() > 1).then_some(replicas);
+        if let Some(side) = self.experts.as_mut() {
+            side.outer = self.replicas.clone();
+        }
         self
     }
     /// Whether expert parallelism's experts have shards of their own here
