@@ -55,15 +55,7 @@ impl ExpertShards {
         device: &Device,
     ) -> Result<Self> {
         let part = Partition::balanced(&infos, params.replicas.size());
-        let me = params.replicas.rank();
-        let offload = config.offload.then(|| config.offload_device.clone());
-        let optim = ShardOptimizer::new(
-            optim,
-            part.pieces(me),
-            part.ranges[me].start,
-            device.clone(),
-            offload,
-        )?;
+        let optim = ShardOptimizer::for_rank(optim, &part, params.replicas.rank(), device, config)?;
         Ok(Self {
             accumulated: vec![None; infos.len()],
             params,

@@ -137,6 +137,25 @@ impl ShardOptimizer {
         });
     }
 
+    /// `optim` over rank `me`'s range of `part`, on `device` or, with `config`'s offload, on its
+    /// offload device (the wrapper's partition, or expert parallelism's experts').
+    pub(crate) fn for_rank(
+        optim: ModuleOptimizer,
+        part: &crate::Partition,
+        me: usize,
+        device: &Device,
+        config: &crate::ZeroConfig,
+    ) -> Result<Self> {
+        let offload = config.offload.then(|| config.offload_device.clone());
+        Self::new(
+            optim,
+            part.pieces(me),
+            part.ranges[me].start,
+            device.clone(),
+            offload,
+        )
+    }
+
     /// The range's fp32 master (mixed precision, or offload after its first step).
     pub fn master(&self) -> Option<&Tensor<1>> {
         self.master.as_ref()

@@ -190,14 +190,7 @@ impl<M: Module> Zero<M> {
         let owners = if sharded { pg.size() } else { 1 };
         let part = Partition::balanced(&infos, owners);
         let me = if sharded { pg.rank() } else { 0 };
-        let offload = config.offload.then(|| config.offload_device.clone());
-        let optim = ShardOptimizer::new(
-            optim,
-            part.pieces(me),
-            part.ranges[me].start,
-            device.clone(),
-            offload,
-        )?;
+        let optim = ShardOptimizer::for_rank(optim, &part, me, &device, &config)?;
         let model = if config.stage == ZeroStage::Zero3 {
             hollow(model, &device, keep)
         } else {
