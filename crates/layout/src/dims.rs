@@ -482,7 +482,9 @@ mod tests {
         h.validate(4).unwrap();
         // Inside each replica: ranks 0,1 | 2,3.
         assert_eq!(
-            (0..4).map(|r| h.coordinate(r, Axis::Ep)).collect::<Vec<_>>(),
+            (0..4)
+                .map(|r| h.coordinate(r, Axis::Ep))
+                .collect::<Vec<_>>(),
             [0, 1, 0, 1]
         );
     }
