@@ -238,10 +238,10 @@ fn expert_parallel_layouts() {
     ]);
 }
 
-/// ZeRO under expert parallelism: the experts' optimizer state (stage 1) and gradients
-/// (stages 2–3) sharded over the ranks holding the same experts, every other parameter's
-/// over the whole dp group (at stage 3 their values too; the experts' slice stays whole); under
-/// HSDP each replica's shards, the experts' too, averaged across the replicas.
+/// ZeRO under expert parallelism: the experts' optimizer state (stage 1), gradients (stage 2)
+/// and values (stage 3, gathered per layer) sharded over the ranks holding the same experts,
+/// every other parameter's over the whole dp group; under HSDP each replica's shards, the
+/// experts' too, averaged across the replicas.
 #[test]
 fn expert_parallel_with_zero() {
     check(&[
@@ -256,6 +256,9 @@ fn expert_parallel_with_zero() {
         layout("dp_replicate=2,dp=2,ep=2", 0, None, None, ""),
         layout("dp_replicate=2,dp=2,ep=2", 2, None, None, ""),
         layout("dp_replicate=2,dp=2,ep=2", 3, None, None, ""),
+        // Two ranks hold each expert, one of whom routes no token to it in a layer: its
+        // gather's reduce-scatter must still run (run_experts touches the experts).
+        layout("dp=4,cp=2,ep=4", 3, None, None, ""),
     ]);
 }
 

@@ -7,8 +7,8 @@
 //! optimizer state there, stages 2 and 3 their gradients too — while every other parameter
 //! keeps the wrapper's partition over the whole dp group. Their gradient is reduced over the
 //! replicas and scaled by [`ExpertParams::grad_scale`] (the mean over the whole dp group).
-//! The model holds the slice whole between steps, at stage 3 too (the experts' parameters
-//! are not sharded further: stage 3 acts as stage 2 for them).
+//! Stages 1–2 hold the slice whole in the model between steps; stage 3 shards it too and
+//! gathers it per layer over the replicas (`experts3.rs`).
 
 use crate::config::{ZeroConfig, ZeroStage};
 use crate::error::Result;
@@ -19,29 +19,36 @@ use bonfire_comm::ReduceOp;
 use bonfire_dtensor::PrecisionDTypes;
 use bonfire_dtensor::expert::ExpertParams;
 use bonfire_dtensor::plane::{self, ledger::Reason};
-use burn::module::{Module, ModuleVisitor, Param, ParamId};
+use burn::module::Module;
 use burn::optim::ModuleOptimizer;
-use burn::tensor::{DType, Device, Gradients, Tensor};
+use burn::tensor::{DType, Device, Tensor};
 use std::ops::Range;
+use std::sync::Arc;
 
 /// The expert parameters' shards on one rank (see the module docs).
 pub(crate) struct ExpertShards {
     pub params: ExpertParams,
     /// The expert parameters, in module order.
-    pub infos: Vec<ParamInfo>,
-    part: Partition,
+    pub infos: Arc<Vec<ParamInfo>>,
+    pub(crate) part: Arc<Partition>,
     pub optim: ShardOptimizer,
-    stage: ZeroStage,
+    pub(crate) stage: ZeroStage,
     /// The averaged gradient after a reduction: the whole expert vector (stage 1) or the own
     /// range (stage 2; `None` when this rank owns nothing).
-    grads: Option<Option<Tensor<1>>>,
+    pub(crate) grads: Option<Option<Tensor<1>>>,
     /// Micro-batch gradients summed since the last reduction, per expert parameter.
-    accumulated: Vec<Option<Tensor<1>>>,
-    device: Device,
-    config: ZeroConfig,
+    pub(crate) accumulated: Vec<Option<Tensor<1>>>,
+    pub(crate) device: Device,
+    pub(crate) config: ZeroConfig,
     /// HSDP: the ranks holding the same shards in the other replicas; the reduced gradient
     /// is averaged across them too.
     pub outer: Option<bonfire_comm::ProcessGroup>,
+    /// Stage 3 (`experts3.rs`): the own range of the experts' vector, its forwards' pieces,
+    /// their summed gradients by offset, and the last forward's layers (prefetch order).
+    pub(crate) shard: Option<Tensor<1>>,
+    pub(crate) pieces: Vec<(Range<usize>, Tensor<1>)>,
+    pub(crate) accumulated_own: std::collections::BTreeMap<usize, Tensor<1>>,
+    pub(crate) last_layers: Vec<Vec<usize>>,
 }
 
 impl ExpertShards {
@@ -54,12 +61,12 @@ impl ExpertShards {
         config: &ZeroConfig,
         device: &Device,
     ) -> Result<Self> {
-        let part = Partition::balanced(&infos, params.replicas.size());
+        let part = Arc::new(Partition::balanced(&infos, params.replicas.size()));
         let optim = ShardOptimizer::for_rank(optim, &part, params.replicas.rank(), device, config)?;
         Ok(Self {
             accumulated: vec![None; infos.len()],
             params,
-            infos,
+            infos: Arc::new(infos),
             part,
             optim,
             stage: config.stage,
@@ -67,6 +74,10 @@ impl ExpertShards {
             device: device.clone(),
             config: config.clone(),
             outer: None,
+            shard: None,
+            pieces: Vec::new(),
+            accumulated_own: Default::default(),
+            last_layers: Vec::new(),
         })
     }
 
@@ -112,7 +123,7 @@ impl ExpertShards {
         let parts: Vec<Tensor<1>> =
             std::mem::replace(&mut self.accumulated, vec![None; self.infos.len()])
                 .into_iter()
-                .zip(&self.infos)
+                .zip(self.infos.iter())
                 .map(|(g, p)| match g {
                     Some(g) => g.cast(dtype),
                     None => Tensor::zeros([p.numel()], (&self.device, dtype)),
@@ -126,6 +137,11 @@ impl ExpertShards {
             }
             _ => Some(plane::all_reduce(flat, ReduceOp::Avg, replicas)?),
         };
+        self.set_reduced(reduced)
+    }
+
+    /// Keeps a reduced gradient, averaged across HSDP's replicas first where there are some.
+    pub(crate) fn set_reduced(&mut self, reduced: Option<Tensor<1>>) -> Result<()> {
         self.grads = Some(match (reduced, &self.outer) {
             (Some(g), Some(outer)) => Some(plane::all_reduce(g, ReduceOp::Avg, outer)?),
             (g, _) => g,
@@ -135,6 +151,10 @@ impl ExpertShards {
 
     /// Steps the own range and brings the replicas' updated ranges back into `model`.
     pub fn step<M: Module>(&mut self, lr: f64, model: M) -> Result<M> {
+        if self.stage == ZeroStage::Zero3 {
+            self.step_shard(lr);
+            return Ok(model);
+        }
         let grads = self.grads.take().flatten();
         let own = self.own_range();
         let updated = match grads {
@@ -189,7 +209,9 @@ impl ExpertShards {
     /// Every expert parameter (this rank's slice), named, in fp32: the masters all-gathered
     /// over the replicas under mixed precision (a collective there), else the model's values.
     pub fn values<M: Module>(&self, model: &M) -> Result<Vec<ParamValues>> {
-        let flat = if self.config.precision.is_mixed() {
+        let flat = if self.stage == ZeroStage::Zero3 {
+            self.gathered_shard()?
+        } else if self.config.precision.is_mixed() {
             let home = self.device.clone().inner();
             let master = self.optim.master().map(|m| {
                 let m = plane::to_device(m.clone(), &home, Reason::Offload);
@@ -207,50 +229,23 @@ impl ExpertShards {
         ))
     }
 
-    /// The gradients of the expert parameters out of `grads` (flat, `None` for one without),
-    /// reading only those parameters of `model` (a stage-3 skeleton's others hold no value).
-    pub fn take_grads<M: Module>(
-        &self,
-        model: &M,
-        grads: &mut Gradients,
-    ) -> Vec<Option<Tensor<1>>> {
-        struct Take<'a> {
-            index: std::collections::HashMap<ParamId, usize>,
-            grads: &'a mut Gradients,
-            out: Vec<Option<Tensor<1>>>,
-        }
-        impl ModuleVisitor for Take<'_> {
-            fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
-                if let Some(&i) = self.index.get(&param.id) {
-                    let n = param.lazy_shape().num_elements();
-                    self.out[i] = param.val().grad_remove(self.grads).map(|g| g.reshape([n]));
-                }
-            }
-        }
-        let mut take = Take {
-            index: params::index_of(&self.infos),
-            grads,
-            out: vec![None; self.infos.len()],
-        };
-        model.visit(&mut take);
-        take.out
-    }
-
     /// The own range's values in fp32 (the master under mixed precision), on the host.
     pub fn own_values<M: Module>(&self, model: &M) -> Vec<f32> {
         let own = self.own_range();
         if own.is_empty() {
             return Vec::new();
         }
-        let t = match self.optim.master() {
-            Some(m) => m.clone(),
-            None => params::flat(model, &self.infos).narrow(0, own.start, own.len()),
+        let t = match (self.optim.master(), &self.shard) {
+            (_, Some(shard)) => shard.clone().detach(),
+            (Some(m), None) => m.clone(),
+            (None, None) => params::flat(model, &self.infos).narrow(0, own.start, own.len()),
         };
         plane::to_host(t.cast(DType::F32), Reason::Checkpoint)
     }
 
-    /// Installs the experts' values (`values`: this rank's whole slice, fp32, in module order)
-    /// and the optimizer state of each piece, into `model`. No communication.
+    /// Installs the experts' values (`values`: this rank's whole slice, fp32, in module order;
+    /// at stage 3 its own range) and the optimizer state of each piece, into `model`. No
+    /// communication.
     pub fn load<M: Module>(
         &mut self,
         model: M,
@@ -259,8 +254,14 @@ impl ExpertShards {
     ) -> Result<M> {
         let n = values.len();
         let t = plane::from_host(values, [n], &self.device, Reason::Checkpoint);
-        let model = params::assign_flat(model, &self.infos, &t);
-        let model = self.install(model);
+        let model = match self.stage {
+            // Stage 3: `values` are the own range.
+            ZeroStage::Zero3 => {
+                self.set_shard(Some(t));
+                model
+            }
+            _ => self.install(params::assign_flat(model, &self.infos, &t)),
+        };
         self.optim.import(states)?;
         self.grads = None;
         self.accumulated = vec![None; self.infos.len()];
@@ -304,8 +305,9 @@ impl<M: Module> crate::Zero<M> {
             .as_ref()
             .map_or_else(Vec::new, |x| x.optim.export_all())
     }
-    /// Installs the experts' values (this rank's whole slice, fp32, module order) and their
-    /// pieces' optimizer state. No communication; call it between steps.
+    /// Installs the experts' values (this rank's whole slice, fp32, module order; at stage 3
+    /// its own range) and their pieces' optimizer state. No communication; call it between
+    /// steps.
     pub fn load_expert_state(
         &mut self,
         values: Vec<f32>,

@@ -53,8 +53,13 @@ impl<M: Module> Zero<M> {
     /// Bytes held by this rank, by the wrapper's account, now (call between backward and step
     /// to include gradients).
     pub fn memory(&self) -> MemoryReport {
+        let expert_shard = self
+            .experts
+            .as_ref()
+            .and_then(|x| x.shard.as_ref())
+            .map_or(0, |s| s.shape().num_elements() * 4);
         let params = match &self.shard {
-            Some(s) => s.shape().num_elements() * 4 + held_param_bytes(self.model()),
+            Some(s) => s.shape().num_elements() * 4 + held_param_bytes(self.model()) + expert_shard,
             None => held_param_bytes(self.model()),
         };
         let grads = self.grads.as_ref().and_then(Option::as_ref);

@@ -79,6 +79,7 @@ pub mod checkpoint;
 mod config;
 mod error;
 mod experts;
+mod experts3;
 mod gather;
 mod held;
 pub mod optim;

@@ -50,9 +50,24 @@ impl<M: Module> Zero<M> {
         ));
         let module = lazy_module(self.model().clone(), plan.clone());
         let hook = install_layer_hook(Rc::new(ZeroLayerHook::new(plan.clone())));
+        let prefetch = self.config.prefetch;
+        let (module, experts) = match self.experts.as_mut() {
+            Some(side) => {
+                let (module, plan, hook) = side.gathering(module, prefetch);
+                (module, Some((plan, hook)))
+            }
+            None => (module, None),
+        };
         let out = catch_unwind(AssertUnwindSafe(|| f(&module)));
-        drop(hook);
         drop(module);
+        if let Some((expert_plan, expert_hook)) = experts {
+            drop(expert_hook);
+            self.experts
+                .as_mut()
+                .expect("experts")
+                .gathered(&expert_plan);
+        }
+        drop(hook);
         let out = out.unwrap_or_else(|panic| resume_unwind(explain_strategy(panic, self)));
         self.pieces.extend(plan.owned_pieces());
         self.last_gather = plan.finish();
@@ -299,8 +314,12 @@ impl<M: Module> DataParallel<M> for Zero<M> {
     /// forward recorded for its backward are dropped again.
     fn evaluate<R>(&mut self, f: impl FnOnce(&M) -> R) -> R {
         let kept = self.pieces.len();
+        let kept_experts = self.experts.as_ref().map_or(0, |x| x.pending_pieces());
         let out = self.forward_micro(f);
         self.pieces.truncate(kept);
+        if let Some(side) = self.experts.as_mut() {
+            side.forget_pieces(kept_experts);
+        }
         out
     }
 
@@ -316,8 +335,7 @@ impl<M: Module> DataParallel<M> for Zero<M> {
             return Ok(());
         }
         if let Some(side) = self.experts.as_mut() {
-            let g = side.take_grads(self.model.as_ref().expect("model"), grads);
-            side.accumulate(g);
+            side.accumulate_pieces(grads);
         }
         let acc = &mut self.accumulated_own;
         // Each forward's pieces get gradients from that forward's backward only.
@@ -351,8 +369,9 @@ impl<M: Module> DataParallel<M> for Zero<M> {
             let g = (!parts.is_empty()).then(|| bonfire_kernels::pack_scaled(&parts, scale));
             self.grads = Some(g);
             self.pieces.clear();
-            let experts = self.experts.as_ref().map(|x| vec![None; x.infos.len()]);
-            self.reduce_experts(experts)?;
+            if let Some(side) = self.experts.as_mut() {
+                side.reduce_own()?;
+            }
             return self.reduce_replicas();
         }
         let per_param = std::mem::replace(&mut self.accumulated, vec![None; self.infos.len()]);

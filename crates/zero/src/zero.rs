@@ -17,10 +17,9 @@ use bonfire_dtensor::expert::ExpertParams;
 use bonfire_dtensor::graph::SharedSink;
 use bonfire_dtensor::plane::{self, ledger::Reason};
 use bonfire_dtensor::timing::StepTiming;
-use burn::module::{Module, ModuleMapper, Param, ParamId};
+use burn::module::{Module, ModuleMapper, Param};
 use burn::optim::ModuleOptimizer;
 use burn::tensor::{DType, Device, Tensor};
-use std::collections::HashSet;
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicUsize};
 use std::sync::{Arc, Mutex};
@@ -110,9 +109,8 @@ impl<M: Module> Zero<M> {
 
     /// [`on_mesh`](Self::on_mesh) under expert parallelism: the parameters of `experts` hold
     /// this rank's slice of the experts and get shards of their own over their replicas: their
-    /// optimizer state (stages 1–3) and gradients (2–3); at stage 3 the slice itself stays
-    /// whole between steps while every other parameter is sharded. A collective on the axis's
-    /// group, then on the replicas.
+    /// optimizer state (stages 1–3), gradients (2–3) and values (3, gathered per layer over
+    /// the replicas). A collective on the axis's group, then on the replicas.
     pub fn on_mesh_with_experts(
         model: M,
         optim: impl Into<ModuleOptimizer>,
@@ -162,16 +160,21 @@ impl<M: Module> Zero<M> {
             )?),
             None => None,
         };
-        let keep = side
-            .as_ref()
-            .map(|x| x.params.ids.clone())
-            .unwrap_or_default();
-        let mut zero = Self::empty(model, optim, pg, config, infos, device, &keep)?;
+        // Stage 3 hollows the experts too: their values first.
+        let expert_flat = side.as_ref().map(|x| {
+            let flat = params::flat(&model, &x.infos);
+            plane::to_device(flat, &device, Reason::Collective)
+        });
+        let mut zero = Self::empty(model, optim, pg, config, infos, device)?;
         zero.all_infos = Arc::new(all);
         zero.set_full_values(flat);
-        if let Some(mut side) = side {
-            let model = zero.model.take().expect("model");
-            zero.model = Some(side.install(model));
+        if let (Some(mut side), Some(expert_flat)) = (side, expert_flat) {
+            if zero.config.stage == ZeroStage::Zero3 {
+                side.install_shard(expert_flat);
+            } else {
+                let model = zero.model.take().expect("model");
+                zero.model = Some(side.install(model));
+            }
             zero.experts = Some(side);
         }
         Ok(zero)
@@ -184,7 +187,6 @@ impl<M: Module> Zero<M> {
         config: ZeroConfig,
         infos: Vec<ParamInfo>,
         device: Device,
-        keep: &HashSet<ParamId>,
     ) -> Result<Self> {
         let sharded = config.stage != ZeroStage::Zero0;
         let owners = if sharded { pg.size() } else { 1 };
@@ -192,7 +194,7 @@ impl<M: Module> Zero<M> {
         let me = if sharded { pg.rank() } else { 0 };
         let optim = ShardOptimizer::for_rank(optim, &part, me, &device, &config)?;
         let model = if config.stage == ZeroStage::Zero3 {
-            hollow(model, &device, keep)
+            hollow(model, &device)
         } else {
             model
         };
@@ -393,7 +395,11 @@ impl<M: Module> Zero<M> {
     pub fn full_model(&self) -> Result<M> {
         let flat = self.full_tensor()?;
         let model = self.model().clone();
-        Ok(params::assign_flat(model, &self.infos, &flat))
+        let model = params::assign_flat(model, &self.infos, &flat);
+        match &self.experts {
+            Some(side) if self.config.stage == ZeroStage::Zero3 => side.assign_whole(model),
+            _ => Ok(model),
+        }
     }
 
     /// The replica (stages 0–2) or the hollow skeleton (stage 3, parameters without values:
@@ -428,16 +434,12 @@ fn compute_device<M: Module>(model: &M, config: &ZeroConfig) -> Device {
     }
 }
 
-/// `model` with every float parameter but those in `keep` (expert parallelism's experts, held
-/// whole) replaced by a value-less placeholder (same id, shape) on `device`; it materializes
-/// zeros only if something reads it.
-pub(crate) fn hollow<M: Module>(model: M, device: &Device, keep: &HashSet<ParamId>) -> M {
-    struct Hollow<'a>(&'a Device, &'a HashSet<ParamId>);
+/// `model` with every float parameter replaced by a value-less placeholder (same id, shape)
+/// on `device`; it materializes zeros only if something reads it.
+pub(crate) fn hollow<M: Module>(model: M, device: &Device) -> M {
+    struct Hollow<'a>(&'a Device);
     impl ModuleMapper for Hollow<'_> {
         fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
-            if self.1.contains(&param.id) {
-                return param;
-            }
             let id = param.id;
             let shape = param.lazy_shape();
             let rg = param.is_require_grad();
@@ -455,5 +457,5 @@ pub(crate) fn hollow<M: Module>(model: M, device: &Device, keep: &HashSet<ParamI
             )
         }
     }
-    model.map(&mut Hollow(device, keep))
+    model.map(&mut Hollow(device))
 }

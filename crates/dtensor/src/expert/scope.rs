@@ -92,9 +92,18 @@ fn each_expert(
         }
     }
     if outputs.is_empty() {
-        // No row here (`rows` is `[0, d]`): an empty output that still hangs off the graph,
-        // so that backward runs the exchanges' duals on this rank too.
-        return rows * 0.0;
+        // No row here (`rows` is `[0, d]`): an empty output that still hangs off the graph, so
+        // that backward runs the exchanges' duals on this rank too, and that touches the
+        // first expert (on a zero row, times 0), so that a wrapper's collectives on the
+        // experts' parameters in backward run here too: ZeRO-3's reduce-scatter of their
+        // gather, and its re-gather under recompute — the row is a leaf that wants its
+        // gradient, so backward needs the parameters as it does where rows arrived.
+        let [_, d] = rows.dims();
+        let zero_row = Tensor::<2>::zeros([1, d], &rows.device())
+            .cast(rows.dtype())
+            .require_grad();
+        let touch = expert(0, zero_row).sum().mul_scalar(0.0).reshape([1, 1]);
+        return rows * 0.0 + touch;
     }
     Tensor::cat(outputs, 0)
 }

@@ -248,20 +248,13 @@ pub(crate) fn wants<M: Module>(w: &DpWrapper<M>, h: &Holding) -> Wants {
                 .iter()
                 .map(|p| region_of(&dense_at, p))
                 .collect();
-            let dense_pieces = pieces.clone();
             let experts_at = z.expert_params().map(|x| positions(all_params, x));
             if let Some(at) = &experts_at {
                 pieces.extend(z.expert_pieces().iter().map(|p| region_of(at, p)));
             }
             match z.config().stage {
-                ZeroStage::Zero3 => {
-                    // Its pieces of the sharded parameters, the experts' slice whole.
-                    let mut values = dense_pieces;
-                    if let Some(at) = &experts_at {
-                        values.extend(at.iter().map(|&k| (h.indices[k], h.shard_box(k))));
-                    }
-                    (values, pieces)
-                }
+                // Its pieces of every parameter, the experts' included.
+                ZeroStage::Zero3 => (pieces.clone(), pieces),
                 _ => (all, pieces),
             }
         }
@@ -294,7 +287,7 @@ pub(crate) fn load<M: Module>(w: &mut DpWrapper<M>, loaded: Loaded) -> Result<()
 
 /// Installs `loaded` into a ZeRO wrapper: its partition's values and pieces' state, and under
 /// expert parallelism the experts' (in [`wants`]' order: values — every parameter's in order
-/// at stages 0–2, at stage 3 the pieces then the experts' slice whole — and the state of the
+/// at stages 0–2, at stage 3 the partition's pieces then the experts' — and the state of the
 /// partition's pieces, then of the experts').
 fn load_zero<M: Module>(z: &mut bonfire_zero::Zero<M>, loaded: Loaded) -> Result<(), TrainError> {
     let scalars = loaded.state.iter().flatten().map(|s| &s.scalars);
