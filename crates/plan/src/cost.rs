@@ -8,8 +8,8 @@ use crate::layout::{
     Held, MixedPrecision, ParallelDims, PlannedLayout, ScheduleKind, ScheduleModel, ZeroStage,
 };
 use crate::memory::{
-    FormulaBytes, activation_bytes, bytes_per_param, gradient_copy_bytes, gradients_at_peak,
-    held_bytes, rank_state, transient_bytes,
+    FormulaBytes, activation_bytes, bytes_per_param, gradients_at_peak, held_bytes,
+    rank_gradient_copy_bytes, rank_state, transient_bytes,
 };
 use crate::model::ModelSpec;
 use crate::time::{
@@ -122,7 +122,7 @@ pub struct MemoryParts {
     /// Beyond the state and the activations at backward's start.
     pub transient: f64,
     /// Beyond the whole state while a micro-batch's gradients are summed into the held ones
-    /// and in the optimizer step: gradient copies ([`gradient_copy_bytes`]) and the
+    /// and in the optimizer step: gradient copies ([`rank_gradient_copy_bytes`]) and the
     /// activations other micro-batches still hold then.
     pub sum_transient: f64,
     /// The activations the other micro-batches still hold during that sum (0 for the
@@ -252,7 +252,7 @@ pub fn rank_memory(
     // micro-batches' activations and, once sums run, the rank's other chunks' running sums
     // (a rank-0 trace of ZB-V on the held-out *small* GPT: its peak is the head chunk's W
     // with the embedding chunk's sums live; derived, the fitted copies are the chunk's own).
-    let (at_sum, at_step) = gradient_copy_bytes(layout, s.params, &state);
+    let (at_sum, at_step) = rank_gradient_copy_bytes(layout, (s.params, s.expert_params), &state);
     let chunk_sums = if schedule.is_some() {
         held.one_fewer()
     } else {

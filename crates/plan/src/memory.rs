@@ -291,6 +291,31 @@ pub fn gradient_copy_bytes(layout: &ParallelDims, psi: usize, state: &FormulaByt
     }
 }
 
+/// [`gradient_copy_bytes`] for a rank of `psi` parameters of which `experts` are its experts'
+/// (`E/ep` of them). Under ep > 1 with ZeRO 1 or 2 the engine (`bonfire_zero`'s
+/// `ExpertShards`) keeps the experts in a flat vector of their own, reduced inside backward
+/// after the other parameters: their autodiff gradients and the packed copy it reduces
+/// (2 · Ψ_e/ep) are live beside the other parameters' whole gradient (reduced at stage 1,
+/// bucketed at stage 2: Ψ_d either way), the parameters and the optimizer state — and the
+/// step's copies ([`ZERO_STEP_GRADIENT_COPIES`]) are of the other parameters' gradients
+/// only. The larger of the two moments; derived from the code (held-out Mixtral rows of
+/// `examples/tests/planner_heldout.rs`, docs/planner-moe.md). Without ep, or at stage 0 or 3,
+/// [`gradient_copy_bytes`].
+pub fn rank_gradient_copy_bytes(
+    layout: &ParallelDims,
+    (psi, experts): (usize, usize),
+    state: &FormulaBytes,
+) -> (f64, f64) {
+    let split = matches!(layout.zero, ZeroStage::Zero1 | ZeroStage::Zero2);
+    if layout.ep() == 1 || experts == 0 || !split {
+        return gradient_copy_bytes(layout, psi, state);
+    }
+    let rb = layout.precision.reduce.bytes() as f64;
+    let (dense, experts) = ((psi - experts) as f64 * rb, experts as f64 * rb);
+    let reduction = dense + 2.0 * experts - state.grads;
+    (0.0, reduction.max(ZERO_STEP_GRADIENT_COPIES * dense))
+}
+
 /// Gradient-sized buffers beyond the state while a pipeline micro-batch's gradients are
 /// summed in: 2.4–3.2 measured at the sums of 1F1B, ZB-H1 and ZB-V with 4–8 micro-batches
 /// (`examples/tests/planner.rs`), 2.3 in `bench memory`'s pipelines at Ψ = 67 M.

@@ -8,7 +8,7 @@
 //! mixture of experts, only dividing E and dp·cp. No machine is measured here.
 
 use bonfire_plan::experts::{all_to_all_bytes, ep_per_layer, expert_group_local_peers};
-use bonfire_plan::memory::{rank_state, state_bytes};
+use bonfire_plan::memory::{ZERO_STEP_GRADIENT_COPIES, rank_state, state_bytes};
 use bonfire_plan::time::all_to_all;
 use bonfire_plan::{
     ClusterSpec, DeviceSpec, Estimate, LinkSpec, MixedPrecision, ModelSpec, ParallelDims,
@@ -109,7 +109,11 @@ fn expert_state_is_divided_by_ep_exactly() {
         // whole and their state sharded as stage 2 does, over the 8/ep ranks holding them.
         let zero3 = at(ep, ZeroStage::Zero3).state.total();
         let d3 = state_bytes(ZeroStage::Zero3, dense, 8, p, false).total();
-        let expert_stage = if ep == 1 { ZeroStage::Zero3 } else { ZeroStage::Zero2 };
+        let expert_stage = if ep == 1 {
+            ZeroStage::Zero3
+        } else {
+            ZeroStage::Zero2
+        };
         let by_hand = state_bytes(expert_stage, experts / ep, 8 / ep, p, false);
         assert!(close(zero3 - d3, by_hand.total()), "ep={ep}");
         let l = expert_layout(8, 1, ep, 1, 1).with_zero(ZeroStage::Zero3);
@@ -123,6 +127,34 @@ fn expert_state_is_divided_by_ep_exactly() {
 /// Each all-to-all sends `tokens·k·d·(ep−1)/ep` values a rank; a layer makes four a
 /// micro-batch (six recomputing), none without ep or for a dense model; a step's ep time is
 /// micro-batches × MoE layers × that.
+/// Under ep > 1, ZeRO 1–2 reduce the experts' own flat vector inside backward after the
+/// other parameters (their gradients and its packed copy beside the dense whole gradient),
+/// and the step copies only the dense gradients: the larger of the two moments (measured on
+/// the held-out Mixtral rows, `examples/tests/planner_heldout.rs`). At ep = 1 the step's
+/// copies of every gradient, as before.
+#[test]
+fn zero_under_ep_reduces_the_experts_apart() {
+    let m = mixtral();
+    let req = bf16(64, 4096);
+    let experts = m.block_expert_params() * m.n_layers;
+    let dense = m.num_params() - experts;
+    for zero in [ZeroStage::Zero1, ZeroStage::Zero2] {
+        for ep in [1, 2, 8] {
+            let l = expert_layout(8, 1, ep, 1, 1)
+                .with_zero(zero)
+                .with_precision(MixedPrecision::bf16());
+            let shapes = rank_shapes(&m, &l, req.seq);
+            let parts = rank_memory(&m, &req, &l, &shapes, 0);
+            let (d, e) = (dense as f64 * 4.0, (experts / ep) as f64 * 4.0);
+            let want = match ep {
+                1 => ZERO_STEP_GRADIENT_COPIES * (d + e),
+                _ => (d + 2.0 * e - parts.state.grads).max(ZERO_STEP_GRADIENT_COPIES * d),
+            };
+            assert!(close(parts.sum_transient, want), "{zero:?} ep={ep}");
+        }
+    }
+}
+
 #[test]
 fn all_to_all_bytes_and_time_by_formula() {
     let m = mixtral();
