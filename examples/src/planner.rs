@@ -11,8 +11,9 @@ use bonfire_comm::{ReduceOp, ThreadWorld};
 use bonfire_models::data::TokenBatch;
 use bonfire_models::gpt::config::GptConfig;
 use bonfire_models::llama::LlamaConfig;
+use bonfire_models::mixtral::MixtralConfig;
 use bonfire_plan::{
-    Arch, Attention, ClusterSpec, DeviceSpec, LinkSpec, MemoryParts, ModelSpec, PlannedLayout,
+    Arch, Attention, ClusterSpec, DeviceSpec, LinkSpec, MemoryParts, ModelSpec, Moe, PlannedLayout,
     Request, rank_memory, rank_shapes,
 };
 use bonfire_train::{
@@ -37,6 +38,20 @@ pub fn llama_spec(cfg: &LlamaConfig) -> ModelSpec {
         n_layers: cfg.num_hidden_layers,
         seq_len: cfg.max_position_embeddings,
         d_ff: cfg.intermediate_size,
+    }
+}
+
+/// Bonfire's Mixtral as the planner sees it: the Llama's body ([`llama_spec`]) with each
+/// MLP a sparse mixture of `num_local_experts` SwiGLU experts of width `intermediate_size`,
+/// `num_experts_per_tok` of them per token.
+pub fn mixtral_spec(cfg: &MixtralConfig) -> ModelSpec {
+    ModelSpec {
+        name: "mixtral".into(),
+        arch: Arch::Mixtral(Moe {
+            experts: cfg.num_local_experts,
+            top_k: cfg.num_experts_per_tok,
+        }),
+        ..llama_spec(&cfg.base)
     }
 }
 
