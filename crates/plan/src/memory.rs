@@ -86,28 +86,18 @@ pub fn state_bytes(
 /// What a rank holding `params` parameters under `layout` holds ([`state_bytes`]), of
 /// which `experts` are a mixture of experts' (its `E/ep` experts): under ep > 1 those are
 /// data-parallel over the dp·cp/ep ranks holding the same experts
-/// (`ParallelDims::expert_replicas`) — ZeRO shards their state over those, at stage 3 as
-/// stage 2 does (Bonfire's ZeRO-3 keeps a rank's experts whole between steps and gathers
-/// only the other parameters) — and the rest over dp × cp
+/// (`ParallelDims::expert_replicas`) — ZeRO shards their state over those, at stage 3
+/// their values too (Bonfire's ZeRO-3 gathers a layer's experts over their replicas) — and
+/// the rest over dp × cp
 /// ([`PlannedLayout::shard_ranks`]) as without ep. With ep = 1 every parameter is dp × cp's.
 pub fn rank_state(layout: &ParallelDims, params: usize, experts: usize) -> FormulaBytes {
     let state = |psi, n| state_bytes(layout.zero, psi, n, layout.precision, false);
     if layout.ep() == 1 || experts == 0 {
         return state(params, layout.shard_ranks());
     }
-    let expert_stage = match layout.zero {
-        ZeroStage::Zero3 => ZeroStage::Zero2,
-        stage => stage,
-    };
     let (d, e) = (
         state(params - experts, layout.shard_ranks()),
-        state_bytes(
-            expert_stage,
-            experts,
-            layout.expert_replicas(),
-            layout.precision,
-            false,
-        ),
+        state(experts, layout.expert_replicas()),
     );
     FormulaBytes {
         params: d.params + e.params,
@@ -244,7 +234,7 @@ pub fn held_bytes(
 
 /// Transient bytes at a backward's start beyond the state and the activations, for a rank
 /// of `psi` parameters: ZeRO-3's two gathered layers (the one computing and the prefetched
-/// one; under ep > 1 without the experts, which are held whole, not gathered), in the param
+/// one; under ep > 1 with the rank's `E/ep` experts, gathered over their replicas), in the param
 /// dtype; with tensor parallelism [`TP_GRADIENT_COPIES`] gradient-sized
 /// buffers in the reduce dtype (its collectives' copies). Nothing else of size Ψ is live then:
 /// the linear layers' weight gradients are single products with no per-sequence buffers.
@@ -252,10 +242,7 @@ pub fn transient_bytes(model: &ModelSpec, layout: &ParallelDims, psi: usize) -> 
     let pb = layout.precision.param.bytes() as f64;
     let mut bytes = 0.0;
     if layout.zero == ZeroStage::Zero3 {
-        let layer = match layout.ep() {
-            1 => model.largest_layer_params_ep(layout.tp(), 1),
-            _ => model.largest_layer_params_dense(layout.tp()),
-        };
+        let layer = model.largest_layer_params_ep(layout.tp(), layout.ep());
         bytes += 2.0 * layer as f64 * pb;
     }
     if layout.tp() > 1 {

@@ -501,14 +501,9 @@ impl ModelSpec {
         self.largest_layer_params_ep(tp, 1)
     }
 
-    /// The largest layer's parameters on a tp rank without its experts (what ZeRO-3 gathers
-    /// under ep > 1: a rank's experts are held whole, not gathered).
-    pub fn largest_layer_params_dense(&self, tp: usize) -> usize {
-        let block = self.piece_params(tp, 1) - self.block_expert_params();
-        block.max(self.vocab_size * self.d_model / tp)
-    }
-
-    /// [`Self::largest_layer_params`] on a rank holding `E/ep` of each block's experts.
+    /// [`Self::largest_layer_params`] on a rank holding `E/ep` of each block's experts (what
+    /// ZeRO-3 gathers under ep: the layer's other parameters over dp × cp, its experts over
+    /// their replicas).
     pub fn largest_layer_params_ep(&self, tp: usize, ep: usize) -> usize {
         let experts = self.block_expert_params();
         let block = self.piece_params(tp, 1) - experts + experts / ep;

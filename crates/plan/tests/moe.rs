@@ -72,8 +72,8 @@ fn mixtral_parameters_and_active_flops() {
 
 /// A rank's expert part of the state is `1/ep` of all experts' exactly without ZeRO (and for
 /// the parameters and gradients under ZeRO-1), the rest unchanged; ZeRO shards the experts
-/// over the dp·cp/ep ranks holding the same experts; under ZeRO-3 (as Bonfire's engine does)
-/// a rank keeps its experts whole and shards their gradients and optimizer state as stage 2.
+/// over the dp·cp/ep ranks holding the same experts, at ZeRO-3 their values too (as Bonfire's
+/// engine gathers a layer's experts over their replicas).
 /// Activations do not change with ep (balanced loads).
 #[test]
 fn expert_state_is_divided_by_ep_exactly() {
@@ -105,16 +105,11 @@ fn expert_state_is_divided_by_ep_exactly() {
         assert!(close(zero1.params - d1.params, e1.params / ep as f64));
         assert!(close(zero1.grads - d1.grads, e1.grads / ep as f64));
         assert!(close(zero1.optim, d1.optim + e1.optim), "ep={ep}");
-        // ZeRO-3 gathers every parameter but a rank's experts: under ep > 1 those are held
-        // whole and their state sharded as stage 2 does, over the 8/ep ranks holding them.
+        // ZeRO-3 shards a rank's experts over the 8/ep ranks holding them (values too: the
+        // engine gathers a layer's experts over their replicas), the rest over all 8.
         let zero3 = at(ep, ZeroStage::Zero3).state.total();
         let d3 = state_bytes(ZeroStage::Zero3, dense, 8, p, false).total();
-        let expert_stage = if ep == 1 {
-            ZeroStage::Zero3
-        } else {
-            ZeroStage::Zero2
-        };
-        let by_hand = state_bytes(expert_stage, experts / ep, 8 / ep, p, false);
+        let by_hand = state_bytes(ZeroStage::Zero3, experts / ep, 8 / ep, p, false);
         assert!(close(zero3 - d3, by_hand.total()), "ep={ep}");
         let l = expert_layout(8, 1, ep, 1, 1).with_zero(ZeroStage::Zero3);
         assert!(close(
