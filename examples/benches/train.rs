@@ -6,12 +6,13 @@
 //! The Mixtral runs `single`, `ddp`, `zero1`–`zero3`, `tp` and the expert-parallel `ddp-ep2`
 //! (dp = ranks, ep = 2; `ddp-ep4` too where the ranks split by 4) by default (it refuses
 //! `tp-sp`), then prints its routers' load imbalance step by step (`train/routing.rs`) and, for
-//! each ep layout, the rows each ep rank receives (`routing_ep`). An ep row adds `ep=…
+//! each ep layout, the rows each ep rank receives (`routing_ep`). `zero1-epK`..`zero3-epK`
+//! (ZeRO over every rank with ep = K) run when named. An ep row adds `ep=…
 //! a2a_bytes=… a2a_ms=… a2a_calls=… a2a_share=…`: a rank's all-to-all bytes and time per step
 //! (`train/experts.rs`; `a2a_share` = a2a_ms / step_ms).
 //!
 //! Prints one line per layout:
-//! `bench train model=<gpt|llama|mixtral> layout=<single|ddp|zero1|zero2|zero3|tp|tp-sp|pp-1f1b|pp-zb-h1|pp-zb-v|ddp-epK>
+//! `bench train model=<gpt|llama|mixtral> layout=<single|ddp|zero1|zero2|zero3|tp|tp-sp|pp-1f1b|pp-zb-h1|pp-zb-v|ddp-epK|zeroN-epK>
 //! ranks=N step_ms=… tokens_per_s=… backend=…` — the median over the timed steps (after
 //! warm-up) of the slowest rank's step, and the tokens of the global batch per second of it.
 //! Every multi-rank layout trains the same global batch (`batch` × `ranks` sequences), so
@@ -106,12 +107,18 @@ fn layout(name: &str, args: &Args) -> Result<(ParallelDims, usize), String> {
         "pp-1f1b" => (pp("1f1b"), n),
         "pp-zb-h1" => (pp("zb-h1"), n),
         "pp-zb-v" => (pp("zb-v"), n),
-        other => match other.strip_prefix("ddp-ep").map(str::parse::<usize>) {
-            Some(Ok(ep)) if ep > 1 && n % ep == 0 => (dp().with_degree(Axis::Ep, ep), n),
-            Some(_) => return Err(format!("{other}: ep must be above 1 and divide {n} ranks")),
-            None => {
+        other => match other.rsplit_once("-ep") {
+            Some((base @ ("ddp" | "zero1" | "zero2" | "zero3"), k)) => match k.parse() {
+                Ok(ep) if ep > 1 && n % ep == 0 => {
+                    let (dims, ranks) = layout(base, args)?;
+                    (dims.with_degree(Axis::Ep, ep), ranks)
+                }
+                _ => return Err(format!("{other}: ep must be above 1 and divide {n} ranks")),
+            },
+            _ => {
                 return Err(format!(
-                    "unknown layout `{other}`; known: {}, ddp-epK (the Mixtral)",
+                    "unknown layout `{other}`; known: {}, and for the Mixtral \
+                     ddp-epK, zero1-epK, zero2-epK, zero3-epK",
                     LAYOUTS.join(", ")
                 ));
             }
@@ -299,9 +306,12 @@ fn main() -> Result<(), String> {
                 let steps = args.run.schedule();
                 let replayed = routing::replay(&model, &data, rows, steps.total());
                 routing::summary(&replayed, steps.warmup);
+                // One line per (dp, ep): the replay's routing is the same for every wrapper.
+                let mut seen = Vec::new();
                 for name in &names {
                     let dims = layout(name, &args)?.0;
-                    if dims.ep() > 1 {
+                    if dims.ep() > 1 && !seen.contains(&(dims.dp(), dims.ep())) {
+                        seen.push((dims.dp(), dims.ep()));
                         routing::ep_summary(&replayed, steps.warmup, name, dims.dp(), dims.ep());
                     }
                 }
