@@ -1,10 +1,12 @@
-//! The planner (`bonfire_plan`) on Bonfire's GPT and on this machine — its layouts are the
-//! trainer's own [`ParallelDims`], nothing to translate: the GPT as a [`ModelSpec`]
-//! ([`gpt_spec`]) and this machine as a [`ClusterSpec`] ([`this_machine`]): one node of CPU rank threads whose matrix-product rate, communication
+//! The planner (`bonfire_plan`) on Bonfire's models and on this machine — its layouts are the
+//! trainer's own [`ParallelDims`], nothing to translate: the GPT, the Llama and the Mixtral
+//! as a [`ModelSpec`] ([`gpt_spec`], [`llama_spec`], [`mixtral_spec`]) and this machine as a
+//! [`ClusterSpec`] ([`this_machine`]): one node of CPU rank threads whose matrix-product rate, communication
 //! bandwidth and latency, and memory bandwidth are measured on the spot ([`calibrate`]),
 //! and whose memory per rank is a budget or `/proc/meminfo`'s available bytes over the ranks.
-//! [`measure_layout`] and [`predict_ranks`] hold one layout's measured bytes (on the counting
-//! allocator) and the planner's, per rank, for `tests/planner.rs` and `tests/planner_heldout.rs`.
+//! [`measure_layout`] (any model of token batches) and [`predict_ranks`] hold one layout's
+//! measured bytes (on the counting allocator) and the planner's, per rank, for
+//! `tests/planner.rs` and `tests/planner_heldout.rs` (the GPT's rows and the Mixtral's).
 
 use bonfire_comm::testing::rank_alloc;
 use bonfire_comm::{ReduceOp, ThreadWorld};
