@@ -121,10 +121,17 @@ pub fn sync_from_root_with<M: Module>(
         infos.iter().cloned().partition(|p| experts.contains(&p.id));
     let mut module = module;
     for (part, group) in [(shared, pg), (mine, &experts.replicas)] {
-        if group.size() > 1 && !part.is_empty() {
-            let values = crate::plane::broadcast(flat(&module, &part), 0, group)?;
-            module = assign_flat(module, &part, &values);
+        if part.is_empty() {
+            continue;
         }
+        // Assigned even where the group is one rank: the experts are narrow views of the
+        // buffer every parameter was synchronized in (`shard_experts`), which they would
+        // otherwise keep alive whole until the first step; their own copy frees it.
+        let values = match group.size() {
+            1 => flat(&module, &part),
+            _ => crate::plane::broadcast(flat(&module, &part), 0, group)?,
+        };
+        module = assign_flat(module, &part, &values);
     }
     Ok((module, infos))
 }
