@@ -128,7 +128,7 @@ pub fn sync_from_root_with<M: Module>(
         // buffer every parameter was synchronized in (`shard_experts`), which they would
         // otherwise keep alive whole until the first step; their own copy frees it.
         let values = match group.size() {
-            1 => flat(&module, &part),
+            1 => flat(&module, &part).detach(),
             _ => crate::plane::broadcast(flat(&module, &part), 0, group)?,
         };
         module = assign_flat(module, &part, &values);
