@@ -7,22 +7,12 @@
 //! (`examples/tests/planner_heldout.rs` measures cp layouts).
 
 use bonfire_plan::memory::{block_elems, formula};
+mod common;
 use bonfire_plan::{
-    ClusterSpec, DeviceSpec, LinkSpec, MemoryParts, MixedPrecision, ModelSpec, PlannedLayout,
-    Request, ZeroStage, candidates, context_layout, estimate, estimate_all, plan, rank_memory,
-    rank_shapes,
+    ClusterSpec, MemoryParts, MixedPrecision, ModelSpec, PlannedLayout, Request, ZeroStage,
+    candidates, context_layout, estimate, estimate_all, plan, rank_memory, rank_shapes,
 };
-
-fn h100s(nodes: usize, gpus_per_node: usize) -> ClusterSpec {
-    ClusterSpec {
-        nodes,
-        gpus_per_node,
-        device: DeviceSpec::preset("h100").unwrap(),
-        intra: LinkSpec::preset("nvlink").unwrap(),
-        inter: LinkSpec::preset("ib").unwrap(),
-        overlap: 1.0,
-    }
-}
+use common::h100s;
 
 /// The bench GPT with a position table of `seq` rows.
 fn bench_gpt(seq: usize) -> ModelSpec {

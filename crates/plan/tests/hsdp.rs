@@ -10,30 +10,16 @@
 use bonfire_plan::cost::replica_all_reduce;
 use bonfire_plan::memory::state_bytes;
 use bonfire_plan::time::all_reduce;
+mod common;
 use bonfire_plan::{
-    ClusterSpec, DeviceSpec, Estimate, LinkSpec, MemoryParts, MixedPrecision, ModelSpec,
-    ParallelDims, PlannedLayout, Request, ZeroStage, candidates, context_layout, estimate,
-    hsdp_layout, plan, rank_memory, rank_shapes,
+    ClusterSpec, Estimate, LinkSpec, MemoryParts, MixedPrecision, ModelSpec, ParallelDims,
+    PlannedLayout, Request, ZeroStage, candidates, context_layout, estimate, hsdp_layout, plan,
+    rank_memory, rank_shapes,
 };
+use common::{bf16, cluster};
 
 fn h100s(nodes: usize, intra: &str, inter: &str) -> ClusterSpec {
-    ClusterSpec {
-        nodes,
-        gpus_per_node: 8,
-        device: DeviceSpec::preset("h100").unwrap(),
-        intra: LinkSpec::preset(intra).unwrap(),
-        inter: LinkSpec::preset(inter).unwrap(),
-        overlap: 1.0,
-    }
-}
-
-fn bf16(global_batch: usize, seq: usize) -> Request {
-    Request {
-        global_batch,
-        seq,
-        precisions: vec![MixedPrecision::bf16()],
-        memory_fraction: 0.9,
-    }
+    cluster(nodes, 8, "h100", intra, inter)
 }
 
 /// `l` under ZeRO `zero` in bf16 (what [`bf16`] requests).

@@ -7,34 +7,16 @@
 //! links the group of ep consecutive dp × cp ranks spans. The search tries ep only for a
 //! mixture of experts, only dividing E and dp·cp. No machine is measured here.
 
+mod common;
 use bonfire_plan::experts::{all_to_all_bytes, ep_per_layer, expert_group_local_peers};
 use bonfire_plan::memory::{ZERO_STEP_GRADIENT_COPIES, rank_state, state_bytes};
 use bonfire_plan::time::all_to_all;
 use bonfire_plan::{
-    ClusterSpec, DeviceSpec, Estimate, LinkSpec, MixedPrecision, ModelSpec, ParallelDims,
-    PlannedLayout, Request, ZeroStage, candidates, context_layout, estimate, expert_degrees,
-    expert_layout, hsdp_layout, plan, rank_memory, rank_shapes,
+    ClusterSpec, Estimate, LinkSpec, MixedPrecision, ModelSpec, ParallelDims, PlannedLayout,
+    Request, ZeroStage, candidates, context_layout, estimate, expert_degrees, expert_layout,
+    hsdp_layout, plan, rank_memory, rank_shapes,
 };
-
-fn h100s(nodes: usize, gpus_per_node: usize) -> ClusterSpec {
-    ClusterSpec {
-        nodes,
-        gpus_per_node,
-        device: DeviceSpec::preset("h100").unwrap(),
-        intra: LinkSpec::preset("nvlink").unwrap(),
-        inter: LinkSpec::preset("ib").unwrap(),
-        overlap: 1.0,
-    }
-}
-
-fn bf16(global_batch: usize, seq: usize) -> Request {
-    Request {
-        global_batch,
-        seq,
-        precisions: vec![MixedPrecision::bf16()],
-        memory_fraction: 0.9,
-    }
-}
+use common::{bf16, h100s};
 
 fn mixtral() -> ModelSpec {
     ModelSpec::preset("mixtral-8x7b").unwrap()

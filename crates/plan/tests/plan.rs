@@ -10,30 +10,12 @@ use bonfire_plan::memory::{
     STEP_GRADIENT_COPIES, ZERO_STEP_GRADIENT_COPIES, formula, gradient_copy_bytes,
     gradients_at_peak,
 };
+mod common;
 use bonfire_plan::{
-    ClusterSpec, DeviceSpec, LinkSpec, MixedPrecision, ModelSpec, PlanError, PlannedLayout,
-    Request, ScheduleKind, ScheduleModel, ZeroStage, base_layout, plan,
+    ClusterSpec, MixedPrecision, ModelSpec, PlanError, PlannedLayout, ScheduleKind, ScheduleModel,
+    ZeroStage, base_layout, plan,
 };
-
-fn cluster(nodes: usize, g: usize, device: &str, intra: &str, inter: &str) -> ClusterSpec {
-    ClusterSpec {
-        nodes,
-        gpus_per_node: g,
-        device: DeviceSpec::preset(device).unwrap(),
-        intra: LinkSpec::preset(intra).unwrap(),
-        inter: LinkSpec::preset(inter).unwrap(),
-        overlap: 1.0,
-    }
-}
-
-fn bf16(global_batch: usize, seq: usize) -> Request {
-    Request {
-        global_batch,
-        seq,
-        precisions: vec![MixedPrecision::bf16()],
-        memory_fraction: 0.9,
-    }
-}
+use common::{bf16, cluster};
 
 #[test]
 fn presets_have_their_published_sizes() {
