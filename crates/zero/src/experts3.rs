@@ -11,7 +11,7 @@ use crate::experts::ExpertShards;
 use crate::gather::{GatherPlan, ZeroLayerHook, lazy_module};
 use crate::params;
 use bonfire_dtensor::install_layer_hook;
-use bonfire_dtensor::plane::{self, ledger::Reason};
+use bonfire_dtensor::plane;
 use bonfire_dtensor::scope::LayerHookGuard;
 use burn::module::Module;
 use burn::tensor::{DType, Gradients, Tensor};
@@ -80,16 +80,7 @@ impl ExpertShards {
 
     /// Adds each recorded piece's gradient from `grads` to the own sums.
     pub(crate) fn accumulate_pieces(&mut self, grads: &mut Gradients) {
-        let acc = &mut self.accumulated_own;
-        self.pieces
-            .retain(|(slot, piece)| match piece.grad_remove(grads) {
-                Some(g) => {
-                    let sum = acc.remove(&slot.start);
-                    acc.insert(slot.start, sum.map_or(g.clone(), |s| s + g));
-                    false
-                }
-                None => true,
-            });
+        crate::gather::accumulate_pieces(&mut self.pieces, &mut self.accumulated_own, grads);
     }
 
     /// The own gradient from the summed pieces (the gathers' backward already summed the
@@ -142,7 +133,6 @@ impl ExpertShards {
     /// `Zero::full_model`.
     pub(crate) fn assign_whole<M: Module>(&self, model: M) -> Result<M> {
         let flat = self.gathered_shard()?;
-        let _ = Reason::Export;
         Ok(params::assign_flat(model, &self.infos, &flat))
     }
 }

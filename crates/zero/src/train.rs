@@ -337,17 +337,7 @@ impl<M: Module> DataParallel<M> for Zero<M> {
         if let Some(side) = self.experts.as_mut() {
             side.accumulate_pieces(grads);
         }
-        let acc = &mut self.accumulated_own;
-        // Each forward's pieces get gradients from that forward's backward only.
-        self.pieces
-            .retain(|(slot, piece)| match piece.grad_remove(grads) {
-                Some(g) => {
-                    let sum = acc.remove(&slot.start);
-                    acc.insert(slot.start, sum.map_or(g.clone(), |s| s + g));
-                    false
-                }
-                None => true,
-            });
+        crate::gather::accumulate_pieces(&mut self.pieces, &mut self.accumulated_own, grads);
         Ok(())
     }
 
