@@ -508,7 +508,7 @@ fn dp_and_optimizer(
     DpTime {
         exposed,
         hidden: comm - exposed,
-        replica: replica_all_reduce(cluster, layout, psi),
+        replica: replica_all_reduce(cluster, layout, psi, psi_e),
         optimizer: (owned(psi, n) + owned(psi_e, ne)) * (pb + rb + 2.0 * k) / cluster.device.mem_bw,
     }
 }
@@ -534,11 +534,17 @@ fn dp_comm(layout: &ParallelDims, psi: f64, n: usize, link: &LinkSpec, layers: u
 
 /// Seconds of HSDP's all-reduce across the dp_replicate replicas (0 without HSDP): each rank
 /// averages its reduced gradient with the ranks holding the same shard — its own range
-/// (Ψ/(dp·cp) values) at stages 2–3, the full vector (Ψ) at stage 1 (`bonfire_zero`'s
-/// `with_replicas`) — in the reduce dtype, in one call, on the replica group's link (ranks
-/// dp·cp·tp apart: across nodes once the replicas do not fit one). Bonfire runs it after the
-/// shard group's reduction, before the step: on the critical path, not hidden.
-pub fn replica_all_reduce(cluster: &ClusterSpec, layout: &ParallelDims, psi: f64) -> f64 {
+/// (Ψ/(dp·cp) values, and of its `psi_e` experts' Ψₑ/(dp·cp/ep) under ep) at stages 2–3,
+/// the full vectors (Ψ + Ψₑ) at stage 1 (`bonfire_zero`'s `with_replicas`) — in the reduce
+/// dtype, on the replica group's link (ranks dp·cp·tp apart: across nodes once the replicas
+/// do not fit one). Bonfire runs it after the shard group's reduction, before the step: on
+/// the critical path, not hidden.
+pub fn replica_all_reduce(
+    cluster: &ClusterSpec,
+    layout: &ParallelDims,
+    psi: f64,
+    psi_e: f64,
+) -> f64 {
     if !layout.is_hsdp() {
         return 0.0;
     }
@@ -546,8 +552,8 @@ pub fn replica_all_reduce(cluster: &ClusterSpec, layout: &ParallelDims, psi: f64
     let (_, rb, _) = bytes_per_param(layout.precision);
     let n = layout.shard_ranks();
     let values = match layout.zero {
-        ZeroStage::Zero1 => psi,
-        _ => psi / n as f64,
+        ZeroStage::Zero1 => psi + psi_e,
+        _ => psi / n as f64 + psi_e / layout.expert_replicas() as f64,
     };
     let link = cluster.group_link(r, n * layout.tp());
     all_reduce(values * rb, r, link)

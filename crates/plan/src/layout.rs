@@ -330,8 +330,8 @@ impl PlannedLayout for ParallelDims {
 }
 
 /// Expert parallelism as the planner models it: ep only for a mixture of experts, dividing
-/// its E experts and borrowing its ranks from dp × cp (which it must divide; not with HSDP's
-/// dp_replicate — `ParallelDims::validate`'s rules); no sequence parallelism for a mixture of
+/// its E experts and borrowing its ranks from dp × cp (which it must divide; under HSDP inside
+/// each replica — `ParallelDims::validate`'s rules); no sequence parallelism for a mixture of
 /// experts (Bonfire's Mixtral refuses it: its router and experts are replicated over tp).
 fn check_experts(l: &ParallelDims, model: &ModelSpec) -> Result<(), String> {
     let ep = l.ep();
@@ -362,9 +362,6 @@ fn check_experts(l: &ParallelDims, model: &ModelSpec) -> Result<(), String> {
         return Err(format!(
             "ep={ep} does not divide dp × cp = {ranks}, whose ranks it borrows"
         ));
-    }
-    if ep > 1 && l.dp_replicate() > 1 {
-        return Err("ep with dp_replicate (HSDP) is not supported".into());
     }
     Ok(())
 }

@@ -16,7 +16,7 @@ use crate::layout::{
     expert_layout, hsdp_layout,
 };
 use crate::model::ModelSpec;
-use bonfire_layout::ActivationCheckpointing;
+use bonfire_layout::{ActivationCheckpointing, Axis};
 
 /// The planner's answer: the layouts that fit, fastest first, and why the first won.
 #[derive(Debug, Clone)]
@@ -95,6 +95,11 @@ pub fn candidates(
                 // HSDP: the same ranks as dp_replicate × dp, ZeRO sharded over dp × cp.
                 for r in divisors(dp).filter(|&r| r > 1 && dp / r * cp > 1) {
                     out.extend(variants(model, req, hsdp_layout(r, dp / r, cp, tp, pp)));
+                    // ep inside each replica.
+                    for ep in expert_degrees(model, dp / r * cp).filter(|&e| e > 1) {
+                        let l = hsdp_layout(r, dp / r, cp, tp, pp).with_degree(Axis::Ep, ep);
+                        out.extend(variants(model, req, l));
+                    }
                 }
                 // ep: a mixture of experts' experts over ep consecutive dp × cp ranks.
                 for ep in expert_degrees(model, dp * cp).filter(|&e| e > 1) {

@@ -135,7 +135,7 @@ fn hsdp_communication_by_formula() {
         let shard = if zero == ZeroStage::Zero1 { 1.0 } else { 8.0 };
         let expected = all_reduce(psi / shard * rb, 2, &ib);
         assert!((t.replica_comm / expected - 1.0).abs() < 1e-12, "{zero:?}");
-        assert_eq!(t.replica_comm, replica_all_reduce(&two, &hsdp, psi));
+        assert_eq!(t.replica_comm, replica_all_reduce(&two, &hsdp, psi, 0.0));
         // The shard group's traffic is a one-node dp=8's, on NVLink.
         let dp8 = cost(
             &model,
@@ -157,7 +157,7 @@ fn hsdp_communication_by_formula() {
     let inside = z(hsdp_layout(2, 4, 1, 1, 1), ZeroStage::Zero2);
     let nvlink = LinkSpec::preset("nvlink").unwrap();
     let expected = all_reduce(psi / 4.0 * rb, 2, &nvlink);
-    assert!((replica_all_reduce(&one, &inside, psi) / expected - 1.0).abs() < 1e-12);
+    assert!((replica_all_reduce(&one, &inside, psi, 0.0) / expected - 1.0).abs() < 1e-12);
     // ZeRO-0: DDP over dp_replicate × dp.
     let ddp = cost(
         &model,

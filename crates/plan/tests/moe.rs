@@ -8,6 +8,7 @@
 //! mixture of experts, only dividing E and dp·cp. No machine is measured here.
 
 mod common;
+use bonfire_plan::cost::replica_all_reduce;
 use bonfire_plan::experts::{all_to_all_bytes, ep_per_layer, expert_group_local_peers};
 use bonfire_plan::memory::{ZERO_STEP_GRADIENT_COPIES, rank_state, state_bytes};
 use bonfire_plan::time::all_to_all;
@@ -166,8 +167,8 @@ fn all_to_all_bytes_and_time_by_formula() {
     assert_eq!(all_to_all_bytes(&llama, &l, tokens), 0.0);
 }
 
-/// ep is refused where E % ep ≠ 0 or ep ∤ dp·cp (and with HSDP, as the trainer refuses it);
-/// the search only tries divisors of both.
+/// ep is refused where E % ep ≠ 0 or ep ∤ dp·cp; the search only tries divisors of both, and
+/// under HSDP divisors of the shard group's dp × cp (ep inside each replica).
 #[test]
 fn ep_is_refused_unless_it_divides_the_experts_and_dp_cp() {
     let m = mixtral();
@@ -180,15 +181,15 @@ fn ep_is_refused_unless_it_divides_the_experts_and_dp_cp() {
     let hsdp = hsdp_layout(2, 4, 1, 1, 1)
         .with_degree(bonfire_layout::Axis::Ep, 2)
         .with_zero(ZeroStage::Zero1);
-    assert!(hsdp.check_model(&m, 8).unwrap_err().contains("HSDP"));
+    assert!(hsdp.check_model(&m, 8).is_ok());
     assert_eq!(expert_degrees(&m, 12).collect::<Vec<_>>(), [1, 2, 4]);
     assert_eq!(expert_degrees(&m, 6).collect::<Vec<_>>(), [1, 2]);
     let (layouts, _) = candidates(&m, &h100s(3, 8), &bf16(48, 4096));
     assert!(layouts.iter().any(|l| l.ep() == 8));
+    assert!(layouts.iter().any(|l| l.ep() > 1 && l.dp_replicate() > 1));
     for l in &layouts {
         assert_eq!(8 % l.ep(), 0, "{l}");
         assert_eq!(l.dp() * l.cp() % l.ep(), 0, "{l}");
-        assert!(l.ep() == 1 || l.dp_replicate() == 1, "{l}");
         assert!(!l.tp_options.sequence_parallel, "{l}");
         l.validate(24).unwrap();
     }
@@ -349,4 +350,34 @@ fn deepseek_v3_published_layout_fits_behind_intra_node_ep() {
     assert_eq!(expert_group_local_peers(&cluster, &e.layout), 7);
     assert!(e.time.ep_comm > 2.0 * top.time.ep_comm);
     assert!(e.time.total() > top.time.total());
+}
+
+/// HSDP with ep (ep inside each replica, as the engine runs it): a rank's state is the dense
+/// part sharded over the shard group and its experts over the dp·cp/ep ranks holding them,
+/// and the all-reduce across the replicas carries both shards.
+#[test]
+fn hsdp_with_ep_shards_the_experts_inside_a_replica() {
+    let m = mixtral();
+    let p = MixedPrecision::bf16();
+    let l = hsdp_layout(2, 4, 1, 1, 1)
+        .with_degree(bonfire_layout::Axis::Ep, 2)
+        .with_zero(ZeroStage::Zero2)
+        .with_precision(p);
+    let experts = m.block_expert_params() * m.n_layers;
+    let dense = m.num_params() - experts;
+    let shapes = rank_shapes(&m, &l, 4096);
+    assert_eq!(shapes[0].expert_params, experts / 2);
+    let got = rank_state(&l, dense + experts / 2, experts / 2).total();
+    let want = state_bytes(ZeroStage::Zero2, dense, 4, p, false).total()
+        + state_bytes(ZeroStage::Zero2, experts / 2, 2, p, false).total();
+    assert!(close(got, want), "{got} vs {want}");
+    let cluster = h100s(1, 8);
+    let with = replica_all_reduce(&cluster, &l, dense as f64, (experts / 2) as f64);
+    let without = replica_all_reduce(&cluster, &l, dense as f64, 0.0);
+    // Shards of Ψ_d/4 and Ψ_e/2/2: the experts' share of the volume is Ψ_e/4 against Ψ_d/4.
+    let ratio = (with - without) / without;
+    assert!(
+        ratio > 0.8 * experts as f64 / dense as f64 && ratio < 1.2 * experts as f64 / dense as f64,
+        "{ratio}"
+    );
 }
