@@ -34,6 +34,7 @@ const PLANE_CALLS: &[&str] = &[
     "plane::from_host",
     "plane::all_reduce",
     "plane::all_reduce_async",
+    "plane::reduce_scatter",
     "plane::reduce_scatter_async",
     "plane::all_gather",
     "plane::counts_to_host",
