@@ -34,7 +34,7 @@ pub(crate) struct ExpertShards {
     pub optim: ShardOptimizer,
     pub(crate) stage: ZeroStage,
     /// The averaged gradient after a reduction: the whole expert vector (stage 1) or the own
-    /// range (stage 2; `None` when this rank owns nothing).
+    /// range (stages 2–3; `None` when this rank owns nothing).
     pub(crate) grads: Option<Option<Tensor<1>>>,
     /// Micro-batch gradients summed since the last reduction, per expert parameter.
     pub(crate) accumulated: Vec<Option<Tensor<1>>>,
@@ -104,14 +104,7 @@ impl ExpertShards {
 
     /// Adds per-parameter flat gradients to the micro-batch sum.
     pub fn accumulate(&mut self, per_param: Vec<Option<Tensor<1>>>) {
-        for (acc, g) in self.accumulated.iter_mut().zip(per_param) {
-            if let Some(g) = g {
-                *acc = Some(match acc.take() {
-                    Some(sum) => sum + g,
-                    None => g,
-                });
-            }
-        }
+        crate::grads::sum_into(&mut self.accumulated, per_param);
     }
 
     /// Reduces the accumulated gradients plus `per_param` over the replicas, scaled to the
@@ -120,16 +113,9 @@ impl ExpertShards {
     pub fn reduce(&mut self, per_param: Vec<Option<Tensor<1>>>) -> Result<()> {
         self.accumulate(per_param);
         let dtype = self.config.precision.reduce_dtype();
-        let parts: Vec<Tensor<1>> =
-            std::mem::replace(&mut self.accumulated, vec![None; self.infos.len()])
-                .into_iter()
-                .zip(self.infos.iter())
-                .map(|(g, p)| match g {
-                    Some(g) => g.cast(dtype),
-                    None => Tensor::zeros([p.numel()], (&self.device, dtype)),
-                })
-                .collect();
-        let flat = bonfire_kernels::pack_scaled(&parts, self.params.grad_scale());
+        let sums = std::mem::replace(&mut self.accumulated, vec![None; self.infos.len()]);
+        let scale = self.params.grad_scale();
+        let flat = crate::grads::pack(sums, &self.infos, &self.device, dtype, scale);
         let replicas = &self.params.replicas;
         let reduced = match self.stage {
             ZeroStage::Zero2 | ZeroStage::Zero3 => {
@@ -160,7 +146,7 @@ impl ExpertShards {
         let updated = match grads {
             Some(g) if !own.is_empty() => {
                 let g = match self.stage {
-                    ZeroStage::Zero2 | ZeroStage::Zero3 => g,
+                    ZeroStage::Zero2 => g,
                     _ => g.narrow(0, own.start, own.len()),
                 };
                 let values = params::flat(&model, &self.infos).narrow(0, own.start, own.len());

@@ -80,7 +80,7 @@ impl ExpertShards {
 
     /// Adds each recorded piece's gradient from `grads` to the own sums.
     pub(crate) fn accumulate_pieces(&mut self, grads: &mut Gradients) {
-        crate::gather::accumulate_pieces(&mut self.pieces, &mut self.accumulated_own, grads);
+        crate::grads::accumulate_pieces(&mut self.pieces, &mut self.accumulated_own, grads);
     }
 
     /// The own gradient from the summed pieces (the gathers' backward already summed the
@@ -88,19 +88,9 @@ impl ExpertShards {
     /// replicas.
     pub(crate) fn reduce_own(&mut self) -> Result<()> {
         let own = self.own_range();
-        let mut sums = std::mem::take(&mut self.accumulated_own);
-        let parts: Vec<Tensor<1>> = self
-            .optim
-            .pieces()
-            .iter()
-            .map(|piece| {
-                let slot = piece.flat.start - own.start;
-                sums.remove(&slot)
-                    .unwrap_or_else(|| Tensor::zeros([piece.len()], &self.device))
-            })
-            .collect();
         let scale = self.params.grad_scale() / self.params.replicas.size() as f32;
-        let g = (!parts.is_empty()).then(|| bonfire_kernels::pack_scaled(&parts, scale));
+        let sums = &mut std::mem::take(&mut self.accumulated_own);
+        let g = crate::grads::own_range(self.optim.pieces(), own.start, sums, &self.device, scale);
         self.pieces.clear();
         self.set_reduced(g)
     }

@@ -363,21 +363,3 @@ pub(crate) fn lazy_module<M: Module>(skeleton: M, plan: Arc<GatherPlan>) -> M {
     let index = crate::params::index_of(&plan.infos);
     skeleton.map(&mut Lazy { plan, index })
 }
-
-/// Adds each of a stage-3 wrapper's recorded `pieces` (their place in the own range, the
-/// autodiff leaf) that `grads` has a gradient for to `sums` (by offset) and forgets it; each
-/// forward's pieces get gradients from that forward's backward only.
-pub(crate) fn accumulate_pieces(
-    pieces: &mut Vec<(Range<usize>, Tensor<1>)>,
-    sums: &mut std::collections::BTreeMap<usize, Tensor<1>>,
-    grads: &mut burn::tensor::Gradients,
-) {
-    pieces.retain(|(slot, piece)| match piece.grad_remove(grads) {
-        Some(g) => {
-            let sum = sums.remove(&slot.start);
-            sums.insert(slot.start, sum.map_or(g.clone(), |s| s + g));
-            false
-        }
-        None => true,
-    });
-}

@@ -81,6 +81,7 @@ mod error;
 mod experts;
 mod experts3;
 mod gather;
+mod grads;
 mod held;
 pub mod optim;
 pub use bonfire_dtensor::params;

@@ -12,6 +12,7 @@
 use crate::config::ZeroStage;
 use crate::error::{Result, ZeroError};
 use crate::gather::{GatherPlan, ZeroLayerHook, lazy_module};
+use crate::grads;
 use crate::params::{self, ParamValues};
 use crate::reduce::GradBuckets;
 use crate::zero::Zero;
@@ -91,18 +92,6 @@ impl<M: Module> Zero<M> {
         }
     }
 
-    /// Adds per-parameter flat gradients (stages 0–2) to the micro-batch sum.
-    fn add_accumulated(&mut self, per_param: Vec<Option<Tensor<1>>>) {
-        for (acc, g) in self.accumulated.iter_mut().zip(per_param) {
-            if let Some(g) = g {
-                *acc = Some(match acc.take() {
-                    Some(sum) => sum + g,
-                    None => g,
-                });
-            }
-        }
-    }
-
     /// Averages per-parameter flat gradients (stages 0–2; `None` for a parameter without
     /// one) over the group and keeps what this stage holds: the full vector (0–1, one
     /// all-reduce of the packed vector) or the own range (2, through the buckets of the
@@ -110,18 +99,8 @@ impl<M: Module> Zero<M> {
     fn reduce_parts(&mut self, per_param: Vec<Option<Tensor<1>>>) -> Result<()> {
         match self.config.stage {
             ZeroStage::Zero0 | ZeroStage::Zero1 => {
-                let device = self.device.clone();
                 let dtype = self.config.precision.reduce_dtype();
-                let parts: Vec<Tensor<1>> = per_param
-                    .into_iter()
-                    .zip(self.infos.iter())
-                    .map(|(g, p)| match g {
-                        Some(g) => g.cast(dtype),
-                        None => Tensor::zeros([p.numel()], (&device, dtype)),
-                    })
-                    .collect();
-                let mut flat = bonfire_kernels::pack_scaled(&parts, 1.0);
-                bonfire_dtensor::precision::observe::observer().reduced(flat.dtype());
+                let mut flat = grads::pack(per_param, &self.infos, &self.device, dtype, 1.0);
                 if self.pg.size() > 1 {
                     flat = plane::all_reduce(flat, ReduceOp::Avg, &self.pg)?;
                 }
@@ -328,7 +307,7 @@ impl<M: Module> DataParallel<M> for Zero<M> {
             let mut gp = GradientsParams::from_module(grads, self.model());
             let per_param = params::take_flat_grads(self.model(), &self.infos, &mut gp);
             let experts = self.take_expert_grads(&mut gp);
-            self.add_accumulated(per_param);
+            grads::sum_into(&mut self.accumulated, per_param);
             if let (Some(side), Some(g)) = (self.experts.as_mut(), experts) {
                 side.accumulate(g);
             }
@@ -337,26 +316,18 @@ impl<M: Module> DataParallel<M> for Zero<M> {
         if let Some(side) = self.experts.as_mut() {
             side.accumulate_pieces(grads);
         }
-        crate::gather::accumulate_pieces(&mut self.pieces, &mut self.accumulated_own, grads);
+        grads::accumulate_pieces(&mut self.pieces, &mut self.accumulated_own, grads);
         Ok(())
     }
 
     fn reduce(&mut self) -> Result<()> {
         if self.config.stage == ZeroStage::Zero3 {
             // The gathers' backward already summed every rank's gradient onto the owners.
-            let own = self.own_range();
-            let mut pieces = std::mem::take(&mut self.accumulated_own);
-            let mut parts = Vec::new();
-            let mut at = 0;
-            for piece in self.optim.pieces.iter() {
-                let slot = piece.flat.start - own.start;
-                let g = pieces.remove(&slot);
-                parts.push(g.unwrap_or_else(|| Tensor::zeros([piece.len()], &self.device)));
-                at = slot + piece.len();
-            }
-            debug_assert_eq!(at, own.len());
-            let scale = 1.0 / self.pg.size() as f32;
-            let g = (!parts.is_empty()).then(|| bonfire_kernels::pack_scaled(&parts, scale));
+            let (own, scale) = (self.own_range(), 1.0 / self.pg.size() as f32);
+            let pieces = &self.optim.pieces;
+            debug_assert_eq!(pieces.iter().map(|p| p.len()).sum::<usize>(), own.len());
+            let sums = &mut std::mem::take(&mut self.accumulated_own);
+            let g = grads::own_range(pieces, own.start, sums, &self.device, scale);
             self.grads = Some(g);
             self.pieces.clear();
             if let Some(side) = self.experts.as_mut() {
