@@ -1,7 +1,10 @@
 //! `cargo xtask bench train`: the bench GPT's (or, with `--model llama`, the bench Llama's,
 //! with `--model mixtral`, the bench Mixtral's: `MixtralConfig::bench`) training throughput in
-//! every layout, through the trainer's one loop (SGD), on rank threads — or as processes under
-//! `mpirun` (`--backend mpi`, which runs this binary with `--launcher env`).
+//! every layout, through the trainer's one loop, on rank threads — or as processes under
+//! `mpirun` (`--backend mpi`, which runs this binary with `--launcher env`). The optimizer is
+//! SGD (lr 0.01) for the GPT and the Mixtral, AdamW (lr 1e-3, β 0.9/0.95, ε 1e-6, weight
+//! decay 0.1) for the Llama; `--optimizer sgd|adamw` picks either. The xtask then runs
+//! PyTorch's side in the same run where it is installed (`xtask/src/pytorch.rs`).
 //!
 //! The Mixtral runs `single`, `ddp`, `zero1`–`zero3`, `tp` and the expert-parallel `ddp-ep2`
 //! (dp = ranks, ep = 2; `ddp-ep4` too where the ranks split by 4) by default (it refuses
@@ -35,7 +38,7 @@ use bonfire_models::mixtral::{Mixtral, MixtralConfig};
 use bonfire_pipeline::ScheduleKind;
 use bonfire_train::{Axis, ParallelDims, ParallelModel, Trainer};
 use bonfire_zero::{ZeroConfig, ZeroStage};
-use burn::optim::SgdConfig;
+use burn::optim::{AdamWConfig, SgdConfig};
 use burn::tensor::Device;
 use clap::Parser;
 use std::path::PathBuf;
@@ -79,6 +82,10 @@ struct Args {
     /// `mixtral` (the Llama's body, 8 experts of width 344 per layer, top 2, α = 0.02).
     #[arg(long, default_value = "gpt")]
     model: String,
+    /// The optimizer: `sgd` (lr 0.01) or `adamw` (lr 1e-3, β 0.9/0.95, ε 1e-6, weight decay
+    /// 0.1). Default: `adamw` for the Llama (the bench Llama), `sgd` otherwise.
+    #[arg(long)]
+    optimizer: Option<String>,
     /// Ignored (passed by `cargo bench`).
     #[arg(long, hide = true)]
     bench: bool,
@@ -148,17 +155,26 @@ fn measure<M: ParallelModel<Batch = TokenBatch> + Sync>(
     let (dims, ranks) = layout(name, args)?;
     let steps = args.run.schedule();
     let bucket_bytes = (args.bucket_mb * (1 << 20) as f64) as usize;
-    let trainer = Trainer::new(dims.clone(), || SgdConfig::new().init())
-        .with_ddp(
-            DdpConfig::new()
-                .with_bucket_mb(args.bucket_mb)
-                .with_record_timings(true),
-        )
-        .with_zero(
-            ZeroConfig::new(dims.zero)
-                .with_bucket_bytes(bucket_bytes)
-                .with_record_timings(true),
-        );
+    let adamw = optimizer(args)? == "adamw";
+    let trainer = Trainer::new(dims.clone(), move || match adamw {
+        true => AdamWConfig::new()
+            .with_beta_1(0.9)
+            .with_beta_2(0.95)
+            .with_epsilon(1e-6)
+            .with_weight_decay(0.1)
+            .init(),
+        false => SgdConfig::new().init(),
+    })
+    .with_ddp(
+        DdpConfig::new()
+            .with_bucket_mb(args.bucket_mb)
+            .with_record_timings(true),
+    )
+    .with_zero(
+        ZeroConfig::new(dims.zero)
+            .with_bucket_bytes(bucket_bytes)
+            .with_record_timings(true),
+    );
     let rows_per_step = if ranks == 1 {
         args.run.batch
     } else {
@@ -178,7 +194,8 @@ fn measure<M: ParallelModel<Batch = TokenBatch> + Sync>(
     let failed = |e: bonfire_train::TrainError| format!("layout {name}: {e}");
     let (mut per_rank, mut a2a) = match (dims.ep(), probed) {
         (1, _) => (
-            throughput::train(model, &trainer, hosts, steps, &rows).map_err(failed)?,
+            throughput::train_at(model, &trainer, hosts, steps, &rows, lr(args)?)
+                .map_err(failed)?,
             Vec::new(),
         ),
         (_, Some(p)) => experts::train(p, &trainer, hosts, steps, &rows)
@@ -211,6 +228,24 @@ fn measure<M: ParallelModel<Batch = TokenBatch> + Sync>(
         tokens_per_s: tokens / (step_ms / 1e3),
         timings,
         a2a: (!a2a.is_empty()).then(|| experts::summary(&a2a, steps)),
+    })
+}
+
+/// The optimizer `args` name (`--optimizer`, else the model's default).
+fn optimizer(args: &Args) -> Result<&str, String> {
+    match (args.optimizer.as_deref(), args.model.as_str()) {
+        (Some(o @ ("sgd" | "adamw")), _) => Ok(o),
+        (Some(other), _) => Err(format!("--optimizer {other}: expected `sgd` or `adamw`")),
+        (None, "llama") => Ok("adamw"),
+        (None, _) => Ok("sgd"),
+    }
+}
+
+/// The learning rate of `args`' optimizer: 0.01 for SGD, 1e-3 for AdamW.
+fn lr(args: &Args) -> Result<f64, String> {
+    Ok(match optimizer(args)? {
+        "adamw" => 1e-3,
+        _ => 0.01,
     })
 }
 
@@ -350,8 +385,10 @@ fn run_all<M: ParallelModel<Batch = TokenBatch> + Sync>(
         let (dims, ranks) = layout(name, args)?;
         let model_name = &args.model;
         let mut line = format!(
-            "bench train model={model_name} layout={name} ranks={ranks} step_ms={:.1} tokens_per_s={:.0} backend={backend}",
-            m.step_ms, m.tokens_per_s
+            "bench train model={model_name} layout={name} ranks={ranks} step_ms={:.1} tokens_per_s={:.0} backend={backend} optimizer={}",
+            m.step_ms,
+            m.tokens_per_s,
+            optimizer(args)?
         );
         match name.as_str() {
             "single" => single_ms = Some(m.step_ms),

@@ -123,7 +123,7 @@ pub enum Hosts {
 /// What rank `rank` is given as the global batch of step `step` on `device`.
 pub type Rows<'a> = &'a (dyn Fn(usize, usize, &Device) -> TokenBatch + Sync);
 
-/// Trains `model` (the GPT, the Llama) with `trainer` for `steps` SGD steps at learning
+/// Trains `model` (the GPT, the Llama) with `trainer` for `steps` steps at learning
 /// rate 0.01 through [`fit`] on `hosts`; every rank's step times and wrapper report, in rank
 /// order (this process's ranks only).
 pub fn train<M: ParallelModel<Batch = TokenBatch> + Sync>(
@@ -133,7 +133,19 @@ pub fn train<M: ParallelModel<Batch = TokenBatch> + Sync>(
     steps: Steps,
     rows: Rows<'_>,
 ) -> Result<Vec<RankRun>, TrainError> {
-    let config = FitConfig::new(steps.total(), 0.01);
+    train_at(model, trainer, hosts, steps, rows, 0.01)
+}
+
+/// [`train`] at learning rate `lr` (the bench Llama's AdamW trains at 1e-3).
+pub fn train_at<M: ParallelModel<Batch = TokenBatch> + Sync>(
+    model: &M,
+    trainer: &Trainer,
+    hosts: Hosts,
+    steps: Steps,
+    rows: Rows<'_>,
+    lr: f64,
+) -> Result<Vec<RankRun>, TrainError> {
+    let config = FitConfig::new(steps.total(), lr);
     let one = |pg: ProcessGroup, rank: usize| {
         let data = |s: usize, device: &Device| rows(rank, s, device);
         let mut engine = trainer.build(model.clone(), &pg, &data(0, &default_device()))?;

@@ -57,6 +57,10 @@ pub fn run(target_name: &str, extra_args: &[String]) -> Result {
             )));
         }
     }
+    if target_name == "train" {
+        // Bonfire's rows, then PyTorch's in the same run where it is installed.
+        return crate::pytorch::bench_train(extra_args);
+    }
     if target_name == "zero" {
         return Err(Failure::usage(
             "`bench zero` was retired: its bytes per rank were computed from tensor shapes, not \

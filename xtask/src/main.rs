@@ -20,6 +20,7 @@ mod mpi_fault;
 mod mpi_train;
 mod packages;
 mod process;
+mod pytorch;
 mod tally;
 mod test;
 

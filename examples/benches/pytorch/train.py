@@ -80,7 +80,7 @@ class Llama(nn.Module):
 
 def optimizer(name, params):
     if name == "sgd":
-        return torch.optim.SGD(params, lr=1e-3)
+        return torch.optim.SGD(params, lr=0.01)
     return torch.optim.AdamW(params, lr=1e-3, betas=(0.9, 0.95), eps=1e-6, weight_decay=0.1)
 
 

@@ -1,0 +1,149 @@
+//! `cargo xtask bench profile -- --model llama`: where a one-rank training step of the bench
+//! Llama goes (vocab 4096, hidden 256, 8 heads, 4 kv heads, 4 layers, intermediate 688, seq
+//! 128), piece by piece with the model's own modules, then the whole model and the AdamW step
+//! (lr 1e-3, β 0.9/0.95, ε 1e-6, weight decay 0.1: the train bench's).
+//!
+//! Parts: `embed`, `rms_norm` (2·layers + 1 uses), `attention` (a layer's whole attention:
+//! projections, RoPE, GQA core) and, for the record, `attention.projections` (its four linear
+//! layers alone); `mlp` (the SwiGLU MLP) and `mlp.projections`; `head`, `cross_entropy`; then
+//! `part=sum`, `part=model`, `part=adamw`, and the `split` line (see [`super::Split`]).
+
+use super::{Report, Split, leaf, ms, time};
+use bonfire_examples::default_device;
+use bonfire_examples::throughput::{median, random_batches};
+use bonfire_models::gpt::cross_entropy;
+use bonfire_models::layers::{Embedding, Linear, RmsNorm};
+use bonfire_models::llama::model::{Attention, Mlp};
+use bonfire_models::llama::{Llama, LlamaConfig};
+use burn::module::Module;
+use burn::optim::{AdamWConfig, GradientsParams};
+use burn::tensor::{Distribution, Int, Tensor};
+use std::time::Instant;
+
+/// Profiles the bench Llama at `b` sequences per step, `reps` timed runs per piece.
+pub fn run(b: usize, reps: usize) {
+    let cfg = LlamaConfig::bench();
+    let dev = default_device();
+    let (t, d, l) = (
+        cfg.max_position_embeddings,
+        cfg.hidden_size,
+        cfg.num_hidden_layers,
+    );
+    let (v, f, hd) = (cfg.vocab_size, cfg.intermediate_size, cfg.head_dim);
+    let (q, kv) = (cfg.num_attention_heads * hd, cfg.num_key_value_heads * hd);
+    eprintln!(
+        "Llama bench size, batch {b} x {t}: Flex with autodiff, {reps} timed runs per piece; \
+         step_ms = uses per step x (forward + backward)"
+    );
+    let mut r = Report::default();
+    let x = leaf([b, t, d], &dev);
+    let ids = Tensor::<2, Int>::random([b, t], Distribution::Uniform(0.0, v as f64), &dev);
+    let emb = Embedding::new(v, d, &dev);
+    r.line("embed", 1, time(reps, || emb.forward(ids.clone())));
+    let norm = RmsNorm::new(d, &dev).with_eps(cfg.rms_norm_eps);
+    r.line(
+        "rms_norm",
+        2 * l + 1,
+        time(reps, || norm.forward(x.clone())),
+    );
+    let attn = Attention::new(&cfg, &dev);
+    r.line("attention", l, time(reps, || attn.forward(x.clone())));
+    let (wq, wk, wv, wo) = (
+        Linear::new(d, q, false, &dev),
+        Linear::new(d, kv, false, &dev),
+        Linear::new(d, kv, false, &dev),
+        Linear::new(q, d, false, &dev),
+    );
+    let xq = leaf([b, t, q], &dev);
+    r.record(
+        "attention.projections",
+        l,
+        time(reps, || {
+            let qkv = [&wq, &wk, &wv].map(|w| w.forward(x.clone()).sum());
+            let [a, b, c] = qkv;
+            a + b + c + wo.forward(xq.clone()).sum()
+        }),
+    );
+    let mlp = Mlp::new(d, f, &dev);
+    r.line("mlp", l, time(reps, || mlp.forward(x.clone())));
+    let (gate, up) = (
+        Linear::new(d, f, false, &dev),
+        Linear::new(d, f, false, &dev),
+    );
+    let down = Linear::new(f, d, false, &dev);
+    let xf = leaf([b, t, f], &dev);
+    r.record(
+        "mlp.projections",
+        l,
+        time(reps, || {
+            gate.forward(x.clone()).sum()
+                + up.forward(x.clone()).sum()
+                + down.forward(xf.clone()).sum()
+        }),
+    );
+    let head = Linear::new(d, v, false, &dev);
+    r.line("head", 1, time(reps, || head.forward(x.clone())));
+    let logits = leaf([b, t, v], &dev);
+    let targets = Tensor::<2, Int>::random([b, t], Distribution::Uniform(0.0, v as f64), &dev);
+    r.line(
+        "cross_entropy",
+        1,
+        time(reps, || cross_entropy(logits.clone(), targets.clone())),
+    );
+    r.sum_line();
+    let optimizer_ms = whole_model(&cfg, b, reps);
+    Split {
+        matmul: r.get("attention.projections") + r.get("mlp.projections") + r.get("head"),
+        attention: r.get("attention") - r.get("attention.projections"),
+        elementwise: r.get("embed")
+            + r.get("rms_norm")
+            + (r.get("mlp") - r.get("mlp.projections"))
+            + r.get("cross_entropy"),
+        optimizer: optimizer_ms,
+    }
+    .print("llama");
+}
+
+/// The whole model's forward and backward, and AdamW's step on its gradients; returns the
+/// optimizer step's median (ms).
+fn whole_model(cfg: &LlamaConfig, b: usize, reps: usize) -> f64 {
+    let dev = default_device();
+    let mut model = Llama::new(cfg, &dev);
+    let data = random_batches(cfg.vocab_size, cfg.max_position_embeddings, b, 1, 3);
+    let (ids, targets) = data.rows(0, 0, b, &dev);
+    let mut optim = AdamWConfig::new()
+        .with_beta_1(0.9)
+        .with_beta_2(0.95)
+        .with_epsilon(1e-6)
+        .with_weight_decay(0.1)
+        .init();
+    let (mut fwd, mut bwd, mut opt) = (Vec::new(), Vec::new(), Vec::new());
+    for rep in 0..=reps {
+        let start = Instant::now();
+        let loss = model.loss(ids.clone(), targets.clone());
+        let f_ms = ms(start);
+        let start = Instant::now();
+        let grads = loss.backward();
+        let b_ms = ms(start);
+        let start = Instant::now();
+        let grads = GradientsParams::from_grads(grads, &model);
+        model = optim.step(1e-3, model, grads);
+        let o_ms = ms(start);
+        if rep > 0 {
+            fwd.push(f_ms);
+            bwd.push(b_ms);
+            opt.push(o_ms);
+        }
+    }
+    let (f, b) = (median(fwd), median(bwd));
+    println!(
+        "bench profile part=model count=1 fwd_ms={f:.2} bwd_ms={b:.2} step_ms={:.1}",
+        f + b
+    );
+    let o = median(opt);
+    println!(
+        "bench profile part=adamw count=1 step_ms={o:.1} params={}",
+        model.num_params()
+    );
+    o
+}
