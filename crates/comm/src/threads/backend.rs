@@ -13,7 +13,7 @@
 use super::shared::{GroupShared, Message, POOL_LIMIT, Slot};
 use crate::backend::{Backend, CallContext};
 use crate::collective::{AllToAllCounts, Collective, Counts, offsets_into};
-use crate::memops::{copy_bytes, fence};
+use crate::memops::{copy_bytes, fence, stream_threshold};
 use crate::reduce::{Operands, reduce_raw};
 use crate::{BufMut, BufRef, DType, ReduceOp, Result};
 use std::sync::{Arc, Mutex};
@@ -21,10 +21,6 @@ use std::time::{Duration, Instant};
 
 /// Chunks handed to different ranks start on separate cache lines.
 const CACHE_LINE: usize = 64;
-
-/// When the buffers of all ranks together exceed this, writes bypass the cache (see
-/// `memops`): half of a typical last-level cache.
-const STREAM_THRESHOLD: usize = 16 << 20;
 
 pub(crate) struct ThreadBackend {
     pub(crate) shared: Arc<GroupShared>,
@@ -369,9 +365,10 @@ impl Exchange<'_> {
         self.slots[self.me].recv
     }
 
-    /// Whether the buffers of all ranks together, `bytes` each, call for streaming writes.
+    /// Whether the buffers of all ranks together, `bytes` each, call for streaming writes:
+    /// only once they overflow the last-level cache (see `memops`).
     fn stream(&self, bytes: usize) -> bool {
-        bytes * self.n >= STREAM_THRESHOLD
+        bytes.saturating_mul(self.n) > stream_threshold()
     }
 
     /// All-reduce: this rank reduces its chunk across all buffers into every buffer.
