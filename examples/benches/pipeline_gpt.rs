@@ -1,38 +1,54 @@
 //! `cargo xtask bench pipeline`, workload `gpt`: the bubble of each schedule on the GPT's real
-//! stage compute (the bench GPT: vocab 4096, d 256, 8 heads, 4 layers, seq 128, d_ff 1024,
-//! f32), `p` rank threads, `8·p` sequences per step split into `m` micro-batches, next to
-//! theory.
+//! stage compute (the bench GPT: vocab 4096, d 256, 8 heads, 4 layers (`--layers`), seq 128,
+//! d_ff 1024, f32), `p` rank threads, `8·p` sequences per step split into `m` micro-batches,
+//! next to theory.
 //!
-//! The model's pipeline pieces (embeddings, the four blocks, final norm and head) are split
-//! into the schedule's stages so that the busiest rank's measured forward-and-backward time
-//! is smallest (the same measured costs for every schedule of one `m`). Each configuration runs
-//! one warm-up step and `--steps` timed ones through `BurnStage` and the runtime (forward,
-//! loss, backward; no optimizer step: the bubble is the schedule's); the line reports the
-//! medians. Under ZB-H1 and ZB-V the stage splits each backward into B (input gradients)
-//! and W (linear weight gradients from what B kept); `split=off` lines run the same schedule
-//! with the whole backward in B, as before the split existed.
+//! The pieces (by default `--pieces halves`: the embeddings, each block's attention half
+//! `x + Attn(LN1(x))` and MLP half `x + MLP(LN2(x))`, the final norm with the head; with
+//! `--pieces blocks` the GPT's own pipeline pieces, whole blocks) are split into the
+//! schedule's stages by `bonfire_pipeline::balance_measured`: the cut whose busiest rank has
+//! the least measured forward-and-backward time (the same measured costs for every schedule
+//! of one `m`). Halves let the cut move by half a block, so the rank holding the head and the
+//! loss (the largest piece) can take less of the blocks. Each configuration runs one warm-up
+//! step and `--steps` timed ones through `BurnStage` and the runtime (forward, loss,
+//! backward; no optimizer step: the bubble is the schedule's); the line reports the medians.
+//! Under ZB-H1 and ZB-V the stage splits each backward into B (input gradients) and W
+//! (linear weight gradients from what B kept); `split=off` lines run the same schedule with
+//! the whole backward in B, as before the split existed.
 //!
 //! Prints `bench pipeline schedule=… p=… m=… bubble=… theory=… workload=gpt split=…
-//! step_ms=… f_ms=… b_ms=… w_ms=… sim_measured=… idle=…`, where `f_ms`/`b_ms`/`w_ms` are the
-//! mean forward, backward (B, or the whole backward) and W durations per chunk,
-//! `sim_measured` is the bubble the schedule would have if each action took its measured
-//! mean on its rank and chunk (unequal stages included) with instant messages — the rest of
-//! the measured bubble is the runtime's — and `idle` each rank's idle fraction. It shares `bench pipeline`'s flags with `crates/pipeline/benches/bubble.rs`
-//! (which runs the `sleep` and `matmul` workloads and leaves `gpt` to this one) and writes
-//! each configuration's last step as an SVG under `target/pipeline-timelines/`.
+//! step_ms=… f_ms=… b_ms=… w_ms=… sim_measured=… idle=… imbalance=… bubble_net=… rank_ms=…
+//! planned_imbalance=… points=…`, where `f_ms`/`b_ms`/`w_ms` are the mean forward, backward
+//! (B, or the whole backward) and W durations per chunk, `sim_measured` is the bubble the
+//! schedule would have if each action took its measured mean on its rank and chunk (unequal
+//! stages included) with instant messages — the rest of the measured bubble is the runtime's
+//! —, `idle` each rank's idle fraction, `rank_ms` each rank's compute (F + B + W) per step,
+//! `imbalance` the stage imbalance from it (`max / mean − 1`, `Timeline::imbalance`),
+//! `bubble_net` the bubble net of the imbalance (the measured bubble less the idle unequal
+//! stages force, `Timeline::bubble_net_of_imbalance`: the busiest rank's idle fraction) and
+//! `planned_imbalance` the imbalance the split expected from the piece costs. It shares
+//! `bench pipeline`'s flags with `crates/pipeline/benches/bubble.rs` (which runs the `sleep`
+//! and `matmul` workloads and leaves `gpt` to this one) and writes each configuration's last
+//! step as an SVG under `target/pipeline-timelines/`.
 
 use bonfire_comm::{ProcessGroup, ThreadWorld};
+use bonfire_dtensor::layer;
 use bonfire_examples::default_device;
 use bonfire_examples::throughput::{median, random_batches};
+use bonfire_models::gpt::attention::Attention;
+use bonfire_models::gpt::block::Mlp;
 use bonfire_models::gpt::config::GptConfig;
 use bonfire_models::gpt::parallelize::{Piece, pieces};
 use bonfire_models::gpt::{Gpt, cross_entropy};
+use bonfire_models::layers::LayerNorm;
 use bonfire_pipeline::Generate;
 use bonfire_pipeline::schedule::Costs;
 use bonfire_pipeline::{
-    Action, Block, BurnStage, LocalChunks, RankTimeline, Schedule, ScheduleKind, Timeline, check,
-    chunks_for_rank, microbatch_weights, run_unchecked, split_at,
+    Action, Block, BurnStage, LocalChunks, RankTimeline, Schedule, ScheduleKind, Timeline,
+    balance_measured, check, chunks_for_rank, imbalance, microbatch_weights, rank_loads,
+    run_unchecked, split_at,
 };
+use burn::module::Module;
 use burn::tensor::{Int, Tensor};
 use clap::Parser;
 use std::path::PathBuf;
@@ -60,6 +76,13 @@ struct Args {
     /// Timed steps per configuration (after one warm-up step); the medians are reported.
     #[arg(long, default_value_t = 5)]
     steps: usize,
+    /// The pieces the split cuts between: `halves` (each block's attention half and MLP
+    /// half apart) or `blocks` (the GPT's own pipeline pieces, whole blocks).
+    #[arg(long, default_value = "halves")]
+    pieces: String,
+    /// Transformer blocks of the bench GPT (4 by default; a deeper variant balances finer).
+    #[arg(long, default_value_t = 4)]
+    layers: usize,
     /// Where the SVG timelines go (default: the workspace's `target/pipeline-timelines`).
     #[arg(long)]
     out: Option<PathBuf>,
@@ -68,80 +91,99 @@ struct Args {
     bench: bool,
 }
 
-/// Each piece's forward-and-backward time (ms, the best of 8 runs) on one
-/// micro-batch of `rows` sequences under autodiff; the last piece's includes the loss.
-fn piece_costs(cfg: &GptConfig, rows: usize) -> Vec<f64> {
+/// A block's first half, `x + Attn(LN1(x))`, as `Block::forward` runs it.
+#[derive(Module, Debug)]
+struct AttnHalf {
+    ln1: LayerNorm,
+    attn: Attention,
+}
+
+/// A block's second half, `x + MLP(LN2(x))`, as `Block::forward` runs it.
+#[derive(Module, Debug)]
+struct MlpHalf {
+    ln2: LayerNorm,
+    mlp: Mlp,
+}
+
+/// A piece the bench's split cuts between: one of the GPT's pipeline pieces, or half a block.
+/// Both halves take and give `[B, T, d]`, so a stage boundary between them carries the
+/// residual stream, as one between blocks does.
+#[allow(clippy::large_enum_variant)]
+#[derive(Module, Debug)]
+enum BenchPiece {
+    Whole(Piece),
+    Attn(AttnHalf),
+    Mlp(MlpHalf),
+}
+
+impl Block<3> for BenchPiece {
+    fn forward(&self, x: Tensor<3>) -> Tensor<3> {
+        match self {
+            BenchPiece::Whole(p) => p.forward(x),
+            BenchPiece::Attn(a) => {
+                let h = layer(&a.ln1, &x).forward(x.clone());
+                x.clone() + layer(&a.attn, &x).forward(h)
+            }
+            BenchPiece::Mlp(m) => {
+                let h = layer(&m.ln2, &x).forward(x.clone());
+                x.clone() + layer(&m.mlp, &x).forward(h)
+            }
+        }
+    }
+}
+
+/// The bench GPT's pieces with their names: the model's own (`halves` false) or with each
+/// block cut into its attention half (`blocks.i.attn`) and MLP half (`blocks.i.mlp`).
+fn bench_pieces(cfg: &GptConfig, halves: bool) -> Vec<(String, BenchPiece)> {
+    let device = default_device();
+    let mut out = Vec::new();
+    for (name, piece) in pieces(Gpt::new(cfg, &device)) {
+        match piece {
+            Piece::Layer(b) if halves => {
+                let (ln1, attn, ln2, mlp) = (b.ln1, b.attn, b.ln2, b.mlp);
+                out.push((
+                    format!("{name}.attn"),
+                    BenchPiece::Attn(AttnHalf { ln1, attn }),
+                ));
+                out.push((format!("{name}.mlp"), BenchPiece::Mlp(MlpHalf { ln2, mlp })));
+            }
+            whole => out.push((name, BenchPiece::Whole(whole))),
+        }
+    }
+    out
+}
+
+/// Each piece's forward-and-backward time (ms) on one micro-batch of `rows` sequences under
+/// autodiff, the last piece's with the loss: the best of 12 rounds, each running every piece
+/// once in order (a burst of load on the shared machine then slows one round of all pieces,
+/// not every run of one piece).
+fn piece_costs(cfg: &GptConfig, halves: bool, rows: usize) -> Vec<f64> {
     let device = default_device();
     let batches = random_batches(cfg.vocab_size, cfg.max_seq_len, rows, 1, 5);
     let (ids, targets) = batches.rows(0, 0, rows, &device);
-    let mut x: Tensor<3> = ids.float().unsqueeze_dim::<3>(2);
-    let all = pieces(Gpt::new(cfg, &device));
+    let input: Tensor<3> = ids.float().unsqueeze_dim::<3>(2);
+    let all: Vec<BenchPiece> = bench_pieces(cfg, halves)
+        .into_iter()
+        .map(|(_, p)| p)
+        .collect();
     let n = all.len();
-    let mut costs = Vec::with_capacity(n);
-    for (i, (_, piece)) in all.into_iter().enumerate() {
-        let input = if i == 0 {
-            x.clone()
-        } else {
-            x.clone().require_grad()
-        };
-        let run = || {
-            let y = piece.forward(input.clone());
+    let mut costs = vec![f64::INFINITY; n];
+    for _ in 0..12 {
+        let mut x = input.clone();
+        for (i, piece) in all.iter().enumerate() {
+            let start = Instant::now();
+            let x_in = if i == 0 { x } else { x.require_grad() };
+            let y = piece.forward(x_in);
             let root = match i + 1 == n {
                 true => cross_entropy(y.clone(), targets.clone()),
                 false => y.clone().sum(),
             };
             drop(root.backward());
-            y.detach()
-        };
-        let mut best = f64::INFINITY;
-        for _ in 0..8 {
-            let start = Instant::now();
-            x = run();
-            best = best.min(start.elapsed().as_secs_f64() * 1e3);
+            x = y.detach();
+            costs[i] = costs[i].min(start.elapsed().as_secs_f64() * 1e3);
         }
-        costs.push(best);
-        x = x.detach();
     }
     costs
-}
-
-/// The split points of `costs` (one per piece) into `schedule`'s stages that minimise the
-/// busiest rank's total under its stage map (every placement tried: a handful of pieces).
-fn balanced_points(costs: &[f64], schedule: &Schedule) -> Vec<usize> {
-    fn search(
-        costs: &[f64],
-        schedule: &Schedule,
-        points: &mut Vec<usize>,
-        best: &mut (f64, Vec<usize>),
-    ) {
-        let (n, stages) = (costs.len(), schedule.stages());
-        if points.len() + 1 == stages {
-            let mut load = vec![0.0; schedule.ranks()];
-            let bounds: Vec<usize> = std::iter::once(0)
-                .chain(points.iter().copied())
-                .chain(std::iter::once(n))
-                .collect();
-            for (s, w) in bounds.windows(2).enumerate() {
-                load[schedule.stage_map.locate(s).0] += costs[w[0]..w[1]].iter().sum::<f64>();
-            }
-            let max = load.iter().copied().fold(0.0, f64::max);
-            if max < best.0 {
-                *best = (max, points.clone());
-            }
-            return;
-        }
-        let from = points.last().map_or(1, |&p| p + 1);
-        let left = stages - 1 - points.len();
-        for p in from..=n - left {
-            points.push(p);
-            search(costs, schedule, points, best);
-            points.pop();
-        }
-    }
-    assert!(costs.len() >= schedule.stages(), "more stages than pieces");
-    let mut best = (f64::INFINITY, Vec::new());
-    search(costs, schedule, &mut Vec::new(), &mut best);
-    best.1
 }
 
 /// One rank's steps: its chunks of the GPT, `steps + 1` batches, the timelines of the timed
@@ -151,10 +193,10 @@ fn rank_steps(
     cfg: &GptConfig,
     schedule: &Schedule,
     points: &[usize],
-    (rows, steps, split): (usize, usize, bool),
+    (rows, steps, split, halves): (usize, usize, bool, bool),
 ) -> Vec<RankTimeline> {
     let device = default_device();
-    let pieces: Vec<Piece> = pieces(Gpt::new(cfg, &device))
+    let pieces: Vec<BenchPiece> = bench_pieces(cfg, halves)
         .into_iter()
         .map(|(_, p)| p)
         .collect();
@@ -297,10 +339,13 @@ fn run(
         .flatten()
         .any(|a| matches!(a, Action::BackwardInput { .. }));
     let rows = args.rows_per_rank * p;
-    let points = balanced_points(costs, &schedule);
+    let points = balance_measured(costs, &schedule).expect("enough pieces for the stages");
+    let planned = imbalance(&rank_loads(costs, &points, &schedule));
+    let halves = args.pieces == "halves";
+    let step = (rows, args.steps, split, halves);
     let results = ThreadWorld::new(p)
         .timeout(Duration::from_secs(600))
-        .launch(|pg| rank_steps(&pg, cfg, &schedule, &points, (rows, args.steps, split)))
+        .launch(|pg| rank_steps(&pg, cfg, &schedule, &points, step))
         .unwrap_or_else(|e| panic!("{e}"));
     let mut per_rank: Vec<_> = results.into_iter().map(|r| r.into_iter()).collect();
     let (mut bubbles, mut makespans, mut timelines) = (Vec::new(), Vec::new(), Vec::new());
@@ -322,6 +367,17 @@ fn run(
             .map(|t| simulated_from(t, &schedule))
             .collect(),
     );
+    let of_steps = |f: fn(&Timeline) -> f64| median(timelines.iter().map(f).collect());
+    let (imb, net) = (
+        of_steps(Timeline::imbalance),
+        of_steps(Timeline::bubble_net_of_imbalance),
+    );
+    let rank_ms: Vec<String> = (0..p)
+        .map(|r| {
+            let v = timelines.iter().map(|t| t.busy()[r] * 1e3).collect();
+            format!("{:.0}", median(v))
+        })
+        .collect();
     let idles: Vec<String> = (0..p)
         .map(|r| {
             let v = timelines.iter().map(|t| idle(t)[r]).collect();
@@ -345,12 +401,15 @@ fn run(
     println!(
         "bench pipeline schedule={} p={p} m={m} bubble={:.4} theory={theory:.4} workload=gpt \
          theory_from={theory_from} split={split_word} step_ms={:.1} f_ms={f:.2} b_ms={b:.2} \
-         w_ms={w:.2} sim_measured={sim:.4} idle={} stages={} points={points:?}",
+         w_ms={w:.2} sim_measured={sim:.4} idle={} imbalance={imb:.4} bubble_net={net:.4} \
+         rank_ms={} planned_imbalance={planned:.4} stages={} points={points:?} pieces={}",
         kind.name(),
         median(bubbles),
         median(makespans),
         idles.join("/"),
+        rank_ms.join("/"),
         schedule.stages(),
+        args.pieces,
     );
     let file = out.join(format!(
         "gpt-{}-p{p}-m{m}-split-{split_word}.svg",
@@ -379,14 +438,28 @@ fn main() {
             load.trim()
         );
     }
-    let cfg = GptConfig::bench();
+    if !["halves", "blocks"].contains(&args.pieces.as_str()) {
+        eprintln!("--pieces takes `halves` or `blocks`, not `{}`", args.pieces);
+        std::process::exit(2);
+    }
+    let cfg = GptConfig {
+        n_layers: args.layers,
+        ..GptConfig::bench()
+    };
+    let halves = args.pieces == "halves";
+    let names: Vec<String> = bench_pieces(&cfg, halves)
+        .into_iter()
+        .map(|(n, _)| n)
+        .collect();
+    println!("# pieces ({}): {}", args.pieces, names.join(" "));
     for &p in &args.ranks {
         for &m in &args.microbatches {
             // One measurement per micro-batch size: every schedule splits the same costs.
-            let costs = piece_costs(&cfg, (args.rows_per_rank * p).div_ceil(m));
+            let costs = piece_costs(&cfg, halves, (args.rows_per_rank * p).div_ceil(m));
             let shown: Vec<String> = costs.iter().map(|c| format!("{c:.1}")).collect();
             println!(
-                "# p={p} m={m} piece costs (fwd+bwd ms): {}",
+                "# p={p} m={m} layers={} piece costs (fwd+bwd ms): {}",
+                cfg.n_layers,
                 shown.join(" ")
             );
             for name in &args.schedules {

@@ -1,7 +1,8 @@
 //! # bonfire-pipeline
 //!
 //! Pipeline parallelism for Burn models: a model is a sequence of [`Block`]s split into
-//! stages ([`split_at`], [`split_balanced`]), placed on ranks (several chunks per rank for
+//! stages ([`split_at`], [`split_balanced`] by parameter count, [`balance_measured`] by measured
+//! piece times), placed on ranks (several chunks per rank for
 //! interleaving), and trained one batch at a time as micro-batches flowing through a
 //! [`Schedule`] — a per-rank list of [`Action`]s, generated for GPipe, 1F1B, interleaved 1F1B,
 //! ZB-H1 and ZB-V, checked statically by [`check()`](check::check) (every send has its
@@ -54,12 +55,14 @@
 
 #![forbid(unsafe_code)]
 
+pub mod balance;
 pub mod check;
 pub mod runtime;
 pub mod schedule;
 pub mod stage;
 pub mod timeline;
 
+pub use balance::{balance_measured, imbalance, rank_loads, simulated_step};
 pub use check::{CheckError, Problem, check};
 pub use runtime::{Activation, PipelineError, StageCompute, run_schedule, run_unchecked};
 pub use schedule::{Action, BackwardKind, Generate, Schedule, ScheduleKind, StageMap};

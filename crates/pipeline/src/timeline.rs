@@ -199,6 +199,39 @@ impl Timeline {
         (1.0 - busy / total).max(0.0)
     }
 
+    /// Each rank's compute time over the step (forward and backward actions), seconds.
+    pub fn busy(&self) -> Vec<f64> {
+        self.ranks
+            .iter()
+            .map(|spans| {
+                let compute = spans.iter().filter(|s| s.action.is_compute());
+                compute.map(|s| s.end - s.start).sum()
+            })
+            .collect()
+    }
+
+    /// The stage imbalance: the busiest rank's compute time over the mean rank's, minus one
+    /// (0 on equal stages), from the executed compute ([`Timeline::busy`]).
+    pub fn imbalance(&self) -> f64 {
+        crate::balance::imbalance(&self.busy())
+    }
+
+    /// The bubble net of the stage imbalance: the measured bubble minus the idle that unequal
+    /// stages force, `Σ_r (busy_max − busy_r) / (p × makespan)` (a rank with less compute than
+    /// the busiest must idle that difference whatever the schedule). What is left equals the
+    /// busiest rank's idle fraction, `1 − busy_max / makespan`: the bubble the schedule (and
+    /// the runtime) add on top of the stages' imbalance, which is what the schedule would
+    /// show on equal stages.
+    pub fn bubble_net_of_imbalance(&self) -> f64 {
+        let (a, b) = self.extent();
+        let span = b - a;
+        if span <= 0.0 {
+            return 0.0;
+        }
+        let max = self.busy().into_iter().fold(0.0, f64::max);
+        (1.0 - max / span).max(0.0)
+    }
+
     /// The timeline as an SVG document: one row per rank, forward blue, backward green (input
     /// part light green, weight part purple), idle left blank, micro-batch numbers in the
     /// boxes (`3` or `3.1` for chunk 1).
@@ -306,6 +339,31 @@ mod tests {
         assert_eq!(svg.matches("<title>Forward(").count(), 8);
         assert_eq!(svg.matches("<title>Backward(").count(), 8);
         assert!(svg.contains("rank 1"));
+    }
+
+    #[test]
+    fn imbalance_and_the_bubble_net_of_it() {
+        // 1F1B, p = 2, m = 4 with rank 1's actions twice rank 0's: rank 0 idles the
+        // difference in compute whatever the schedule, plus the schedule's own bubble.
+        let s = ScheduleKind::OneFOneB.generate(2, 4);
+        let t = Timeline::simulate_with(&s, |r, a| {
+            let unit = if r == 1 { 2.0 } else { 1.0 };
+            match a {
+                crate::Action::Forward { .. } => unit,
+                _ => 2.0 * unit,
+            }
+        })
+        .unwrap();
+        assert_eq!(t.busy(), vec![12.0, 24.0]);
+        assert!((t.imbalance() - (24.0 / 18.0 - 1.0)).abs() < 1e-12);
+        let span = t.makespan().as_secs_f64();
+        let forced = (24.0 - 12.0) / (2.0 * span);
+        assert!((t.bubble_net_of_imbalance() - (t.bubble() - forced)).abs() < 1e-12);
+        assert!((t.bubble_net_of_imbalance() - (1.0 - 24.0 / span)).abs() < 1e-12);
+        // Equal stages: no imbalance, the whole bubble is the schedule's.
+        let even = Timeline::simulate(&s, Costs::default()).unwrap();
+        assert_eq!(even.imbalance(), 0.0);
+        assert!((even.bubble_net_of_imbalance() - even.bubble()).abs() < 1e-12);
     }
 
     #[test]
