@@ -10,6 +10,9 @@
 //! - [`fused`]: differentiable ops with a hand-written backward for a transformer's
 //!   element-wise hot spots — [`causal_softmax`], [`cross_entropy`], [`gelu`] — one autodiff
 //!   node each instead of Burn's five to ten (and, on Flex, a vectorized erf GELU).
+//! - [`attention`]: fused scaled dot-product attention (causal or not, grouped-query), one
+//!   autodiff node with a flash-attention-2 backward; on Flex in f32 tiled host kernels with
+//!   an online softmax and no `T × T` matrix.
 //!
 //! Every op takes and returns Burn tensors. On a CubeCL device (features `wgpu`, `cuda`) it
 //! launches its kernel on the tensors' own buffers; on every other device, for a dtype the
@@ -19,6 +22,7 @@
 //! [`Optimizer`]: burn::optim::Optimizer
 
 mod adamw;
+pub mod attention;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 pub mod cube;
 pub mod fused;
@@ -27,6 +31,7 @@ mod pack;
 mod quantize;
 
 pub use adamw::{FusedAdamW, FusedAdamWConfig};
+pub use attention::attention;
 pub use fused::{causal_softmax, cross_entropy, exp, gelu};
 pub use pack::{pack_scaled, unpack_scaled};
 pub use quantize::quantize_with_feedback;
@@ -35,6 +40,7 @@ pub use quantize::quantize_with_feedback;
 /// reference its kernel is tested against.
 pub mod fallback {
     pub use crate::adamw::fallback::adamw_step;
+    pub use crate::attention::fallback::attention;
     pub use crate::pack::fallback::{pack_scaled, unpack_scaled};
     pub use crate::quantize::fallback::quantize_with_feedback;
 }

@@ -1,0 +1,165 @@
+//! The attention in plain Burn: the reference the fused op is tested against
+//! ([`attention`], on tensors, differentiated by Burn's autodiff), and the same math on a
+//! backend's primitives with the flash-style backward ([`forward`], [`backward`]), which the
+//! extension runs where it has no kernel (a CubeCL device, a dtype other than f32 on Flex).
+
+use burn::backend::tensor::FloatTensor;
+use burn::backend::{Backend, TensorMetadata};
+use burn::tensor::activation::softmax;
+use burn::tensor::{DType, Int, Scalar, Shape, Tensor, TensorData};
+
+/// `softmax(q kᵀ · scale + mask) v` with the kv heads repeated (query head `j` uses kv head
+/// `j / (h / h_kv)`) by `select`; shapes and mask as in [`crate::attention::attention`].
+pub fn attention(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, scale: f64, causal: bool) -> Tensor<4> {
+    let [_, h, tq, _] = q.dims();
+    let [_, h_kv, tk, _] = k.dims();
+    let (k, v) = match h == h_kv {
+        true => (k, v),
+        false => {
+            let heads: Vec<i64> = (0..h).map(|j| (j / (h / h_kv)) as i64).collect();
+            let heads = Tensor::<1, Int>::from_data(TensorData::new(heads, [h]), &q.device());
+            (k.select(1, heads.clone()), v.select(1, heads))
+        }
+    };
+    let scores = q.matmul(k.swap_dims(2, 3)) * scale;
+    let scores = match causal {
+        true => {
+            let mask = Tensor::<2>::from_data(mask_values(tq, tk), &scores.device());
+            let mask = mask.cast(scores.dtype()).unsqueeze::<4>();
+            scores + mask
+        }
+        false => scores,
+    };
+    softmax(scores, 3).matmul(v)
+}
+
+/// `[Tq, Tk]`: 0 where query `i` sees key `t` (`t ≤ i + Tk − Tq`), −∞ elsewhere.
+fn mask_values(tq: usize, tk: usize) -> TensorData {
+    let offset = tk.saturating_sub(tq);
+    let values: Vec<f32> = (0..tq * tk)
+        .map(|i| match i % tk > i / tk + offset {
+            true => f32::NEG_INFINITY,
+            false => 0.0,
+        })
+        .collect();
+    TensorData::new(values, [tq, tk])
+}
+
+/// `t` in f32 when it is a 16-bit type, else as is.
+fn widen<B: Backend>(t: FloatTensor<B>) -> FloatTensor<B> {
+    match t.dtype() {
+        DType::F16 | DType::BF16 => B::float_cast(t, DType::F32.into()),
+        _ => t,
+    }
+}
+
+fn narrow_to<B: Backend>(t: FloatTensor<B>, dtype: DType) -> FloatTensor<B> {
+    match t.dtype() == dtype {
+        true => t,
+        false => B::float_cast(t, dtype.into()),
+    }
+}
+
+/// `[B, h_kv, T, dh]` → `[B, h, T, dh]`, each kv head repeated for its `h / h_kv` query heads.
+fn repeat_heads<B: Backend>(x: FloatTensor<B>, h: usize) -> FloatTensor<B> {
+    let s = x.shape();
+    let (b, h_kv, t, dh) = (s[0], s[1], s[2], s[3]);
+    if h == h_kv {
+        return x;
+    }
+    let x = B::float_reshape(x, Shape::new([b, h_kv, 1, t, dh]));
+    let x = B::float_expand(x, Shape::new([b, h_kv, h / h_kv, t, dh]));
+    B::float_reshape(x, Shape::new([b, h, t, dh]))
+}
+
+/// `[B, h, T, dh]` → `[B, h_kv, T, dh]`: the sum over each kv head's query heads.
+fn sum_heads<B: Backend>(x: FloatTensor<B>, h_kv: usize) -> FloatTensor<B> {
+    let s = x.shape();
+    let (b, h, t, dh) = (s[0], s[1], s[2], s[3]);
+    if h == h_kv {
+        return x;
+    }
+    let x = B::float_reshape(x, Shape::new([b, h_kv, h / h_kv, t, dh]));
+    B::float_reshape(B::float_sum_dim(x, 2), Shape::new([b, h_kv, t, dh]))
+}
+
+/// The scaled, masked scores `[B, h, Tq, Tk]` (kv heads already repeated).
+fn scores<B: Backend>(
+    q: FloatTensor<B>,
+    k: FloatTensor<B>,
+    scale: f64,
+    causal: bool,
+) -> FloatTensor<B> {
+    let (tq, tk) = (q.shape()[2], k.shape()[2]);
+    let device = q.device();
+    let s = B::float_mul_scalar(
+        B::float_matmul(q, B::float_swap_dims(k, 2, 3)),
+        Scalar::Float(scale),
+    );
+    match causal {
+        true => {
+            let mask = B::float_from_data(mask_values(tq, tk).convert_dtype(s.dtype()), &device);
+            B::float_add(s, B::float_reshape(mask, Shape::new([1, 1, tq, tk])))
+        }
+        false => s,
+    }
+}
+
+/// The output `[B, h, Tq, dh]` and each query's log-sum-exp `[B, h, Tq]`, in the inputs'
+/// dtype (computed in f32 for 16-bit inputs).
+pub(crate) fn forward<B: Backend>(
+    q: FloatTensor<B>,
+    k: FloatTensor<B>,
+    v: FloatTensor<B>,
+    scale: f64,
+    causal: bool,
+) -> (FloatTensor<B>, FloatTensor<B>) {
+    let dtype = q.dtype();
+    let (q, k, v) = (widen::<B>(q), widen::<B>(k), widen::<B>(v));
+    let s = q.shape();
+    let (b, h, tq) = (s[0], s[1], s[2]);
+    let s = scores::<B>(q, repeat_heads::<B>(k, h), scale, causal);
+    let m = B::float_max_dim(s.clone(), 3);
+    let e = B::float_exp(B::float_sub(s, m.clone()));
+    let l = B::float_sum_dim(e.clone(), 3);
+    let p = B::float_div(e, l.clone());
+    let out = B::float_matmul(p, repeat_heads::<B>(v, h));
+    let lse = B::float_reshape(B::float_add(m, B::float_log(l)), Shape::new([b, h, tq]));
+    (narrow_to::<B>(out, dtype), narrow_to::<B>(lse, dtype))
+}
+
+/// The gradients `(dq, dk, dv)` of the output's gradient `grad` (flash-attention-2 math on
+/// whole tensors: `P = exp(S − lse)`, `dS = P ⊙ (dP − rowsum(dO ⊙ O))`).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn backward<B: Backend>(
+    q: FloatTensor<B>,
+    k: FloatTensor<B>,
+    v: FloatTensor<B>,
+    out: FloatTensor<B>,
+    lse: FloatTensor<B>,
+    grad: FloatTensor<B>,
+    scale: f64,
+    causal: bool,
+) -> (FloatTensor<B>, FloatTensor<B>, FloatTensor<B>) {
+    let dtype = q.dtype();
+    let [q, k, v, out, lse, grad] = [q, k, v, out, lse, grad].map(widen::<B>);
+    let sh = q.shape();
+    let (b, h, tq) = (sh[0], sh[1], sh[2]);
+    let h_kv = k.shape()[1];
+    let (k, v) = (repeat_heads::<B>(k, h), repeat_heads::<B>(v, h));
+    let s = scores::<B>(q.clone(), k.clone(), scale, causal);
+    let lse = B::float_reshape(lse, Shape::new([b, h, tq, 1]));
+    let p = B::float_exp(B::float_sub(s, lse));
+    let dv = B::float_matmul(B::float_swap_dims(p.clone(), 2, 3), grad.clone());
+    let dp = B::float_matmul(grad.clone(), B::float_swap_dims(v, 2, 3));
+    let d = B::float_sum_dim(B::float_mul(grad, out), 3);
+    let ds = B::float_mul_scalar(B::float_mul(p, B::float_sub(dp, d)), Scalar::Float(scale));
+    let dq = B::float_matmul(ds.clone(), k);
+    let dk = B::float_matmul(B::float_swap_dims(ds, 2, 3), q);
+    let [dq, dk, dv] = [dq, sum_heads::<B>(dk, h_kv), sum_heads::<B>(dv, h_kv)];
+    (
+        narrow_to::<B>(dq, dtype),
+        narrow_to::<B>(dk, dtype),
+        narrow_to::<B>(dv, dtype),
+    )
+}

@@ -1,0 +1,216 @@
+//! The fused attention against its plain-Burn reference ([`fallback::attention`]: kv heads
+//! repeated by `select`, a materialized masked softmax, Burn's autodiff): the output and the
+//! gradient of every input, on Flex with autodiff, causal or not, queries as many as the keys
+//! or the last few of them, every grouping of query heads per kv head, sequence lengths that
+//! are not multiples of the kernel's tile, head widths 32 and 64.
+
+mod common;
+
+use bonfire_kernels::attention::AttentionBackend;
+use bonfire_kernels::{attention, fallback};
+use burn::backend::Dispatch;
+use burn::tensor::{Device, Tensor, TensorData};
+use common::host;
+
+/// One case: batch 2, `h` query heads, `h_kv` kv heads, `tq` queries, `tk` keys, width `dh`.
+#[derive(Clone, Copy, Debug)]
+struct Case {
+    h: usize,
+    h_kv: usize,
+    tq: usize,
+    tk: usize,
+    dh: usize,
+    causal: bool,
+}
+
+/// `n` values in [-2, 2) from a multiplicative hash, varied by `seed`.
+fn values(n: usize, seed: u32) -> Vec<f32> {
+    (0..n)
+        .map(|i| ((i as u32).wrapping_mul(2654435761) ^ seed.wrapping_mul(40503)) % 4001)
+        .map(|x| x as f32 / 1000.0 - 2.0)
+        .collect()
+}
+
+fn leaf(shape: [usize; 4], seed: u32, device: &Device) -> Tensor<4> {
+    let n = shape.iter().product();
+    Tensor::<4>::from_data(TensorData::new(values(n, seed), shape), device).require_grad()
+}
+
+/// The largest difference between `a` and `b` relative to `b`'s largest magnitude is at most
+/// `tol`.
+fn close(what: &str, case: Case, a: Tensor<4>, b: Tensor<4>, tol: f32) {
+    let (a, b) = (host(a), host(b));
+    assert_eq!(a.len(), b.len(), "{what}: sizes differ");
+    let scale = b.iter().fold(0.0f32, |m, x| m.max(x.abs()));
+    assert!(scale > 0.0, "{what}: the reference is all zeros");
+    let worst = a
+        .iter()
+        .zip(&b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max);
+    assert!(
+        worst <= tol * scale,
+        "{what} {case:?}: largest difference {worst} > {tol} x {scale}"
+    );
+}
+
+/// `f` and the reference on the same inputs: outputs and the gradients of `q`, `k`, `v` (of
+/// the output weighted by a fixed tensor) agree within `tol` relative.
+fn same_as_reference(
+    case: Case,
+    f: impl Fn(Tensor<4>, Tensor<4>, Tensor<4>) -> Tensor<4>,
+    tol: f32,
+) {
+    let device = Device::flex().autodiff();
+    let Case {
+        h,
+        h_kv,
+        tq,
+        tk,
+        dh,
+        causal,
+    } = case;
+    let scale = 1.0 / (dh as f64).sqrt();
+    let (q, k, v) = (
+        leaf([2, h, tq, dh], 1, &device),
+        leaf([2, h_kv, tk, dh], 2, &device),
+        leaf([2, h_kv, tk, dh], 3, &device),
+    );
+    let w = leaf([2, h, tq, dh], 4, &device).detach();
+    let ours = f(q.clone(), k.clone(), v.clone());
+    let (rq, rk, rv) = (
+        q.clone().detach().require_grad(),
+        k.clone().detach().require_grad(),
+        v.clone().detach().require_grad(),
+    );
+    let reference = fallback::attention(rq.clone(), rk.clone(), rv.clone(), scale, causal);
+    close("output", case, ours.clone(), reference.clone(), tol);
+    let g = (ours * w.clone()).sum().backward();
+    let rg = (reference * w).sum().backward();
+    for (name, x, r) in [("dq", &q, &rq), ("dk", &k, &rk), ("dv", &v, &rv)] {
+        close(name, case, x.grad(&g).unwrap(), r.grad(&rg).unwrap(), tol);
+    }
+}
+
+fn fused(case: Case) {
+    let scale = 1.0 / (case.dh as f64).sqrt();
+    same_as_reference(case, |q, k, v| attention(q, k, v, scale, case.causal), 1e-5);
+}
+
+fn both(h: usize, h_kv: usize, tq: usize, tk: usize, dh: usize) {
+    for causal in [true, false] {
+        fused(Case {
+            h,
+            h_kv,
+            tq,
+            tk,
+            dh,
+            causal,
+        });
+    }
+}
+
+#[test]
+fn one_kv_head_per_query_head() {
+    both(3, 3, 37, 37, 32);
+    both(2, 2, 130, 130, 64);
+}
+
+#[test]
+fn two_query_heads_per_kv_head() {
+    both(4, 2, 37, 37, 64);
+    both(4, 2, 130, 130, 32);
+}
+
+#[test]
+fn four_query_heads_per_kv_head() {
+    both(8, 2, 130, 130, 32);
+    both(4, 1, 37, 37, 64);
+}
+
+#[test]
+fn one_kv_head_for_all_queries() {
+    both(3, 1, 37, 37, 32);
+    both(4, 1, 130, 130, 64);
+}
+
+#[test]
+fn queries_are_the_last_positions_when_fewer_than_keys() {
+    both(2, 2, 37, 130, 64);
+    both(4, 2, 5, 37, 32);
+    both(4, 1, 64, 130, 32);
+}
+
+#[test]
+fn a_single_query_and_a_single_tile() {
+    both(2, 1, 1, 5, 32);
+    both(2, 2, 64, 64, 32);
+}
+
+/// The extension's whole-tensor Burn math (what a CubeCL device runs, and Flex for dtypes
+/// other than f32), called directly in f64 through the same autodiff node.
+#[test]
+fn the_extensions_burn_math_matches_the_reference() {
+    let extension = |q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, causal: bool| {
+        let scale = 1.0 / (q.dims()[3] as f64).sqrt();
+        let [q, k, v] = [q, k, v].map(|t| t.cast(burn::tensor::DType::F64));
+        let (out, _) = <Dispatch as AttentionBackend>::attention_forward(
+            q.into_dispatch(),
+            k.into_dispatch(),
+            v.into_dispatch(),
+            scale,
+            causal,
+        );
+        Tensor::<4>::from_dispatch(out).cast(burn::tensor::DType::F32)
+    };
+    for causal in [true, false] {
+        let case = Case {
+            h: 4,
+            h_kv: 2,
+            tq: 37,
+            tk: 130,
+            dh: 32,
+            causal,
+        };
+        same_as_reference(case, |q, k, v| extension(q, k, v, causal), 1e-5);
+    }
+}
+
+/// The op inside a small graph under autodiff: its output merged over heads and multiplied
+/// by a tracked weight; the gradients of the inputs and of the weight match the reference's.
+#[test]
+fn gradients_flow_through_a_graph_around_the_op() {
+    let device = Device::flex().autodiff();
+    let (h, h_kv, t, dh) = (4, 2, 37, 32);
+    let run = |f: &dyn Fn(Tensor<4>, Tensor<4>, Tensor<4>) -> Tensor<4>| {
+        let (q, k, v) = (
+            leaf([2, h, t, dh], 5, &device),
+            leaf([2, h_kv, t, dh], 6, &device),
+            leaf([2, h_kv, t, dh], 7, &device),
+        );
+        let weight = leaf([2, 1, h * dh, 8], 8, &device);
+        let y = f(q.clone(), k.clone(), v.clone())
+            .swap_dims(1, 2)
+            .reshape([2, 1, t, h * dh]);
+        let loss = y.matmul(weight.clone()).powf_scalar(2.0).sum();
+        let g = loss.backward();
+        [&q, &k, &v, &weight].map(|x| x.grad(&g).unwrap())
+    };
+    let scale = 1.0 / (dh as f64).sqrt();
+    let ours = run(&|q, k, v| attention(q, k, v, scale, true));
+    let reference = run(&|q, k, v| fallback::attention(q, k, v, scale, true));
+    let case = Case {
+        h,
+        h_kv,
+        tq: t,
+        tk: t,
+        dh,
+        causal: true,
+    };
+    for (name, (a, b)) in ["dq", "dk", "dv", "dweight"]
+        .iter()
+        .zip(ours.into_iter().zip(reference))
+    {
+        close(name, case, a, b, 1e-5);
+    }
+}
