@@ -4,7 +4,10 @@
 //!
 //! [`FusedAdamW`] is a Burn [`Optimizer`]: a `ModuleOptimizer` holds it like any other, its
 //! state is Burn's own [`AdamWState`] (records and checkpoints move between the two), and off
-//! a CubeCL device it *is* Burn's `AdamW` (the fallback).
+//! a CubeCL device and off Flex f32 it *is* Burn's `AdamW` (the fallback). On Flex in f32 the
+//! step is one pass over host slices — parameter, gradient and both moments, updated in
+//! place where their buffers are not shared — with Burn's exact arithmetic (the same
+//! operations in the same order, so the same f32 results).
 
 use burn::config::Config;
 use burn::optim::{AdamW, AdamWConfig, AdamWState, LearningRate, ModuleOptimizer, Optimizer};
@@ -51,10 +54,10 @@ impl FusedAdamWConfig {
     }
 }
 
-/// AdamW as one kernel on CubeCL devices, Burn's `AdamW` elsewhere.
+/// AdamW as one kernel on CubeCL devices, one host pass on Flex in f32, Burn's `AdamW`
+/// elsewhere.
 #[derive(Clone)]
 pub struct FusedAdamW {
-    #[cfg_attr(not(any(feature = "wgpu", feature = "cuda")), allow(dead_code))]
     config: FusedAdamWConfig,
     burn: AdamW,
 }
@@ -69,6 +72,10 @@ impl Optimizer for FusedAdamW {
         grad: Tensor<D>,
         state: Option<Self::State<D>>,
     ) -> (Tensor<D>, Option<Self::State<D>>) {
+        if host::covers(&tensor, &grad, &state) {
+            let (tensor, state) = host::step(&self.config, lr, tensor, grad, state);
+            return (tensor, Some(state));
+        }
         #[cfg(any(feature = "wgpu", feature = "cuda"))]
         if kernel::covers(&tensor, &grad) {
             let (tensor, state) = kernel::step(&self.config, lr, tensor, grad, state);
@@ -98,6 +105,84 @@ pub(crate) mod fallback {
     ) -> (Tensor<D>, AdamWState<D>) {
         let (tensor, state) = config.burn().build().step(lr, tensor, grad, state);
         (tensor, state.expect("AdamW keeps state"))
+    }
+}
+
+mod host {
+    use super::FusedAdamWConfig;
+    use crate::fused::host::{self as buf, FlexTensor};
+    use burn::backend::Flex;
+    use burn::optim::{AdamWState, AdaptiveMomentumState, LearningRate};
+    use burn::tensor::{DType, Tensor};
+
+    fn flex_f32<const D: usize>(t: &Tensor<D>) -> bool {
+        t.dtype() == DType::F32 && t.clone().try_into_primitive::<Flex>().is_ok()
+    }
+
+    fn prim<const D: usize>(t: Tensor<D>) -> FlexTensor {
+        t.try_into_primitive::<Flex>().expect("checked by covers")
+    }
+
+    /// Whether the host pass handles the step: every tensor f32 on Flex, no AMSGrad maximum.
+    pub(super) fn covers<const D: usize>(
+        tensor: &Tensor<D>,
+        grad: &Tensor<D>,
+        state: &Option<AdamWState<D>>,
+    ) -> bool {
+        flex_f32(tensor)
+            && flex_f32(grad)
+            && state.as_ref().is_none_or(|s| {
+                let m = &s.momentum;
+                flex_f32(&m.moment_1) && flex_f32(&m.moment_2) && m.max_moment_2.is_none()
+            })
+    }
+
+    /// One step, Burn's `AdamW` arithmetic element by element.
+    pub(super) fn step<const D: usize>(
+        config: &FusedAdamWConfig,
+        lr: LearningRate,
+        tensor: Tensor<D>,
+        grad: Tensor<D>,
+        state: Option<AdamWState<D>>,
+    ) -> (Tensor<D>, AdamWState<D>) {
+        let time = state.as_ref().map_or(1, |s| s.momentum.time + 1);
+        let n = tensor.shape().num_elements();
+        let shape = tensor.dims().to_vec();
+        let mut p = buf::writable(prim(tensor));
+        let g = buf::contiguous(prim(grad));
+        let (mut m, mut v) = match state {
+            Some(s) => (
+                buf::writable(prim(s.momentum.moment_1)),
+                buf::writable(prim(s.momentum.moment_2)),
+            ),
+            None => (
+                buf::from_vec(vec![0.0; n], shape.clone()),
+                buf::from_vec(vec![0.0; n], shape),
+            ),
+        };
+        let (b1, b2, eps) = (config.beta_1, config.beta_2, config.epsilon);
+        let (f1, f2) = (1.0 - b1, 1.0 - b2);
+        let bias_1 = 1f32 - b1.powi(time as i32);
+        let bias_2 = 1f32 - b2.powi(time as i32);
+        let decay_rate = lr * config.weight_decay as f64;
+        let decay = (1.0 - decay_rate) as f32;
+        let lr32 = lr as f32;
+        let pv = buf::owned(&mut p).expect("writable");
+        let mv = buf::owned(&mut m).expect("writable");
+        let vv = buf::owned(&mut v).expect("writable");
+        for (((p, m), v), &g) in pv.iter_mut().zip(mv).zip(vv).zip(buf::values(&g)) {
+            *m = *m * b1 + g * f1;
+            *v = *v * b2 + g * g * f2;
+            let delta = (*m / bias_1) / ((*v / bias_2).sqrt() + eps);
+            let decayed = if decay_rate == 0.0 { *p } else { *p * decay };
+            *p = decayed - delta * lr32;
+        }
+        let momentum = AdaptiveMomentumState::new(
+            time,
+            Tensor::from_primitive::<Flex>(m),
+            Tensor::from_primitive::<Flex>(v),
+        );
+        (Tensor::from_primitive::<Flex>(p), AdamWState::new(momentum))
     }
 }
 
@@ -214,5 +299,38 @@ mod kernel {
         debug_assert_eq!(p.dims(), dims);
         let momentum = AdaptiveMomentumState::new(time, m, v);
         (p, AdamWState::new(momentum))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burn::tensor::Distribution;
+
+    /// Several steps of the host pass against Burn's `AdamW`, each from the other's state:
+    /// identical parameters and moments (the same f32 operations in the same order).
+    #[test]
+    fn host_adamw_is_burns_adamw_over_several_steps() {
+        let device = Device::flex();
+        let config = FusedAdamWConfig::new().with_weight_decay(0.01);
+        let (fused, burn) = (config.build(), config.burn().build());
+        let mut a = Tensor::<2>::random([7, 37], Distribution::Normal(0.0, 1.0), &device);
+        let mut b = a.clone();
+        let (mut sa, mut sb) = (None, None);
+        for step in 0..4 {
+            let g = Tensor::<2>::random([7, 37], Distribution::Normal(0.0, 1.0), &device);
+            (a, sa) = fused.step(1e-2, a, g.clone(), sa);
+            (b, sb) = burn.step(1e-2, b, g, sb);
+            let same = |x: &Tensor<2>, y: &Tensor<2>| {
+                x.clone().into_data().assert_eq(&y.clone().into_data(), true)
+            };
+            same(&a, &b);
+            let (ma, mb) = (&sa.as_ref().unwrap().momentum, &sb.as_ref().unwrap().momentum);
+            same(&ma.moment_1, &mb.moment_1);
+            same(&ma.moment_2, &mb.moment_2);
+            assert_eq!(ma.time, step + 1);
+            // Records are interchangeable: swap the states every step.
+            std::mem::swap(&mut sa, &mut sb);
+        }
     }
 }

@@ -8,8 +8,9 @@
 //! - [`FusedAdamW`]: Burn's AdamW as one kernel over a flat tensor (a Burn [`Optimizer`]
 //!   whose state is Burn's own `AdamWState`, so records and checkpoints are interchangeable).
 //! - [`fused`]: differentiable ops with a hand-written backward for a transformer's
-//!   element-wise hot spots — [`causal_softmax`], [`cross_entropy`], [`gelu`] — one autodiff
-//!   node each instead of Burn's five to ten (and, on Flex, a vectorized erf GELU).
+//!   element-wise and row hot spots — [`causal_softmax`], [`cross_entropy`], [`gelu`],
+//!   [`layer_norm_core`], [`rms_norm_core`], [`silu_mul`], [`rope`] — one autodiff node each
+//!   instead of Burn's five to ten (on Flex in f32, host kernels the compiler vectorizes).
 //! - [`attention`]: fused scaled dot-product attention (causal or not, grouped-query), one
 //!   autodiff node with a flash-attention-2 backward; on Flex in f32 tiled host kernels with
 //!   an online softmax and no `T × T` matrix.
@@ -26,13 +27,14 @@ pub mod attention;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 pub mod cube;
 pub mod fused;
-mod gelu;
 mod pack;
 mod quantize;
 
 pub use adamw::{FusedAdamW, FusedAdamWConfig};
 pub use attention::attention;
-pub use fused::{causal_softmax, cross_entropy, exp, gelu};
+pub use fused::{
+    causal_softmax, cross_entropy, exp, gelu, layer_norm_core, rms_norm_core, rope, silu_mul,
+};
 pub use pack::{pack_scaled, unpack_scaled};
 pub use quantize::quantize_with_feedback;
 

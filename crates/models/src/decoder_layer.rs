@@ -9,7 +9,7 @@ use crate::layers::{Linear, RmsNorm};
 use crate::llama::LlamaConfig;
 use bonfire_dtensor::layer;
 use burn::module::Module;
-use burn::tensor::{Device, Int, Tensor, TensorData};
+use burn::tensor::{DType, Device, Int, Tensor, TensorData};
 
 /// Self-attention with rotary positions and `h / h_kv` query heads per key/value head.
 #[derive(Module, Debug)]
@@ -122,7 +122,15 @@ pub fn rope_tables(
 }
 
 /// `x·cos + rotate_half(x)·sin` on `[B, h, T, hd]`, `rotate_half(x) = [−x₂, x₁]`.
+/// In f32 one fused node (bonfire-kernels); 16-bit in Burn's ops.
 pub fn rotate(x: Tensor<4>, cos: &Tensor<2>, sin: &Tensor<2>) -> Tensor<4> {
+    if x.dtype() == DType::F32 {
+        return bonfire_kernels::rope(
+            x,
+            cos.clone().cast(DType::F32),
+            sin.clone().cast(DType::F32),
+        );
+    }
     let hd = x.dims()[3];
     let cos = cos.clone().cast(x.dtype()).unsqueeze::<4>();
     let sin = sin.clone().cast(x.dtype()).unsqueeze::<4>();

@@ -13,7 +13,7 @@ use bonfire_dtensor::layer;
 use bonfire_dtensor::parallel::loss_parallel;
 use burn::module::Module;
 use burn::tensor::activation::silu;
-use burn::tensor::{Device, Int, Tensor};
+use burn::tensor::{DType, Device, Int, Tensor};
 
 pub use crate::decoder_layer::{Attention, rope_tables, rotate};
 
@@ -40,8 +40,16 @@ impl Mlp {
 
     /// The MLP on `[B, T, d]`.
     pub fn forward(&self, x: Tensor<3>) -> Tensor<3> {
-        let gate = silu(self.gate_proj.forward(x.clone()));
-        self.down_proj.forward(gate * self.up_proj.forward(x))
+        let (gate, up) = (self.gate_proj.forward(x.clone()), self.up_proj.forward(x));
+        self.down_proj.forward(swiglu(gate, up))
+    }
+}
+
+/// `silu(gate) ⊙ up`: in f32 one fused node (bonfire-kernels), 16-bit in Burn's ops.
+pub fn swiglu<const D: usize>(gate: Tensor<D>, up: Tensor<D>) -> Tensor<D> {
+    match gate.dtype() {
+        DType::F32 => bonfire_kernels::silu_mul(gate, up),
+        _ => silu(gate) * up,
     }
 }
 

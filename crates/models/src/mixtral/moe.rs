@@ -12,9 +12,10 @@
 
 use crate::decoder_layer::FeedForward;
 use crate::layers::Linear;
+use crate::llama::model::swiglu;
 use bonfire_dtensor::expert::{permute, run_experts, unpermute};
 use burn::module::{Module, Param};
-use burn::tensor::activation::{silu, softmax};
+use burn::tensor::activation::softmax;
 use burn::tensor::{DType, Device, Distribution, Int, Tensor};
 
 /// The experts of one layer, stored fused as transformers 5 stores them.
@@ -52,7 +53,7 @@ impl Experts {
         let down = self.down_proj.val().narrow(0, e, 1).reshape([d, f]);
         let (gate_up, down) = (gate_up.cast(dtype), down.cast(dtype));
         let h = x.matmul(gate_up.transpose());
-        let act = silu(h.clone().narrow(1, 0, f)) * h.narrow(1, f, f);
+        let act = swiglu(h.clone().narrow(1, 0, f), h.narrow(1, f, f));
         act.matmul(down.transpose())
     }
 }

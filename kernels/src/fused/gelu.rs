@@ -3,11 +3,17 @@
 //! (absolute error ≤ 1.5e-7; its Taylor series near 0), its `exp(−x²)`
 //! and the derivative's `exp(−x²/2)` are the same value, computed once by range reduction
 //! (`2^k · p(r)`, `|r| ≤ ln 2 / 2`, a degree-7 polynomial: relative error below 1e-7).
+//! Both run on Flex's buffer directly: in place when the tensor is contiguous and not
+//! shared, else into one new buffer (no copies through `TensorData`).
 
-use burn::backend::Backend;
-use burn::backend::TensorMetadata;
+use super::FusedBackend;
+use super::host::{self, FlexTensor};
+use burn::backend::Autodiff;
+use burn::backend::autodiff::checkpoint::base::Checkpointer;
+use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
+use burn::backend::autodiff::grads::Gradients;
+use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::backend::tensor::FloatTensor;
-use burn::tensor::{TensorData, read_sync};
 
 const LOG2E: f32 = std::f32::consts::LOG2_E;
 const LN2_HI: f32 = 0.693_145_75;
@@ -20,7 +26,7 @@ const INV_SQRT_2PI: f32 = 0.398_942_3;
 
 /// `e^x` for `x` in `[−87, 88]` (clamped there).
 #[inline(always)]
-fn exp(x: f32) -> f32 {
+pub(crate) fn exp(x: f32) -> f32 {
     let x = x.clamp(-87.0, 88.0);
     let t = x * LOG2E + MAGIC;
     let k = t - MAGIC;
@@ -69,35 +75,47 @@ fn gelu_grad(x: f32, g: f32) -> f32 {
     g * (cdf + x * INV_SQRT_2PI * e)
 }
 
-fn f32_values<B: Backend>(t: FloatTensor<B>) -> (Vec<f32>, Vec<usize>) {
-    let data = read_sync(B::float_into_data(t)).expect("bonfire-kernels: read a host tensor");
-    let shape = data.shape().to_vec();
-    (data.try_into_vec::<f32>().expect("an f32 tensor"), shape)
+/// GELU of a Flex f32 tensor, in place when its buffer can be reused.
+pub(crate) fn gelu_flex(x: FlexTensor) -> FlexTensor {
+    host::map(x, gelu)
 }
 
-/// `f` applied to every value of the f32 tensor `x` (its buffer reused when not shared).
-pub(crate) fn map_f32<B: Backend>(x: FloatTensor<B>, f: impl Fn(f32) -> f32) -> FloatTensor<B> {
-    let device = x.device();
-    let (mut v, shape) = f32_values::<B>(x);
-    for e in v.iter_mut() {
-        *e = f(*e);
-    }
-    B::float_from_data(TensorData::new(v, shape), &device)
+/// `grad · GELU′(x)` for Flex f32 tensors of one shape, into `grad`'s buffer when it can be
+/// reused.
+pub(crate) fn gelu_backward_flex(x: FlexTensor, grad: FlexTensor) -> FlexTensor {
+    host::zip(grad, x, |g, x| gelu_grad(x, g))
 }
 
-/// `grad · GELU′(x)` for f32 tensors of one shape.
-pub(crate) fn gelu_backward_f32<B: Backend>(
-    x: FloatTensor<B>,
-    grad: FloatTensor<B>,
-) -> FloatTensor<B> {
-    let device = grad.device();
-    let (x, _) = f32_values::<B>(x);
-    let (mut g, shape) = f32_values::<B>(grad);
-    assert_eq!(x.len(), g.len(), "gelu backward: x and grad differ in size");
-    for (g, &x) in g.iter_mut().zip(&x) {
-        *g = gelu_grad(x, *g);
+#[derive(Debug)]
+struct GeluBackward;
+
+impl<B: FusedBackend> Backward<B, 1> for GeluBackward {
+    /// The input `x`.
+    type State = FloatTensor<B>;
+
+    fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let grad = grads.consume::<B>(&ops.node);
+        if let [Some(parent)] = ops.parents {
+            grads.register::<B>(parent.id, B::gelu_erf_backward(ops.state, grad));
+        }
     }
-    B::float_from_data(TensorData::new(g, shape), &device)
+}
+
+/// The autodiff node of [`FusedBackend::gelu_erf`]: it keeps the input.
+pub(super) fn gelu_autodiff<B: FusedBackend, C: CheckpointStrategy>(
+    x: FloatTensor<Autodiff<B, C>>,
+) -> FloatTensor<Autodiff<B, C>> {
+    match GeluBackward
+        .prepare::<C>([x.node()])
+        .compute_bound()
+        .stateful()
+    {
+        OpsKind::Tracked(prep) => {
+            let x = x.into_primitive();
+            prep.finish(x.clone(), B::gelu_erf(x))
+        }
+        OpsKind::UnTracked(prep) => prep.finish(B::gelu_erf(x.into_primitive())),
+    }
 }
 
 #[cfg(test)]

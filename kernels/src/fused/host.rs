@@ -1,0 +1,80 @@
+//! Flex's f32 buffers seen as slices: what the host kernels of [`super`] read and write.
+//! A contiguous tensor is read in place; a strided one is made contiguous first. An output
+//! reuses an input's buffer when that tensor is contiguous, starts its buffer and is not
+//! shared; otherwise it is a fresh `Vec`.
+
+use burn::backend::tensor::FloatTensor;
+use burn::backend::{Flex, TensorMetadata};
+use burn::tensor::{DType, TensorData};
+
+/// A Flex float tensor.
+pub(crate) type FlexTensor = FloatTensor<Flex>;
+
+/// Whether every tensor is f32 (the host kernels' one dtype).
+pub(crate) fn all_f32(ts: &[&FlexTensor]) -> bool {
+    ts.iter().all(|t| t.dtype() == DType::F32)
+}
+
+/// `t` laid out contiguously (itself when it already is).
+pub(crate) fn contiguous(t: FlexTensor) -> FlexTensor {
+    match t.is_contiguous() {
+        true => t,
+        false => t.to_contiguous(),
+    }
+}
+
+/// The values of a contiguous f32 tensor (see [`contiguous`]).
+pub(crate) fn values(t: &FlexTensor) -> &[f32] {
+    t.as_slice::<f32>()
+        .expect("bonfire-kernels: a contiguous f32 tensor")
+}
+
+/// A tensor of `shape` holding `v`.
+pub(crate) fn from_vec(v: Vec<f32>, shape: Vec<usize>) -> FlexTensor {
+    FlexTensor::from_data(TensorData::new(v, shape))
+}
+
+/// `t`'s own buffer, when it is contiguous from the buffer's start, not shared and f32.
+pub(crate) fn owned(t: &mut FlexTensor) -> Option<&mut [f32]> {
+    let n = t.shape().num_elements();
+    if t.dtype() != DType::F32 || t.layout().contiguous_offsets() != Some((0, n)) {
+        return None;
+    }
+    t.try_storage_mut::<f32>().filter(|s| s.len() == n)
+}
+
+/// `f` applied to every value of `x`, in place when `x`'s buffer can be reused.
+pub(crate) fn map(mut x: FlexTensor, f: impl Fn(f32) -> f32) -> FlexTensor {
+    if let Some(s) = owned(&mut x) {
+        s.iter_mut().for_each(|v| *v = f(*v));
+        return x;
+    }
+    let x = contiguous(x);
+    let out = values(&x).iter().map(|&v| f(v)).collect();
+    from_vec(out, x.shape().to_vec())
+}
+
+/// `f(a, b)` element-wise over two tensors of one shape, into `a`'s buffer when it can be
+/// reused.
+pub(crate) fn zip(mut a: FlexTensor, b: FlexTensor, f: impl Fn(f32, f32) -> f32) -> FlexTensor {
+    assert_eq!(a.shape(), b.shape(), "bonfire-kernels: shapes differ");
+    let b = contiguous(b);
+    let bv = values(&b);
+    if let Some(s) = owned(&mut a) {
+        s.iter_mut().zip(bv).for_each(|(x, &y)| *x = f(*x, y));
+        return a;
+    }
+    let a = contiguous(a);
+    let out = values(&a).iter().zip(bv).map(|(&x, &y)| f(x, y)).collect();
+    from_vec(out, a.shape().to_vec())
+}
+
+/// `x` with a buffer of its own, contiguous from the start (itself when it already has one,
+/// else a copy) — for kernels that write their output over an input.
+pub(crate) fn writable(mut x: FlexTensor) -> FlexTensor {
+    if owned(&mut x).is_some() {
+        return x;
+    }
+    let x = contiguous(x);
+    from_vec(values(&x).to_vec(), x.shape().to_vec())
+}

@@ -1,0 +1,163 @@
+//! The normalization core of LayerNorm and RMSNorm over the last dim, one autodiff node:
+//! `x̂ = (x − mean)·rstd`, `rstd = 1/√(var + eps)` (biased variance; `centered`), or
+//! `x̂ = x·rstd`, `rstd = 1/√(mean(x²) + eps)` (RMS). Forward keeps `x̂` and each row's
+//! `rstd`; backward is the closed form `dx = rstd·(g − mean(g) − x̂·mean(g ⊙ x̂))` (RMS: no
+//! `mean(g)` term). The weight and bias stay outside, as Burn ops, since the tensor-parallel
+//! layers route them through their own bookkeeping.
+//!
+//! On Flex in f32 both passes are host kernels over rows (slices, no libm): two reads and one
+//! write forward, two reads and one write backward, in place where a buffer can be reused.
+
+use super::FusedBackend;
+use super::host::{self, FlexTensor};
+use burn::backend::autodiff::checkpoint::base::Checkpointer;
+use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
+use burn::backend::autodiff::grads::Gradients;
+use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+use burn::backend::tensor::FloatTensor;
+use burn::backend::{Autodiff, Backend, TensorMetadata};
+use burn::tensor::Scalar;
+
+// ---------------------------------------------------------------------------------------
+// Plain Burn (any backend; the reference)
+// ---------------------------------------------------------------------------------------
+
+/// `x̂` and each row's `rstd` (`[.., 1]`), in Burn ops.
+pub(super) fn stats_fallback<B: Backend>(
+    x: FloatTensor<B>,
+    eps: f64,
+    centered: bool,
+) -> (FloatTensor<B>, FloatTensor<B>) {
+    let last = x.shape().num_dims() - 1;
+    let x = match centered {
+        true => B::float_sub(x.clone(), B::float_mean_dim(x, last)),
+        false => x,
+    };
+    let ms = B::float_mean_dim(B::float_mul(x.clone(), x.clone()), last);
+    let rstd = B::float_recip(B::float_sqrt(B::float_add_scalar(ms, Scalar::Float(eps))));
+    (B::float_mul(x, rstd.clone()), rstd)
+}
+
+/// `rstd·(g − mean(g) − x̂·mean(g ⊙ x̂))` (RMS: without `mean(g)`), in Burn ops.
+pub(super) fn backward_fallback<B: Backend>(
+    xhat: FloatTensor<B>,
+    rstd: FloatTensor<B>,
+    grad: FloatTensor<B>,
+    centered: bool,
+) -> FloatTensor<B> {
+    let last = xhat.shape().num_dims() - 1;
+    let mgx = B::float_mean_dim(B::float_mul(grad.clone(), xhat.clone()), last);
+    let g = match centered {
+        true => B::float_sub(grad.clone(), B::float_mean_dim(grad, last)),
+        false => grad,
+    };
+    B::float_mul(B::float_sub(g, B::float_mul(xhat, mgx)), rstd)
+}
+
+// ---------------------------------------------------------------------------------------
+// Flex, f32
+// ---------------------------------------------------------------------------------------
+
+/// One row normalized in place; its `rstd`.
+#[inline(always)]
+fn normalize_row(row: &mut [f32], eps: f32, centered: bool) -> f32 {
+    let d = row.len() as f32;
+    let mean = match centered {
+        true => row.iter().sum::<f32>() / d,
+        false => 0.0,
+    };
+    let ms = row.iter().map(|&v| (v - mean) * (v - mean)).sum::<f32>() / d;
+    let rstd = 1.0 / (ms + eps).sqrt();
+    row.iter_mut().for_each(|v| *v = (*v - mean) * rstd);
+    rstd
+}
+
+/// `x̂` and each row's `rstd` on Flex f32, `x`'s buffer reused when it can be.
+pub(super) fn stats_flex(x: FlexTensor, eps: f64, centered: bool) -> (FlexTensor, FlexTensor) {
+    let shape = x.shape().to_vec();
+    let d = *shape.last().expect("a norm needs a last dim");
+    let mut out = host::writable(x);
+    let buf = host::owned(&mut out).expect("a fresh buffer");
+    let rstd: Vec<f32> = buf
+        .chunks_exact_mut(d)
+        .map(|row| normalize_row(row, eps as f32, centered))
+        .collect();
+    let mut rshape = shape;
+    *rshape.last_mut().expect("checked") = 1;
+    (out, host::from_vec(rstd, rshape))
+}
+
+/// One row's `dx`, written over `g`.
+#[inline(always)]
+fn backward_row(g: &mut [f32], xhat: &[f32], rstd: f32, centered: bool) {
+    let d = g.len() as f32;
+    let mg = match centered {
+        true => g.iter().sum::<f32>() / d,
+        false => 0.0,
+    };
+    let mgx = g.iter().zip(xhat).map(|(&a, &b)| a * b).sum::<f32>() / d;
+    g.iter_mut()
+        .zip(xhat)
+        .for_each(|(g, &x)| *g = rstd * (*g - mg - x * mgx));
+}
+
+/// `dx` on Flex f32, into `grad`'s buffer when it can be reused.
+pub(super) fn backward_flex(
+    xhat: FlexTensor,
+    rstd: FlexTensor,
+    grad: FlexTensor,
+    centered: bool,
+) -> FlexTensor {
+    assert_eq!(xhat.shape(), grad.shape(), "norm backward: shapes differ");
+    let d = *xhat.shape().to_vec().last().expect("a last dim");
+    let (xhat, rstd) = (host::contiguous(xhat), host::contiguous(rstd));
+    let mut out = host::writable(grad);
+    let buf = host::owned(&mut out).expect("a fresh buffer");
+    buf.chunks_exact_mut(d)
+        .zip(host::values(&xhat).chunks_exact(d))
+        .zip(host::values(&rstd))
+        .for_each(|((g, x), &r)| backward_row(g, x, r, centered));
+    out
+}
+
+// ---------------------------------------------------------------------------------------
+// Autodiff
+// ---------------------------------------------------------------------------------------
+
+#[derive(Debug)]
+struct NormCoreBackward {
+    centered: bool,
+}
+
+impl<B: FusedBackend> Backward<B, 1> for NormCoreBackward {
+    /// `x̂` and the rows' `rstd`.
+    type State = (FloatTensor<B>, FloatTensor<B>);
+
+    fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let grad = grads.consume::<B>(&ops.node);
+        if let [Some(parent)] = ops.parents {
+            let (xhat, rstd) = ops.state;
+            let g = B::norm_core_backward(xhat, rstd, grad, self.centered);
+            grads.register::<B>(parent.id, g);
+        }
+    }
+}
+
+/// The autodiff node of [`FusedBackend::norm_core`].
+pub(super) fn norm_core_autodiff<B: FusedBackend, C: CheckpointStrategy>(
+    x: FloatTensor<Autodiff<B, C>>,
+    eps: f64,
+    centered: bool,
+) -> FloatTensor<Autodiff<B, C>> {
+    match (NormCoreBackward { centered })
+        .prepare::<C>([x.node()])
+        .compute_bound()
+        .stateful()
+    {
+        OpsKind::Tracked(prep) => {
+            let (xhat, rstd) = B::norm_core_stats(x.into_primitive(), eps, centered);
+            prep.finish((xhat.clone(), rstd), xhat)
+        }
+        OpsKind::UnTracked(prep) => prep.finish(B::norm_core(x.into_primitive(), eps, centered)),
+    }
+}

@@ -1,0 +1,170 @@
+//! The fused ops against their plain-Burn references: outputs and input gradients.
+
+use super::*;
+use burn::tensor::activation::{gelu as burn_gelu, log_softmax, softmax};
+use burn::tensor::{Device, Distribution};
+
+fn close<const D: usize>(what: &str, a: Tensor<D>, b: Tensor<D>, tol: f32) {
+    let (a, b) = (
+        a.into_data().try_to_vec::<f32>().unwrap(),
+        b.into_data().try_to_vec::<f32>().unwrap(),
+    );
+    assert_eq!(a.len(), b.len());
+    let worst = a
+        .iter()
+        .zip(&b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max);
+    assert!(worst <= tol, "{what}: largest difference {worst} > {tol}");
+}
+
+/// `f` and `reference` on the same tracked input: outputs and input gradients (of the
+/// output weighted by a fixed random tensor) agree.
+fn same_as<const D: usize, const E: usize>(
+    input: Tensor<D>,
+    f: impl Fn(Tensor<D>) -> Tensor<E>,
+    reference: impl Fn(Tensor<D>) -> Tensor<E>,
+    tol: f32,
+) {
+    let (a, b) = (input.clone().require_grad(), input.require_grad());
+    let (ya, yb) = (f(a.clone()), reference(b.clone()));
+    let w = Tensor::<E>::random(ya.shape(), Distribution::Normal(0.0, 1.0), &ya.device());
+    close("forward", ya.clone(), yb.clone(), tol);
+    let ga = (ya * w.clone()).sum().backward();
+    let gb = (yb * w).sum().backward();
+    close("gradient", a.grad(&ga).unwrap(), b.grad(&gb).unwrap(), tol);
+}
+
+fn device() -> Device {
+    Device::flex().autodiff()
+}
+
+#[test]
+fn causal_softmax_is_masked_scaled_softmax() {
+    let x = Tensor::<4>::random([2, 3, 5, 5], Distribution::Normal(0.0, 2.0), &device());
+    let mask = |t: Tensor<4>| {
+        let tri = Tensor::<2>::ones([5, 5], &t.device()).triu(1) * -1e30;
+        t * 0.3 + tri.unsqueeze::<4>()
+    };
+    same_as(x, |t| causal_softmax(t, 0.3), |t| softmax(mask(t), 3), 1e-6);
+}
+
+#[test]
+fn cross_entropy_is_mean_negative_log_likelihood() {
+    let x = Tensor::<2>::random([6, 11], Distribution::Normal(0.0, 3.0), &device());
+    let targets = Tensor::<1, Int>::from_data([0, 10, 3, 3, 7, 1], &device());
+    let t = targets.clone();
+    let reference = move |x: Tensor<2>| {
+        log_softmax(x, 1)
+            .gather(1, t.clone().reshape([6, 1]))
+            .mean()
+            .neg()
+    };
+    same_as(x, |x| cross_entropy(x, targets.clone()), reference, 1e-6);
+}
+
+#[test]
+fn exp_is_burns_exp() {
+    let x = Tensor::<3>::random([2, 7, 33], Distribution::Normal(0.0, 2.0), &device());
+    same_as(x, exp, |x| x.exp(), 1e-5);
+}
+
+#[test]
+fn gelu_is_burns_gelu() {
+    let x = Tensor::<3>::random([2, 7, 33], Distribution::Normal(0.0, 3.0), &device());
+    same_as(x, gelu, burn_gelu, 1e-6);
+}
+
+fn flex() -> Device {
+    Device::flex()
+}
+
+#[test]
+fn gelu_in_place_on_an_untracked_tensor_is_burns_gelu() {
+    let x = Tensor::<2>::random([5, 131], Distribution::Normal(0.0, 3.0), &flex());
+    close("forward", gelu(x.clone()), burn_gelu(x), 1e-6);
+}
+
+#[test]
+fn cross_entropy_over_several_vocabulary_chunks() {
+    let x = Tensor::<2>::random([3, 5003], Distribution::Normal(0.0, 4.0), &device());
+    let targets = Tensor::<1, Int>::from_data([5002, 0, 2048], &device());
+    let t = targets.clone();
+    let reference = move |x: Tensor<2>| {
+        log_softmax(x, 1)
+            .gather(1, t.clone().reshape([3, 1]))
+            .mean()
+            .neg()
+    };
+    // A loss near 12: 6e-6 is 5e-7 relative (f32 sums of 5003 terms in two orders).
+    same_as(x, |x| cross_entropy(x, targets.clone()), reference, 6e-6);
+}
+
+fn layer_norm_reference<const D: usize>(x: Tensor<D>, eps: f64) -> Tensor<D> {
+    let (var, mean) = x.clone().var_mean_bias(D - 1);
+    (x - mean) / (var + eps).sqrt()
+}
+
+#[test]
+fn layer_norm_core_is_burns_layer_norm() {
+    let x = Tensor::<3>::random([3, 5, 37], Distribution::Normal(0.5, 2.0), &device());
+    same_as(
+        x,
+        |x| layer_norm_core(x, 1e-5),
+        |x| layer_norm_reference(x, 1e-5),
+        3e-6,
+    );
+}
+
+#[test]
+fn rms_norm_core_is_burns_rms_norm() {
+    let x = Tensor::<3>::random([3, 5, 37], Distribution::Normal(0.5, 2.0), &device());
+    let reference = |x: Tensor<3>| {
+        let rms = (x.clone().powi_scalar(2).mean_dim(2) + 1e-5).sqrt();
+        x / rms
+    };
+    same_as(x, |x| rms_norm_core(x, 1e-5), reference, 3e-6);
+}
+
+#[test]
+fn norm_cores_on_a_strided_untracked_input() {
+    let x = Tensor::<2>::random([37, 6], Distribution::Normal(0.0, 1.0), &flex()).transpose();
+    close(
+        "layer",
+        layer_norm_core(x.clone(), 1e-5),
+        layer_norm_reference(x, 1e-5),
+        3e-6,
+    );
+}
+
+#[test]
+fn silu_mul_is_silu_times_up() {
+    let x = Tensor::<3>::random([2, 5, 43], Distribution::Normal(0.0, 3.0), &device());
+    let split = |x: Tensor<3>| (x.clone().narrow(0, 0, 1), x.narrow(0, 1, 1));
+    let f = move |x: Tensor<3>| {
+        let (g, u) = split(x);
+        silu_mul(g, u)
+    };
+    let reference = move |x: Tensor<3>| {
+        let (g, u) = split(x);
+        burn::tensor::activation::silu(g) * u
+    };
+    same_as(x, f, reference, 2e-6);
+}
+
+#[test]
+fn rope_is_the_rotation_of_its_definition() {
+    let dev = device();
+    let x = Tensor::<4>::random([2, 3, 7, 10], Distribution::Normal(0.0, 1.0), &dev);
+    // Tables whose halves differ: the backward's transpose must pair them right.
+    let cos = Tensor::<2>::random([7, 10], Distribution::Normal(0.0, 1.0), &dev);
+    let sin = Tensor::<2>::random([7, 10], Distribution::Normal(0.0, 1.0), &dev);
+    let (c, s) = (cos.clone(), sin.clone());
+    let reference = move |x: Tensor<4>| {
+        let x1 = x.clone().narrow(3, 0, 5);
+        let x2 = x.clone().narrow(3, 5, 5);
+        let rotated = Tensor::cat(vec![x2.neg(), x1], 3);
+        x * c.clone().unsqueeze::<4>() + rotated * s.clone().unsqueeze::<4>()
+    };
+    same_as(x, |x| rope(x, cos.clone(), sin.clone()), reference, 2e-6);
+}
