@@ -1,5 +1,5 @@
 //! `cargo xtask bench pipeline`, workload `gpt`: the bubble of each schedule on the GPT's real
-//! stage compute (the bench GPT: vocab 4096, d 256, 8 heads, 4 layers (`--layers`), seq 128,
+//! stage compute (the bench GPT: vocab 4096, d 256, 8 heads, 4 layers (`--gpt-layers`), seq 128,
 //! d_ff 1024, f32), `p` rank threads, `8·p` sequences per step split into `m` micro-batches,
 //! next to theory.
 //!
@@ -82,7 +82,7 @@ struct Args {
     pieces: String,
     /// Transformer blocks of the bench GPT (4 by default; a deeper variant balances finer).
     #[arg(long, default_value_t = 4)]
-    layers: usize,
+    gpt_layers: usize,
     /// Where the SVG timelines go (default: the workspace's `target/pipeline-timelines`).
     #[arg(long)]
     out: Option<PathBuf>,
@@ -443,7 +443,7 @@ fn main() {
         std::process::exit(2);
     }
     let cfg = GptConfig {
-        n_layers: args.layers,
+        n_layers: args.gpt_layers,
         ..GptConfig::bench()
     };
     let halves = args.pieces == "halves";

@@ -67,6 +67,13 @@ struct Args {
     /// Accepted for `cargo bench` compatibility.
     #[arg(long, hide = true)]
     bench: bool,
+    /// The `gpt` workload's pieces (`examples/benches/pipeline_gpt.rs`); accepted and unused
+    /// here, so that `cargo xtask bench pipeline` can pass it to both benches.
+    #[arg(long, hide = true)]
+    pieces: Option<String>,
+    /// The `gpt` workload's block count; accepted and unused here (see `pieces`).
+    #[arg(long, hide = true)]
+    gpt_layers: Option<usize>,
 }
 
 /// Sleeps for the simulated cost of each action.
