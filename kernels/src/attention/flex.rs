@@ -3,10 +3,11 @@
 //! `Tq × Tk` buffer.
 //!
 //! Work is split by `(batch, kv head)`: one unit owns its kv head's `K`, `V`, their gradients
-//! and the `h / h_kv` query heads that share them, so the GQA sums need no synchronization and
-//! units run on scoped threads. Inside a unit `K` (and `V` for the backward) is transposed once
-//! to `[dh, Tk]`, so that a query's scores against a tile are `dh` axpys over the tile's keys,
-//! and every other inner loop is an axpy over `dh`: all vectorize, with no horizontal sums.
+//! and the `h / h_kv` query heads that share them, so the GQA sums need no synchronization (the
+//! units run one after another on the rank's thread). Inside a unit `K` (and `V` for the
+//! backward) is transposed once to `[dh, Tk]`, so that a query's scores against a tile are
+//! `dh` axpys over the tile's keys, and every other inner loop is an axpy over `dh`: all
+//! vectorize, with no horizontal sums.
 //! The unit functions are compiled three times — AVX-512, AVX2 + FMA and the portable
 //! baseline — and the best the CPU has is picked at run time.
 
@@ -239,25 +240,11 @@ macro_rules! multiversion {
 multiversion!(forward_unit, forward_unit_body, (d: &Dims, q: &[f32], k: &[f32], v: &[f32], o: &mut [f32], lse: &mut [f32]));
 multiversion!(backward_unit, backward_unit_body, (d: &Dims, x: &BackwardIn, out: &mut BackwardOut));
 
-/// Runs `f` on each of `units` over up to the machine's cores of scoped threads.
+/// Runs `f` on each of `units`, in order, on the calling thread: a rank computes on one
+/// thread, as every other Flex op here does (Burn is built without `rayon`; the ranks are the
+/// cores, and a rank's communication thread needs the rest).
 fn parallel<T: Send>(units: Vec<T>, f: impl Fn(T) + Sync) {
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let per = units.len().div_ceil(threads.max(1)).max(1);
-    if units.len() <= per {
-        units.into_iter().for_each(f);
-        return;
-    }
-    let mut units = units.into_iter();
-    let f = &f;
-    std::thread::scope(|scope| {
-        loop {
-            let chunk: Vec<T> = units.by_ref().take(per).collect();
-            if chunk.is_empty() {
-                break;
-            }
-            scope.spawn(move || chunk.into_iter().for_each(f));
-        }
-    });
+    units.into_iter().for_each(f);
 }
 
 /// Forward over contiguous `q` `[B, h, Tq, dh]`, `k`, `v` `[B, h_kv, Tk, dh]`: the output
