@@ -8,7 +8,6 @@ use crate::gpt::attention::{causal_attention, merge_heads, split_heads};
 use crate::layers::{Linear, RmsNorm};
 use crate::llama::LlamaConfig;
 use bonfire_dtensor::layer;
-use bonfire_kernels::attention;
 use burn::module::Module;
 use burn::tensor::{DType, Device, Int, Tensor, TensorData};
 
@@ -76,16 +75,10 @@ impl Attention {
             true => (k, v),
             false => (k.select(1, heads.clone()), v.select(1, heads.clone())),
         };
-        // Grouped kv heads (their local query head j uses ⌊j·h_kv/h⌋, as `heads` says) go
-        // to the fused op whole in f32; other dtypes repeat them for Burn's attention.
         let y = bonfire_dtensor::context::attention(q, k, v, |q, k, v| {
-            let (h, h_kv) = (q.dims()[1], k.dims()[1]);
-            match (h == h_kv, q.dtype()) {
-                (true, _) => causal_attention(q, k, v),
-                (false, DType::F32) if h % h_kv == 0 => {
-                    attention(q, k, v, 1.0 / (hd as f64).sqrt(), true)
-                }
-                _ => causal_attention(q, k.select(1, heads.clone()), v.select(1, heads)),
+            match k.dims()[1] == q.dims()[1] {
+                true => causal_attention(q, k, v),
+                false => causal_attention(q, k.select(1, heads.clone()), v.select(1, heads)),
             }
         });
         self.o_proj.forward(merge_heads(y))

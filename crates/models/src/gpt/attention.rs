@@ -1,7 +1,7 @@
 //! Causal multi-head self-attention with separate `q`, `k`, `v`, `o` projections.
 
 use crate::layers::Linear;
-use bonfire_kernels::attention;
+use bonfire_kernels::causal_softmax;
 use burn::module::Module;
 use burn::tensor::activation::softmax;
 use burn::tensor::{DType, Device, Tensor, TensorData};
@@ -73,22 +73,22 @@ pub fn merge_heads(y: Tensor<4>) -> Tensor<3> {
 /// Causal scaled dot-product attention of `q`, `k`, `v` `[B, h, T, dh]`:
 /// `softmax(q kᵀ / √dh + mask) v`, a query attending to keys at or before it.
 ///
-/// In f32 the whole core is one fused op ([`bonfire_kernels::attention`]: on Flex tiled host
-/// kernels with an online softmax and no `T × T` matrix, one autodiff node). In 16-bit types
-/// it stays Burn's ops, rounding after each: a fused op's different rounding moves the bf16
-/// tensor-parallel AdamW parity suite (`tests/mixed_precision.rs`) past its empirical bound
-/// (0.24 against 0.2, measured with the fused softmax).
+/// In f32 the scale, the mask and the softmax are one fused op
+/// ([`bonfire_kernels::causal_softmax`]: the backend's softmax kernel, one autodiff node).
+/// In 16-bit types they stay Burn's element-wise ops, rounding after each: the fused op's
+/// different rounding moves the bf16 tensor-parallel AdamW parity suite
+/// (`tests/mixed_precision.rs`) past its empirical bound (0.24 against 0.2).
 pub fn causal_attention(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>) -> Tensor<4> {
     let [_, _, t, dh] = q.dims();
-    let scale = 1.0 / (dh as f64).sqrt();
-    match q.dtype() {
-        DType::F32 => attention(q, k, v, scale, true),
+    let scores = q.matmul(k.swap_dims(2, 3));
+    let p = match scores.dtype() {
+        DType::F32 => causal_softmax(scores, 1.0 / (dh as f64).sqrt()),
         dtype => {
-            let scores = q.matmul(k.swap_dims(2, 3));
             let mask = causal_mask(t, &scores.device()).cast(dtype);
-            softmax(scores / (dh as f64).sqrt() + mask.unsqueeze::<4>(), 3).matmul(v)
+            softmax(scores / (dh as f64).sqrt() + mask.unsqueeze::<4>(), 3)
         }
-    }
+    };
+    p.matmul(v)
 }
 
 /// `[T, T]`: 0 where key ≤ query, −∞ where key > query (excluded from the softmax).
