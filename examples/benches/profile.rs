@@ -11,7 +11,7 @@
 
 use bonfire_examples::throughput::{median, random_batches};
 use bonfire_examples::{Gpt, GptConfig, default_device};
-use bonfire_kernels::{causal_softmax, gelu};
+use bonfire_kernels::{attention as fused_attention, causal_softmax, gelu};
 use bonfire_models::gpt::attention::{causal_attention, merge_heads, split_heads};
 use bonfire_models::gpt::{cross_entropy, embed};
 use bonfire_models::layers::{Embedding, LayerNorm, Linear};
@@ -189,6 +189,24 @@ fn attention(
     r.line("attn_core", l, attn);
     // Its parts, for the record (not added to the sum: attn_core holds them).
     let sum_before = r.sum;
+    let scale = 1.0 / (dh as f64).sqrt();
+    r.line(
+        "attn_core.fused",
+        l,
+        time(reps, || {
+            fused_attention(q4.clone(), k4.clone(), v4.clone(), scale, true)
+        }),
+    );
+    // The decomposed path the model ran before the fused op: q·kᵀ, the fused masked
+    // softmax, p·v (a [b, h, t, t] matrix each way).
+    r.line(
+        "attn_core.burn",
+        l,
+        time(reps, || {
+            let s = q4.clone().matmul(k4.clone().swap_dims(2, 3));
+            causal_softmax(s, scale).matmul(v4.clone())
+        }),
+    );
     r.line(
         "attn_core.scores",
         l,
