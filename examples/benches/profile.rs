@@ -1,5 +1,5 @@
-//! `cargo xtask bench profile`: where a one-rank training step of the bench GPT goes, op by
-//! op. Each piece of the model runs alone at the bench shapes on Burn's Flex with autodiff —
+//! `cargo xtask bench profile`: where a one-rank training step of the bench GPT (or, with
+//! `--model llama`, the bench Llama: `profile/llama.rs`) goes, op by op. Each piece of the model runs alone at the bench shapes on Burn's Flex with autodiff —
 //! forward, then backward of its output's sum — with fresh tracked inputs, the model's own
 //! code (`Linear`, `LayerNorm`, `causal_attention`, `cross_entropy`, ...); then the whole model
 //! and the SGD step.
@@ -7,7 +7,9 @@
 //! Prints `bench profile part=<name> count=<uses per step> fwd_ms=… bwd_ms=… step_ms=…` (one
 //! use's medians; `step_ms` = count × (fwd + bwd)), then `part=sum` (the pieces together),
 //! `part=model` (the whole forward and backward) and `part=sgd` (the optimizer step), so that
-//! the pieces can be compared with the whole step.
+//! the pieces can be compared with the whole step, and one line splitting the step by kind:
+//! `bench profile split model=… matmul_ms=… attention_ms=… elementwise_ms=… optimizer_ms=…
+//! total_ms=…` (see [`Split`]).
 
 use bonfire_examples::throughput::{median, random_batches};
 use bonfire_examples::{Gpt, GptConfig, default_device};
@@ -30,10 +32,16 @@ struct Args {
     /// Timed repetitions of each piece (after one warm-up).
     #[arg(long, default_value_t = 5)]
     reps: usize,
+    /// `gpt` or `llama`.
+    #[arg(long, default_value = "gpt")]
+    model: String,
     /// Ignored (passed by `cargo bench`).
     #[arg(long, hide = true)]
     bench: bool,
 }
+
+#[path = "profile/llama.rs"]
+mod llama;
 
 fn ms(start: Instant) -> f64 {
     start.elapsed().as_secs_f64() * 1e3
@@ -62,22 +70,79 @@ fn leaf<const D: usize>(shape: [usize; D], device: &Device) -> Tensor<D> {
     Tensor::random(shape, Distribution::Normal(0.0, 1.0), device).require_grad()
 }
 
+/// The parts printed so far: their step times by name, and the sum of those in the step.
+#[derive(Default)]
 struct Report {
     sum: f64,
+    parts: Vec<(String, f64)>,
 }
 
 impl Report {
-    fn line(&mut self, part: &str, count: usize, (fwd, bwd): (f64, f64)) {
+    /// Prints a part and adds its step time to the sum.
+    fn line(&mut self, part: &str, count: usize, timed: (f64, f64)) {
+        self.sum += self.record(part, count, timed);
+    }
+
+    /// Prints a part kept for the record (not added to the sum); returns its step time.
+    fn record(&mut self, part: &str, count: usize, (fwd, bwd): (f64, f64)) -> f64 {
         let step = count as f64 * (fwd + bwd);
-        self.sum += step;
+        self.parts.push((part.to_string(), step));
         println!(
             "bench profile part={part} count={count} fwd_ms={fwd:.2} bwd_ms={bwd:.2} step_ms={step:.1}"
+        );
+        step
+    }
+
+    /// A printed part's step time (ms); panics on a part never printed.
+    fn get(&self, part: &str) -> f64 {
+        self.parts
+            .iter()
+            .find(|(name, _)| name == part)
+            .map(|(_, ms)| *ms)
+            .unwrap_or_else(|| panic!("profile: no part `{part}`"))
+    }
+
+    fn sum_line(&self) {
+        println!(
+            "bench profile part=sum count=1 step_ms={:.1} (forward + backward of the pieces)",
+            self.sum
+        );
+    }
+}
+
+/// A one-rank step by kind of work (ms, from the parts measured alone): the linear layers'
+/// products, attention's core (everything between the projections), the element-wise and
+/// row ops (embedding, norms, activations, residuals, cross-entropy) and the optimizer step.
+/// Communication and idle time are the train bench's (`wait_ms`, `hidden`): zero on one rank.
+struct Split {
+    matmul: f64,
+    attention: f64,
+    elementwise: f64,
+    optimizer: f64,
+}
+
+impl Split {
+    fn print(&self, model: &str) {
+        let total = self.matmul + self.attention + self.elementwise + self.optimizer;
+        println!(
+            "bench profile split model={model} matmul_ms={:.1} attention_ms={:.1} \
+             elementwise_ms={:.1} optimizer_ms={:.1} total_ms={total:.1}",
+            self.matmul, self.attention, self.elementwise, self.optimizer
         );
     }
 }
 
 fn main() {
     let args = Args::parse();
+    match args.model.as_str() {
+        "gpt" => gpt(&args),
+        "llama" => llama::run(args.batch, args.reps),
+        other => panic!("--model {other}: expected `gpt` or `llama`"),
+    }
+}
+
+/// The bench GPT's parts.
+fn gpt(args: &Args) {
     let cfg = GptConfig::bench();
     let dev = default_device();
     let (b, t, d, f) = (args.batch, cfg.max_seq_len, cfg.d_model, cfg.d_ff);
@@ -86,7 +151,7 @@ fn main() {
         "GPT bench size, batch {b} x {t}: Flex with autodiff, {reps} timed runs per piece; \
          step_ms = uses per step x (forward + backward)"
     );
-    let mut r = Report { sum: 0.0 };
+    let mut r = Report::default();
     let x = leaf([b, t, d], &dev);
     let ids = Tensor::<2, Int>::random([b, t], Distribution::Uniform(0.0, v as f64), &dev);
     let (tok, pos) = (Embedding::new(v, d, &dev), Embedding::new(t, d, &dev));
@@ -116,10 +181,25 @@ fn main() {
         1,
         time(reps, || cross_entropy(logits.clone(), targets.clone())),
     );
-    println!(
-        "bench profile part=sum count=1 step_ms={:.1} (forward + backward of the pieces)",
-        r.sum
-    );
+    r.sum_line();
+    let split = |r: &Report, optimizer: f64| Split {
+        matmul: ["linear_qkvo", "mlp_fc1", "mlp_fc2", "head"]
+            .map(|p| r.get(p))
+            .iter()
+            .sum(),
+        attention: r.get("attn_core") + r.get("attn_heads_split_merge"),
+        elementwise: [
+            "embed",
+            "layer_norm",
+            "mlp_gelu",
+            "residual_add",
+            "cross_entropy",
+        ]
+        .map(|p| r.get(p))
+        .iter()
+        .sum(),
+        optimizer,
+    };
     // The same pieces written with Burn's own ops (what the model ran before its fused
     // ops), for comparison; not in the sum.
     let mask = Tensor::<2>::ones([t, t], &dev).triu(1) * -1e30;
@@ -151,7 +231,8 @@ fn main() {
                 .neg()
         }),
     );
-    whole_model(&cfg, b, reps, &dev);
+    let optimizer = whole_model(&cfg, b, reps, &dev);
+    split(&r, optimizer).print("gpt");
 }
 
 /// The attention's pieces: heads split and merged, its core, and the core's parts (for the
@@ -227,8 +308,9 @@ fn attention(
     (q, s)
 }
 
-/// The whole model's forward and backward, and Burn's SGD step on its gradients.
-fn whole_model(cfg: &GptConfig, b: usize, reps: usize, dev: &Device) {
+/// The whole model's forward and backward, and Burn's SGD step on its gradients; returns the
+/// SGD step's median (ms).
+fn whole_model(cfg: &GptConfig, b: usize, reps: usize, dev: &Device) -> f64 {
     let mut model = Gpt::new(cfg, dev);
     let data = random_batches(cfg.vocab_size, cfg.max_seq_len, b, 1, 3);
     let (ids, targets) = data.rows(0, 0, b, dev);
@@ -256,9 +338,10 @@ fn whole_model(cfg: &GptConfig, b: usize, reps: usize, dev: &Device) {
         "bench profile part=model count=1 fwd_ms={f:.2} bwd_ms={b:.2} step_ms={:.1}",
         f + b
     );
+    let o = median(opt);
     println!(
-        "bench profile part=sgd count=1 step_ms={:.1} params={}",
-        median(opt),
+        "bench profile part=sgd count=1 step_ms={o:.1} params={}",
         model.num_params()
     );
+    o
 }

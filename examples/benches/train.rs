@@ -2,7 +2,8 @@
 //! with `--model mixtral`, the bench Mixtral's: `MixtralConfig::bench`) training throughput in
 //! every layout, through the trainer's one loop, on rank threads — or as processes under
 //! `mpirun` (`--backend mpi`, which runs this binary with `--launcher env`). The optimizer is
-//! SGD (lr 0.01) for the GPT and the Mixtral, AdamW (lr 1e-3, β 0.9/0.95, ε 1e-6, weight
+//! SGD (lr 0.01) for the GPT and the Mixtral, AdamW (`bonfire_kernels::FusedAdamW`: Burn's
+//! AdamW in one pass per tensor; lr 1e-3, β 0.9/0.95, ε 1e-6, weight
 //! decay 0.1) for the Llama; `--optimizer sgd|adamw` picks either. The xtask then runs
 //! PyTorch's side in the same run where it is installed (`xtask/src/pytorch.rs`).
 //!
@@ -32,13 +33,14 @@ use bonfire_comm::{ReduceOp, World};
 use bonfire_ddp::{DdpConfig, StepTiming, chrome_trace};
 use bonfire_examples::throughput::{self, Hosts, RankRun, RunArgs, median};
 use bonfire_examples::{Gpt, GptConfig, default_device};
+use bonfire_kernels::FusedAdamWConfig;
 use bonfire_models::data::{Batches, TokenBatch};
 use bonfire_models::llama::{Llama, LlamaConfig};
 use bonfire_models::mixtral::{Mixtral, MixtralConfig};
 use bonfire_pipeline::ScheduleKind;
 use bonfire_train::{Axis, ParallelDims, ParallelModel, Trainer};
 use bonfire_zero::{ZeroConfig, ZeroStage};
-use burn::optim::{AdamWConfig, SgdConfig};
+use burn::optim::SgdConfig;
 use burn::tensor::Device;
 use clap::Parser;
 use std::path::PathBuf;
@@ -157,7 +159,8 @@ fn measure<M: ParallelModel<Batch = TokenBatch> + Sync>(
     let bucket_bytes = (args.bucket_mb * (1 << 20) as f64) as usize;
     let adamw = optimizer(args)? == "adamw";
     let trainer = Trainer::new(dims.clone(), move || match adamw {
-        true => AdamWConfig::new()
+        // Burn's AdamW arithmetic, one pass per tensor on Flex (its state is Burn's).
+        true => FusedAdamWConfig::new()
             .with_beta_1(0.9)
             .with_beta_2(0.95)
             .with_epsilon(1e-6)
