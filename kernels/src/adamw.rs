@@ -322,10 +322,15 @@ mod tests {
             (a, sa) = fused.step(1e-2, a, g.clone(), sa);
             (b, sb) = burn.step(1e-2, b, g, sb);
             let same = |x: &Tensor<2>, y: &Tensor<2>| {
-                x.clone().into_data().assert_eq(&y.clone().into_data(), true)
+                x.clone()
+                    .into_data()
+                    .assert_eq(&y.clone().into_data(), true)
             };
             same(&a, &b);
-            let (ma, mb) = (&sa.as_ref().unwrap().momentum, &sb.as_ref().unwrap().momentum);
+            let (ma, mb) = (
+                &sa.as_ref().unwrap().momentum,
+                &sb.as_ref().unwrap().momentum,
+            );
             same(&ma.moment_1, &mb.moment_1);
             same(&ma.moment_2, &mb.moment_2);
             assert_eq!(ma.time, step + 1);
