@@ -11,6 +11,8 @@
 //! The unit functions are compiled three times — AVX-512, AVX2 + FMA and the portable
 //! baseline — and the best the CPU has is picked at run time.
 
+use crate::fused::fast_exp as exp;
+
 /// Keys per tile.
 pub(crate) const TILE: usize = 64;
 
@@ -47,30 +49,6 @@ impl Dims {
             false => self.tk,
         }
     }
-}
-
-const LOG2E: f32 = std::f32::consts::LOG2_E;
-const LN2_HI: f32 = 0.693_145_75;
-const LN2_LO: f32 = 1.428_606_8e-6;
-/// 1.5 · 2²³: adding it rounds to an integer, kept in the low mantissa bits.
-const MAGIC: f32 = 12_582_912.0;
-
-/// `e^x` by range reduction (`2^k · p(r)`, `|r| ≤ ln 2 / 2`, degree 7), branch-free so that it
-/// vectorizes; `x` clamped to `[−87, 88]` (so `e^−∞` is ~1e-38, not 0).
-#[inline(always)]
-fn exp(x: f32) -> f32 {
-    let x = x.clamp(-87.0, 88.0);
-    let t = x * LOG2E + MAGIC;
-    let k = t - MAGIC;
-    let r = x - k * LN2_HI - k * LN2_LO;
-    let p = 1.0
-        + r * (1.0
-            + r * (0.5
-                + r * (1.0 / 6.0
-                    + r * (1.0 / 24.0
-                        + r * (1.0 / 120.0 + r * (1.0 / 720.0 + r * (1.0 / 5040.0)))))));
-    let k = t.to_bits() as i32 - MAGIC.to_bits() as i32;
-    p * f32::from_bits(((k + 127) << 23) as u32)
 }
 
 /// `y += a · x`.

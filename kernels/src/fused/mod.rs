@@ -17,6 +17,10 @@
 
 mod cross_entropy;
 mod gelu;
+
+/// The branch-free, vectorizable `e^x` of the GELU kernel (relative error below 3e-7 on
+/// `[−87, 88]`, clamped outside), shared with the attention kernels.
+pub(crate) use gelu::exp as fast_exp;
 pub(crate) mod host;
 mod norm;
 mod rope;
