@@ -18,7 +18,7 @@ use bonfire_models::gpt::attention::{causal_attention, merge_heads, split_heads}
 use bonfire_models::gpt::{cross_entropy, embed};
 use bonfire_models::layers::{Embedding, LayerNorm, Linear};
 use burn::module::Module;
-use burn::optim::{GradientsParams, SgdConfig};
+use burn::optim::{GradientsParams, ModuleOptimizer, SgdConfig};
 use burn::tensor::activation::{gelu as burn_gelu, log_softmax, softmax};
 use burn::tensor::{Device, Distribution, Int, Tensor};
 use clap::Parser;
@@ -311,37 +311,58 @@ fn attention(
 /// The whole model's forward and backward, and Burn's SGD step on its gradients; returns the
 /// SGD step's median (ms).
 fn whole_model(cfg: &GptConfig, b: usize, reps: usize, dev: &Device) -> f64 {
-    let mut model = Gpt::new(cfg, dev);
     let data = random_batches(cfg.vocab_size, cfg.max_seq_len, b, 1, 3);
     let (ids, targets) = data.rows(0, 0, b, dev);
-    let mut optim = SgdConfig::new().init();
-    let (mut fwd, mut bwd, mut opt) = (Vec::new(), Vec::new(), Vec::new());
-    for rep in 0..=reps {
-        let start = Instant::now();
-        let loss = model.loss(ids.clone(), targets.clone());
-        let f_ms = ms(start);
-        let start = Instant::now();
-        let grads = loss.backward();
-        let b_ms = ms(start);
-        let start = Instant::now();
-        let grads = GradientsParams::from_grads(grads, &model);
-        model = optim.step(0.01, model, grads);
-        let o_ms = ms(start);
-        if rep > 0 {
-            fwd.push(f_ms);
-            bwd.push(b_ms);
-            opt.push(o_ms);
+    let step = Step {
+        optimizer: SgdConfig::new().init(),
+        name: "sgd",
+        lr: 0.01,
+    };
+    step.time(Gpt::new(cfg, dev), reps, |m: &Gpt| {
+        m.loss(ids.clone(), targets.clone())
+    })
+}
+
+/// A whole training step of a model: its optimizer, the optimizer's part name, the rate.
+struct Step {
+    optimizer: ModuleOptimizer,
+    name: &'static str,
+    lr: f64,
+}
+
+impl Step {
+    /// Times `reps` steps (after one warm-up) of `model` on `loss`: prints `part=model`
+    /// (forward and backward medians) and `part=<optimizer>`, returns the optimizer's median.
+    fn time<M: Module>(mut self, mut model: M, reps: usize, loss: impl Fn(&M) -> Tensor<1>) -> f64 {
+        let (mut fwd, mut bwd, mut opt) = (Vec::new(), Vec::new(), Vec::new());
+        for rep in 0..=reps {
+            let start = Instant::now();
+            let value = loss(&model);
+            let f_ms = ms(start);
+            let start = Instant::now();
+            let grads = value.backward();
+            let b_ms = ms(start);
+            let start = Instant::now();
+            let grads = GradientsParams::from_grads(grads, &model);
+            model = self.optimizer.step(self.lr, model, grads);
+            let o_ms = ms(start);
+            if rep > 0 {
+                fwd.push(f_ms);
+                bwd.push(b_ms);
+                opt.push(o_ms);
+            }
         }
+        let (f, b) = (median(fwd), median(bwd));
+        println!(
+            "bench profile part=model count=1 fwd_ms={f:.2} bwd_ms={b:.2} step_ms={:.1}",
+            f + b
+        );
+        let o = median(opt);
+        println!(
+            "bench profile part={} count=1 step_ms={o:.1} params={}",
+            self.name,
+            model.num_params()
+        );
+        o
     }
-    let (f, b) = (median(fwd), median(bwd));
-    println!(
-        "bench profile part=model count=1 fwd_ms={f:.2} bwd_ms={b:.2} step_ms={:.1}",
-        f + b
-    );
-    let o = median(opt);
-    println!(
-        "bench profile part=sgd count=1 step_ms={o:.1} params={}",
-        model.num_params()
-    );
-    o
 }

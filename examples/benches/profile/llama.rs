@@ -8,17 +8,15 @@
 //! layers alone); `mlp` (the SwiGLU MLP) and `mlp.projections`; `head`, `cross_entropy`; then
 //! `part=sum`, `part=model`, `part=adamw`, and the `split` line (see [`super::Split`]).
 
-use super::{Report, Split, leaf, ms, time};
+use super::{Report, Split, Step, leaf, time};
 use bonfire_examples::default_device;
-use bonfire_examples::throughput::{median, random_batches};
+use bonfire_examples::throughput::random_batches;
 use bonfire_models::gpt::cross_entropy;
 use bonfire_models::layers::{Embedding, Linear, RmsNorm};
 use bonfire_models::llama::model::{Attention, Mlp};
 use bonfire_models::llama::{Llama, LlamaConfig};
-use burn::module::Module;
-use burn::optim::{AdamWConfig, GradientsParams};
+use burn::optim::AdamWConfig;
 use burn::tensor::{Distribution, Int, Tensor};
-use std::time::Instant;
 
 /// Profiles the bench Llama at `b` sequences per step, `reps` timed runs per piece.
 pub fn run(b: usize, reps: usize) {
@@ -108,42 +106,20 @@ pub fn run(b: usize, reps: usize) {
 /// optimizer step's median (ms).
 fn whole_model(cfg: &LlamaConfig, b: usize, reps: usize) -> f64 {
     let dev = default_device();
-    let mut model = Llama::new(cfg, &dev);
     let data = random_batches(cfg.vocab_size, cfg.max_position_embeddings, b, 1, 3);
     let (ids, targets) = data.rows(0, 0, b, &dev);
-    let mut optim = AdamWConfig::new()
+    let optimizer = AdamWConfig::new()
         .with_beta_1(0.9)
         .with_beta_2(0.95)
         .with_epsilon(1e-6)
         .with_weight_decay(0.1)
         .init();
-    let (mut fwd, mut bwd, mut opt) = (Vec::new(), Vec::new(), Vec::new());
-    for rep in 0..=reps {
-        let start = Instant::now();
-        let loss = model.loss(ids.clone(), targets.clone());
-        let f_ms = ms(start);
-        let start = Instant::now();
-        let grads = loss.backward();
-        let b_ms = ms(start);
-        let start = Instant::now();
-        let grads = GradientsParams::from_grads(grads, &model);
-        model = optim.step(1e-3, model, grads);
-        let o_ms = ms(start);
-        if rep > 0 {
-            fwd.push(f_ms);
-            bwd.push(b_ms);
-            opt.push(o_ms);
-        }
-    }
-    let (f, b) = (median(fwd), median(bwd));
-    println!(
-        "bench profile part=model count=1 fwd_ms={f:.2} bwd_ms={b:.2} step_ms={:.1}",
-        f + b
-    );
-    let o = median(opt);
-    println!(
-        "bench profile part=adamw count=1 step_ms={o:.1} params={}",
-        model.num_params()
-    );
-    o
+    let step = Step {
+        optimizer,
+        name: "adamw",
+        lr: 1e-3,
+    };
+    step.time(Llama::new(cfg, &dev), reps, |m: &Llama| {
+        m.loss(ids.clone(), targets.clone())
+    })
 }
