@@ -492,14 +492,8 @@ impl ParallelLayerNorm {
     pub fn forward<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
         let params = [&self.weight, &self.bias].map(|p| Some(p.val().dtype()));
         observe(Some(x.dtype()), params);
-        // f32: one fused node (bonfire-kernels); 16-bit inputs keep Burn's ops.
-        let normed = match x.dtype() {
-            DType::F32 => bonfire_kernels::layer_norm_core(x, self.eps),
-            _ => {
-                let (var, mean) = x.clone().var_mean_bias(D - 1);
-                (x - mean) / (var + self.eps).sqrt()
-            }
-        };
+        let (var, mean) = x.clone().var_mean_bias(D - 1);
+        let normed = (x - mean) / (var + self.eps).sqrt();
         normed * norm_param::<D>(&self.key, self.weight.val())
             + norm_param::<D>(&self.key, self.bias.val())
     }
@@ -534,15 +528,8 @@ impl ParallelRmsNorm {
     /// The normalized `x` `[..., d]`, same shape (a sequence shard under [`SequenceParallel`]).
     pub fn forward<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
         observe(Some(x.dtype()), [Some(self.weight.val().dtype())]);
-        // f32: one fused node (bonfire-kernels); 16-bit inputs keep Burn's ops.
-        let normed = match x.dtype() {
-            DType::F32 => bonfire_kernels::rms_norm_core(x, self.eps),
-            _ => {
-                let rms = (x.clone().powi_scalar(2).mean_dim(D - 1) + self.eps).sqrt();
-                x / rms
-            }
-        };
-        normed * norm_param::<D>(&self.key, self.weight.val())
+        let rms = (x.clone().powi_scalar(2).mean_dim(D - 1) + self.eps).sqrt();
+        x / rms * norm_param::<D>(&self.key, self.weight.val())
     }
 }
 
