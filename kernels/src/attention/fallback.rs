@@ -3,10 +3,11 @@
 //! backend's primitives with the flash-style backward ([`forward`], [`backward`]), which the
 //! extension runs where it has no kernel (a CubeCL device, a dtype other than f32 on Flex).
 
+use crate::fused::{causal_mask_values, narrow_to, widen};
 use burn::backend::tensor::FloatTensor;
 use burn::backend::{Backend, TensorMetadata};
 use burn::tensor::activation::softmax;
-use burn::tensor::{DType, Int, Scalar, Shape, Tensor, TensorData};
+use burn::tensor::{Int, Scalar, Shape, Tensor, TensorData};
 
 /// `softmax(q kᵀ · scale + mask) v` with the kv heads repeated (query head `j` uses kv head
 /// `j / (h / h_kv)`) by `select`; shapes and mask as in [`crate::attention::attention`].
@@ -24,40 +25,13 @@ pub fn attention(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, scale: f64, causal: b
     let scores = q.matmul(k.swap_dims(2, 3)) * scale;
     let scores = match causal {
         true => {
-            let mask = Tensor::<2>::from_data(mask_values(tq, tk), &scores.device());
+            let mask = Tensor::<2>::from_data(causal_mask_values(tq, tk), &scores.device());
             let mask = mask.cast(scores.dtype()).unsqueeze::<4>();
             scores + mask
         }
         false => scores,
     };
     softmax(scores, 3).matmul(v)
-}
-
-/// `[Tq, Tk]`: 0 where query `i` sees key `t` (`t ≤ i + Tk − Tq`), −∞ elsewhere.
-fn mask_values(tq: usize, tk: usize) -> TensorData {
-    let offset = tk.saturating_sub(tq);
-    let values: Vec<f32> = (0..tq * tk)
-        .map(|i| match i % tk > i / tk + offset {
-            true => f32::NEG_INFINITY,
-            false => 0.0,
-        })
-        .collect();
-    TensorData::new(values, [tq, tk])
-}
-
-/// `t` in f32 when it is a 16-bit type, else as is.
-fn widen<B: Backend>(t: FloatTensor<B>) -> FloatTensor<B> {
-    match t.dtype() {
-        DType::F16 | DType::BF16 => B::float_cast(t, DType::F32.into()),
-        _ => t,
-    }
-}
-
-fn narrow_to<B: Backend>(t: FloatTensor<B>, dtype: DType) -> FloatTensor<B> {
-    match t.dtype() == dtype {
-        true => t,
-        false => B::float_cast(t, dtype.into()),
-    }
 }
 
 /// `[B, h_kv, T, dh]` → `[B, h, T, dh]`, each kv head repeated for its `h / h_kv` query heads.
@@ -98,7 +72,8 @@ fn scores<B: Backend>(
     );
     match causal {
         true => {
-            let mask = B::float_from_data(mask_values(tq, tk).convert_dtype(s.dtype()), &device);
+            let mask =
+                B::float_from_data(causal_mask_values(tq, tk).convert_dtype(s.dtype()), &device);
             B::float_add(s, B::float_reshape(mask, Shape::new([1, 1, tq, tk])))
         }
         false => s,

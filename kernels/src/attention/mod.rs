@@ -14,6 +14,7 @@
 pub mod fallback;
 mod flex;
 
+use crate::fused::host::all_f32;
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn::backend::autodiff::grads::Gradients;
@@ -97,11 +98,6 @@ fn dims(q: &Shape, k: &Shape, scale: f64, causal: bool) -> flex::Dims {
         scale: scale as f32,
         causal,
     }
-}
-
-/// Whether every tensor is an f32 one (the host kernels' case).
-fn all_f32(ts: &[&FloatTensor<Flex>]) -> bool {
-    ts.iter().all(|t| t.dtype() == DType::F32)
 }
 
 /// A contiguous f32 tensor's values.

@@ -18,10 +18,9 @@ pub(super) fn causal_softmax_forward<B: Backend>(
     narrow_to::<B>(causal_softmax_f32::<B>(widen::<B>(scores), scale), dtype)
 }
 
-fn causal_softmax_f32<B: Backend>(scores: FloatTensor<B>, scale: f64) -> FloatTensor<B> {
-    let shape = scores.shape();
-    let r = shape.num_dims();
-    let (tq, tk) = (shape[r - 2], shape[r - 1]);
+/// `[Tq, Tk]` f32: 0 where query `i` sees key `t` (`t ≤ i + Tk − Tq`: with `Tk > Tq` the
+/// queries are the last `Tq`), −∞ elsewhere.
+pub(crate) fn causal_mask_values(tq: usize, tk: usize) -> TensorData {
     let offset = tk.saturating_sub(tq);
     let values: Vec<f32> = (0..tq * tk)
         .map(|i| match i % tk > i / tk + offset {
@@ -29,7 +28,14 @@ fn causal_softmax_f32<B: Backend>(scores: FloatTensor<B>, scale: f64) -> FloatTe
             false => 0.0,
         })
         .collect();
-    let data = TensorData::new(values, [tq, tk]).convert_dtype(scores.dtype());
+    TensorData::new(values, [tq, tk])
+}
+
+fn causal_softmax_f32<B: Backend>(scores: FloatTensor<B>, scale: f64) -> FloatTensor<B> {
+    let shape = scores.shape();
+    let r = shape.num_dims();
+    let (tq, tk) = (shape[r - 2], shape[r - 1]);
+    let data = causal_mask_values(tq, tk).convert_dtype(scores.dtype());
     let mask = B::float_from_data(data, &scores.device());
     let mut dims = vec![1; r];
     dims[r - 2] = tq;
