@@ -127,8 +127,8 @@ pub struct RunArgs {
     /// Seed of the initial model and of the batches.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
-    /// The Burn device every rank computes on: `flex` (CPU) or `wgpu` (a build with
-    /// `--features wgpu`).
+    /// The Burn device every rank computes on: `flex` (CPU), `wgpu` (a build with
+    /// `--features wgpu`) or `cuda` (a build with `--features cuda`).
     #[arg(long, default_value = "flex")]
     pub device: String,
     /// Print the loss every this many steps.

@@ -4,6 +4,7 @@
 //! writing the parameters, the step-0 gradients and the losses.
 
 use crate::default_device;
+use bonfire_comm::testing::{Closeness, Tolerance, assert_close};
 use bonfire_dtensor::params::ParamValues;
 use bonfire_models::data;
 use bonfire_models::data::TokenBatch;
@@ -73,7 +74,8 @@ impl HarnessResult {
 
 /// The Burn device `--device` names: `flex` (Burn's CPU backend) or `wgpu` (Burn's wgpu
 /// backend, the first CPU adapter: Mesa's software Vulkan on a machine without a GPU; needs
-/// a build with the `wgpu` feature), autodiff-enabled.
+/// a build with the `wgpu` feature) or `cuda` (the first NVIDIA GPU, through Burn's CUDA
+/// backend; needs a build with the `cuda` feature), autodiff-enabled.
 pub fn device(name: &str) -> Result<Device, String> {
     match name {
         "flex" => Ok(default_device()),
@@ -91,7 +93,17 @@ pub fn device(name: &str) -> Result<Device, String> {
              `--features wgpu`"
                 .into(),
         ),
-        other => Err(format!("--device {other}: expected `flex` or `wgpu`")),
+        #[cfg(feature = "cuda")]
+        "cuda" => Ok(Device::cuda(0).autodiff()),
+        #[cfg(not(feature = "cuda"))]
+        "cuda" => Err(
+            "--device cuda: this binary was built without Burn's CUDA backend; rebuild with \
+             `--features cuda` (or use the GPU kit: `cargo xtask gpu-kit`, docs/gpu.md)"
+                .into(),
+        ),
+        other => Err(format!(
+            "--device {other}: expected `flex`, `wgpu` or `cuda`"
+        )),
     }
 }
 
@@ -292,4 +304,47 @@ pub fn read_result(
             HostTensor::I64 { .. } => None,
         })
         .collect())
+}
+
+/// The learning rate of the GPT parity suites: 0.5 with SGD, 0.01 with AdamW.
+pub fn gpt_lr(optim: OptimizerKind) -> f64 {
+    match optim {
+        OptimizerKind::Sgd => 0.5,
+        OptimizerKind::AdamW => 0.01,
+    }
+}
+
+/// Asserts a harness result equals the reference — losses, every step-0 gradient and every
+/// parameter, shapes included — within `tol`; says how close they came.
+pub fn assert_same_run(
+    what: &str,
+    got: &HarnessResult,
+    want: &HarnessResult,
+    tol: Tolerance,
+) -> Closeness {
+    // An empty reference would make every comparison below pass.
+    assert!(
+        !want.losses.is_empty() && !want.params.is_empty(),
+        "{what}: empty reference"
+    );
+    assert_eq!(
+        want.grad0.len(),
+        want.params.len(),
+        "{what}: reference grad0"
+    );
+    assert_eq!(got.grad0.len(), want.grad0.len(), "{what}: grad0 count");
+    let mut worst = assert_close(&format!("{what} loss"), &got.losses, &want.losses, tol);
+    assert_eq!(
+        got.params.len(),
+        want.params.len(),
+        "{what}: parameter count"
+    );
+    for (name, (shape, w)) in &want.params {
+        let (gshape, g) = &got.params[name];
+        assert_eq!(gshape, shape, "{what} {name} shape");
+        worst = worst.max(assert_close(&format!("{what} {name}"), g, w, tol));
+        let (gg, wg) = (&got.grad0[name], &want.grad0[name]);
+        worst = worst.max(assert_close(&format!("{what} grad0.{name}"), gg, wg, tol));
+    }
+    worst
 }

@@ -7,6 +7,8 @@
 //! - [`harness`]: the parity harness behind `cargo run --release -p bonfire-examples
 //!   --example parity -- ...`, any layout through the trainer's one loop.
 //! - [`corpus`]: a small generated text corpus and character tokenizer for `train_gpt`.
+//! - [`device_checks`]: what a device other than Flex must pass against Flex (every strategy's
+//!   parity, the bench models' tokens/s), for the wgpu suite and the GPU kit.
 //! - [`throughput`]: step times of a layout through the trainer's loop, for the benches.
 //! - [`memory_formula`]: what the ZeRO formula says a rank should hold (the measured side is
 //!   `bonfire_comm::testing::rank_alloc`, the counting allocator, per rank);
@@ -28,6 +30,7 @@
 
 pub mod cli;
 pub mod corpus;
+pub mod device_checks;
 pub mod harness;
 pub mod ledger;
 pub mod memory_formula;

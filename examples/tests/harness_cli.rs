@@ -190,12 +190,12 @@ fn layouts_that_do_not_fit_are_refused_clearly() {
         let err = refused(&dir, case.clone());
         assert!(err.contains(expected), "{case:?}: {err}");
     }
-    // `--device` names one of two backends; wgpu only in a build with it.
+    // `--device` names one of three backends; wgpu and cuda only in builds with them.
     let mut other = args(&dir, layout("dp=2"), OptimizerKind::Sgd).unwrap();
     other.device = "metal".into();
     let err = harness::run(&other).unwrap_err();
     assert!(
-        err.contains("--device metal: expected `flex` or `wgpu`"),
+        err.contains("--device metal: expected `flex`, `wgpu` or `cuda`"),
         "{err}"
     );
     #[cfg(not(feature = "wgpu"))]

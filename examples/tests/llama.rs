@@ -18,6 +18,7 @@ mod common;
 use bonfire_comm::testing::{Tolerance, assert_close};
 use bonfire_examples::cli::LayoutArgs;
 use bonfire_examples::default_device;
+use bonfire_examples::device_checks::{self, F64};
 use bonfire_examples::harness::{self, HarnessConfig};
 use bonfire_models::data;
 use bonfire_models::llama::{Llama, LlamaConfig};
@@ -31,9 +32,6 @@ use std::sync::OnceLock;
 fn fixture_dir() -> PathBuf {
     common::fixture_dir("llama")
 }
-
-/// f32 against a float64 result: relative 1e-5 with a floor for elements that cancel.
-const F64: Tolerance = Tolerance::new(1e-5, 1e-6);
 
 #[test]
 fn transformers_config_and_weights_load() {
@@ -238,7 +236,6 @@ fn tp_that_does_not_fit_the_kv_heads_is_refused() {
 /// equal to transformers' float64 run.
 #[test]
 fn the_harness_trains_a_transformers_checkpoint_in_any_layout() {
-    let dir = fixture_dir();
     let out = std::env::temp_dir().join(format!("bonfire-llama-harness-{}", std::process::id()));
     let layout = LayoutArgs {
         zero: 3,
@@ -246,36 +243,9 @@ fn the_harness_trains_a_transformers_checkpoint_in_any_layout() {
         loss_parallel: true,
         ..LayoutArgs::mesh("dp=2,tp=2")
     };
-    let args = harness::HarnessArgs {
-        config: dir.join("config.json"),
-        weights: dir.join("model.safetensors"),
-        data: dir.join("batch.safetensors"),
-        dims: layout.dims("dp=1").unwrap(),
-        optim: OptimizerKind::Sgd,
-        device: "flex".into(),
-        steps: 2,
-        lr: 0.5,
-        out: out.join("result.safetensors"),
-    };
-    harness::run(&args).unwrap();
-    let got = harness::read_result(&args.out).unwrap();
-    let want = common::fixture_reference("llama");
-    let params: Vec<&String> = want
-        .keys()
-        .filter(|k| k.starts_with("sgd.model.") || k.starts_with("sgd.lm_head"))
-        .collect();
-    assert_eq!(
-        got.len(),
-        2 * params.len() + 1,
-        "parameters, their grad0, the loss"
-    );
-    assert_close("loss", &got["loss"], &want["sgd.loss"], F64);
-    for key in params {
-        let name = key.trim_start_matches("sgd.");
-        assert_close(name, &got[name], &want[key], F64);
-        let g = format!("grad0.{name}");
-        assert_close(&g, &got[&g], &want[&g], F64);
-    }
+    let closeness =
+        device_checks::llama_against_transformers(&fixture_dir(), "flex", layout, &out).unwrap();
+    println!("{closeness}");
     std::fs::remove_dir_all(out).ok();
 }
 

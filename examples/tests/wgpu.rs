@@ -1,7 +1,8 @@
 //! Every strategy on Burn's wgpu backend (on a machine without a GPU, Mesa's software
-//! Vulkan), a device whose memory is not the host's: DDP, ZeRO-1/2/3 (with and without
-//! offload), tensor and pipeline parallelism train to the same losses, step-0 gradients and
-//! parameters as the same layout on Flex, with SGD and with AdamW; and the transfer ledger
+//! Vulkan), a device whose memory is not the host's: one rank, DDP, ZeRO-1/2/3 (with and
+//! without offload), tensor and pipeline parallelism train to the same losses, step-0
+//! gradients and parameters as the same layout on Flex, with SGD and with AdamW (the device
+//! checks the GPU kit runs on CUDA, `bonfire_examples::device_checks`); and the transfer ledger
 //! of one training step shows each bucket staged down and up exactly once (under tensor
 //! parallelism, each activation all-reduce and the logits' all-gather once), and no parameter
 //! or optimizer round trip. Run with `--features wgpu` (`cargo xtask test` does).
@@ -10,12 +11,11 @@
 
 mod common;
 
-use bonfire_comm::testing::Tolerance;
 use bonfire_dtensor::params;
 use bonfire_dtensor::plane::Transfers;
 use bonfire_dtensor::plane::ledger::{Direction, Reason};
-use bonfire_examples::cli::LayoutArgs;
-use bonfire_examples::harness::{self, HarnessResult};
+use bonfire_examples::device_checks::{self, ROWS, STEPS};
+use bonfire_examples::harness;
 use bonfire_examples::ledger;
 use bonfire_examples::{Gpt, GptConfig, default_device};
 use bonfire_models::data::Batches;
@@ -23,9 +23,6 @@ use bonfire_train::{OptimizerKind, ParallelDims};
 use bonfire_zero::ZeroStage;
 use burn::tensor::Device;
 use std::sync::OnceLock;
-
-const STEPS: usize = 2;
-const ROWS: usize = 4;
 
 fn wgpu() -> Device {
     harness::device("wgpu").unwrap()
@@ -55,62 +52,20 @@ fn fixture() -> &'static Fixture {
     })
 }
 
-fn dims(mesh: &str, zero: usize, offload: bool) -> ParallelDims {
-    LayoutArgs {
-        zero,
-        offload,
-        ..LayoutArgs::mesh(mesh)
-    }
-    .dims("dp=1")
-    .unwrap()
-}
-
-fn train(model: &Gpt, dims: &ParallelDims, optim: OptimizerKind) -> HarnessResult {
-    let f = fixture();
-    common::train_layout(model, &f.batches, dims, optim, STEPS)
-}
-
-/// The layouts run on both devices: DDP, ZeRO 1–3, offload, TP, PP.
+/// The layouts of several ranks the GPU kit checks too: DDP, ZeRO 1–3, offload, TP, PP.
 fn layouts() -> Vec<ParallelDims> {
-    vec![
-        dims("dp=2", 0, false),
-        dims("dp=2", 1, false),
-        dims("dp=2", 2, false),
-        dims("dp=2", 3, false),
-        dims("dp=2", 2, true),
-        dims("tp=2", 0, false),
-        LayoutArgs {
-            schedule: Some("1f1b".into()),
-            microbatches: Some(2),
-            ..LayoutArgs::mesh("pp=2")
-        }
-        .dims("dp=1")
-        .unwrap(),
-    ]
+    device_checks::layouts()
+        .into_iter()
+        .filter(|dims| dims.world_size() > 1)
+        .collect()
 }
 
 #[test]
 fn every_strategy_on_wgpu_matches_flex() {
     let f = fixture();
-    for optim in [OptimizerKind::Sgd, OptimizerKind::AdamW] {
-        // Two backends round differently (wgpu's kernels fuse multiply-adds, reduce in other
-        // trees and have their own exp): the layouts' relative tolerance, with an absolute
-        // floor of 1e-6 under SGD (measured: 1.2e-7 on a gradient of 7e-4) and 5e-3·lr under
-        // AdamW (2.5× the layouts' floor: measured 2.3e-3·lr, an element whose gradient is a
-        // cancellation, which Adam's normalisation turns into a step of up to lr).
-        let tol = match optim {
-            OptimizerKind::Sgd => Tolerance::new(common::SGD.rel, 1e-6),
-            OptimizerKind::AdamW => {
-                Tolerance::new(common::SGD.rel, 5e-3 * common::gpt_lr(optim) as f32)
-            }
-        };
-        for dims in layouts() {
-            let what = format!("{dims} {} wgpu vs flex", optim.name());
-            let on_wgpu = train(&f.wgpu, &dims, optim);
-            let on_flex = train(&f.flex, &dims, optim);
-            let closeness = common::assert_same_run(&what, &on_wgpu, &on_flex, tol);
-            println!("parity {what}: {closeness}");
-        }
+    let layouts = device_checks::layouts();
+    for line in device_checks::parity(&f.flex, &f.batches, &wgpu(), &layouts) {
+        println!("{line}");
     }
 }
 

@@ -29,6 +29,7 @@ pub mod cube;
 pub mod fused;
 mod pack;
 mod quantize;
+pub mod testing;
 
 pub use adamw::{FusedAdamW, FusedAdamWConfig};
 pub use attention::attention;

@@ -136,3 +136,15 @@ fn async_all_reduce_and_send_recv() {
     assert_eq!(out[0].0, vec![0.5, 1.0]);
     assert_eq!(out[1].1, Some(vec![1.0, 2.0, 3.0, 4.0]));
 }
+
+/// The device check the GPU kit runs on CUDA over NCCL (`plane::testing`), here on Flex over
+/// 1 and 3 rank threads: right values, and nothing staged on a host device.
+#[test]
+fn the_device_check_passes_on_flex() {
+    for n in [1, 3] {
+        let moved = world(n, |pg| {
+            plane::testing::collectives_on_device(&pg, &Device::flex())
+        });
+        assert_eq!(moved, vec![0; n], "{n} ranks");
+    }
+}

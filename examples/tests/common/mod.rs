@@ -6,7 +6,7 @@
 
 pub mod resume;
 
-use bonfire_comm::testing::{Closeness, Tolerance, assert_close};
+use bonfire_comm::testing::Tolerance;
 use bonfire_comm::{ReduceOp, ThreadWorld};
 use bonfire_ddp::{DataParallel, DdpConfig, DistributedDataParallel, params};
 use bonfire_examples::cli::LayoutArgs;
@@ -27,13 +27,7 @@ pub fn adamw(lr: f64) -> Tolerance {
     Tolerance::new(1e-5, 2e-3 * lr as f32)
 }
 
-/// The learning rate of the GPT parity suites: 0.5 with SGD, 0.01 with AdamW.
-pub fn gpt_lr(optim: OptimizerKind) -> f64 {
-    match optim {
-        OptimizerKind::Sgd => 0.5,
-        OptimizerKind::AdamW => 0.01,
-    }
-}
+pub use bonfire_examples::harness::{assert_same_run, gpt_lr};
 
 /// vocab 32, d 16, 4 heads, 6 layers (8 pipeline pieces), seq 8, d_ff 32: tp ∈ {1, 2, 4},
 /// pp up to 4 with two chunks per rank.
@@ -278,41 +272,6 @@ pub fn ddp(
             }
         })
         .unwrap()
-}
-
-/// Asserts a harness result equals the reference — losses, every step-0 gradient and every
-/// parameter, shapes included — within `tol`; says how close they came.
-pub fn assert_same_run(
-    what: &str,
-    got: &HarnessResult,
-    want: &HarnessResult,
-    tol: Tolerance,
-) -> Closeness {
-    // An empty reference would make every comparison below pass.
-    assert!(
-        !want.losses.is_empty() && !want.params.is_empty(),
-        "{what}: empty reference"
-    );
-    assert_eq!(
-        want.grad0.len(),
-        want.params.len(),
-        "{what}: reference grad0"
-    );
-    assert_eq!(got.grad0.len(), want.grad0.len(), "{what}: grad0 count");
-    let mut worst = assert_close(&format!("{what} loss"), &got.losses, &want.losses, tol);
-    assert_eq!(
-        got.params.len(),
-        want.params.len(),
-        "{what}: parameter count"
-    );
-    for (name, (shape, w)) in &want.params {
-        let (gshape, g) = &got.params[name];
-        assert_eq!(gshape, shape, "{what} {name} shape");
-        worst = worst.max(assert_close(&format!("{what} {name}"), g, w, tol));
-        let (gg, wg) = (&got.grad0[name], &want.grad0[name]);
-        worst = worst.max(assert_close(&format!("{what} grad0.{name}"), gg, wg, tol));
-    }
-    worst
 }
 
 /// `train_gpt` flags of the GPT `tests/memory_budget.rs` sizes a 64 MiB per-rank budget by

@@ -22,6 +22,7 @@
 mod cuda;
 mod index;
 pub mod ledger;
+pub mod testing;
 
 use crate::{DTensorError, Result};
 use bonfire_comm::{CommError, ProcessGroup, ReduceOp, Work};
