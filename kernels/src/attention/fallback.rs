@@ -3,7 +3,7 @@
 //! backend's primitives with the flash-style backward ([`forward`], [`backward`]), which the
 //! extension runs where it has no kernel (a CubeCL device, a dtype other than f32 on Flex).
 
-use crate::fused::{causal_mask_values, narrow_to, widen};
+use crate::fused::{causal_mask, causal_mask_values, narrow_to, widen};
 use burn::backend::tensor::FloatTensor;
 use burn::backend::{Backend, TensorMetadata};
 use burn::tensor::activation::softmax;
@@ -25,7 +25,7 @@ pub fn attention(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, scale: f64, causal: b
     let scores = q.matmul(k.swap_dims(2, 3)) * scale;
     let scores = match causal {
         true => {
-            let mask = Tensor::<2>::from_data(causal_mask_values(tq, tk), &scores.device());
+            let mask = causal_mask(tq, tk, &scores.device());
             let mask = mask.cast(scores.dtype()).unsqueeze::<4>();
             scores + mask
         }

@@ -34,6 +34,7 @@ use burn::backend::tensor::{FloatTensor, IntTensor};
 use burn::backend::{Autodiff, Backend, Dispatch, Flex, TensorMetadata, backend_extension};
 use burn::tensor::{DType, Int, Tensor};
 use cross_entropy::cross_entropy_forward;
+pub use softmax::causal_mask;
 pub(crate) use softmax::causal_mask_values;
 use softmax::causal_softmax_forward;
 

@@ -18,6 +18,12 @@ pub(super) fn causal_softmax_forward<B: Backend>(
     narrow_to::<B>(causal_softmax_f32::<B>(widen::<B>(scores), scale), dtype)
 }
 
+/// The causal mask as a tensor on `device`: `[Tq, Tk]` f32 of [`causal_mask_values`], to add
+/// to attention scores before a softmax (the path of dtypes the fused softmax does not take).
+pub fn causal_mask(tq: usize, tk: usize, device: &burn::tensor::Device) -> burn::tensor::Tensor<2> {
+    burn::tensor::Tensor::from_data(causal_mask_values(tq, tk), device)
+}
+
 /// `[Tq, Tk]` f32: 0 where query `i` sees key `t` (`t ≤ i + Tk − Tq`: with `Tk > Tq` the
 /// queries are the last `Tq`), −∞ elsewhere.
 pub(crate) fn causal_mask_values(tq: usize, tk: usize) -> TensorData {

@@ -2,9 +2,10 @@
 
 use crate::layers::Linear;
 use bonfire_kernels::causal_softmax;
+use bonfire_kernels::fused::causal_mask;
 use burn::module::Module;
 use burn::tensor::activation::softmax;
-use burn::tensor::{DType, Device, Tensor, TensorData};
+use burn::tensor::{DType, Device, Tensor};
 
 /// Causal multi-head self-attention over `[B, T, d]` activations: `q`, `k`, `v`, `o` are
 /// `d → d` projections with biases.
@@ -84,20 +85,9 @@ pub fn causal_attention(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>) -> Tensor<4> {
     let p = match scores.dtype() {
         DType::F32 => causal_softmax(scores, 1.0 / (dh as f64).sqrt()),
         dtype => {
-            let mask = causal_mask(t, &scores.device()).cast(dtype);
+            let mask = causal_mask(t, t, &scores.device()).cast(dtype);
             softmax(scores / (dh as f64).sqrt() + mask.unsqueeze::<4>(), 3)
         }
     };
     p.matmul(v)
-}
-
-/// `[T, T]`: 0 where key ≤ query, −∞ where key > query (excluded from the softmax).
-fn causal_mask(t: usize, device: &Device) -> Tensor<2> {
-    let values: Vec<f32> = (0..t * t)
-        .map(|i| match i % t > i / t {
-            true => f32::NEG_INFINITY,
-            false => 0.0,
-        })
-        .collect();
-    Tensor::from_data(TensorData::new(values, [t, t]), device)
 }
