@@ -49,7 +49,13 @@ struct Cli {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    main_with(std::env::args_os())
+}
+
+/// The program on `args` (the program's name first): the GPU kit's `gpu_check parity …` runs
+/// it this way.
+pub fn main_with(args: impl IntoIterator<Item = std::ffi::OsString>) -> ExitCode {
+    let cli = Cli::parse_from(args);
     let run = || -> Result<(), String> {
         let args = HarnessArgs {
             config: cli.config.clone(),

@@ -206,8 +206,14 @@ struct Job {
 type Export<'a> = &'a (dyn Fn(Vec<ParamValues>) -> Result<(), String> + Sync);
 
 fn main() {
+    main_with(std::env::args_os());
+}
+
+/// The program on `args` (the program's name first): the GPU kit's `gpu_check train …` runs it
+/// this way.
+pub fn main_with(args: impl IntoIterator<Item = std::ffi::OsString>) {
     init_logging();
-    let cli = Cli::parse();
+    let cli = Cli::parse_from(args);
     let dims = cli.layout.training_dims().unwrap_or_else(|e| fail(e));
     let optim = OptimizerKind::parse(&cli.run.optim).unwrap_or_else(|e| fail(e));
     let launcher =

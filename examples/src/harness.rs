@@ -94,7 +94,12 @@ pub fn device(name: &str) -> Result<Device, String> {
                 .into(),
         ),
         #[cfg(feature = "cuda")]
-        "cuda" => Ok(Device::cuda(0).autodiff()),
+        "cuda" => match bonfire_comm::nccl::cuda_devices() {
+            // Checked first: without a driver, Burn's CUDA backend panics on another thread.
+            Ok(0) => Err("--device cuda: the CUDA driver sees no GPU".into()),
+            Ok(_) => Ok(Device::cuda(0).autodiff()),
+            Err(e) => Err(format!("--device cuda: {e}")),
+        },
         #[cfg(not(feature = "cuda"))]
         "cuda" => Err(
             "--device cuda: this binary was built without Burn's CUDA backend; rebuild with \

@@ -40,7 +40,11 @@ const GPU_FEATURE_BUILDS: &[&str] = &[
     "bonfire-comm/nccl",
     "bonfire-dtensor/cuda",
     "bonfire-kernels/cuda",
+    "bonfire-examples/cuda",
 ];
+
+/// The CUDA features of the crates with CUDA code, for the gate's lint of the GPU kit.
+pub const GPU_FEATURES: &str = "bonfire-kernels/cuda,bonfire-dtensor/cuda,bonfire-examples/cuda";
 
 pub fn test_multi_gpu() -> Result {
     let Some(gpu_count) = detect_gpus() else {
@@ -107,7 +111,7 @@ pub fn check_gpu() -> Result {
 ///
 /// `nvidia-smi -L` is authoritative when present; device nodes are the fallback
 /// for containers that expose GPUs without the driver's tools.
-fn detect_gpus() -> Option<usize> {
+pub fn detect_gpus() -> Option<usize> {
     let listed = Command::new("nvidia-smi")
         .arg("-L")
         .output()

@@ -14,6 +14,7 @@ mod architecture;
 mod bench;
 mod checkpoint_verify;
 mod gpu;
+mod gpu_kit;
 mod mpi;
 mod mpi_bench;
 mod mpi_fault;
@@ -66,6 +67,14 @@ enum Command {
     TestMultiGpu,
     /// Type-check the GPU feature builds without needing a GPU or its toolkit.
     CheckGpu,
+    /// Build the GPU kit into target/gpu-kit/: the CUDA/NCCL checks, `parity` and `train`
+    /// with `--device cuda`, and a `run` script for a GPU machine with only a driver.
+    GpuKit {
+        /// Only the gate's part: this build's `gpu_check` in a kit of its own, whose `run`
+        /// must take its SKIPPED path on a machine without a GPU.
+        #[arg(long)]
+        smoke: bool,
+    },
     /// Only the MPI kill-and-resume scenario of the gate's MPI step (needs mpirun).
     #[command(hide = true)]
     MpiFault,
@@ -78,6 +87,7 @@ fn main() -> ExitCode {
         Command::Bench { target, extra_args } => bench::run(&target, &extra_args),
         Command::TestMultiGpu => gpu::test_multi_gpu(),
         Command::CheckGpu => gpu::check_gpu(),
+        Command::GpuKit { smoke } => gpu_kit::run(smoke),
         Command::MpiFault => mpi_fault::run_alone(),
     };
     match result {

@@ -77,6 +77,11 @@ fn steps() -> Vec<Step> {
             is_lint: false,
             run: nccl_cpu,
         },
+        Step {
+            name: "gpu-kit",
+            is_lint: false,
+            run: gpu_kit,
+        },
     ]
 }
 
@@ -212,6 +217,10 @@ fn fmt() -> Result<Outcome> {
 /// minutes on a 2-core machine). The code only built *without* `wgpu` — two `--device wgpu`
 /// refusals and `runs_kernels`' fallback, a few lines — is then linted by a developer's
 /// `cargo clippy` alone.
+///
+/// The same pass lints the CUDA code as the GPU kit builds it ([`crate::gpu::GPU_FEATURES`],
+/// `DOCS_RS=1`: CubeCL's LLVM bundle is not fetched; checked, not linked, so no CUDA is
+/// needed), for the same reason: one check of Burn, not two.
 fn clippy() -> Result<Outcome> {
     let mut command = if crate::packages::lavapipe_present() {
         wgpu_cargo("clippy")
@@ -220,6 +229,8 @@ fn clippy() -> Result<Outcome> {
         command.arg("clippy");
         command
     };
+    command.env("DOCS_RS", "1");
+    command.args(["--features", crate::gpu::GPU_FEATURES]);
     command.args(["--workspace", "--all-targets", "--", "-D", "warnings"]);
     process::run(command)?;
     Ok(Outcome::Passed)
@@ -259,7 +270,7 @@ fn test_suite() -> Result<Outcome> {
 const WGPU_PACKAGES: [&str; 3] = ["bonfire-kernels", "bonfire-dtensor", "bonfire-examples"];
 
 /// `cargo <subcommand>` with the `wgpu` features of [`WGPU_PACKAGES`].
-fn wgpu_cargo(subcommand: &str) -> std::process::Command {
+pub fn wgpu_cargo(subcommand: &str) -> std::process::Command {
     let features: Vec<String> = WGPU_PACKAGES.iter().map(|p| format!("{p}/wgpu")).collect();
     let mut command = process::cargo();
     command.arg(subcommand);
@@ -358,6 +369,17 @@ fn nccl_cpu() -> Result<Outcome> {
         "nccl",
     ]);
     process::run_tests(command)?;
+    Ok(Outcome::Passed)
+}
+
+/// The GPU kit cannot rot: its CUDA code is linted by the [`clippy`] step, and the kit's
+/// `run` script, in a kit holding this build's `gpu_check` (no CUDA), must take its SKIPPED
+/// path on this machine. The kit's checks count as skipped: they did not run. The whole kit is
+/// built by `cargo xtask gpu-kit` (a release build of Burn's CUDA backend: minutes).
+fn gpu_kit() -> Result<Outcome> {
+    let checks = crate::gpu_kit::smoke()?;
+    crate::tally::add(1, 0);
+    crate::tally::skip(checks);
     Ok(Outcome::Passed)
 }
 

@@ -66,10 +66,7 @@ pub fn probe() -> Result<Libraries> {
     let (cuda, nccl_present) = unsafe { (cusys::is_culib_present(), nsys::is_culib_present()) };
     let mut missing = Vec::new();
     if !cuda {
-        missing.push(
-            "libcuda.so.1 not found (the NVIDIA driver library: is this a GPU machine with the \
-             driver installed?)",
-        );
+        missing.push(NO_LIBCUDA);
     }
     if !nccl_present {
         missing.push(
@@ -80,14 +77,28 @@ pub fn probe() -> Result<Libraries> {
     if !missing.is_empty() {
         return Err(error(missing.join("; ")));
     }
-    cu::init().map_err(|e| error(format!("cuInit failed: {e:?}")))?;
-    let devices = cu::device::get_count().map_err(|e| error(format!("cuDeviceGetCount: {e:?}")))?;
+    let devices = cuda_devices()?;
     let nccl_version =
         nccl::get_nccl_version().map_err(|e| error(format!("ncclGetVersion: {e:?}")))?;
     Ok(Libraries {
         nccl_version,
-        devices: devices.max(0) as usize,
+        devices,
     })
+}
+
+const NO_LIBCUDA: &str = "libcuda.so.1 not found (the NVIDIA driver library: is this a GPU \
+                          machine with the driver installed?)";
+
+/// The number of CUDA devices this process sees, checking first that the driver library can
+/// be loaded (without letting `cudarc` panic); NCCL is not needed.
+pub fn cuda_devices() -> Result<usize> {
+    // SAFETY: only dlopen()s the candidate names and closes them again.
+    if !unsafe { cusys::is_culib_present() } {
+        return Err(error(NO_LIBCUDA));
+    }
+    cu::init().map_err(|e| error(format!("cuInit failed: {e:?}")))?;
+    let devices = cu::device::get_count().map_err(|e| error(format!("cuDeviceGetCount: {e:?}")))?;
+    Ok(devices.max(0) as usize)
 }
 
 #[cfg(test)]
@@ -117,6 +128,11 @@ mod tests {
                 assert!(UniqueId::new().is_err());
                 assert!(NcclComm::init(&UniqueId([0; 128]), 0, 1, 0).is_err());
             }
+        }
+        // The driver alone (what `--device cuda` checks before Burn's CUDA backend starts).
+        match cuda_devices() {
+            Ok(n) => eprintln!("CUDA driver present here: {n} device(s)"),
+            Err(e) => assert!(e.to_string().contains("libcuda.so.1 not found"), "{e}"),
         }
     }
 

@@ -1,0 +1,397 @@
+//! The GPU kit's program: its checks, one per run, and the parity harness and the training
+//! front door (`gpu_check parity …`, `gpu_check train …`: the `parity` and `train` examples,
+//! compiled in, so that the kit carries Burn's CUDA backend once). `cargo xtask gpu-kit` builds
+//! it with the `cuda` feature, in release, and the kit's `run` script runs each check it lists
+//! in its own process with a timeout (docs/gpu.md). Without the `cuda` feature (the gate's
+//! build) the checks refuse to run, saying so; `list` works in every build.
+//!
+//! ```sh
+//! gpu_check list                 # name, GPUs needed, timeout (s), libraries, what it checks
+//! gpu_check nccl                 # one check; exit 0 when it passed
+//! gpu_check parity-llama --fixture fixtures/llama
+//! gpu_check train --model llama-bench --device cuda --steps 50
+//! ```
+
+#[allow(dead_code)] // its `main`: this program runs `main_with`
+#[path = "parity.rs"]
+mod parity_program;
+#[allow(dead_code)]
+#[path = "train.rs"]
+mod train_program;
+
+use bonfire_examples::cli::LayoutArgs;
+use bonfire_examples::device_checks;
+use bonfire_examples::{Gpt, GptConfig};
+use clap::Parser;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+/// One check: its name, the GPUs it needs, its time limit, the libraries it loads.
+struct Check {
+    name: &'static str,
+    min_gpus: usize,
+    timeout_s: u64,
+    /// Libraries beside libcuda, comma-separated: `nccl`, `nvrtc` (CubeCL compiles its kernels
+    /// with NVRTC); `-` for none.
+    needs: &'static str,
+    what: &'static str,
+    run: fn(&Cli) -> Result<Vec<String>, String>,
+}
+
+const CHECKS: &[Check] = &[
+    Check {
+        name: "nccl",
+        min_gpus: 1,
+        timeout_s: 90,
+        needs: "nccl",
+        what: "NCCL collectives on every visible GPU (one rank each) against their host results",
+        run: gpu::nccl,
+    },
+    Check {
+        name: "plane",
+        min_gpus: 1,
+        timeout_s: 90,
+        needs: "nccl,nvrtc",
+        what: "the data plane on CUDA tensors over NCCL: right values, 0 host bytes in the ledger",
+        run: gpu::plane,
+    },
+    Check {
+        name: "kernels",
+        min_gpus: 1,
+        timeout_s: 120,
+        needs: "nvrtc",
+        what: "the CubeCL kernels (pack, 16-bit casts with feedback, fused AdamW) vs their fallbacks",
+        run: gpu::kernels,
+    },
+    Check {
+        name: "parity-llama",
+        min_gpus: 1,
+        timeout_s: 150,
+        needs: "nvrtc",
+        what: "the parity harness on --device cuda, transformers' Llama checkpoint, dp=1 and \
+               dp=2×tp=2 (ZeRO-3, SP, LP): within 1e-5 of transformers' float64 run",
+        run: gpu::parity_llama,
+    },
+    Check {
+        name: "parity-layouts",
+        min_gpus: 1,
+        timeout_s: 240,
+        needs: "nvrtc",
+        what: "the GPT on CUDA vs Flex, SGD and AdamW: dp=1, DDP, ZeRO-1/2/3, offload, tp=2, pp=2",
+        run: gpu::parity_layouts,
+    },
+    Check {
+        name: "train",
+        min_gpus: 1,
+        timeout_s: 150,
+        needs: "nvrtc",
+        what: "the kit's `train --device cuda`: the GPT on generated text, 40 AdamW steps; the \
+               loss falls",
+        run: gpu::train,
+    },
+    Check {
+        name: "bench",
+        min_gpus: 1,
+        timeout_s: 150,
+        needs: "nvrtc",
+        what: "tokens/s of the bench GPT (SGD) and the bench Llama (AdamW) on one GPU",
+        run: gpu::bench,
+    },
+];
+
+#[derive(Parser, Debug)]
+#[command(
+    about = "The GPU kit's checks (docs/gpu.md); `gpu_check train …` and `gpu_check parity …` \
+             are the training front door and the parity harness"
+)]
+struct Cli {
+    /// `list`, or the check to run.
+    check: String,
+    /// The Llama fixture (default: `fixtures/llama` beside this program).
+    #[arg(long)]
+    fixture: Option<PathBuf>,
+    /// Timed steps of `bench`.
+    #[arg(long, default_value_t = 10)]
+    steps: usize,
+}
+
+impl Cli {
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    fn fixture(&self) -> PathBuf {
+        self.fixture.clone().unwrap_or_else(|| {
+            let exe = std::env::current_exe().unwrap_or_default();
+            exe.with_file_name("fixtures").join("llama")
+        })
+    }
+}
+
+fn main() -> ExitCode {
+    // `gpu_check train …` and `gpu_check parity …` are those programs.
+    let mut args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    match args.get(1).and_then(|a| a.to_str()) {
+        Some("train") => {
+            args.remove(1);
+            train_program::main_with(args);
+            return ExitCode::SUCCESS;
+        }
+        Some("parity") => {
+            args.remove(1);
+            return parity_program::main_with(args);
+        }
+        _ => {}
+    }
+    let cli = Cli::parse_from(args);
+    if cli.check == "list" {
+        for c in CHECKS {
+            let (name, gpus, secs, needs) = (c.name, c.min_gpus, c.timeout_s, c.needs);
+            println!("{name}\t{gpus}\t{secs}\t{needs}\t{}", c.what);
+        }
+        return ExitCode::SUCCESS;
+    }
+    let Some(check) = CHECKS.iter().find(|c| c.name == cli.check) else {
+        let names: Vec<&str> = CHECKS.iter().map(|c| c.name).collect();
+        eprintln!(
+            "gpu_check: no check `{}` (checks: {})",
+            cli.check,
+            names.join(", ")
+        );
+        return ExitCode::from(2);
+    };
+    match (check.run)(&cli) {
+        Ok(lines) if !lines.is_empty() => {
+            for line in lines {
+                println!("{}: {line}", check.name);
+            }
+            ExitCode::SUCCESS
+        }
+        Ok(_) => {
+            eprintln!("{}: FAILED: the check reported nothing", check.name);
+            ExitCode::FAILURE
+        }
+        Err(e) => {
+            eprintln!("{}: FAILED: {e}", check.name);
+            ExitCode::FAILURE
+        }
+    }
+}
+
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+/// The tiny GPT of the parity layouts (vocab 32, d 16, 2 layers, seq 8) from seed 5 on Flex,
+/// and its batches.
+fn gpt_fixture() -> (Gpt, bonfire_models::data::Batches) {
+    let flex = bonfire_examples::default_device();
+    flex.seed(5);
+    let cfg = GptConfig::tiny();
+    let model = Gpt::new(&cfg, &flex);
+    let rows = device_checks::ROWS;
+    let batches = bonfire_examples::throughput::random_batches(
+        cfg.vocab_size,
+        cfg.max_seq_len,
+        rows,
+        device_checks::STEPS,
+        11,
+    );
+    (model, batches)
+}
+
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+/// Runs the training front door (this program's `train`) in a process of its own with `args`
+/// and a metrics file; the first and the last step's loss and the last step's tokens/s.
+fn train_program(args: &[&str]) -> Result<(f64, f64, f64), String> {
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let metrics =
+        std::env::temp_dir().join(format!("bonfire-gpu-kit-{}.jsonl", std::process::id()));
+    let out = std::process::Command::new(&exe)
+        .arg("train")
+        .args(args)
+        .arg("--metrics")
+        .arg(&metrics)
+        .output()
+        .map_err(|e| format!("{}: {e}", exe.display()))?;
+    if !out.status.success() {
+        return Err(format!(
+            "train {}: {}\n{}",
+            args.join(" "),
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    let text = std::fs::read_to_string(&metrics).map_err(|e| e.to_string())?;
+    std::fs::remove_file(&metrics).ok();
+    let steps: Vec<serde_json::Value> = text
+        .lines()
+        .map(serde_json::from_str)
+        .collect::<Result<_, _>>()
+        .map_err(|e| format!("metrics: {e}"))?;
+    let field = |v: &serde_json::Value, k: &str| v[k].as_f64().ok_or(format!("metrics: no {k}"));
+    let (first, last) = match (steps.first(), steps.last()) {
+        (Some(f), Some(l)) if steps.len() > 1 => (f, l),
+        _ => return Err(format!("{} metric lines, want every step's", steps.len())),
+    };
+    Ok((
+        field(first, "loss")?,
+        field(last, "loss")?,
+        field(last, "tokens_per_s")?,
+    ))
+}
+
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+/// The Llama fixture's layouts: one rank, and dp=2 × tp=2 with ZeRO-3, SP and LP.
+fn llama_layouts() -> Vec<LayoutArgs> {
+    vec![
+        LayoutArgs::mesh("dp=1"),
+        LayoutArgs {
+            zero: 3,
+            sequence_parallel: true,
+            loss_parallel: true,
+            ..LayoutArgs::mesh("dp=2,tp=2")
+        },
+    ]
+}
+
+#[cfg(feature = "cuda")]
+mod gpu {
+    use super::{Cli, device_checks, gpt_fixture, llama_layouts};
+    use bonfire_comm::nccl::{NcclComm, UniqueId, probe};
+    use bonfire_comm::testing::conformance;
+    use burn::tensor::Device;
+    use std::time::Duration;
+
+    /// One thread per visible GPU, each a rank of one NCCL group; `each`'s lines, rank order.
+    fn on_every_gpu(
+        each: impl Fn(&bonfire_comm::ProcessGroup, usize) -> Result<String, String> + Sync,
+    ) -> Result<Vec<String>, String> {
+        let libs = probe().map_err(|e| e.to_string())?;
+        let n = libs.devices;
+        if n == 0 {
+            return Err("no CUDA device visible".into());
+        }
+        let id = UniqueId::new().map_err(|e| e.to_string())?;
+        let each = &each;
+        let lines = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..n)
+                .map(|rank| {
+                    s.spawn(move || {
+                        let comm = NcclComm::init(&id, rank, n, rank).map_err(|e| e.to_string())?;
+                        let pg = comm.into_group("gpu-kit");
+                        pg.set_timeout(Duration::from_secs(60));
+                        each(&pg, rank).map(|line| format!("GPU {rank}/{n}: {line}"))
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().map_err(|_| "a GPU rank panicked".to_string())?)
+                .collect::<Result<Vec<String>, String>>()
+        })?;
+        let mut out = vec![format!("NCCL {} with {n} GPU(s)", libs.nccl_version)];
+        out.extend(lines);
+        Ok(out)
+    }
+
+    pub fn nccl(_: &Cli) -> Result<Vec<String>, String> {
+        on_every_gpu(|pg, _| {
+            conformance::run_all(pg).map(|checks| format!("{checks} conformance checks passed"))
+        })
+    }
+
+    pub fn plane(_: &Cli) -> Result<Vec<String>, String> {
+        on_every_gpu(|pg, rank| {
+            let moved =
+                bonfire_dtensor::plane::testing::collectives_on_device(pg, &Device::cuda(rank));
+            match moved {
+                0 => Ok(
+                    "all-reduce, broadcast, all-gather, reduce-scatter right; ledger host \
+                         bytes 0"
+                        .into(),
+                ),
+                b => Err(format!("{b} bytes staged through the host (want 0)")),
+            }
+        })
+    }
+
+    pub fn kernels(_: &Cli) -> Result<Vec<String>, String> {
+        Ok(bonfire_kernels::testing::run_all(&Device::cuda(0)))
+    }
+
+    pub fn parity_llama(cli: &Cli) -> Result<Vec<String>, String> {
+        let out = std::env::temp_dir().join(format!("bonfire-gpu-kit-{}", std::process::id()));
+        let mut lines = Vec::new();
+        for layout in llama_layouts() {
+            lines.push(device_checks::llama_against_transformers(
+                &cli.fixture(),
+                "cuda",
+                layout,
+                &out,
+            )?);
+        }
+        std::fs::remove_dir_all(out).ok();
+        Ok(lines)
+    }
+
+    pub fn parity_layouts(_: &Cli) -> Result<Vec<String>, String> {
+        let (model, batches) = gpt_fixture();
+        let device = Device::cuda(0).autodiff();
+        Ok(device_checks::parity(
+            &model,
+            &batches,
+            &device,
+            &device_checks::layouts(),
+        ))
+    }
+
+    pub fn train(_: &Cli) -> Result<Vec<String>, String> {
+        let args = [
+            "--model", "gpt", "--device", "cuda", "--steps", "40", "--optim", "adamw",
+        ];
+        let (first, last, tokens_per_s) = super::train_program(&args)?;
+        if last.is_nan() || last >= 0.8 * first {
+            return Err(format!(
+                "the loss went from {first:.4} to {last:.4} in 40 steps"
+            ));
+        }
+        Ok(vec![format!(
+            "train {}: loss {first:.4} → {last:.4}, {tokens_per_s:.0} tokens/s",
+            args.join(" ")
+        )])
+    }
+
+    pub fn bench(cli: &Cli) -> Result<Vec<String>, String> {
+        let speeds = device_checks::tokens_per_second(&Device::cuda(0).autodiff(), cli.steps)?;
+        Ok(speeds
+            .into_iter()
+            .map(|s| {
+                format!(
+                    "bench model={} device=cuda batch=8 step_ms={:.2} tokens_per_s={:.0}",
+                    s.model, s.step_ms, s.tokens_per_s
+                )
+            })
+            .collect())
+    }
+}
+
+/// A build without the `cuda` feature: every check refuses, saying how to build one with it.
+#[cfg(not(feature = "cuda"))]
+mod gpu {
+    use super::Cli;
+
+    macro_rules! refusing {
+        ($($name:ident),*) => {$(
+            pub fn $name(_: &Cli) -> Result<Vec<String>, String> {
+                Err("this gpu_check was built without the `cuda` feature: build the kit with \
+                     `cargo xtask gpu-kit`"
+                    .into())
+            }
+        )*};
+    }
+
+    refusing!(
+        nccl,
+        plane,
+        kernels,
+        parity_llama,
+        parity_layouts,
+        train,
+        bench
+    );
+}
