@@ -105,29 +105,20 @@ impl Stubs {
         std::fs::write(self.dir.join("symbols.txt"), symbols.join("\n")).map_err(io)?;
         let object = self.dir.join("stubs.o");
         let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
-        run(Command::new(cc)
-            .args(["-c", "-O1", "-fPIC", "-o"])
-            .arg(&object)
-            .arg(self.dir.join("stubs.c")))?;
+        super::tool(
+            Command::new(cc)
+                .args(["-c", "-O1", "-fPIC", "-o"])
+                .arg(&object)
+                .arg(self.dir.join("stubs.c")),
+        )?;
         let _ = std::fs::remove_file(self.archive());
-        run(Command::new("ar")
-            .arg("rcs")
-            .arg(self.archive())
-            .arg(&object))
+        super::tool(
+            Command::new("ar")
+                .arg("rcs")
+                .arg(self.archive())
+                .arg(&object),
+        )
     }
-}
-
-fn run(command: &mut Command) -> Result {
-    let out = command
-        .output()
-        .map_err(|e| fail(format!("{command:?}: {e}")))?;
-    if out.status.success() {
-        return Ok(());
-    }
-    Err(fail(format!(
-        "{command:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    )))
 }
 
 /// Every symbol a linker's output names as undefined: rust-lld's `undefined symbol: name`,

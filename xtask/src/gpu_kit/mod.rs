@@ -147,33 +147,31 @@ fn assemble(kit: &Path, bins: &Path) -> Result {
 /// `program` compressed into `to` at `level` (gzip: every machine can unpack it).
 fn gzip(program: &Path, to: &Path, level: u8) -> Result {
     let file = std::fs::File::create(to).map_err(|e| fail(format!("{}: {e}", to.display())))?;
-    let status = Command::new("gzip")
-        .arg(format!("-{level}"))
-        .arg("-c")
-        .arg(program)
-        .stdout(file)
-        .status()
-        .map_err(|e| fail(format!("gpu-kit: gzip: {e}")))?;
-    match status.success() {
-        true => Ok(()),
-        false => Err(fail(format!(
-            "gpu-kit: gzip {}: {status}",
-            program.display()
-        ))),
-    }
+    tool(
+        Command::new("gzip")
+            .arg(format!("-{level}"))
+            .arg("-c")
+            .arg(program)
+            .stdout(file),
+    )
 }
 
 /// Strips `program`'s symbols and debug information (binutils' `strip`).
 fn strip(program: &Path) -> Result {
-    let status = Command::new("strip")
-        .arg(program)
-        .status()
-        .map_err(|e| fail(format!("gpu-kit: strip (binutils): {e}")))?;
-    match status.success() {
+    tool(Command::new("strip").arg(program))
+}
+
+/// Runs a build tool (`gzip`, `strip`, `cc`, `ar`) to completion; its error output on failure.
+fn tool(command: &mut Command) -> Result {
+    let out = command
+        .output()
+        .map_err(|e| fail(format!("gpu-kit: {command:?}: {e}")))?;
+    match out.status.success() {
         true => Ok(()),
         false => Err(fail(format!(
-            "gpu-kit: strip {}: {status}",
-            program.display()
+            "gpu-kit: {command:?}: {} {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
         ))),
     }
 }
