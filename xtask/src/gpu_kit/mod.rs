@@ -365,9 +365,10 @@ mod tests {
     /// A kit whose `gpu_check` is a shell script: `pass` passes, `fail` fails, `slow` sleeps
     /// past its 1 s limit; `needs-nccl` needs a library the test does not provide and
     /// `two-gpus` two GPUs. With `gpu`, a fake `nvidia-smi` lists one GPU and fake libcuda and
-    /// libnvrtc files stand in a directory on `LD_LIBRARY_PATH`. Returns the run's output and
+    /// libnvrtc files stand in a directory on `LD_LIBRARY_PATH`; with `headers`, `CUDA_PATH`
+    /// has an `include/cuda_fp16.h`. Returns the run's output and
     /// whether it exited 0.
-    fn run_fake_kit(tag: &str, gpu: bool) -> (String, bool) {
+    fn run_fake_kit(tag: &str, gpu: bool, headers: bool) -> (String, bool) {
         let dir = std::env::temp_dir().join(format!("bonfire-kit-{tag}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         let write = |path: &Path, text: &str, exec: bool| {
@@ -398,7 +399,12 @@ mod tests {
             write(&libs.join("libcuda.so.1"), "", false);
             write(&libs.join("libnvrtc.so.12"), "", false);
         }
+        let cuda = dir.join("cuda");
+        if headers {
+            write(&cuda.join("include/cuda_fp16.h"), "", false);
+        }
         let out = Command::new(kit.join("run"))
+            .env("CUDA_PATH", &cuda)
             .env("PATH", format!("{}:/usr/bin:/bin", fake_bin.display()))
             .env("LD_LIBRARY_PATH", &libs)
             .env("HOME", &dir)
@@ -413,7 +419,7 @@ mod tests {
 
     #[test]
     fn the_run_script_counts_passed_failed_timed_out_and_skipped_checks() {
-        let (text, ok) = run_fake_kit("gpu", true);
+        let (text, ok) = run_fake_kit("gpu", true, true);
         println!("{text}");
         assert!(!ok, "a failed check fails the run");
         for line in [
@@ -424,6 +430,7 @@ mod tests {
             "SKIPPED needs-nccl: missing libnccl",
             "SKIPPED two-gpus: needs 2 GPUs, found 1",
             "gpu-kit: libnccl: MISSING — NCCL: apt install libnccl2",
+            "gpu-kit: CUDA headers: ",
         ] {
             assert!(
                 text.lines().any(|l| l.starts_with(line)),
@@ -434,11 +441,27 @@ mod tests {
     }
 
     #[test]
+    fn without_cuda_headers_the_nvrtc_checks_are_skipped() {
+        let (text, ok) = run_fake_kit("noheaders", true, false);
+        println!("{text}");
+        assert!(!ok, "the slow check still fails");
+        assert!(
+            text.lines()
+                .any(|l| l.starts_with("gpu-kit: CUDA headers: MISSING"))
+        );
+        assert!(
+            text.lines()
+                .any(|l| l.starts_with("SKIPPED fail: missing libnvrtc cuda-headers"))
+        );
+        assert_eq!(text.lines().last(), Some("1 passed, 1 failed, 3 skipped"));
+    }
+
+    #[test]
     fn without_a_gpu_the_run_script_skips_everything_and_succeeds() {
         if crate::gpu::detect_gpus().is_some() {
             return; // a GPU machine: the SKIPPED path cannot be taken here
         }
-        let (text, ok) = run_fake_kit("nogpu", false);
+        let (text, ok) = run_fake_kit("nogpu", false, false);
         println!("{text}");
         assert!(ok, "no GPU is not a failure");
         assert!(

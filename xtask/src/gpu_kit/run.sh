@@ -3,6 +3,7 @@
 # own process under a time limit, and ends with `N passed, N failed, N skipped`. Needs only the
 # NVIDIA driver (libcuda.so.1); NCCL (libnccl.so.2) and NVRTC (libnvrtc.so.12) are looked for
 # and the checks that need a missing one are skipped, saying where it comes from.
+# CubeCL's kernels also need CUDA's headers for NVRTC (cuda_fp16.h; found and CUDA_PATH set).
 # Exit status: 0 when no check failed (a machine without a GPU: SKIPPED, 0), 1 otherwise.
 # All checks together stop after BONFIRE_GPU_KIT_BUDGET seconds (default 470: under 8 minutes).
 # Built by `cargo xtask gpu-kit` (docs/gpu.md). Options: `--only NAME[,NAME]`, `--list`;
@@ -76,15 +77,22 @@ if ! probe=$("$BIN" list 2>&1 >/dev/null); then
   exit 1
 fi
 
-# Where a library may be: the loader's cache and path, CUDA's usual places, pip's nvidia wheels
-# (PyTorch's environment carries NCCL and NVRTC there).
+# Where a library may be: the loader's cache and path, CUDA's usual places, and pip's nvidia
+# wheels (PyTorch's environment carries NCCL, NVRTC and CUDA's headers there: nvidia/nccl/lib,
+# nvidia/cu13/{lib,include}, nvidia/cuda_nvrtc/lib, nvidia/cuda_runtime/include, …).
+sites=""
+for s in /usr/local/lib/python3*/*-packages /usr/lib/python3*/*-packages \
+         "$HOME"/.local/lib/python3*/site-packages /opt/conda/lib/python3*/site-packages \
+         ${VIRTUAL_ENV:+$VIRTUAL_ENV/lib/python3*/site-packages} \
+         $(python3 -c 'import site; print(" ".join(site.getsitepackages()))' 2>/dev/null); do
+  [ -d "$s/nvidia" ] && case " $sites " in *" $s "*) ;; *) sites="$sites $s" ;; esac
+done
 dirs=$(echo "${LD_LIBRARY_PATH:-}" | tr ':' ' ')
 dirs="$dirs /usr/lib/x86_64-linux-gnu /usr/lib64 /usr/lib /usr/local/cuda/lib64"
 dirs="$dirs /usr/local/cuda/targets/x86_64-linux/lib /usr/local/nvidia/lib64 /usr/local/nvidia/lib"
 dirs="$dirs /usr/lib/wsl/lib /opt/conda/lib"
-for d in /usr/local/lib/python3*/*-packages/nvidia/*/lib /usr/lib/python3*/*-packages/nvidia/*/lib \
-         "$HOME"/.local/lib/python3*/site-packages/nvidia/*/lib /opt/conda/lib/python3*/site-packages/nvidia/*/lib; do
-  [ -d "$d" ] && dirs="$dirs $d"
+for s in $sites; do
+  for d in "$s"/nvidia/*/lib; do [ -d "$d" ] && dirs="$dirs $d"; done
 done
 # find_lib NAME...: the first path of one of NAME, or nothing.
 find_lib() {
@@ -103,8 +111,8 @@ find_lib() {
 declare -A have where
 where[cuda]="the NVIDIA driver (install the driver; in a container, run it with the GPU runtime)"
 where[nccl]="NCCL: apt install libnccl2 (NVIDIA's CUDA repository) or pip install nvidia-nccl-cu12"
-where[nvrtc]="NVRTC 12: the CUDA toolkit (apt install cuda-nvrtc-12-8) or pip install nvidia-cuda-nvrtc-cu12"
-for lib in cuda:libcuda.so.1 nccl:libnccl.so.2 "nvrtc:libnvrtc.so.12 libnvrtc.so"; do
+where[nvrtc]="NVRTC: the CUDA toolkit (apt install cuda-nvrtc-12-8) or pip install nvidia-cuda-nvrtc-cu12"
+for lib in cuda:libcuda.so.1 nccl:libnccl.so.2 "nvrtc:libnvrtc.so.12 libnvrtc.so libnvrtc.so.13"; do
   key=${lib%%:*}
   path=$(find_lib ${lib#*:})
   if [ -n "$path" ]; then
@@ -112,11 +120,36 @@ for lib in cuda:libcuda.so.1 nccl:libnccl.so.2 "nvrtc:libnvrtc.so.12 libnvrtc.so
     echo "gpu-kit: lib$key: $path"
     dir=$(dirname "$path")
     case ":${LD_LIBRARY_PATH:-}:" in *":$dir:"*) ;; *) export LD_LIBRARY_PATH="$dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" ;; esac
+    if [ "$(basename "$path")" = libnvrtc.so.13 ]; then
+      # The program loads NVRTC as libnvrtc.so.12 or libnvrtc.so (CUDA 12.8's names): give
+      # CUDA 13's (PyTorch's cu13 wheels) the second name, in a folder of the kit's own.
+      links="${TMPDIR:-/tmp}/bonfire-gpu-kit-$(id -u)/lib"
+      mkdir -p "$links" && ln -sf "$path" "$links/libnvrtc.so" &&
+        export LD_LIBRARY_PATH="$links:$LD_LIBRARY_PATH"
+    fi
   else
     have[$key]=0
     echo "gpu-kit: lib$key: MISSING — ${where[$key]}"
   fi
 done
+# CubeCL's C++ path hands NVRTC its kernels with CUDA's headers (cuda_fp16.h, …) from
+# $CUDA_PATH/include (else /usr/local/cuda, /opt/cuda): find a folder that has them, pip's
+# nvidia-cuda-runtime wheel included, and point CUDA_PATH at it.
+headers=""
+wheels=""
+for s in $sites; do wheels="$wheels $(echo "$s"/nvidia/*)"; done
+for d in ${CUDA_PATH:-} /usr/local/cuda /opt/cuda /usr $wheels; do
+  if [ -e "$d/include/cuda_fp16.h" ]; then headers=$d; break; fi
+done
+if [ -n "$headers" ]; then
+  export CUDA_PATH="$headers"
+  echo "gpu-kit: CUDA headers: $headers/include"
+elif [ "${have[nvrtc]}" = 1 ]; then
+  have[nvrtc]=0
+  echo "gpu-kit: CUDA headers: MISSING (no cuda_fp16.h under \$CUDA_PATH/include, /usr/local/cuda/include," \
+       "/opt/cuda/include) — NVRTC needs them: the CUDA toolkit, or pip install nvidia-cuda-runtime-cu12" \
+       "(then CUDA_PATH=<site-packages>/nvidia/cuda_runtime)"
+fi
 
 passed=0 failed=0 skipped=0
 logs="$KIT/logs"
@@ -127,9 +160,10 @@ while IFS=$'\t' read -r name min_gpus secs needs what; do
     continue
   fi
   missing=""
-  [ "${have[cuda]}" = 1 ] || missing="libcuda"
+  [ "${have[cuda]}" = 1 ] || missing=" libcuda"
   for need in $(echo "$needs" | tr ',-' '  '); do
     [ "${have[$need]:-0}" = 1 ] || missing="$missing lib$need"
+    [ "$need" = nvrtc ] && [ -z "$headers" ] && missing="$missing cuda-headers"
   done
   if [ -n "$missing" ]; then
     echo "SKIPPED $name: missing$missing"
