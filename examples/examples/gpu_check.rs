@@ -81,7 +81,8 @@ const CHECKS: &[Check] = &[
         run: gpu::parity_layouts,
     },
     Check {
-        name: "train",
+        // Not `train`: `gpu_check train …` is the training program itself.
+        name: "train-cuda",
         min_gpus: 1,
         timeout_s: 150,
         needs: "nvrtc",
@@ -310,8 +311,17 @@ mod gpu {
         })
     }
 
+    /// The first GPU, once the driver is known to load (Burn's CUDA backend would panic on
+    /// its own thread without it).
+    fn first_gpu() -> Result<Device, String> {
+        match bonfire_comm::nccl::cuda_devices().map_err(|e| e.to_string())? {
+            0 => Err("the CUDA driver sees no GPU".into()),
+            _ => Ok(Device::cuda(0)),
+        }
+    }
+
     pub fn kernels(_: &Cli) -> Result<Vec<String>, String> {
-        Ok(bonfire_kernels::testing::run_all(&Device::cuda(0)))
+        Ok(bonfire_kernels::testing::run_all(&first_gpu()?))
     }
 
     pub fn parity_llama(cli: &Cli) -> Result<Vec<String>, String> {
@@ -331,7 +341,7 @@ mod gpu {
 
     pub fn parity_layouts(_: &Cli) -> Result<Vec<String>, String> {
         let (model, batches) = gpt_fixture();
-        let device = Device::cuda(0).autodiff();
+        let device = first_gpu()?.autodiff();
         Ok(device_checks::parity(
             &model,
             &batches,
@@ -357,7 +367,7 @@ mod gpu {
     }
 
     pub fn bench(cli: &Cli) -> Result<Vec<String>, String> {
-        let speeds = device_checks::tokens_per_second(&Device::cuda(0).autodiff(), cli.steps)?;
+        let speeds = device_checks::tokens_per_second(&first_gpu()?.autodiff(), cli.steps)?;
         Ok(speeds
             .into_iter()
             .map(|s| {

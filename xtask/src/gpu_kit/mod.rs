@@ -191,6 +191,16 @@ fn write_common(kit: &Path, gpu_check: &Path) -> Result {
             listed.status
         )));
     }
+    // `gpu_check <alias>` is that program: a check of the same name could never run.
+    let names: Vec<&str> = checks
+        .lines()
+        .filter_map(|l| l.split('\t').next())
+        .collect();
+    if let Some(clash) = ALIASES.iter().find(|a| names.contains(a)) {
+        return Err(fail(format!(
+            "gpu-kit: a check is named `{clash}`, which `gpu_check` runs as a program"
+        )));
+    }
     std::fs::write(kit.join("CHECKS"), &checks).map_err(|e| io("CHECKS", e))?;
     std::fs::write(kit.join("VERSION"), version() + "\n").map_err(|e| io("VERSION", e))?;
     write_script(&kit.join("run"), RUN_SCRIPT)?;
