@@ -136,15 +136,13 @@ pub fn metadata(root: &Path) -> Result<serde_json::Value, String> {
 mod tests {
     use super::*;
 
-    fn root() -> &'static Path {
-        Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap()
-    }
+    use crate::process::root;
 
     #[test]
     fn architecture_md_names_every_crates_dependencies() {
         let md = std::fs::read_to_string(root().join("docs/architecture.md")).unwrap();
         let doc = documented(&md).unwrap();
-        let real = actual(&metadata(root()).unwrap()).unwrap();
+        let real = actual(&metadata(&root()).unwrap()).unwrap();
         assert!(
             real.len() >= 10,
             "only {} Bonfire packages found",

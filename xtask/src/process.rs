@@ -56,7 +56,16 @@ pub fn free_bytes(path: &std::path::Path) -> Option<u64> {
 
 /// Runs a `cargo test` command like [`run`], echoing its standard output line by line and
 /// counting the tests of its `test result:` lines in [`crate::tally`].
-pub fn run_tests(mut command: Command) -> Result {
+pub fn run_tests(command: Command) -> Result {
+    run_echoed(command, |line| {
+        crate::tally::count_line(line);
+        crate::tally::time_line(line);
+    })
+}
+
+/// Runs `command` like [`run`], its standard output and error echoed line by line, in the order
+/// written, and each line handed to `each`.
+pub fn run_echoed(mut command: Command, mut each: impl FnMut(&str)) -> Result {
     use std::io::{BufRead, BufReader};
     let shown = CommandLine(&command).to_string();
     println!("$ {shown}");
@@ -78,14 +87,21 @@ pub fn run_tests(mut command: Command) -> Result {
         .map_while(std::io::Result::ok)
     {
         println!("{line}");
-        crate::tally::count_line(&line);
-        crate::tally::time_line(&line);
+        each(&line);
     }
     let status = child.wait().map_err(|err| Failure {
         message: format!("`{shown}`: {err}"),
         exit_code: 1,
     })?;
     check(status, &shown)
+}
+
+/// The workspace's root folder (xtask's parent).
+pub fn root() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask lives in the workspace")
+        .to_path_buf()
 }
 
 fn check(status: std::process::ExitStatus, shown: &str) -> Result {

@@ -101,7 +101,7 @@ pub fn compare(bench_args: &[String], bonfire: &[String]) -> Result {
             return Ok(());
         }
     };
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let root = crate::process::root();
     let mut rows = Vec::new();
     for ranks in ["1".to_string(), flag(bench_args, "--ranks", "2")] {
         let mut command = Command::new(&python);

@@ -23,7 +23,7 @@
 mod llvm_stubs;
 
 use crate::process::{self, Failure, Result};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
 /// The kit's size limit: a GPU node's upload, with room to spare.
@@ -53,19 +53,11 @@ fn fail(message: impl Into<String>) -> Failure {
     }
 }
 
-/// The workspace root (xtask's parent).
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("xtask lives in the workspace")
-        .to_path_buf()
-}
-
 pub fn run(smoke: bool) -> Result {
     if smoke {
         return self::smoke().map(|_| ());
     }
-    let root = root();
+    let root = process::root();
     let build = root.join("target/gpu-kit-build");
     let stubs = llvm_stubs::prepare(&build)?;
     // One `cargo rustc` per program, so that only its link is given the stubs (RUSTFLAGS
@@ -84,38 +76,28 @@ pub fn run(smoke: bool) -> Result {
         };
         // A link naming LLVM functions the stubs lack fails: stub them, link again (the
         // linker names them all at once; a few rounds at most, in case it stops early).
-        let mut round = 0;
-        while let Err(output) = run_keeping_stderr(cargo())? {
-            round += 1;
-            if round > 3 {
-                return Err(fail(format!("gpu-kit: {program} does not link (above)")));
+        for round in 0.. {
+            let mut output = String::new();
+            let built = process::run_echoed(cargo(), |line| {
+                output.push_str(line);
+                output.push('\n');
+            });
+            match built {
+                Ok(()) => break,
+                Err(_) if round < 3 => {
+                    let n = stubs.regenerate(&output)?;
+                    println!(
+                        "gpu-kit: {n} LLVM functions stubbed (never called on CubeCL's C++ path)"
+                    );
+                }
+                Err(_) => return Err(fail(format!("gpu-kit: {program} does not link (above)"))),
             }
-            let n = stubs.regenerate(&output)?;
-            println!("gpu-kit: {n} LLVM functions stubbed (never called on CubeCL's C++ path)");
         }
     }
     let kit = root.join("target/gpu-kit");
     assemble(&kit, &build.join("release/examples"))?;
     let sizes = sizes(&kit)?;
     report(&kit, &sizes)
-}
-
-/// Runs `command` showing its output; `Ok(Err(stderr))` when it fails.
-fn run_keeping_stderr(mut command: Command) -> Result<std::result::Result<(), String>> {
-    use std::io::{BufRead, BufReader};
-    command.stderr(std::process::Stdio::piped());
-    let mut child = command
-        .spawn()
-        .map_err(|e| fail(format!("gpu-kit: cargo: {e}")))?;
-    let mut kept = String::new();
-    for line in BufReader::new(child.stderr.take().expect("piped")).lines() {
-        let line = line.map_err(|e| fail(e.to_string()))?;
-        eprintln!("{line}");
-        kept.push_str(&line);
-        kept.push('\n');
-    }
-    let status = child.wait().map_err(|e| fail(e.to_string()))?;
-    Ok(if status.success() { Ok(()) } else { Err(kept) })
 }
 
 /// Writes the kit into `kit` from the programs in `bins`: the programs (stripped, gzipped),
@@ -138,7 +120,7 @@ fn assemble(kit: &Path, bins: &Path) -> Result {
     let fixture = kit.join("bin/fixtures/llama");
     std::fs::create_dir_all(&fixture).map_err(|e| io("fixtures/", e))?;
     for file in FIXTURE {
-        let from = root().join("examples/fixtures/llama").join(file);
+        let from = process::root().join("examples/fixtures/llama").join(file);
         std::fs::copy(&from, fixture.join(file)).map_err(|e| io(file, e))?;
     }
     write_common(kit, &work.join("gpu_check"))
@@ -228,7 +210,7 @@ fn version() -> String {
     let out = |program: &str, args: &[&str]| {
         Command::new(program)
             .args(args)
-            .current_dir(root())
+            .current_dir(process::root())
             .output()
             .ok()
             .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
@@ -298,7 +280,7 @@ fn report(kit: &Path, sizes: &[(String, u64)]) -> Result {
 /// script, which must print SKIPPED and exit 0 on this machine (no GPU). Returns the number of
 /// checks the kit lists (all skipped here).
 pub fn smoke() -> Result<usize> {
-    let root = root();
+    let root = process::root();
     // The test step's features, so that its build is reused.
     let mut command = if crate::packages::lavapipe_present() {
         crate::test::wgpu_cargo("build")
