@@ -311,17 +311,10 @@ mod gpu {
         })
     }
 
-    /// The first GPU, once the driver is known to load (Burn's CUDA backend would panic on
-    /// its own thread without it).
-    fn first_gpu() -> Result<Device, String> {
-        match bonfire_comm::nccl::cuda_devices().map_err(|e| e.to_string())? {
-            0 => Err("the CUDA driver sees no GPU".into()),
-            _ => Ok(Device::cuda(0)),
-        }
-    }
-
     pub fn kernels(_: &Cli) -> Result<Vec<String>, String> {
-        Ok(bonfire_kernels::testing::run_all(&first_gpu()?))
+        Ok(bonfire_kernels::testing::run_all(
+            &bonfire_examples::harness::cuda_device()?,
+        ))
     }
 
     pub fn parity_llama(cli: &Cli) -> Result<Vec<String>, String> {
@@ -341,7 +334,7 @@ mod gpu {
 
     pub fn parity_layouts(_: &Cli) -> Result<Vec<String>, String> {
         let (model, batches) = gpt_fixture();
-        let device = first_gpu()?.autodiff();
+        let device = bonfire_examples::harness::cuda_device()?.autodiff();
         Ok(device_checks::parity(
             &model,
             &batches,
@@ -367,7 +360,10 @@ mod gpu {
     }
 
     pub fn bench(cli: &Cli) -> Result<Vec<String>, String> {
-        let speeds = device_checks::tokens_per_second(&first_gpu()?.autodiff(), cli.steps)?;
+        let speeds = device_checks::tokens_per_second(
+            &bonfire_examples::harness::cuda_device()?.autodiff(),
+            cli.steps,
+        )?;
         Ok(speeds
             .into_iter()
             .map(|s| {

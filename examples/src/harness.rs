@@ -94,12 +94,9 @@ pub fn device(name: &str) -> Result<Device, String> {
                 .into(),
         ),
         #[cfg(feature = "cuda")]
-        "cuda" => match bonfire_comm::nccl::cuda_devices() {
-            // Checked first: without a driver, Burn's CUDA backend panics on another thread.
-            Ok(0) => Err("--device cuda: the CUDA driver sees no GPU".into()),
-            Ok(_) => Ok(Device::cuda(0).autodiff()),
-            Err(e) => Err(format!("--device cuda: {e}")),
-        },
+        "cuda" => cuda_device()
+            .map(Device::autodiff)
+            .map_err(|e| format!("--device cuda: {e}")),
         #[cfg(not(feature = "cuda"))]
         "cuda" => Err(
             "--device cuda: this binary was built without Burn's CUDA backend; rebuild with \
@@ -109,6 +106,16 @@ pub fn device(name: &str) -> Result<Device, String> {
         other => Err(format!(
             "--device {other}: expected `flex`, `wgpu` or `cuda`"
         )),
+    }
+}
+
+/// The first NVIDIA GPU, once the CUDA driver is known to load and to see a GPU: without a
+/// driver, Burn's CUDA backend panics on a thread of its own.
+#[cfg(feature = "cuda")]
+pub fn cuda_device() -> Result<Device, String> {
+    match bonfire_comm::nccl::cuda_devices().map_err(|e| e.to_string())? {
+        0 => Err("the CUDA driver sees no GPU".into()),
+        _ => Ok(Device::cuda(0)),
     }
 }
 

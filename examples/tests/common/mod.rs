@@ -365,13 +365,5 @@ pub fn fixture_dir(name: &str) -> std::path::PathBuf {
 /// The reference tensors of fixture `name` (`reference.safetensors`: f32 values of float64
 /// results; its integer tensors left out).
 pub fn fixture_reference(name: &str) -> std::collections::BTreeMap<String, Vec<f32>> {
-    use bonfire_models::tensor_file::{self, HostTensor};
-    tensor_file::read(fixture_dir(name).join("reference.safetensors"))
-        .unwrap()
-        .into_iter()
-        .filter_map(|(k, v)| match v {
-            HostTensor::F32 { data, .. } => Some((k, data)),
-            HostTensor::I64 { .. } => None,
-        })
-        .collect()
+    bonfire_examples::harness::read_result(fixture_dir(name).join("reference.safetensors")).unwrap()
 }
