@@ -253,7 +253,7 @@ fn llama_layouts() -> Vec<LayoutArgs> {
 #[cfg(feature = "cuda")]
 mod gpu {
     use super::{Cli, device_checks, gpt_fixture, llama_layouts};
-    use bonfire_comm::nccl::{NcclComm, UniqueId, probe};
+    use bonfire_comm::nccl::launch_on_every_gpu;
     use bonfire_comm::testing::conformance;
     use burn::tensor::Device;
     use std::time::Duration;
@@ -262,31 +262,14 @@ mod gpu {
     fn on_every_gpu(
         each: impl Fn(&bonfire_comm::ProcessGroup, usize) -> Result<String, String> + Sync,
     ) -> Result<Vec<String>, String> {
-        let libs = probe().map_err(|e| e.to_string())?;
-        let n = libs.devices;
-        if n == 0 {
-            return Err("no CUDA device visible".into());
-        }
-        let id = UniqueId::new().map_err(|e| e.to_string())?;
-        let each = &each;
-        let lines = std::thread::scope(|s| {
-            let handles: Vec<_> = (0..n)
-                .map(|rank| {
-                    s.spawn(move || {
-                        let comm = NcclComm::init(&id, rank, n, rank).map_err(|e| e.to_string())?;
-                        let pg = comm.into_group("gpu-kit");
-                        pg.set_timeout(Duration::from_secs(60));
-                        each(&pg, rank).map(|line| format!("GPU {rank}/{n}: {line}"))
-                    })
-                })
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| h.join().map_err(|_| "a GPU rank panicked".to_string())?)
-                .collect::<Result<Vec<String>, String>>()
-        })?;
+        let timeout = Duration::from_secs(60);
+        let (libs, lines) = launch_on_every_gpu("gpu-kit", timeout, |pg| each(pg, pg.rank()))
+            .map_err(|e| e.to_string())?;
+        let n = lines.len();
         let mut out = vec![format!("NCCL {} with {n} GPU(s)", libs.nccl_version)];
-        out.extend(lines);
+        for (rank, line) in lines.into_iter().enumerate() {
+            out.push(format!("GPU {rank}/{n}: {}", line?));
+        }
         Ok(out)
     }
 

@@ -4,7 +4,7 @@
 //! driven by one thread of this process.
 #![cfg(feature = "nccl")]
 
-use bonfire_comm::nccl::{NcclComm, UniqueId, probe};
+use bonfire_comm::nccl::{NcclComm, UniqueId, launch_on_every_gpu, probe};
 use bonfire_comm::rendezvous::Rendezvous;
 use bonfire_comm::testing::conformance::run_dtype;
 use bonfire_comm::{DType, ProcessGroup, ReduceOp, bf16, f16};
@@ -50,21 +50,9 @@ fn conformance(pg: &ProcessGroup) -> Result<usize, String> {
 #[test]
 #[ignore = "needs NVIDIA GPUs: cargo xtask test-multi-gpu"]
 fn gpu_conformance_on_every_visible_gpu() {
-    let n = gpus();
-    let id = UniqueId::new().unwrap();
-    let results: Vec<Result<usize, String>> = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..n)
-            .map(|rank| {
-                s.spawn(move || {
-                    let comm = NcclComm::init(&id, rank, n, rank).map_err(|e| e.to_string())?;
-                    let pg = comm.into_group("gpu");
-                    pg.set_timeout(Duration::from_secs(60));
-                    conformance(&pg)
-                })
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
-    });
+    gpus();
+    let (_, results) = launch_on_every_gpu("gpu", Duration::from_secs(60), conformance)
+        .unwrap_or_else(|e| panic!("{e}"));
     for (rank, r) in results.into_iter().enumerate() {
         let checks = r.unwrap_or_else(|e| panic!("GPU rank {rank}: {e}"));
         println!("GPU rank {rank}: {checks} checks passed");

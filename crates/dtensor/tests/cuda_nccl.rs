@@ -4,7 +4,7 @@
 //! and host. `#[ignore]`d and named `gpu_*`: `cargo xtask test-multi-gpu` runs them.
 #![cfg(feature = "cuda")]
 
-use bonfire_comm::nccl::{NcclComm, UniqueId, probe};
+use bonfire_comm::nccl::launch_on_every_gpu;
 use bonfire_dtensor::plane;
 use burn::tensor::Device;
 use std::time::Duration;
@@ -12,16 +12,11 @@ use std::time::Duration;
 #[test]
 #[ignore = "needs NVIDIA GPUs: cargo xtask test-multi-gpu"]
 fn gpu_plane_collectives_stay_on_the_device() {
-    let n = probe().expect("CUDA and NCCL").devices;
-    let id = UniqueId::new().unwrap();
-    std::thread::scope(|s| {
-        for r in 0..n {
-            s.spawn(move || {
-                let pg = NcclComm::init(&id, r, n, r).unwrap().into_group("plane");
-                pg.set_timeout(Duration::from_secs(60));
-                let moved = plane::testing::collectives_on_device(&pg, &Device::cuda(r));
-                assert_eq!(moved, 0, "GPU rank {r}: nothing staged through the host");
-            });
-        }
-    });
+    let (_, moved) = launch_on_every_gpu("plane", Duration::from_secs(60), |pg| {
+        plane::testing::collectives_on_device(pg, &Device::cuda(pg.rank()))
+    })
+    .expect("CUDA and NCCL");
+    for (r, moved) in moved.into_iter().enumerate() {
+        assert_eq!(moved, 0, "GPU rank {r}: nothing staged through the host");
+    }
 }

@@ -101,6 +101,44 @@ pub fn cuda_devices() -> Result<usize> {
     Ok(devices.max(0) as usize)
 }
 
+/// Runs `f` on one thread per visible GPU, thread `r` rank `r` of one NCCL group named `name`
+/// on GPU `r`, every collective bounded by `timeout`: a single-node GPU job in one process.
+/// Returns each rank's result in rank order and the libraries found; a rank that cannot join
+/// the group or panics is an error.
+pub fn launch_on_every_gpu<R: Send>(
+    name: &str,
+    timeout: std::time::Duration,
+    f: impl Fn(&crate::ProcessGroup) -> R + Sync,
+) -> Result<(Libraries, Vec<R>)> {
+    let libs = probe()?;
+    let n = libs.devices;
+    if n == 0 {
+        return Err(error("no CUDA device visible"));
+    }
+    let id = UniqueId::new()?;
+    let f = &f;
+    let results = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..n)
+            .map(|rank| {
+                s.spawn(move || -> Result<R> {
+                    let pg = NcclComm::init(&id, rank, n, rank)?.into_group(name);
+                    pg.set_timeout(timeout);
+                    Ok(f(&pg))
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .enumerate()
+            .map(|(rank, h)| {
+                h.join()
+                    .map_err(|_| error(format!("GPU rank {rank} panicked")))?
+            })
+            .collect::<Result<Vec<R>>>()
+    })?;
+    Ok((libs, results))
+}
+
 #[cfg(test)]
 mod tests {
     use super::device::{nccl_dtype, nccl_op};
@@ -127,6 +165,8 @@ mod tests {
                 ));
                 assert!(UniqueId::new().is_err());
                 assert!(NcclComm::init(&UniqueId([0; 128]), 0, 1, 0).is_err());
+                let launched = launch_on_every_gpu("none", Duration::from_secs(1), |_| ());
+                assert!(launched.unwrap_err().to_string().contains("not found"));
             }
         }
         // The driver alone (what `--device cuda` checks before Burn's CUDA backend starts).
