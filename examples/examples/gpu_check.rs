@@ -20,8 +20,6 @@ mod parity_program;
 mod train_program;
 
 use bonfire_examples::cli::LayoutArgs;
-use bonfire_examples::device_checks;
-use bonfire_examples::{Gpt, GptConfig};
 use clap::Parser;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -177,25 +175,6 @@ fn main() -> ExitCode {
 }
 
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-/// The tiny GPT of the parity layouts (vocab 32, d 16, 2 layers, seq 8) from seed 5 on Flex,
-/// and its batches.
-fn gpt_fixture() -> (Gpt, bonfire_models::data::Batches) {
-    let flex = bonfire_examples::default_device();
-    flex.seed(5);
-    let cfg = GptConfig::tiny();
-    let model = Gpt::new(&cfg, &flex);
-    let rows = device_checks::ROWS;
-    let batches = bonfire_examples::throughput::random_batches(
-        cfg.vocab_size,
-        cfg.max_seq_len,
-        rows,
-        device_checks::STEPS,
-        11,
-    );
-    (model, batches)
-}
-
-#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 /// Runs the training front door (this program's `train`) in a process of its own with `args`
 /// and a metrics file; the first and the last step's loss and the last step's tokens/s.
 fn train_program(args: &[&str]) -> Result<(f64, f64, f64), String> {
@@ -252,9 +231,10 @@ fn llama_layouts() -> Vec<LayoutArgs> {
 
 #[cfg(feature = "cuda")]
 mod gpu {
-    use super::{Cli, device_checks, gpt_fixture, llama_layouts};
+    use super::{Cli, llama_layouts};
     use bonfire_comm::nccl::launch_on_every_gpu;
     use bonfire_comm::testing::conformance;
+    use bonfire_examples::device_checks;
     use burn::tensor::Device;
     use std::time::Duration;
 
@@ -316,7 +296,7 @@ mod gpu {
     }
 
     pub fn parity_layouts(_: &Cli) -> Result<Vec<String>, String> {
-        let (model, batches) = gpt_fixture();
+        let (model, batches) = device_checks::gpt_fixture();
         let device = bonfire_examples::harness::cuda_device()?.autodiff();
         Ok(device_checks::parity(
             &model,

@@ -23,6 +23,20 @@ pub const STEPS: usize = 2;
 /// Rows of every parity step's global batch.
 pub const ROWS: usize = 4;
 
+/// The GPT every device is checked with (the tiny one: vocab 32, d 16, 2 layers, seq 8), its
+/// parameters drawn on Flex after seeding it with 5, and `STEPS` global batches of `ROWS`
+/// random sequences (seed 11).
+pub fn gpt_fixture() -> (Gpt, Batches) {
+    let flex = crate::default_device();
+    flex.seed(5);
+    let cfg = GptConfig::tiny();
+    let model = Gpt::new(&cfg, &flex);
+    // Burn draws a parameter when it is first read: read them all now, under this seed.
+    params::flatten_values(&model, &params::inventory(&model));
+    let batches = throughput::random_batches(cfg.vocab_size, cfg.max_seq_len, ROWS, STEPS, 11);
+    (model, batches)
+}
+
 /// `mesh` with ZeRO stage `zero` (offloaded or not), one replica group.
 fn dims(mesh: &str, zero: usize, offload: bool) -> ParallelDims {
     LayoutArgs {

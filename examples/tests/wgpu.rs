@@ -14,10 +14,10 @@ mod common;
 use bonfire_dtensor::params;
 use bonfire_dtensor::plane::Transfers;
 use bonfire_dtensor::plane::ledger::{Direction, Reason};
-use bonfire_examples::device_checks::{self, ROWS, STEPS};
+use bonfire_examples::device_checks::{self, ROWS};
 use bonfire_examples::harness;
 use bonfire_examples::ledger;
-use bonfire_examples::{Gpt, GptConfig, default_device};
+use bonfire_examples::{Gpt, GptConfig};
 use bonfire_models::data::Batches;
 use bonfire_train::{OptimizerKind, ParallelDims};
 use bonfire_zero::ZeroStage;
@@ -42,12 +42,12 @@ struct Fixture {
 fn fixture() -> &'static Fixture {
     static F: OnceLock<Fixture> = OnceLock::new();
     F.get_or_init(|| {
-        let flex = common::seeded(5, &default_device(), |d| Gpt::new(&cfg(), d));
+        let (flex, batches) = device_checks::gpt_fixture();
         let wgpu = params::fork(flex.clone(), &wgpu());
         Fixture {
             flex,
             wgpu,
-            batches: common::random_batches(&cfg(), STEPS, ROWS, 11),
+            batches,
         }
     })
 }
