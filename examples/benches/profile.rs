@@ -2,7 +2,9 @@
 //! `--model llama`, the bench Llama: `profile/llama.rs`) goes, op by op. Each piece of the model runs alone at the bench shapes on Burn's Flex with autodiff —
 //! forward, then backward of its output's sum — with fresh tracked inputs, the model's own
 //! code (`Linear`, `LayerNorm`, `causal_attention`, `cross_entropy`, ...); then the whole model
-//! and the SGD step.
+//! and the optimizer step — the bench's one-pass optimizer (`bonfire_kernels::FusedSgd`, for the
+//! Llama `FusedAdamW`), which the split counts, and Burn's own (`part=sgd.burn`, `adamw.burn`)
+//! for the record.
 //!
 //! Prints `bench profile part=<name> count=<uses per step> fwd_ms=… bwd_ms=… step_ms=…` (one
 //! use's medians; `step_ms` = count × (fwd + bwd)), then `part=sum` (the pieces together),
@@ -13,6 +15,7 @@
 
 use bonfire_examples::throughput::{median, random_batches};
 use bonfire_examples::{Gpt, GptConfig, default_device};
+use bonfire_kernels::FusedSgdConfig;
 use bonfire_kernels::{attention as fused_attention, causal_softmax, gelu};
 use bonfire_models::gpt::attention::{causal_attention, merge_heads, split_heads};
 use bonfire_models::gpt::{cross_entropy, embed};
@@ -308,19 +311,24 @@ fn attention(
     (q, s)
 }
 
-/// The whole model's forward and backward, and Burn's SGD step on its gradients; returns the
-/// SGD step's median (ms).
+/// The whole model's forward and backward, and the SGD step on its gradients — Burn's
+/// (`part=sgd.burn`), then the bench's one pass (`part=sgd`); returns the latter's median (ms).
 fn whole_model(cfg: &GptConfig, b: usize, reps: usize, dev: &Device) -> f64 {
     let data = random_batches(cfg.vocab_size, cfg.max_seq_len, b, 1, 3);
     let (ids, targets) = data.rows(0, 0, b, dev);
-    let step = Step {
+    let loss = |m: &Gpt| m.loss(ids.clone(), targets.clone());
+    let burn = Step {
         optimizer: SgdConfig::new().init(),
+        name: "sgd.burn",
+        lr: 0.01,
+    };
+    burn.time(Gpt::new(cfg, dev), reps, loss);
+    let fused = Step {
+        optimizer: FusedSgdConfig::new().init(),
         name: "sgd",
         lr: 0.01,
     };
-    step.time(Gpt::new(cfg, dev), reps, |m: &Gpt| {
-        m.loss(ids.clone(), targets.clone())
-    })
+    fused.time(Gpt::new(cfg, dev), reps, loss)
 }
 
 /// A whole training step of a model: its optimizer, the optimizer's part name, the rate.

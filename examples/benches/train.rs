@@ -2,7 +2,8 @@
 //! with `--model mixtral`, the bench Mixtral's: `MixtralConfig::bench`) training throughput in
 //! every layout, through the trainer's one loop, on rank threads — or as processes under
 //! `mpirun` (`--backend mpi`, which runs this binary with `--launcher env`). The optimizer is
-//! SGD (lr 0.01) for the GPT and the Mixtral, AdamW (`bonfire_kernels::FusedAdamW`: Burn's
+//! SGD (lr 0.01; `bonfire_kernels::FusedSgd`: Burn's SGD in one in-place pass per tensor) for the
+//! GPT and the Mixtral, AdamW (`bonfire_kernels::FusedAdamW`: Burn's
 //! AdamW in one pass per tensor; lr 1e-3, β 0.9/0.95, ε 1e-6, weight
 //! decay 0.1) for the Llama; `--optimizer sgd|adamw` picks either. The xtask then runs
 //! PyTorch's side in the same run where it is installed (`xtask/src/pytorch.rs`).
@@ -33,14 +34,13 @@ use bonfire_comm::{ReduceOp, World};
 use bonfire_ddp::{DdpConfig, StepTiming, chrome_trace};
 use bonfire_examples::throughput::{self, Hosts, RankRun, RunArgs, median};
 use bonfire_examples::{Gpt, GptConfig, default_device};
-use bonfire_kernels::FusedAdamWConfig;
+use bonfire_kernels::{FusedAdamWConfig, FusedSgdConfig};
 use bonfire_models::data::{Batches, TokenBatch};
 use bonfire_models::llama::{Llama, LlamaConfig};
 use bonfire_models::mixtral::{Mixtral, MixtralConfig};
 use bonfire_pipeline::ScheduleKind;
 use bonfire_train::{Axis, ParallelDims, ParallelModel, Trainer};
 use bonfire_zero::{ZeroConfig, ZeroStage};
-use burn::optim::SgdConfig;
 use burn::tensor::Device;
 use clap::Parser;
 use std::path::PathBuf;
@@ -166,7 +166,8 @@ fn measure<M: ParallelModel<Batch = TokenBatch> + Sync>(
             .with_epsilon(1e-6)
             .with_weight_decay(0.1)
             .init(),
-        false => SgdConfig::new().init(),
+        // Burn's SGD arithmetic, one in-place pass per tensor on Flex.
+        false => FusedSgdConfig::new().init(),
     })
     .with_ddp(
         DdpConfig::new()

@@ -7,6 +7,8 @@
 //!   bf16 or fp16, with the new residual (what rounding lost), in one pass.
 //! - [`FusedAdamW`]: Burn's AdamW as one kernel over a flat tensor (a Burn [`Optimizer`]
 //!   whose state is Burn's own `AdamWState`, so records and checkpoints are interchangeable).
+//! - [`FusedSgd`]: Burn's SGD (weight decay included) as one in-place pass on Flex in f32,
+//!   its state Burn's `SgdState`.
 //! - [`fused`]: differentiable ops with a hand-written backward for a transformer's
 //!   element-wise and row hot spots — [`causal_softmax`], [`cross_entropy`], [`gelu`],
 //!   [`layer_norm_core`], [`rms_norm_core`], [`silu_mul`], [`rope`] — one autodiff node each
@@ -29,6 +31,7 @@ pub mod cube;
 pub mod fused;
 mod pack;
 mod quantize;
+mod sgd;
 pub mod testing;
 
 pub use adamw::{FusedAdamW, FusedAdamWConfig};
@@ -38,6 +41,7 @@ pub use fused::{
 };
 pub use pack::{pack_scaled, unpack_scaled};
 pub use quantize::quantize_with_feedback;
+pub use sgd::{FusedSgd, FusedSgdConfig};
 
 /// The plain-Burn implementations: what every op runs off a CubeCL device, and the
 /// reference its kernel is tested against.

@@ -11,6 +11,7 @@
 use super::{Report, Split, Step, leaf, time};
 use bonfire_examples::default_device;
 use bonfire_examples::throughput::random_batches;
+use bonfire_kernels::FusedAdamWConfig;
 use bonfire_models::gpt::cross_entropy;
 use bonfire_models::layers::{Embedding, Linear, RmsNorm};
 use bonfire_models::llama::model::{Attention, Mlp};
@@ -102,24 +103,34 @@ pub fn run(b: usize, reps: usize) {
     .print("llama");
 }
 
-/// The whole model's forward and backward, and AdamW's step on its gradients; returns the
-/// optimizer step's median (ms).
+/// The whole model's forward and backward, and the AdamW step on its gradients — Burn's
+/// (`part=adamw.burn`), then the bench's one pass (`part=adamw`, `FusedAdamW`); returns the
+/// latter's median (ms).
 fn whole_model(cfg: &LlamaConfig, b: usize, reps: usize) -> f64 {
     let dev = default_device();
     let data = random_batches(cfg.vocab_size, cfg.max_position_embeddings, b, 1, 3);
     let (ids, targets) = data.rows(0, 0, b, &dev);
-    let optimizer = AdamWConfig::new()
-        .with_beta_1(0.9)
-        .with_beta_2(0.95)
-        .with_epsilon(1e-6)
-        .with_weight_decay(0.1)
-        .init();
-    let step = Step {
-        optimizer,
+    let loss = |m: &Llama| m.loss(ids.clone(), targets.clone());
+    let burn = Step {
+        optimizer: AdamWConfig::new()
+            .with_beta_1(0.9)
+            .with_beta_2(0.95)
+            .with_epsilon(1e-6)
+            .with_weight_decay(0.1)
+            .init(),
+        name: "adamw.burn",
+        lr: 1e-3,
+    };
+    burn.time(Llama::new(cfg, &dev), reps, loss);
+    let fused = Step {
+        optimizer: FusedAdamWConfig::new()
+            .with_beta_1(0.9)
+            .with_beta_2(0.95)
+            .with_epsilon(1e-6)
+            .with_weight_decay(0.1)
+            .init(),
         name: "adamw",
         lr: 1e-3,
     };
-    step.time(Llama::new(cfg, &dev), reps, |m: &Llama| {
-        m.loss(ids.clone(), targets.clone())
-    })
+    fused.time(Llama::new(cfg, &dev), reps, loss)
 }

@@ -4,16 +4,15 @@
 //!
 //! Work is split by `(batch, kv head)`: one unit owns its kv head's `K`, `V`, their gradients
 //! and the `h / h_kv` query heads that share them, so the GQA sums need no synchronization (the
-//! units run one after another on the rank's thread). Inside a unit `K` (and `V` for the
-//! backward) is transposed once to `[dh, Tk]`, so that a query's scores against a tile are
-//! `dh` axpys over the tile's keys, and every other inner loop is an axpy over `dh`: all
-//! vectorize, with no horizontal sums.
-//! The unit functions are compiled three times — AVX-512, AVX2 + FMA and the portable
-//! baseline — and the best the CPU has is picked at run time.
+//! units run one after another on the rank's thread). Inside a unit the work goes by tiles of
+//! [`TILE`] queries × [`TILE`] keys: every product is a `gemm` call on the tile (the crate
+//! Flex's own matrix products use; strides stand for the transposes), the softmax and masking
+//! run over the tile's rows. The row loops are compiled three times — AVX-512, AVX2 + FMA and
+//! the portable baseline — and the best the CPU has is picked at run time.
 
 use crate::fused::fast_exp as exp;
 
-/// Keys per tile.
+/// Keys (and queries) per tile.
 pub(crate) const TILE: usize = 64;
 
 /// The sizes of one call.
@@ -51,77 +50,121 @@ impl Dims {
     }
 }
 
-/// `y += a · x`.
+/// `dst[m × n] (+)= beta · lhs[m × k] · rhs[k × n]` through `gemm` (the matrix product Flex
+/// uses), each operand given as `(pointer offset base, row stride, column stride)`; with
+/// `add` the product is added to `dst`, otherwise it replaces it.
+#[allow(clippy::too_many_arguments)]
 #[inline(always)]
-fn axpy(y: &mut [f32], a: f32, x: &[f32]) {
-    for (y, &x) in y.iter_mut().zip(x) {
-        *y += a * x;
+fn product(
+    (m, n, k): (usize, usize, usize),
+    dst: &mut [f32],
+    dst_rs: usize,
+    add: bool,
+    (lhs, lhs_rs, lhs_cs): (&[f32], usize, usize),
+    (rhs, rhs_rs, rhs_cs): (&[f32], usize, usize),
+    beta: f32,
+) {
+    if m == 0 || n == 0 {
+        return;
+    }
+    // The last element each operand's strides reach must lie inside its slice.
+    let last = |rows: usize, cols: usize, rs: usize, cs: usize| (rows - 1) * rs + (cols - 1) * cs;
+    assert!(last(m, n, dst_rs, 1) < dst.len());
+    assert!(k == 0 || last(m, k, lhs_rs, lhs_cs) < lhs.len());
+    assert!(k == 0 || last(k, n, rhs_rs, rhs_cs) < rhs.len());
+    // SAFETY: every index the strides reach lies inside its slice (asserted above), `dst`
+    // is borrowed mutably and so aliases neither operand.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            dst.as_mut_ptr(),
+            1,
+            dst_rs as isize,
+            add,
+            lhs.as_ptr(),
+            lhs_cs as isize,
+            lhs_rs as isize,
+            rhs.as_ptr(),
+            rhs_cs as isize,
+            rhs_rs as isize,
+            1.0,
+            beta,
+            false,
+            false,
+            false,
+            gemm::Parallelism::None,
+        );
     }
 }
 
-#[inline(always)]
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    a.iter().zip(b).map(|(a, b)| a * b).sum()
+/// A tile of up to [`TILE`] queries of one head against a tile of up to [`TILE`] keys: the
+/// queries from position `i0` (in `0 .. Tq`), the keys `t0 .. t0 + n`.
+#[derive(Clone, Copy)]
+struct Tile {
+    i0: usize,
+    t0: usize,
+    n: usize,
 }
 
-/// `[rows, cols]` → `[cols, rows]` into `out`.
-#[inline(always)]
-fn transpose(x: &[f32], rows: usize, cols: usize, out: &mut Vec<f32>) {
-    out.clear();
-    out.resize(rows * cols, 0.0);
-    for (r, row) in x.chunks_exact(cols).enumerate() {
-        for (c, &e) in row.iter().enumerate() {
-            out[c * rows + r] = e;
-        }
+impl Dims {
+    /// The key tiles the query tile `i0 .. i0 + rows` sees any key of, as `(t0, n)`.
+    fn key_tiles(&self, i0: usize, rows: usize) -> impl Iterator<Item = (usize, usize)> {
+        let end = self.keys(i0 + rows - 1);
+        (0..end)
+            .step_by(TILE)
+            .map(move |t0| (t0, (end - t0).min(TILE)))
     }
-}
 
-/// `s = Σ_d a[d] · xt[d, t0 .. t0 + s.len()]` (`xt` is `[dh, tk]`).
-#[inline(always)]
-fn scores(s: &mut [f32], a: &[f32], xt: &[f32], tk: usize, t0: usize) {
-    s.fill(0.0);
-    let n = s.len();
-    for (d, &a) in a.iter().enumerate() {
-        axpy(s, a, &xt[d * tk + t0..][..n]);
+    /// How many of the tile's keys query row `r` of it sees (the rest are masked).
+    fn seen(&self, tile: Tile, r: usize) -> usize {
+        self.keys(tile.i0 + r).saturating_sub(tile.t0).min(tile.n)
     }
 }
 
 /// One unit's forward: `q`, `o` are its `g` query heads `[g, Tq, dh]`, `lse` `[g, Tq]`,
-/// `k`, `v` its kv head `[Tk, dh]`.
+/// `k`, `v` its kv head `[Tk, dh]`. Per tile of queries and tile of keys: the scores
+/// `S = scale · Q Kᵀ` and the update `O ← α O + P V` are matrix products, the online softmax
+/// (running maximum `m`, sum `l`) runs over `S`'s rows.
 #[inline(always)]
 fn forward_unit_body(d: &Dims, q: &[f32], k: &[f32], v: &[f32], o: &mut [f32], lse: &mut [f32]) {
-    let (tk, dh) = (d.tk, d.dh);
-    let mut kt = Vec::new();
-    transpose(k, tk, dh, &mut kt);
-    let mut qs = vec![0.0; dh];
-    let mut s = [0.0f32; TILE];
-    let rows = q.chunks_exact(dh).zip(o.chunks_exact_mut(dh));
-    for (row, ((q, acc), lse)) in rows.zip(lse.iter_mut()).enumerate() {
-        for (a, &x) in qs.iter_mut().zip(q) {
-            *a = x * d.scale;
-        }
-        acc.fill(0.0);
-        let (mut m, mut l) = (f32::NEG_INFINITY, 0.0f32);
-        let end = d.keys(row % d.tq);
-        for t0 in (0..end).step_by(TILE) {
-            let s = &mut s[..(end - t0).min(TILE)];
-            scores(s, &qs, &kt, tk, t0);
-            let m_new = s.iter().fold(m, |a, &b| a.max(b));
-            let alpha = exp(m - m_new);
-            l *= alpha;
-            acc.iter_mut().for_each(|a| *a *= alpha);
-            for p in s.iter_mut() {
-                *p = exp(*p - m_new);
+    let dh = d.dh;
+    let mut s = vec![0.0f32; TILE * TILE];
+    let (mut m, mut l) = ([0.0f32; TILE], [0.0f32; TILE]);
+    for head in 0..d.group() {
+        for i0 in (0..d.tq).step_by(TILE) {
+            let rows = (d.tq - i0).min(TILE);
+            let at = (head * d.tq + i0) * dh;
+            let (q, acc) = (&q[at..][..rows * dh], &mut o[at..][..rows * dh]);
+            acc.fill(0.0);
+            m.fill(f32::NEG_INFINITY);
+            l.fill(0.0);
+            for (t0, n) in d.key_tiles(i0, rows) {
+                let tile = Tile { i0, t0, n };
+                let kt = (&k[t0 * dh..], 1, dh);
+                product((rows, n, dh), &mut s, TILE, false, (q, dh, 1), kt, d.scale);
+                for r in 0..rows {
+                    let row = &mut s[r * TILE..][..n];
+                    let seen = d.seen(tile, r);
+                    let m_new = row[..seen].iter().fold(m[r], |a, &b| a.max(b));
+                    let alpha = exp(m[r] - m_new);
+                    row[..seen].iter_mut().for_each(|p| *p = exp(*p - m_new));
+                    row[seen..].fill(0.0);
+                    l[r] = l[r] * alpha + row.iter().sum::<f32>();
+                    m[r] = m_new;
+                    acc[r * dh..][..dh].iter_mut().for_each(|a| *a *= alpha);
+                }
+                let vt = (&v[t0 * dh..], dh, 1);
+                product((rows, dh, n), acc, dh, true, (&s, TILE, 1), vt, 1.0);
             }
-            l += s.iter().sum::<f32>();
-            for (j, &p) in s.iter().enumerate() {
-                axpy(acc, p, &v[(t0 + j) * dh..][..dh]);
+            let lse = &mut lse[head * d.tq + i0..][..rows];
+            for (r, lse) in lse.iter_mut().enumerate() {
+                let inv = 1.0 / l[r];
+                acc[r * dh..][..dh].iter_mut().for_each(|a| *a *= inv);
+                *lse = m[r] + l[r].ln();
             }
-            m = m_new;
         }
-        let inv = 1.0 / l;
-        acc.iter_mut().for_each(|a| *a *= inv);
-        *lse = m + l.ln();
     }
 }
 
@@ -143,43 +186,56 @@ pub(crate) struct BackwardOut<'a> {
     pub dv: &'a mut [f32],
 }
 
-/// One unit's backward: `P` recomputed tile by tile from the kept log-sum-exp, then
-/// `dV += Pᵀ dO`, `dP = dO Vᵀ`, `dS = P ⊙ (dP − D)` with `D = rowsum(dO ⊙ O)`,
-/// `dQ = scale · dS K`, `dK += scale · dSᵀ Q`.
+/// One unit's backward, per tile of queries and tile of keys: `P` recomputed from the kept
+/// log-sum-exp, then `dV += Pᵀ dO`, `dP = dO Vᵀ`, `dS = scale · P ⊙ (dP − D)` with
+/// `D = rowsum(dO ⊙ O)`, `dQ += dS K`, `dK += dSᵀ Q` — the five matrix products of
+/// flash-attention-2.
 #[inline(always)]
 fn backward_unit_body(d: &Dims, x: &BackwardIn, out: &mut BackwardOut) {
-    let (tk, dh) = (d.tk, d.dh);
-    let (mut kt, mut vt) = (Vec::new(), Vec::new());
-    transpose(x.k, tk, dh, &mut kt);
-    transpose(x.v, tk, dh, &mut vt);
+    let dh = d.dh;
     out.dk.fill(0.0);
     out.dv.fill(0.0);
-    let mut qs = vec![0.0; dh];
-    let (mut s, mut dp) = ([0.0f32; TILE], [0.0f32; TILE]);
-    let rows = x.q.chunks_exact(dh).zip(x.grad.chunks_exact(dh));
-    let rows = rows.zip(x.o.chunks_exact(dh).zip(x.lse));
-    for (row, ((q, g), (o, &lse))) in rows.enumerate() {
-        for (a, &e) in qs.iter_mut().zip(q) {
-            *a = e * d.scale;
-        }
-        let big_d = dot(g, o);
-        let dq = &mut out.dq[row * dh..][..dh];
-        dq.fill(0.0);
-        let end = d.keys(row % d.tq);
-        for t0 in (0..end).step_by(TILE) {
-            let n = (end - t0).min(TILE);
-            let (s, dp) = (&mut s[..n], &mut dp[..n]);
-            scores(s, &qs, &kt, tk, t0);
-            for p in s.iter_mut() {
-                *p = exp(*p - lse);
+    out.dq.fill(0.0);
+    let (mut p, mut ds) = (vec![0.0f32; TILE * TILE], vec![0.0f32; TILE * TILE]);
+    let mut big_d = [0.0f32; TILE];
+    for head in 0..d.group() {
+        for i0 in (0..d.tq).step_by(TILE) {
+            let rows = (d.tq - i0).min(TILE);
+            let at = (head * d.tq + i0) * dh;
+            let (q, g) = (&x.q[at..][..rows * dh], &x.grad[at..][..rows * dh]);
+            let (o, dq) = (&x.o[at..][..rows * dh], &mut out.dq[at..][..rows * dh]);
+            let lse = &x.lse[head * d.tq + i0..][..rows];
+            for (r, big_d) in big_d[..rows].iter_mut().enumerate() {
+                let (g, o) = (&g[r * dh..][..dh], &o[r * dh..][..dh]);
+                *big_d = g.iter().zip(o).map(|(a, b)| a * b).sum();
             }
-            scores(dp, g, &vt, tk, t0);
-            for (j, (&p, &dp)) in s.iter().zip(dp.iter()).enumerate() {
-                let ds = p * (dp - big_d) * d.scale;
-                let t = (t0 + j) * dh;
-                axpy(&mut out.dv[t..][..dh], p, g);
-                axpy(dq, ds, &x.k[t..][..dh]);
-                axpy(&mut out.dk[t..][..dh], ds, q);
+            for (t0, n) in d.key_tiles(i0, rows) {
+                let tile = Tile { i0, t0, n };
+                let (kt, vt) = ((&x.k[t0 * dh..], 1, dh), (&x.v[t0 * dh..], 1, dh));
+                product((rows, n, dh), &mut p, TILE, false, (q, dh, 1), kt, d.scale);
+                product((rows, n, dh), &mut ds, TILE, false, (g, dh, 1), vt, 1.0);
+                for r in 0..rows {
+                    let seen = d.seen(tile, r);
+                    let (pr, dsr) = (&mut p[r * TILE..][..n], &mut ds[r * TILE..][..n]);
+                    for (p, ds) in pr[..seen].iter_mut().zip(&mut dsr[..seen]) {
+                        *p = exp(*p - lse[r]);
+                        *ds = *p * (*ds - big_d[r]) * d.scale;
+                    }
+                    pr[seen..].fill(0.0);
+                    dsr[seen..].fill(0.0);
+                }
+                let (dk, dv) = (&mut out.dk[t0 * dh..], &mut out.dv[t0 * dh..]);
+                product((n, dh, rows), dv, dh, true, (&p, 1, TILE), (g, dh, 1), 1.0);
+                product(
+                    (rows, dh, n),
+                    dq,
+                    dh,
+                    true,
+                    (&ds, TILE, 1),
+                    (&x.k[t0 * dh..], dh, 1),
+                    1.0,
+                );
+                product((n, dh, rows), dk, dh, true, (&ds, 1, TILE), (q, dh, 1), 1.0);
             }
         }
     }
