@@ -26,13 +26,13 @@ use burn::tensor::{Device, Tensor, TensorData};
 use std::time::{Duration, Instant};
 
 /// Bonfire's Llama as the planner sees it: grouped-query attention, SwiGLU, RMSNorm, no
-/// biases — and its scores kept for backward (the Llama computes attention as the GPT does,
-/// not fused).
+/// biases — and attention as the GPT computes it ([`Attention::Fused`]: no scores kept in
+/// f32, kept in 16-bit types and under ring attention).
 pub fn llama_spec(cfg: &LlamaConfig) -> ModelSpec {
     ModelSpec {
         name: "llama".into(),
         arch: Arch::Llama,
-        attention: Attention::Materialized,
+        attention: Attention::Fused,
         vocab_size: cfg.vocab_size,
         d_model: cfg.hidden_size,
         n_heads: cfg.num_attention_heads,
@@ -57,17 +57,21 @@ pub fn mixtral_spec(cfg: &MixtralConfig) -> ModelSpec {
     }
 }
 
-/// The GPT as the planner sees it (its position table has `max_seq_len` rows).
+/// The GPT as the planner sees it (its position table has `max_seq_len` rows; its
+/// attention [`Attention::Fused`]).
 pub fn gpt_spec(cfg: &GptConfig) -> ModelSpec {
-    ModelSpec::gpt(
-        "gpt",
-        cfg.vocab_size,
-        cfg.d_model,
-        cfg.n_heads,
-        cfg.n_layers,
-        cfg.max_seq_len,
-        cfg.d_ff,
-    )
+    ModelSpec {
+        attention: Attention::Fused,
+        ..ModelSpec::gpt(
+            "gpt",
+            cfg.vocab_size,
+            cfg.d_model,
+            cfg.n_heads,
+            cfg.n_layers,
+            cfg.max_seq_len,
+            cfg.d_ff,
+        )
+    }
 }
 
 /// This machine, measured: per-rank matrix-product FLOP/s with `ranks` threads computing at

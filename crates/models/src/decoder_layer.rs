@@ -66,21 +66,20 @@ impl Attention {
         let (cos, sin) = rope_tables(&positions, hd, self.rope_theta, &q.device());
         let q = rotate(q, &cos, &sin);
         let k = rotate(k, &cos, &sin);
-        let heads = self.kv_of_queries(q.dims()[1], k.dims()[1], &q.device());
-        // Query head j attends with local kv head ⌊j·h_kv/h⌋ unless tp replicated the kv
-        // heads: then they are repeated here, and travel repeated under context parallelism.
+        // Query head j attends with local kv head ⌊j·h_kv/h⌋ (`causal_attention`'s grouping:
+        // with both sharded by tp, rank r's local head j is global r·h/tp + j, its kv head
+        // r·h_kv/tp + ⌊j·h_kv/h⌋) unless tp replicated the kv heads: then they are repeated
+        // here, and travel repeated under context parallelism.
         let grouped =
             self.q_proj.colwise_shard().is_none() || self.k_proj.colwise_shard().is_some();
         let (k, v) = match grouped {
             true => (k, v),
-            false => (k.select(1, heads.clone()), v.select(1, heads.clone())),
-        };
-        let y = bonfire_dtensor::context::attention(q, k, v, |q, k, v| {
-            match k.dims()[1] == q.dims()[1] {
-                true => causal_attention(q, k, v),
-                false => causal_attention(q, k.select(1, heads.clone()), v.select(1, heads)),
+            false => {
+                let heads = self.kv_of_queries(q.dims()[1], k.dims()[1], &q.device());
+                (k.select(1, heads.clone()), v.select(1, heads))
             }
-        });
+        };
+        let y = bonfire_dtensor::context::attention(q, k, v, causal_attention);
         self.o_proj.forward(merge_heads(y))
     }
 

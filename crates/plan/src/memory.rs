@@ -162,10 +162,16 @@ pub fn activation_bytes(
 /// keeps beyond it ([`ModelSpec::ring_attention_elems`]). The rank holds `seq / cp` tokens of
 /// each sequence (the caller's token count), each attending over all `seq`. Counted in
 /// elements of the compute dtype: ring attention's probabilities are f32 under a 16-bit one,
-/// each `4 / bytes` such elements ([`ModelSpec::ring_score_elems`]).
+/// each `4 / bytes` such elements ([`ModelSpec::ring_score_elems`]). Attention as it runs
+/// under the layout's dtype and cp ([`ModelSpec::attention_under`]).
 pub fn block_elems(model: &ModelSpec, layout: &ParallelDims, seq: usize) -> f64 {
     let (tp, cp) = (layout.tp(), layout.cp());
-    let widened = 4.0 / layout.precision.param.bytes() as f64 - 1.0;
+    let bytes = layout.precision.param.bytes();
+    let model = &ModelSpec {
+        attention: model.attention_under(bytes, cp),
+        ..model.clone()
+    };
+    let widened = 4.0 / bytes as f64 - 1.0;
     model.block_activation_elems(tp, layout.tp_options.sequence_parallel, seq)
         + model.ring_attention_elems(tp, cp, seq)
         + widened * model.ring_score_elems(tp, cp, seq)

@@ -43,6 +43,14 @@ pub enum Attention {
     Materialized,
     /// Fused (FlashAttention): no seq-sized buffer is kept.
     Flash,
+    /// Bonfire's own models (`bonfire_models`' `causal_attention`): the fused op
+    /// (`bonfire_kernels::attention`) in f32, which keeps no seq-sized buffer but its own
+    /// output `[B, h, T, dh]` and log-sum-exp `[B, h, T]` beside the heads' merged copy the
+    /// output projection keeps (`d + h` elements a token, split over tp: derived from the
+    /// code); Burn's materialized scores in a 16-bit compute dtype, and under context
+    /// parallelism ring attention, which keeps its blocks' scores, whatever the dtype.
+    /// Resolved per layout by [`ModelSpec::attention_under`].
+    Fused,
 }
 
 /// The sizes of a decoder-only transformer.
@@ -140,8 +148,11 @@ impl ModelSpec {
     /// A preset by name (see [`PRESETS`]; sources in `docs/planner.md`).
     pub fn preset(name: &str) -> Option<Self> {
         Some(match name {
-            // The bench GPT (`GptConfig::bench`).
-            "gpt-bench" => Self::gpt(name, 4096, 256, 8, 4, 128, 1024),
+            // The bench GPT (`GptConfig::bench`), whose attention is Bonfire's fused op.
+            "gpt-bench" => Self {
+                attention: Attention::Fused,
+                ..Self::gpt(name, 4096, 256, 8, 4, 128, 1024)
+            },
             // GPT-3 175B (Brown et al. 2020, Table 2.1) with Megatron's padded vocabulary
             // (Narayanan et al. 2021): 96 layers, d 12288, 96 heads, context 2048.
             "gpt3-175b" => Self::gpt(name, 51_200, 12_288, 96, 96, 2048, 4 * 12_288),
@@ -173,8 +184,8 @@ impl ModelSpec {
 
     /// A model from a JSON object (`what` names it in errors): `vocab_size`, `d_model`,
     /// `n_heads`, `n_layers`, `seq_len`, `d_ff` required; `arch` (`gpt` | `llama` |
-    /// `mixtral`, default gpt), `attention` (`materialized` | `flash`, default materialized
-    /// for gpt, flash otherwise), `n_kv_heads` (default `n_heads`), `name` optional; for
+    /// `mixtral`, default gpt), `attention` (`materialized` | `flash` | `fused` — see
+    /// [`Attention`] —, default materialized for gpt, flash otherwise), `n_kv_heads` (default `n_heads`), `name` optional; for
     /// `mixtral` `n_experts` (E) and `experts_per_token` (k) required, `d_ff` each expert's
     /// width (refused for the others).
     pub fn from_json(what: &str, text: &str) -> Result<Self, PlanError> {
@@ -197,10 +208,11 @@ impl ModelSpec {
             None if arch != Arch::Gpt => Attention::Flash,
             None | Some("materialized") => Attention::Materialized,
             Some("flash") => Attention::Flash,
+            Some("fused") => Attention::Fused,
             Some(other) => {
                 return Err(f.error(
                     "attention",
-                    format!("`{other}` is unknown (materialized, flash)"),
+                    format!("`{other}` is unknown (materialized, flash, fused)"),
                 ));
             }
         };
@@ -408,12 +420,24 @@ impl ModelSpec {
         })
     }
 
+    /// How attention keeps its scores in a compute dtype of `bytes` per element under
+    /// context parallelism `cp`: [`Attention::Fused`] stays fused in f32 without cp and is
+    /// `Materialized` otherwise; the others as they are.
+    pub fn attention_under(&self, bytes: usize, cp: usize) -> Attention {
+        match self.attention {
+            Attention::Fused if bytes != 4 || cp > 1 => Attention::Materialized,
+            kind => kind,
+        }
+    }
+
     /// Elements a block keeps for backward per token, on one rank of `tp` (sequences of
     /// `seq`), after Korthikanti et al. 2022 (§4) without dropout: the two norm inputs and
     /// the inputs of the q/k/v and fc1 products (4d, replicated over tp unless sequence
     /// parallel), q, k, v and the attention output (4d), the MLP's hidden activations (2·d_ff
     /// GELU, 3·d_ff SwiGLU), and with materialized attention the scores and probabilities
-    /// (2·heads·seq); everything but the replicated 4d is split over tp.
+    /// (2·heads·seq; [`Attention::Fused`] keeps `d + heads` instead, as in f32 without cp —
+    /// resolve it for a layout with [`Self::attention_under`]); everything but the replicated
+    /// 4d is split over tp.
     pub fn block_activation_elems(&self, tp: usize, sp: bool, seq: usize) -> f64 {
         let (d, f, h) = (self.d_model as f64, self.d_ff as f64, self.n_heads as f64);
         let mlp = match self.arch {
@@ -424,6 +448,7 @@ impl ModelSpec {
         let scores = match self.attention {
             Attention::Materialized => 2.0 * h * seq as f64,
             Attention::Flash => 0.0,
+            Attention::Fused => d + h,
         };
         let t = tp as f64;
         let replicated = if sp { 4.0 * d / t } else { 4.0 * d };

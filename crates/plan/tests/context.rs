@@ -9,16 +9,51 @@
 use bonfire_plan::memory::{block_elems, formula};
 mod common;
 use bonfire_plan::{
-    ClusterSpec, MemoryParts, MixedPrecision, ModelSpec, PlannedLayout, Request, ZeroStage,
-    candidates, context_layout, estimate, estimate_all, plan, rank_memory, rank_shapes,
+    Attention, ClusterSpec, MemoryParts, MixedPrecision, ModelSpec, ParallelDims, PlannedLayout,
+    Request, ZeroStage, candidates, context_layout, estimate, estimate_all, plan, rank_memory,
+    rank_shapes,
 };
 use common::h100s;
 
-/// The bench GPT with a position table of `seq` rows.
+/// The bench GPT with a position table of `seq` rows, its attention materialized (as in
+/// 16-bit types: the accounting these tests check term by term).
 fn bench_gpt(seq: usize) -> ModelSpec {
     let mut m = ModelSpec::preset("gpt-bench").unwrap();
     m.seq_len = seq;
+    m.attention = Attention::Materialized;
     m
+}
+
+/// Bonfire's fused attention keeps no scores in f32 without cp — its output and log-sum-exp
+/// (`d + heads` a token) instead — and is counted as materialized in bf16 and under ring
+/// attention (which keeps its blocks' scores).
+#[test]
+fn fused_attention_keeps_scores_only_in_16_bit_types_and_under_ring_attention() {
+    let t = 1024;
+    let fused = ModelSpec::preset("gpt-bench").unwrap();
+    assert_eq!(fused.attention, Attention::Fused);
+    let (flash, materialized) = (
+        ModelSpec {
+            attention: Attention::Flash,
+            ..fused.clone()
+        },
+        bench_gpt(fused.seq_len),
+    );
+    let f32_layout = context_layout(1, 1, 1, 1);
+    let bf16_layout = f32_layout.clone().with_precision(MixedPrecision::bf16());
+    let cp2 = context_layout(1, 2, 1, 1);
+    let elems = |m: &ModelSpec, l: &ParallelDims| block_elems(m, l, t);
+    let (d, h) = (256.0, 8.0);
+    assert_eq!(
+        elems(&fused, &f32_layout),
+        elems(&flash, &f32_layout) + d + h
+    );
+    assert!(elems(&fused, &f32_layout) < elems(&materialized, &f32_layout));
+    assert_eq!(
+        elems(&fused, &bf16_layout),
+        elems(&materialized, &bf16_layout)
+    );
+    assert_eq!(elems(&fused, &cp2), elems(&materialized, &cp2));
 }
 
 fn request(global_batch: usize, seq: usize, precision: MixedPrecision) -> Request {

@@ -1,11 +1,10 @@
 //! Causal multi-head self-attention with separate `q`, `k`, `v`, `o` projections.
 
 use crate::layers::Linear;
-use bonfire_kernels::causal_softmax;
 use bonfire_kernels::fused::causal_mask;
 use burn::module::Module;
 use burn::tensor::activation::softmax;
-use burn::tensor::{DType, Device, Tensor};
+use burn::tensor::{DType, Device, Tensor, TensorData};
 
 /// Causal multi-head self-attention over `[B, T, d]` activations: `q`, `k`, `v`, `o` are
 /// `d → d` projections with biases.
@@ -71,23 +70,34 @@ pub fn merge_heads(y: Tensor<4>) -> Tensor<3> {
     y.swap_dims(1, 2).reshape([b, t, h * dh])
 }
 
-/// Causal scaled dot-product attention of `q`, `k`, `v` `[B, h, T, dh]`:
-/// `softmax(q kᵀ / √dh + mask) v`, a query attending to keys at or before it.
+/// Causal scaled dot-product attention of `q` `[B, h, T, dh]` over `k`, `v`
+/// `[B, h_kv, T, dh]`: `softmax(q kᵀ / √dh + mask) v`, a query attending to keys at or before
+/// it, query head `j` with kv head `j / (h / h_kv)` (grouped-query attention; `h_kv = h` for
+/// the GPT).
 ///
-/// In f32 the scale, the mask and the softmax are one fused op
-/// ([`bonfire_kernels::causal_softmax`]: the backend's softmax kernel, one autodiff node).
-/// In 16-bit types they stay Burn's element-wise ops, rounding after each: the fused op's
-/// different rounding moves the bf16 tensor-parallel AdamW parity suite
-/// (`tests/mixed_precision.rs`) past its empirical bound (0.24 against 0.2).
+/// In f32 the whole of it is one fused op ([`bonfire_kernels::attention`]: tiles of keys, an
+/// online softmax, no `T × T` matrix kept, one autodiff node, the kv heads never repeated).
+/// In 16-bit types it stays Burn's ops — `q kᵀ`, the scale, the mask and the softmax rounding
+/// after each, then `p v` — with the kv heads repeated (`h_kv < h` is refused otherwise): a
+/// fused op's different rounding moves the bf16 tensor-parallel AdamW parity suite
+/// (`tests/mixed_precision.rs`) past its empirical bound (0.24 against 0.2, measured with the
+/// fused softmax).
 pub fn causal_attention(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>) -> Tensor<4> {
-    let [_, _, t, dh] = q.dims();
-    let scores = q.matmul(k.swap_dims(2, 3));
-    let p = match scores.dtype() {
-        DType::F32 => causal_softmax(scores, 1.0 / (dh as f64).sqrt()),
-        dtype => {
-            let mask = causal_mask(t, t, &scores.device()).cast(dtype);
-            softmax(scores / (dh as f64).sqrt() + mask.unsqueeze::<4>(), 3)
+    let [_, h, t, dh] = q.dims();
+    let dtype = q.dtype();
+    if dtype == DType::F32 {
+        return bonfire_kernels::attention(q, k, v, 1.0 / (dh as f64).sqrt(), true);
+    }
+    let h_kv = k.dims()[1];
+    let (k, v) = match h_kv == h {
+        true => (k, v),
+        false => {
+            let heads: Vec<i64> = (0..h).map(|j| (j / (h / h_kv)) as i64).collect();
+            let heads = Tensor::from_data(TensorData::new(heads, [h]), &q.device());
+            (k.select(1, heads.clone()), v.select(1, heads))
         }
     };
-    p.matmul(v)
+    let scores = q.matmul(k.swap_dims(2, 3));
+    let mask = causal_mask(t, t, &scores.device()).cast(dtype);
+    softmax(scores / (dh as f64).sqrt() + mask.unsqueeze::<4>(), 3).matmul(v)
 }
