@@ -20,11 +20,17 @@ use std::time::Duration;
 
 /// The parity tolerance under SGD: `|a − b| ≤ 1e-5·max(|a|, |b|) + 1e-7`.
 pub const SGD: Tolerance = Tolerance::new(1e-5, 1e-7);
-/// Under AdamW the absolute floor is 2e-3·lr: Adam divides each gradient element by its
+/// Under AdamW the absolute floor is 3e-3·lr: Adam divides each gradient element by its
 /// running RMS, so an element whose gradient is a cancellation (≈ 0, e.g. of a LayerNorm
-/// bias) turns f32 summation-order noise into a step of up to lr (docs/zero.md).
+/// bias) turns f32 summation-order noise into a step of up to lr (docs/zero.md). It was
+/// 2e-3·lr until the models' attention became the fused op (2026-11-27): the Mixtral's
+/// resume cases then read 2.6e-5 (1.3× the old floor) at one parameter — the same element and
+/// value in every distributed layout against one device, where Burn's decomposed attention
+/// read 1.5e-5 — while their SGD halves stayed at 4.8e-7 (0.66 of SGD's tolerance); and the
+/// two attentions (the same math, each within 1e-5 of transformers' float64) differ by up to
+/// 9.8e-6 after the same 4 AdamW steps on one device, 8.3e-6 at that element.
 pub fn adamw(lr: f64) -> Tolerance {
-    Tolerance::new(1e-5, 2e-3 * lr as f32)
+    Tolerance::new(1e-5, 3e-3 * lr as f32)
 }
 
 pub use bonfire_examples::harness::{assert_same_run, gpt_lr};
