@@ -16,7 +16,6 @@ use bonfire_models::gpt::cross_entropy;
 use bonfire_models::layers::{Embedding, Linear, RmsNorm};
 use bonfire_models::llama::model::{Attention, Mlp};
 use bonfire_models::llama::{Llama, LlamaConfig};
-use burn::optim::AdamWConfig;
 use burn::tensor::{Distribution, Int, Tensor};
 
 /// Profiles the bench Llama at `b` sequences per step, `reps` timed runs per piece.
@@ -111,24 +110,19 @@ fn whole_model(cfg: &LlamaConfig, b: usize, reps: usize) -> f64 {
     let data = random_batches(cfg.vocab_size, cfg.max_position_embeddings, b, 1, 3);
     let (ids, targets) = data.rows(0, 0, b, &dev);
     let loss = |m: &Llama| m.loss(ids.clone(), targets.clone());
+    let config = FusedAdamWConfig::new()
+        .with_beta_1(0.9)
+        .with_beta_2(0.95)
+        .with_epsilon(1e-6)
+        .with_weight_decay(0.1);
     let burn = Step {
-        optimizer: AdamWConfig::new()
-            .with_beta_1(0.9)
-            .with_beta_2(0.95)
-            .with_epsilon(1e-6)
-            .with_weight_decay(0.1)
-            .init(),
+        optimizer: config.burn().init(),
         name: "adamw.burn",
         lr: 1e-3,
     };
     burn.time(Llama::new(cfg, &dev), reps, loss);
     let fused = Step {
-        optimizer: FusedAdamWConfig::new()
-            .with_beta_1(0.9)
-            .with_beta_2(0.95)
-            .with_epsilon(1e-6)
-            .with_weight_decay(0.1)
-            .init(),
+        optimizer: config.init(),
         name: "adamw",
         lr: 1e-3,
     };
