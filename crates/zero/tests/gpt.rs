@@ -1,8 +1,8 @@
 //! The reference GPT (tiny size) under stages 1, 2, 3 with and without offload, on 2 and 4
 //! ranks, with SGD and Adam: parameters after 3 steps equal single-device training and DDP
 //! within 1e-5 relative (absolute floor 1e-7 for SGD, 2e-5 = 2e-3·lr for Adam; see
-//! `common::assert_trained`); the consolidated checkpoint loads into a plain `Gpt` with
-//! bonfire-examples' loader.
+//! `common::assert_trained`; the model drawn under a fixed seed, `seeded_gpt`); the
+//! consolidated checkpoint loads into a plain `Gpt` with bonfire-examples' loader.
 
 mod common;
 use bonfire_comm::ThreadWorld;
@@ -117,9 +117,25 @@ fn zero(
         .unwrap()
 }
 
+/// The tiny GPT drawn under a fixed seed. With a fresh random draw each run, about 1 run in
+/// 100 put one Adam-trained element just past the floor (measured 2026-11-27: 1 failure in 100
+/// runs with Burn's decomposed attention, 1 in 100 with the fused one; the other 99 at
+/// 0.02–0.99 of the tolerance, most under 0.1), which made `gpt_adam` flaky; the draw is fixed
+/// so a run is repeatable. The lock keeps another test's draws out of this seed's sequence.
+fn seeded_gpt(cfg: &GptConfig) -> Gpt {
+    static DRAW: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _draw = DRAW.lock().unwrap_or_else(|e| e.into_inner());
+    let device = Device::flex().autodiff();
+    device.seed(7);
+    let model = Gpt::new(cfg, &device);
+    // Burn draws a parameter when it is first read: read them all now, under this seed.
+    params::flatten_values(&model, &params::inventory(&model));
+    model
+}
+
 fn check(opt: Opt) {
     let cfg = GptConfig::tiny();
-    let model = Gpt::new(&cfg, &Device::flex().autodiff());
+    let model = seeded_gpt(&cfg);
     let data = batches(&cfg);
     let reference = single(&model, &data, opt);
     let initial = params::flatten_values(&model, &params::inventory(&model));
