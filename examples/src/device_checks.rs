@@ -27,12 +27,8 @@ pub const ROWS: usize = 4;
 /// parameters drawn on Flex after seeding it with 5, and `STEPS` global batches of `ROWS`
 /// random sequences (seed 11).
 pub fn gpt_fixture() -> (Gpt, Batches) {
-    let flex = crate::default_device();
-    flex.seed(5);
     let cfg = GptConfig::tiny();
-    let model = Gpt::new(&cfg, &flex);
-    // Burn draws a parameter when it is first read: read them all now, under this seed.
-    params::flatten_values(&model, &params::inventory(&model));
+    let model = params::seeded(5, &crate::default_device(), |d| Gpt::new(&cfg, d));
     let batches = throughput::random_batches(cfg.vocab_size, cfg.max_seq_len, ROWS, STEPS, 11);
     (model, batches)
 }

@@ -110,18 +110,10 @@ pub(crate) mod fallback {
 
 mod host {
     use super::FusedAdamWConfig;
-    use crate::fused::host::{self as buf, FlexTensor};
+    use crate::fused::host::{self as buf, flex_primitive as prim, is_flex_f32 as flex_f32};
     use burn::backend::Flex;
     use burn::optim::{AdamWState, AdaptiveMomentumState, LearningRate};
-    use burn::tensor::{DType, Tensor};
-
-    fn flex_f32<const D: usize>(t: &Tensor<D>) -> bool {
-        t.dtype() == DType::F32 && t.clone().try_into_primitive::<Flex>().is_ok()
-    }
-
-    fn prim<const D: usize>(t: Tensor<D>) -> FlexTensor {
-        t.try_into_primitive::<Flex>().expect("checked by covers")
-    }
+    use burn::tensor::Tensor;
 
     /// Whether the host pass handles the step: every tensor f32 on Flex, no AMSGrad maximum.
     pub(super) fn covers<const D: usize>(

@@ -47,7 +47,7 @@ pub use sgd::{FusedSgd, FusedSgdConfig};
 /// reference its kernel is tested against.
 pub mod fallback {
     pub use crate::adamw::fallback::adamw_step;
-    pub use crate::attention::fallback::attention;
+    pub use crate::attention::fallback::{attention, repeat_kv_heads};
     pub use crate::pack::fallback::{pack_scaled, unpack_scaled};
     pub use crate::quantize::fallback::quantize_with_feedback;
 }

@@ -75,20 +75,14 @@ impl Optimizer for FusedSgd {
 }
 
 mod host {
-    use crate::fused::host::{self as buf, FlexTensor};
+    use crate::fused::host::{self as buf, flex_primitive as prim, is_flex_f32};
     use burn::backend::Flex;
     use burn::optim::LearningRate;
-    use burn::tensor::{DType, Tensor};
-
-    fn prim<const D: usize>(t: Tensor<D>) -> FlexTensor {
-        t.try_into_primitive::<Flex>().expect("checked by covers")
-    }
+    use burn::tensor::Tensor;
 
     /// Whether the host pass handles the step: both tensors f32 on Flex.
     pub(super) fn covers<const D: usize>(tensor: &Tensor<D>, grad: &Tensor<D>) -> bool {
-        [tensor, grad]
-            .iter()
-            .all(|t| t.dtype() == DType::F32 && (*t).clone().try_into_primitive::<Flex>().is_ok())
+        is_flex_f32(tensor) && is_flex_f32(grad)
     }
 
     /// One step, Burn's `Sgd` arithmetic element by element: `g ← λ·p + g` (with weight

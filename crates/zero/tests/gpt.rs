@@ -121,16 +121,9 @@ fn zero(
 /// 100 put one Adam-trained element just past the floor (measured 2026-11-27: 1 failure in 100
 /// runs with Burn's decomposed attention, 1 in 100 with the fused one; the other 99 at
 /// 0.02–0.99 of the tolerance, most under 0.1), which made `gpt_adam` flaky; the draw is fixed
-/// so a run is repeatable. The lock keeps another test's draws out of this seed's sequence.
+/// so a run is repeatable.
 fn seeded_gpt(cfg: &GptConfig) -> Gpt {
-    static DRAW: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    let _draw = DRAW.lock().unwrap_or_else(|e| e.into_inner());
-    let device = Device::flex().autodiff();
-    device.seed(7);
-    let model = Gpt::new(cfg, &device);
-    // Burn draws a parameter when it is first read: read them all now, under this seed.
-    params::flatten_values(&model, &params::inventory(&model));
-    model
+    params::seeded(7, &Device::flex().autodiff(), |d| Gpt::new(cfg, d))
 }
 
 fn check(opt: Opt) {

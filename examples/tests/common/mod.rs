@@ -63,23 +63,9 @@ pub fn random_batches(cfg: &GptConfig, steps: usize, batch: usize, seed: u64) ->
     Batches::new(ids, targets, [steps, batch, cfg.max_seq_len])
 }
 
-/// `build`'s model with the parameters Burn's generator draws after `device.seed(seed)`, the
-/// same on every call while other tests run: Burn has one generator per process and
-/// `burn::nn` layers draw lazily (when a parameter is first read), so the seed, the build and
-/// the draw of every parameter happen under one lock of the test binary. Every test that
-/// needs a reproducible draw builds its model here.
-pub fn seeded<M: Module>(
-    seed: u64,
-    device: &burn::tensor::Device,
-    build: impl FnOnce(&burn::tensor::Device) -> M,
-) -> M {
-    static DRAW: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    let _draw = DRAW.lock().unwrap_or_else(|e| e.into_inner());
-    device.seed(seed);
-    let model = build(device);
-    params::flatten_values(&model, &params::inventory(&model));
-    model
-}
+/// Every test that needs a reproducible draw builds its model through `seeded` (one lock for
+/// the whole process: `bonfire_dtensor::params::seeded`).
+pub use bonfire_ddp::params::seeded;
 
 /// A suite's GPT and its batches: the model initialised from `model_seed`, `steps` global
 /// batches of `rows` random sequences from `data_seed`.

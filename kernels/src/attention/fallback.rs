@@ -13,15 +13,8 @@ use burn::tensor::{Int, Scalar, Shape, Tensor, TensorData};
 /// `j / (h / h_kv)`) by `select`; shapes and mask as in [`crate::attention::attention`].
 pub fn attention(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, scale: f64, causal: bool) -> Tensor<4> {
     let [_, h, tq, _] = q.dims();
-    let [_, h_kv, tk, _] = k.dims();
-    let (k, v) = match h == h_kv {
-        true => (k, v),
-        false => {
-            let heads: Vec<i64> = (0..h).map(|j| (j / (h / h_kv)) as i64).collect();
-            let heads = Tensor::<1, Int>::from_data(TensorData::new(heads, [h]), &q.device());
-            (k.select(1, heads.clone()), v.select(1, heads))
-        }
-    };
+    let tk = k.dims()[2];
+    let (k, v) = repeat_kv_heads(k, v, h);
     let scores = q.matmul(k.swap_dims(2, 3)) * scale;
     let scores = match causal {
         true => {
@@ -32,6 +25,18 @@ pub fn attention(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, scale: f64, causal: b
         false => scores,
     };
     softmax(scores, 3).matmul(v)
+}
+
+/// `k`, `v` `[B, h_kv, T, dh]` → `[B, h, T, dh]` by `select`: query head `j` gets kv head
+/// `j / (h / h_kv)` (themselves when `h_kv = h`).
+pub fn repeat_kv_heads(k: Tensor<4>, v: Tensor<4>, h: usize) -> (Tensor<4>, Tensor<4>) {
+    let h_kv = k.dims()[1];
+    if h == h_kv {
+        return (k, v);
+    }
+    let heads: Vec<i64> = (0..h).map(|j| (j / (h / h_kv)) as i64).collect();
+    let heads = Tensor::<1, Int>::from_data(TensorData::new(heads, [h]), &k.device());
+    (k.select(1, heads.clone()), v.select(1, heads))
 }
 
 /// `[B, h_kv, T, dh]` → `[B, h, T, dh]`, each kv head repeated for its `h / h_kv` query heads.

@@ -5,10 +5,21 @@
 
 use burn::backend::tensor::FloatTensor;
 use burn::backend::{Flex, TensorMetadata};
-use burn::tensor::{DType, TensorData};
+use burn::tensor::{DType, Tensor, TensorData};
 
 /// A Flex float tensor.
 pub(crate) type FlexTensor = FloatTensor<Flex>;
+
+/// Whether `t` is an f32 tensor on Flex (what the host optimizer passes take).
+pub(crate) fn is_flex_f32<const D: usize>(t: &Tensor<D>) -> bool {
+    t.dtype() == DType::F32 && t.clone().try_into_primitive::<Flex>().is_ok()
+}
+
+/// `t`'s Flex primitive (`t` checked by [`is_flex_f32`]).
+pub(crate) fn flex_primitive<const D: usize>(t: Tensor<D>) -> FlexTensor {
+    t.try_into_primitive::<Flex>()
+        .expect("bonfire-kernels: a Flex tensor")
+}
 
 /// Whether every tensor is f32 (the host kernels' one dtype).
 pub(crate) fn all_f32(ts: &[&FlexTensor]) -> bool {

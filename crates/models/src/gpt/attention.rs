@@ -4,7 +4,7 @@ use crate::layers::Linear;
 use bonfire_kernels::fused::causal_mask;
 use burn::module::Module;
 use burn::tensor::activation::softmax;
-use burn::tensor::{DType, Device, Tensor, TensorData};
+use burn::tensor::{DType, Device, Tensor};
 
 /// Causal multi-head self-attention over `[B, T, d]` activations: `q`, `k`, `v`, `o` are
 /// `d → d` projections with biases.
@@ -88,15 +88,7 @@ pub fn causal_attention(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>) -> Tensor<4> {
     if dtype == DType::F32 {
         return bonfire_kernels::attention(q, k, v, 1.0 / (dh as f64).sqrt(), true);
     }
-    let h_kv = k.dims()[1];
-    let (k, v) = match h_kv == h {
-        true => (k, v),
-        false => {
-            let heads: Vec<i64> = (0..h).map(|j| (j / (h / h_kv)) as i64).collect();
-            let heads = Tensor::from_data(TensorData::new(heads, [h]), &q.device());
-            (k.select(1, heads.clone()), v.select(1, heads))
-        }
-    };
+    let (k, v) = bonfire_kernels::fallback::repeat_kv_heads(k, v, h);
     let scores = q.matmul(k.swap_dims(2, 3));
     let mask = causal_mask(t, t, &scores.device()).cast(dtype);
     softmax(scores / (dh as f64).sqrt() + mask.unsqueeze::<4>(), 3).matmul(v)
