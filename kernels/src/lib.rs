@@ -35,7 +35,7 @@ mod sgd;
 pub mod testing;
 
 pub use adamw::{FusedAdamW, FusedAdamWConfig};
-pub use attention::attention;
+pub use attention::{attention, attention_with_lse};
 pub use fused::{
     causal_softmax, cross_entropy, exp, gelu, layer_norm_core, rms_norm_core, rope, silu_mul,
 };
@@ -47,7 +47,7 @@ pub use sgd::{FusedSgd, FusedSgdConfig};
 /// reference its kernel is tested against.
 pub mod fallback {
     pub use crate::adamw::fallback::adamw_step;
-    pub use crate::attention::fallback::{attention, repeat_kv_heads};
+    pub use crate::attention::fallback::{attention, attention_with_lse, repeat_kv_heads};
     pub use crate::pack::fallback::{pack_scaled, unpack_scaled};
     pub use crate::quantize::fallback::quantize_with_feedback;
 }

@@ -7,9 +7,9 @@
 mod common;
 
 use bonfire_kernels::attention::AttentionBackend;
-use bonfire_kernels::{attention, fallback};
+use bonfire_kernels::{attention, attention_with_lse, fallback};
 use burn::backend::Dispatch;
-use burn::tensor::{Device, Tensor, TensorData};
+use burn::tensor::{DType, Device, Tensor, TensorData};
 use common::host;
 
 /// One case: batch 2, `h` query heads, `h_kv` kv heads, `tq` queries, `tk` keys, width `dh`.
@@ -212,5 +212,78 @@ fn gradients_flow_through_a_graph_around_the_op() {
         .zip(ours.into_iter().zip(reference))
     {
         close(name, case, a, b, 1e-5);
+    }
+}
+
+/// `attention_with_lse` (f32: the fused node; f64: the extension's Burn math through the
+/// same node) against its plain-Burn reference: the output, the log-sum-exp and the
+/// gradients of `q`, `k`, `v` of a loss that weights both — the log-sum-exp's gradient
+/// enters the backward as a shift of `D`.
+fn with_lse_matches_the_reference(case: Case, dtype: burn::tensor::DType) {
+    let device = Device::flex().autodiff();
+    let Case {
+        h,
+        h_kv,
+        tq,
+        tk,
+        dh,
+        causal,
+    } = case;
+    let scale = 1.0 / (dh as f64).sqrt();
+    let run = |f: &dyn Fn(Tensor<4>, Tensor<4>, Tensor<4>) -> (Tensor<4>, Tensor<3>)| {
+        let (q, k, v) = (
+            leaf([2, h, tq, dh], 11, &device),
+            leaf([2, h_kv, tk, dh], 12, &device),
+            leaf([2, h_kv, tk, dh], 13, &device),
+        );
+        let w = leaf([2, h, tq, dh], 14, &device).detach();
+        let w_lse = leaf([2, h, tq, 1], 15, &device).detach();
+        let (out, lse) = f(q.clone(), k.clone(), v.clone());
+        let lse = lse.unsqueeze_dim::<4>(3);
+        let loss = (out.clone() * w).sum() + (lse.clone() * w_lse).sum();
+        let g = loss.backward();
+        let grads = [&q, &k, &v].map(|x| x.grad(&g).unwrap());
+        (out, lse, grads)
+    };
+    let ours = run(&|q, k, v| match dtype {
+        DType::F32 => attention_with_lse(q, k, v, scale, causal),
+        _ => {
+            // The extension called directly (the public function takes other dtypes to the
+            // reference).
+            let [q, k, v] = [q, k, v].map(|t| t.cast(dtype).into_dispatch());
+            let packed =
+                <Dispatch as AttentionBackend>::attention_forward_packed(q, k, v, scale, causal);
+            let packed = Tensor::<4>::from_dispatch(packed).cast(DType::F32);
+            let lse = packed.clone().narrow(3, dh, 1).reshape([2, h, tq]);
+            (packed.narrow(3, 0, dh), lse)
+        }
+    });
+    let reference = run(&|q, k, v| fallback::attention_with_lse(q, k, v, scale, causal));
+    close("output", case, ours.0, reference.0, 1e-5);
+    close("lse", case, ours.1, reference.1, 1e-5);
+    for (name, (a, b)) in ["dq", "dk", "dv"]
+        .iter()
+        .zip(ours.2.into_iter().zip(reference.2))
+    {
+        close(name, case, a, b, 1e-5);
+    }
+}
+
+#[test]
+fn the_log_sum_exp_is_an_output_with_its_gradient() {
+    for dtype in [DType::F32, DType::F64] {
+        for (h, h_kv, tq, tk) in [(4, 2, 37, 37), (2, 2, 64, 130), (4, 1, 5, 37)] {
+            for causal in [true, false] {
+                let case = Case {
+                    h,
+                    h_kv,
+                    tq,
+                    tk,
+                    dh: 32,
+                    causal,
+                };
+                with_lse_matches_the_reference(case, dtype);
+            }
+        }
     }
 }

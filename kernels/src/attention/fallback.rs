@@ -27,6 +27,30 @@ pub fn attention(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, scale: f64, causal: b
     softmax(scores, 3).matmul(v)
 }
 
+/// [`attention`] and each query's log-sum-exp of its scaled, masked scores `[B, h, Tq]`, both
+/// differentiable (the reference of [`crate::attention::attention_with_lse`]).
+pub fn attention_with_lse(
+    q: Tensor<4>,
+    k: Tensor<4>,
+    v: Tensor<4>,
+    scale: f64,
+    causal: bool,
+) -> (Tensor<4>, Tensor<3>) {
+    let [_, h, tq, _] = q.dims();
+    let tk = k.dims()[2];
+    let (k, v) = repeat_kv_heads(k, v, h);
+    let mut scores = q.matmul(k.swap_dims(2, 3)) * scale;
+    if causal {
+        let mask = causal_mask(tq, tk, &scores.device()).cast(scores.dtype());
+        scores = scores + mask.unsqueeze::<4>();
+    }
+    // The shift by the row's max keeps exp finite and cancels: no gradient through it.
+    let m = scores.clone().detach().max_dim(3);
+    let lse = (scores.clone() - m.clone()).exp().sum_dim(3).log() + m;
+    let out = softmax(scores, 3).matmul(v);
+    (out, lse.squeeze_dim::<3>(3))
+}
+
 /// `k`, `v` `[B, h_kv, T, dh]` → `[B, h, T, dh]` by `select`: query head `j` gets kv head
 /// `j / (h / h_kv)` (themselves when `h_kv = h`).
 pub fn repeat_kv_heads(k: Tensor<4>, v: Tensor<4>, h: usize) -> (Tensor<4>, Tensor<4>) {
@@ -108,8 +132,9 @@ pub(crate) fn forward<B: Backend>(
     (narrow_to::<B>(out, dtype), narrow_to::<B>(lse, dtype))
 }
 
-/// The gradients `(dq, dk, dv)` of the output's gradient `grad` (flash-attention-2 math on
-/// whole tensors: `P = exp(S − lse)`, `dS = P ⊙ (dP − rowsum(dO ⊙ O))`).
+/// The gradients `(dq, dk, dv)` of the output's gradient `grad` and the log-sum-exp's `dlse`
+/// (flash-attention-2 math on whole tensors: `P = exp(S − lse)`,
+/// `dS = P ⊙ (dP − (rowsum(dO ⊙ O) − dlse))`).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn backward<B: Backend>(
     q: FloatTensor<B>,
@@ -118,11 +143,12 @@ pub(crate) fn backward<B: Backend>(
     out: FloatTensor<B>,
     lse: FloatTensor<B>,
     grad: FloatTensor<B>,
+    dlse: FloatTensor<B>,
     scale: f64,
     causal: bool,
 ) -> (FloatTensor<B>, FloatTensor<B>, FloatTensor<B>) {
     let dtype = q.dtype();
-    let [q, k, v, out, lse, grad] = [q, k, v, out, lse, grad].map(widen::<B>);
+    let [q, k, v, out, lse, grad, dlse] = [q, k, v, out, lse, grad, dlse].map(widen::<B>);
     let sh = q.shape();
     let (b, h, tq) = (sh[0], sh[1], sh[2]);
     let h_kv = k.shape()[1];
@@ -132,7 +158,8 @@ pub(crate) fn backward<B: Backend>(
     let p = B::float_exp(B::float_sub(s, lse));
     let dv = B::float_matmul(B::float_swap_dims(p.clone(), 2, 3), grad.clone());
     let dp = B::float_matmul(grad.clone(), B::float_swap_dims(v, 2, 3));
-    let d = B::float_sum_dim(B::float_mul(grad, out), 3);
+    let dlse = B::float_reshape(dlse, Shape::new([b, h, tq, 1]));
+    let d = B::float_sub(B::float_sum_dim(B::float_mul(grad, out), 3), dlse);
     let ds = B::float_mul_scalar(B::float_mul(p, B::float_sub(dp, d)), Scalar::Float(scale));
     let dq = B::float_matmul(ds.clone(), k);
     let dk = B::float_matmul(B::float_swap_dims(ds, 2, 3), q);

@@ -176,6 +176,8 @@ pub(crate) struct BackwardIn<'a> {
     pub o: &'a [f32],
     pub lse: &'a [f32],
     pub grad: &'a [f32],
+    /// The gradient of the log-sum-exp (`[g, Tq]`; zeros when only the output is used).
+    pub dlse: &'a [f32],
 }
 
 /// The backward's outputs of one unit: `dq` `[g, Tq, dh]`, `dk`, `dv` `[Tk, dh]` (the sums
@@ -188,7 +190,8 @@ pub(crate) struct BackwardOut<'a> {
 
 /// One unit's backward, per tile of queries and tile of keys: `P` recomputed from the kept
 /// log-sum-exp, then `dV += Pᵀ dO`, `dP = dO Vᵀ`, `dS = scale · P ⊙ (dP − D)` with
-/// `D = rowsum(dO ⊙ O)`, `dQ += dS K`, `dK += dSᵀ Q` — the five matrix products of
+/// `D = rowsum(dO ⊙ O) − dlse` (`∂lse/∂S = P`: the log-sum-exp's own gradient enters as a
+/// shift of `D`), `dQ += dS K`, `dK += dSᵀ Q` — the five matrix products of
 /// flash-attention-2.
 #[inline(always)]
 fn backward_unit_body(d: &Dims, x: &BackwardIn, out: &mut BackwardOut) {
@@ -205,9 +208,10 @@ fn backward_unit_body(d: &Dims, x: &BackwardIn, out: &mut BackwardOut) {
             let (q, g) = (&x.q[at..][..rows * dh], &x.grad[at..][..rows * dh]);
             let (o, dq) = (&x.o[at..][..rows * dh], &mut out.dq[at..][..rows * dh]);
             let lse = &x.lse[head * d.tq + i0..][..rows];
+            let dlse = &x.dlse[head * d.tq + i0..][..rows];
             for (r, big_d) in big_d[..rows].iter_mut().enumerate() {
                 let (g, o) = (&g[r * dh..][..dh], &o[r * dh..][..dh]);
-                *big_d = g.iter().zip(o).map(|(a, b)| a * b).sum();
+                *big_d = g.iter().zip(o).map(|(a, b)| a * b).sum::<f32>() - dlse[r];
             }
             for (t0, n) in d.key_tiles(i0, rows) {
                 let tile = Tile { i0, t0, n };
@@ -299,8 +303,8 @@ pub(crate) fn forward(d: &Dims, q: &[f32], k: &[f32], v: &[f32]) -> (Vec<f32>, V
     (o, lse)
 }
 
-/// Backward from [`forward`]'s inputs, output, log-sum-exp and the output's gradient `grad`:
-/// `(dq, dk, dv)` in the inputs' shapes.
+/// Backward from [`forward`]'s inputs, output, log-sum-exp, the output's gradient `grad` and
+/// the log-sum-exp's `dlse`: `(dq, dk, dv)` in the inputs' shapes.
 pub(crate) fn backward(d: &Dims, x: &BackwardIn) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
     let (qn, kn, ln) = (d.group() * d.tq * d.dh, d.tk * d.dh, d.group() * d.tq);
     let mut dq = vec![0.0; d.b * d.h * d.tq * d.dh];
@@ -319,6 +323,7 @@ pub(crate) fn backward(d: &Dims, x: &BackwardIn) -> (Vec<f32>, Vec<f32>, Vec<f32
             o: &x.o[u * qn..][..qn],
             lse: &x.lse[u * ln..][..ln],
             grad: &x.grad[u * qn..][..qn],
+            dlse: &x.dlse[u * ln..][..ln],
         };
         backward_unit(d, &unit, &mut BackwardOut { dq, dk, dv })
     });

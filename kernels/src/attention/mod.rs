@@ -3,7 +3,9 @@
 //! One autodiff node whose state is `(q, k, v, out, lse)` (`lse`: each query's log-sum-exp
 //! of its scaled scores); its backward recomputes the probabilities from `lse`
 //! (flash-attention-2: `D = rowsum(dO ⊙ O)`, `dS = P ⊙ (dP − D)`, then `dQ`, `dK`, `dV`, the
-//! latter two summed over the query heads that share a kv head).
+//! latter two summed over the query heads that share a kv head). [`attention_with_lse`]
+//! also returns `lse`, differentiable (the node's output packs it beside the output; its
+//! gradient shifts `D` by `dlse`): what ring attention merges its blocks with.
 //!
 //! On Flex in f32 both directions are host kernels ([`flex`]) over tiles of 64 keys with an
 //! online softmax — no `Tq × Tk` matrix, the kv heads never repeated, keys past a causal
@@ -21,7 +23,7 @@ use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::backend::tensor::FloatTensor;
 use burn::backend::{Autodiff, Backend, Dispatch, Flex, TensorMetadata, backend_extension};
-use burn::tensor::{DType, Shape, Tensor, TensorData};
+use burn::tensor::{DType, Shape, Slice, Tensor, TensorData};
 
 /// Backends that run the fused attention; call it through [`attention`].
 #[backend_extension(Autodiff, Flex, Cube: cfg(any(feature = "wgpu", feature = "cuda")))]
@@ -37,9 +39,20 @@ pub trait AttentionBackend: Backend {
         causal: bool,
     ) -> (FloatTensor<Self>, FloatTensor<Self>);
 
+    /// [`AttentionBackend::attention_forward`]'s output and log-sum-exp as one tensor
+    /// `[B, h, Tq, dh + 1]` (the log-sum-exp its last column), differentiable in both: one
+    /// autodiff node whatever its consumers use (see [`attention_with_lse`]).
+    fn attention_forward_packed(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        scale: f64,
+        causal: bool,
+    ) -> FloatTensor<Self>;
+
     /// The gradients `(dq, dk, dv)` of [`AttentionBackend::attention_forward`] given its
-    /// inputs, output `out`, log-sum-exp `lse` and the output's gradient `grad` (not
-    /// differentiable itself).
+    /// inputs, output `out`, log-sum-exp `lse`, the output's gradient `grad` and the
+    /// log-sum-exp's `dlse` `[B, h, Tq]` (not differentiable itself).
     #[allow(clippy::too_many_arguments)]
     fn attention_backward(
         q: FloatTensor<Self>,
@@ -48,6 +61,7 @@ pub trait AttentionBackend: Backend {
         out: FloatTensor<Self>,
         lse: FloatTensor<Self>,
         grad: FloatTensor<Self>,
+        dlse: FloatTensor<Self>,
         scale: f64,
         causal: bool,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>);
@@ -61,14 +75,7 @@ pub trait AttentionBackend: Backend {
 /// attends to keys `0 ..= i + (Tk − Tq)` (the convention of [`crate::causal_softmax`]).
 /// Returns `[B, h, Tq, dh]`. f32 runs the fused op; other dtypes [`fallback::attention`].
 pub fn attention(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, scale: f64, causal: bool) -> Tensor<4> {
-    let ([b, h, _, dh], [bk, h_kv, tk, dhk]) = (q.dims(), k.dims());
-    assert!(
-        b == bk && dh == dhk && h_kv > 0 && h % h_kv == 0 && v.dims() == [b, h_kv, tk, dh],
-        "attention: q {:?}, k {:?}, v {:?} do not fit [B, h, Tq, dh], [B, h_kv, Tk, dh]",
-        q.dims(),
-        k.dims(),
-        v.dims()
-    );
+    check_shapes(&q, &k, &v);
     if [q.dtype(), k.dtype(), v.dtype()] != [DType::F32; 3] {
         return fallback::attention(q, k, v, scale, causal);
     }
@@ -80,6 +87,69 @@ pub fn attention(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, scale: f64, causal: b
         causal,
     );
     Tensor::from_dispatch(out)
+}
+
+/// [`attention`] and each query's log-sum-exp of its scaled, masked scores `[B, h, Tq]`, both
+/// differentiable: what merges attention computed over parts of the keys (ring attention's
+/// blocks: `lse = log Σᵢ exp(lseᵢ)`, `out = Σᵢ exp(lseᵢ − lse) · outᵢ`). One fused node
+/// (its backward takes the log-sum-exp's gradient as a shift of `D`,
+/// `dS = P ⊙ (dP − (D − dlse))`); the output is a view of a `[B, h, Tq, dh + 1]` tensor.
+/// f32 runs the fused op; other dtypes [`fallback::attention_with_lse`].
+pub fn attention_with_lse(
+    q: Tensor<4>,
+    k: Tensor<4>,
+    v: Tensor<4>,
+    scale: f64,
+    causal: bool,
+) -> (Tensor<4>, Tensor<3>) {
+    check_shapes(&q, &k, &v);
+    if [q.dtype(), k.dtype(), v.dtype()] != [DType::F32; 3] {
+        return fallback::attention_with_lse(q, k, v, scale, causal);
+    }
+    let [b, h, tq, dh] = q.dims();
+    let packed =
+        Tensor::<4>::from_dispatch(<Dispatch as AttentionBackend>::attention_forward_packed(
+            q.into_dispatch(),
+            k.into_dispatch(),
+            v.into_dispatch(),
+            scale,
+            causal,
+        ));
+    let lse = packed.clone().narrow(3, dh, 1).reshape([b, h, tq]);
+    (packed.narrow(3, 0, dh), lse)
+}
+
+/// Panics naming the shapes unless `q` is `[B, h, Tq, dh]` and `k`, `v` `[B, h_kv, Tk, dh]`
+/// with `h_kv` dividing `h`.
+fn check_shapes(q: &Tensor<4>, k: &Tensor<4>, v: &Tensor<4>) {
+    let ([b, h, _, dh], [bk, h_kv, tk, dhk]) = (q.dims(), k.dims());
+    assert!(
+        b == bk && dh == dhk && h_kv > 0 && h % h_kv == 0 && v.dims() == [b, h_kv, tk, dh],
+        "attention: q {:?}, k {:?}, v {:?} do not fit [B, h, Tq, dh], [B, h_kv, Tk, dh]",
+        q.dims(),
+        k.dims(),
+        v.dims()
+    );
+}
+
+/// `out` `[B, h, Tq, dh]` and `lse` `[B, h, Tq]` as one `[B, h, Tq, dh + 1]` tensor.
+fn pack<B: Backend>(out: FloatTensor<B>, lse: FloatTensor<B>) -> FloatTensor<B> {
+    let s = lse.shape();
+    let lse = B::float_reshape(lse, Shape::new([s[0], s[1], s[2], 1]));
+    B::float_cat(vec![out, lse], 3)
+}
+
+/// `packed` `[B, h, Tq, dh + 1]` back into the output's and the log-sum-exp's parts.
+fn unpack<B: Backend>(packed: FloatTensor<B>) -> (FloatTensor<B>, FloatTensor<B>) {
+    let s = packed.shape();
+    let (b, h, tq, dh) = (s[0], s[1], s[2], s[3] - 1);
+    let part = |a: usize, n: usize| {
+        let mut at = [Slice::full(); 4];
+        at[3] = Slice::new(a as isize, Some((a + n) as isize), 1);
+        B::float_slice(packed.clone(), &at)
+    };
+    let lse = B::float_reshape(part(dh, 1), Shape::new([b, h, tq]));
+    (part(0, dh), lse)
 }
 
 // ---------------------------------------------------------------------------------------
@@ -133,6 +203,17 @@ impl AttentionBackend for Flex {
         )
     }
 
+    fn attention_forward_packed(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        scale: f64,
+        causal: bool,
+    ) -> FloatTensor<Self> {
+        let (out, lse) = Self::attention_forward(q, k, v, scale, causal);
+        pack::<Self>(out, lse)
+    }
+
     fn attention_backward(
         q: FloatTensor<Self>,
         k: FloatTensor<Self>,
@@ -140,14 +221,16 @@ impl AttentionBackend for Flex {
         out: FloatTensor<Self>,
         lse: FloatTensor<Self>,
         grad: FloatTensor<Self>,
+        dlse: FloatTensor<Self>,
         scale: f64,
         causal: bool,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
-        if !all_f32(&[&q, &k, &v, &out, &lse, &grad]) {
-            return fallback::backward::<Self>(q, k, v, out, lse, grad, scale, causal);
+        if !all_f32(&[&q, &k, &v, &out, &lse, &grad, &dlse]) {
+            return fallback::backward::<Self>(q, k, v, out, lse, grad, dlse, scale, causal);
         }
         let d = dims(&q.shape(), &k.shape(), scale, causal);
-        let [q, k, v, out, lse, grad] = [q, k, v, out, lse, grad].map(|t| t.to_contiguous());
+        let [q, k, v, out, lse, grad, dlse] =
+            [q, k, v, out, lse, grad, dlse].map(|t| t.to_contiguous());
         let x = flex::BackwardIn {
             q: slice(&q),
             k: slice(&k),
@@ -155,6 +238,7 @@ impl AttentionBackend for Flex {
             o: slice(&out),
             lse: slice(&lse),
             grad: slice(&grad),
+            dlse: slice(&dlse),
         };
         let (dq, dk, dv) = flex::backward(&d, &x);
         (
@@ -177,6 +261,17 @@ impl AttentionBackend for burn::backend::Cube {
         fallback::forward::<Self>(q, k, v, scale, causal)
     }
 
+    fn attention_forward_packed(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        scale: f64,
+        causal: bool,
+    ) -> FloatTensor<Self> {
+        let (out, lse) = fallback::forward::<Self>(q, k, v, scale, causal);
+        pack::<Self>(out, lse)
+    }
+
     fn attention_backward(
         q: FloatTensor<Self>,
         k: FloatTensor<Self>,
@@ -184,10 +279,11 @@ impl AttentionBackend for burn::backend::Cube {
         out: FloatTensor<Self>,
         lse: FloatTensor<Self>,
         grad: FloatTensor<Self>,
+        dlse: FloatTensor<Self>,
         scale: f64,
         causal: bool,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
-        fallback::backward::<Self>(q, k, v, out, lse, grad, scale, causal)
+        fallback::backward::<Self>(q, k, v, out, lse, grad, dlse, scale, causal)
     }
 }
 
@@ -199,6 +295,9 @@ impl AttentionBackend for burn::backend::Cube {
 struct AttentionStep {
     scale: f64,
     causal: bool,
+    /// The node's output is [`pack`]ed with the log-sum-exp (its gradient then carries
+    /// `dlse`), not the output alone.
+    packed: bool,
 }
 
 /// The inputs `q`, `k`, `v`, the output and the log-sum-exp.
@@ -216,13 +315,47 @@ impl<B: AttentionBackend> Backward<B, 3> for AttentionStep {
     fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
         let grad = grads.consume::<B>(&ops.node);
         let (q, k, v, out, lse) = ops.state;
-        let (dq, dk, dv) = B::attention_backward(q, k, v, out, lse, grad, self.scale, self.causal);
+        let (grad, dlse) = match self.packed {
+            true => unpack::<B>(grad),
+            false => {
+                let dtype = lse.dtype().into();
+                let zeros = B::float_zeros(lse.shape(), &lse.device(), dtype);
+                (grad, zeros)
+            }
+        };
+        let (dq, dk, dv) =
+            B::attention_backward(q, k, v, out, lse, grad, dlse, self.scale, self.causal);
         for (parent, g) in ops.parents.into_iter().zip([dq, dk, dv]) {
             if let Some(parent) = parent {
                 grads.register::<B>(parent.id, g);
             }
         }
     }
+}
+
+/// The fused op on autodiff tensors: one node over `q`, `k`, `v` whose output is the output
+/// (its gradient `dO`) or, `packed`, output and log-sum-exp together; also the untracked
+/// log-sum-exp.
+fn tracked<B: AttentionBackend, C: CheckpointStrategy>(
+    [q, k, v]: [FloatTensor<Autodiff<B, C>>; 3],
+    step: AttentionStep,
+) -> [FloatTensor<Autodiff<B, C>>; 2] {
+    let (scale, causal, packed) = (step.scale, step.causal, step.packed);
+    let prep = step
+        .prepare::<C>([q.node(), k.node(), v.node()])
+        .compute_bound()
+        .stateful();
+    let (q, k, v) = (q.into_primitive(), k.into_primitive(), v.into_primitive());
+    let (out, lse) = B::attention_forward(q.clone(), k.clone(), v.clone(), scale, causal);
+    let result = match packed {
+        true => pack::<B>(out.clone(), lse.clone()),
+        false => out.clone(),
+    };
+    let result = match prep {
+        OpsKind::Tracked(prep) => prep.finish((q, k, v, out, lse.clone()), result),
+        OpsKind::UnTracked(prep) => prep.finish(result),
+    };
+    [result, FloatTensor::<Autodiff<B, C>>::new(lse)]
 }
 
 impl<B: AttentionBackend, C: CheckpointStrategy> AttentionBackend for Autodiff<B, C> {
@@ -233,18 +366,29 @@ impl<B: AttentionBackend, C: CheckpointStrategy> AttentionBackend for Autodiff<B
         scale: f64,
         causal: bool,
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
-        let step = AttentionStep { scale, causal };
-        let prep = step
-            .prepare::<C>([q.node(), k.node(), v.node()])
-            .compute_bound()
-            .stateful();
-        let (q, k, v) = (q.into_primitive(), k.into_primitive(), v.into_primitive());
-        let (out, lse) = B::attention_forward(q.clone(), k.clone(), v.clone(), scale, causal);
-        let out = match prep {
-            OpsKind::Tracked(prep) => prep.finish((q, k, v, out.clone(), lse.clone()), out),
-            OpsKind::UnTracked(prep) => prep.finish(out),
+        let step = AttentionStep {
+            scale,
+            causal,
+            packed: false,
         };
-        (out, FloatTensor::<Self>::new(lse))
+        let [out, lse] = tracked::<B, C>([q, k, v], step);
+        (out, lse)
+    }
+
+    fn attention_forward_packed(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        scale: f64,
+        causal: bool,
+    ) -> FloatTensor<Self> {
+        let step = AttentionStep {
+            scale,
+            causal,
+            packed: true,
+        };
+        let [packed, _] = tracked::<B, C>([q, k, v], step);
+        packed
     }
 
     fn attention_backward(
@@ -254,6 +398,7 @@ impl<B: AttentionBackend, C: CheckpointStrategy> AttentionBackend for Autodiff<B
         _out: FloatTensor<Self>,
         _lse: FloatTensor<Self>,
         _grad: FloatTensor<Self>,
+        _dlse: FloatTensor<Self>,
         _scale: f64,
         _causal: bool,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
