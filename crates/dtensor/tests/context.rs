@@ -1,5 +1,6 @@
 //! Ring attention (context parallelism) as the anchors test it: under cp = 2 and 4, causal
-//! and not, load-balanced and not, with grouped-query and plain multi-head attention, every
+//! and not, load-balanced and not, with grouped-query and plain multi-head attention, in f32
+//! (the fused per-chunk path) and f64 (the materialized path 16-bit types take), every
 //! rank's output and its dq, dk, dv equal full attention computed on one device at the
 //! rank's positions; the ring sends and receives `cp − 1` blocks in forward and as many
 //! gradients in backward, every one through the overlapped shift.
@@ -12,7 +13,7 @@ use bonfire_dtensor::CommCounter;
 use bonfire_dtensor::context::{ContextSplit, ring_attention};
 use bonfire_dtensor::timing::take_shift_overlap;
 use burn::tensor::activation::softmax;
-use burn::tensor::{Int, Tensor, TensorData};
+use burn::tensor::{DType, Int, Tensor, TensorData};
 use common::*;
 
 /// f32 against f32 computed in another order (online softmax): relative 1e-5, and 1e-6 for
@@ -48,9 +49,12 @@ fn full_attention(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, causal: bool) -> Ten
     softmax(scores, 3).matmul(v)
 }
 
-fn check(cp: usize, causal: bool, balanced: bool, heads: usize, kv_heads: usize) {
+/// Ring attention in `dtype` (f32: the fused per-chunk path; f64, as 16-bit types: the
+/// materialized blocks), compared in f32.
+fn check(cp: usize, causal: bool, balanced: bool, heads: usize, kv_heads: usize, dtype: DType) {
     let (b, t, hd) = (2, 4 * cp, 4);
-    let what = format!("cp={cp} causal={causal} balanced={balanced} heads={heads}/{kv_heads}");
+    let what =
+        format!("cp={cp} causal={causal} balanced={balanced} heads={heads}/{kv_heads} {dtype:?}");
     let split = ContextSplit::new(t, cp, balanced).unwrap();
     let (qs, kvs) = ([b, heads, t, hd], [b, kv_heads, t, hd]);
     let (q, k, v) = (
@@ -83,7 +87,8 @@ fn check(cp: usize, causal: bool, balanced: bool, heads: usize, kv_heads: usize)
         );
         let _ = take_shift_overlap();
         let counter = CommCounter::start();
-        let out = ring_attention(ql.clone(), kl.clone(), vl.clone(), &pg, &split, causal);
+        let [qd, kd, vd] = [&ql, &kl, &vl].map(|x| x.clone().cast(dtype));
+        let out = ring_attention(qd, kd, vd, &pg, &split, causal).cast(DType::F32);
         let forward_sends = counter.count(OpKind::Send);
         let grads = (out.clone() * local(&w)).sum().backward();
         let sends = (
@@ -119,16 +124,20 @@ fn check(cp: usize, causal: bool, balanced: bool, heads: usize, kv_heads: usize)
 
 #[test]
 fn ring_attention_equals_full_attention_causal_and_balanced() {
-    for cp in [2, 4] {
-        check(cp, true, true, 4, 2);
+    for dtype in [DType::F32, DType::F64] {
+        for cp in [2, 4] {
+            check(cp, true, true, 4, 2, dtype);
+        }
     }
 }
 
 #[test]
 fn ring_attention_equals_full_attention_without_balance_or_mask() {
-    for cp in [2, 4] {
-        check(cp, true, false, 4, 2);
-        check(cp, false, true, 4, 4);
-        check(cp, false, false, 4, 1);
+    for dtype in [DType::F32, DType::F64] {
+        for cp in [2, 4] {
+            check(cp, true, false, 4, 2, dtype);
+            check(cp, false, true, 4, 4, dtype);
+            check(cp, false, false, 4, 1, dtype);
+        }
     }
 }

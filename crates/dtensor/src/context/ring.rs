@@ -1,11 +1,15 @@
 //! [`ring_attention`]: a rank's queries over the whole sequence's keys, the key/value blocks
-//! travelling around the cp ring, merged with an online softmax.
+//! travelling around the cp ring. In f32 each block runs the fused attention
+//! ([`attention_with_lse`]) over the pairs of query and key chunks it needs — wholly visible,
+//! causal on the diagonal, or skipped — and the blocks merge by their log-sum-exps; in 16-bit
+//! types each block's scores are materialized in f32 and merged with an online softmax.
 
 use super::ContextSplit;
 use crate::functional::ring_shift_start;
 use bonfire_comm::ProcessGroup;
-use bonfire_kernels::exp;
+use bonfire_kernels::{attention_with_lse, exp};
 use burn::tensor::{DType, Device, Int, Tensor};
+use std::ops::Range;
 
 /// The base tag of the ring's messages (step `s` uses `RING_TAG + s`).
 pub const RING_TAG: u64 = 0x5249_4e47_0000;
@@ -36,14 +40,14 @@ pub fn ring_attention(
     split: &ContextSplit,
     causal: bool,
 ) -> Tensor<4> {
-    let (me, cp) = (group.rank(), group.size());
+    let cp = group.size();
     assert_eq!(
         cp,
         split.cp(),
         "the split is for {} ranks, the group has {cp}",
         split.cp()
     );
-    let [_, h, t, hd] = q.dims();
+    let [_, h, t, _] = q.dims();
     let hkv = k.dims()[1];
     assert!(
         hkv > 0 && h % hkv == 0,
@@ -55,6 +59,140 @@ pub fn ring_attention(
         "queries of {t} tokens, the split gives {}",
         split.local_len()
     );
+    if [q.dtype(), k.dtype(), v.dtype()] == [DType::F32; 3] {
+        return ring_fused(q, k, v, group, split, causal);
+    }
+    ring_materialized(q, k, v, group, split, causal)
+}
+
+/// [`ring_attention`] in f32: at each ring step, the fused attention over the chunk pairs
+/// [`block_calls`] gives; each local query chunk's parts merged at the end by their
+/// log-sum-exps ([`merge_parts`]).
+fn ring_fused(
+    q: Tensor<4>,
+    k: Tensor<4>,
+    v: Tensor<4>,
+    group: &ProcessGroup,
+    split: &ContextSplit,
+    causal: bool,
+) -> Tensor<4> {
+    let (me, cp) = (group.rank(), group.size());
+    let [_, _, t, hd] = q.dims();
+    let hkv = k.dims()[1];
+    let scale = 1.0 / (hd as f64).sqrt();
+    let chunks = split.chunks(me).len();
+    let n = t / chunks;
+    let mut kv = Tensor::cat(vec![k, v], 1);
+    let mut parts: Vec<Vec<(Tensor<4>, Tensor<3>)>> = vec![Vec::new(); chunks];
+    let mut skipped: Option<Tensor<1>> = None;
+    for step in 0..cp {
+        let next = (step + 1 < cp)
+            .then(|| ring_shift_start(kv.clone(), group, RING_TAG + step as u64 + 1));
+        let owner = (me + cp - step) % cp;
+        let calls = block_calls(split, me, owner, causal);
+        if calls.is_empty() {
+            // Nothing of this block is visible: it still enters the graph (see below).
+            let zero = kv.clone().sum().mul_scalar(0.0);
+            skipped = Some(skipped.map_or(zero.clone(), |s| s + zero));
+        }
+        for call in calls {
+            let qc = q.clone().narrow(2, call.q.start * n, call.q.len() * n);
+            let keys = |at: usize| kv.clone().narrow(1, at, hkv).narrow(2, 0, call.keys * n);
+            let (out, lse) = attention_with_lse(qc, keys(0), keys(hkv), scale, call.causal);
+            for (i, c) in call.q.enumerate() {
+                let part = (
+                    out.clone().narrow(2, i * n, n),
+                    lse.clone().narrow(2, i * n, n),
+                );
+                parts[c].push(part);
+            }
+        }
+        if let Some(next) = next {
+            kv = next.finish();
+        }
+    }
+    let out = Tensor::cat(parts.into_iter().map(merge_parts).collect(), 2);
+    match skipped {
+        Some(zero) => out + zero.unsqueeze::<4>(),
+        None => out,
+    }
+}
+
+/// One fused attention call of a ring step: the local query chunks `q` over the first `keys`
+/// chunks of the block's owner, causal on the last of them (the queries' own chunk) when
+/// `causal`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Call {
+    q: Range<usize>,
+    keys: usize,
+    causal: bool,
+}
+
+/// The calls that cover rank `me`'s queries over rank `owner`'s keys. A key chunk is wholly
+/// visible to a query chunk before it, causal on the diagonal (the same chunk, so the same
+/// length: the fused op's "queries are the last `Tq` of the keys"), skipped after it; a
+/// rank's chunks are in position order, so each query chunk sees a prefix of the owner's
+/// chunks, the diagonal (if any) last. Adjacent query chunks that see the same prefix share
+/// a call. With the balanced split that is at most two calls a step (all queries over the
+/// owner's first chunk when it is behind `me`; the second query chunk over both key chunks
+/// when ahead; and at `owner = me` the first chunk causally over itself, the second over
+/// both, causal on its own).
+fn block_calls(split: &ContextSplit, me: usize, owner: usize, causal: bool) -> Vec<Call> {
+    let (q_chunks, k_chunks) = (split.chunks(me), split.chunks(owner));
+    let mut calls: Vec<Call> = Vec::new();
+    for (i, qc) in q_chunks.iter().enumerate() {
+        let (keys, diagonal) = match causal {
+            false => (k_chunks.len(), false),
+            true => {
+                let seen = k_chunks.iter().filter(|kc| kc.start <= qc.start).count();
+                (seen, seen > 0 && k_chunks[seen - 1] == *qc)
+            }
+        };
+        if keys == 0 {
+            continue;
+        }
+        match calls.last_mut() {
+            Some(c) if c.q.end == i && c.keys == keys && c.causal == diagonal => c.q.end = i + 1,
+            _ => calls.push(Call {
+                q: i..i + 1,
+                keys,
+                causal: diagonal,
+            }),
+        }
+    }
+    calls
+}
+
+/// One query chunk's output from its parts `(outᵢ, lseᵢ)` over disjoint sets of keys:
+/// `Σᵢ exp(lseᵢ − lse)·outᵢ` with `lse = log Σᵢ exp(lseᵢ)` (shifted by the detached max, which
+/// cancels).
+fn merge_parts(parts: Vec<(Tensor<4>, Tensor<3>)>) -> Tensor<4> {
+    if parts.len() == 1 {
+        return parts.into_iter().next().expect("one part").0;
+    }
+    let (outs, lses): (Vec<_>, Vec<_>) = parts.into_iter().unzip();
+    let lse = Tensor::stack::<4>(lses, 0);
+    let m = lse.clone().detach().max_dim(0);
+    let e = exp(lse - m);
+    let w = e.clone() / e.sum_dim(0);
+    (Tensor::stack::<5>(outs, 0) * w.unsqueeze_dim::<5>(4))
+        .sum_dim(0)
+        .squeeze_dim::<4>(0)
+}
+
+/// [`ring_attention`] in 16-bit types: each block's scores materialized in f32 and merged
+/// with an online softmax ([`merge`]).
+fn ring_materialized(
+    q: Tensor<4>,
+    k: Tensor<4>,
+    v: Tensor<4>,
+    group: &ProcessGroup,
+    split: &ContextSplit,
+    causal: bool,
+) -> Tensor<4> {
+    let (me, cp) = (group.rank(), group.size());
+    let [_, h, _, hd] = q.dims();
+    let hkv = k.dims()[1];
     let device = q.device();
     // Query head j attends with kv head ⌊j·hkv/h⌋ (computed on the device).
     let heads = (Tensor::<1, Int>::arange(0..h as i64, &device) * hkv as i64).div_scalar(h as i64);
@@ -121,6 +259,7 @@ fn merge(
     let mut scores = wide(q.matmul(kb.swap_dims(2, 3)));
     let vb = wide(vb);
     if let Some(bias) = bias {
+        let bias = bias.cast(scores.dtype());
         scores = scores + bias;
     }
     // The shift by the running max only keeps exp finite: it cancels in the quotient, so it
@@ -174,4 +313,58 @@ fn causal_bias(split: &ContextSplit, me: usize, owner: usize, device: &Device) -
     let t = split.local_len();
     let after = k.expand([t, t]).greater(q.expand([t, t]));
     (after.float() * MASKED).unsqueeze::<4>()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn call(q: Range<usize>, keys: usize, causal: bool) -> Call {
+        Call { q, keys, causal }
+    }
+
+    #[test]
+    fn balanced_blocks_need_at_most_two_calls_and_cover_the_causal_pairs() {
+        for cp in [2, 3, 4] {
+            let split = ContextSplit::new(8 * cp, cp, true).unwrap();
+            for me in 0..cp {
+                // Keys seen, counted over every call of every step: each query sees exactly
+                // the keys at or before it (chunk granularity: the diagonal is causal).
+                let mut seen = 0;
+                for owner in 0..cp {
+                    let calls = block_calls(&split, me, owner, true);
+                    assert!(!calls.is_empty() && calls.len() <= 2, "{cp} {me} {owner}");
+                    for c in &calls {
+                        let (qc, kc) = (split.chunks(me), split.chunks(owner));
+                        for q in &qc[c.q.clone()] {
+                            for (j, k) in kc[..c.keys].iter().enumerate() {
+                                assert!(k.start <= q.start);
+                                assert_eq!(c.causal && j == c.keys - 1, k == q);
+                                seen += 1;
+                            }
+                        }
+                    }
+                }
+                // Query chunk r sees chunks 0..=r, chunk 2cp−1−r sees 0..=2cp−1−r.
+                assert_eq!(seen, (me + 1) + (2 * cp - me), "cp {cp} rank {me}");
+            }
+        }
+        let split = ContextSplit::new(16, 2, true).unwrap();
+        assert_eq!(
+            block_calls(&split, 0, 0, true),
+            [call(0..1, 1, true), call(1..2, 2, true)]
+        );
+        assert_eq!(block_calls(&split, 0, 1, true), [call(1..2, 2, false)]);
+        assert_eq!(block_calls(&split, 1, 0, true), [call(0..2, 1, false)]);
+        assert_eq!(block_calls(&split, 1, 0, false), [call(0..2, 2, false)]);
+    }
+
+    #[test]
+    fn unbalanced_blocks_ahead_are_skipped() {
+        let split = ContextSplit::new(12, 3, false).unwrap();
+        assert_eq!(block_calls(&split, 1, 0, true), [call(0..1, 1, false)]);
+        assert_eq!(block_calls(&split, 1, 1, true), [call(0..1, 1, true)]);
+        assert_eq!(block_calls(&split, 1, 2, true), []);
+        assert_eq!(block_calls(&split, 1, 2, false), [call(0..1, 1, false)]);
+    }
 }
