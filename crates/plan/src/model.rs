@@ -47,9 +47,9 @@ pub enum Attention {
     /// (`bonfire_kernels::attention`) in f32, which keeps no seq-sized buffer but its own
     /// output `[B, h, T, dh]` and log-sum-exp `[B, h, T]` beside the heads' merged copy the
     /// output projection keeps (`d + h` elements a token, split over tp: derived from the
-    /// code); Burn's materialized scores in a 16-bit compute dtype, and under context
-    /// parallelism ring attention, which keeps its blocks' scores, whatever the dtype.
-    /// Resolved per layout by [`ModelSpec::attention_under`].
+    /// code) — under context parallelism ring attention's fused blocks instead
+    /// ([`ModelSpec::ring_attention_elems`]); Burn's materialized scores in a 16-bit compute
+    /// dtype, with or without cp. Resolved per layout by [`ModelSpec::attention_under`].
     Fused,
 }
 
@@ -421,11 +421,12 @@ impl ModelSpec {
     }
 
     /// How attention keeps its scores in a compute dtype of `bytes` per element under
-    /// context parallelism `cp`: [`Attention::Fused`] stays fused in f32 without cp and is
-    /// `Materialized` otherwise; the others as they are.
-    pub fn attention_under(&self, bytes: usize, cp: usize) -> Attention {
+    /// context parallelism `cp`: [`Attention::Fused`] stays fused in f32 (ring attention's
+    /// blocks run the fused op too) and is `Materialized` in other dtypes; the others as
+    /// they are. (`cp` no longer changes the kind: kept for callers that resolve per layout.)
+    pub fn attention_under(&self, bytes: usize, _cp: usize) -> Attention {
         match self.attention {
-            Attention::Fused if bytes != 4 || cp > 1 => Attention::Materialized,
+            Attention::Fused if bytes != 4 => Attention::Materialized,
             kind => kind,
         }
     }
@@ -471,29 +472,49 @@ impl ModelSpec {
     /// [`Self::block_activation_elems`] at `seq` — the whole sequence — when the sequence is
     /// split over `cp > 1` ranks and attention is Bonfire's ring attention
     /// (`bonfire_dtensor::context::ring_attention`, which autodiff differentiates step by
-    /// step). Each of the `cp` ring steps computes its block — with balanced chunks no block
-    /// lies wholly in a rank's future, so none is skipped — and keeps for backward that
-    /// block's keys and values repeated to the rank's query heads (the products' inputs,
-    /// `2·d/tp` per token per block, where one attention keeps `2·d/tp` in all) and
-    /// [`RING_KEPT_SCORES`] `T/cp × T/cp` buffers per head (`T/cp × T` over the blocks, where
-    /// one attention keeps `2` of `T × T`); the online softmax's running numerator is kept by
-    /// its final division (`d/tp`), and a row sum or rescale factor per head and block.
-    /// Derived from the code, not fitted. Fused (flash) attention keeps no block: 0.
+    /// step). Derived from the code, not fitted:
+    /// - [`Attention::Materialized`] (16-bit types): each of the `cp` ring steps computes its
+    ///   block — with balanced chunks no block lies wholly in a rank's future, so none is
+    ///   skipped — and keeps for backward that block's keys and values repeated to the rank's
+    ///   query heads (the products' inputs, `2·d/tp` per token per block, where one attention
+    ///   keeps `2·d/tp` in all) and [`RING_KEPT_SCORES`] `T/cp × T/cp` buffers per head
+    ///   (`T/cp × T` over the blocks, where one attention keeps `2` of `T × T`); the online
+    ///   softmax's running numerator is kept by its final division (`d/tp`), and a row sum
+    ///   or rescale factor per head and block.
+    /// - [`Attention::Fused`] (f32): each block's keys and values as they travelled
+    ///   (`2·kv_dim/tp` a token for each of the `cp − 1` received blocks; the first is the
+    ///   rank's own, which one attention keeps anyway); each fused call keeps its output and
+    ///   log-sum-exp (`d + h`) for every query it covers, and the merge of a query chunk's
+    ///   parts keeps each part's output stacked (`d`), its exponentiated and normalized
+    ///   log-sum-exps (`2h`) and one sum per chunk (`h`). The fullest rank (the last of the
+    ///   balanced split) covers each query once per step: `cp·(2d + 3h) + h` a token, where
+    ///   one attention keeps `d + h`.
+    /// - [`Attention::Flash`]: keeps no block: 0.
     pub fn ring_attention_elems(&self, tp: usize, cp: usize, seq: usize) -> f64 {
-        if cp <= 1 || self.attention == Attention::Flash {
+        if cp <= 1 {
             return 0.0;
         }
         let (d, h, cp) = (self.d_model as f64, self.n_heads as f64, cp as f64);
-        let scores = (RING_KEPT_SCORES - 2.0) * h * seq as f64;
-        ((2.0 * (cp - 1.0) + 1.0) * d + cp * h + scores) / tp as f64
+        let per_token = match self.attention {
+            Attention::Flash => return 0.0,
+            Attention::Fused => {
+                let kv = self.kv_dim() as f64;
+                2.0 * (cp - 1.0) * kv + cp * (2.0 * d + 3.0 * h) + h - (d + h)
+            }
+            Attention::Materialized => {
+                let scores = (RING_KEPT_SCORES - 2.0) * h * seq as f64;
+                (2.0 * (cp - 1.0) + 1.0) * d + cp * h + scores
+            }
+        };
+        per_token / tp as f64
     }
 
     /// Of [`Self::ring_attention_elems`], the probabilities ring attention keeps per token on
     /// one rank of `tp` (`RING_KEPT_SCORES · h · T / tp`): in f32 whatever the compute dtype
-    /// (the ring widens 16-bit scores as the fused softmax does). 0 without cp or under
-    /// fused attention.
+    /// (the ring widens 16-bit scores as the fused softmax does). 0 without cp or unless
+    /// materialized.
     pub fn ring_score_elems(&self, tp: usize, cp: usize, seq: usize) -> f64 {
-        if cp <= 1 || self.attention == Attention::Flash {
+        if cp <= 1 || self.attention != Attention::Materialized {
             return 0.0;
         }
         RING_KEPT_SCORES * self.n_heads as f64 * seq as f64 / tp as f64
