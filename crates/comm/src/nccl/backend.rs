@@ -12,6 +12,7 @@
 //! the same fingerprint handshake, then NCCL on the caller's memory; see `ops.rs`). Host
 //! point-to-point is staged through scratch and has NCCL's rendezvous semantics (`ops.rs`).
 
+use super::own::OwnMailbox;
 use super::{DevicePtr, NcclComm, UniqueId, WaitFailure, error};
 use crate::backend::{Backend, CallContext};
 use crate::collective::{AllToAllCounts, Collective, Counts, MoveData, offsets_into};
@@ -73,6 +74,8 @@ pub struct NcclBackend {
     comm: NcclComm,
     world: Vec<usize>,
     scratch: Mutex<Scratch>,
+    /// Messages this rank sent to itself (NCCL refuses them; see [`OwnMailbox`]).
+    own: OwnMailbox,
 }
 
 impl NcclBackend {
@@ -86,6 +89,7 @@ impl NcclBackend {
             comm,
             world,
             scratch: Mutex::new(Scratch::default()),
+            own: OwnMailbox::default(),
         }
     }
 
@@ -376,6 +380,24 @@ pub(crate) struct Timing<'a> {
     started: Instant,
 }
 
+/// Copies a message this rank sent itself into the receive's buffer `into`.
+fn own_into(into: &mut [u8], bytes: &[u8]) -> Result<()> {
+    same_size(into.len(), bytes.len())?;
+    into.copy_from_slice(bytes);
+    Ok(())
+}
+
+/// Refuses a receive of `want` bytes from this rank itself that matched a send of `got` (the
+/// descriptions matched, so only a caller's wrong count gets here).
+fn same_size(want: usize, got: usize) -> Result<()> {
+    match want == got {
+        true => Ok(()),
+        false => Err(error(format!(
+            "a receive of {want} bytes from this rank itself matched a send of {got}"
+        ))),
+    }
+}
+
 impl Drop for NcclBackend {
     fn drop(&mut self) {
         let s = self.scratch.get_mut().unwrap_or_else(|e| e.into_inner());
@@ -407,16 +429,26 @@ impl Backend for NcclBackend {
         call.move_with(self, &mut guard, Timing { ctx, started })
     }
 
-    /// Host send: staged into device scratch, then [`Self::send_device`]'s rendezvous.
+    /// Host send: staged into device scratch, then [`Self::send_device`]'s rendezvous (to
+    /// self: left in the [`OwnMailbox`]).
     fn send(&self, buf: BufRef<'_>, dst: usize, ctx: &CallContext<'_>) -> Result<()> {
+        if dst == self.comm.rank() {
+            self.own.post(ctx, buf.bytes().to_vec());
+            return Ok(());
+        }
         let mut s = self.lock_scratch();
         let staged = s.a.stage(self, buf.bytes())?;
         let staged = DeviceBuf::new(staged, buf.len(), buf.dtype());
         self.send_device(staged, dst, &mut s, ctx)
     }
 
-    /// Host receive: into device scratch by [`Self::recv_device`], then copied out.
+    /// Host receive: into device scratch by [`Self::recv_device`], then copied out (from
+    /// self: taken from the [`OwnMailbox`]).
     fn recv(&self, mut buf: BufMut<'_>, src: usize, ctx: &CallContext<'_>) -> Result<()> {
+        if src == self.comm.rank() {
+            let bytes = self.own.take(ctx)?;
+            return own_into(buf.bytes_mut(), &bytes);
+        }
         let mut s = self.lock_scratch();
         let staged = s.a.ensure(buf.bytes().len())?;
         let staged = DeviceBuf::new(staged, buf.len(), buf.dtype());
@@ -438,10 +470,23 @@ impl Backend for NcclBackend {
     }
 
     unsafe fn device_send(&self, buf: DeviceBuf, dst: usize, ctx: &CallContext<'_>) -> Result<()> {
+        if dst == self.comm.rank() {
+            let mut bytes = vec![0u8; buf.len * buf.dtype.size()];
+            self.d2h(&mut bytes, buf.ptr)?;
+            self.wait(ctx, Instant::now())?;
+            self.own.post(ctx, bytes);
+            return Ok(());
+        }
         self.send_device(buf, dst, &mut self.lock_scratch(), ctx)
     }
 
     unsafe fn device_recv(&self, buf: DeviceBuf, src: usize, ctx: &CallContext<'_>) -> Result<()> {
+        if src == self.comm.rank() {
+            let bytes = self.own.take(ctx)?;
+            same_size(buf.len * buf.dtype.size(), bytes.len())?;
+            self.h2d(buf.ptr, &bytes)?;
+            return self.wait(ctx, Instant::now());
+        }
         self.recv_device(buf, src, &mut self.lock_scratch(), ctx)
     }
 

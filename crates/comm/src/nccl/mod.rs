@@ -34,6 +34,7 @@ mod comm;
 mod device;
 mod id;
 mod ops;
+mod own;
 
 pub use backend::NcclBackend;
 pub use comm::{DevicePtr, NcclComm, Stream, WaitFailure};
