@@ -334,6 +334,33 @@ pub fn assert_same_run(
     want: &HarnessResult,
     tol: Tolerance,
 ) -> Closeness {
+    same_run(what, got, want, |_| tol)
+}
+
+/// [`assert_same_run`] within a *normwise* `bound`: each tensor's elements within relative
+/// `bound` or `bound` times the tensor's largest magnitude — the bound of products computed
+/// in a reduced precision (TF32 tensor cores), whose error scales with the operands rather
+/// than with each result.
+pub fn assert_same_run_normwise(
+    what: &str,
+    got: &HarnessResult,
+    want: &HarnessResult,
+    bound: f32,
+) -> Closeness {
+    same_run(what, got, want, |want| {
+        let largest = want.iter().fold(0.0f32, |m, x| m.max(x.abs()));
+        Tolerance::new(bound, bound * largest)
+    })
+}
+
+/// The comparison of [`assert_same_run`], each tensor's tolerance from `tol` of its
+/// reference values.
+fn same_run(
+    what: &str,
+    got: &HarnessResult,
+    want: &HarnessResult,
+    tol: impl Fn(&[f32]) -> Tolerance,
+) -> Closeness {
     // An empty reference would make every comparison below pass.
     assert!(
         !want.losses.is_empty() && !want.params.is_empty(),
@@ -345,7 +372,12 @@ pub fn assert_same_run(
         "{what}: reference grad0"
     );
     assert_eq!(got.grad0.len(), want.grad0.len(), "{what}: grad0 count");
-    let mut worst = assert_close(&format!("{what} loss"), &got.losses, &want.losses, tol);
+    let mut worst = assert_close(
+        &format!("{what} loss"),
+        &got.losses,
+        &want.losses,
+        tol(&want.losses),
+    );
     assert_eq!(
         got.params.len(),
         want.params.len(),
@@ -354,9 +386,14 @@ pub fn assert_same_run(
     for (name, (shape, w)) in &want.params {
         let (gshape, g) = &got.params[name];
         assert_eq!(gshape, shape, "{what} {name} shape");
-        worst = worst.max(assert_close(&format!("{what} {name}"), g, w, tol));
+        worst = worst.max(assert_close(&format!("{what} {name}"), g, w, tol(w)));
         let (gg, wg) = (&got.grad0[name], &want.grad0[name]);
-        worst = worst.max(assert_close(&format!("{what} grad0.{name}"), gg, wg, tol));
+        worst = worst.max(assert_close(
+            &format!("{what} grad0.{name}"),
+            gg,
+            wg,
+            tol(wg),
+        ));
     }
     worst
 }

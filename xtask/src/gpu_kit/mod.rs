@@ -376,7 +376,7 @@ mod tests {
                       needs-nccl\t1\t5\tnccl\tneeds NCCL\ntwo-gpus\t2\t5\t-\tneeds two GPUs\n";
         write(&kit.join("CHECKS"), checks, false);
         let program = "#!/bin/sh\ncase \"$1\" in\n list) cat \"$(dirname \"$0\")/../CHECKS\" ;;\n \
-                       pass) echo fine ;;\n fail) echo broken >&2; exit 3 ;;\n slow) sleep 30 ;;\n \
+                       pass) echo \"fixtures=$BONFIRE_GPU_KIT_FIXTURES\" ;;\n fail) echo broken >&2; exit 3 ;;\n slow) sleep 30 ;;\n \
                        *) exit 9 ;;\nesac\n";
         write(&kit.join("bin/gpu_check"), program, true);
         let fake_bin = dir.join("fakebin");
@@ -430,6 +430,12 @@ mod tests {
             );
         }
         assert_eq!(text.lines().last(), Some("1 passed, 2 failed, 2 skipped"));
+        // The program runs unpacked elsewhere: `run` names the kit's fixtures for it.
+        assert!(
+            text.lines()
+                .any(|l| l.starts_with("    fixtures=/") && l.ends_with("/kit/bin/fixtures")),
+            "the checks are not told where the kit's fixtures are"
+        );
     }
 
     #[test]

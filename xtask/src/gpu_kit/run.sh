@@ -153,6 +153,8 @@ fi
 
 passed=0 failed=0 skipped=0
 logs="$KIT/logs"
+# The program runs unpacked under $TMPDIR: the checks find the kit's fixtures by this name.
+export BONFIRE_GPU_KIT_FIXTURES="$KIT/bin/fixtures"
 mkdir -p "$logs"
 while IFS=$'\t' read -r name min_gpus secs needs what; do
   [ -z "$name" ] && continue
