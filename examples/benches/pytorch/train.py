@@ -12,8 +12,13 @@ warm-up), so the two rows of one run compare directly.
   `--threads` intra-op threads and `--batch` sequences (Bonfire's ddp layout: the same global
   batch).
 
+- `--device cuda` (one rank): the same on a GPU, each step's clock stopped after
+  `torch.cuda.synchronize()`; `--tf32` lets its f32 products run on TF32 tensor cores, as
+  Burn's CUDA backend does (PyTorch's default keeps them f32). What the GPU kit's `bench` check
+  is compared with (docs/gpu.md).
+
 Prints `bench pytorch model=… layout=single|ddp ranks=N step_ms=… tokens_per_s=… optimizer=…
-threads=… torch=…`. Needs `torch` (and `transformers` for the Llama); the xtask finds a Python
+threads=… torch=…` (and `device=cuda tf32=0|1` on a GPU). Needs `torch` (and `transformers` for the Llama); the xtask finds a Python
 that has them (`BONFIRE_PYTHON`, else `python3`) and says so when none does.
 """
 
@@ -88,6 +93,10 @@ def run(rank, args):
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     model = Gpt() if args.model == "gpt" else Llama()
+    cuda = args.device == "cuda"
+    if cuda:
+        torch.backends.cuda.matmul.allow_tf32 = args.tf32
+        model = model.cuda()
     if args.ranks > 1:
         torch.distributed.init_process_group("gloo", rank=rank, world_size=args.ranks)
         model = nn.parallel.DistributedDataParallel(model)
@@ -96,11 +105,16 @@ def run(rank, args):
     times = []
     for _ in range(args.warmup + args.steps):
         ids = torch.randint(0, 4096, (args.batch, 129), generator=gen)
+        if cuda:
+            ids = ids.cuda()
+            torch.cuda.synchronize()
         start = time.perf_counter()
         loss = model(ids[:, :-1], ids[:, 1:])
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
+        if cuda:
+            torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
     step = torch.tensor([statistics.median(times[args.warmup:])])
     if args.ranks > 1:
@@ -111,7 +125,8 @@ def run(rank, args):
         print(
             f"bench pytorch model={args.model} layout={layout} ranks={args.ranks} "
             f"step_ms={step.item() * 1e3:.1f} tokens_per_s={tokens / step.item():.0f} "
-            f"optimizer={args.optimizer} threads={args.threads} torch={torch.__version__}",
+            f"optimizer={args.optimizer} threads={args.threads} torch={torch.__version__}"
+            + (f" device=cuda tf32={int(args.tf32)}" if cuda else ""),
             flush=True,
         )
     if args.ranks > 1:
@@ -127,7 +142,11 @@ def main():
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--tf32", action="store_true")
     args = p.parse_args()
+    if args.device == "cuda" and args.ranks > 1:
+        p.error("--device cuda runs one rank")
     if args.ranks == 1:
         run(0, args)
         return
