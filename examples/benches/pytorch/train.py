@@ -59,7 +59,7 @@ class Gpt(nn.Module):
         self.ln_f, self.head = nn.LayerNorm(d), nn.Linear(d, vocab, bias=False)
 
     def forward(self, ids, targets):
-        x = self.tok(ids) + self.pos(torch.arange(ids.shape[1]))
+        x = self.tok(ids) + self.pos(torch.arange(ids.shape[1], device=ids.device))
         for block in self.blocks:
             x = block(x)
         logits = self.head(self.ln_f(x))
