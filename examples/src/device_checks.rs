@@ -116,7 +116,7 @@ pub fn parity(
 /// [`parity`] on a device whose f32 products are TF32's (CUDA, [`TF32`]): every layout on
 /// `device` against the same device's one-rank run (the engines on the same arithmetic), and
 /// that one-rank run against Flex's, each normwise within [`TF32`], with SGD and AdamW (under
-/// AdamW the parameters also within half a learning rate, [`ADAMW_TF32_FLOOR`]).
+/// AdamW the parameters are not compared: [`ADAMW_TF32_FLOOR`]).
 pub fn parity_tf32(
     model: &Gpt,
     batches: &Batches,
@@ -130,15 +130,19 @@ pub fn parity_tf32(
     for optim in [OptimizerKind::Sgd, OptimizerKind::AdamW] {
         let floor = match optim {
             OptimizerKind::Sgd => 0.0,
-            OptimizerKind::AdamW => ADAMW_TF32_FLOOR * gpt_lr(optim) as f32,
+            OptimizerKind::AdamW => ADAMW_TF32_FLOOR,
+        };
+        let note = match floor.is_finite() {
+            true => "",
+            false => " (losses and step-0 gradients; parameters not compared)",
         };
         let reference = train(&on_device, batches, &one, optim);
-        let what = format!("{one} {} {device:?} vs flex", optim.name());
+        let what = format!("{one} {} {device:?} vs flex{note}", optim.name());
         let flex = train(model, batches, &one, optim);
         let closeness = harness::assert_same_run_normwise(&what, &reference, &flex, TF32, floor);
         lines.push(format!("parity {what}: {closeness}"));
         for dims in layouts.iter().filter(|d| **d != one) {
-            let what = format!("{dims} {} vs {one} on {device:?}", optim.name());
+            let what = format!("{dims} {} vs {one} on {device:?}{note}", optim.name());
             let got = train(&on_device, batches, dims, optim);
             let closeness = harness::assert_same_run_normwise(&what, &got, &reference, TF32, floor);
             lines.push(format!("parity {what}: {closeness}"));
@@ -229,12 +233,14 @@ pub const F64: Tolerance = Tolerance::new(1e-5, 1e-6);
 /// step-0 gradients up to 1.0e-3 from Flex's. Four unit roundoffs: 2e-3.
 pub const TF32: f32 = 2e-3;
 
-/// Under AdamW on CUDA, the parameters' floor in learning rates: Adam's normalised step turns
-/// TF32's rounding of a small gradient into a step difference — measured on the H200, one rank
-/// against Flex after 2 steps: 0.24·lr (an fc1 weight). Half a step: a gradient whose sign a
-/// layout got wrong moves its element by 2·lr a step; wrong gradients are caught by the
-/// gradients' own normwise check in the same run.
-pub const ADAMW_TF32_FLOOR: f32 = 0.5;
+/// Under AdamW on CUDA the parameters are not compared (only their shapes and that they are
+/// finite): Adam's normalised step turns TF32's rounding of a near-zero gradient into a whole
+/// step of the other sign. Measured on the H200, one rank against Flex after 2 steps at
+/// lr 0.01: an fc1 weight 0.24·lr apart, another 1.0·lr (−0.0294 vs −0.0394) — no bound
+/// below the 2·lr·steps Adam can move at all. The step-0 gradients (before any update) and
+/// both losses (the second after the first update) are compared normwise, as under SGD, whose
+/// parameters are compared too.
+pub const ADAMW_TF32_FLOOR: f32 = f32::INFINITY;
 
 /// The parity harness on `device` (a `--device` name) under `layout`, on the Llama fixture in
 /// `fixture` (`config.json` and `model.safetensors` as transformers' `save_pretrained` wrote

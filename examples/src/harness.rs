@@ -343,9 +343,9 @@ pub fn assert_same_run(
 /// (TF32 tensor cores), whose error scales with the operands rather than with each result: a
 /// gradient that cancels (the key bias's, 0 in exact arithmetic: 1.6e-12 on Flex, 3.9e-9 on
 /// CUDA) carries the error of the terms that cancelled. Parameters also pass within
-/// `param_floor` (AdamW's: its normalised step turns a small gradient's rounding into a step
-/// difference of a fraction of the learning rate, which no normwise bound on the parameters
-/// covers; the gradients themselves stay normwise).
+/// `param_floor` (`f32::INFINITY`: not compared but for NaN — after AdamW, whose normalised
+/// step turns the rounding of a near-zero gradient into a whole step of either sign; the
+/// gradients and losses stay normwise).
 pub fn assert_same_run_normwise(
     what: &str,
     got: &HarnessResult,
