@@ -114,9 +114,10 @@ pub fn parity(
 }
 
 /// [`parity`] on a device whose f32 products are TF32's (CUDA, [`TF32`]): every layout on
-/// `device` against the same device's one-rank run (the engines on the same arithmetic), and
-/// that one-rank run against Flex's, each normwise within [`TF32`], with SGD and AdamW (under
-/// AdamW the parameters are not compared: [`ADAMW_TF32_FLOOR`]).
+/// `device` against the same device's one-rank run (the engines on the same arithmetic:
+/// under SGD within [`tolerance`], per element; under AdamW normwise), and that one-rank run
+/// against Flex's normwise within [`TF32`] (under AdamW the parameters are not compared:
+/// [`ADAMW_TF32_FLOOR`]).
 pub fn parity_tf32(
     model: &Gpt,
     batches: &Batches,
@@ -144,7 +145,14 @@ pub fn parity_tf32(
         for dims in layouts.iter().filter(|d| **d != one) {
             let what = format!("{dims} {} vs {one} on {device:?}{note}", optim.name());
             let got = train(&on_device, batches, dims, optim);
-            let closeness = harness::assert_same_run_normwise(&what, &got, &reference, TF32, floor);
+            // The engines on the same arithmetic: under SGD the layouts' own per-element
+            // tolerance (measured on the H200: 4.8e-7 at most); under AdamW normwise.
+            let closeness = match optim {
+                OptimizerKind::Sgd => assert_same_run(&what, &got, &reference, tolerance(optim)),
+                OptimizerKind::AdamW => {
+                    harness::assert_same_run_normwise(&what, &got, &reference, TF32, floor)
+                }
+            };
             lines.push(format!("parity {what}: {closeness}"));
         }
     }
