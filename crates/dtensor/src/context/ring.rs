@@ -76,30 +76,20 @@ fn ring_fused(
     split: &ContextSplit,
     causal: bool,
 ) -> Tensor<4> {
-    let (me, cp) = (group.rank(), group.size());
+    let me = group.rank();
     let [_, _, t, hd] = q.dims();
     let hkv = k.dims()[1];
     let scale = 1.0 / (hd as f64).sqrt();
     let chunks = split.chunks(me).len();
     let n = t / chunks;
-    let mut kv = Tensor::cat(vec![k, v], 1);
     let mut parts: Vec<Vec<(Tensor<4>, Tensor<3>)>> = vec![Vec::new(); chunks];
-    let mut skipped: Option<Tensor<1>> = None;
-    for step in 0..cp {
-        let next = (step + 1 < cp)
-            .then(|| ring_shift_start(kv.clone(), group, RING_TAG + step as u64 + 1));
-        let owner = (me + cp - step) % cp;
+    let used = each_block(k, v, group, |owner, kv| {
         let calls = block_calls(split, me, owner, causal);
-        if calls.is_empty() {
-            // Nothing of this block is visible: it still enters the graph (see below).
-            let zero = kv.clone().sum().mul_scalar(0.0);
-            skipped = Some(skipped.map_or(zero.clone(), |s| s + zero));
-        }
-        for call in calls {
+        for call in &calls {
             let qc = q.clone().narrow(2, call.q.start * n, call.q.len() * n);
             let keys = |at: usize| kv.clone().narrow(1, at, hkv).narrow(2, 0, call.keys * n);
             let (out, lse) = attention_with_lse(qc, keys(0), keys(hkv), scale, call.causal);
-            for (i, c) in call.q.enumerate() {
+            for (i, c) in call.q.clone().enumerate() {
                 let part = (
                     out.clone().narrow(2, i * n, n),
                     lse.clone().narrow(2, i * n, n),
@@ -107,15 +97,9 @@ fn ring_fused(
                 parts[c].push(part);
             }
         }
-        if let Some(next) = next {
-            kv = next.finish();
-        }
-    }
-    let out = Tensor::cat(parts.into_iter().map(merge_parts).collect(), 2);
-    match skipped {
-        Some(zero) => out + zero.unsqueeze::<4>(),
-        None => out,
-    }
+        !calls.is_empty()
+    });
+    used.into_output(Tensor::cat(parts.into_iter().map(merge_parts).collect(), 2))
 }
 
 /// One fused attention call of a ring step: the local query chunks `q` over the first `keys`
@@ -190,7 +174,7 @@ fn ring_materialized(
     split: &ContextSplit,
     causal: bool,
 ) -> Tensor<4> {
-    let (me, cp) = (group.rank(), group.size());
+    let me = group.rank();
     let [_, h, _, hd] = q.dims();
     let hkv = k.dims()[1];
     let device = q.device();
@@ -201,43 +185,63 @@ fn ring_materialized(
     // does under autocast), the output back in the input's dtype.
     let dtype = q.dtype();
     let q_pos = split.positions(me);
-    let mut kv = Tensor::cat(vec![k, v], 1);
     // (running max, running sum, running numerator) of the online softmax.
     let mut state: Option<Softmax> = None;
-    // Blocks not computed still enter the graph with a zero weight: backward must run every
-    // ring step on every rank (its peers wait for the gradients it sends back).
-    let mut skipped: Option<Tensor<1>> = None;
-    for step in 0..cp {
-        // The next block travels while this one is computed.
-        let next = (step + 1 < cp)
-            .then(|| ring_shift_start(kv.clone(), group, RING_TAG + step as u64 + 1));
-        let owner = (me + cp - step) % cp;
+    let used = each_block(k, v, group, |owner, kv| {
         let k_pos = split.positions(owner);
         let bias = match (causal, Future::of(&q_pos, &k_pos)) {
-            (true, Future::All) => None,
-            (true, Future::Some) => Some(Some(causal_bias(split, me, owner, &device))),
-            _ => Some(None),
+            (true, Future::All) => return false,
+            (true, Future::Some) => Some(causal_bias(split, me, owner, &device)),
+            _ => None,
         };
-        match bias {
-            None => {
-                let zero = kv.clone().sum().mul_scalar(0.0);
-                skipped = Some(skipped.map_or(zero.clone(), |s| s + zero));
-            }
-            Some(bias) => {
-                let kb = kv.clone().narrow(1, 0, hkv).select(1, heads.clone());
-                let vb = kv.clone().narrow(1, hkv, hkv).select(1, heads.clone());
-                state = Some(merge(state, q.clone(), kb, vb, bias));
-            }
+        let kb = kv.clone().narrow(1, 0, hkv).select(1, heads.clone());
+        let vb = kv.clone().narrow(1, hkv, hkv).select(1, heads.clone());
+        state = Some(merge(state.take(), q.clone(), kb, vb, bias));
+        true
+    });
+    let (_, l, acc) = state.expect("a query attends at least to itself");
+    used.into_output((acc / l).cast(dtype))
+}
+
+/// Walks the ring: `visit(owner, kv)` with each rank's K/V block (`[B, 2·H_kv, T/cp, hd]`,
+/// keys then values), this rank's own first, the next block's transfer posted before the
+/// current one is visited ([`ring_shift_start`]); `visit` says whether it used the block.
+fn each_block(
+    k: Tensor<4>,
+    v: Tensor<4>,
+    group: &ProcessGroup,
+    mut visit: impl FnMut(usize, &Tensor<4>) -> bool,
+) -> Blocks {
+    let (me, cp) = (group.rank(), group.size());
+    let mut kv = Tensor::cat(vec![k, v], 1);
+    let mut skipped: Option<Tensor<1>> = None;
+    for step in 0..cp {
+        let next = (step + 1 < cp)
+            .then(|| ring_shift_start(kv.clone(), group, RING_TAG + step as u64 + 1));
+        if !visit((me + cp - step) % cp, &kv) {
+            let zero = kv.clone().sum().mul_scalar(0.0);
+            skipped = Some(skipped.map_or(zero.clone(), |s| s + zero));
         }
         if let Some(next) = next {
             kv = next.finish();
         }
     }
-    let (_, l, acc) = state.expect("a query attends at least to itself");
-    let out = (acc / l).cast(dtype);
-    match skipped {
-        Some(zero) => out + zero.unsqueeze::<4>(),
-        None => out,
+    Blocks { skipped }
+}
+
+/// What [`each_block`] leaves: the blocks no query used, as a zero.
+struct Blocks {
+    skipped: Option<Tensor<1>>,
+}
+
+impl Blocks {
+    /// `out` with the unused blocks entering the graph with weight 0: backward must run every
+    /// ring step on every rank (its peers wait for the gradients it sends back).
+    fn into_output(self, out: Tensor<4>) -> Tensor<4> {
+        match self.skipped {
+            Some(zero) => out + zero.unsqueeze::<4>(),
+            None => out,
+        }
     }
 }
 
