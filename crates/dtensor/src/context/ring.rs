@@ -29,7 +29,9 @@ const MASKED: f32 = -1e30;
 /// `cp − 1` steps of the ring each send this rank's current K/V block to the next rank and
 /// receive the previous rank's, the transfer running while the current block is computed
 /// ([`ring_shift_start`]); a block entirely in the future of every local query is not
-/// computed. No rank holds more than one `[T/cp, T/cp]` block of scores per head at a time in
+/// computed. In f32 no scores are kept: each block runs [`attention_with_lse`] over the chunk
+/// pairs it needs (wholly visible, causal, skipped), merged by the log-sum-exps. In 16-bit
+/// types no rank holds more than one `[T/cp, T/cp]` block of scores per head at a time in
 /// forward (backward keeps one per block, `T/cp × T` per head, never `T × T`). Backward
 /// (autodiff) sends each block's dK/dV back around the ring to the rank that owns it.
 pub fn ring_attention(
