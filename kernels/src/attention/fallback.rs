@@ -12,6 +12,19 @@ use burn::tensor::{Int, Scalar, Shape, Tensor, TensorData};
 /// `softmax(q kᵀ · scale + mask) v` with the kv heads repeated (query head `j` uses kv head
 /// `j / (h / h_kv)`) by `select`; shapes and mask as in [`crate::attention::attention`].
 pub fn attention(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, scale: f64, causal: bool) -> Tensor<4> {
+    let (scores, v) = masked_scores(q, k, v, scale, causal);
+    softmax(scores, 3).matmul(v)
+}
+
+/// The scaled, masked scores `[B, h, Tq, Tk]` of [`attention`] and its values with the kv
+/// heads repeated to the query heads.
+fn masked_scores(
+    q: Tensor<4>,
+    k: Tensor<4>,
+    v: Tensor<4>,
+    scale: f64,
+    causal: bool,
+) -> (Tensor<4>, Tensor<4>) {
     let [_, h, tq, _] = q.dims();
     let tk = k.dims()[2];
     let (k, v) = repeat_kv_heads(k, v, h);
@@ -24,7 +37,7 @@ pub fn attention(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, scale: f64, causal: b
         }
         false => scores,
     };
-    softmax(scores, 3).matmul(v)
+    (scores, v)
 }
 
 /// [`attention`] and each query's log-sum-exp of its scaled, masked scores `[B, h, Tq]`, both
@@ -36,14 +49,7 @@ pub fn attention_with_lse(
     scale: f64,
     causal: bool,
 ) -> (Tensor<4>, Tensor<3>) {
-    let [_, h, tq, _] = q.dims();
-    let tk = k.dims()[2];
-    let (k, v) = repeat_kv_heads(k, v, h);
-    let mut scores = q.matmul(k.swap_dims(2, 3)) * scale;
-    if causal {
-        let mask = causal_mask(tq, tk, &scores.device()).cast(scores.dtype());
-        scores = scores + mask.unsqueeze::<4>();
-    }
+    let (scores, v) = masked_scores(q, k, v, scale, causal);
     // The shift by the row's max keeps exp finite and cancels: no gradient through it.
     let m = scores.clone().detach().max_dim(3);
     let lse = (scores.clone() - m.clone()).exp().sum_dim(3).log() + m;

@@ -268,7 +268,7 @@ impl AttentionBackend for burn::backend::Cube {
         scale: f64,
         causal: bool,
     ) -> FloatTensor<Self> {
-        let (out, lse) = fallback::forward::<Self>(q, k, v, scale, causal);
+        let (out, lse) = Self::attention_forward(q, k, v, scale, causal);
         pack::<Self>(out, lse)
     }
 
