@@ -163,12 +163,12 @@ pub fn activation_bytes(
 /// each sequence (the caller's token count), each attending over all `seq`. Counted in
 /// elements of the compute dtype: ring attention's probabilities are f32 under a 16-bit one,
 /// each `4 / bytes` such elements ([`ModelSpec::ring_score_elems`]). Attention as it runs
-/// under the layout's dtype and cp ([`ModelSpec::attention_under`]).
+/// under the layout's dtype ([`ModelSpec::attention_under`]).
 pub fn block_elems(model: &ModelSpec, layout: &ParallelDims, seq: usize) -> f64 {
     let (tp, cp) = (layout.tp(), layout.cp());
     let bytes = layout.precision.param.bytes();
     let model = &ModelSpec {
-        attention: model.attention_under(bytes, cp),
+        attention: model.attention_under(bytes),
         ..model.clone()
     };
     let widened = 4.0 / bytes as f64 - 1.0;

@@ -420,11 +420,10 @@ impl ModelSpec {
         })
     }
 
-    /// How attention keeps its scores in a compute dtype of `bytes` per element under
-    /// context parallelism `cp`: [`Attention::Fused`] stays fused in f32 (ring attention's
-    /// blocks run the fused op too) and is `Materialized` in other dtypes; the others as
-    /// they are. (`cp` no longer changes the kind: kept for callers that resolve per layout.)
-    pub fn attention_under(&self, bytes: usize, _cp: usize) -> Attention {
+    /// How attention keeps its scores in a compute dtype of `bytes` per element:
+    /// [`Attention::Fused`] stays fused in f32 (with or without cp: ring attention's blocks
+    /// run the fused op too) and is `Materialized` in other dtypes; the others as they are.
+    pub fn attention_under(&self, bytes: usize) -> Attention {
         match self.attention {
             Attention::Fused if bytes != 4 => Attention::Materialized,
             kind => kind,
