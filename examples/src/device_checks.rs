@@ -289,10 +289,7 @@ pub fn llama_against_transformers(
     // CUDA's products are TF32's ([`TF32`]): normwise there, F64 elsewhere.
     let tf32 = device == "cuda";
     let tol = |want: &[f32]| match tf32 {
-        true => {
-            let largest = want.iter().fold(0.0f32, |m, x| m.max(x.abs()));
-            Tolerance::new(TF32, TF32 * largest)
-        }
+        true => harness::normwise(TF32, harness::largest_magnitude(want)),
         false => F64,
     };
     let mut worst = assert_close(

@@ -353,23 +353,32 @@ pub fn assert_same_run_normwise(
     bound: f32,
     param_floor: f32,
 ) -> Closeness {
-    let largest =
-        |values: &mut dyn Iterator<Item = &f32>| values.fold(0.0f32, |m, x| m.max(x.abs()));
-    let params = largest(&mut want.params.values().flat_map(|(_, v)| v.iter()));
-    let grads = largest(&mut want.grad0.values().flat_map(|v| v.iter()));
-    let losses = largest(&mut want.losses.iter());
+    let params = largest_magnitude(want.params.values().flat_map(|(_, v)| v));
+    let grads = largest_magnitude(want.grad0.values().flatten());
+    let losses = largest_magnitude(&want.losses);
     same_run(what, got, want, |kind| {
         let scale = match kind {
             Kind::Loss => losses,
             Kind::Param => params,
             Kind::Grad => grads,
         };
-        let floor = bound * scale;
+        let tol = normwise(bound, scale);
         match kind {
-            Kind::Param => Tolerance::new(bound, floor.max(param_floor)),
-            _ => Tolerance::new(bound, floor),
+            Kind::Param => Tolerance::new(bound, tol.abs.max(param_floor)),
+            _ => tol,
         }
     })
+}
+
+/// The normwise tolerance `bound` for values whose scale (largest magnitude) is `scale`:
+/// relative `bound`, or `bound · scale` absolute.
+pub fn normwise(bound: f32, scale: f32) -> Tolerance {
+    Tolerance::new(bound, bound * scale)
+}
+
+/// The largest magnitude of `values` (0 for none).
+pub fn largest_magnitude<'a>(values: impl IntoIterator<Item = &'a f32>) -> f32 {
+    values.into_iter().fold(0.0f32, |m, x| m.max(x.abs()))
 }
 
 /// What a compared tensor of a harness result is.
