@@ -5,18 +5,26 @@
 //! `mean(g)` term). The weight and bias stay outside, as Burn ops, since the tensor-parallel
 //! layers route them through their own bookkeeping.
 //!
+//! Under Burn's Balanced checkpointing (ZeRO-3's) the node is memory-bound with a retro
+//! forward, as Burn's element-wise ops are: backward recomputes `x̂` from the input.
+//!
 //! On Flex in f32 both passes are host kernels over rows (slices, no libm): two reads and one
 //! write forward, two reads and one write backward, in place where a buffer can be reused.
 
 use super::FusedBackend;
 use super::host::{self, FlexTensor};
+use burn::backend::autodiff::NodeId;
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
-use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
+use burn::backend::autodiff::checkpoint::retro_forward::RetroForward;
+use burn::backend::autodiff::checkpoint::state::BackwardStates;
+use burn::backend::autodiff::checkpoint::strategy::{BalancedCheckpointing, CheckpointStrategy};
 use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::backend::tensor::FloatTensor;
 use burn::backend::{Autodiff, Backend, TensorMetadata};
 use burn::tensor::Scalar;
+use std::any::TypeId;
+use std::marker::PhantomData;
 
 // ---------------------------------------------------------------------------------------
 // Plain Burn (any backend; the reference)
@@ -143,12 +151,84 @@ impl<B: FusedBackend> Backward<B, 1> for NormCoreBackward {
     }
 }
 
-/// The autodiff node of [`FusedBackend::norm_core`].
+/// Under Balanced checkpointing: backward recomputes `x̂` and `rstd` from the input, which
+/// the checkpointer keeps or itself recomputes.
+#[derive(Debug)]
+struct NormCoreRecomputed {
+    eps: f64,
+    centered: bool,
+}
+
+impl<B: FusedBackend> Backward<B, 1> for NormCoreRecomputed {
+    /// The input's node.
+    type State = NodeId;
+
+    fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, ckpt: &mut Checkpointer) {
+        let x: FloatTensor<B> = ckpt.retrieve_node_output(ops.state);
+        let grad = grads.consume::<B>(&ops.node);
+        if let [Some(parent)] = ops.parents {
+            let (xhat, rstd) = B::norm_core_stats(x, self.eps, self.centered);
+            let g = B::norm_core_backward(xhat, rstd, grad, self.centered);
+            grads.register::<B>(parent.id, g);
+        }
+    }
+}
+
+/// The core run again from its input (Balanced checkpointing's recompute of an output).
+struct RetroNormCore<B> {
+    input_id: NodeId,
+    eps: f64,
+    centered: bool,
+    _backend: PhantomData<fn() -> B>,
+}
+
+impl<B> std::fmt::Debug for RetroNormCore<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RetroNormCore")
+            .field("input_id", &self.input_id)
+            .finish()
+    }
+}
+
+impl<B: FusedBackend> RetroForward for RetroNormCore<B> {
+    fn forward(&self, states: &mut BackwardStates, out_node: NodeId) {
+        let x = states.get_state::<FloatTensor<B>>(&self.input_id);
+        states.save(out_node, B::norm_core(x, self.eps, self.centered))
+    }
+}
+
+/// The autodiff node of [`FusedBackend::norm_core`]. Under Burn's Balanced checkpointing
+/// (ZeRO-3's) the node is memory-bound, as Burn's own element-wise ops are: it keeps no
+/// `x̂`, and backward recomputes it from the input (a chain of memory-bound ops recomputed
+/// back to the last compute-bound output); otherwise it keeps `x̂` and `rstd`.
 pub(super) fn norm_core_autodiff<B: FusedBackend, C: CheckpointStrategy>(
     x: FloatTensor<Autodiff<B, C>>,
     eps: f64,
     centered: bool,
 ) -> FloatTensor<Autodiff<B, C>> {
+    if TypeId::of::<C>() == TypeId::of::<BalancedCheckpointing>() {
+        let retro = RetroNormCore::<B> {
+            input_id: x.id(),
+            eps,
+            centered,
+            _backend: PhantomData,
+        };
+        return match (NormCoreRecomputed { eps, centered })
+            .prepare::<C>([x.node()])
+            .memory_bound()
+            .retro_forward(retro)
+            .parents([&x])
+            .stateful()
+        {
+            OpsKind::Tracked(mut prep) => {
+                let state = prep.checkpoint(&x);
+                prep.finish(state, B::norm_core(x.into_primitive(), eps, centered))
+            }
+            OpsKind::UnTracked(prep) => {
+                prep.finish(B::norm_core(x.into_primitive(), eps, centered))
+            }
+        };
+    }
     match (NormCoreBackward { centered })
         .prepare::<C>([x.node()])
         .compute_bound()

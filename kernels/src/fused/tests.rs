@@ -127,6 +127,28 @@ fn rms_norm_core_is_burns_rms_norm() {
 }
 
 #[test]
+fn norm_cores_recomputed_under_balanced_checkpointing() {
+    // ZeRO-3's strategy: the core is memory-bound and backward recomputes it from its input,
+    // itself the output of memory-bound ops (recomputed in turn).
+    let dev = Device::flex().autodiff().gradient_checkpointing();
+    let x = Tensor::<3>::random([3, 5, 37], Distribution::Normal(0.5, 2.0), &dev);
+    let shifted = |x: Tensor<3>| x.clone() * 1.5 + x.sin();
+    same_as(
+        x.clone(),
+        |x| layer_norm_core(shifted(x), 1e-5),
+        |x| layer_norm_reference(shifted(x), 1e-5),
+        3e-6,
+    );
+    let rms = |x: Tensor<3>| x.clone() / (x.powi_scalar(2).mean_dim(2) + 1e-5).sqrt();
+    same_as(
+        x,
+        |x| rms_norm_core(shifted(x), 1e-5),
+        |x| rms(shifted(x)),
+        3e-6,
+    );
+}
+
+#[test]
 fn norm_cores_on_a_strided_untracked_input() {
     let x = Tensor::<2>::random([37, 6], Distribution::Normal(0.0, 1.0), &flex()).transpose();
     close(
