@@ -421,7 +421,11 @@ fn checkpoints_resume_in_another_layout() {
         ),
     ];
     for (a, b) in &pairs {
-        common::resume::check_resume("llama", &f.model, &batches, ROWS, (a, b), STEPS, SAVED_AT);
+        let adamw = common::adamw(common::gpt_lr(OptimizerKind::AdamW));
+        let ab = (a, b);
+        common::resume::check_resume(
+            "llama", &f.model, &batches, ROWS, ab, STEPS, SAVED_AT, adamw,
+        );
     }
 }
 

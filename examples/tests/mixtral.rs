@@ -283,7 +283,8 @@ fn expert_parallel_checkpoints_resume_at_another_ep() {
         (dims("dp=4,ep=2", 3), dims("dp=1", 0)),
         (dims("dp=2", 1), dims("dp=2,ep=2", 3)),
     ] {
-        common::resume::check_resume("mixtral", &model, &batches, ROWS, (&a, &b), 4, 2);
+        let adamw = common::adamw_experts(common::gpt_lr(OptimizerKind::AdamW));
+        common::resume::check_resume("mixtral", &model, &batches, ROWS, (&a, &b), 4, 2, adamw);
     }
 }
 

@@ -492,8 +492,13 @@ impl ParallelLayerNorm {
     pub fn forward<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
         let params = [&self.weight, &self.bias].map(|p| Some(p.val().dtype()));
         observe(Some(x.dtype()), params);
-        let (var, mean) = x.clone().var_mean_bias(D - 1);
-        let normed = (x - mean) / (var + self.eps).sqrt();
+        let normed = match x.dtype() {
+            DType::F32 => bonfire_kernels::fused::layer_norm_core(x, self.eps),
+            _ => {
+                let (var, mean) = x.clone().var_mean_bias(D - 1);
+                (x - mean) / (var + self.eps).sqrt()
+            }
+        };
         normed * norm_param::<D>(&self.key, self.weight.val())
             + norm_param::<D>(&self.key, self.bias.val())
     }
@@ -528,8 +533,14 @@ impl ParallelRmsNorm {
     /// The normalized `x` `[..., d]`, same shape (a sequence shard under [`SequenceParallel`]).
     pub fn forward<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
         observe(Some(x.dtype()), [Some(self.weight.val().dtype())]);
-        let rms = (x.clone().powi_scalar(2).mean_dim(D - 1) + self.eps).sqrt();
-        x / rms * norm_param::<D>(&self.key, self.weight.val())
+        let normed = match x.dtype() {
+            DType::F32 => bonfire_kernels::fused::rms_norm_core(x, self.eps),
+            _ => {
+                let rms = (x.clone().powi_scalar(2).mean_dim(D - 1) + self.eps).sqrt();
+                x / rms
+            }
+        };
+        normed * norm_param::<D>(&self.key, self.weight.val())
     }
 }
 
