@@ -77,12 +77,12 @@ pub(super) fn flex_covers(logits: &FlexTensor, targets: &FlexTensor) -> bool {
 fn row_lse(row: &[f32]) -> f32 {
     let (mut max, mut sum) = (f32::NEG_INFINITY, 0f32);
     for chunk in row.chunks(CHUNK) {
-        let m = chunk.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+        let m = host::max_of(chunk);
         if m > max {
             sum *= exp(max - m);
             max = m;
         }
-        sum += chunk.iter().map(|&v| exp(v - max)).sum::<f32>();
+        sum += host::sum_map(chunk, |v| exp(v - max));
     }
     max + sum.ln()
 }

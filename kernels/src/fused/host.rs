@@ -89,3 +89,49 @@ pub(crate) fn writable(mut x: FlexTensor) -> FlexTensor {
     let x = contiguous(x);
     from_vec(values(&x).to_vec(), x.shape().to_vec())
 }
+
+/// Independent accumulators of [`sum_zip`] and [`max_of`]: a sequential `f32` sum (or
+/// fold) is not reassociated by the compiler, so it stays scalar; this many lanes vectorize.
+const LANES: usize = 16;
+
+/// `Σ f(a[i], b[i])` over two slices of one length, in [`LANES`] partial sums (the row
+/// reductions of the norm and cross-entropy kernels).
+#[inline(always)]
+pub(crate) fn sum_zip(a: &[f32], b: &[f32], f: impl Fn(f32, f32) -> f32) -> f32 {
+    debug_assert_eq!(a.len(), b.len());
+    let mut acc = [0f32; LANES];
+    let (ca, cb) = (a.chunks_exact(LANES), b.chunks_exact(LANES));
+    let tail: f32 = (ca.remainder().iter().zip(cb.remainder()))
+        .map(|(&x, &y)| f(x, y))
+        .sum();
+    for (x, y) in ca.zip(cb) {
+        for l in 0..LANES {
+            acc[l] += f(x[l], y[l]);
+        }
+    }
+    acc.iter().sum::<f32>() + tail
+}
+
+/// `Σ f(a[i])`, as [`sum_zip`].
+#[inline(always)]
+pub(crate) fn sum_map(a: &[f32], f: impl Fn(f32) -> f32) -> f32 {
+    sum_zip(a, a, |x, _| f(x))
+}
+
+/// The largest of `xs` (`−∞` when empty), in [`LANES`] partial maxima.
+#[inline(always)]
+pub(crate) fn max_of(xs: &[f32]) -> f32 {
+    let bigger = |a: f32, b: f32| if b > a { b } else { a };
+    let mut acc = [f32::NEG_INFINITY; LANES];
+    let c = xs.chunks_exact(LANES);
+    let tail = c
+        .remainder()
+        .iter()
+        .fold(f32::NEG_INFINITY, |a, &b| bigger(a, b));
+    for x in c {
+        for l in 0..LANES {
+            acc[l] = bigger(acc[l], x[l]);
+        }
+    }
+    acc.iter().fold(tail, |a, &b| bigger(a, b))
+}

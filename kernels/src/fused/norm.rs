@@ -71,10 +71,10 @@ pub(super) fn backward_fallback<B: Backend>(
 fn normalize_row(row: &mut [f32], eps: f32, centered: bool) -> f32 {
     let d = row.len() as f32;
     let mean = match centered {
-        true => row.iter().sum::<f32>() / d,
+        true => host::sum_map(row, |v| v) / d,
         false => 0.0,
     };
-    let ms = row.iter().map(|&v| (v - mean) * (v - mean)).sum::<f32>() / d;
+    let ms = host::sum_map(row, |v| (v - mean) * (v - mean)) / d;
     let rstd = 1.0 / (ms + eps).sqrt();
     row.iter_mut().for_each(|v| *v = (*v - mean) * rstd);
     rstd
@@ -100,10 +100,10 @@ pub(super) fn stats_flex(x: FlexTensor, eps: f64, centered: bool) -> (FlexTensor
 fn backward_row(g: &mut [f32], xhat: &[f32], rstd: f32, centered: bool) {
     let d = g.len() as f32;
     let mg = match centered {
-        true => g.iter().sum::<f32>() / d,
+        true => host::sum_map(g, |v| v) / d,
         false => 0.0,
     };
-    let mgx = g.iter().zip(xhat).map(|(&a, &b)| a * b).sum::<f32>() / d;
+    let mgx = host::sum_zip(g, xhat, |a, b| a * b) / d;
     g.iter_mut()
         .zip(xhat)
         .for_each(|(g, &x)| *g = rstd * (*g - mg - x * mgx));
