@@ -431,7 +431,8 @@ impl ModelSpec {
     }
 
     /// Elements a block keeps for backward per token, on one rank of `tp` (sequences of
-    /// `seq`), after Korthikanti et al. 2022 (§4) without dropout: the two norm inputs and
+    /// `seq`), after Korthikanti et al. 2022 (§4) without dropout: the two norm inputs (in
+    /// f32 what Bonfire's norm cores keep: `x̂`, which the weight's product shares) and
     /// the inputs of the q/k/v and fc1 products (4d, replicated over tp unless sequence
     /// parallel), q, k, v and the attention output (4d), the MLP's hidden activations (2·d_ff
     /// GELU, 3·d_ff SwiGLU), and with materialized attention the scores and probabilities

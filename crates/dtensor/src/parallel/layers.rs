@@ -456,7 +456,9 @@ fn colwise_input<const D: usize>(
 }
 
 /// LayerNorm over the last dim: biased variance, `eps` (1e-5 by default), then `weight` and
-/// `bias`. Position-wise, so [`SequenceParallel`] runs it on a sequence shard.
+/// `bias`. Position-wise, so [`SequenceParallel`] runs it on a sequence shard. In f32 the
+/// normalization is one fused node ([`bonfire_kernels::fused::layer_norm_core`], keeping `x̂`
+/// and a `rstd` a row); in other dtypes Burn's ops.
 #[derive(Module, Debug)]
 pub struct ParallelLayerNorm {
     /// The scale `[d]` (replicated).
@@ -504,7 +506,8 @@ impl ParallelLayerNorm {
     }
 }
 
-/// RMSNorm over the last dim: `x / sqrt(mean(x²) + eps) · weight`.
+/// RMSNorm over the last dim: `x / sqrt(mean(x²) + eps) · weight`; in f32 the normalization
+/// is one fused node ([`bonfire_kernels::fused::rms_norm_core`]), in other dtypes Burn's ops.
 #[derive(Module, Debug)]
 pub struct ParallelRmsNorm {
     /// The scale `[d]` (replicated).
