@@ -422,9 +422,15 @@ fn checkpoints_resume_in_another_layout() {
     ];
     for (a, b) in &pairs {
         let adamw = common::adamw(common::gpt_lr(OptimizerKind::AdamW));
-        let ab = (a, b);
         common::resume::check_resume(
-            "llama", &f.model, &batches, ROWS, ab, STEPS, SAVED_AT, adamw,
+            "llama",
+            &f.model,
+            &batches,
+            ROWS,
+            (a, b),
+            STEPS,
+            SAVED_AT,
+            adamw,
         );
     }
 }

@@ -36,6 +36,23 @@ fn leaf(shape: [usize; 4], seed: u32, device: &Device) -> Tensor<4> {
     Tensor::<4>::from_data(TensorData::new(values(n, seed), shape), device).require_grad()
 }
 
+impl Case {
+    /// Tracked `q`, `k`, `v` and a constant output weight `w` of the case's shapes, from the
+    /// seeds `seed..seed + 4`.
+    fn inputs(&self, seed: u32, device: &Device) -> [Tensor<4>; 4] {
+        let (q, kv) = (
+            [2, self.h, self.tq, self.dh],
+            [2, self.h_kv, self.tk, self.dh],
+        );
+        [
+            leaf(q, seed, device),
+            leaf(kv, seed + 1, device),
+            leaf(kv, seed + 2, device),
+            leaf(q, seed + 3, device).detach(),
+        ]
+    }
+}
+
 /// The largest difference between `a` and `b` relative to `b`'s largest magnitude is at most
 /// `tol`.
 fn close(what: &str, case: Case, a: Tensor<4>, b: Tensor<4>, tol: f32) {
@@ -62,21 +79,9 @@ fn same_as_reference(
     tol: f32,
 ) {
     let device = Device::flex().autodiff();
-    let Case {
-        h,
-        h_kv,
-        tq,
-        tk,
-        dh,
-        causal,
-    } = case;
-    let scale = 1.0 / (dh as f64).sqrt();
-    let (q, k, v) = (
-        leaf([2, h, tq, dh], 1, &device),
-        leaf([2, h_kv, tk, dh], 2, &device),
-        leaf([2, h_kv, tk, dh], 3, &device),
-    );
-    let w = leaf([2, h, tq, dh], 4, &device).detach();
+    let scale = 1.0 / (case.dh as f64).sqrt();
+    let [q, k, v, w] = case.inputs(1, &device);
+    let causal = case.causal;
     let ours = f(q.clone(), k.clone(), v.clone());
     let (rq, rk, rv) = (
         q.clone().detach().require_grad(),
@@ -222,21 +227,11 @@ fn gradients_flow_through_a_graph_around_the_op() {
 fn with_lse_matches_the_reference(case: Case, dtype: burn::tensor::DType) {
     let device = Device::flex().autodiff();
     let Case {
-        h,
-        h_kv,
-        tq,
-        tk,
-        dh,
-        causal,
+        h, tq, dh, causal, ..
     } = case;
     let scale = 1.0 / (dh as f64).sqrt();
     let run = |f: &dyn Fn(Tensor<4>, Tensor<4>, Tensor<4>) -> (Tensor<4>, Tensor<3>)| {
-        let (q, k, v) = (
-            leaf([2, h, tq, dh], 11, &device),
-            leaf([2, h_kv, tk, dh], 12, &device),
-            leaf([2, h_kv, tk, dh], 13, &device),
-        );
-        let w = leaf([2, h, tq, dh], 14, &device).detach();
+        let [q, k, v, w] = case.inputs(11, &device);
         let w_lse = leaf([2, h, tq, 1], 15, &device).detach();
         let (out, lse) = f(q.clone(), k.clone(), v.clone());
         let lse = lse.unsqueeze_dim::<4>(3);
