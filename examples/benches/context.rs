@@ -19,7 +19,7 @@
 
 use bonfire_comm::ThreadWorld;
 use bonfire_comm::testing::rank_alloc::{self, RankAllocator};
-use bonfire_dtensor::context::{ContextScope, ContextSplit};
+use bonfire_cp::{ContextScope, ContextSplit};
 use bonfire_dtensor::timing::take_shift_overlap;
 use bonfire_examples::default_device;
 use bonfire_models::data::TokenBatch;

@@ -32,7 +32,6 @@
 //! step as an SVG under `target/pipeline-timelines/`.
 
 use bonfire_comm::{ProcessGroup, ThreadWorld};
-use bonfire_dtensor::layer;
 use bonfire_examples::default_device;
 use bonfire_examples::throughput::{median, random_batches};
 use bonfire_models::gpt::attention::Attention;
@@ -41,6 +40,7 @@ use bonfire_models::gpt::config::GptConfig;
 use bonfire_models::gpt::parallelize::{Piece, pieces};
 use bonfire_models::gpt::{Gpt, cross_entropy};
 use bonfire_models::layers::LayerNorm;
+use bonfire_module::layer;
 use bonfire_pipeline::Generate;
 use bonfire_pipeline::schedule::Costs;
 use bonfire_pipeline::{

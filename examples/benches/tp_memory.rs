@@ -27,9 +27,9 @@
 use bonfire_comm::ThreadWorld;
 use bonfire_comm::testing::rank_alloc::{self, RankAllocator};
 use bonfire_dtensor::DeviceMesh;
-use bonfire_dtensor::parallel::parallelize_module;
 use bonfire_examples::{Gpt, GptConfig, default_device};
 use bonfire_models::gpt::parallelize::gpt_tp_plan;
+use bonfire_tp::parallelize_module;
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::tensor::{Int, Tensor, TensorData};
 use std::time::Duration;

@@ -25,7 +25,6 @@
 //! tensor-parallel shards, ZeRO pieces and pipeline stages it holds (each rank prints
 //! `weights rank=R read=N total=M`, in parameter values).
 
-use bonfire_dtensor::params::{self, ParamValues};
 use bonfire_examples::cli::{
     CheckpointArgs, GptArgs, LayoutArgs, RunArgs, fail, init_logging, survivors,
 };
@@ -38,6 +37,7 @@ use bonfire_models::llama::{Llama, LlamaConfig};
 use bonfire_models::mixtral::pretrained::MixtralWeights;
 use bonfire_models::mixtral::{Mixtral, MixtralConfig};
 use bonfire_models::pretrained;
+use bonfire_module::params::{self, ParamValues};
 use bonfire_train::checkpoint::{
     Checkpoint, Checkpointer, ParameterSource, load_parameters, resume,
 };

@@ -10,12 +10,12 @@
 //! The model is built on a plain autodiff device; under ZeRO-3 the trainer moves its
 //! parameters onto the checkpointing device stage 3 needs and creates the batches there.
 //! At the end the whole parameters come back from the wrapper (`Engine::parameters`, built on
-//! `bonfire_dtensor::DataParallel::parameters`) and are compared with plain single-device
+//! `bonfire_module::DataParallel::parameters`) and are compared with plain single-device
 //! training on the same data.
 
-use bonfire_dtensor::params;
 use bonfire_examples::cli::{fail, init_logging};
 use bonfire_models::classifier::{Classifier, blobs};
+use bonfire_module::params;
 use bonfire_train::{FitConfig, Launcher, OptimizerKind, ParallelDims, Trainer, fit};
 use bonfire_zero::ZeroStage;
 use burn::module::Module;

@@ -35,7 +35,6 @@
 //! (--memory-budget)` — a device out-of-memory error, on the CPU.
 
 use bonfire_comm::testing::rank_alloc::{self, RankAllocator};
-use bonfire_dtensor::params;
 use bonfire_examples::cli::{
     CheckpointArgs, FaultArgs, GptArgs, LayoutArgs, RunArgs, fail, init_logging, survivors,
 };
@@ -45,6 +44,7 @@ use bonfire_examples::train_data::TrainData;
 use bonfire_examples::{Gpt, GptConfig, default_device, harness};
 use bonfire_models::data::TokenBatch;
 use bonfire_models::weights;
+use bonfire_module::params;
 use bonfire_train::checkpoint::{Checkpoint, Checkpointer, resume};
 use bonfire_train::{
     DataSource, Engine, Hooks, Launcher, OptimizerKind, ParallelDims, StepReport, TrainError,

@@ -5,7 +5,6 @@
 
 use crate::default_device;
 use bonfire_comm::testing::{Closeness, Tolerance, assert_close};
-use bonfire_dtensor::params::ParamValues;
 use bonfire_models::data;
 use bonfire_models::data::TokenBatch;
 use bonfire_models::gpt::Gpt;
@@ -14,6 +13,7 @@ use bonfire_models::llama::{Llama, LlamaConfig};
 use bonfire_models::mixtral::{Mixtral, MixtralConfig};
 use bonfire_models::tensor_file::{self, HostTensor};
 use bonfire_models::weights;
+use bonfire_module::params::ParamValues;
 use bonfire_train::{
     Engine, FitConfig, Hooks, Launcher, OptimizerKind, ParallelDims, ParallelModel, TrainError,
     Trainer, fit,
@@ -228,7 +228,7 @@ pub fn train<M: ParallelModel<Batch = TokenBatch> + Sync>(
 #[derive(Debug, Clone, Copy, Default)]
 pub struct RankRecord {
     /// The dtypes its parameters, activations and gradient reductions were seen in.
-    pub precision: bonfire_dtensor::precision::observe::Observed,
+    pub precision: bonfire_module::precision::observe::Observed,
     /// Number of activation-checkpointed regions recomputed in backward.
     pub recomputations: u64,
     /// Number of deferred weight gradients computed in "W" steps.
@@ -239,9 +239,9 @@ impl RankRecord {
     /// This thread's counts so far.
     fn now() -> Self {
         Self {
-            precision: bonfire_dtensor::precision::observe::observed(),
-            recomputations: bonfire_dtensor::recompute::recomputations(),
-            weight_grads: bonfire_dtensor::weight_grad::applied(),
+            precision: bonfire_module::precision::observe::observed(),
+            recomputations: bonfire_recompute::recomputations(),
+            weight_grads: bonfire_module::weight_grad::applied(),
         }
     }
 

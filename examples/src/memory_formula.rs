@@ -68,10 +68,10 @@ mod tests {
     use crate::default_device;
     use bonfire_comm::ThreadWorld;
     use bonfire_dtensor::DeviceMesh;
-    use bonfire_dtensor::parallel::parallelize_module;
     use bonfire_models::gpt::Gpt;
     use bonfire_models::gpt::parallelize::{gpt_tp_plan, pieces};
     use bonfire_pipeline::ScheduleKind;
+    use bonfire_tp::parallelize_module;
     use burn::module::Module;
 
     fn cfg() -> GptConfig {

@@ -185,7 +185,7 @@ mod tests {
         };
         for data in [packed, TrainData::generated(6, 5, 1)] {
             for step in [0, 3, 40] {
-                let whole = bonfire_dtensor::params::to_host(
+                let whole = bonfire_module::params::to_host(
                     data.batch(step, &device).0.float().reshape([30]),
                 );
                 let parts: Vec<f32> = (0..3)
@@ -193,7 +193,7 @@ mod tests {
                         let (ids, _) =
                             data.replica_batch(step, Replica { index, count: 3 }, &device);
                         assert_eq!(ids.dims(), [2, 5]);
-                        bonfire_dtensor::params::to_host(ids.float().reshape([10]))
+                        bonfire_module::params::to_host(ids.float().reshape([10]))
                     })
                     .collect();
                 assert_eq!(parts, whole, "{} step {step}", data.label());

@@ -10,11 +10,11 @@
 mod common;
 
 use bonfire_comm::testing::assert_close;
-use bonfire_dtensor::params::ParamValues;
 use bonfire_examples::cli::LayoutArgs;
 use bonfire_examples::{Gpt, GptConfig, default_device};
 use bonfire_models::data::TokenBatch;
 use bonfire_models::weights;
+use bonfire_module::params::ParamValues;
 use bonfire_train::checkpoint::{Checkpoint, CheckpointConfig, Checkpointer, Fault, resume};
 use bonfire_train::{
     FitConfig, Hooks, Launcher, OptimizerKind, ParallelDims, TrainError, Trainer, fit,
@@ -207,8 +207,8 @@ fn check_resume(a: ParallelDims, b: ParallelDims) {
             .unwrap();
         let cfg = common::gpt_cfg();
         let loaded = weights::load(template(&cfg), &out).unwrap_or_else(|e| panic!("{what}: {e}"));
-        let infos = bonfire_dtensor::params::inventory(&loaded);
-        let values = bonfire_dtensor::params::flatten_values(&loaded, &infos);
+        let infos = bonfire_module::params::inventory(&loaded);
+        let values = bonfire_module::params::flatten_values(&loaded, &infos);
         assert!(values == flat(&first.params), "{what}: the export differs");
         let _ = std::fs::remove_dir_all(&dir);
     }
@@ -569,14 +569,14 @@ fn consolidated_export_from_a_live_engine() {
         })
         .unwrap();
     let loaded = weights::load(template(&common::gpt_cfg()), &out).unwrap();
-    let infos = bonfire_dtensor::params::inventory(&loaded);
-    let values = bonfire_dtensor::params::flatten_values(&loaded, &infos);
+    let infos = bonfire_module::params::inventory(&loaded);
+    let values = bonfire_module::params::flatten_values(&loaded, &infos);
     assert!(
         values == flat(&params[0]),
         "the export is the engine's parameters"
     );
-    let init = bonfire_dtensor::params::inventory(&f.model);
-    let init = bonfire_dtensor::params::flatten_values(&f.model, &init);
+    let init = bonfire_module::params::inventory(&f.model);
+    let init = bonfire_module::params::flatten_values(&f.model, &init);
     assert!(values != init, "trained");
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -15,9 +15,9 @@ mod common;
 use bonfire_comm::ThreadWorld;
 use bonfire_comm::testing::{Tolerance, assert_close};
 use bonfire_ddp::{DdpConfig, DistributedDataParallel};
-use bonfire_dtensor::DataParallel;
-use bonfire_dtensor::params::{self, ParamValues};
 use bonfire_models::classifier::{Classifier, blobs};
+use bonfire_module::DataParallel;
+use bonfire_module::params::{self, ParamValues};
 use bonfire_train::{
     FitConfig, Launcher, MixedPrecision, OptimizerKind, ParallelDims, Trainer, fit,
 };
@@ -276,7 +276,7 @@ fn a_model_without_layers_is_reported_once() {
         let text = String::from_utf8(log.0.lock().unwrap().clone()).unwrap();
         let lines: Vec<&str> = text.lines().filter(|l| l.contains("no layer")).collect();
         assert_eq!(lines.len(), 1, "stage {stage}: {text}");
-        assert!(lines[0].contains("bonfire_dtensor::layer"), "{}", lines[0]);
+        assert!(lines[0].contains("bonfire_module::layer"), "{}", lines[0]);
     }
 }
 

@@ -8,13 +8,13 @@ mod common;
 
 use bonfire_comm::testing::{Tolerance, assert_close};
 use bonfire_comm::{OpKind, ReduceOp, ThreadWorld};
+use bonfire_cp::{ContextScope, ContextSplit};
 use bonfire_dtensor::CommCounter;
-use bonfire_dtensor::context::{ContextScope, ContextSplit};
-use bonfire_dtensor::params;
 use bonfire_examples::default_device;
 use bonfire_models::Gpt;
 use bonfire_models::data::TokenBatch;
 use bonfire_models::llama::{Llama, LlamaConfig};
+use bonfire_module::params;
 use bonfire_train::ParallelModel;
 use burn::optim::GradientsParams;
 use std::time::Duration;

@@ -11,9 +11,9 @@ mod common;
 
 use bonfire_comm::ThreadWorld;
 use bonfire_comm::testing::assert_close;
-use bonfire_dtensor::params::ParamValues;
 use bonfire_examples::cli::LayoutArgs;
 use bonfire_examples::default_device;
+use bonfire_module::params::ParamValues;
 use bonfire_train::checkpoint::{CheckpointConfig, Checkpointer, resume};
 use bonfire_train::fault::{FaultTolerance, KillAt, Recovery};
 use bonfire_train::{

@@ -37,9 +37,9 @@ fn check(cases: &[LayoutArgs]) {
 #[test]
 fn reference_training_moves_the_parameters() {
     let f = fixture();
-    let infos = bonfire_dtensor::params::inventory(&f.model);
-    let init = bonfire_dtensor::params::flatten_values(&f.model, &infos);
-    let offsets = bonfire_dtensor::params::offsets_of(&infos);
+    let infos = bonfire_module::params::inventory(&f.model);
+    let init = bonfire_module::params::flatten_values(&f.model, &infos);
+    let offsets = bonfire_module::params::offsets_of(&infos);
     for r in &f.reference {
         let still: Vec<&str> = infos
             .iter()

@@ -263,11 +263,11 @@ fn hugging_face_directories_round_trip() {
     let cfg = LlamaConfig::load(dir.join("config.json")).unwrap();
     let device = default_device();
     let model = pretrained::load_pretrained(Llama::new(&cfg, &device), &dir).unwrap();
-    let infos = bonfire_dtensor::params::inventory(&model);
-    let values = bonfire_dtensor::params::flatten_values(&model, &infos);
+    let infos = bonfire_module::params::inventory(&model);
+    let values = bonfire_module::params::flatten_values(&model, &infos);
     let direct = weights::load(Llama::new(&cfg, &device), dir.join("model.safetensors")).unwrap();
     let flat = |m: &Llama| {
-        bonfire_dtensor::params::flatten_values(m, &bonfire_dtensor::params::inventory(m))
+        bonfire_module::params::flatten_values(m, &bonfire_module::params::inventory(m))
     };
     assert_eq!(flat(&direct), values);
 
@@ -441,7 +441,7 @@ fn checkpoints_resume_in_another_layout() {
 /// equals plain Burn's too.
 #[test]
 fn evaluation_in_every_kind_of_layout_equals_plain_burn() {
-    use bonfire_dtensor::params;
+    use bonfire_module::params;
     use bonfire_train::{DataSource, Launcher, Trainer};
     use burn::optim::{GradientsParams, SgdConfig};
     let f = fixture();

@@ -8,7 +8,7 @@
 //! - The policy is in force in every layout, on every rank: the parameter values its layers
 //!   compute with and the activations they receive are in the param dtype, the gradients
 //!   handed to the data-parallel reduction in the reduce dtype (observed per rank thread,
-//!   `bonfire_dtensor::precision::observe`); and every bf16 layout is nearer the bf16 run
+//!   `bonfire_module::precision::observe`); and every bf16 layout is nearer the bf16 run
 //!   on one device than the fp32 one (a layout computing in fp32 would be nearer fp32).
 //! - bf16 tracks the fp32 run within `BF16_VS_F32_SGD` / `BF16_VS_F32_ADAMW` (losses and
 //!   parameters after the steps), and differs from it by at least their lower bounds.
@@ -18,11 +18,11 @@
 mod common;
 
 use bonfire_comm::testing::Tolerance;
-use bonfire_dtensor::PrecisionDTypes;
-use bonfire_dtensor::precision::observe::{Observed, observed};
 use bonfire_examples::cli::LayoutArgs;
 use bonfire_examples::default_device;
 use bonfire_examples::harness::{self, HarnessResult, RankRecord};
+use bonfire_module::PrecisionDTypes;
+use bonfire_module::precision::observe::{Observed, observed};
 use bonfire_train::{
     FitConfig, Launcher, LossScaling, MixedPrecision, OptimizerKind, ParallelDims, TrainError,
     Trainer, fit,
@@ -197,9 +197,9 @@ fn update_ratios(
     mut each: impl FnMut(&str, f32, f32, f32),
 ) -> f32 {
     let f = fixture();
-    let infos = bonfire_dtensor::params::inventory(&f.model);
-    let init = bonfire_dtensor::params::flatten_values(&f.model, &infos);
-    let offsets = bonfire_dtensor::params::offsets_of(&infos);
+    let infos = bonfire_module::params::inventory(&f.model);
+    let init = bonfire_module::params::flatten_values(&f.model, &infos);
+    let offsets = bonfire_module::params::offsets_of(&infos);
     let rms = |v: &mut dyn Iterator<Item = f32>| {
         let (s, n) = v.fold((0.0f64, 0usize), |(s, n), x| (s + f64::from(x * x), n + 1));
         (s / n.max(1) as f64).sqrt() as f32

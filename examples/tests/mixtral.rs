@@ -60,7 +60,7 @@ fn fixture_model() -> Mixtral {
 }
 
 fn flat(m: &Mixtral) -> Vec<f32> {
-    bonfire_dtensor::params::flatten_values(m, &bonfire_dtensor::params::inventory(m))
+    bonfire_module::params::flatten_values(m, &bonfire_module::params::inventory(m))
 }
 
 #[test]

@@ -3,8 +3,8 @@
 //! layout shares — in the fused kernels, the layer wrappers, the training loop — cancels.
 //! Here the reference is plain Burn: the GPT's math written with Burn tensor ops on the
 //! parameters of the same `Gpt` module (its own `forward` is not plain Burn even outside an
-//! engine: every layer runs through `bonfire_dtensor::layer`, linears through
-//! `bonfire_dtensor::weight_grad::linear_matmul`, and GELU, the causal softmax and the
+//! engine: every layer runs through `bonfire_module::layer`, linears through
+//! `bonfire_module::weight_grad::linear_matmul`, and GELU, the causal softmax and the
 //! cross-entropy are `bonfire_kernels`' fused ops with hand-written backwards), Burn's
 //! `loss.backward()`, `GradientsParams::from_grads` and Burn's own `SgdConfig` /
 //! `AdamWConfig` (β1 0.9, β2 0.95, ε 1e-6, weight decay 0.1). Against it, with SGD and AdamW:

@@ -11,7 +11,6 @@
 
 mod common;
 
-use bonfire_dtensor::params;
 use bonfire_dtensor::plane::Transfers;
 use bonfire_dtensor::plane::ledger::{Direction, Reason};
 use bonfire_examples::device_checks::{self, ROWS};
@@ -19,6 +18,7 @@ use bonfire_examples::harness;
 use bonfire_examples::ledger;
 use bonfire_examples::{Gpt, GptConfig};
 use bonfire_models::data::Batches;
+use bonfire_module::params;
 use bonfire_train::{OptimizerKind, ParallelDims};
 use bonfire_zero::ZeroStage;
 use burn::tensor::Device;

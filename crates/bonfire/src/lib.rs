@@ -66,10 +66,11 @@ pub use bonfire_zero as zero;
 /// The names almost every Bonfire program needs, for `use bonfire::prelude::*;`.
 pub mod prelude {
     pub use bonfire_comm::{CommError, ProcessGroup, ReduceOp, launch};
-    pub use bonfire_dtensor::parallel::{
+    pub use bonfire_dtensor::{DTensor, DeviceMesh, Placement, distribute_tensor};
+    pub use bonfire_module::DataParallel;
+    pub use bonfire_tp::{
         ColwiseParallel, ParallelPlan, RowwiseParallel, SequenceParallel, parallelize_module,
     };
-    pub use bonfire_dtensor::{DTensor, DataParallel, DeviceMesh, Placement, distribute_tensor};
     pub use bonfire_train::{
         FitConfig, Launcher, OptimizerKind, ParallelDims, ParallelModel, Trainer, fit,
     };

@@ -111,7 +111,7 @@ mod tests {
         let mut sent = 0.0f32;
         for _ in 0..100 {
             let q = quantize(g.clone(), &mut residual, 1, DType::BF16);
-            sent += bonfire_dtensor::params::to_host(q.cast(DType::F32))[0];
+            sent += bonfire_module::params::to_host(q.cast(DType::F32))[0];
         }
         let truth = 100.0 * (1.0 + 1.0 / 512.0);
         assert!((sent - truth).abs() <= 0.01, "{sent} vs {truth}");

@@ -33,7 +33,7 @@ pub struct DdpConfig {
     /// Bucket capacity in bytes (of f32 gradients). Default 25 MiB, like PyTorch.
     pub bucket_bytes: usize,
     /// Start each bucket's all-reduce during backward as soon as it is complete (needs a
-    /// model that calls [`bonfire_dtensor::layer`]); `false` reduces everything after backward.
+    /// model that calls [`bonfire_module::layer`]); `false` reduces everything after backward.
     pub overlap: bool,
     /// What a parameter that got no gradient contributes (zeros, or an error).
     pub unused: UnusedParams,
@@ -48,7 +48,7 @@ pub struct DdpConfig {
     pub report_no_layers: bool,
     /// Mixed precision: the replica computes in the param dtype, gradients are all-reduced
     /// in the reduce dtype, the optimizer steps an fp32 master.
-    pub precision: bonfire_dtensor::MixedPrecision,
+    pub precision: bonfire_module::MixedPrecision,
 }
 
 impl Default for DdpConfig {
@@ -69,11 +69,11 @@ impl DdpConfig {
             compression: Compression::None,
             record_timings: false,
             report_no_layers: true,
-            precision: bonfire_dtensor::MixedPrecision::f32(),
+            precision: bonfire_module::MixedPrecision::f32(),
         }
     }
     /// Sets the mixed-precision policy ([`DdpConfig::precision`]).
-    pub fn with_precision(mut self, precision: bonfire_dtensor::MixedPrecision) -> Self {
+    pub fn with_precision(mut self, precision: bonfire_module::MixedPrecision) -> Self {
         self.precision = precision;
         self
     }

@@ -7,13 +7,14 @@ use crate::params::{self, ParamInfo, ParamValues};
 use crate::reducer::Reducer;
 use crate::timing::{self, StepTiming};
 use bonfire_comm::{ProcessGroup, ReduceOp};
-use bonfire_dtensor::PrecisionDTypes;
-use bonfire_dtensor::data_parallel::scale_and_check;
-use bonfire_dtensor::expert::ExpertParams;
-use bonfire_dtensor::graph::{SharedSink, SinkHook};
+use bonfire_dtensor::DeviceMesh;
 use bonfire_dtensor::plane::{self, ledger::Reason};
-use bonfire_dtensor::precision::{MixedPrecision, cast_module};
-use bonfire_dtensor::{DataParallel, DeviceMesh, install_layer_hook};
+use bonfire_module::PrecisionDTypes;
+use bonfire_module::Subgroup;
+use bonfire_module::graph::{SharedSink, SinkHook};
+use bonfire_module::precision::{MixedPrecision, cast_module};
+use bonfire_module::scale_and_check;
+use bonfire_module::{DataParallel, install_layer_hook};
 use burn::module::{Module, ParamId};
 use burn::optim::{GradientsParams, ModuleOptimizer};
 use burn::tensor::{DType, Device, Gradients, Tensor};
@@ -30,7 +31,7 @@ use std::sync::{Arc, Mutex};
 /// [`step`](DataParallel::step) (or [`train_step`](DataParallel::train_step) for all three).
 /// Backward averages the gradients over the group: buckets of gradients are all-reduced in
 /// the background as soon as backward has produced them (for models that call
-/// [`bonfire_dtensor::layer`]), and `backward` returns once all have arrived.
+/// [`bonfire_module::layer`]), and `backward` returns once all have arrived.
 pub struct DistributedDataParallel<M: Module> {
     /// The replica the forward runs (in the param dtype under mixed precision).
     model: Option<M>,
@@ -39,7 +40,7 @@ pub struct DistributedDataParallel<M: Module> {
     optim: ModuleOptimizer,
     pg: ProcessGroup,
     /// Expert parallelism's parameters: reduced over their replicas, not over `pg`.
-    experts: Option<ExpertParams>,
+    experts: Option<Subgroup>,
     config: DdpConfig,
     infos: Arc<Vec<ParamInfo>>,
     index: Arc<HashMap<ParamId, usize>>,
@@ -92,14 +93,14 @@ impl<M: Module> DistributedDataParallel<M> {
     /// [`new`](Self::new) under expert parallelism: the parameters of `experts` hold this
     /// rank's experts (other ranks of `pg` hold others), take their values from their own
     /// replicas and have their gradients averaged over them (scaled by
-    /// [`ExpertParams::grad_scale`]: the mean over `pg`), in buckets of their own. Local SGD
+    /// [`Subgroup::grad_scale`]: the mean over `pg`), in buckets of their own. Local SGD
     /// (which averages parameters over `pg`) is refused with experts.
     pub fn with_experts(
         model: M,
         optim: impl Into<ModuleOptimizer>,
         pg: ProcessGroup,
         config: DdpConfig,
-        experts: Option<ExpertParams>,
+        experts: Option<Subgroup>,
     ) -> Result<Self, DdpError> {
         config.compression.check_device(&model.devices())?;
         if experts.is_some() && config.sync != SyncMode::EveryStep {
@@ -223,7 +224,7 @@ impl<M: Module> DistributedDataParallel<M> {
             accumulated,
             self.experts
                 .as_ref()
-                .map(|x| (x.replicas.clone(), x.grad_scale())),
+                .map(|x| (x.replicas.clone(), x.grad_scale)),
         )
     }
 
@@ -236,7 +237,7 @@ impl<M: Module> DistributedDataParallel<M> {
             && !self.told_no_layers.swap(true, Ordering::Relaxed)
         {
             tracing::info!(
-                "bonfire-ddp: the model entered no layer through `bonfire_dtensor::layer` with a \
+                "bonfire-ddp: the model entered no layer through `bonfire_module::layer` with a \
                  float input, so gradients are all-reduced after backward instead of during it \
                  (see docs/ddp.md, \"Overlap\")"
             );
@@ -336,7 +337,7 @@ impl<M: Module> DataParallel<M> for DistributedDataParallel<M> {
         &self.pg
     }
 
-    /// In a synchronized step with overlap, the [`bonfire_dtensor::layer`] calls inside `f`
+    /// In a synchronized step with overlap, the [`bonfire_module::layer`] calls inside `f`
     /// attach the gradient hooks that start bucket all-reduces during backward.
     fn forward<R>(&mut self, f: impl FnOnce(&M) -> R) -> R {
         let start = timing::now();

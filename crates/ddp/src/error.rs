@@ -23,7 +23,7 @@ pub enum DdpError {
     /// A parameter's gradient arrived after its bucket had been sent.
     #[error(
         "bonfire-ddp: parameter `{0}` got gradient from outside the layer it was entered \
-         with (`bonfire_dtensor::layer`), after its bucket was already reduced; run every \
+         with (`bonfire_module::layer`), after its bucket was already reduced; run every \
          module that uses it through `layer`"
     )]
     LateGradient(String),

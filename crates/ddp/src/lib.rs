@@ -11,7 +11,7 @@
 //!   that all ranks hold the same parameters and broadcasts rank 0's values. It implements
 //!   [`DataParallel`], the interface it shares with ZeRO (`bonfire-zero`).
 //! - Gradients are grouped in buckets ([`DdpConfig::bucket_bytes`], 25 MiB by default, in
-//!   reverse parameter order). Models that run their layers through [`bonfire_dtensor::layer`] get each bucket's
+//!   reverse parameter order). Models that run their layers through [`bonfire_module::layer`] get each bucket's
 //!   all-reduce started during backward, as soon as its gradients are final.
 //! - [`DistributedDataParallel::no_sync`] for gradient accumulation, [`SyncMode::Periodic`]
 //!   for local SGD, [`Compression`] (bf16, fp16 with error feedback), [`UnusedParams`] for
@@ -52,11 +52,11 @@ mod config;
 mod ddp;
 mod error;
 pub mod primitives;
-pub use bonfire_dtensor::params;
+pub use bonfire_module::params;
 mod reducer;
 pub mod timing;
 
-pub use bonfire_dtensor::DataParallel;
+pub use bonfire_module::DataParallel;
 pub use bucket::BucketPlan;
 pub use compress::Compression;
 pub use config::{DdpConfig, SyncMode, UnusedParams};

@@ -1,5 +1,5 @@
 //! One synchronized step's gradient reduction, on the device: hooks
-//! ([`bonfire_dtensor::graph::SinkHook`]) hand each parameter's gradient as a tensor; when
+//! ([`bonfire_module::graph::SinkHook`]) hand each parameter's gradient as a tensor; when
 //! all the parameters of a bucket are in, the bucket is packed into one flat tensor (Burn ops,
 //! on the device) and its all-reduce starts on the group's communication thread, in bucket
 //! order; `finish` adds whatever backward did not deliver through hooks, waits for every
@@ -12,8 +12,8 @@ use crate::error::DdpError;
 use crate::params::ParamInfo;
 use crate::timing::Span;
 use bonfire_comm::{ProcessGroup, ReduceOp};
-use bonfire_dtensor::PrecisionDTypes;
-use bonfire_dtensor::graph::GradSink;
+use bonfire_module::PrecisionDTypes;
+use bonfire_module::graph::GradSink;
 use burn::tensor::{DType, Device, Tensor};
 use std::sync::Arc;
 
@@ -117,7 +117,7 @@ impl Reducer {
             _ => (&self.pg, 1.0),
         };
         let bucket = bonfire_kernels::pack_scaled(&parts, scale);
-        bonfire_dtensor::precision::observe::observer().reduced(bucket.dtype());
+        bonfire_module::precision::observe::observer().reduced(bucket.dtype());
         if self.record {
             self.launches[b] = crate::timing::now();
         }

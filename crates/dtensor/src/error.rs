@@ -76,7 +76,7 @@ pub enum DTensorError {
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
 
-    /// Ranks hold different parameter sets or shapes (see [`crate::params::check_same`]).
+    /// Ranks hold different parameter sets or shapes (see `bonfire_module::params::check_same`).
     #[error("ranks disagree on the model's parameters: {0}")]
     ParamMismatch(String),
 

@@ -18,21 +18,15 @@
 //!   [`distribute_tensor`], [`DTensor::from_local`], [`DTensor::redistribute`] (each
 //!   transition by the cheapest collective, see [`redistribute::plan`]),
 //!   [`DTensor::full_tensor`].
-//! - [`graph`]: placing operations in Burn's deepest-first backward — [`graph::anchored`]
-//!   (an identity that sits below an anchor) and [`graph::hooked`] (a gradient hook that
-//!   hands a parameter's finished gradient to a closure), the building blocks of DDP's
-//!   overlapped buckets and ZeRO's layer-by-layer gradient reduction.
-//! - [`layer`]: the one call a model makes per layer so that data-parallel wrappers (DDP's
-//!   overlapped buckets, ZeRO-3's per-layer gathers) see its layers — see [`scope`].
-//! - [`recompute()`]: activation checkpointing (recompute in backward) of one region (a layer, a block) — its
-//!   activations recomputed in backward instead of kept, inside any wrapper's hooks.
-//! - [`weight_grad`]: the zero-bubble pipeline's B/W split — linear layers run under
-//!   [`weight_grad::deferring`] leave their weight gradients (`dW = xᵀ·dy`) out of the
-//!   backward, to be computed later from what it kept.
+//! - [`plane`]: the data plane — collectives on tensors wherever they live (host memory or a
+//!   device's), with a transfer ledger of every host crossing ([`plane::ledger`]).
 //! - [`CommCounter`]: counts the collectives a region issued, backward included, like
-//!   PyTorch's `CommDebugMode`.
-//! - [`DataParallel`]: the one interface of the data-parallel wrappers (DDP, ZeRO 0–3), and
-//!   [`params`]: the parameter inventory they share, with [`params::sync_from_root`].
+//!   PyTorch's `CommDebugMode`; [`timing`]: step spans and the ring shifts' hidden time.
+//!
+//! The parallelisms stand above these primitives, each in its own crate: `bonfire-tp`
+//! (tensor and sequence), `bonfire-cp` (context), `bonfire-ep` (expert), `bonfire-recompute`
+//! (activation checkpointing), `bonfire-ddp`, `bonfire-zero`, `bonfire-pipeline`; what they
+//! share of a model (its parameters, layers and gradient hooks) is `bonfire-module`.
 //!
 //! Uneven shards follow torch.chunk ([`chunk_sizes`]): ⌈N/k⌉ per rank, the last non-empty
 //! rank the remainder, later ranks empty.
@@ -88,36 +82,20 @@
 //! ```
 
 mod collectives;
-pub mod context;
-pub mod data_parallel;
 mod debug;
 mod dtensor;
 mod error;
-pub mod expert;
-pub mod graph;
 mod mesh;
-pub mod parallel;
-pub mod params;
 mod placement;
 pub mod plane;
-pub mod precision;
-pub mod recompute;
 pub mod redistribute;
-pub mod scope;
 pub mod timing;
-pub mod weight_grad;
 
 pub use collectives::{
     BACKWARD_TAG_BIT, CollectiveBackend, CollectiveKind, CollectiveSpec, functional,
 };
-pub use data_parallel::DataParallel;
 pub use debug::CommCounter;
 pub use dtensor::{DTensor, DTensorSpec, distribute_tensor};
 pub use error::{DTensorError, Result};
 pub use mesh::DeviceMesh;
 pub use placement::{Placement, chunk_range, chunk_sizes};
-pub use precision::{MixedPrecision, PrecisionDTypes};
-pub use recompute::{RecomputeBackend, recompute};
-pub use scope::{
-    LayerHook, LayerHookGuard, LayerInput, install_layer_hook, layer, without_layer_hooks,
-};

@@ -3,7 +3,7 @@
 //! weights. Under a half format the model's parameters, activations and gradients are held
 //! in it; gradients are cast to the reduce format before they cross ranks; the optimizer
 //! steps an fp32 master copy and keeps fp32 state. (Casting Burn tensors is
-//! `bonfire_dtensor::precision`'s.)
+//! `bonfire_module::precision`'s.)
 
 use std::fmt;
 

@@ -5,8 +5,8 @@
 use crate::cross_entropy;
 use crate::data::TokenBatch;
 use bonfire_comm::ProcessGroup;
-use bonfire_dtensor::context::ContextSplit;
-use bonfire_dtensor::parallel::{
+use bonfire_cp::ContextSplit;
+use bonfire_tp::{
     ColwiseParallel, RowwiseParallel, SequenceParallel, StylePlacement, loss_parallel,
 };
 use bonfire_train::{Axis, LayoutError, ParallelDims};

@@ -7,7 +7,7 @@
 use crate::gpt::attention::{causal_attention, merge_heads, split_heads};
 use crate::layers::{Linear, RmsNorm};
 use crate::llama::LlamaConfig;
-use bonfire_dtensor::layer;
+use bonfire_module::layer;
 use burn::module::Module;
 use burn::tensor::{DType, Device, Int, Tensor, TensorData};
 
@@ -62,7 +62,7 @@ impl Attention {
         let q = split_heads(self.q_proj.forward(x.clone()), hd);
         let k = split_heads(self.k_proj.forward(x.clone()), hd);
         let v = split_heads(self.v_proj.forward(x), hd);
-        let positions = bonfire_dtensor::context::positions(q.dims()[2]);
+        let positions = bonfire_cp::positions(q.dims()[2]);
         let (cos, sin) = rope_tables(&positions, hd, self.rope_theta, &q.device());
         let q = rotate(q, &cos, &sin);
         let k = rotate(k, &cos, &sin);
@@ -79,7 +79,7 @@ impl Attention {
                 (k.select(1, heads.clone()), v.select(1, heads))
             }
         };
-        let y = bonfire_dtensor::context::attention(q, k, v, causal_attention);
+        let y = bonfire_cp::attention(q, k, v, causal_attention);
         self.o_proj.forward(merge_heads(y))
     }
 
@@ -174,7 +174,7 @@ impl<F: FeedForward> DecoderLayer<F> {
     }
 
     /// The layer and what its feed-forward reported; each of its four parts runs through
-    /// [`bonfire_dtensor::layer`], anchored at the input of its half (as the GPT's block
+    /// [`bonfire_module::layer`], anchored at the input of its half (as the GPT's block
     /// does).
     pub fn forward_routed(&self, x: Tensor<3>) -> (Tensor<3>, F::Routing) {
         let h = layer(&self.input_layernorm, &x).forward(x.clone());

@@ -8,7 +8,7 @@
 //! after [`crate::gpt::parallelize::gpt_tp_plan`] each rank holds its shard and `forward` runs the
 //! tensor-parallel version (see `docs/tensor-parallel.md`).
 
-pub use bonfire_dtensor::parallel::{
+pub use bonfire_tp::{
     ParallelEmbedding as Embedding, ParallelLayerNorm as LayerNorm, ParallelLinear as Linear,
     ParallelRmsNorm as RmsNorm,
 };

@@ -10,8 +10,8 @@
 //!
 //! ## Zero-bubble B/W split
 //! Under a schedule with split backward steps (ZB-H1, ZB-V), each micro-batch's forward runs
-//! inside [`bonfire_dtensor::weight_grad::deferring`]: the linear layers
-//! (`bonfire_dtensor::parallel::ParallelLinear`, which carry almost all of a transformer's
+//! inside [`bonfire_module::weight_grad::deferring`]: the linear layers
+//! (`bonfire_tp::ParallelLinear`, which carry almost all of a transformer's
 //! FLOPs) multiply by their weight as a constant and keep their input and, in backward, their
 //! output gradient. [`StageCompute::backward_input`] ("B") then runs a backward that computes
 //! the input gradient and the gradients of the cheap parameters (biases, norms, embeddings)
@@ -25,7 +25,7 @@
 use crate::runtime::{Activation, PipelineError, StageCompute};
 use crate::schedule::{Action, Schedule};
 use bonfire_dtensor::plane::{self, ledger::Reason};
-use bonfire_dtensor::weight_grad::{self, WeightGrads};
+use bonfire_module::weight_grad::{self, WeightGrads};
 use burn::module::Module;
 use burn::optim::{GradientsAccumulator, GradientsParams};
 use burn::tensor::{DType, Device, Gradients, Tensor, TensorData};
@@ -176,7 +176,7 @@ pub type LossFn<'a, const D: usize> = Box<dyn FnMut(usize, Tensor<D>) -> Tensor<
 
 /// Who holds a rank's chunks for computation: the chunks themselves ([`LocalChunks`]), or a
 /// data-parallel wrapper of them (DDP, ZeRO: `bonfire-train` adapts any
-/// `bonfire_dtensor::DataParallel`). The stage runs each micro-batch's forward through it and
+/// `bonfire_module::DataParallel`). The stage runs each micro-batch's forward through it and
 /// hands it each backward's gradients; nothing is reduced here.
 pub trait StageParams<M> {
     /// Runs one micro-batch's forward on the held module (ZeRO-3 gathers parameters here).

@@ -6,13 +6,13 @@
 
 use bonfire_comm::ThreadWorld;
 use bonfire_dtensor::DeviceMesh;
-use bonfire_dtensor::parallel::{ParallelLayerNorm, ParallelLinear};
-use bonfire_dtensor::weight_grad::{self, deferring};
+use bonfire_module::weight_grad::{self, deferring};
 use bonfire_pipeline::Generate;
 use bonfire_pipeline::{
     Block, BurnStage, LocalChunks, Schedule, ScheduleKind, chunks_for_rank, microbatch_weights,
     run_schedule, split_balanced, split_batch,
 };
+use bonfire_tp::{ParallelLayerNorm, ParallelLinear};
 use burn::module::{Module, ModuleVisitor, Param, ParamId};
 use burn::optim::GradientsParams;
 use burn::tensor::activation::gelu;

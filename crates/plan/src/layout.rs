@@ -167,7 +167,7 @@ pub trait PlannedLayout {
     /// [`Self::replicas`] holds everything.
     fn shard_ranks(&self) -> usize;
     /// Whether sequences of `seq` tokens cut under the layout: into `2·cp` equal chunks
-    /// (the balanced split of `bonfire_dtensor::context::ContextSplit`), and a rank's
+    /// (the balanced split of `bonfire_cp::ContextSplit`), and a rank's
     /// `seq / cp` tokens over tp under sequence parallelism. `Err` says what does not.
     fn check_sequence(&self, seq: usize) -> Result<(), String>;
     /// Whether the planner can cost the layout for `model` on `global_batch` sequences:

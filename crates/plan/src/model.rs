@@ -471,7 +471,7 @@ impl ModelSpec {
     /// Elements a block keeps per token on one rank of `tp` beyond (or, negative, short of)
     /// [`Self::block_activation_elems`] at `seq` — the whole sequence — when the sequence is
     /// split over `cp > 1` ranks and attention is Bonfire's ring attention
-    /// (`bonfire_dtensor::context::ring_attention`, which autodiff differentiates step by
+    /// (`bonfire_cp::ring_attention`, which autodiff differentiates step by
     /// step). Derived from the code, not fitted:
     /// - [`Attention::Materialized`] (16-bit types): each of the `cp` ring steps computes its
     ///   block — with balanced chunks no block lies wholly in a rank's future, so none is
@@ -522,7 +522,7 @@ impl ModelSpec {
 
     /// Elements a block keeps per token on one rank of `tp` between its input-gradient
     /// backward (B) and its deferred weight gradients (W) under a zero-bubble schedule: each
-    /// linear layer's input and output gradient (`bonfire_dtensor::weight_grad`). The inputs
+    /// linear layer's input and output gradient (`bonfire_module::weight_grad`). The inputs
     /// and output gradients of the column-parallel products' inputs and the row-parallel
     /// products' outputs are whole on every tp rank (4d, gathered under sequence
     /// parallelism too); the attention output and MLP hidden inputs, and the q/k/v and MLP

@@ -14,7 +14,7 @@ use crate::cluster::LinkSpec;
 /// about 20 in an eager GPT block); backward launches twice as many.
 pub const KERNELS_PER_BLOCK: f64 = 20.0;
 /// Kernels one step of ring attention launches in a forward (counted in
-/// `bonfire_dtensor::context::ring_attention`; in 16-bit types: the block's key/value
+/// `bonfire_cp::ring_attention`; in 16-bit types: the block's key/value
 /// narrows and head selects, the causal bias from the chunks' positions, the two products,
 /// the bias, the running max, the rescale, exponents, sums and the running numerator's
 /// update; in f32: per fused call — at most two a step — the inputs' contiguous copies, the

@@ -33,7 +33,7 @@ pub enum TrainError {
     Pipeline(#[from] PipelineError),
     /// Tensor-parallelizing the model failed (`bonfire-dtensor`'s `ParallelError`).
     #[error("tensor parallelism: {0}")]
-    Parallel(#[from] bonfire_dtensor::parallel::ParallelError),
+    Parallel(#[from] bonfire_tp::ParallelError),
     /// The model's own description is inconsistent (pipeline pieces that do not cover its
     /// parameters, …).
     #[error("model: {0}")]

@@ -12,7 +12,7 @@
 //!   module path, its layers). A plain Burn model needs only the loss.
 //! - [`Trainer::build`] checks everything first, then applies tensor parallelism, cuts the
 //!   pipeline and wraps the dp axis ([`DpWrapper`]: DDP or ZeRO, behind
-//!   [`bonfire_dtensor::DataParallel`]), returning this rank's [`Engine`].
+//!   [`bonfire_module::DataParallel`]), returning this rank's [`Engine`].
 //! - [`fit`] is the loop: batches from a [`DataSource`], steps, reports (progress bar,
 //!   `--metrics` JSON lines, tokens/s), hooks for gradients and checkpoints.
 //! - [`checkpoint`]: the whole training state saved in any layout (each rank its own slices,

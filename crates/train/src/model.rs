@@ -5,7 +5,7 @@
 //! model stays a Burn model):
 //!
 //! - tensor parallelism: [`ParallelModel::tensor_parallel_plan`], module paths to styles (its
-//!   layers must be `bonfire_dtensor::parallel`'s parallel-aware ones where the plan shards
+//!   layers must be `bonfire_tp`'s parallel-aware ones where the plan shards
 //!   them), and [`ParallelModel::check_layout`] for what a plan cannot see (heads divisible);
 //! - pipeline parallelism: [`ParallelModel::pipeline`], the model cut into pieces named by
 //!   module path, with how a batch enters the first piece and how the last one's output
@@ -19,10 +19,10 @@
 use crate::engine::pipeline::{Pieces, PipelineContext};
 use crate::engine::{ContextCut, Engine};
 use crate::error::{LayoutError, TrainError};
-use bonfire_dtensor::context::ContextSplit;
-use bonfire_dtensor::parallel::ParallelPlan;
+use bonfire_cp::ContextSplit;
 use bonfire_layout::ParallelDims;
 use bonfire_pipeline::Block;
+use bonfire_tp::ParallelPlan;
 use burn::module::Module;
 use burn::tensor::Tensor;
 use burn::tensor::kind::Basic;
@@ -92,14 +92,14 @@ pub trait ParallelModel: Module + Sized + 'static {
 
     /// The module paths of the model's mixture-of-experts expert modules: every parameter
     /// under them is stacked by expert along dimension 0, and the model runs its experts
-    /// through `bonfire_dtensor::expert::run_experts`. Expert parallelism (ep > 1) keeps a
+    /// through `bonfire_ep::run_experts`. Expert parallelism (ep > 1) keeps a
     /// rank's `E/ep` experts of each and exchanges tokens; empty (the default): the model has
     /// no experts, and a layout with ep > 1 is refused.
     fn experts(&self) -> Vec<String> {
         Vec::new()
     }
 
-    /// The module paths of the layers the model runs through `bonfire_dtensor::layer` (what
+    /// The module paths of the layers the model runs through `bonfire_module::layer` (what
     /// DDP and ZeRO-2 overlap with backward and ZeRO-3 gathers one at a time). Empty: the
     /// wrappers reduce after backward and ZeRO-3 gathers for the whole forward; the trainer
     /// says so when it builds.
@@ -117,7 +117,7 @@ pub trait ParallelModel: Module + Sized + 'static {
     /// This cp rank's tokens of every sequence of `batch`, cut as `split` says (rank `rank`'s
     /// chunks). Called only when [`sequence_length`](Self::sequence_length) is `Some`; the
     /// model's attention and positions follow the chunks through
-    /// `bonfire_dtensor::context::{attention, positions}`.
+    /// `bonfire_cp::{attention, positions}`.
     fn context_batch(batch: &Self::Batch, split: &ContextSplit, rank: usize) -> Self::Batch {
         let _ = (split, rank);
         batch.clone()
@@ -141,7 +141,7 @@ pub trait ParallelModel: Module + Sized + 'static {
 /// pieces named [checkpointable](Self::with_checkpointable) are the layers that
 /// `ParallelDims::activation_checkpointing` counts (`Every(k)`: the 0th, k-th, 2k-th, … of
 /// them, in model order), each recomputed in backward as one region
-/// (`bonfire_dtensor::recompute`).
+/// (`bonfire_recompute::recompute`).
 pub struct Pipeline<B> {
     pub(crate) inner: Box<dyn BuildPipeline<B>>,
 }

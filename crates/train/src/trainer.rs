@@ -13,13 +13,12 @@ use crate::error::{LayoutError, TrainError};
 use crate::model::{ParallelModel, Rows};
 use crate::wrapper::{DpSpec, OptimizerFactory};
 use bonfire_comm::ProcessGroup;
+use bonfire_cp::ContextSplit;
 use bonfire_ddp::DdpConfig;
 use bonfire_dtensor::DeviceMesh;
-use bonfire_dtensor::context::ContextSplit;
-use bonfire_dtensor::expert::{self, ExpertParams};
-use bonfire_dtensor::parallel::parallelize_module;
-use bonfire_dtensor::params;
 use bonfire_layout::{Axis, ParallelDims};
+use bonfire_module::params;
+use bonfire_tp::parallelize_module;
 use bonfire_zero::{ZeroConfig, ZeroStage};
 use burn::module::Module;
 use burn::optim::ModuleOptimizer;
@@ -180,7 +179,7 @@ impl Trainer {
         if model.layers().is_empty() && dims.data_replicas() * dims.cp() > 1 && world.rank() == 0 {
             tracing::info!(
                 "bonfire-train: the model names no layers, so {} (run layers through \
-                 `bonfire_dtensor::layer` and list them in `ParallelModel::layers`)",
+                 `bonfire_module::layer` and list them in `ParallelModel::layers`)",
                 match dims.zero {
                     ZeroStage::Zero3 => "ZeRO-3 gathers every parameter for the whole forward",
                     ZeroStage::Zero0 | ZeroStage::Zero2 =>
@@ -201,18 +200,14 @@ impl Trainer {
             Some(groups) => {
                 let ep = at.dims.ep();
                 let (model, ids) =
-                    expert::shard_experts(model, &model_experts, groups.ep.rank(), ep);
-                let params = ExpertParams {
-                    ids,
-                    replicas: groups.replicas.clone(),
-                    ep,
-                };
+                    bonfire_ep::shard_experts(model, &model_experts, groups.ep.rank(), ep);
+                let params = bonfire_ep::expert_subgroup(ids, groups.replicas.clone(), ep);
                 (model, Some(params))
             }
             None => (model, None),
         };
         let layout = match &experts {
-            Some(x) => ModelLayout::of(&model).with_experts(&x.ids, x.ep),
+            Some(x) => ModelLayout::of(&model).with_experts(&x.ids, at.dims.ep()),
             None => ModelLayout::of(&model),
         };
         if at.dims.pp() == 1 {
@@ -257,7 +252,7 @@ fn check_experts<M: ParallelModel>(model: &M, dims: &ParallelDims) -> Result<(),
     if experts.is_empty() {
         return refuse("the model has no experts to split (ParallelModel::experts)".into());
     }
-    if let Err(e) = expert::check_experts(model, &experts, ep) {
+    if let Err(e) = bonfire_ep::check_experts(model, &experts, ep) {
         return refuse(e.to_string());
     }
     Ok(())

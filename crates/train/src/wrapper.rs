@@ -5,10 +5,11 @@
 use crate::error::{LayoutError, TrainError};
 use bonfire_comm::ProcessGroup;
 use bonfire_ddp::{DdpConfig, DistributedDataParallel, StepTiming};
-use bonfire_dtensor::expert::ExpertParams;
-use bonfire_dtensor::params::ParamValues;
-use bonfire_dtensor::{DataParallel, DeviceMesh};
+use bonfire_dtensor::DeviceMesh;
 use bonfire_layout::{Axis, ParallelDims};
+use bonfire_module::DataParallel;
+use bonfire_module::Subgroup;
+use bonfire_module::params::ParamValues;
 use bonfire_pipeline::{PipelineError, StageParams};
 use bonfire_zero::{MemoryReport, Zero, ZeroConfig, ZeroStage};
 use burn::module::Module;
@@ -120,7 +121,7 @@ impl DpSpec {
         mesh: &DeviceMesh,
         axis: &str,
         dims: &ParallelDims,
-        experts: Option<ExpertParams>,
+        experts: Option<Subgroup>,
     ) -> Result<DpWrapper<M>, TrainError> {
         self.check(dims)?;
         let optim = (self.optimizer)();
@@ -154,7 +155,7 @@ impl DpSpec {
         &self,
         model: M,
         at: &crate::RankMesh,
-        experts: Option<ExpertParams>,
+        experts: Option<Subgroup>,
     ) -> Result<DpWrapper<M>, TrainError> {
         let mesh = at.replica_mesh()?;
         let built = self.build_with(model, &mesh, Axis::Dp.name(), &at.dims, experts)?;

@@ -2,11 +2,11 @@
 //!
 //! A rank's expert parameters hold its ep rank's slice of the experts, which the other ep
 //! ranks of its dp group do not have; the ranks holding the same slice are the experts'
-//! replicas ([`ExpertParams::replicas`], `dp·cp/ep` of them). So the experts get a flat
+//! replicas ([`Subgroup::replicas`], `dp·cp/ep` of them). So the experts get a flat
 //! vector and a [`Partition`] of their own, over the replicas — stage 1 shards their
 //! optimizer state there, stages 2 and 3 their gradients too — while every other parameter
 //! keeps the wrapper's partition over the whole dp group. Their gradient is reduced over the
-//! replicas and scaled by [`ExpertParams::grad_scale`] (the mean over the whole dp group).
+//! replicas and scaled by [`Subgroup::grad_scale`] (the mean over the whole dp group).
 //! Stages 1–2 hold the slice whole in the model between steps; stage 3 shards it too and
 //! gathers it per layer over the replicas (`experts3.rs`).
 
@@ -16,9 +16,9 @@ use crate::optim::ShardOptimizer;
 use crate::params::{self, ParamInfo, ParamValues};
 use crate::partition::Partition;
 use bonfire_comm::ReduceOp;
-use bonfire_dtensor::PrecisionDTypes;
-use bonfire_dtensor::expert::ExpertParams;
 use bonfire_dtensor::plane::{self, ledger::Reason};
+use bonfire_module::PrecisionDTypes;
+use bonfire_module::Subgroup;
 use burn::module::Module;
 use burn::optim::ModuleOptimizer;
 use burn::tensor::{DType, Device, Tensor};
@@ -27,7 +27,7 @@ use std::sync::Arc;
 
 /// The expert parameters' shards on one rank (see the module docs).
 pub(crate) struct ExpertShards {
-    pub params: ExpertParams,
+    pub params: Subgroup,
     /// The expert parameters, in module order.
     pub infos: Arc<Vec<ParamInfo>>,
     pub(crate) part: Arc<Partition>,
@@ -55,7 +55,7 @@ impl ExpertShards {
     /// The shards of `infos` (the expert parameters of `params`) for `config`'s stage (1–3),
     /// stepped by a copy of `optim` on `device`.
     pub fn new(
-        params: ExpertParams,
+        params: Subgroup,
         infos: Vec<ParamInfo>,
         optim: ModuleOptimizer,
         config: &ZeroConfig,
@@ -114,7 +114,7 @@ impl ExpertShards {
         self.accumulate(per_param);
         let dtype = self.config.precision.reduce_dtype();
         let sums = std::mem::replace(&mut self.accumulated, vec![None; self.infos.len()]);
-        let scale = self.params.grad_scale();
+        let scale = self.params.grad_scale;
         let flat = crate::grads::pack(sums, &self.infos, &self.device, dtype, scale);
         let replicas = &self.params.replicas;
         let reduced = match self.stage {
@@ -166,7 +166,7 @@ impl ExpertShards {
         let Some(g) = self.grads.as_mut().and_then(Option::take) else {
             return true;
         };
-        let (g, finite) = bonfire_dtensor::data_parallel::scale_and_check(g, factor);
+        let (g, finite) = bonfire_module::scale_and_check(g, factor);
         self.grads = Some(Some(g));
         finite
     }
@@ -201,7 +201,7 @@ impl ExpertShards {
             let home = self.device.clone().inner();
             let master = self.optim.master().map(|m| {
                 let m = plane::to_device(m.clone(), &home, Reason::Offload);
-                params::with_context_of(m, &self.device)
+                bonfire_dtensor::plane::with_context_of(m, &self.device)
             });
             let counts = self.part.counts();
             let replicas = &self.params.replicas;

@@ -4,15 +4,15 @@
 //! answers for its own parameters), and the gathers' backward reduce-scatters their gradients
 //! onto the owned pieces, summed over the replicas — scaled here to the mean over the whole
 //! dp group. A rank whose experts get no token still runs that reduce-scatter: the model
-//! touches its experts anyway (`bonfire_dtensor::expert::run_experts`).
+//! touches its experts anyway (`bonfire_ep::run_experts`).
 
 use crate::error::Result;
 use crate::experts::ExpertShards;
 use crate::gather::{GatherPlan, ZeroLayerHook, lazy_module};
 use crate::params;
-use bonfire_dtensor::install_layer_hook;
 use bonfire_dtensor::plane;
-use bonfire_dtensor::scope::LayerHookGuard;
+use bonfire_module::LayerHookGuard;
+use bonfire_module::install_layer_hook;
 use burn::module::Module;
 use burn::tensor::{DType, Gradients, Tensor};
 use std::rc::Rc;
@@ -88,7 +88,7 @@ impl ExpertShards {
     /// replicas.
     pub(crate) fn reduce_own(&mut self) -> Result<()> {
         let own = self.own_range();
-        let scale = self.params.grad_scale() / self.params.replicas.size() as f32;
+        let scale = self.params.grad_scale / self.params.replicas.size() as f32;
         let sums = &mut std::mem::take(&mut self.accumulated_own);
         let g = crate::grads::own_range(self.optim.pieces(), own.start, sums, &self.device, scale);
         self.pieces.clear();

@@ -5,7 +5,7 @@
 //! under Balanced checkpointing backward re-gathers it instead of keeping it, and its
 //! gradient goes back reduce-scattered onto the shard — at one of two moments:
 //!
-//! - **Per layer** (models that run their layers through [`bonfire_dtensor::layer`]): when a
+//! - **Per layer** (models that run their layers through [`bonfire_module::layer`]): when a
 //!   layer is entered, all its parameters are gathered into the layer's copy
 //!   ([`ZeroLayerHook`]); they are freed when the model drops that copy. The next layer's
 //!   gather runs meanwhile on a helper thread: the order of layers is recorded in each forward
@@ -24,9 +24,9 @@
 use crate::params::ParamInfo;
 use crate::partition::Partition;
 use bonfire_comm::ProcessGroup;
-use bonfire_dtensor::LayerHook;
-use bonfire_dtensor::MixedPrecision;
-use bonfire_dtensor::PrecisionDTypes;
+use bonfire_module::LayerHook;
+use bonfire_module::MixedPrecision;
+use bonfire_module::PrecisionDTypes;
 use burn::module::{Module, ModuleMapper, Param, ParamId};
 use burn::tensor::{DispatchTensor, Tensor};
 use std::collections::HashMap;
@@ -164,7 +164,7 @@ impl GatherPlan {
         let counts = self.part.param_counts(i);
         let piece = self.pieces[i].clone();
         let piece = match anchor {
-            Some(anchor) => bonfire_dtensor::graph::anchored(piece, anchor),
+            Some(anchor) => bonfire_module::graph::anchored(piece, anchor),
             None => piece,
         };
         let before = counts.iter().take_while(|&&c| c == 0).count();
@@ -174,7 +174,7 @@ impl GatherPlan {
         let (param_dtype, reduce_dtype) =
             (self.precision.param_dtype(), self.precision.reduce_dtype());
         // This rank's record, also when a helper thread prefetches.
-        let record = bonfire_dtensor::precision::observe::observer();
+        let record = bonfire_module::precision::observe::observer();
         move || {
             // Cast to the param dtype inside the recomputable gather: a cast after it would
             // be a compute-bound op whose half-precision output Burn keeps until backward.

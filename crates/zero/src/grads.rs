@@ -40,7 +40,7 @@ pub(crate) fn pack(
         })
         .collect();
     let flat = bonfire_kernels::pack_scaled(&parts, scale);
-    bonfire_dtensor::precision::observe::observer().reduced(flat.dtype());
+    bonfire_module::precision::observe::observer().reduced(flat.dtype());
     flat
 }
 

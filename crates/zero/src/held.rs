@@ -20,7 +20,7 @@ pub struct MemoryReport {
     pub optim_host: usize,
     /// Stage 3: the most bytes of gathered parameters alive at once in the last forward —
     /// the transient "live gathered layer" term of the formula (with layers entered through
-    /// [`bonfire_dtensor::layer`]: about one layer plus the prefetched next one; without:
+    /// [`bonfire_module::layer`]: about one layer plus the prefetched next one; without:
     /// everything gathered).
     pub gathered_peak: usize,
     /// Stage 3: everything gathered in the last forward.

@@ -12,7 +12,7 @@
 //!   state is sharded. It implements [`DataParallel`], the interface it shares with DDP.
 //! - [`Partition`]: parameters flattened in module order into one logical vector, cut into
 //!   contiguous byte-balanced ranges; a parameter may straddle ranks.
-//! - Models show their layers with [`bonfire_dtensor::layer`]: stage 3 then gathers each
+//! - Models show their layers with [`bonfire_module::layer`]: stage 3 then gathers each
 //!   layer's parameters when it is entered and frees them when it is done (re-gathered in
 //!   backward under Balanced checkpointing, the next layer prefetched), and stage 2
 //!   reduce-scatters gradient buckets while backward runs. Parameters used outside any layer
@@ -22,7 +22,7 @@
 //!
 //! ```
 //! use bonfire_comm::ThreadWorld;
-//! use bonfire_dtensor::layer;
+//! use bonfire_module::layer;
 //! use bonfire_zero::{DataParallel, ZeroStage, Zero, ZeroConfig, held_param_bytes};
 //! use burn::module::Module;
 //! use burn::nn::{Linear, LinearConfig};
@@ -84,13 +84,13 @@ mod gather;
 mod grads;
 mod held;
 pub mod optim;
-pub use bonfire_dtensor::params;
+pub use bonfire_module::params;
 pub mod partition;
 mod reduce;
 mod train;
 mod zero;
 
-pub use bonfire_dtensor::DataParallel;
+pub use bonfire_module::DataParallel;
 pub use config::{ZeroConfig, ZeroStage};
 pub use error::{Result, ZeroError};
 pub use gather::GatherSummary;

@@ -18,7 +18,6 @@
 
 use crate::error::{Result, ZeroError};
 use crate::partition::Piece;
-use bonfire_dtensor::params;
 use bonfire_dtensor::plane::{self, ledger::Reason};
 use burn::module::{Module, Param, ParamId};
 use burn::optim::{GradientsParams, ModuleOptimizer};
@@ -205,7 +204,7 @@ impl ShardOptimizer {
         } else {
             updated
         };
-        params::with_context_of(updated, &home)
+        bonfire_dtensor::plane::with_context_of(updated, &home)
     }
 
     /// The device the optimizer steps on and keeps its state: the offload device with

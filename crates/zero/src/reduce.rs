@@ -13,9 +13,9 @@
 //! bucket at the end of backward.
 //!
 //! Gradients arrive two ways:
-//! - during backward, for the layers a model runs through [`bonfire_dtensor::layer`]: each
+//! - during backward, for the layers a model runs through [`bonfire_module::layer`]: each
 //!   parameter of the layer's copy carries a gradient hook anchored at the layer's input
-//!   ([`bonfire_dtensor::graph::SinkHook`]), which fires right after the layer's backward
+//!   ([`bonfire_module::graph::SinkHook`]), which fires right after the layer's backward
 //!   and deposits it here ([`GradBuckets`] is its [`GradSink`]);
 //! - after backward, from Burn's `Gradients`, for everything else ([`GradBuckets::finish`]).
 //!
@@ -26,9 +26,9 @@ use crate::error::{Result, ZeroError};
 use crate::params::ParamInfo;
 use crate::partition::Partition;
 use bonfire_comm::{ProcessGroup, ReduceOp};
-use bonfire_dtensor::graph::GradSink;
 use bonfire_dtensor::plane::{self, PendingPiece};
 use bonfire_dtensor::timing::{self, Span};
+use bonfire_module::graph::GradSink;
 use burn::tensor::{DType, Device, Tensor};
 use std::collections::BTreeMap;
 use std::ops::Range;
@@ -130,7 +130,7 @@ impl GradBuckets {
             if self.launched[k] {
                 return Err(ZeroError::Usage(format!(
                     "parameter `{}` got gradient from outside the layer it was entered with \
-                     (`bonfire_dtensor::layer`) after its bucket was reduced; run every module \
+                     (`bonfire_module::layer`) after its bucket was reduced; run every module \
                      that uses it through `layer`",
                     self.infos[p].path
                 )));
@@ -178,7 +178,7 @@ impl GradBuckets {
             self.launched[k] = true;
             let range = self.bounds[k].clone();
             let bucket = self.pack(k);
-            bonfire_dtensor::precision::observe::observer().reduced(bucket.dtype());
+            bonfire_module::precision::observe::observer().reduced(bucket.dtype());
             let counts = self.part.sub_counts(&range);
             let own_start = self.part.ranges[self.pg.rank()].start;
             let at = own_start.max(range.start).saturating_sub(own_start);

@@ -2,7 +2,7 @@
 //!
 //! - Stages 0–1 all-reduce the full gradient and step the own range of the optimizer state.
 //! - Stage 2 reduce-scatters gradient buckets, during backward for layers entered through
-//!   [`bonfire_dtensor::layer`] (the shared [`SinkHook`]), after it for the rest.
+//!   [`bonfire_module::layer`] (the shared [`SinkHook`]), after it for the rest.
 //! - Stage 3 gathers parameters for each forward (`gather.rs`); their gradients come back
 //!   reduce-scattered onto the owned pieces through the gathers' backward.
 //!
@@ -17,11 +17,11 @@ use crate::params::{self, ParamValues};
 use crate::reduce::GradBuckets;
 use crate::zero::Zero;
 use bonfire_comm::{ProcessGroup, ReduceOp};
-use bonfire_dtensor::PrecisionDTypes;
-use bonfire_dtensor::graph::SinkHook;
 use bonfire_dtensor::plane::{self, ledger::Reason};
 use bonfire_dtensor::timing;
-use bonfire_dtensor::{DataParallel, install_layer_hook};
+use bonfire_module::PrecisionDTypes;
+use bonfire_module::graph::SinkHook;
+use bonfire_module::{DataParallel, install_layer_hook};
 use burn::module::Module;
 use burn::optim::GradientsParams;
 use burn::tensor::{DType, Gradients, Tensor};
@@ -32,7 +32,7 @@ use std::sync::atomic::Ordering;
 
 impl<M: Module> Zero<M> {
     /// Stage 3's forward: `f` sees a module whose parameters hold no value; each layer the
-    /// model enters through [`bonfire_dtensor::layer`] gets its parameters all-gathered into
+    /// model enters through [`bonfire_module::layer`] gets its parameters all-gathered into
     /// its copy (freed when the model drops it), the next layer's gather prefetched
     /// meanwhile; a parameter used outside any layer is gathered on first use and kept until
     /// `f` returns. The gather is recomputable: under Balanced checkpointing backward
@@ -86,7 +86,7 @@ impl<M: Module> Zero<M> {
         {
             tracing::info!(
                 "bonfire-zero: stage {} {consequence}: the model entered no layer through \
-                 `bonfire_dtensor::layer` with a float input (see docs/zero.md, \"Layers\")",
+                 `bonfire_module::layer` with a float input (see docs/zero.md, \"Layers\")",
                 self.config.stage.index()
             );
         }
@@ -249,7 +249,7 @@ impl<M: Module> DataParallel<M> for Zero<M> {
         &self.pg
     }
 
-    /// At stage 2, each layer the model enters through [`bonfire_dtensor::layer`] gets
+    /// At stage 2, each layer the model enters through [`bonfire_module::layer`] gets
     /// gradient hooks so that its gradient buckets are reduce-scattered while backward runs.
     /// At stage 3 parameters are gathered (see `gathered_forward` in the source).
     fn forward<R>(&mut self, f: impl FnOnce(&M) -> R) -> R {
@@ -394,7 +394,7 @@ impl<M: Module> DataParallel<M> for Zero<M> {
         let Some(g) = self.grads.as_mut().and_then(Option::take) else {
             return Ok(experts_finite);
         };
-        let (g, finite) = bonfire_dtensor::data_parallel::scale_and_check(g, factor);
+        let (g, finite) = bonfire_module::scale_and_check(g, factor);
         self.grads = Some(Some(g));
         Ok(finite && experts_finite)
     }

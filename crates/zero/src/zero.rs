@@ -1,5 +1,5 @@
 //! [`Zero`]: a Burn module and optimizer trained with ZeRO sharded data parallelism — the
-//! wrapper's state and construction. Training (the [`bonfire_dtensor::DataParallel`]
+//! wrapper's state and construction. Training (the [`bonfire_module::DataParallel`]
 //! implementation) is in `train.rs`, the byte accounting in `held.rs`.
 
 use crate::config::{ZeroConfig, ZeroStage};
@@ -12,11 +12,11 @@ use crate::partition::Partition;
 use crate::reduce::GradBuckets;
 use bonfire_comm::ProcessGroup;
 use bonfire_dtensor::DeviceMesh;
-use bonfire_dtensor::PrecisionDTypes;
-use bonfire_dtensor::expert::ExpertParams;
-use bonfire_dtensor::graph::SharedSink;
 use bonfire_dtensor::plane::{self, ledger::Reason};
 use bonfire_dtensor::timing::StepTiming;
+use bonfire_module::PrecisionDTypes;
+use bonfire_module::Subgroup;
+use bonfire_module::graph::SharedSink;
 use burn::module::{Module, ModuleMapper, Param};
 use burn::optim::ModuleOptimizer;
 use burn::tensor::{DType, Device, Tensor};
@@ -26,7 +26,7 @@ use std::sync::{Arc, Mutex};
 
 /// One rank's part of a model trained with ZeRO.
 ///
-/// It implements [`DataParallel`](bonfire_dtensor::DataParallel) (import the trait to call
+/// It implements [`DataParallel`](bonfire_module::DataParallel) (import the trait to call
 /// it): a step is `forward` → `backward` → `step` (or `train_step`). All calls are
 /// collectives: make them on every rank, in the same order. With ranks as threads give each
 /// rank its own parameters (`model.fork(&device)`).
@@ -117,7 +117,7 @@ impl<M: Module> Zero<M> {
         mesh: &DeviceMesh,
         axis: &str,
         config: ZeroConfig,
-        experts: ExpertParams,
+        experts: Subgroup,
     ) -> Result<Self> {
         let pg = mesh.group(axis)?.clone();
         Self::build(model, optim.into(), pg, config, Some(experts))
@@ -128,7 +128,7 @@ impl<M: Module> Zero<M> {
         optim: ModuleOptimizer,
         pg: ProcessGroup,
         config: ZeroConfig,
-        experts: Option<ExpertParams>,
+        experts: Option<Subgroup>,
     ) -> Result<Self> {
         if experts.is_some() && config.stage == ZeroStage::Zero0 {
             return Err(ZeroError::Usage(
@@ -351,7 +351,7 @@ impl<M: Module> Zero<M> {
             let home = self.device.clone().inner();
             return self.optim.master().map(|m| {
                 let m = plane::to_device(m.clone(), &home, Reason::Offload);
-                params::with_context_of(m, &self.device)
+                bonfire_dtensor::plane::with_context_of(m, &self.device)
             });
         }
         self.own_tensor().map(|t| t.cast(DType::F32))

@@ -8,10 +8,9 @@
 //! skipped reduce-scatter into a failure).
 
 use bonfire_comm::{ProcessGroup, ThreadWorld};
-use bonfire_dtensor::expert::{
-    ExpertParams, ExpertScope, permute, run_experts, shard_experts, unpermute,
-};
-use bonfire_dtensor::{DeviceMesh, layer};
+use bonfire_dtensor::DeviceMesh;
+use bonfire_ep::{ExpertScope, expert_subgroup, permute, run_experts, shard_experts, unpermute};
+use bonfire_module::layer;
 use bonfire_zero::{DataParallel, Zero, ZeroConfig, ZeroStage};
 use burn::module::{Module, Param};
 use burn::optim::SgdConfig;
@@ -89,13 +88,9 @@ fn train(stage: ZeroStage) -> Vec<Vec<f32>> {
             let r = pg.rank();
             let ep_group = pg.new_group(&[r / EP * EP, r / EP * EP + 1]).unwrap();
             let replicas = pg.new_group(&[r % EP, r % EP + EP]).unwrap();
-            let model = bonfire_dtensor::params::fork(initial.clone(), &device);
+            let model = bonfire_module::params::fork(initial.clone(), &device);
             let (model, ids) = shard_experts(model, &["experts".into()], r % EP, EP);
-            let experts = ExpertParams {
-                ids,
-                replicas,
-                ep: EP,
-            };
+            let experts = expert_subgroup(ids, replicas, EP);
             let mesh = DeviceMesh::one_d(&pg, "dp").unwrap();
             let config = ZeroConfig::new(stage).with_report_no_layers(false);
             let mut z = Zero::on_mesh_with_experts(

@@ -1,5 +1,5 @@
 //! Stage 3 frees each layer's gathered parameters when the layer is done, measured with a
-//! counting allocator: a model that runs its layers through `bonfire_dtensor::layer` holds
+//! counting allocator: a model that runs its layers through `bonfire_module::layer` holds
 //! about one layer (plus the prefetched next) of full parameters during forward; the same
 //! model without layer scopes holds all of them until forward returns. Both train to the
 //! same parameters.
@@ -9,8 +9,8 @@
 
 use bonfire_comm::ThreadWorld;
 use bonfire_comm::testing::rank_alloc::{self, RankAllocator};
-use bonfire_dtensor::PrecisionDTypes;
-use bonfire_dtensor::{MixedPrecision, layer};
+use bonfire_module::PrecisionDTypes;
+use bonfire_module::{MixedPrecision, layer};
 use bonfire_zero::{DataParallel, Zero, ZeroConfig, ZeroStage};
 use burn::module::Module;
 use burn::nn::{Linear, LinearConfig};

@@ -6,7 +6,7 @@ mod common;
 use bonfire_comm::ThreadWorld;
 use bonfire_ddp::params;
 use bonfire_dtensor::DeviceMesh;
-use bonfire_dtensor::parallel::{
+use bonfire_tp::{
     ColwiseParallel, ParallelLinear, ParallelPlan, RowwiseParallel, parallelize_module,
 };
 use bonfire_zero::{DataParallel, Zero, ZeroConfig, ZeroStage};

@@ -17,9 +17,9 @@
 //! `step_ms`; `a2a_calls` is the calls a rank made on the ep group in one step.
 
 use bonfire_comm::{OpKind, ProcessGroup, RECORDER_CAPACITY};
-use bonfire_dtensor::context::ContextSplit;
-use bonfire_dtensor::expert::ExpertScope;
+use bonfire_cp::ContextSplit;
 use bonfire_dtensor::plane::TransferLedger;
+use bonfire_ep::ExpertScope;
 use bonfire_examples::default_device;
 use bonfire_examples::throughput::{Hosts, RankRun, Rows, Steps};
 use bonfire_models::data::TokenBatch;

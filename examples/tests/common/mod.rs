@@ -77,7 +77,7 @@ pub fn random_batches(cfg: &GptConfig, steps: usize, batch: usize, seed: u64) ->
 }
 
 /// Every test that needs a reproducible draw builds its model through `seeded` (one lock for
-/// the whole process: `bonfire_dtensor::params::seeded`).
+/// the whole process: `bonfire_module::params::seeded`).
 pub use bonfire_ddp::params::seeded;
 
 /// A suite's GPT and its batches: the model initialised from `model_seed`, `steps` global

@@ -1,6 +1,6 @@
 //! What [`Classifier`] needs to be trained by `bonfire-train` with DDP or ZeRO: its loss on a
 //! batch. That is all — no change to the model's code. (Tensor parallelism would add a plan
-//! over `burn::nn` layers replaced by `bonfire_dtensor::parallel`'s parallel-aware ones, and
+//! over `burn::nn` layers replaced by `bonfire_tp`'s parallel-aware ones, and
 //! pipeline parallelism the model cut into pieces: see docs/train.md.)
 
 use super::model::Classifier;

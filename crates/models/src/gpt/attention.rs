@@ -48,7 +48,7 @@ impl Attention {
         let k = self.k.forward(x.clone());
         let v = self.v.forward(x);
         let (q, k, v) = (split_heads(q, dh), split_heads(k, dh), split_heads(v, dh));
-        let y = bonfire_dtensor::context::attention(q, k, v, causal_attention);
+        let y = bonfire_cp::attention(q, k, v, causal_attention);
         self.o.forward(merge_heads(y))
     }
 

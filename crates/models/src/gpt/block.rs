@@ -2,8 +2,8 @@
 
 use super::attention::Attention;
 use crate::layers::{LayerNorm, Linear};
-use bonfire_dtensor::layer;
 use bonfire_kernels::gelu;
+use bonfire_module::layer;
 use burn::module::Module;
 use burn::tensor::{Device, Tensor};
 
@@ -54,7 +54,7 @@ impl Block {
         }
     }
 
-    /// The block. Each of its four layers runs through [`bonfire_dtensor::layer`], anchored at
+    /// The block. Each of its four layers runs through [`bonfire_module::layer`], anchored at
     /// the input of its half, and its copy drops at the end of its statement: under DDP the
     /// MLP's gradients leave while attention's backward still runs; under ZeRO stage 3 only
     /// the layer being computed (and the prefetched next one) holds gathered parameters.

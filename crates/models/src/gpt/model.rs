@@ -3,8 +3,8 @@
 use super::block::Block;
 use super::config::GptConfig;
 use crate::layers::{Embedding, LayerNorm, Linear};
-use bonfire_dtensor::layer;
-use bonfire_dtensor::parallel::loss_parallel;
+use bonfire_module::layer;
+use bonfire_tp::loss_parallel;
 use burn::module::Module;
 use burn::tensor::{DType, Device, Int, Tensor};
 

@@ -1,6 +1,6 @@
 //! How the GPT is parallelized, from outside its code: its [`ParallelModel`] description —
 //! the tensor-parallel plan (like torchtitan's Llama plan), the checks a plan cannot see, the
-//! layers it runs through `bonfire_dtensor::layer`, and its pipeline pieces, which run the
+//! layers it runs through `bonfire_module::layer`, and its pipeline pieces, which run the
 //! very functions [`Gpt::forward`] runs ([`embed`], `Block::forward`, [`head`]), the
 //! transformer blocks among them checkpointable (activation checkpointing).
 //!
@@ -21,9 +21,9 @@ use super::model::{Gpt, embed, head};
 use crate::data::TokenBatch;
 use crate::decoder::{DecoderStyles, check_sequence, divisible, token_input, token_loss};
 use crate::layers::{Embedding, LayerNorm, Linear};
-use bonfire_dtensor::context::ContextSplit;
-use bonfire_dtensor::parallel::ParallelPlan;
+use bonfire_cp::ContextSplit;
 use bonfire_pipeline::Block;
+use bonfire_tp::ParallelPlan;
 use bonfire_train::{Axis, LayoutError, ParallelDims, ParallelModel, Pipeline};
 use burn::module::Module;
 use burn::tensor::Tensor;

@@ -1,6 +1,6 @@
 //! How the Llama is parallelized, from outside its code: its [`ParallelModel`] description —
 //! the tensor-parallel plan (torchtitan's Llama plan), the checks a plan cannot see, the
-//! layers it runs through `bonfire_dtensor::layer`, and its pipeline pieces, which run the
+//! layers it runs through `bonfire_module::layer`, and its pipeline pieces, which run the
 //! very functions [`Llama::forward`] runs ([`embed`], `DecoderLayer::forward`, [`head`]),
 //! the decoder layers among them checkpointable.
 //!
@@ -25,9 +25,9 @@ use super::model::{Attention, DecoderLayer, Llama, embed, head};
 use crate::data::TokenBatch;
 use crate::decoder::{DecoderStyles, check_sequence, divisible, token_input, token_loss};
 use crate::layers::{Embedding, Linear, RmsNorm};
-use bonfire_dtensor::context::ContextSplit;
-use bonfire_dtensor::parallel::{ParallelPlan, ParallelStyle, ReplicateParallel};
+use bonfire_cp::ContextSplit;
 use bonfire_pipeline::Block;
+use bonfire_tp::{ParallelPlan, ParallelStyle, ReplicateParallel};
 use bonfire_train::{Axis, LayoutError, ParallelDims, ParallelModel, Pipeline};
 use burn::module::Module;
 use burn::tensor::Tensor;

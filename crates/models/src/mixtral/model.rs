@@ -13,9 +13,9 @@ use crate::gpt::cross_entropy;
 use crate::layers::{Embedding, Linear, RmsNorm};
 use crate::llama::{embed, head};
 use bonfire_comm::{ProcessGroup, ReduceOp};
-use bonfire_dtensor::context::ContextScope;
+use bonfire_cp::ContextScope;
 use bonfire_dtensor::functional::all_reduce;
-use bonfire_dtensor::parallel::loss_parallel;
+use bonfire_tp::loss_parallel;
 use burn::module::Module;
 use burn::tensor::{DType, Device, Int, Tensor};
 
@@ -163,7 +163,7 @@ fn sum_over_cp(sums: Tensor<2>, group: &ProcessGroup) -> Tensor<2> {
 mod tests {
     use super::*;
     use bonfire_comm::ThreadWorld;
-    use bonfire_dtensor::context::ContextSplit;
+    use bonfire_cp::ContextSplit;
     use burn::tensor::TensorData;
     use std::time::Duration;
 

@@ -4,16 +4,16 @@
 //! takes every token routed to it, however many (none too).
 //!
 //! The tokens are grouped by expert with expert parallelism's primitives
-//! ([`bonfire_dtensor::expert::permute`]: the order computed on the device, only the E counts
+//! ([`bonfire_ep::permute`]: the order computed on the device, only the E counts
 //! read to the host through the data plane), each expert runs on its consecutive rows, and
-//! [`bonfire_dtensor::expert::unpermute`] adds each token's outputs back weighted. An expert
+//! [`bonfire_ep::unpermute`] adds each token's outputs back weighted. An expert
 //! with no token is skipped: the rows of the fused parameters that are its own get a zero
 //! gradient.
 
 use crate::decoder_layer::FeedForward;
 use crate::layers::Linear;
 use crate::llama::model::swiglu;
-use bonfire_dtensor::expert::{permute, run_experts, unpermute};
+use bonfire_ep::{permute, run_experts, unpermute};
 use burn::module::{Module, Param};
 use burn::tensor::activation::softmax;
 use burn::tensor::{DType, Device, Distribution, Int, Tensor};

@@ -11,7 +11,7 @@
 //!   each tp rank a part of the sequence for the replicated experts).
 //! - Expert parallelism: [`ParallelModel::experts`] names each layer's fused experts; a rank
 //!   keeps its `E/ep` of them and its [`super::moe::SparseMoe`] exchanges the grouped tokens
-//!   over the ep group (`bonfire_dtensor::expert::run_experts`). The router stays whole.
+//!   over the ep group (`bonfire_ep::run_experts`). The router stays whole.
 //! - Pipeline parallelism (every schedule) and activation checkpointing: [`super::pipeline`]'s
 //!   pieces carry each token's routing with the activations, so the balance term over all
 //!   layers is exact on the last stage.
@@ -21,8 +21,8 @@ use super::pipeline;
 use crate::data::TokenBatch;
 use crate::decoder::{check_sequence, divisible, token_input};
 use crate::llama::parallelize::{attention_tp_plan, check_attention_tp, replicates_kv};
-use bonfire_dtensor::context::ContextSplit;
-use bonfire_dtensor::parallel::ParallelPlan;
+use bonfire_cp::ContextSplit;
+use bonfire_tp::ParallelPlan;
 use bonfire_train::{Axis, LayoutError, ParallelDims, ParallelModel, Pipeline};
 use burn::tensor::Tensor;
 

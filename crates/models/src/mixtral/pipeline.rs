@@ -12,8 +12,8 @@ use crate::gpt::cross_entropy;
 use crate::layers::{Embedding, Linear, RmsNorm};
 use crate::llama::{embed, head};
 use bonfire_comm::ProcessGroup;
-use bonfire_dtensor::parallel::loss_parallel;
 use bonfire_pipeline::Block;
+use bonfire_tp::loss_parallel;
 use burn::module::Module;
 use burn::tensor::Tensor;
 

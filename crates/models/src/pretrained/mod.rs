@@ -15,7 +15,7 @@ mod slices;
 pub use slices::Weights;
 
 use crate::tensor_file::{self, F32Tensors};
-use bonfire_dtensor::params;
+use bonfire_module::params;
 use burn::module::Module;
 use serde_json::{Map, Value, json};
 use std::path::{Path, PathBuf};

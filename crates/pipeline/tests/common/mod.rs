@@ -4,11 +4,11 @@
 use bonfire_comm::testing::{Tolerance, assert_close as check_close, is_close as is_close_flat};
 use bonfire_comm::{ProcessGroup, ReduceOp, ThreadWorld};
 use bonfire_dtensor::DeviceMesh;
-use bonfire_dtensor::parallel::{ParallelKey, ParallelLinear as Linear};
 use bonfire_pipeline::{
     Block, BurnStage, LocalChunks, Schedule, chunks_for_rank, forward_chunk, microbatch_weights,
     run_schedule, split_balanced, split_batch,
 };
+use bonfire_tp::{ParallelKey, ParallelLinear as Linear};
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::optim::{GradientsParams, SgdConfig};
 use burn::tensor::{Device, Tensor, TensorData, activation::gelu};
@@ -249,11 +249,11 @@ pub fn pipelined(schedule: &Schedule) -> Outcome {
 }
 
 /// [`pipelined`], with how many deferred weight gradients its ranks computed in "W" steps
-/// (`bonfire_dtensor::weight_grad::applied`, read on each rank's thread around its own work
+/// (`bonfire_module::weight_grad::applied`, read on each rank's thread around its own work
 /// and summed: tests running beside it cannot add to it).
 pub fn pipelined_counting_w(schedule: &Schedule) -> (Outcome, u64) {
     let results = world(schedule.ranks(), |pg| {
-        let before = bonfire_dtensor::weight_grad::applied();
+        let before = bonfire_module::weight_grad::applied();
         let out = train_rank(
             &DeviceMesh::one_d(&pg, "pp").unwrap(),
             None,
@@ -261,7 +261,7 @@ pub fn pipelined_counting_w(schedule: &Schedule) -> (Outcome, u64) {
             0..ROWS,
             false,
         );
-        (out, bonfire_dtensor::weight_grad::applied() - before)
+        (out, bonfire_module::weight_grad::applied() - before)
     });
     let applied = results.iter().map(|(_, n)| n).sum();
     let outs = results.into_iter().map(|(out, _)| out).collect();

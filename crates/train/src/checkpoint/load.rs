@@ -11,7 +11,7 @@ use super::shards::{Loaded, Wants};
 use super::{CheckpointError, agree};
 use crate::engine::Engine;
 use crate::error::TrainError;
-use bonfire_dtensor::params::ParamValues;
+use bonfire_module::params::ParamValues;
 use bonfire_zero::FlatState;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

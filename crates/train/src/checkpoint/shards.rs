@@ -12,7 +12,7 @@ use super::region::Region;
 use crate::engine::export::ModelLayout;
 use crate::error::TrainError;
 use crate::wrapper::DpWrapper;
-use bonfire_dtensor::DataParallel;
+use bonfire_module::DataParallel;
 use bonfire_zero::optim::{record_states, with_states};
 use bonfire_zero::{FlatState, ZeroStage};
 use burn::module::Module;

@@ -2,7 +2,7 @@
 //! torchtitan, per transformer block, after tensor parallelism and inside the dp wrapper):
 //! the model's pipeline pieces that it names checkpointable ([`crate::Pipeline`]) are the
 //! layers `ActivationCheckpointing` counts, in model order, whatever the stage; a chosen
-//! piece runs as one `bonfire_dtensor::recompute` region.
+//! piece runs as one `bonfire_recompute::recompute` region.
 //!
 //! - Without a pipeline, [`loss`] runs the model's loss through its pieces (a clone of the
 //!   wrapper's module cut by `ParallelModel::pipeline`: the clone shares the parameters, the
@@ -153,7 +153,7 @@ where
     P: Block<D> + 'static,
 {
     match recompute {
-        true => bonfire_dtensor::recompute(piece, x, |p: &P, x| p.forward(x)),
+        true => bonfire_recompute::recompute(piece, x, |p: &P, x| p.forward(x)),
         false => piece.forward(x),
     }
 }

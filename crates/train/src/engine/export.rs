@@ -6,8 +6,8 @@
 
 use crate::error::TrainError;
 use bonfire_comm::{ProcessGroup, ReduceOp};
-use bonfire_dtensor::parallel::sharded_params;
-use bonfire_dtensor::params::{self, ParamInfo, ParamValues};
+use bonfire_module::params::{self, ParamInfo, ParamValues};
+use bonfire_tp::sharded_params;
 use burn::module::Module;
 
 /// The model's parameters as the ranks hold them: this rank's (tensor-parallel) inventory, in

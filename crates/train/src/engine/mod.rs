@@ -15,9 +15,9 @@ use crate::error::TrainError;
 use crate::fit::Replica;
 use crate::wrapper::WrapperReport;
 use bonfire_comm::ProcessGroup;
-use bonfire_dtensor::context::{ContextScope, ContextSplit};
-use bonfire_dtensor::params::ParamValues;
+use bonfire_cp::{ContextScope, ContextSplit};
 use bonfire_layout::ParallelDims;
+use bonfire_module::params::ParamValues;
 use burn::tensor::Device;
 
 /// One rank's training state under a layout (built by [`crate::Trainer::build`]). Every
@@ -99,7 +99,7 @@ macro_rules! wrapper_methods {
 
         fn gradients(
             &mut self,
-        ) -> Result<Vec<bonfire_dtensor::params::ParamValues>, $crate::TrainError> {
+        ) -> Result<Vec<bonfire_module::params::ParamValues>, $crate::TrainError> {
             let local = self.wrapper.gradients()?;
             if local.is_empty() {
                 return Ok(local);
@@ -109,7 +109,7 @@ macro_rules! wrapper_methods {
 
         fn parameters(
             &mut self,
-        ) -> Result<Vec<bonfire_dtensor::params::ParamValues>, $crate::TrainError> {
+        ) -> Result<Vec<bonfire_module::params::ParamValues>, $crate::TrainError> {
             let local = self.wrapper.parameters()?;
             self.assemble(local)
         }
@@ -253,10 +253,10 @@ impl RankMesh {
     }
 
     /// The expert-parallel scope a forward and backward run in (`None` at ep = 1).
-    pub(crate) fn expert_scope(&self) -> Option<bonfire_dtensor::expert::ExpertGuard> {
+    pub(crate) fn expert_scope(&self) -> Option<bonfire_ep::ExpertGuard> {
         let groups = self.experts.as_ref()?;
         Some(
-            bonfire_dtensor::expert::ExpertScope {
+            bonfire_ep::ExpertScope {
                 group: groups.ep.clone(),
             }
             .enter(),
@@ -288,7 +288,7 @@ impl RankMesh {
         &self,
         batch: &B,
         cut: ContextCut<B>,
-    ) -> (B, Option<bonfire_dtensor::context::ScopeGuard>) {
+    ) -> (B, Option<bonfire_cp::ScopeGuard>) {
         let cp = self.dims.cp();
         if cp == 1 {
             return (batch.clone(), None);

@@ -11,10 +11,10 @@ use crate::error::{LayoutError, TrainError};
 use crate::model::{BuildPipeline, Rows};
 use crate::wrapper::{DpSpec, DpWrapper, Evaluating, Staged};
 use bonfire_comm::ReduceOp;
-use bonfire_dtensor::DataParallel;
-use bonfire_dtensor::PrecisionDTypes;
-use bonfire_dtensor::params::{self, ParamValues};
 use bonfire_layout::Axis;
+use bonfire_module::DataParallel;
+use bonfire_module::PrecisionDTypes;
+use bonfire_module::params::{self, ParamValues};
 use bonfire_pipeline::Generate;
 use bonfire_pipeline::{
     Block, BurnStage, Schedule, chunks_for_rank, microbatch_sizes, microbatch_weights,
@@ -58,7 +58,7 @@ pub(crate) struct PipelineContext {
     pub dp: DpSpec,
     pub layout: ModelLayout,
     /// Under expert parallelism: this rank's expert parameters and their replicas.
-    pub experts: Option<bonfire_dtensor::expert::ExpertParams>,
+    pub experts: Option<bonfire_module::Subgroup>,
 }
 
 /// Where the stages begin, as piece indices: at the pieces `named` (module paths, in order)

@@ -10,10 +10,10 @@ use crate::error::TrainError;
 use crate::model::ParallelModel;
 use crate::wrapper::DpWrapper;
 use bonfire_comm::ReduceOp;
-use bonfire_dtensor::DataParallel;
-use bonfire_dtensor::params::ParamValues;
 use bonfire_dtensor::plane::{self, ledger::Reason};
 use bonfire_layout::Axis;
+use bonfire_module::DataParallel;
+use bonfire_module::params::ParamValues;
 
 pub(crate) struct ReplicaEngine<M: ParallelModel> {
     at: RankMesh,

@@ -391,7 +391,7 @@ pub fn fit_fault_tolerant<M: ParallelModel>(
 ) -> Result<FaultRun<M::Batch>, TrainError> {
     check_layout(trainer.dims())?;
     let device =
-        bonfire_dtensor::params::model_device(model).unwrap_or_else(|| Device::flex().autodiff());
+        bonfire_module::params::model_device(model).unwrap_or_else(|| Device::flex().autodiff());
     let setup = Setup {
         trainer,
         model,
