@@ -24,7 +24,7 @@ use bonfire_dtensor::timing::take_shift_overlap;
 use bonfire_examples::default_device;
 use bonfire_models::data::TokenBatch;
 use bonfire_models::{Gpt, GptConfig, Llama, LlamaConfig};
-use bonfire_train::ParallelModel;
+use bonfire_parallel::ParallelModel;
 use burn::tensor::{Int, Tensor, TensorData};
 use std::time::{Duration, Instant};
 

@@ -69,9 +69,10 @@ use bonfire_examples::planner;
 use bonfire_examples::{Gpt, GptConfig, default_device};
 use bonfire_models::data::TokenBatch;
 use bonfire_models::llama::{Llama, LlamaConfig};
+use bonfire_parallel::DataSource;
 use bonfire_plan::memory::state_bytes;
 use bonfire_plan::{MemoryParts, PlannedLayout, Request, rank_shapes};
-use bonfire_train::{Axis, DataSource, Launcher, OptimizerKind, ParallelDims, TrainError, Trainer};
+use bonfire_train::{Axis, Launcher, OptimizerKind, ParallelDims, TrainError, Trainer};
 use burn::tensor::Device;
 use std::time::Instant;
 

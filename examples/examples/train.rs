@@ -38,13 +38,10 @@ use bonfire_models::mixtral::pretrained::MixtralWeights;
 use bonfire_models::mixtral::{Mixtral, MixtralConfig};
 use bonfire_models::pretrained;
 use bonfire_module::params::{self, ParamValues};
-use bonfire_train::checkpoint::{
-    Checkpoint, Checkpointer, ParameterSource, load_parameters, resume,
-};
-use bonfire_train::{
-    DataSource, Evaluation, Launcher, OptimizerKind, ParallelDims, ParallelModel, TrainError,
-    Trainer, fit,
-};
+use bonfire_parallel::ParameterSource;
+use bonfire_parallel::{DataSource, ParallelModel};
+use bonfire_train::checkpoint::{Checkpoint, Checkpointer, load_parameters, resume};
+use bonfire_train::{Evaluation, Launcher, OptimizerKind, ParallelDims, TrainError, Trainer, fit};
 use burn::tensor::Device;
 use clap::Parser;
 use std::path::{Path, PathBuf};

@@ -45,10 +45,11 @@ use bonfire_examples::{Gpt, GptConfig, default_device, harness};
 use bonfire_models::data::TokenBatch;
 use bonfire_models::weights;
 use bonfire_module::params;
+use bonfire_parallel::DataSource;
 use bonfire_train::checkpoint::{Checkpoint, Checkpointer, resume};
 use bonfire_train::{
-    DataSource, Engine, Hooks, Launcher, OptimizerKind, ParallelDims, StepReport, TrainError,
-    Trainer, fault, fit, fit_fault_tolerant,
+    Engine, Hooks, Launcher, OptimizerKind, ParallelDims, StepReport, TrainError, Trainer, fault,
+    fit, fit_fault_tolerant,
 };
 use burn::module::Module;
 use burn::tensor::{Int, Tensor, TensorData};

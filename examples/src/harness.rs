@@ -14,9 +14,9 @@ use bonfire_models::mixtral::{Mixtral, MixtralConfig};
 use bonfire_models::tensor_file::{self, HostTensor};
 use bonfire_models::weights;
 use bonfire_module::params::ParamValues;
+use bonfire_parallel::ParallelModel;
 use bonfire_train::{
-    Engine, FitConfig, Hooks, Launcher, OptimizerKind, ParallelDims, ParallelModel, TrainError,
-    Trainer, fit,
+    Engine, FitConfig, Hooks, Launcher, OptimizerKind, ParallelDims, TrainError, Trainer, fit,
 };
 use burn::tensor::Device;
 use std::collections::BTreeMap;

@@ -6,7 +6,8 @@
 use bonfire_dtensor::plane::{TransferLedger, Transfers};
 use bonfire_models::data::TokenBatch;
 use bonfire_models::gpt::Gpt;
-use bonfire_train::{DataSource, Launcher, OptimizerKind, ParallelDims, TrainError, Trainer};
+use bonfire_parallel::DataSource;
+use bonfire_train::{Launcher, OptimizerKind, ParallelDims, TrainError, Trainer};
 use burn::tensor::Device;
 
 /// Each rank's transfers during the second step of `model` trained under `dims` with

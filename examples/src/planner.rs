@@ -14,13 +14,13 @@ use bonfire_models::data::TokenBatch;
 use bonfire_models::gpt::config::GptConfig;
 use bonfire_models::llama::LlamaConfig;
 use bonfire_models::mixtral::MixtralConfig;
+use bonfire_parallel::{DataSource, ParallelModel};
 use bonfire_plan::{
     Arch, Attention, ClusterSpec, DeviceSpec, LinkSpec, MemoryParts, ModelSpec, Moe, PlannedLayout,
     Request, rank_memory, rank_shapes,
 };
 use bonfire_train::{
-    Axis, DataSource, Launcher, MixedPrecision, OptimizerKind, ParallelDims, ParallelModel,
-    TrainError, Trainer,
+    Axis, Launcher, MixedPrecision, OptimizerKind, ParallelDims, TrainError, Trainer,
 };
 use burn::tensor::{Device, Tensor, TensorData};
 use std::time::{Duration, Instant};

@@ -8,7 +8,8 @@ use crate::default_device;
 use bonfire_comm::ProcessGroup;
 use bonfire_models::data::Batches;
 use bonfire_models::data::TokenBatch;
-use bonfire_train::{FitConfig, Launcher, ParallelModel, TrainError, Trainer, WrapperReport, fit};
+use bonfire_parallel::ParallelModel;
+use bonfire_train::{FitConfig, Launcher, TrainError, Trainer, WrapperReport, fit};
 use burn::tensor::Device;
 
 /// `steps` global batches of `rows` random sequences of `seq` tokens (ids and targets

@@ -5,7 +5,7 @@
 use crate::corpus::{self, CharTokenizer};
 use bonfire_data::{PackedSequences, TokenFile, Tokenizer};
 use bonfire_models::data::TokenBatch;
-use bonfire_train::{DataSource, Replica, Rows};
+use bonfire_parallel::{DataSource, Replica, Rows};
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use std::path::Path;
 

@@ -14,9 +14,9 @@ use bonfire_examples::cli::LayoutArgs;
 use bonfire_examples::harness::{self, HarnessResult, RankRecord};
 use bonfire_examples::{Gpt, GptConfig, default_device};
 use bonfire_models::data::Batches;
+use bonfire_parallel::ParallelModel;
 use bonfire_train::{
-    ActivationCheckpointing, LayoutError, MixedPrecision, OptimizerKind, ParallelDims,
-    ParallelModel, Trainer,
+    ActivationCheckpointing, LayoutError, MixedPrecision, OptimizerKind, ParallelDims, Trainer,
 };
 use burn::module::Module;
 use burn::nn::{Linear, LinearConfig};

@@ -15,7 +15,7 @@ use bonfire_models::Gpt;
 use bonfire_models::data::TokenBatch;
 use bonfire_models::llama::{Llama, LlamaConfig};
 use bonfire_module::params;
-use bonfire_train::ParallelModel;
+use bonfire_parallel::ParallelModel;
 use burn::optim::GradientsParams;
 use std::time::Duration;
 

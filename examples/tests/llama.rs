@@ -442,7 +442,8 @@ fn checkpoints_resume_in_another_layout() {
 #[test]
 fn evaluation_in_every_kind_of_layout_equals_plain_burn() {
     use bonfire_module::params;
-    use bonfire_train::{DataSource, Launcher, Trainer};
+    use bonfire_parallel::DataSource;
+    use bonfire_train::{Launcher, Trainer};
     use burn::optim::{GradientsParams, SgdConfig};
     let f = fixture();
     let device = default_device();

@@ -538,7 +538,7 @@ fn train_loads_a_mixtral_directory_a_slice_per_rank() {
 #[test]
 fn mixtral_weights_read_regions_of_fused_tensors() {
     use bonfire_models::mixtral::pretrained::MixtralWeights;
-    use bonfire_train::checkpoint::{ParameterSource, Region};
+    use bonfire_parallel::{ParameterSource, Region};
     let source = MixtralWeights::open(&fixture_dir()).unwrap();
     let fused = pretrained::read_weights(&fixture_dir()).unwrap();
     let fused = moe_pretrained::fuse_experts(fused).unwrap();

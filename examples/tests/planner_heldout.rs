@@ -71,11 +71,12 @@ use bonfire_examples::planner::{
 };
 use bonfire_examples::{Gpt, GptConfig, default_device};
 use bonfire_models::data::TokenBatch;
+use bonfire_parallel::ParallelModel;
 use bonfire_plan::{
     MixedPrecision, ModelSpec, Request, ScheduleKind, ZeroStage, base_layout, context_layout,
     estimate, hsdp_layout, rank_shapes,
 };
-use bonfire_train::{ActivationCheckpointing, Axis, ParallelDims, ParallelModel};
+use bonfire_train::{ActivationCheckpointing, Axis, ParallelDims};
 use std::time::Instant;
 
 #[path = "planner_heldout/experts.rs"]

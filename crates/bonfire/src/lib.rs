@@ -68,10 +68,9 @@ pub mod prelude {
     pub use bonfire_comm::{CommError, ProcessGroup, ReduceOp, launch};
     pub use bonfire_dtensor::{DTensor, DeviceMesh, Placement, distribute_tensor};
     pub use bonfire_module::DataParallel;
+    pub use bonfire_parallel::ParallelModel;
     pub use bonfire_tp::{
         ColwiseParallel, ParallelPlan, RowwiseParallel, SequenceParallel, parallelize_module,
     };
-    pub use bonfire_train::{
-        FitConfig, Launcher, OptimizerKind, ParallelDims, ParallelModel, Trainer, fit,
-    };
+    pub use bonfire_train::{FitConfig, Launcher, OptimizerKind, ParallelDims, Trainer, fit};
 }

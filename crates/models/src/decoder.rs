@@ -6,10 +6,10 @@ use crate::cross_entropy;
 use crate::data::TokenBatch;
 use bonfire_comm::ProcessGroup;
 use bonfire_cp::ContextSplit;
+use bonfire_layout::{Axis, LayoutError, ParallelDims};
 use bonfire_tp::{
     ColwiseParallel, RowwiseParallel, SequenceParallel, StylePlacement, loss_parallel,
 };
-use bonfire_train::{Axis, LayoutError, ParallelDims};
 use burn::tensor::Tensor;
 
 /// The styles of a decoder's tensor-parallel plan: column-wise projections, row-wise ones, a

@@ -2,7 +2,7 @@
 //!
 //! The models Bonfire trains in its tests, parity checks and benchmarks, each a folder with
 //! the model, its configuration and how it is parallelized (its
-//! `bonfire_train::ParallelModel`, applied from outside the model's code):
+//! `bonfire_parallel::ParallelModel`, applied from outside the model's code):
 //!
 //! - [`gpt`]: the reference decoder of the parity contract (`shared/notes/parity-harness.md`),
 //!   parameters named and laid out as in PyTorch (`blocks.0.attn.q.weight` is `[out, in]`),

@@ -1,5 +1,6 @@
 //! The trainer's errors: [`LayoutError`] (`bonfire-layout`'s) for a layout that does not fit,
-//! raised before anything is built, and [`TrainError`] for everything else.
+//! raised before anything is built, [`CheckpointError`] for a checkpoint that cannot be saved or
+//! loaded, and [`TrainError`] for everything else.
 
 use bonfire_comm::CommError;
 use bonfire_ddp::DdpError;
@@ -7,6 +8,7 @@ use bonfire_dtensor::DTensorError;
 pub use bonfire_layout::LayoutError;
 use bonfire_pipeline::PipelineError;
 use bonfire_zero::ZeroError;
+use std::path::Path;
 
 /// Why building an engine or training failed.
 #[derive(Debug, thiserror::Error)]
@@ -48,5 +50,42 @@ pub enum TrainError {
     Io(String),
     /// A checkpoint that cannot be saved or loaded (raised before any state changes).
     #[error(transparent)]
-    Checkpoint(#[from] crate::checkpoint::CheckpointError),
+    Checkpoint(#[from] CheckpointError),
+}
+
+/// Why a checkpoint could not be saved or loaded. Raised before any state changes.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum CheckpointError {
+    /// No checkpoint where one was named.
+    #[error("checkpoint not found: {0}")]
+    NotFound(String),
+    /// A file the index lists is missing.
+    #[error("checkpoint incomplete: {0}")]
+    Missing(String),
+    /// A file is truncated or its bytes do not match their checksum, or the index is unreadable.
+    #[error("checkpoint corrupted: {0}")]
+    Corrupt(String),
+    /// The checkpoint is of another model (parameter names or shapes differ).
+    #[error("{0}")]
+    OtherModel(String),
+    /// Reading or writing failed.
+    #[error("checkpoint I/O: {path}: {message}")]
+    Io {
+        /// The file or directory concerned.
+        path: String,
+        /// The operating system's error.
+        message: String,
+    },
+    /// Another rank failed (its error is quoted), or the ranks disagree.
+    #[error("checkpoint: {0}")]
+    Failed(String),
+}
+
+impl CheckpointError {
+    pub(crate) fn io(path: &Path, e: std::io::Error) -> Self {
+        Self::Io {
+            path: path.display().to_string(),
+            message: e.to_string(),
+        }
+    }
 }

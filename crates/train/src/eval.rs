@@ -4,8 +4,8 @@
 
 use crate::engine::Engine;
 use crate::error::TrainError;
-use crate::fit::{DataSource, Hooks, StepReport};
-use crate::model::Rows;
+use crate::fit::{Hooks, StepReport};
+use bonfire_parallel::{DataSource, Rows};
 
 /// The mean loss of the first `batches` global batches of a held-out [`DataSource`], every
 /// `every` steps (after step `s` the model has trained `s + 1` steps: that is the step an

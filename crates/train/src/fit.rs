@@ -3,73 +3,19 @@
 //! hooks, a progress bar and a `--metrics` JSON-lines file. Every layout, every binary
 //! (`train_gpt`, the parity harness, the benches) trains through it.
 
+use crate::checkpoint::Checkpointer;
 use crate::engine::Engine;
 use crate::error::TrainError;
-use crate::model::Rows;
 use crate::scaler::{LossScaler, LossScaling};
 use bonfire_dtensor::plane::ledger::Direction;
 use bonfire_dtensor::plane::{TransferLedger, Transfers};
 use bonfire_module::PrecisionDTypes;
-use burn::tensor::{DType, Device};
+use bonfire_parallel::{DataSource, Rows};
+use burn::tensor::DType;
 use indicatif::{ProgressBar, ProgressStyle};
 use std::io::Write;
-use std::ops::Range;
 use std::path::PathBuf;
 use std::time::Instant;
-
-/// Where batches come from: the *global* batch of step `step`, created on `device`, and each
-/// data-parallel replica's rows of it. Every rank must see the same global batch for the same
-/// step.
-pub trait DataSource<B> {
-    /// The global batch of step `step`, created on `device`.
-    fn batch(&self, step: usize, device: &Device) -> B;
-
-    /// Replica `replica`'s rows of the global batch of `step` — what the training loop asks
-    /// for. By default the global batch, cut; a source that can read rows alone (a token
-    /// file) reads only these.
-    fn replica_batch(&self, step: usize, replica: Replica, device: &Device) -> B
-    where
-        B: Rows,
-    {
-        let batch = self.batch(step, device);
-        let rows = replica.rows(batch.rows());
-        batch.narrow_rows(rows.start, rows.len())
-    }
-}
-
-/// One data-parallel replica of `count`: which rows of a global batch it trains on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Replica {
-    /// The replica's index on the dp axis.
-    pub index: usize,
-    /// The number of replicas (dp).
-    pub count: usize,
-}
-
-impl Replica {
-    /// The whole batch: one replica.
-    pub const WHOLE: Replica = Replica { index: 0, count: 1 };
-
-    /// Its rows of a global batch of `rows` rows: an equal share, in replica order.
-    ///
-    /// # Panics
-    /// If `count` does not divide `rows` (the trainer checks the batch before building).
-    pub fn rows(&self, rows: usize) -> Range<usize> {
-        assert!(
-            self.count > 0 && rows % self.count == 0,
-            "a global batch of {rows} rows does not split over {} replicas",
-            self.count
-        );
-        let per = rows / self.count;
-        self.index * per..(self.index + 1) * per
-    }
-}
-
-impl<B, F: Fn(usize, &Device) -> B> DataSource<B> for F {
-    fn batch(&self, step: usize, device: &Device) -> B {
-        self(step, device)
-    }
-}
 
 /// What one step did.
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
@@ -187,6 +133,20 @@ impl<B, H1: Hooks<B>, H2: Hooks<B>> Hooks<B> for (H1, H2) {
     fn finish(&mut self, engine: &mut dyn Engine<B>) -> Result<(), TrainError> {
         self.0.finish(engine)?;
         self.1.finish(engine)
+    }
+}
+
+/// The checkpoint hook: polls the pending save after every step, saves at checkpoint
+/// steps, waits for the last save when the loop ends.
+impl<B> Hooks<B> for Checkpointer {
+    fn after_step(&mut self, _: &StepReport, engine: &mut dyn Engine<B>) -> Result<(), TrainError> {
+        self.poll(engine.world())
+    }
+    fn checkpoint(&mut self, step: usize, engine: &mut dyn Engine<B>) -> Result<(), TrainError> {
+        self.save(step, engine)
+    }
+    fn finish(&mut self, engine: &mut dyn Engine<B>) -> Result<(), TrainError> {
+        self.wait(engine.world())
     }
 }
 

@@ -22,7 +22,8 @@
 //! - [`Launcher`]: ranks as threads, or as processes under `mpirun` (feature `mpi`).
 //!
 //! ```
-//! use bonfire_train::{fit, FitConfig, Launcher, OptimizerKind, ParallelDims, ParallelModel, Trainer};
+//! use bonfire_train::{fit, FitConfig, Launcher, OptimizerKind, ParallelDims, Trainer};
+//! use bonfire_parallel::ParallelModel;
 //! use burn::module::Module;
 //! use burn::nn::{Linear, LinearConfig};
 //! use burn::tensor::{Device, Tensor};
@@ -73,7 +74,6 @@ mod eval;
 pub mod fault;
 mod fit;
 mod launch;
-mod model;
 mod optim;
 mod scaler;
 mod trainer;
@@ -85,12 +85,11 @@ pub use bonfire_layout::{
 };
 pub use checkpoint::{CheckpointConfig, Checkpointer, resume};
 pub use engine::{Engine, RankMesh};
-pub use error::{LayoutError, TrainError};
+pub use error::{CheckpointError, LayoutError, TrainError};
 pub use eval::Evaluation;
 pub use fault::{FaultTolerance, KillAt, fit_fault_tolerant};
-pub use fit::{DataSource, FitConfig, Hooks, Replica, StepReport, fit};
+pub use fit::{FitConfig, Hooks, StepReport, fit};
 pub use launch::Launcher;
-pub use model::{ParallelModel, Pipeline, Rows};
 pub use optim::OptimizerKind;
 pub use scaler::{LossScaler, LossScaling};
 pub use trainer::Trainer;

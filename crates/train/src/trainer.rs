@@ -5,12 +5,11 @@
 
 use crate::engine::Engine;
 use crate::engine::RankMesh;
-use crate::engine::checkpointing;
 use crate::engine::export::ModelLayout;
-use crate::engine::pipeline::{PipelineContext, split_points};
+use crate::engine::pipeline::{BuildEngine, PipelineContext, split_points};
+use crate::engine::recompute::{self, Names};
 use crate::engine::replica::ReplicaEngine;
 use crate::error::{LayoutError, TrainError};
-use crate::model::{ParallelModel, Rows};
 use crate::wrapper::{DpSpec, OptimizerFactory};
 use bonfire_comm::ProcessGroup;
 use bonfire_cp::ContextSplit;
@@ -18,6 +17,7 @@ use bonfire_ddp::DdpConfig;
 use bonfire_dtensor::DeviceMesh;
 use bonfire_layout::{Axis, ParallelDims};
 use bonfire_module::params;
+use bonfire_parallel::{ParallelModel, Rows};
 use bonfire_tp::parallelize_module;
 use bonfire_zero::{ZeroConfig, ZeroStage};
 use burn::module::Module;
@@ -125,7 +125,7 @@ impl Trainer {
         }
         model.check_batch(dims, batch)?;
         if dims.activation_checkpointing.is_on() {
-            checkpointing::check(model.clone().pipeline().as_ref(), dims)?;
+            recompute::check(model.clone().pipeline(Names), dims)?;
         }
         if dims.pp() > 1 {
             let per_replica = rows / dims.data_replicas();
@@ -139,13 +139,13 @@ impl Trainer {
                     ),
                 ));
             }
-            let pipeline = model.clone().pipeline().ok_or_else(|| {
+            let (names, _) = model.clone().pipeline(Names).ok_or_else(|| {
                 LayoutError::axis(Axis::Pp, dims.pp(), "the model has no pipeline pieces")
             })?;
             let kind = dims.pp_options.schedule.expect("validated");
             let stages = dims.pp() * kind.chunks();
             split_points(
-                &pipeline.names(),
+                &names,
                 stages,
                 dims.pp_options.split_points.as_deref(),
                 dims.pp(),
@@ -214,16 +214,16 @@ impl Trainer {
             let wrapper = self.dp.build_at(model, &at, experts)?;
             return Ok(Box::new(ReplicaEngine::new(at, wrapper, layout)));
         }
-        let pipeline = model.pipeline().expect("checked");
         let ctx = PipelineContext {
             at,
             dp: self.dp.clone(),
             layout,
             experts,
         };
-        pipeline
-            .inner
-            .build(ctx, crate::engine::replica::context_cut::<M>())
+        let context = crate::engine::replica::context_cut::<M>();
+        model
+            .pipeline(BuildEngine { ctx, context })
+            .expect("checked: the model has pipeline pieces")
     }
 
     /// The device a rank computes on: the model's, with Balanced gradient checkpointing under

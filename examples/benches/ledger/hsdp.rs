@@ -11,7 +11,8 @@ use bonfire_comm::OpKind;
 use bonfire_dtensor::plane::{TransferLedger, Transfers};
 use bonfire_examples::{Gpt, GptConfig, default_device};
 use bonfire_models::data::TokenBatch;
-use bonfire_train::{Axis, DataSource, Launcher, OptimizerKind, ParallelDims, TrainError, Trainer};
+use bonfire_parallel::DataSource;
+use bonfire_train::{Axis, Launcher, OptimizerKind, ParallelDims, TrainError, Trainer};
 use bonfire_zero::ZeroStage;
 use burn::tensor::Device;
 

@@ -24,9 +24,10 @@ use bonfire_examples::default_device;
 use bonfire_examples::throughput::{Hosts, RankRun, Rows, Steps};
 use bonfire_models::data::TokenBatch;
 use bonfire_models::mixtral::Mixtral;
+use bonfire_parallel::ParallelModel;
 use bonfire_train::{
-    Engine, FitConfig, Hooks, Launcher, LayoutError, ParallelDims, ParallelModel, StepReport,
-    TrainError, Trainer, fit,
+    Engine, FitConfig, Hooks, Launcher, LayoutError, ParallelDims, StepReport, TrainError, Trainer,
+    fit,
 };
 use burn::module::Module;
 use burn::tensor::{Device, Tensor};

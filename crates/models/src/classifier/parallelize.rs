@@ -4,7 +4,7 @@
 //! pipeline parallelism the model cut into pieces: see docs/train.md.)
 
 use super::model::Classifier;
-use bonfire_train::ParallelModel;
+use bonfire_parallel::ParallelModel;
 use burn::tensor::{Int, Tensor};
 
 impl ParallelModel for Classifier {

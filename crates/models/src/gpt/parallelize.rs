@@ -22,9 +22,10 @@ use crate::data::TokenBatch;
 use crate::decoder::{DecoderStyles, check_sequence, divisible, token_input, token_loss};
 use crate::layers::{Embedding, LayerNorm, Linear};
 use bonfire_cp::ContextSplit;
+use bonfire_layout::{Axis, LayoutError, ParallelDims};
+use bonfire_parallel::{ParallelModel, Pipeline, PipelineVisitor};
 use bonfire_pipeline::Block;
 use bonfire_tp::ParallelPlan;
-use bonfire_train::{Axis, LayoutError, ParallelDims, ParallelModel, Pipeline};
 use burn::module::Module;
 use burn::tensor::Tensor;
 
@@ -100,12 +101,13 @@ impl ParallelModel for Gpt {
     /// The embeddings, each block, the final norm with the head; token ids enter as floats
     /// `[B, T, 1]`; the loss is cross-entropy, vocab-parallel when the head's logits stay
     /// sharded. The transformer blocks are the checkpointable layers.
-    fn pipeline(self) -> Option<Pipeline<TokenBatch>> {
+    fn pipeline<V: PipelineVisitor<TokenBatch>>(self, visitor: V) -> Option<V::Output> {
         let blocks: Vec<String> = (0..self.blocks.len())
             .map(|i| format!("blocks.{i}"))
             .collect();
         let loss = token_loss(self.head.output_shard_group());
-        Some(Pipeline::new(pieces(self), token_input, loss).with_checkpointable(blocks))
+        let pipeline = Pipeline::new(pieces(self), token_input, loss);
+        Some(visitor.visit(pipeline.with_checkpointable(blocks)))
     }
 }
 

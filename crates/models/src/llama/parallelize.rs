@@ -26,9 +26,10 @@ use crate::data::TokenBatch;
 use crate::decoder::{DecoderStyles, check_sequence, divisible, token_input, token_loss};
 use crate::layers::{Embedding, Linear, RmsNorm};
 use bonfire_cp::ContextSplit;
+use bonfire_layout::{Axis, LayoutError, ParallelDims};
+use bonfire_parallel::{ParallelModel, Pipeline, PipelineVisitor};
 use bonfire_pipeline::Block;
 use bonfire_tp::{ParallelPlan, ParallelStyle, ReplicateParallel};
-use bonfire_train::{Axis, LayoutError, ParallelDims, ParallelModel, Pipeline};
 use burn::module::Module;
 use burn::tensor::Tensor;
 
@@ -182,12 +183,13 @@ impl ParallelModel for Llama {
     /// The embedding, each decoder layer, the final norm with the head; token ids enter as
     /// floats `[B, T, 1]`; the loss is cross-entropy, vocab-parallel when the head's logits
     /// stay sharded. The decoder layers are the checkpointable layers.
-    fn pipeline(self) -> Option<Pipeline<TokenBatch>> {
+    fn pipeline<V: PipelineVisitor<TokenBatch>>(self, visitor: V) -> Option<V::Output> {
         let layers: Vec<String> = (0..self.model.layers.len())
             .map(|i| format!("model.layers.{i}"))
             .collect();
         let loss = token_loss(self.lm_head.output_shard_group());
-        Some(Pipeline::new(pieces(self), token_input, loss).with_checkpointable(layers))
+        let pipeline = Pipeline::new(pieces(self), token_input, loss);
+        Some(visitor.visit(pipeline.with_checkpointable(layers)))
     }
 }
 

@@ -22,8 +22,9 @@ use crate::data::TokenBatch;
 use crate::decoder::{check_sequence, divisible, token_input};
 use crate::llama::parallelize::{attention_tp_plan, check_attention_tp, replicates_kv};
 use bonfire_cp::ContextSplit;
+use bonfire_layout::{Axis, LayoutError, ParallelDims};
+use bonfire_parallel::{ParallelModel, Pipeline, PipelineVisitor};
 use bonfire_tp::ParallelPlan;
-use bonfire_train::{Axis, LayoutError, ParallelDims, ParallelModel, Pipeline};
 use burn::tensor::Tensor;
 
 impl ParallelModel for Mixtral {
@@ -77,7 +78,7 @@ impl ParallelModel for Mixtral {
     /// The embedding, each decoder layer, the final norm with the head; token ids enter as
     /// floats `[B, T, 1]`; activations carry the routing (see [`super::pipeline`]). The decoder
     /// layers are the checkpointable layers.
-    fn pipeline(self) -> Option<Pipeline<TokenBatch>> {
+    fn pipeline<V: PipelineVisitor<TokenBatch>>(self, visitor: V) -> Option<V::Output> {
         let layers = self.model.layers.len();
         let experts = self
             .model
@@ -91,7 +92,8 @@ impl ParallelModel for Mixtral {
             layers,
             self.aux_loss_coef(),
         );
-        Some(Pipeline::new(pipeline::pieces(self), token_input, loss).with_checkpointable(names))
+        let pieces = Pipeline::new(pipeline::pieces(self), token_input, loss);
+        Some(visitor.visit(pieces.with_checkpointable(names)))
     }
 
     /// Each layer's fused experts (`[E, 2F, d]`, `[E, d, F]`): expert parallelism keeps a

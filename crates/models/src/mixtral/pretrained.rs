@@ -11,7 +11,7 @@
 use super::model::Mixtral;
 use crate::pretrained::{Weights, load_tensors, read_weights};
 use crate::tensor_file::F32Tensors;
-use bonfire_train::checkpoint::{ParameterSource, Region};
+use bonfire_parallel::{ParameterSource, Region};
 use std::path::Path;
 
 /// `tensors` with every per-expert name folded into the fused names (tensors already fused

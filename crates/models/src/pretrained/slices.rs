@@ -4,7 +4,7 @@
 //! ([`bonfire_train::checkpoint::load_parameters`]).
 
 use super::weight_files;
-use bonfire_train::checkpoint::{ParameterSource, Region};
+use bonfire_parallel::{ParameterSource, Region};
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::fs::File;

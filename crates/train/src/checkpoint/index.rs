@@ -5,7 +5,7 @@
 //! checkpoint visible only once it is complete.
 
 use super::CheckpointError;
-use super::region::Region;
+use bonfire_parallel::Region;
 use burn_pack::Scalar;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;

@@ -6,12 +6,11 @@
 
 use super::files::{self, DataFile};
 use super::index::{self, Index};
-use super::region::Region;
-use super::shards::{Loaded, Wants};
+use super::state::{Loaded, Stateful, Wants};
 use super::{CheckpointError, agree};
-use crate::engine::Engine;
 use crate::error::TrainError;
 use bonfire_module::params::ParamValues;
+use bonfire_parallel::Region;
 use bonfire_zero::FlatState;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -196,8 +195,8 @@ impl Reader<'_> {
 /// every rank reads what its layout holds, resharding as it reads; all ranks agree that every
 /// read succeeded before any engine changes, so a bad checkpoint is an error with the engine
 /// untouched. A collective on the world.
-pub fn resume<B>(
-    engine: &mut dyn Engine<B>,
+pub fn resume(
+    engine: &mut (impl Stateful + ?Sized),
     path: impl AsRef<Path>,
 ) -> Result<Resumed, TrainError> {
     let read = Checkpoint::open(path.as_ref()).and_then(|c| {

@@ -14,16 +14,15 @@
 //!   [`save_consolidated`] (from a live engine) write every parameter whole to one
 //!   safetensors file.
 //!
-//! The trainer's checkpoint is the one to use; `bonfire_zero::checkpoint` remains ZeRO's
-//! own, for a `Zero` wrapper used alone (dp only). See `docs/checkpoint.md`.
+//! What the checkpoint asks of an engine is [`Stateful`] (the trainer's engines implement
+//! it), so that this module stands below them. See `docs/checkpoint.md`.
 
 mod files;
 mod index;
 mod load;
-mod region;
 mod save;
-mod shards;
 mod source;
+mod state;
 
 pub use files::Fault;
 pub use index::{
@@ -31,54 +30,14 @@ pub use index::{
     TensorRecord,
 };
 pub use load::{Checkpoint, Resumed, resume};
-pub use region::{Region, Run};
 pub use save::{CheckpointConfig, Checkpointer};
-pub use shards::{Loaded, RankState, Slice, Wants};
-pub use source::{LoadedParameters, ParameterSource, load_parameters};
+pub use source::{LoadedParameters, load_parameters};
+pub use state::{Loaded, RankState, Slice, Stateful, Wants};
 
-pub(crate) use shards::{Holding, load as load_wrapper, rank_state, wants};
-
-use crate::engine::Engine;
+pub use crate::error::CheckpointError;
 use crate::error::TrainError;
 use bonfire_comm::ProcessGroup;
 use std::path::Path;
-
-/// Why a checkpoint could not be saved or loaded. Raised before any state changes.
-#[derive(Debug, Clone, thiserror::Error)]
-pub enum CheckpointError {
-    /// No checkpoint where one was named.
-    #[error("checkpoint not found: {0}")]
-    NotFound(String),
-    /// A file the index lists is missing.
-    #[error("checkpoint incomplete: {0}")]
-    Missing(String),
-    /// A file is truncated or its bytes do not match their checksum, or the index is unreadable.
-    #[error("checkpoint corrupted: {0}")]
-    Corrupt(String),
-    /// The checkpoint is of another model (parameter names or shapes differ).
-    #[error("{0}")]
-    OtherModel(String),
-    /// Reading or writing failed.
-    #[error("checkpoint I/O: {path}: {message}")]
-    Io {
-        /// The file or directory concerned.
-        path: String,
-        /// The operating system's error.
-        message: String,
-    },
-    /// Another rank failed (its error is quoted), or the ranks disagree.
-    #[error("checkpoint: {0}")]
-    Failed(String),
-}
-
-impl CheckpointError {
-    pub(crate) fn io(path: &Path, e: std::io::Error) -> Self {
-        Self::Io {
-            path: path.display().to_string(),
-            message: e.to_string(),
-        }
-    }
-}
 
 /// Every rank's `s`, in rank order (a collective).
 pub(crate) fn gather_strings(pg: &ProcessGroup, s: &str) -> Result<Vec<String>, TrainError> {
@@ -126,8 +85,8 @@ pub(crate) fn agree<T>(
 
 /// Writes every parameter of `engine` whole to one safetensors file at `path` (names: the
 /// model's parameter paths), from rank 0, atomically. A collective (parameters are gathered).
-pub fn save_consolidated<B>(
-    engine: &mut dyn Engine<B>,
+pub fn save_consolidated(
+    engine: &mut (impl Stateful + ?Sized),
     path: impl AsRef<Path>,
 ) -> Result<(), TrainError> {
     let params = engine.parameters()?;

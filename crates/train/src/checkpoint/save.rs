@@ -7,11 +7,9 @@
 
 use super::files::{self, Fault};
 use super::index::{self, ChunkRecord, FileRecord, Index, ParamRecord, TensorRecord};
-use super::shards::RankState;
+use super::state::{RankState, Stateful};
 use super::{CheckpointError, agree, gather_strings};
-use crate::engine::Engine;
 use crate::error::TrainError;
-use crate::fit::{Hooks, StepReport};
 use bonfire_comm::{ProcessGroup, ReduceOp};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -94,7 +92,7 @@ impl CheckpointConfig {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct SliceDesc {
     param: usize,
-    region: super::Region,
+    region: bonfire_parallel::Region,
     state: Option<StateDesc>,
 }
 
@@ -114,7 +112,7 @@ struct Pending {
     writer: Option<JoinHandle<Result<FileRecord, CheckpointError>>>,
 }
 
-/// The checkpoint hook of [`crate::fit`] (see the module docs). One per rank; every call is
+/// The training loop's checkpoint hook (it implements [`crate::Hooks`]; see the module docs). One per rank; every call is
 /// a collective.
 pub struct Checkpointer {
     config: CheckpointConfig,
@@ -140,7 +138,11 @@ impl Checkpointer {
 
     /// Starts the checkpoint of `step`: waits for the previous one, copies this rank's slices
     /// to the host and hands them to the writer thread (or writes them now). A collective.
-    pub fn save<B>(&mut self, step: usize, engine: &mut dyn Engine<B>) -> Result<(), TrainError> {
+    pub fn save(
+        &mut self,
+        step: usize,
+        engine: &mut (impl Stateful + ?Sized),
+    ) -> Result<(), TrainError> {
         self.wait(engine.world())?;
         let pg = engine.world().clone();
         let root = self.config.dir.clone();
@@ -238,18 +240,6 @@ impl Checkpointer {
     }
 }
 
-impl<B> Hooks<B> for Checkpointer {
-    fn after_step(&mut self, _: &StepReport, engine: &mut dyn Engine<B>) -> Result<(), TrainError> {
-        self.poll(engine.world())
-    }
-    fn checkpoint(&mut self, step: usize, engine: &mut dyn Engine<B>) -> Result<(), TrainError> {
-        self.save(step, engine)
-    }
-    fn finish(&mut self, engine: &mut dyn Engine<B>) -> Result<(), TrainError> {
-        self.wait(engine.world())
-    }
-}
-
 /// Rank 0's preparation: the root, no stale partial directories, a fresh partial one.
 fn prepare(root: &Path, partial: &Path) -> Result<(), CheckpointError> {
     std::fs::create_dir_all(root).map_err(|e| CheckpointError::io(root, e))?;
@@ -289,7 +279,7 @@ fn describe(state: &RankState) -> Vec<SliceDesc> {
 /// The (key, shape, values) of every tensor a rank's file holds: each slice's values and
 /// its optimizer-state tensors, 1-d.
 fn tensors_of<'a>(
-    slices: &'a [super::shards::Slice],
+    slices: &'a [super::state::Slice],
     params: &[(String, Vec<usize>)],
 ) -> Vec<(String, Vec<usize>, &'a [f32])> {
     let mut out = Vec::new();

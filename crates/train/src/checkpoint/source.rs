@@ -1,19 +1,10 @@
-//! Parameters from whole-tensor weights (a Hugging Face directory, say) loaded as resume loads
+//! Parameters from whole-tensor weights ([`ParameterSource`]: a Hugging Face directory, say) loaded as resume loads
 //! a checkpoint: each rank reads only the slices its layout holds ([`load_parameters`]); the
 //! optimizer starts fresh.
 
-use super::{CheckpointError, Loaded, Region, agree};
-use crate::engine::Engine;
+use super::{CheckpointError, Loaded, Stateful, agree};
 use crate::error::TrainError;
-
-/// Whole tensors by name, read a region at a time.
-pub trait ParameterSource: Sync {
-    /// Checks the source against the model's parameters (`(path, whole shape)`, in model
-    /// order) before anything is read: every parameter there with its shape, nothing else.
-    fn check(&self, params: &[(String, Vec<usize>)]) -> Result<(), String>;
-    /// The values of `region` of tensor `name` (whole shape `shape`), in the region's order.
-    fn read(&self, name: &str, shape: &[usize], region: &Region) -> Result<Vec<f32>, String>;
-}
+use bonfire_parallel::ParameterSource;
 
 /// What [`load_parameters`] read on this rank.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -28,8 +19,8 @@ pub struct LoadedParameters {
 /// tensor-parallel shards, its ZeRO pieces, its pipeline stages); the optimizer state starts
 /// fresh. A collective: an error on any rank (a missing tensor, a shape that differs, an
 /// unreadable file) is an error on every rank, and no rank's state changes.
-pub fn load_parameters<B>(
-    engine: &mut dyn Engine<B>,
+pub fn load_parameters(
+    engine: &mut (impl Stateful + ?Sized),
     source: &dyn ParameterSource,
 ) -> Result<LoadedParameters, TrainError> {
     let wants = engine.state_wants();

@@ -5,37 +5,33 @@
 //! and tensor-parallel on tp). Both hand back whole parameters and gradients, named as in the
 //! model, whatever the layout ([`export`]).
 
-pub(crate) mod checkpointing;
 pub(crate) mod export;
 pub(crate) mod pipeline;
+pub(crate) mod recompute;
 pub(crate) mod replica;
+pub(crate) mod state;
 
-use crate::checkpoint::{Holding, Loaded, RankState, Wants};
+use crate::checkpoint::Stateful;
 use crate::error::TrainError;
-use crate::fit::Replica;
 use crate::wrapper::WrapperReport;
 use bonfire_comm::ProcessGroup;
 use bonfire_cp::{ContextScope, ContextSplit};
 use bonfire_layout::ParallelDims;
 use bonfire_module::params::ParamValues;
+use bonfire_parallel::Replica;
 use burn::tensor::Device;
+use state::Holding;
 
-/// One rank's training state under a layout (built by [`crate::Trainer::build`]). Every
-/// method that says "collective" must be called on every rank, in the same order.
-pub trait Engine<B> {
+/// One rank's training state under a layout (built by [`crate::Trainer::build`]); what the
+/// checkpoint asks of it (its layout and world, its parameters, its state to save and load)
+/// is [`Stateful`]. Every method that says "collective" must be called on every rank, in the
+/// same order.
+pub trait Engine<B>: Stateful {
     /// This rank's place: the layout, its mesh, the device.
     fn place(&self) -> &RankMesh;
-    /// The layout.
-    fn dims(&self) -> &ParallelDims {
-        &self.place().dims
-    }
     /// The device this rank computes on: create batches here.
     fn device(&self) -> &Device {
         &self.place().device
-    }
-    /// All the ranks of the layout.
-    fn world(&self) -> &ProcessGroup {
-        self.place().mesh.world()
     }
     /// This rank's data-parallel replica: which rows of a global batch it trains on.
     fn replica(&self) -> Replica {
@@ -62,26 +58,15 @@ pub trait Engine<B> {
     /// The averaged gradient of every parameter from the last backward, whole (gathered over
     /// shards and stages), in the model's order. A collective.
     fn gradients(&mut self) -> Result<Vec<ParamValues>, TrainError>;
-    /// Every parameter's values, whole, in the model's order. A collective.
-    fn parameters(&mut self) -> Result<Vec<ParamValues>, TrainError>;
     /// What this rank's dp wrapper measured (timings, bytes held), for benches and reports.
     fn wrapper_report(&self) -> WrapperReport;
-    /// What this rank writes to a checkpoint: its own slices of every parameter and of their
-    /// optimizer state, copied to the host (replicas and tp-replicated parameters: one rank
-    /// writes). No communication.
-    fn save_state(&mut self) -> Result<RankState, TrainError>;
-    /// The model as a checkpoint names it and the slices this rank must be given to resume.
-    fn state_wants(&self) -> Wants;
-    /// Installs the answer to [`state_wants`](Self::state_wants): parameter values and
-    /// optimizer state. No communication; call it between steps.
-    fn load_state(&mut self, loaded: Loaded) -> Result<(), TrainError>;
 }
 
 /// The [`Engine`] methods every engine implements alike on its fields `at` ([`RankMesh`]),
 /// `wrapper` (the dp wrapper), `layout` and `indices` (the model parameters the wrapper
 /// holds) and its `assemble` (whole parameters from this rank's local ones): the optimizer
-/// step, loss scaling, whole gradients and parameters, the report and checkpoints. Expanded
-/// inside each engine's `impl Engine`, so the logic is written once.
+/// step, loss scaling, whole gradients and the report. Expanded inside each engine's
+/// `impl Engine`, so the logic is written once; [`state_methods`] is its [`Stateful`] half.
 macro_rules! wrapper_methods {
     () => {
         fn step(&mut self, lr: f64) -> Result<(), $crate::TrainError> {
@@ -107,6 +92,25 @@ macro_rules! wrapper_methods {
             self.assemble(local)
         }
 
+        fn wrapper_report(&self) -> $crate::wrapper::WrapperReport {
+            self.wrapper.report()
+        }
+    };
+}
+pub(crate) use wrapper_methods;
+
+/// The [`Stateful`] methods every engine implements alike on the same fields as
+/// [`wrapper_methods`]: its layout and world, whole parameters, and checkpoints.
+macro_rules! state_methods {
+    () => {
+        fn world(&self) -> &bonfire_comm::ProcessGroup {
+            self.at.mesh.world()
+        }
+
+        fn dims(&self) -> &bonfire_layout::ParallelDims {
+            &self.at.dims
+        }
+
         fn parameters(
             &mut self,
         ) -> Result<Vec<bonfire_module::params::ParamValues>, $crate::TrainError> {
@@ -114,29 +118,25 @@ macro_rules! wrapper_methods {
             self.assemble(local)
         }
 
-        fn wrapper_report(&self) -> $crate::wrapper::WrapperReport {
-            self.wrapper.report()
-        }
-
         fn save_state(&mut self) -> Result<$crate::checkpoint::RankState, $crate::TrainError> {
             let holding = self.at.holding(&self.layout, &self.indices);
-            $crate::checkpoint::rank_state(&self.wrapper, &holding)
+            $crate::engine::state::rank_state(&self.wrapper, &holding)
         }
 
         fn state_wants(&self) -> $crate::checkpoint::Wants {
             let holding = self.at.holding(&self.layout, &self.indices);
-            $crate::checkpoint::wants(&self.wrapper, &holding)
+            $crate::engine::state::wants(&self.wrapper, &holding)
         }
 
         fn load_state(
             &mut self,
             loaded: $crate::checkpoint::Loaded,
         ) -> Result<(), $crate::TrainError> {
-            $crate::checkpoint::load_wrapper(&mut self.wrapper, loaded)
+            $crate::engine::state::load(&mut self.wrapper, loaded)
         }
     };
 }
-pub(crate) use wrapper_methods;
+pub(crate) use state_methods;
 
 /// How a model's batches are cut for context parallelism (its
 /// `ParallelModel::{sequence_length, context_batch}`).

@@ -4,17 +4,18 @@
 //! schedule) and runs the schedule on the pp axis; tensor-parallel pieces exchange their tp
 //! shard's activations with the same tp rank of the next stage.
 
-use super::checkpointing::{Recomputing, forward_piece, recompute_flags};
 use super::export::ModelLayout;
-use super::{ContextCut, Engine, RankMesh, wrapper_methods};
+use super::recompute::{Recomputing, recompute_flags};
+use super::{ContextCut, Engine, RankMesh, state_methods, wrapper_methods};
+use crate::checkpoint::Stateful;
 use crate::error::{LayoutError, TrainError};
-use crate::model::{BuildPipeline, Rows};
 use crate::wrapper::{DpSpec, DpWrapper, Evaluating, Staged};
 use bonfire_comm::ReduceOp;
 use bonfire_layout::Axis;
 use bonfire_module::DataParallel;
 use bonfire_module::PrecisionDTypes;
 use bonfire_module::params::{self, ParamValues};
+use bonfire_parallel::{InputFn, LossFn, Pipeline, PipelineVisitor, Rows};
 use bonfire_pipeline::Generate;
 use bonfire_pipeline::{
     Block, BurnStage, Schedule, chunks_for_rank, microbatch_sizes, microbatch_weights,
@@ -22,35 +23,6 @@ use bonfire_pipeline::{
 };
 use burn::tensor::Tensor;
 use std::ops::Range;
-use std::sync::Arc;
-
-type InputFn<B, const D: usize> = Arc<dyn Fn(&B) -> Tensor<D> + Send + Sync>;
-type LossFn<B, const D: usize> = Arc<dyn Fn(Tensor<D>, &B) -> Tensor<1> + Send + Sync>;
-
-/// A model's pipeline pieces with how batches enter and leave them (see
-/// [`crate::Pipeline`]).
-pub(crate) struct Pieces<P, const D: usize, B> {
-    pieces: Vec<(String, P)>,
-    input: InputFn<B, D>,
-    loss: LossFn<B, D>,
-    /// The pieces that are checkpointable layers (activation checkpointing).
-    checkpointable: Vec<String>,
-}
-
-impl<P, const D: usize, B> Pieces<P, D, B> {
-    pub fn new(
-        pieces: Vec<(String, P)>,
-        input: impl Fn(&B) -> Tensor<D> + Send + Sync + 'static,
-        loss: impl Fn(Tensor<D>, &B) -> Tensor<1> + Send + Sync + 'static,
-    ) -> Self {
-        Self {
-            pieces,
-            input: Arc::new(input),
-            loss: Arc::new(loss),
-            checkpointable: Vec::new(),
-        }
-    }
-}
 
 /// What the trainer hands a pipeline to build this rank's engine.
 pub(crate) struct PipelineContext {
@@ -151,54 +123,37 @@ fn piece_params<P: burn::module::Module>(
     Ok(out)
 }
 
-impl<P, const D: usize, B> BuildPipeline<B> for Pieces<P, D, B>
-where
-    P: Block<D> + 'static,
-    B: Rows,
-{
-    fn names(&self) -> Vec<String> {
-        self.pieces.iter().map(|(n, _)| n.clone()).collect()
-    }
+/// The trainer's [`PipelineVisitor`] that builds this rank's pipeline engine from a model's
+/// pieces (see [`crate::Trainer::build`]).
+pub(crate) struct BuildEngine<B> {
+    pub ctx: PipelineContext,
+    pub context: ContextCut<B>,
+}
 
-    fn checkpointable(&self) -> &[String] {
-        &self.checkpointable
-    }
+impl<B: Rows> PipelineVisitor<B> for BuildEngine<B> {
+    type Output = Result<Box<dyn Engine<B>>, TrainError>;
 
-    fn set_checkpointable(&mut self, names: Vec<String>) {
-        self.checkpointable = names;
-    }
-
-    fn loss(self: Box<Self>, batch: &B, recompute: &[bool]) -> Tensor<1> {
-        let x = (self.input)(batch);
-        let x = self
-            .pieces
-            .iter()
-            .zip(recompute)
-            .fold(x, |x, ((_, piece), &r)| forward_piece(piece, x, r));
-        (self.loss)(x, batch)
-    }
-
-    fn build(
-        self: Box<Self>,
-        ctx: PipelineContext,
-        context: ContextCut<B>,
-    ) -> Result<Box<dyn Engine<B>>, TrainError> {
+    fn visit<P: Block<D> + 'static, const D: usize>(
+        self,
+        pipeline: Pipeline<P, D, B>,
+    ) -> Self::Output {
+        let Self { ctx, context } = self;
         let dims = &ctx.at.dims;
         let kind = dims
             .pp_options
             .schedule
             .expect("validated: a pipeline has a schedule");
         let schedule = kind.generate(dims.pp(), dims.microbatches());
-        let names = self.names();
+        let names = pipeline.names();
         let points = split_points(
             &names,
             schedule.stages(),
             dims.pp_options.split_points.as_deref(),
             dims.pp(),
         )?;
-        let ranges = piece_params(&self.pieces, &ctx.layout)?;
+        let ranges = piece_params(&pipeline.pieces, &ctx.layout)?;
         let ac = dims.activation_checkpointing;
-        let flags = recompute_flags(&names, &self.checkpointable, ac);
+        let flags = recompute_flags(&names, &pipeline.checkpointable, ac);
         let stage_starts: Vec<usize> = std::iter::once(0).chain(points.iter().copied()).collect();
         let pp_rank = ctx.at.coord(Axis::Pp);
         // The model parameters of this rank's chunks, in the wrapper's order.
@@ -217,7 +172,7 @@ where
                 flags[stage_starts[s]..end].to_vec()
             })
             .collect();
-        let pieces: Vec<P> = self.pieces.into_iter().map(|(_, p)| p).collect();
+        let pieces: Vec<P> = pipeline.pieces.into_iter().map(|(_, p)| p).collect();
         let stages = split_at(pieces, &points)?;
         let chunks = chunks_for_rank(&stages, &schedule, pp_rank)?;
         drop(stages);
@@ -229,8 +184,8 @@ where
             indices,
             recompute,
             layout: ctx.layout,
-            input: self.input,
-            loss: self.loss,
+            input: pipeline.input,
+            loss: pipeline.loss,
             context,
         }))
     }
@@ -361,4 +316,8 @@ impl<P: Block<D> + 'static, const D: usize, B: Rows> Engine<B> for PipelineEngin
     }
 
     wrapper_methods!();
+}
+
+impl<P: Block<D> + 'static, const D: usize, B: Rows> Stateful for PipelineEngine<P, D, B> {
+    state_methods!();
 }

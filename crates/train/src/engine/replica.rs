@@ -3,17 +3,18 @@
 //! its replica's rows (through its pipeline pieces, the chosen ones recomputed, under
 //! activation checkpointing).
 
-use super::checkpointing;
 use super::export::ModelLayout;
-use super::{ContextCut, Engine, RankMesh, wrapper_methods};
+use super::recompute;
+use super::{ContextCut, Engine, RankMesh, state_methods, wrapper_methods};
+use crate::checkpoint::Stateful;
 use crate::error::TrainError;
-use crate::model::ParallelModel;
 use crate::wrapper::DpWrapper;
 use bonfire_comm::ReduceOp;
 use bonfire_dtensor::plane::{self, ledger::Reason};
 use bonfire_layout::Axis;
 use bonfire_module::DataParallel;
 use bonfire_module::params::ParamValues;
+use bonfire_parallel::ParallelModel;
 
 pub(crate) struct ReplicaEngine<M: ParallelModel> {
     at: RankMesh,
@@ -51,7 +52,7 @@ impl<M: ParallelModel> Engine<M::Batch> for ReplicaEngine<M> {
         let (local, _context) = self.at.context(batch, context_cut::<M>());
         let _experts = self.at.expert_scope();
         let ac = self.at.dims.activation_checkpointing;
-        let loss = self.wrapper.forward(|m| checkpointing::loss(m, local, ac));
+        let loss = self.wrapper.forward(|m| recompute::loss(m, local, ac));
         let mut value = [plane::to_host(loss.clone().detach(), Reason::Report)[0]];
         let scale = self.at.loss_scale;
         self.wrapper
@@ -78,6 +79,10 @@ impl<M: ParallelModel> Engine<M::Batch> for ReplicaEngine<M> {
     }
 
     wrapper_methods!();
+}
+
+impl<M: ParallelModel> Stateful for ReplicaEngine<M> {
+    state_methods!();
 }
 
 /// How `M` cuts its batches for context parallelism.

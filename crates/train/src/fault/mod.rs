@@ -30,11 +30,11 @@ pub use buddy::{BuddyCost, CommitCost};
 
 use crate::engine::Engine;
 use crate::error::{LayoutError, TrainError};
-use crate::fit::{DataSource, FitConfig, Hooks, StepReport, fit};
-use crate::model::{ParallelModel, Rows};
+use crate::fit::{FitConfig, Hooks, StepReport, fit};
 use crate::trainer::Trainer;
 use bonfire_comm::ProcessGroup;
 use bonfire_layout::{Axis, ParallelDims};
+use bonfire_parallel::{DataSource, ParallelModel, Rows};
 use buddy::Snapshot;
 use burn::tensor::Device;
 use std::cell::Cell;

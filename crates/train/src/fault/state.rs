@@ -9,8 +9,9 @@
 //! scalars, element counts); the data is every slice's values then its state tensors, in
 //! header order.
 
-use crate::checkpoint::{Loaded, RankState, Region, ScalarValue, Slice, Wants};
+use crate::checkpoint::{Loaded, RankState, ScalarValue, Slice, Wants};
 use crate::error::TrainError;
+use bonfire_parallel::Region;
 use bonfire_zero::FlatState;
 use serde::{Deserialize, Serialize};
 

@@ -12,8 +12,8 @@
 //!   know whether they recompute.
 
 use crate::error::LayoutError;
-use crate::model::{ParallelModel, Pipeline, Rows};
 use bonfire_layout::{ActivationCheckpointing, ParallelDims};
+use bonfire_parallel::{ParallelModel, Pipeline, PipelineVisitor};
 use bonfire_pipeline::{Block, PipelineError, StageParams};
 use burn::module::{Devices, Module, ModuleMapper, ModuleVisitor};
 use burn::tensor::{Device, Gradients, Tensor};
@@ -38,10 +38,26 @@ pub(crate) fn recompute_flags(
         .collect()
 }
 
+/// A model's pipeline pieces by name: all of them and the checkpointable ones, in order (the
+/// [`PipelineVisitor`] that reads them).
+pub(crate) struct Names;
+
+impl<B> PipelineVisitor<B> for Names {
+    type Output = (Vec<String>, Vec<String>);
+    fn visit<P: Block<D> + 'static, const D: usize>(
+        self,
+        pipeline: Pipeline<P, D, B>,
+    ) -> Self::Output {
+        let names = pipeline.pieces.iter().map(|(n, _)| n.clone()).collect();
+        (names, pipeline.checkpointable)
+    }
+}
+
 /// Checks that a model can checkpoint what `dims` asks: with checkpointing on, it has
-/// pipeline pieces, names checkpointable ones, and only pieces it has.
-pub(crate) fn check<B: Rows>(
-    pipeline: Option<&Pipeline<B>>,
+/// pipeline pieces (`names`: all of them and the checkpointable ones), names checkpointable
+/// ones, and only pieces it has.
+pub(crate) fn check(
+    names: Option<(Vec<String>, Vec<String>)>,
     dims: &ParallelDims,
 ) -> Result<(), LayoutError> {
     let ac = dims.activation_checkpointing;
@@ -52,15 +68,13 @@ pub(crate) fn check<B: Rows>(
         setting: ac.to_string(),
         reason,
     };
-    let Some(pipeline) = pipeline else {
+    let Some((names, checkpointable)) = names else {
         return Err(error(
             "the model names no checkpointable layer: it has no pipeline pieces \
              (ParallelModel::pipeline, with Pipeline::with_checkpointable)"
                 .into(),
         ));
     };
-    let names = pipeline.names();
-    let checkpointable = pipeline.checkpointable();
     if checkpointable.is_empty() {
         return Err(error(
             "the model names no checkpointable layer (Pipeline::with_checkpointable)".into(),
@@ -75,6 +89,31 @@ pub(crate) fn check<B: Rows>(
     }
 }
 
+/// The loss of `batch` through a model's pipeline pieces in order, the ones `ac` chooses
+/// recomputed (the [`PipelineVisitor`] of [`loss`]).
+struct PieceLoss<'a, B> {
+    batch: &'a B,
+    ac: ActivationCheckpointing,
+}
+
+impl<B> PipelineVisitor<B> for PieceLoss<'_, B> {
+    type Output = Tensor<1>;
+    fn visit<P: Block<D> + 'static, const D: usize>(
+        self,
+        pipeline: Pipeline<P, D, B>,
+    ) -> Self::Output {
+        let names: Vec<String> = pipeline.pieces.iter().map(|(n, _)| n.clone()).collect();
+        let flags = recompute_flags(&names, &pipeline.checkpointable, self.ac);
+        let x = (pipeline.input)(self.batch);
+        let x = pipeline
+            .pieces
+            .iter()
+            .zip(flags)
+            .fold(x, |x, ((_, piece), r)| forward_piece(piece, x, r));
+        (pipeline.loss)(x, self.batch)
+    }
+}
+
 /// The loss of `batch` on `model` (a replica's module, inside its wrapper's forward): the
 /// model's own loss, or with checkpointing on, the loss through its pipeline pieces with
 /// the chosen ones recomputed.
@@ -86,12 +125,11 @@ pub(crate) fn loss<M: ParallelModel>(
     if !ac.is_on() {
         return model.loss(batch);
     }
-    let pipeline = model
+    let visitor = PieceLoss { batch: &batch, ac };
+    model
         .clone()
-        .pipeline()
-        .expect("checked: activation checkpointing needs pipeline pieces");
-    let flags = recompute_flags(&pipeline.names(), &pipeline.checkpointable(), ac);
-    pipeline.inner.loss(&batch, &flags)
+        .pipeline(visitor)
+        .expect("checked: activation checkpointing needs pipeline pieces")
 }
 
 /// `piece` as a stage runs it: recomputed in backward when `recompute`. As a module it is

@@ -1,67 +1,23 @@
-//! What one rank holds of the training state, as the checkpoint sees it: every slice of a
-//! parameter (and the optimizer state of the same elements) it owns, placed in the whole
-//! tensor as a [`Region`] — its tensor-parallel shard's box, narrowed to its ZeRO piece — and
-//! the slices it must be given to resume. The engines call these on their dp wrapper.
+//! An engine's training state as the checkpoint sees it, from its dp wrapper: every slice of a
+//! parameter (and the optimizer state of the same elements) this rank owns, placed in the
+//! whole tensor as a [`Region`] — its tensor-parallel shard's box, narrowed to its ZeRO piece
+//! — and the slices it must be given to resume.
 //!
 //! Ownership (each element written once): DDP replicas are written by dp coordinate 0 (an
 //! expert parameter under ep by each of the first ep ranks, its slice of the experts), ZeRO
 //! pieces by the rank that owns them, parameters replicated over tp by tp coordinate 0,
 //! pipeline stages by the pp coordinate that runs them.
 
-use super::region::Region;
-use crate::engine::export::ModelLayout;
+use super::export::ModelLayout;
+use crate::checkpoint::{Loaded, RankState, Slice, Wants};
 use crate::error::TrainError;
 use crate::wrapper::DpWrapper;
 use bonfire_module::DataParallel;
+use bonfire_parallel::Region;
 use bonfire_zero::optim::{record_states, with_states};
 use bonfire_zero::{FlatState, ZeroStage};
 use burn::module::Module;
 use burn_pack::Scalar;
-
-/// One slice a rank writes: elements `region` of model parameter `param`, their values, and
-/// the optimizer's state of the same elements (`None`: no state yet).
-#[derive(Debug, Clone)]
-pub struct Slice {
-    /// The model parameter: an index into [`RankState::params`].
-    pub param: usize,
-    /// The elements of the whole parameter it holds.
-    pub region: Region,
-    /// Their values, in the region's order.
-    pub values: Vec<f32>,
-    /// The optimizer's state of the same elements (`None`: no state yet).
-    pub state: Option<FlatState>,
-}
-
-/// What a rank writes to a checkpoint (host copies), with the model it is of.
-#[derive(Debug, Clone, Default)]
-pub struct RankState {
-    /// Every parameter's path and whole shape, in model order.
-    pub params: Vec<(String, Vec<usize>)>,
-    /// Every slice this rank owns, and so writes.
-    pub slices: Vec<Slice>,
-}
-
-/// What a rank must be given to resume: parameter values and optimizer state, by model
-/// parameter and region.
-#[derive(Debug, Clone, Default)]
-pub struct Wants {
-    /// Every parameter's path and whole shape, in model order.
-    pub params: Vec<(String, Vec<usize>)>,
-    /// The parameter values it needs: (model parameter index, region) each.
-    pub values: Vec<(usize, Region)>,
-    /// The optimizer state it needs: (model parameter index, region) each.
-    pub state: Vec<(usize, Region)>,
-}
-
-/// The answer to [`Wants`], in its order: values, and optimizer state (`None`: none saved).
-#[derive(Debug, Clone, Default)]
-pub struct Loaded {
-    /// The values of each of [`Wants::values`], in its order.
-    pub values: Vec<Vec<f32>>,
-    /// The optimizer state of each of [`Wants::state`], in its order (`None`: the checkpoint
-    /// has none for that parameter).
-    pub state: Vec<Option<FlatState>>,
-}
 
 /// Where a rank's dp wrapper sits: the model's layout, which model parameter each of the
 /// wrapper's parameters is, and the rank's tp and dp coordinates.
