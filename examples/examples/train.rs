@@ -22,7 +22,7 @@
 //! a `--resume`d run goes on with the stream where the checkpoint's step left it.
 //!
 //! A model directory's weights are read by every rank a slice at a time: only the
-//! tensor-parallel shards, ZeRO pieces and pipeline stages it holds (each rank prints
+//! tensor-parallel shards, ZeRO slices and pipeline stages it holds (each rank prints
 //! `weights rank=R read=N total=M`, in parameter values).
 
 use bonfire_examples::cli::{

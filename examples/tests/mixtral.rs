@@ -465,7 +465,7 @@ fn the_harness_trains_a_mixtral_checkpoint() {
 /// The `train` front door takes a Mixtral directory (`--model`, its per-expert
 /// `model.safetensors`): under dp = 2 × tp = 2 ZeRO-3 each rank reads only its slices through
 /// `MixtralWeights` (the experts assembled from their per-expert tensors and cut to the
-/// rank's ZeRO pieces), and `--export` writes exactly the fixture's fused `state_dict`;
+/// rank's ZeRO slices), and `--export` writes exactly the fixture's fused `state_dict`;
 /// sequence parallelism is refused with the model's error.
 #[test]
 fn train_loads_a_mixtral_directory_a_slice_per_rank() {

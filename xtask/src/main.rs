@@ -11,6 +11,8 @@
 
 #[cfg(test)]
 mod architecture;
+#[cfg(test)]
+mod imports;
 mod bench;
 mod checkpoint_verify;
 mod gpu;

@@ -132,7 +132,7 @@ pub trait Backend: Send + Sync + 'static {
     /// rank's membership in a fresh group of them (the contract: [`crate::shrink`]). Waits at
     /// most `timeout` for live ranks that have not joined; `group` names the group in errors.
     /// Backends that cannot shrink say so.
-    fn shrink(&self, group: &str, timeout: Duration) -> Result<crate::shrink::Shrink> {
+    fn shrink(&self, group: &str, timeout: Duration) -> Result<Shrink> {
         let _ = (group, timeout);
         Err(CommError::Unsupported {
             backend: self.name(),
@@ -187,4 +187,14 @@ pub trait Backend: Send + Sync + 'static {
             what: "device buffers (a host transport: stage through host memory)".into(),
         }
     }
+}
+
+/// What a backend's shrink produced: the new group's transport and the agreement.
+pub struct Shrink {
+    /// This rank's membership in the new group.
+    pub backend: Box<dyn Backend>,
+    /// The old group's ranks that are in the new group, in order (new rank = position).
+    pub survivors: Vec<usize>,
+    /// The old group's ranks left out, each with why (it panicked, returned, …).
+    pub failed: Vec<(usize, String)>,
 }

@@ -160,7 +160,7 @@ impl ProcessGroup {
     /// survivor calls it, at any point after its call failed; this handle is unusable
     /// afterwards. Bounded by the timeout; backends that cannot shrink (MPI, NCCL) return
     /// [`CommError::Unsupported`]. See [`crate::shrink`] for the contract.
-    pub fn shrink(&self) -> Result<crate::Shrunk> {
+    pub fn shrink(&self) -> Result<Shrunk> {
         let shrink = self
             .inner
             .backend
@@ -175,7 +175,7 @@ impl ProcessGroup {
                 shrink.failed
             );
         }
-        Ok(crate::Shrunk {
+        Ok(Shrunk {
             group: Self::with_timeout(shrink.backend, name, self.timeout()),
             survivors: shrink.survivors,
             failed: shrink.failed,
@@ -538,5 +538,24 @@ impl ProcessGroup {
         self.inner
             .recvs
             .submit(move || pg.recv(&mut buf, src, tag).map(|_| buf))
+    }
+}
+
+/// The outcome of [`ProcessGroup::shrink`]: the survivors' new group and who was left out.
+#[derive(Debug, Clone)]
+pub struct Shrunk {
+    /// The new group: its ranks are the survivors, renumbered `0..survivors.len()` in the old
+    /// order.
+    pub group: ProcessGroup,
+    /// The old group's ranks that survived, in order (`survivors[new_rank] = old_rank`).
+    pub survivors: Vec<usize>,
+    /// The old group's ranks that failed, each with the reason the backend knows.
+    pub failed: Vec<(usize, String)>,
+}
+
+impl Shrunk {
+    /// Whether any rank was left out (false: everyone was alive and joined).
+    pub fn lost_any(&self) -> bool {
+        !self.failed.is_empty()
     }
 }

@@ -18,34 +18,5 @@
 //! MPI cannot here (that needs ULFM): there a failure ends the job with an error naming the
 //! dead rank, and the run resumes from a checkpoint on fewer processes (docs/checkpoint.md).
 
-use crate::ProcessGroup;
-use crate::backend::Backend;
-
-/// What a backend's shrink produced: the new group's transport and the agreement.
-pub struct Shrink {
-    /// This rank's membership in the new group.
-    pub backend: Box<dyn Backend>,
-    /// The old group's ranks that are in the new group, in order (new rank = position).
-    pub survivors: Vec<usize>,
-    /// The old group's ranks left out, each with why (it panicked, returned, …).
-    pub failed: Vec<(usize, String)>,
-}
-
-/// The outcome of [`ProcessGroup::shrink`]: the survivors' new group and who was left out.
-#[derive(Debug, Clone)]
-pub struct Shrunk {
-    /// The new group: its ranks are the survivors, renumbered `0..survivors.len()` in the old
-    /// order.
-    pub group: ProcessGroup,
-    /// The old group's ranks that survived, in order (`survivors[new_rank] = old_rank`).
-    pub survivors: Vec<usize>,
-    /// The old group's ranks that failed, each with the reason the backend knows.
-    pub failed: Vec<(usize, String)>,
-}
-
-impl Shrunk {
-    /// Whether any rank was left out (false: everyone was alive and joined).
-    pub fn lost_any(&self) -> bool {
-        !self.failed.is_empty()
-    }
-}
+pub use crate::backend::Shrink;
+pub use crate::group::Shrunk;

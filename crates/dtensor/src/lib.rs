@@ -81,6 +81,7 @@
 //! assert!(grads.iter().all(|g| g == &vec![2.0; 8]));
 //! ```
 
+pub mod autodiff;
 mod collectives;
 mod debug;
 mod dtensor;

@@ -1,13 +1,13 @@
 //! [`Region`]: which elements of a whole tensor a slice holds — a box of the tensor (a
 //! tensor-parallel shard, or the whole tensor) and a range of that box's row-major flattening
-//! (a ZeRO piece, or the whole box) — and how two regions of the same tensor overlap, as runs
+//! (a ZeRO slice, or the whole box) — and how two regions of the same tensor overlap, as runs
 //! of contiguous elements (what resharding copies).
 
 use serde::{Deserialize, Serialize};
 use std::ops::Range;
 
 /// Elements `start..end` of the row-major flattening of the box `offsets .. offsets + shape`
-/// of a whole tensor: a tensor-parallel shard is a box (the whole of it), a ZeRO piece of a
+/// of a whole tensor: a tensor-parallel shard is a box (the whole of it), a ZeRO slice of a
 /// shard a range of the box, a replicated parameter the whole tensor.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Region {
@@ -182,7 +182,7 @@ mod tests {
     #[test]
     fn tensor_parallel_shards_from_zero_pieces() {
         let shape = [6, 8];
-        // Saved: tp=2 along dim 1, each shard cut in 3 ZeRO pieces.
+        // Saved: tp=2 along dim 1, each shard cut in 3 ZeRO slices.
         let mut haves = Vec::new();
         for t in 0..2 {
             let b = Region::of_box(vec![0, 4 * t], vec![6, 4]);

@@ -1,5 +1,5 @@
-//! Nothing above the collective layer — DDP, ZeRO, the pipeline, tensor parallelism, the
-//! trainer — reads a training tensor to the host or writes one from it behind the data
+//! Nothing above the collective layer — DDP, ZeRO, the pipeline, tensor, context and expert
+//! parallelism, recompute, what the engines share of a model, the trainer — reads a training tensor to the host or writes one from it behind the data
 //! plane's back: every such crossing goes through `bonfire_dtensor::plane` (counted by reason
 //! in the transfer ledger). This scans their sources (tests excluded) for Burn's host
 //! accessors, allowing them only as the named data-plane functions of [`PLANE_CALLS`]; every
@@ -37,6 +37,7 @@ const PLANE_CALLS: &[&str] = &[
     "plane::reduce_scatter",
     "plane::reduce_scatter_async",
     "plane::all_gather",
+    "plane::broadcast",
     "plane::counts_to_host",
     "plane::indices_from_host",
     "plane::ledger::current",
@@ -51,9 +52,12 @@ fn sources() -> Vec<PathBuf> {
         "zero/src",
         "pipeline/src",
         "train/src",
-        "dtensor/src/parallel",
-        "dtensor/src/context",
-        "dtensor/src/expert",
+        "tp/src",
+        "cp/src",
+        "ep/src",
+        "recompute/src",
+        "parallel/src",
+        "module/src",
     ];
     let mut files = Vec::new();
     for root in roots {

@@ -43,10 +43,10 @@ pub(crate) struct ExpertShards {
     /// HSDP: the ranks holding the same shards in the other replicas; the reduced gradient
     /// is averaged across them too.
     pub outer: Option<bonfire_comm::ProcessGroup>,
-    /// Stage 3 (`experts3.rs`): the own range of the experts' vector, its forwards' pieces,
+    /// Stage 3 (`experts3.rs`): the own range of the experts' vector, its forwards' slices,
     /// their summed gradients by offset, and the last forward's layers (prefetch order).
     pub(crate) shard: Option<Tensor<1>>,
-    pub(crate) pieces: Vec<(Range<usize>, Tensor<1>)>,
+    pub(crate) slices: Vec<(Range<usize>, Tensor<1>)>,
     pub(crate) accumulated_own: std::collections::BTreeMap<usize, Tensor<1>>,
     pub(crate) last_layers: Vec<Vec<usize>>,
 }
@@ -75,7 +75,7 @@ impl ExpertShards {
             config: config.clone(),
             outer: None,
             shard: None,
-            pieces: Vec::new(),
+            slices: Vec::new(),
             accumulated_own: Default::default(),
             last_layers: Vec::new(),
         })
@@ -201,7 +201,7 @@ impl ExpertShards {
             let home = self.device.clone().inner();
             let master = self.optim.master().map(|m| {
                 let m = plane::to_device(m.clone(), &home, Reason::Offload);
-                bonfire_dtensor::plane::with_context_of(m, &self.device)
+                bonfire_dtensor::autodiff::with_context_of(m, &self.device)
             });
             let counts = self.part.counts();
             let replicas = &self.params.replicas;
@@ -230,7 +230,7 @@ impl ExpertShards {
     }
 
     /// Installs the experts' values (`values`: this rank's whole slice, fp32, in module order;
-    /// at stage 3 its own range) and the optimizer state of each piece, into `model`. No
+    /// at stage 3 its own range) and the optimizer state of each slice, into `model`. No
     /// communication.
     pub fn load<M: Module>(
         &mut self,
@@ -274,9 +274,9 @@ impl<M: Module> crate::Zero<M> {
     pub fn expert_params(&self) -> Option<&[ParamInfo]> {
         self.experts.as_ref().map(|x| x.infos.as_slice())
     }
-    /// The pieces of the experts' vector this rank steps (empty without experts).
-    pub fn expert_pieces(&self) -> &[crate::Piece] {
-        self.experts.as_ref().map_or(&[], |x| x.optim.pieces())
+    /// The slices of the experts' vector this rank steps (empty without experts).
+    pub fn expert_slices(&self) -> &[crate::ParamSlice] {
+        self.experts.as_ref().map_or(&[], |x| x.optim.slices())
     }
     /// The experts' own range, fp32, on the host (empty without experts).
     pub fn expert_own_values(&self) -> Vec<f32> {
@@ -285,14 +285,14 @@ impl<M: Module> crate::Zero<M> {
             .as_ref()
             .map_or_else(Vec::new, |x| x.own_values(model))
     }
-    /// The optimizer state of each expert piece (empty without experts).
+    /// The optimizer state of each expert slice (empty without experts).
     pub fn expert_states(&self) -> Vec<Option<crate::FlatState>> {
         self.experts
             .as_ref()
             .map_or_else(Vec::new, |x| x.optim.export_all())
     }
     /// Installs the experts' values (this rank's whole slice, fp32, module order; at stage 3
-    /// its own range) and their pieces' optimizer state. No communication; call it between
+    /// its own range) and their slices' optimizer state. No communication; call it between
     /// steps.
     pub fn load_expert_state(
         &mut self,

@@ -2,7 +2,7 @@
 //! experts' vector is an autodiff leaf, each forward gathers the experts per layer over their
 //! replicas through a [`GatherPlan`] of their own (its layer hook beside the wrapper's: each
 //! answers for its own parameters), and the gathers' backward reduce-scatters their gradients
-//! onto the owned pieces, summed over the replicas — scaled here to the mean over the whole
+//! onto the owned slices, summed over the replicas — scaled here to the mean over the whole
 //! dp group. A rank whose experts get no token still runs that reduce-scatter: the model
 //! touches its experts anyway (`bonfire_ep::run_experts`).
 
@@ -62,36 +62,36 @@ impl ExpertShards {
         (module, plan, hook)
     }
 
-    /// After a forward: the pieces its backward will give gradients to, and its layers.
+    /// After a forward: the slices its backward will give gradients to, and its layers.
     pub(crate) fn gathered(&mut self, plan: &GatherPlan) {
-        self.pieces.extend(plan.owned_pieces());
+        self.slices.extend(plan.owned_slices());
         self.last_layers = plan.finish().layers;
     }
 
-    /// Drops the pieces recorded after `kept` (a forward without backward).
-    pub(crate) fn forget_pieces(&mut self, kept: usize) {
-        self.pieces.truncate(kept);
+    /// Drops the slices recorded after `kept` (a forward without backward).
+    pub(crate) fn forget_slices(&mut self, kept: usize) {
+        self.slices.truncate(kept);
     }
 
-    /// How many pieces are waiting for a backward.
-    pub(crate) fn pending_pieces(&self) -> usize {
-        self.pieces.len()
+    /// How many slices are waiting for a backward.
+    pub(crate) fn pending_slices(&self) -> usize {
+        self.slices.len()
     }
 
-    /// Adds each recorded piece's gradient from `grads` to the own sums.
-    pub(crate) fn accumulate_pieces(&mut self, grads: &mut Gradients) {
-        crate::grads::accumulate_pieces(&mut self.pieces, &mut self.accumulated_own, grads);
+    /// Adds each recorded slice's gradient from `grads` to the own sums.
+    pub(crate) fn accumulate_slices(&mut self, grads: &mut Gradients) {
+        crate::grads::accumulate_slices(&mut self.slices, &mut self.accumulated_own, grads);
     }
 
-    /// The own gradient from the summed pieces (the gathers' backward already summed the
+    /// The own gradient from the summed slices (the gathers' backward already summed the
     /// replicas'), scaled to the mean over the whole dp group, averaged across HSDP's
     /// replicas.
     pub(crate) fn reduce_own(&mut self) -> Result<()> {
         let own = self.own_range();
         let scale = self.params.grad_scale / self.params.replicas.size() as f32;
         let sums = &mut std::mem::take(&mut self.accumulated_own);
-        let g = crate::grads::own_range(self.optim.pieces(), own.start, sums, &self.device, scale);
-        self.pieces.clear();
+        let g = crate::grads::own_range(self.optim.slices(), own.start, sums, &self.device, scale);
+        self.slices.clear();
         self.set_reduced(g)
     }
 

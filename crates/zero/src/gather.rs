@@ -15,7 +15,7 @@
 //!   gathers on first use ([`lazy_module`]), with the next parameter prefetched; such values
 //!   live until the forward returns.
 //!
-//! Gradients: each parameter's piece is its own autodiff leaf for the forward, and the
+//! Gradients: each parameter's slice is its own autodiff leaf for the forward, and the
 //! gather's backward reduce-scatters the full gradient onto it.
 //!
 //! Every rank makes the same calls in the same order, so the gathers — on the rank thread or
@@ -78,13 +78,13 @@ pub(crate) struct GatherPlan {
     pg: ProcessGroup,
     part: Arc<Partition>,
     infos: Arc<Vec<ParamInfo>>,
-    /// This rank's piece of each parameter, a separate autodiff leaf per forward (a view of
-    /// the shard, no copy): each piece's gradient is exactly its size, so backward never
+    /// This rank's slice of each parameter, a separate autodiff leaf per forward (a view of
+    /// the shard, no copy): each slice's gradient is exactly its size, so backward never
     /// materializes a shard-sized gradient per parameter. A rank owning nothing of a
     /// parameter has a one-element leaf there (Burn has no zero-length tensors), cut off
     /// after the gather.
-    pieces: Vec<Tensor<1>>,
-    /// Where each owned piece sits in the own range.
+    slices: Vec<Tensor<1>>,
+    /// Where each owned slice sits in the own range.
     slots: Vec<Option<Range<usize>>>,
     prefetch: bool,
     /// The previous forward's layers.
@@ -118,7 +118,7 @@ impl GatherPlan {
                 (start < end).then(|| start - own.start..end - own.start)
             })
             .collect();
-        let pieces = slots
+        let slices = slots
             .iter()
             .map(|slot| match slot {
                 Some(r) => shard.clone().narrow(0, r.start, r.len()).detach(),
@@ -130,7 +130,7 @@ impl GatherPlan {
             pg,
             part,
             infos,
-            pieces,
+            slices,
             slots,
             prefetch,
             previous,
@@ -151,9 +151,9 @@ impl GatherPlan {
     }
 
     /// The differentiable gather of parameter `i` (flat, `numel` elements) from every rank's
-    /// piece.
+    /// slice.
     ///
-    /// With an `anchor` (the input of the layer being entered) the piece is placed below it
+    /// With an `anchor` (the input of the layer being entered) the slice is placed below it
     /// in the graph, so that the gather's backward — the reduce-scatter of the parameter's
     /// full gradient — runs right after that layer's backward instead of at the very end.
     fn gather_op(
@@ -162,10 +162,10 @@ impl GatherPlan {
         anchor: Option<&DispatchTensor>,
     ) -> impl FnOnce() -> Tensor<1> + Send + 'static {
         let counts = self.part.param_counts(i);
-        let piece = self.pieces[i].clone();
-        let piece = match anchor {
-            Some(anchor) => bonfire_module::graph::anchored(piece, anchor),
-            None => piece,
+        let slice = self.slices[i].clone();
+        let slice = match anchor {
+            Some(anchor) => bonfire_module::graph::anchored(slice, anchor),
+            None => slice,
         };
         let before = counts.iter().take_while(|&&c| c == 0).count();
         let padded: Vec<usize> = counts.iter().map(|&c| c.max(1)).collect();
@@ -178,11 +178,11 @@ impl GatherPlan {
         move || {
             // Cast to the param dtype inside the recomputable gather: a cast after it would
             // be a compute-bound op whose half-precision output Burn keeps until backward.
-            let piece = piece.cast(reduce_dtype);
+            let slice = slice.cast(reduce_dtype);
             // The backward reduce-scatters the gradient in the gather's input dtype.
-            record.reduced(piece.dtype());
+            record.reduced(slice.dtype());
             let out = (param_dtype != reduce_dtype).then_some(param_dtype);
-            bonfire_dtensor::functional::all_gather_recomputable_as(piece, &pg, 0, &padded, out)
+            bonfire_dtensor::functional::all_gather_recomputable_as(slice, &pg, 0, &padded, out)
                 .unwrap_or_else(|e| panic!("bonfire-zero: stage-3 all-gather failed: {e}"))
                 .narrow(0, before, numel)
         }
@@ -296,13 +296,13 @@ impl GatherPlan {
 }
 
 impl GatherPlan {
-    /// The owned pieces (autodiff leaves) with their place in the own range: their
+    /// The owned slices (autodiff leaves) with their place in the own range: their
     /// gradients are this rank's gradient after backward.
-    pub(crate) fn owned_pieces(&self) -> Vec<(Range<usize>, Tensor<1>)> {
+    pub(crate) fn owned_slices(&self) -> Vec<(Range<usize>, Tensor<1>)> {
         self.slots
             .iter()
-            .zip(&self.pieces)
-            .filter_map(|(slot, piece)| Some((slot.clone()?, piece.clone())))
+            .zip(&self.slices)
+            .filter_map(|(slot, slice)| Some((slot.clone()?, slice.clone())))
             .collect()
     }
 }

@@ -1,11 +1,11 @@
 //! Gradients on their way to a reduction, for both of a wrapper's flat vectors (the
 //! parameters' and, under expert parallelism, the experts'): per-parameter gradients summed
 //! over micro-batches ([`sum_into`]) and packed into one flat vector ([`pack`]); at stage 3
-//! the gathers' pieces' gradients summed by their place ([`accumulate_pieces`]) and laid out
+//! the gathers' slices' gradients summed by their place ([`accumulate_slices`]) and laid out
 //! as the own range ([`own_range`]).
 
 use crate::params::ParamInfo;
-use crate::partition::Piece;
+use crate::partition::ParamSlice;
 use burn::tensor::{DType, Device, Gradients, Tensor};
 use std::collections::BTreeMap;
 use std::ops::Range;
@@ -44,15 +44,15 @@ pub(crate) fn pack(
     flat
 }
 
-/// Adds each of a stage-3 wrapper's recorded `pieces` (their place in the own range, the
+/// Adds each of a stage-3 wrapper's recorded `slices` (their place in the own range, the
 /// autodiff leaf) that `grads` has a gradient for to `sums` (by offset) and forgets it; each
-/// forward's pieces get gradients from that forward's backward only.
-pub(crate) fn accumulate_pieces(
-    pieces: &mut Vec<(Range<usize>, Tensor<1>)>,
+/// forward's slices get gradients from that forward's backward only.
+pub(crate) fn accumulate_slices(
+    slices: &mut Vec<(Range<usize>, Tensor<1>)>,
     sums: &mut BTreeMap<usize, Tensor<1>>,
     grads: &mut Gradients,
 ) {
-    pieces.retain(|(slot, piece)| match piece.grad_remove(grads) {
+    slices.retain(|(slot, slice)| match slice.grad_remove(grads) {
         Some(g) => {
             let sum = sums.remove(&slot.start);
             sums.insert(slot.start, sum.map_or(g.clone(), |s| s + g));
@@ -62,22 +62,22 @@ pub(crate) fn accumulate_pieces(
     });
 }
 
-/// The own range's gradient (stage 3) from the pieces' sums by offset (`sums`, emptied; zeros
-/// for a piece without one), in the order of the optimizer's `pieces` starting at
+/// The own range's gradient (stage 3) from the slices' sums by offset (`sums`, emptied; zeros
+/// for a slice without one), in the order of the optimizer's `slices` starting at
 /// `own_start`, multiplied by `scale`; `None` when the rank owns nothing.
 pub(crate) fn own_range(
-    pieces: &[Piece],
+    slices: &[ParamSlice],
     own_start: usize,
     sums: &mut BTreeMap<usize, Tensor<1>>,
     device: &Device,
     scale: f32,
 ) -> Option<Tensor<1>> {
-    let parts: Vec<Tensor<1>> = pieces
+    let parts: Vec<Tensor<1>> = slices
         .iter()
-        .map(|piece| {
-            let slot = piece.flat.start - own_start;
+        .map(|slice| {
+            let slot = slice.flat.start - own_start;
             sums.remove(&slot)
-                .unwrap_or_else(|| Tensor::zeros([piece.len()], device))
+                .unwrap_or_else(|| Tensor::zeros([slice.len()], device))
         })
         .collect();
     (!parts.is_empty()).then(|| bonfire_kernels::pack_scaled(&parts, scale))

@@ -17,8 +17,9 @@
 //!   backward under Balanced checkpointing, the next layer prefetched), and stage 2
 //!   reduce-scatters gradient buckets while backward runs. Parameters used outside any layer
 //!   still work, with less memory saved.
-//! - [`checkpoint`]: consolidated (full tensors, safetensors, loads into a plain model) and
-//!   sharded (one file per rank; N ranks' files load on M ranks).
+//! - Saving and resuming: the trainer's checkpoint (`bonfire_train::checkpoint`, any layout
+//!   onto any other) takes a `Zero`'s slices and their optimizer state through
+//!   [`optim::record_states`] / [`optim::with_states`] and [`Zero::load_state`].
 //!
 //! ```
 //! use bonfire_comm::ThreadWorld;
@@ -75,7 +76,6 @@
 
 #![forbid(unsafe_code)]
 
-pub mod checkpoint;
 mod config;
 mod error;
 mod experts;
@@ -96,5 +96,5 @@ pub use error::{Result, ZeroError};
 pub use gather::GatherSummary;
 pub use held::{MemoryReport, held_param_bytes};
 pub use optim::{FlatState, ShardOptimizer};
-pub use partition::{Partition, Piece};
+pub use partition::{Partition, ParamSlice};
 pub use zero::Zero;

@@ -11,13 +11,13 @@
 //! elements. What is not element-wise is refused at construction: gradient clipping inside the
 //! optimizer would clip each rank's shard by its own norm.
 //!
-//! The state of a piece (a rank's slice of one parameter) is read and written through Burn's
+//! The state of a slice (a rank's slice of one parameter) is read and written through Burn's
 //! own record format ([`ModuleOptimizer::into_bytes`], burnpack): [`ShardOptimizer::export`]
 //! slices the shard's state, [`ShardOptimizer::import`] assembles it, for resharding
 //! checkpoints.
 
 use crate::error::{Result, ZeroError};
-use crate::partition::Piece;
+use crate::partition::ParamSlice;
 use bonfire_dtensor::plane::{self, ledger::Reason};
 use burn::module::{Module, Param, ParamId};
 use burn::optim::{GradientsParams, ModuleOptimizer};
@@ -25,7 +25,7 @@ use burn::tensor::{DType, Device, Tensor, TensorData};
 use burn_pack::Scalar;
 use std::collections::BTreeMap;
 
-/// One piece's (or one range's) optimizer state on the host: named element vectors (all of
+/// One slice's (or one range's) optimizer state on the host: named element vectors (all of
 /// the range's length for element-wise optimizers) and scalars (step counters).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct FlatState {
@@ -70,7 +70,7 @@ pub struct ShardOptimizer {
     /// A stateless copy, to start from when state is loaded from bytes.
     blank: ModuleOptimizer,
     id: ParamId,
-    pub(crate) pieces: Vec<Piece>,
+    pub(crate) slices: Vec<ParamSlice>,
     /// Start of the rank's range in the flat vector.
     pub(crate) own_start: usize,
     own_len: usize,
@@ -90,12 +90,12 @@ pub struct ShardOptimizer {
 }
 
 impl ShardOptimizer {
-    /// `optim` over the range made of `pieces` (starting at `own_start` in the flat vector),
+    /// `optim` over the range made of `slices` (starting at `own_start` in the flat vector),
     /// stepped on `device`, or on `offload` when given. Fails for an optimizer that clips
     /// gradients (not element-wise).
     pub fn new(
         optim: ModuleOptimizer,
-        pieces: Vec<Piece>,
+        slices: Vec<ParamSlice>,
         own_start: usize,
         device: Device,
         offload: Option<Device>,
@@ -107,12 +107,12 @@ impl ShardOptimizer {
                     .into(),
             ));
         }
-        let own_len = pieces.iter().map(Piece::len).sum();
+        let own_len = slices.iter().map(ParamSlice::len).sum();
         Ok(Self {
             blank: optim.clone(),
             optim,
             id: ParamId::new(),
-            pieces,
+            slices,
             own_start,
             own_len,
             offloaded: offload.is_some(),
@@ -148,7 +148,7 @@ impl ShardOptimizer {
         let offload = config.offload.then(|| config.offload_device.clone());
         Self::new(
             optim,
-            part.pieces(me),
+            part.slices(me),
             part.ranges[me].start,
             device.clone(),
             offload,
@@ -204,7 +204,7 @@ impl ShardOptimizer {
         } else {
             updated
         };
-        bonfire_dtensor::plane::with_context_of(updated, &home)
+        bonfire_dtensor::autodiff::with_context_of(updated, &home)
     }
 
     /// The device the optimizer steps on and keeps its state: the offload device with
@@ -227,16 +227,16 @@ impl ShardOptimizer {
         self.read()
     }
 
-    /// The pieces of the range (a rank's slices of parameters), in flat order.
-    pub fn pieces(&self) -> &[Piece] {
-        &self.pieces
+    /// The slices of the range (a rank's slices of parameters), in flat order.
+    pub fn slices(&self) -> &[ParamSlice] {
+        &self.slices
     }
 
-    /// Every piece's state, in [`pieces`](Self::pieces) order (copies, read from Burn's record
+    /// Every slice's state, in [`slices`](Self::slices) order (copies, read from Burn's record
     /// once; `None` before the first step) — for checkpoints.
     pub fn export_all(&self) -> Vec<Option<FlatState>> {
         let state = self.state();
-        self.pieces
+        self.slices
             .iter()
             .map(|p| {
                 let at = p.flat.start - self.own_start;
@@ -245,18 +245,18 @@ impl ShardOptimizer {
             .collect()
     }
 
-    /// Piece `k`'s state (a copy; for checkpoints).
+    /// ParamSlice `k`'s state (a copy; for checkpoints).
     pub fn export(&self, k: usize) -> Option<FlatState> {
-        let p = &self.pieces[k];
+        let p = &self.slices[k];
         let at = p.flat.start - self.own_start;
         Some(self.state()?.slice(at..at + p.len()))
     }
 
-    /// Replaces the state of the whole range with the pieces' states (`None`: the optimizer
-    /// starts fresh, as before its first step). Either every piece has a state or none. The
+    /// Replaces the state of the whole range with the slices' states (`None`: the optimizer
+    /// starts fresh, as before its first step). Either every slice has a state or none. The
     /// offload master copy is dropped: the next step takes the values from the model's device.
-    pub fn import(&mut self, pieces: Vec<Option<FlatState>>) -> Result<()> {
-        let state = match pieces.iter().flatten().next() {
+    pub fn import(&mut self, slices: Vec<Option<FlatState>>) -> Result<()> {
+        let state = match slices.iter().flatten().next() {
             None => None,
             Some(first) => {
                 let mut whole = FlatState {
@@ -267,10 +267,10 @@ impl ShardOptimizer {
                         .collect(),
                     scalars: first.scalars.clone(),
                 };
-                for (p, s) in self.pieces.iter().zip(&pieces) {
+                for (p, s) in self.slices.iter().zip(&slices) {
                     let s = s.as_ref().ok_or_else(|| {
                         ZeroError::Checkpoint(
-                            "some pieces of a range have optimizer state and some do not".into(),
+                            "some slices of a range have optimizer state and some do not".into(),
                         )
                     })?;
                     let at = p.flat.start - self.own_start;
@@ -278,7 +278,7 @@ impl ShardOptimizer {
                     {
                         if name != leaf || src.len() != p.len() {
                             return Err(ZeroError::Checkpoint(format!(
-                                "optimizer state `{leaf}` does not fit its piece ({} values for {} elements)",
+                                "optimizer state `{leaf}` does not fit its slice ({} values for {} elements)",
                                 src.len(),
                                 p.len()
                             )));

@@ -1,7 +1,7 @@
 //! The flat-buffer partitioner: every parameter, in module order, is laid end to end in one
 //! logical vector of `Ψ` elements, which is cut into `N` contiguous ranges of (almost) equal
 //! byte size — torch.chunk style: `ceil(Ψ/N)` elements each, the last range taking the
-//! remainder (possibly empty). A parameter may straddle ranks; a rank owns the *pieces* of the
+//! remainder (possibly empty). A parameter may straddle ranks; a rank owns the *slices* of the
 //! parameters that intersect its range.
 
 use crate::params::ParamInfo;
@@ -9,7 +9,7 @@ use std::ops::Range;
 
 /// One rank's part of one parameter.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Piece {
+pub struct ParamSlice {
     /// Index of the parameter in the inventory.
     pub param: usize,
     /// Element range inside the parameter (row-major flattening).
@@ -18,12 +18,12 @@ pub struct Piece {
     pub flat: Range<usize>,
 }
 
-impl Piece {
+impl ParamSlice {
     /// Number of elements.
     pub fn len(&self) -> usize {
         self.within.len()
     }
-    /// Whether the piece holds no element.
+    /// Whether the slice holds no element.
     pub fn is_empty(&self) -> bool {
         self.within.is_empty()
     }
@@ -80,19 +80,19 @@ impl Partition {
         self.ranges.iter().map(|r| r.len()).collect()
     }
 
-    /// The non-empty pieces of rank `rank`, in flat order (they tile its range).
-    pub fn pieces(&self, rank: usize) -> Vec<Piece> {
+    /// The non-empty slices of rank `rank`, in flat order (they tile its range).
+    pub fn slices(&self, rank: usize) -> Vec<ParamSlice> {
         let own = &self.ranges[rank];
         (0..self.num_params())
-            .filter_map(|p| self.piece(p, own.clone()))
+            .filter_map(|p| self.slice(p, own.clone()))
             .collect()
     }
 
-    fn piece(&self, p: usize, range: Range<usize>) -> Option<Piece> {
+    fn slice(&self, p: usize, range: Range<usize>) -> Option<ParamSlice> {
         let (a, b) = (self.offsets[p], self.offsets[p + 1]);
         let s = a.max(range.start);
         let e = b.min(range.end);
-        (s < e).then(|| Piece {
+        (s < e).then(|| ParamSlice {
             param: p,
             within: s - a..e - a,
             flat: s..e,
@@ -103,7 +103,7 @@ impl Partition {
     pub fn param_counts(&self, p: usize) -> Vec<usize> {
         (0..self.num_ranks())
             .map(|r| {
-                self.piece(p, self.ranges[r].clone())
+                self.slice(p, self.ranges[r].clone())
                     .map_or(0, |pc| pc.len())
             })
             .collect()
@@ -129,7 +129,7 @@ mod tests {
         assert_eq!(p.total(), 106);
         assert_eq!(p.counts(), vec![27, 27, 27, 25]);
         assert_eq!(p.param_counts(0), vec![27, 27, 27, 19]);
-        let last = p.pieces(3);
+        let last = p.slices(3);
         assert_eq!(last.len(), 4);
         assert_eq!(last[0].within, 81..100);
         assert_eq!(p.sub_counts(&(20..30)), vec![7, 3, 0, 0]);
@@ -139,9 +139,9 @@ mod tests {
     fn uneven_tail_and_empty_rank() {
         let p = Partition::from_numels(&[2, 3], 4);
         assert_eq!(p.counts(), vec![2, 2, 1, 0]);
-        assert!(p.pieces(3).is_empty());
+        assert!(p.slices(3).is_empty());
         for r in 0..4 {
-            let n: usize = p.pieces(r).iter().map(Piece::len).sum();
+            let n: usize = p.slices(r).iter().map(ParamSlice::len).sum();
             assert_eq!(n, p.counts()[r]);
         }
     }

@@ -2,10 +2,10 @@
 //!
 //! The flat gradient vector is cut into buckets of `bucket_bytes`, from its end (the order in
 //! which backward produces gradients). Each parameter's gradient, a tensor on the device, is
-//! cut into its buckets' pieces as it arrives; a bucket is packed (its pieces concatenated,
+//! cut into its buckets' slices as it arrives; a bucket is packed (its slices concatenated,
 //! on the device) and its reduce-scatter (average) — each rank receiving its own range's part —
 //! starts on the group's communication thread as soon as every parameter in it has its
-//! gradient, while backward goes on (as DDP's all-reduces do); its pieces are dropped: a rank
+//! gradient, while backward goes on (as DDP's all-reduces do); its slices are dropped: a rank
 //! keeps only its own range, plus the buckets still filling or in flight — at most
 //! [`MAX_IN_FLIGHT`] of them: launching one more first waits for the oldest (as FSDP limits
 //! its collectives in flight), so a communication thread that falls behind backward slows it
@@ -48,8 +48,8 @@ pub(crate) struct GradBuckets {
     bounds: Vec<Range<usize>>,
     /// The buckets each parameter overlaps.
     buckets_of: Vec<Vec<usize>>,
-    /// The pieces of each bucket filled so far, by parameter (summed over its uses).
-    pieces: Vec<BTreeMap<usize, Tensor<1>>>,
+    /// The slices of each bucket filled so far, by parameter (summed over its uses).
+    slices: Vec<BTreeMap<usize, Tensor<1>>>,
     launched: Vec<bool>,
     /// Hooks attached to each parameter, and how many have fired.
     expected: Vec<u32>,
@@ -101,7 +101,7 @@ impl GradBuckets {
             .flatten()
             .for_each(|&k| incomplete[k] += 1);
         Self {
-            pieces: vec![BTreeMap::new(); bounds.len()],
+            slices: vec![BTreeMap::new(); bounds.len()],
             launched: vec![false; bounds.len()],
             expected: vec![0; infos.len()],
             arrived: vec![0; infos.len()],
@@ -137,9 +137,9 @@ impl GradBuckets {
             }
             let range = self.bounds[k].clone();
             let (s, e) = (range.start.max(a), range.end.min(self.part.offsets[p + 1]));
-            let piece = grad.clone().narrow(0, s - a, e - s);
-            let slot = self.pieces[k].remove(&p);
-            self.pieces[k].insert(p, slot.map_or(piece.clone(), |sum| sum + piece));
+            let slice = grad.clone().narrow(0, s - a, e - s);
+            let slot = self.slices[k].remove(&p);
+            self.slices[k].insert(p, slot.map_or(slice.clone(), |sum| sum + slice));
         }
         Ok(())
     }
@@ -150,12 +150,12 @@ impl GradBuckets {
         }
     }
 
-    /// Bucket `k` packed: its parameters' pieces in flat order (zeros for a parameter that got
+    /// Bucket `k` packed: its parameters' slices in flat order (zeros for a parameter that got
     /// no gradient).
     fn pack(&mut self, k: usize) -> Tensor<1> {
         let range = self.bounds[k].clone();
         let device = self.device.clone().unwrap_or_else(Device::flex);
-        let mut filled = std::mem::take(&mut self.pieces[k]);
+        let mut filled = std::mem::take(&mut self.slices[k]);
         let members = (0..self.part.num_params()).filter(|&p| self.buckets_of[p].contains(&k));
         let parts: Vec<Tensor<1>> = members
             .map(|p| {
@@ -187,8 +187,8 @@ impl GradBuckets {
             self.in_flight.push_back((at, pending));
             while self.in_flight.len() > MAX_IN_FLIGHT {
                 let (at, oldest) = self.in_flight.pop_front().expect("more than the limit");
-                let (piece, ran) = oldest.wait_timed()?;
-                self.done.push((at, piece, Span::from(ran)));
+                let (slice, ran) = oldest.wait_timed()?;
+                self.done.push((at, slice, Span::from(ran)));
             }
         }
         Ok(())
@@ -213,20 +213,20 @@ impl GradBuckets {
         self.launch_ready()?;
         let mut own = BTreeMap::new();
         let mut spans = Vec::with_capacity(self.done.len() + self.in_flight.len());
-        for (at, piece, span) in std::mem::take(&mut self.done) {
+        for (at, slice, span) in std::mem::take(&mut self.done) {
             spans.push(span);
-            if let Some(piece) = piece {
-                own.insert(at, piece);
+            if let Some(slice) = slice {
+                own.insert(at, slice);
             }
         }
         let mut first_error = None;
         for (at, pending) in std::mem::take(&mut self.in_flight) {
             // Every bucket is waited for, even after an error, so none is left running.
             match pending.wait_timed() {
-                Ok((piece, ran)) => {
+                Ok((slice, ran)) => {
                     spans.push(Span::from(ran));
-                    if let Some(piece) = piece {
-                        own.insert(at, piece);
+                    if let Some(slice) = slice {
+                        own.insert(at, slice);
                     }
                 }
                 Err(e) => {

@@ -4,7 +4,7 @@
 //! - Stage 2 reduce-scatters gradient buckets, during backward for layers entered through
 //!   [`bonfire_module::layer`] (the shared [`SinkHook`]), after it for the rest.
 //! - Stage 3 gathers parameters for each forward (`gather.rs`); their gradients come back
-//!   reduce-scattered onto the owned pieces through the gathers' backward.
+//!   reduce-scattered onto the owned slices through the gathers' backward.
 //!
 //! Micro-batches (pipelines, accumulation) use the same paths without hooks: their gradients
 //! are summed into a flat buffer (the own range at stage 3) and reduced once.
@@ -37,7 +37,7 @@ impl<M: Module> Zero<M> {
     /// meanwhile; a parameter used outside any layer is gathered on first use and kept until
     /// `f` returns. The gather is recomputable: under Balanced checkpointing backward
     /// re-gathers parameters instead of keeping them, and their gradients come back
-    /// reduce-scattered onto the owned pieces.
+    /// reduce-scattered onto the owned slices.
     fn gathered_forward<R>(&mut self, f: impl FnOnce(&M) -> R) -> R {
         let shard = self.shard.clone().expect("stage 3 keeps a shard");
         let plan = Arc::new(GatherPlan::new(
@@ -70,7 +70,7 @@ impl<M: Module> Zero<M> {
         }
         drop(hook);
         let out = out.unwrap_or_else(|panic| resume_unwind(explain_strategy(panic, self)));
-        self.pieces.extend(plan.owned_pieces());
+        self.slices.extend(plan.owned_slices());
         self.last_gather = plan.finish();
         if self.last_gather.layers.is_empty() {
             self.note_no_layers("gathers every parameter for the whole forward");
@@ -289,15 +289,15 @@ impl<M: Module> DataParallel<M> for Zero<M> {
         }
     }
 
-    /// At stage 3 the parameters are gathered as for a forward, and the owned pieces that
+    /// At stage 3 the parameters are gathered as for a forward, and the owned slices that
     /// forward recorded for its backward are dropped again.
     fn evaluate<R>(&mut self, f: impl FnOnce(&M) -> R) -> R {
-        let kept = self.pieces.len();
-        let kept_experts = self.experts.as_ref().map_or(0, |x| x.pending_pieces());
+        let kept = self.slices.len();
+        let kept_experts = self.experts.as_ref().map_or(0, |x| x.pending_slices());
         let out = self.forward_micro(f);
-        self.pieces.truncate(kept);
+        self.slices.truncate(kept);
         if let Some(side) = self.experts.as_mut() {
-            side.forget_pieces(kept_experts);
+            side.forget_slices(kept_experts);
         }
         out
     }
@@ -314,9 +314,9 @@ impl<M: Module> DataParallel<M> for Zero<M> {
             return Ok(());
         }
         if let Some(side) = self.experts.as_mut() {
-            side.accumulate_pieces(grads);
+            side.accumulate_slices(grads);
         }
-        grads::accumulate_pieces(&mut self.pieces, &mut self.accumulated_own, grads);
+        grads::accumulate_slices(&mut self.slices, &mut self.accumulated_own, grads);
         Ok(())
     }
 
@@ -324,12 +324,12 @@ impl<M: Module> DataParallel<M> for Zero<M> {
         if self.config.stage == ZeroStage::Zero3 {
             // The gathers' backward already summed every rank's gradient onto the owners.
             let (own, scale) = (self.own_range(), 1.0 / self.pg.size() as f32);
-            let pieces = &self.optim.pieces;
-            debug_assert_eq!(pieces.iter().map(|p| p.len()).sum::<usize>(), own.len());
+            let slices = &self.optim.slices;
+            debug_assert_eq!(slices.iter().map(|p| p.len()).sum::<usize>(), own.len());
             let sums = &mut std::mem::take(&mut self.accumulated_own);
-            let g = grads::own_range(pieces, own.start, sums, &self.device, scale);
+            let g = grads::own_range(slices, own.start, sums, &self.device, scale);
             self.grads = Some(g);
-            self.pieces.clear();
+            self.slices.clear();
             if let Some(side) = self.experts.as_mut() {
                 side.reduce_own()?;
             }

@@ -55,13 +55,13 @@ pub struct Zero<M: Module> {
     pub(crate) grads: Option<Option<Tensor<1>>>,
     /// Stages 0–2: micro-batch gradients summed since the last reduction, per parameter.
     pub(crate) accumulated: Vec<Option<Tensor<1>>>,
-    /// Stage 3: micro-batch gradients of the own pieces, by offset in the own range.
+    /// Stage 3: micro-batch gradients of the own slices, by offset in the own range.
     pub(crate) accumulated_own: std::collections::BTreeMap<usize, Tensor<1>>,
     /// Stage 2: the gradient buckets of the forward in flight.
     pub(crate) buckets: SharedSink<GradBuckets>,
-    /// Stage 3: the pieces (autodiff leaves) of the forwards whose gradients have not been
+    /// Stage 3: the slices (autodiff leaves) of the forwards whose gradients have not been
     /// collected yet, with their place in the own range.
-    pub(crate) pieces: Vec<(Range<usize>, Tensor<1>)>,
+    pub(crate) slices: Vec<(Range<usize>, Tensor<1>)>,
     /// Stage 3: what the last forward gathered (its layer order drives the next prefetch).
     pub(crate) last_gather: GatherSummary,
     /// Layers entered with a float input (stage 2's hooks count them).
@@ -214,7 +214,7 @@ impl<M: Module> Zero<M> {
             optim,
             grads: None,
             buckets: Arc::new(Mutex::new(None)),
-            pieces: Vec::new(),
+            slices: Vec::new(),
             last_gather: GatherSummary::default(),
             layers: Arc::new(AtomicUsize::new(0)),
             told_no_layers: AtomicBool::new(false),
@@ -319,7 +319,7 @@ impl<M: Module> Zero<M> {
     /// refused at construction, so `own` is `Some` in practice).
     pub(crate) fn set_shard(&mut self, own: Option<Tensor<1>>) {
         let own = own.expect("every stage-3 rank owns part of the parameters");
-        // Kept an autodiff leaf although each forward's pieces (views of it, detached) are the
+        // Kept an autodiff leaf although each forward's slices (views of it, detached) are the
         // leaves that get gradients: measured, an untracked shard makes backward hold one
         // more shard-sized buffer (tests/layer_release.rs).
         let own = own.detach();
@@ -351,7 +351,7 @@ impl<M: Module> Zero<M> {
             let home = self.device.clone().inner();
             return self.optim.master().map(|m| {
                 let m = plane::to_device(m.clone(), &home, Reason::Offload);
-                bonfire_dtensor::plane::with_context_of(m, &self.device)
+                bonfire_dtensor::autodiff::with_context_of(m, &self.device)
             });
         }
         self.own_tensor().map(|t| t.cast(DType::F32))
@@ -458,4 +458,41 @@ pub(crate) fn hollow<M: Module>(model: M, device: &Device) -> M {
         }
     }
     model.map(&mut Hollow(device))
+}
+
+impl<M: Module> Zero<M> {
+    /// Installs parameter values and optimizer state from outside (a checkpoint): `values`
+    /// are fp32, this rank's range of the flat vector at stage 3 and the whole flat vector at
+    /// stages 0–2 (every rank of the group passing the same); `states` are the state of each
+    /// of the optimizer's slices ([`ShardOptimizer::slices`](crate::ShardOptimizer::slices)),
+    /// all `None` for a fresh optimizer. No communication; call it between steps.
+    pub fn load_state(
+        &mut self,
+        values: Vec<f32>,
+        states: Vec<Option<crate::FlatState>>,
+    ) -> Result<()> {
+        let want = if self.config.stage == ZeroStage::Zero3 {
+            self.own_range().len()
+        } else {
+            self.part.total()
+        };
+        if values.len() != want || states.len() != self.optim.slices.len() {
+            return Err(ZeroError::Checkpoint(format!(
+                "load_state: {} values and {} slice states for {want} values and {} slices",
+                values.len(),
+                states.len(),
+                self.optim.slices.len()
+            )));
+        }
+        let n = values.len();
+        let t = plane::from_host(values, [n], &self.device, Reason::Checkpoint);
+        if self.config.stage == ZeroStage::Zero3 {
+            self.set_shard(Some(t));
+        } else {
+            self.set_full_values(t);
+        }
+        self.optim.import(states)?;
+        self.grads = None;
+        Ok(())
+    }
 }

@@ -24,7 +24,6 @@
 //!
 //! [`RING_THRESHOLD_BYTES`]: super::RING_THRESHOLD_BYTES
 
-use super::ring::ring_threshold;
 use super::runtime::{Backoff, Comm, Request, Runtime};
 use super::scratch::Scratch;
 use super::types::{check, cint};
@@ -340,4 +339,19 @@ impl Backend for MpiBackend {
         check(rc, "MPI_Comm_create_group")?;
         Ok(Box::new(MpiBackend::new(self.rt.clone(), newcomm, world)))
     }
+}
+
+/// All-reduces of at least this many bytes (f32/f64) use the ring path with persistent
+/// scratch. OpenMPI's own large-message all-reduce mallocs a temporary of half the message
+/// each call; glibc serves that (≥ 32 MiB) with a fresh `mmap`, so every call page-faults
+/// it in — measured at half the bandwidth. Override with `BONFIRE_MPI_RING_BYTES`
+/// (`0` disables the ring path).
+pub const RING_THRESHOLD_BYTES: usize = 16 << 20;
+
+pub(super) fn ring_threshold() -> usize {
+    std::env::var("BONFIRE_MPI_RING_BYTES")
+        .ok()
+        .and_then(|s| s.parse::<usize>().ok())
+        .map(|v| if v == 0 { usize::MAX } else { v })
+        .unwrap_or(RING_THRESHOLD_BYTES)
 }

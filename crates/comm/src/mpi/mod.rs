@@ -39,7 +39,7 @@ mod runtime;
 mod scratch;
 mod types;
 
-pub use ring::RING_THRESHOLD_BYTES;
+pub use backend::RING_THRESHOLD_BYTES;
 pub use runtime::abort_job;
 
 use crate::{CommError, ProcessGroup, Result};

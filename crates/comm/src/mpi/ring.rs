@@ -1,6 +1,7 @@
 //! The ring all-reduce path for large `f32`/`f64` all-reduces: reduce-scatter then
 //! all-gather with `MPI_Sendrecv` over the group's persistent scratch, used instead of the
-//! library's own all-reduce above [`RING_THRESHOLD_BYTES`] (see there for why).
+//! library's own all-reduce above [`RING_THRESHOLD_BYTES`](super::RING_THRESHOLD_BYTES) (see there
+//! for why).
 
 use super::backend::MpiBackend;
 use super::scratch::{Scratch, grow};
@@ -13,21 +14,6 @@ use std::os::raw::{c_int, c_void};
 
 /// Tags of ring all-reduce steps.
 const RING_TAG: c_int = 3;
-
-/// All-reduces of at least this many bytes (f32/f64) use the ring path with persistent
-/// scratch. OpenMPI's own large-message all-reduce mallocs a temporary of half the message
-/// each call; glibc serves that (≥ 32 MiB) with a fresh `mmap`, so every call page-faults
-/// it in — measured at half the bandwidth. Override with `BONFIRE_MPI_RING_BYTES`
-/// (`0` disables the ring path).
-pub const RING_THRESHOLD_BYTES: usize = 16 << 20;
-
-pub(super) fn ring_threshold() -> usize {
-    std::env::var("BONFIRE_MPI_RING_BYTES")
-        .ok()
-        .and_then(|s| s.parse::<usize>().ok())
-        .map(|v| if v == 0 { usize::MAX } else { v })
-        .unwrap_or(RING_THRESHOLD_BYTES)
-}
 
 impl MpiBackend {
     /// Ring all-reduce (reduce-scatter then all-gather) with `MPI_Sendrecv` and scratch that

@@ -274,13 +274,13 @@ impl Backend for ThreadBackend {
         Ok(Box::new(ThreadBackend::new(shared, me)))
     }
 
-    fn shrink(&self, group: &str, timeout: Duration) -> Result<crate::shrink::Shrink> {
+    fn shrink(&self, group: &str, timeout: Duration) -> Result<crate::backend::Shrink> {
         let (shared, survivors, failed) = self.shared.shrink(self.me, group, timeout)?;
         let me = survivors
             .iter()
             .position(|&r| r == self.me)
             .expect("the agreement includes the caller");
-        Ok(crate::shrink::Shrink {
+        Ok(crate::backend::Shrink {
             backend: Box::new(ThreadBackend::new(shared, me)),
             survivors,
             failed,

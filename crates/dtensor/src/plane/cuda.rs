@@ -9,7 +9,7 @@
 //! backend, a non-float dtype), and the caller stages through the host instead. Type-checked
 //! by `cargo xtask check-gpu`; run by `cargo xtask test-multi-gpu` on a GPU machine.
 
-use super::with_context_of;
+use crate::autodiff::with_context_of;
 use crate::{DTensorError, Result};
 use bonfire_comm::{DeviceBuf, DeviceCollective, ProcessGroup, ReduceOp};
 use bonfire_kernels::cube::{empty, from_cube, to_cube};

@@ -471,17 +471,3 @@ pub fn recv<const D: usize>(
     ledger::record_carried(bonfire_comm::OpKind::Recv, data.bytes().len());
     Ok(from_data(data, device, Reason::Activation))
 }
-
-/// `tensor` with `device`'s autodiff context where `device` has one (autodiff with the
-/// device's gradient-checkpointing strategy); unchanged on a plain device.
-pub fn with_context_of<const D: usize>(
-    tensor: Tensor<D>,
-    device: &burn::tensor::Device,
-) -> Tensor<D> {
-    match device.gradient_checkpointing_strategy() {
-        Some(strategy) => tensor
-            .autodiff()
-            .with_gradient_checkpointing_strategy(strategy),
-        None => tensor,
-    }
-}

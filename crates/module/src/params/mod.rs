@@ -132,7 +132,7 @@ pub fn fork<M: Module>(module: M, device: &burn::tensor::Device) -> M {
             let (id, old, mapper) = param.consume();
             let require_grad = old.is_require_grad();
             let mut new =
-                bonfire_dtensor::plane::with_context_of(old.to_device(self.0).detach(), self.0);
+                bonfire_dtensor::autodiff::with_context_of(old.to_device(self.0).detach(), self.0);
             if require_grad {
                 new = new.require_grad();
             }

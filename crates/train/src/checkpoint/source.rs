@@ -16,7 +16,7 @@ pub struct LoadedParameters {
 }
 
 /// Sets `engine`'s parameters from `source`, each rank reading only the slices it holds (its
-/// tensor-parallel shards, its ZeRO pieces, its pipeline stages); the optimizer state starts
+/// tensor-parallel shards, its ZeRO slices, its pipeline stages); the optimizer state starts
 /// fresh. A collective: an error on any rank (a missing tensor, a shape that differs, an
 /// unreadable file) is an error on every rank, and no rank's state changes.
 pub fn load_parameters(

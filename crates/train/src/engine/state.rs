@@ -1,11 +1,11 @@
 //! An engine's training state as the checkpoint sees it, from its dp wrapper: every slice of a
 //! parameter (and the optimizer state of the same elements) this rank owns, placed in the
-//! whole tensor as a [`Region`] — its tensor-parallel shard's box, narrowed to its ZeRO piece
+//! whole tensor as a [`Region`] — its tensor-parallel shard's box, narrowed to its ZeRO slice
 //! — and the slices it must be given to resume.
 //!
 //! Ownership (each element written once): DDP replicas are written by dp coordinate 0 (an
 //! expert parameter under ep by each of the first ep ranks, its slice of the experts), ZeRO
-//! pieces by the rank that owns them, parameters replicated over tp by tp coordinate 0,
+//! slices by the rank that owns them, parameters replicated over tp by tp coordinate 0,
 //! pipeline stages by the pp coordinate that runs them.
 
 use super::export::ModelLayout;
@@ -87,26 +87,26 @@ fn for_holder(mut s: FlatState, shape: &[usize]) -> FlatState {
     s
 }
 
-/// A ZeRO partition's pieces on this rank (the parameters' or the experts'), with their
+/// A ZeRO partition's slices on this rank (the parameters' or the experts'), with their
 /// values and optimizer state, and each partition parameter's place among the wrapper's.
 struct Owned<'a> {
-    pieces: &'a [bonfire_zero::Piece],
+    slices: &'a [bonfire_zero::ParamSlice],
     values: Vec<f32>,
     states: Vec<Option<FlatState>>,
     at: Vec<usize>,
 }
 
 impl Owned<'_> {
-    /// Adds a slice per piece this rank writes.
+    /// Adds a slice per slice this rank writes.
     fn write(self, h: &Holding, slices: &mut Vec<Slice>) {
-        let start = self.pieces.first().map_or(0, |p| p.flat.start);
-        for (piece, state) in self.pieces.iter().zip(self.states) {
-            let k = self.at[piece.param];
+        let start = self.slices.first().map_or(0, |p| p.flat.start);
+        for (slice, state) in self.slices.iter().zip(self.states) {
+            let k = self.at[slice.param];
             if h.writes_on_tp(k) {
-                let at = piece.flat.start - start..piece.flat.end - start;
+                let at = slice.flat.start - start..slice.flat.end - start;
                 slices.push(Slice {
                     param: h.indices[k],
-                    region: h.shard_box(k).narrow(piece.within.clone()),
+                    region: h.shard_box(k).narrow(slice.within.clone()),
                     values: self.values[at].to_vec(),
                     state: state.map(without_rank),
                 });
@@ -158,7 +158,7 @@ pub(crate) fn rank_state<M: Module>(
             if h.replica == 0 && (!replicated || h.dp_rank == 0) {
                 let all = z.all_params();
                 let dense = Owned {
-                    pieces: z.optimizer().pieces(),
+                    slices: z.optimizer().slices(),
                     values: z.own_values(),
                     states: z.optimizer().export_all(),
                     at: positions(all, z.params()),
@@ -166,7 +166,7 @@ pub(crate) fn rank_state<M: Module>(
                 dense.write(h, &mut slices);
                 if let Some(experts) = z.expert_params() {
                     let owned = Owned {
-                        pieces: z.expert_pieces(),
+                        slices: z.expert_slices(),
                         values: z.expert_own_values(),
                         states: z.expert_states(),
                         at: positions(all, experts),
@@ -183,7 +183,7 @@ pub(crate) fn rank_state<M: Module>(
 }
 
 /// What this rank must be given: every parameter of its shard whole where it holds the
-/// replica (DDP, ZeRO 1–2), its pieces where it holds only those (ZeRO-3); the optimizer
+/// replica (DDP, ZeRO 1–2), its slices where it holds only those (ZeRO-3); the optimizer
 /// state of what its optimizer steps.
 pub(crate) fn wants<M: Module>(w: &DpWrapper<M>, h: &Holding) -> Wants {
     let all: Vec<(usize, Region)> = (0..h.indices.len())
@@ -193,25 +193,25 @@ pub(crate) fn wants<M: Module>(w: &DpWrapper<M>, h: &Holding) -> Wants {
         DpWrapper::Ddp(_) => (all.clone(), all),
         DpWrapper::Zero(z) => {
             let all_params = z.all_params();
-            let region_of = |at: &[usize], p: &bonfire_zero::Piece| {
+            let region_of = |at: &[usize], p: &bonfire_zero::ParamSlice| {
                 let k = at[p.param];
                 (h.indices[k], h.shard_box(k).narrow(p.within.clone()))
             };
             let dense_at = positions(all_params, z.params());
-            let mut pieces: Vec<(usize, Region)> = z
+            let mut slices: Vec<(usize, Region)> = z
                 .optimizer()
-                .pieces()
+                .slices()
                 .iter()
                 .map(|p| region_of(&dense_at, p))
                 .collect();
             let experts_at = z.expert_params().map(|x| positions(all_params, x));
             if let Some(at) = &experts_at {
-                pieces.extend(z.expert_pieces().iter().map(|p| region_of(at, p)));
+                slices.extend(z.expert_slices().iter().map(|p| region_of(at, p)));
             }
             match z.config().stage {
-                // Its pieces of every parameter, the experts' included.
-                ZeroStage::Zero3 => (pieces.clone(), pieces),
-                _ => (all, pieces),
+                // Its slices of every parameter, the experts' included.
+                ZeroStage::Zero3 => (slices.clone(), slices),
+                _ => (all, slices),
             }
         }
     };
@@ -241,10 +241,10 @@ pub(crate) fn load<M: Module>(w: &mut DpWrapper<M>, loaded: Loaded) -> Result<()
     Ok(())
 }
 
-/// Installs `loaded` into a ZeRO wrapper: its partition's values and pieces' state, and under
+/// Installs `loaded` into a ZeRO wrapper: its partition's values and slices' state, and under
 /// expert parallelism the experts' (in [`wants`]' order: values — every parameter's in order
-/// at stages 0–2, at stage 3 the partition's pieces then the experts' — and the state of the
-/// partition's pieces, then of the experts').
+/// at stages 0–2, at stage 3 the partition's slices then the experts' — and the state of the
+/// partition's slices, then of the experts').
 fn load_zero<M: Module>(z: &mut bonfire_zero::Zero<M>, loaded: Loaded) -> Result<(), TrainError> {
     let scalars = loaded.state.iter().flatten().map(|s| &s.scalars);
     if let Some(first) = scalars.clone().next()
@@ -255,21 +255,21 @@ fn load_zero<M: Module>(z: &mut bonfire_zero::Zero<M>, loaded: Loaded) -> Result
              rank steps together ({first:?} and {other:?}): they cannot share one range"
         )));
     }
-    let holder = |pieces: &[bonfire_zero::Piece], states: Vec<Option<FlatState>>| {
+    let holder = |slices: &[bonfire_zero::ParamSlice], states: Vec<Option<FlatState>>| {
         states
             .into_iter()
-            .zip(pieces)
+            .zip(slices)
             .map(|(s, p)| s.map(|s| for_holder(s, &[p.len()])))
             .collect::<Vec<_>>()
     };
-    let dense_pieces = z.optimizer().pieces().to_vec();
-    let expert_pieces = z.expert_pieces().to_vec();
+    let dense_slices = z.optimizer().slices().to_vec();
+    let expert_slices = z.expert_slices().to_vec();
     let mut states = loaded.state;
-    let expert_states = states.split_off(dense_pieces.len().min(states.len()));
+    let expert_states = states.split_off(dense_slices.len().min(states.len()));
     let (dense, experts) = split_values(z, loaded.values);
-    z.load_state(dense, holder(&dense_pieces, states))?;
+    z.load_state(dense, holder(&dense_slices, states))?;
     if z.expert_params().is_some() {
-        z.load_expert_state(experts, holder(&expert_pieces, expert_states))?;
+        z.load_expert_state(experts, holder(&expert_slices, expert_states))?;
     }
     Ok(())
 }
@@ -284,7 +284,7 @@ fn split_values<M: Module>(
         return (values.into_iter().flatten().collect(), Vec::new());
     };
     if z.config().stage == ZeroStage::Zero3 {
-        let n = z.optimizer().pieces().len();
+        let n = z.optimizer().slices().len();
         let mut values = values;
         let rest = values.split_off(n.min(values.len()));
         return (
