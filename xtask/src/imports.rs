@@ -271,7 +271,12 @@ pub fn expand(tree: &str) -> Vec<Vec<String>> {
             }
             Some(open) => {
                 let mut p = prefix.to_vec();
-                p.extend(tree[..open].split("::").filter(|s| !s.is_empty()).map(String::from));
+                p.extend(
+                    tree[..open]
+                        .split("::")
+                        .filter(|s| !s.is_empty())
+                        .map(String::from),
+                );
                 let inner = &tree[open + 1..tree.rfind('}').unwrap_or(tree.len())];
                 let mut depth = 0;
                 let mut start = 0;
@@ -311,9 +316,14 @@ fn referenced(code: &str) -> Vec<(usize, Vec<String>)> {
         let before: String = chars[..at].iter().collect();
         let before = before.trim_end();
         let public = before.ends_with("pub") || before.ends_with("pub(crate)");
-        let end = (at..chars.len()).find(|&k| chars[k] == ';').unwrap_or(chars.len());
+        let end = (at..chars.len())
+            .find(|&k| chars[k] == ';')
+            .unwrap_or(chars.len());
         if !public {
-            let tree: String = chars[at + 3..end].iter().filter(|c| !c.is_whitespace()).collect();
+            let tree: String = chars[at + 3..end]
+                .iter()
+                .filter(|c| !c.is_whitespace())
+                .collect();
             out.extend(expand(&tree).into_iter().map(|p| (at, p)));
         }
         for c in &mut plain[at..end] {
@@ -593,8 +603,16 @@ mod tests {
             }
         }
         // The walk saw the workspace (a wrong root would find nothing and pass).
-        assert!(files > 150, "only {files} library files found under {}", root.display());
-        assert!(found.is_empty(), "files that import in a loop:\n{}", found.join("\n"));
+        assert!(
+            files > 150,
+            "only {files} library files found under {}",
+            root.display()
+        );
+        assert!(
+            found.is_empty(),
+            "files that import in a loop:\n{}",
+            found.join("\n")
+        );
     }
 
     #[test]
@@ -607,7 +625,10 @@ mod tests {
         assert_eq!(names(&loops(&c.edges())), [["a", "b"]]);
         let (_d, c) = fake(&[
             ("lib.rs", "mod e;"),
-            ("e/mod.rs", "mod s; pub struct H; macro_rules! m { () => { $crate::e::s::f() } }"),
+            (
+                "e/mod.rs",
+                "mod s; pub struct H; macro_rules! m { () => { $crate::e::s::f() } }",
+            ),
             ("e/s.rs", "use super::H; pub fn f() {}"),
         ]);
         assert_eq!(names(&loops(&c.edges())), [["e", "e::s"]]);
@@ -616,9 +637,18 @@ mod tests {
     #[test]
     fn re_exports_comments_and_strings_make_no_loop() {
         let (_d, c) = fake(&[
-            ("lib.rs", "mod a; mod b; pub use a::A; pub use b::g; // crate::b::g\n"),
-            ("a.rs", "pub struct A; fn f() { let _ = \"crate::b::g\"; crate::g(); }"),
-            ("b.rs", "/* use crate::A; */ pub fn g() {} const C: char = '\\''; fn h<'a>(x: &'a u8) {}\n#[cfg(test)]\nmod tests { use crate::A; }"),
+            (
+                "lib.rs",
+                "mod a; mod b; pub use a::A; pub use b::g; // crate::b::g\n",
+            ),
+            (
+                "a.rs",
+                "pub struct A; fn f() { let _ = \"crate::b::g\"; crate::g(); }",
+            ),
+            (
+                "b.rs",
+                "/* use crate::A; */ pub fn g() {} const C: char = '\\''; fn h<'a>(x: &'a u8) {}\n#[cfg(test)]\nmod tests { use crate::A; }",
+            ),
         ]);
         let edges = c.edges();
         assert_eq!(names(&loops(&edges)), Vec::<Vec<String>>::new());
@@ -646,8 +676,14 @@ mod tests {
     fn the_primitives_and_the_examples_library_stay_within_their_budgets() {
         let root = root();
         let dtensor = lines(&root.join("crates/dtensor/src"));
-        assert!(dtensor > 1000 && dtensor < 4000, "bonfire-dtensor: {dtensor} lines");
+        assert!(
+            dtensor > 1000 && dtensor < 4000,
+            "bonfire-dtensor: {dtensor} lines"
+        );
         let examples = lines(&root.join("examples/src"));
-        assert!(examples > 100 && examples <= 800, "examples/src: {examples} lines");
+        assert!(
+            examples > 100 && examples <= 800,
+            "examples/src: {examples} lines"
+        );
     }
 }

@@ -11,12 +11,12 @@
 
 #[cfg(test)]
 mod architecture;
-#[cfg(test)]
-mod imports;
 mod bench;
 mod checkpoint_verify;
 mod gpu;
 mod gpu_kit;
+#[cfg(test)]
+mod imports;
 mod mpi;
 mod mpi_bench;
 mod mpi_fault;

@@ -5,9 +5,10 @@
 //! together) and [`imbalance`] their spread. The trainer takes the
 //! result by name (`ParallelDims::with_split_points`, the pieces' names at these indices).
 
-use crate::runtime::PipelineError;
+use crate::error::PipelineError;
 use crate::schedule::{Action, Schedule};
 use crate::timeline::Timeline;
+pub use crate::timeline::imbalance;
 
 /// Each rank's summed cost when `costs` (one per piece) are cut at `points` into
 /// `schedule`'s stages (placed by its stage map).
@@ -21,14 +22,6 @@ pub fn rank_loads(costs: &[f64], points: &[usize], schedule: &Schedule) -> Vec<f
         load[schedule.stage_map.locate(s).0] += costs[w[0]..w[1]].iter().sum::<f64>();
     }
     load
-}
-
-/// `max / mean − 1` of `loads` (0 for equal loads): how much longer the busiest rank works
-/// than the average one.
-pub fn imbalance(loads: &[f64]) -> f64 {
-    let mean = loads.iter().sum::<f64>() / loads.len().max(1) as f64;
-    let max = loads.iter().copied().fold(0.0, f64::max);
-    if mean > 0.0 { max / mean - 1.0 } else { 0.0 }
 }
 
 /// The split points (piece indices where stages 1.. begin) of `costs` (a measured time per

@@ -57,6 +57,7 @@
 
 pub mod balance;
 pub mod check;
+mod error;
 pub mod runtime;
 pub mod schedule;
 pub mod stage;

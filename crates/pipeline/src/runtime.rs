@@ -8,11 +8,12 @@
 //! (micro-batch, destination stage, activation or gradient), so any schedule that passed
 //! [`check`] pairs them correctly.
 
-use crate::check::{CheckError, check};
+use crate::check::check;
+pub use crate::error::PipelineError;
 use crate::schedule::{Action, Schedule, StageMap};
 use crate::timeline::RankTimeline;
-use bonfire_comm::{CommError, ProcessGroup};
-use bonfire_dtensor::{DTensorError, DeviceMesh};
+use bonfire_comm::ProcessGroup;
+use bonfire_dtensor::DeviceMesh;
 use std::collections::HashMap;
 use std::time::Instant;
 
@@ -34,23 +35,6 @@ impl Activation {
         debug_assert_eq!(shape.iter().product::<usize>(), data.len());
         Self { shape, data }
     }
-}
-
-/// What can go wrong while running a pipeline step.
-#[derive(Debug, thiserror::Error)]
-pub enum PipelineError {
-    /// The schedule was rejected by the static checker.
-    #[error(transparent)]
-    Schedule(#[from] CheckError),
-    /// A send or receive failed (timeout, peer failure, mismatch).
-    #[error("communication failed: {0}")]
-    Comm(#[from] CommError),
-    /// The mesh has no such axis, or the axis does not match the schedule.
-    #[error(transparent)]
-    Mesh(#[from] DTensorError),
-    /// The process group and the schedule disagree, or the stage misbehaved.
-    #[error("{0}")]
-    Invalid(String),
 }
 
 /// The per-stage arithmetic the runtime drives.

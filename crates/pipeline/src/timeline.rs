@@ -213,7 +213,7 @@ impl Timeline {
     /// The stage imbalance: the busiest rank's compute time over the mean rank's, minus one
     /// (0 on equal stages), from the executed compute ([`Timeline::busy`]).
     pub fn imbalance(&self) -> f64 {
-        crate::balance::imbalance(&self.busy())
+        imbalance(&self.busy())
     }
 
     /// The bubble net of the stage imbalance: the measured bubble minus the idle that unequal
@@ -318,6 +318,14 @@ fn escape(text: &str) -> String {
     text.replace('&', "&amp;")
         .replace('<', "&lt;")
         .replace('>', "&gt;")
+}
+
+/// `max / mean − 1` of `loads` (0 for equal loads): how much longer the busiest rank works
+/// than the average one.
+pub fn imbalance(loads: &[f64]) -> f64 {
+    let mean = loads.iter().sum::<f64>() / loads.len().max(1) as f64;
+    let max = loads.iter().copied().fold(0.0, f64::max);
+    if mean > 0.0 { max / mean - 1.0 } else { 0.0 }
 }
 
 #[cfg(test)]

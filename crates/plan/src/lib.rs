@@ -61,13 +61,12 @@ pub mod layout;
 pub mod memory;
 pub mod model;
 pub mod search;
+pub mod shape;
 pub mod time;
 
 pub use bytes::{format_bytes, parse_bytes};
 pub use cluster::{ClusterSpec, DeviceSpec, LinkSpec};
-pub use cost::{
-    ChunkShape, Estimate, MemoryParts, RankShape, Request, estimate, rank_memory, rank_shapes,
-};
+pub use cost::{Estimate, MemoryParts, Request, estimate, rank_memory};
 pub use error::PlanError;
 pub use layout::{
     Held, MixedPrecision, ParallelDims, PlannedLayout, SEARCHED_SCHEDULES, ScheduleKind,
@@ -75,3 +74,4 @@ pub use layout::{
 };
 pub use model::{Arch, Attention, ModelSpec, Moe, PRESETS, RING_KEPT_SCORES, stage_ranges};
 pub use search::{Plan, candidates, estimate_all, expert_degrees, plan};
+pub use shape::{ChunkShape, RankShape, rank_shapes};

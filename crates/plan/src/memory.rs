@@ -7,9 +7,9 @@
 //! ([`transient_bytes`]). Under expert parallelism a rank's experts' state is sharded over
 //! the ranks holding the same experts ([`rank_state`]).
 
-use crate::cost::ChunkShape;
 use crate::layout::{Held, MixedPrecision, ParallelDims, PlannedLayout, ZeroStage};
 use crate::model::ModelSpec;
+use crate::shape::ChunkShape;
 
 /// Bytes one rank holds, by part.
 #[derive(Debug, Clone, Copy, PartialEq)]

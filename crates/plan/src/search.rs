@@ -9,13 +9,14 @@
 
 use crate::bytes::format_bytes;
 use crate::cluster::ClusterSpec;
-use crate::cost::{Estimate, Request, estimate, rank_shapes, schedule_fits};
+use crate::cost::{Estimate, Request, estimate, schedule_fits};
 use crate::error::PlanError;
 use crate::layout::{
     ParallelDims, PlannedLayout, SEARCHED_SCHEDULES, ScheduleKind, ZeroStage, context_layout,
     expert_layout, hsdp_layout,
 };
 use crate::model::ModelSpec;
+use crate::shape::rank_shapes;
 use bonfire_layout::{ActivationCheckpointing, Axis};
 
 /// The planner's answer: the layouts that fit, fastest first, and why the first won.

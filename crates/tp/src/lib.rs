@@ -54,18 +54,21 @@
 //! }
 //! ```
 
+mod assign;
 pub mod layers;
 pub mod loss;
 pub mod plan;
 pub mod sequence;
+mod state;
 pub mod style;
 
+pub use assign::ParallelError;
 pub use layers::{
-    ParallelEmbedding, ParallelIo, ParallelKey, ParallelLayerNorm, ParallelLinear, ParallelRmsNorm,
-    clear_parallel_states,
+    ParallelEmbedding, ParallelIo, ParallelLayerNorm, ParallelLinear, ParallelRmsNorm,
 };
 pub use loss::loss_parallel;
-pub use plan::{ParallelError, ParallelPlan, parallelize_module, path_matches, sharded_params};
+pub use plan::{ParallelPlan, parallelize_module, path_matches, sharded_params};
+pub use state::{ParallelKey, clear_parallel_states};
 pub use style::{
     ColwiseParallel, ParallelStyle, PrepareModuleInput, PrepareModuleOutput, ReplicateParallel,
     RowwiseParallel, SequenceParallel, StylePlacement,

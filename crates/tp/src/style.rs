@@ -2,14 +2,12 @@
 //! `torch.distributed.tensor.parallel`'s `ColwiseParallel`, `RowwiseParallel`,
 //! `SequenceParallel`, `PrepareModuleInput` and `PrepareModuleOutput`.
 //!
-//! A style is data: [`crate::parallelize_module`] validates it against the module it
+//! A style is data ([`crate::assign`] checks it against a module): [`crate::parallelize_module`] validates it against the module it
 //! is applied to, shards that module's parameters and records the style as the layer's
 //! parallel state; the parallel-aware layers ([`crate::ParallelLinear`], …) read that
 //! state in `forward`.
 
-use super::layers::{Applied, LayerKind};
-use super::plan::{Assignment, ParallelError, Site};
-use bonfire_dtensor::{Placement, chunk_range};
+use bonfire_dtensor::Placement;
 
 /// A [`Placement`] as a parallel style states it: how an activation of any rank lies over
 /// the style's tensor-parallel group (one mesh axis), before the activation exists — so
@@ -189,22 +187,6 @@ impl ReplicateParallel {
         self.input_layout = layout;
         self
     }
-
-    /// Checks the input layout of the linear at `site`.
-    fn assign(&self, site: &Site) -> Result<Assignment, ParallelError> {
-        if self.input_layout == StylePlacement::Partial || self.input_layout.shard_dim(3) == Some(2)
-        {
-            return Err(site.layout_error(format!(
-                "input layout {:?}: a replicated layer takes a replicated or sequence-sharded \
-                 input",
-                self.input_layout
-            )));
-        }
-        Ok(Assignment {
-            kind: LayerKind::Linear,
-            applied: Applied::Replicate(*self),
-        })
-    }
 }
 
 /// Sequence parallelism for a module with replicated parameters that works position-wise
@@ -272,185 +254,5 @@ impl ParallelStyle {
             ParallelStyle::PrepareInput(_) => "PrepareModuleInput",
             ParallelStyle::PrepareOutput(_) => "PrepareModuleOutput",
         }
-    }
-
-    /// Checks the style fits the matched module at `site`; the path of the layer it applies to
-    /// (the module, or its `ParallelIo`) and that layer's assignment.
-    pub(super) fn assign(&self, site: &Site) -> Result<(String, Assignment), ParallelError> {
-        let at_site = |assignment| Ok((site.path().to_string(), assignment));
-        match (self, site.kind()) {
-            (Self::Colwise(s), Some(k @ (LayerKind::Linear | LayerKind::Embedding))) => {
-                at_site(s.assign(site, k)?)
-            }
-            (Self::Rowwise(s), Some(k @ (LayerKind::Linear | LayerKind::Embedding))) => {
-                at_site(s.assign(site, k)?)
-            }
-            (Self::Sequence(s), Some(k @ (LayerKind::Norm | LayerKind::Embedding))) => {
-                at_site(s.assign(k))
-            }
-            (Self::Replicate(s), Some(LayerKind::Linear)) => at_site(s.assign(site)?),
-            (Self::PrepareInput(p), _) => p.assign(site),
-            (Self::PrepareOutput(p), _) => p.assign(site),
-            _ => Err(site.wrong_module()),
-        }
-    }
-}
-
-/// Column- and row-wise layers both hand back local Burn tensors: an error unless
-/// `use_local_output`.
-fn require_local_output(site: &Site, use_local_output: bool) -> Result<(), ParallelError> {
-    if use_local_output {
-        Ok(())
-    } else {
-        Err(site.layout_error(
-            "use_local_output = false: Bonfire layers return local Burn tensors; \
-             wrap the output with DTensor::from_local instead",
-        ))
-    }
-}
-
-impl ColwiseParallel {
-    /// Checks the layouts and the split dim of the linear or embedding (`kind`) at `site`.
-    fn assign(&self, site: &Site, kind: LayerKind) -> Result<Assignment, ParallelError> {
-        require_local_output(site, self.use_local_output)?;
-        if kind == LayerKind::Linear {
-            site.weight_len(0, "out_features")?;
-            if self.input_layout == StylePlacement::Partial
-                || self.input_layout.shard_dim(3) == Some(2)
-            {
-                return Err(site.layout_error(format!(
-                    "input layout {:?}: a column-wise layer takes a replicated or \
-                     sequence-sharded input",
-                    self.input_layout
-                )));
-            }
-        } else {
-            site.weight_len(1, "embedding dim")?;
-            if self.input_layout != StylePlacement::Replicate {
-                return Err(site.layout_error("an embedding's ids must be Replicate"));
-            }
-        }
-        if self.output_layout == StylePlacement::Partial {
-            return Err(site.layout_error("output layout Partial: use Replicate or Shard"));
-        }
-        Ok(Assignment {
-            kind,
-            applied: Applied::Colwise(*self),
-        })
-    }
-}
-
-impl RowwiseParallel {
-    /// Checks the layouts and the split dim of the linear or embedding (`kind`) at `site`; an
-    /// embedding also gets the first vocabulary row this rank holds.
-    fn assign(&self, site: &Site, kind: LayerKind) -> Result<Assignment, ParallelError> {
-        require_local_output(site, self.use_local_output)?;
-        if self.output_layout == StylePlacement::Partial
-            || self.output_layout.shard_dim(3) == Some(2)
-        {
-            return Err(site.layout_error(format!(
-                "output layout {:?}: a row-wise layer's output is Replicate or \
-                 sharded on the sequence (Shard(1))",
-                self.output_layout
-            )));
-        }
-        let offset = if kind == LayerKind::Linear {
-            site.weight_len(1, "in_features")?;
-            if self.input_layout == StylePlacement::Partial {
-                return Err(site.layout_error("input layout Partial"));
-            }
-            0
-        } else {
-            let rows = site.weight_len(0, "vocabulary size")?;
-            if self.input_layout != StylePlacement::Replicate {
-                return Err(site.layout_error("an embedding's ids must be Replicate"));
-            }
-            chunk_range(rows, site.parts, site.rank).start
-        };
-        Ok(Assignment {
-            kind,
-            applied: Applied::Rowwise {
-                style: *self,
-                offset,
-            },
-        })
-    }
-}
-
-impl SequenceParallel {
-    /// The assignment of a norm or embedding (`kind`): nothing to check.
-    fn assign(&self, kind: LayerKind) -> Assignment {
-        Assignment {
-            kind,
-            applied: Applied::Sequence(*self),
-        }
-    }
-}
-
-impl PrepareModuleInput {
-    /// Checks the desired layout; the `ParallelIo` of the module at `site`, preparing this
-    /// input and any output an earlier entry prepared there.
-    fn assign(&self, site: &Site) -> Result<(String, Assignment), ParallelError> {
-        let io = site.io_path()?;
-        let (_, output) = site.held_io(&io);
-        if self.desired_input_layout == StylePlacement::Partial {
-            return Err(site.layout_error("desired input layout Partial"));
-        }
-        Ok((io, io_assignment(Some(*self), output)))
-    }
-}
-
-impl PrepareModuleOutput {
-    /// Checks the desired layout; the `ParallelIo` of the module at `site`, preparing this
-    /// output and any input an earlier entry prepared there.
-    fn assign(&self, site: &Site) -> Result<(String, Assignment), ParallelError> {
-        let io = site.io_path()?;
-        let (input, _) = site.held_io(&io);
-        if self.desired_output_layout == StylePlacement::Partial {
-            return Err(site.layout_error("desired output layout Partial"));
-        }
-        Ok((io, io_assignment(input, Some(*self))))
-    }
-}
-
-/// The assignment of a `ParallelIo` preparing `input` and `output`.
-fn io_assignment(
-    input: Option<PrepareModuleInput>,
-    output: Option<PrepareModuleOutput>,
-) -> Assignment {
-    Assignment {
-        kind: LayerKind::Io,
-        applied: Applied::Io { input, output },
-    }
-}
-
-impl From<ColwiseParallel> for ParallelStyle {
-    fn from(s: ColwiseParallel) -> Self {
-        ParallelStyle::Colwise(s)
-    }
-}
-impl From<RowwiseParallel> for ParallelStyle {
-    fn from(s: RowwiseParallel) -> Self {
-        ParallelStyle::Rowwise(s)
-    }
-}
-impl From<SequenceParallel> for ParallelStyle {
-    fn from(s: SequenceParallel) -> Self {
-        ParallelStyle::Sequence(s)
-    }
-}
-impl From<ReplicateParallel> for ParallelStyle {
-    fn from(s: ReplicateParallel) -> Self {
-        ParallelStyle::Replicate(s)
-    }
-}
-impl From<PrepareModuleInput> for ParallelStyle {
-    fn from(s: PrepareModuleInput) -> Self {
-        ParallelStyle::PrepareInput(s)
-    }
-}
-impl From<PrepareModuleOutput> for ParallelStyle {
-    fn from(s: PrepareModuleOutput) -> Self {
-        ParallelStyle::PrepareOutput(s)
     }
 }

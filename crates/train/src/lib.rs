@@ -74,6 +74,7 @@ mod eval;
 pub mod fault;
 mod fit;
 mod launch;
+mod mesh;
 mod optim;
 mod scaler;
 mod trainer;
@@ -84,12 +85,13 @@ pub use bonfire_layout::{
     ScheduleKind, TpOptions, ZeroStage,
 };
 pub use checkpoint::{CheckpointConfig, Checkpointer, resume};
-pub use engine::{Engine, RankMesh};
+pub use engine::Engine;
 pub use error::{CheckpointError, LayoutError, TrainError};
 pub use eval::Evaluation;
 pub use fault::{FaultTolerance, KillAt, fit_fault_tolerant};
 pub use fit::{FitConfig, Hooks, StepReport, fit};
 pub use launch::Launcher;
+pub use mesh::RankMesh;
 pub use optim::OptimizerKind;
 pub use scaler::{LossScaler, LossScaling};
 pub use trainer::Trainer;

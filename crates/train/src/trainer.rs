@@ -4,12 +4,12 @@
 //! rank's [`Engine`].
 
 use crate::engine::Engine;
-use crate::engine::RankMesh;
 use crate::engine::export::ModelLayout;
 use crate::engine::pipeline::{BuildEngine, PipelineContext, split_points};
 use crate::engine::recompute::{self, Names};
 use crate::engine::replica::ReplicaEngine;
 use crate::error::{LayoutError, TrainError};
+use crate::mesh::RankMesh;
 use crate::wrapper::{DpSpec, OptimizerFactory};
 use bonfire_comm::ProcessGroup;
 use bonfire_cp::ContextSplit;

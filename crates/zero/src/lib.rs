@@ -96,5 +96,5 @@ pub use error::{Result, ZeroError};
 pub use gather::GatherSummary;
 pub use held::{MemoryReport, held_param_bytes};
 pub use optim::{FlatState, ShardOptimizer};
-pub use partition::{Partition, ParamSlice};
+pub use partition::{ParamSlice, Partition};
 pub use zero::Zero;

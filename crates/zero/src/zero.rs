@@ -496,3 +496,48 @@ impl<M: Module> Zero<M> {
         Ok(())
     }
 }
+
+/// Checkpoints of a wrapper with expert shards (for `bonfire-train`'s checkpoints).
+impl<M: Module> Zero<M> {
+    /// Every parameter in module order, the experts' among them (without experts, the same as
+    /// [`params`](Self::params)).
+    pub fn all_params(&self) -> &[ParamInfo] {
+        &self.all_infos
+    }
+    /// The expert parameters, in module order (`None` without experts).
+    pub fn expert_params(&self) -> Option<&[ParamInfo]> {
+        self.experts.as_ref().map(|x| x.infos.as_slice())
+    }
+    /// The slices of the experts' vector this rank steps (empty without experts).
+    pub fn expert_slices(&self) -> &[crate::ParamSlice] {
+        self.experts.as_ref().map_or(&[], |x| x.optim.slices())
+    }
+    /// The experts' own range, fp32, on the host (empty without experts).
+    pub fn expert_own_values(&self) -> Vec<f32> {
+        let model = self.model.as_ref().expect("model");
+        self.experts
+            .as_ref()
+            .map_or_else(Vec::new, |x| x.own_values(model))
+    }
+    /// The optimizer state of each expert slice (empty without experts).
+    pub fn expert_states(&self) -> Vec<Option<crate::FlatState>> {
+        self.experts
+            .as_ref()
+            .map_or_else(Vec::new, |x| x.optim.export_all())
+    }
+    /// Installs the experts' values (this rank's whole slice, fp32, module order; at stage 3
+    /// its own range) and their slices' optimizer state. No communication; call it between
+    /// steps.
+    pub fn load_expert_state(
+        &mut self,
+        values: Vec<f32>,
+        states: Vec<Option<crate::FlatState>>,
+    ) -> Result<()> {
+        let Some(side) = self.experts.as_mut() else {
+            return Err(crate::ZeroError::Usage("no expert shards to load".into()));
+        };
+        let model = self.model.take().expect("model");
+        self.model = Some(side.load(model, values, states)?);
+        Ok(())
+    }
+}

@@ -1,7 +1,7 @@
 //! [`super::cross_entropy`]: the plain-Burn math (any backend, the reference), Flex's f32
 //! host kernel and the autodiff node.
 
-use super::FusedBackend;
+use super::backend::FusedBackend;
 use super::gelu::exp;
 use super::host::{self, FlexTensor};
 use burn::backend::autodiff::checkpoint::base::Checkpointer;

@@ -6,7 +6,7 @@
 //! Both run on Flex's buffer directly: in place when the tensor is contiguous and not
 //! shared, else into one new buffer (no copies through `TensorData`).
 
-use super::FusedBackend;
+use super::backend::FusedBackend;
 use super::host::{self, FlexTensor};
 use burn::backend::Autodiff;
 use burn::backend::autodiff::checkpoint::base::Checkpointer;

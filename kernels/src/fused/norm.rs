@@ -11,7 +11,7 @@
 //! On Flex in f32 both passes are host kernels over rows (slices, no libm): two reads and one
 //! write forward, two reads and one write backward, in place where a buffer can be reused.
 
-use super::FusedBackend;
+use super::backend::FusedBackend;
 use super::host::{self, FlexTensor};
 use burn::backend::autodiff::NodeId;
 use burn::backend::autodiff::checkpoint::base::Checkpointer;

@@ -4,7 +4,7 @@
 //! rotation with `−sin` when the tables' halves are equal, as they are for RoPE). The tables
 //! are constants: they get no gradient. On Flex in f32 each way is one pass over host slices.
 
-use super::FusedBackend;
+use super::backend::FusedBackend;
 use super::host::{self, FlexTensor};
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
@@ -31,7 +31,7 @@ fn halves<B: Backend>(t: FloatTensor<B>) -> (FloatTensor<B>, FloatTensor<B>) {
 /// `[T, hd]` as `[1, 1, T, hd]`, in `x`'s dtype.
 fn table<B: Backend>(t: FloatTensor<B>, like: &FloatTensor<B>) -> FloatTensor<B> {
     let s = t.shape();
-    let t = super::narrow_to::<B>(t, like.dtype());
+    let t = super::dtype::narrow_to::<B>(t, like.dtype());
     B::float_reshape(t, Shape::new([1, 1, s[0], s[1]]))
 }
 

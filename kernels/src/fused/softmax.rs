@@ -1,7 +1,8 @@
 //! [`super::causal_softmax`] and [`super::exp`]: the math on any backend and their autodiff
 //! nodes.
 
-use super::{FusedBackend, narrow_to, widen};
+use super::backend::FusedBackend;
+use super::dtype::{narrow_to, widen};
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn::backend::autodiff::grads::Gradients;

@@ -4,7 +4,7 @@
 //! On Flex in f32 each way is one pass over host slices with the vectorizable `exp` of
 //! [`super::gelu`].
 
-use super::FusedBackend;
+use super::backend::FusedBackend;
 use super::gelu::exp;
 use super::host::{self, FlexTensor};
 use burn::backend::autodiff::checkpoint::base::Checkpointer;

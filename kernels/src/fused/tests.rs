@@ -1,6 +1,8 @@
 //! The fused ops against their plain-Burn references: outputs and input gradients.
 
+use super::cross_entropy::cross_entropy_forward;
 use super::*;
+use burn::backend::Flex;
 use burn::tensor::activation::{gelu as burn_gelu, log_softmax, softmax};
 use burn::tensor::{Device, Distribution};
 

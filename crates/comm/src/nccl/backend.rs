@@ -529,3 +529,10 @@ impl Backend for NcclBackend {
         Ok(Box::new(NcclBackend::with_world(comm, world)))
     }
 }
+
+impl NcclComm {
+    /// Wraps this communicator as a [`ProcessGroup`] over host buffers.
+    pub fn into_group(self, name: impl Into<String>) -> crate::ProcessGroup {
+        crate::ProcessGroup::from_backend(Box::new(NcclBackend::new(self)), name)
+    }
+}

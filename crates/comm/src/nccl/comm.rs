@@ -3,7 +3,6 @@
 //! against a deadline while watching NCCL's asynchronous error, abort and teardown. The
 //! device-pointer collectives are in `device.rs`.
 
-use super::backend::NcclBackend;
 use super::id::UniqueId;
 use super::{error, probe};
 use crate::rendezvous::Rendezvous;
@@ -129,11 +128,6 @@ impl NcclComm {
     /// The communicator's own stream (used by host-staged calls).
     pub fn stream(&self) -> Stream {
         self.stream
-    }
-
-    /// Wraps this communicator as a [`ProcessGroup`] over host buffers.
-    pub fn into_group(self, name: impl Into<String>) -> ProcessGroup {
-        ProcessGroup::from_backend(Box::new(NcclBackend::new(self)), name)
     }
 
     pub(super) fn ensure_usable(&self) -> Result<()> {

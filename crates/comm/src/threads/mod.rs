@@ -14,8 +14,8 @@ mod world;
 use crate::work::panic_message;
 use crate::{ProcessGroup, group::default_timeout};
 use backend::ThreadBackend;
+use shared::{RankStatus, WorldState};
 use std::time::Duration;
-use world::{RankStatus, WorldState};
 
 /// A rank thread that panicked.
 #[derive(Debug, Clone)]

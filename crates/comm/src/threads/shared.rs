@@ -1,11 +1,11 @@
 //! The state one in-process group shares between its member threads.
 
 use super::barrier::{Barrier, WaitError};
-use super::world::{RankStatus, WorldState};
 use crate::backend::CallContext;
 use crate::{CommError, Fingerprint};
 use std::collections::{HashMap, VecDeque};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::atomic::{AtomicU8, AtomicU64};
+use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 /// What a member publishes about the call it entered: its fingerprint and where its buffers
@@ -70,7 +70,7 @@ pub(crate) struct GroupShared {
     pub mailbox: Mutex<Mailbox>,
     pub mail: Condvar,
     /// The survivors' agreement when the group is shrunk after a failure.
-    pub agreement: super::shrink::Agreement,
+    pub agreement: Agreement,
 }
 
 impl GroupShared {
@@ -84,7 +84,7 @@ impl GroupShared {
             aborted: Mutex::new(None),
             mailbox: Mutex::new(Mailbox::default()),
             mail: Condvar::new(),
-            agreement: super::shrink::Agreement::new(n),
+            agreement: Agreement::new(n),
         }
     }
 
@@ -190,3 +190,59 @@ impl GroupShared {
     /// How long a sleeping receiver naps before re-checking peers and deadlines.
     pub(crate) const MAIL_POLL: Duration = Duration::from_millis(20);
 }
+
+/// What became of a rank thread.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RankStatus {
+    Running = 0,
+    /// Returned from its closure; it will take part in no further calls.
+    Exited = 1,
+    /// Panicked.
+    Failed = 2,
+}
+
+/// Identifies a group: its members' world ranks and its creation index for that list.
+type GroupKey = (Vec<usize>, u64);
+
+pub(crate) struct WorldState {
+    /// Whether waiters may spin: only when every rank thread can have a core of its own.
+    pub(crate) spin: bool,
+    pub(super) status: Vec<AtomicU8>,
+    pub(super) reasons: Mutex<Vec<Option<String>>>,
+    /// Shared state of every group, keyed by its world ranks and the creation index.
+    pub(super) registry: Mutex<HashMap<GroupKey, Weak<GroupShared>>>,
+    /// How many groups each world rank created with a given member list.
+    pub(super) created: Mutex<HashMap<(usize, Vec<usize>), u64>>,
+    /// Groups made by a shrink so far (their keys are apart from `new_group`'s).
+    pub(super) fresh: AtomicU64,
+    /// An injected failure: this world rank dies entering its n-th call (counted from 0).
+    pub(super) fault: Option<(usize, u64)>,
+    /// Calls (collectives, sends, receives, on any group and thread) each rank entered.
+    pub(super) calls: Vec<AtomicU64>,
+}
+
+/// The state of one group's shrink.
+pub(crate) struct Agreement {
+    pub(super) state: Mutex<State>,
+    pub(super) changed: Condvar,
+}
+
+pub(super) struct State {
+    /// Members (group ranks) that called shrink.
+    pub(super) joined: Vec<bool>,
+    pub(super) decision: Option<Decision>,
+}
+
+#[derive(Clone)]
+pub(super) enum Decision {
+    Agreed {
+        group: Arc<GroupShared>,
+        survivors: Vec<usize>,
+        failed: Vec<(usize, String)>,
+    },
+    /// No agreement: the message every caller gets.
+    Failed(String),
+}
+
+/// The survivors' new group, who they are and who failed (group ranks of the old group).
+pub(crate) type Agreed = (Arc<GroupShared>, Vec<usize>, Vec<(usize, String)>);

@@ -4,40 +4,13 @@
 //! decision names the survivors and holds the fresh group they continue on, so every survivor
 //! gets the same list and the same group (the contract is in [`crate::shrink`]).
 
-use super::shared::GroupShared;
-use super::world::RankStatus;
+use super::shared::{Agreed, Agreement, Decision, GroupShared, RankStatus, State};
 use crate::CommError;
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 /// How often a caller waiting for the agreement re-checks its peers.
 const POLL: Duration = Duration::from_millis(20);
-
-/// The state of one group's shrink.
-pub(crate) struct Agreement {
-    state: Mutex<State>,
-    changed: Condvar,
-}
-
-struct State {
-    /// Members (group ranks) that called shrink.
-    joined: Vec<bool>,
-    decision: Option<Decision>,
-}
-
-#[derive(Clone)]
-enum Decision {
-    Agreed {
-        group: Arc<GroupShared>,
-        survivors: Vec<usize>,
-        failed: Vec<(usize, String)>,
-    },
-    /// No agreement: the message every caller gets.
-    Failed(String),
-}
-
-/// The survivors' new group, who they are and who failed (group ranks of the old group).
-pub(crate) type Agreed = (Arc<GroupShared>, Vec<usize>, Vec<(usize, String)>);
 
 impl Agreement {
     pub(crate) fn new(size: usize) -> Self {

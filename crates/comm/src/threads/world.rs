@@ -1,40 +1,10 @@
 //! State shared by every rank thread of one in-process world: which ranks are alive, and the
 //! registry through which members of a new sub-group find its shared state.
 
-use super::shared::GroupShared;
+use super::shared::{GroupShared, RankStatus, WorldState};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
-
-/// What became of a rank thread.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum RankStatus {
-    Running = 0,
-    /// Returned from its closure; it will take part in no further calls.
-    Exited = 1,
-    /// Panicked.
-    Failed = 2,
-}
-
-/// Identifies a group: its members' world ranks and its creation index for that list.
-type GroupKey = (Vec<usize>, u64);
-
-pub(crate) struct WorldState {
-    /// Whether waiters may spin: only when every rank thread can have a core of its own.
-    pub(crate) spin: bool,
-    status: Vec<AtomicU8>,
-    reasons: Mutex<Vec<Option<String>>>,
-    /// Shared state of every group, keyed by its world ranks and the creation index.
-    registry: Mutex<HashMap<GroupKey, Weak<GroupShared>>>,
-    /// How many groups each world rank created with a given member list.
-    created: Mutex<HashMap<(usize, Vec<usize>), u64>>,
-    /// Groups made by a shrink so far (their keys are apart from `new_group`'s).
-    fresh: AtomicU64,
-    /// An injected failure: this world rank dies entering its n-th call (counted from 0).
-    fault: Option<(usize, u64)>,
-    /// Calls (collectives, sends, receives, on any group and thread) each rank entered.
-    calls: Vec<AtomicU64>,
-}
 
 impl WorldState {
     /// A world where `fault` = (world rank, call) dies entering that call.

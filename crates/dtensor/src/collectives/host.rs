@@ -6,10 +6,11 @@
 //! otherwise, and moved back in. Collectives along a dimension other than the outermost
 //! (non-trivial leading dims) pack or unpack the pieces in rank order with one extra copy.
 
+use super::buffers::{check, slice, slice_mut};
 use super::{CollectiveKind, CollectiveSpec};
 use crate::debug::record;
 use bonfire_comm::OpKind;
-use bonfire_comm::{CommError, Element as CommElement, ProcessGroup, ReduceOp, bf16, f16};
+use bonfire_comm::{Element as CommElement, ProcessGroup, ReduceOp, bf16, f16};
 use burn::tensor::{DType, Element as BurnElement, TensorData};
 use std::borrow::Cow;
 
@@ -23,12 +24,6 @@ pub(crate) fn execute(data: TensorData, spec: &CollectiveSpec) -> TensorData {
         other => {
             panic!("bonfire-dtensor: collectives support f32, f64, f16 and bf16, not {other:?}")
         }
-    }
-}
-
-pub(super) fn check(result: Result<(), CommError>, what: &str) {
-    if let Err(e) = result {
-        panic!("bonfire-dtensor: {what} failed: {e}");
     }
 }
 
@@ -283,14 +278,4 @@ where
         );
     }
     TensorData::new(unpack(recv, pre_c, cat.sizes, post_c, zero), out_shape)
-}
-
-pub(super) fn slice<T: BurnElement>(data: &TensorData) -> &[T] {
-    data.as_slice::<T>()
-        .expect("bonfire-dtensor: tensor data is not host-readable")
-}
-
-pub(super) fn slice_mut<T: BurnElement>(data: &mut TensorData) -> &mut [T] {
-    data.as_mut_slice::<T>()
-        .expect("bonfire-dtensor: tensor data is not host-writable")
 }

@@ -15,6 +15,7 @@
 //! forward but the conjugate collective, which is what tensor parallelism needs.
 
 mod autodiff;
+mod buffers;
 pub mod functional;
 mod host;
 mod ops;

@@ -7,7 +7,7 @@
 //! [`CollectiveKind::ShiftStart`]: super::CollectiveKind::ShiftStart
 //! [`CollectiveKind::ShiftFinish`]: super::CollectiveKind::ShiftFinish
 
-use super::host::{check, slice, slice_mut};
+use super::buffers::{check, slice, slice_mut};
 use crate::debug::record;
 use crate::timing::record_shift;
 use bonfire_comm::{Element as CommElement, OpKind, ProcessGroup, Work};

@@ -4,10 +4,11 @@
 //! and only then does any engine change. Also the consolidated export: every parameter whole
 //! in one safetensors file.
 
+use super::agree::agree;
 use super::files::{self, DataFile};
 use super::index::{self, Index};
 use super::state::{Loaded, Stateful, Wants};
-use super::{CheckpointError, agree};
+use crate::error::CheckpointError;
 use crate::error::TrainError;
 use bonfire_module::params::ParamValues;
 use bonfire_parallel::Region;
@@ -224,4 +225,18 @@ pub fn resume(
         checkpoint,
         bytes_read,
     })
+}
+
+/// Writes every parameter of `engine` whole to one safetensors file at `path` (names: the
+/// model's parameter paths), from rank 0, atomically. A collective (parameters are gathered).
+pub fn save_consolidated(
+    engine: &mut (impl Stateful + ?Sized),
+    path: impl AsRef<Path>,
+) -> Result<(), TrainError> {
+    let params = engine.parameters()?;
+    let written = match engine.world().rank() {
+        0 => write_consolidated(path.as_ref(), &params),
+        _ => Ok(()),
+    };
+    agree(engine.world(), written)
 }

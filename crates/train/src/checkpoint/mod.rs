@@ -17,6 +17,7 @@
 //! What the checkpoint asks of an engine is [`Stateful`] (the trainer's engines implement
 //! it), so that this module stands below them. See `docs/checkpoint.md`.
 
+mod agree;
 mod files;
 mod index;
 mod load;
@@ -35,64 +36,5 @@ pub use source::{LoadedParameters, load_parameters};
 pub use state::{Loaded, RankState, Slice, Stateful, Wants};
 
 pub use crate::error::CheckpointError;
-use crate::error::TrainError;
-use bonfire_comm::ProcessGroup;
-use std::path::Path;
-
-/// Every rank's `s`, in rank order (a collective).
-pub(crate) fn gather_strings(pg: &ProcessGroup, s: &str) -> Result<Vec<String>, TrainError> {
-    let mut lens = vec![0i64; pg.size()];
-    pg.all_gather(&[s.len() as i64], &mut lens)?;
-    let counts: Vec<usize> = lens.iter().map(|&n| n as usize).collect();
-    let mut all = vec![0u8; counts.iter().sum()];
-    pg.all_gather_uneven(s.as_bytes(), &mut all, &counts)?;
-    let mut at = 0;
-    Ok(counts
-        .iter()
-        .map(|&n| {
-            let s = String::from_utf8_lossy(&all[at..at + n]).into_owned();
-            at += n;
-            s
-        })
-        .collect())
-}
-
-/// Every rank's outcome, agreed on (a collective): `Ok` on every rank when every rank
-/// succeeded; otherwise an error on every rank — a failed rank's own, the others' quoting
-/// every failure.
-pub(crate) fn agree<T>(
-    pg: &ProcessGroup,
-    outcome: Result<T, CheckpointError>,
-) -> Result<T, TrainError> {
-    let mine = outcome
-        .as_ref()
-        .err()
-        .map(ToString::to_string)
-        .unwrap_or_default();
-    let all = gather_strings(pg, &mine)?;
-    let failed: Vec<String> = all
-        .iter()
-        .enumerate()
-        .filter(|(_, e)| !e.is_empty())
-        .map(|(r, e)| format!("rank {r}: {e}"))
-        .collect();
-    match outcome {
-        Err(e) => Err(e.into()),
-        Ok(_) if !failed.is_empty() => Err(CheckpointError::Failed(failed.join("; ")).into()),
-        Ok(v) => Ok(v),
-    }
-}
-
-/// Writes every parameter of `engine` whole to one safetensors file at `path` (names: the
-/// model's parameter paths), from rank 0, atomically. A collective (parameters are gathered).
-pub fn save_consolidated(
-    engine: &mut (impl Stateful + ?Sized),
-    path: impl AsRef<Path>,
-) -> Result<(), TrainError> {
-    let params = engine.parameters()?;
-    let written = match engine.world().rank() {
-        0 => load::write_consolidated(path.as_ref(), &params),
-        _ => Ok(()),
-    };
-    agree(engine.world(), written)
-}
+pub(crate) use agree::{agree, gather_strings};
+pub use load::save_consolidated;

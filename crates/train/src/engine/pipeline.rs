@@ -6,9 +6,10 @@
 
 use super::export::ModelLayout;
 use super::recompute::{Recomputing, recompute_flags};
-use super::{ContextCut, Engine, RankMesh, state_methods, wrapper_methods};
+use super::{Engine, state_methods, wrapper_methods};
 use crate::checkpoint::Stateful;
 use crate::error::{LayoutError, TrainError};
+use crate::mesh::{ContextCut, RankMesh};
 use crate::wrapper::{DpSpec, DpWrapper, Evaluating, Staged};
 use bonfire_comm::ReduceOp;
 use bonfire_layout::Axis;

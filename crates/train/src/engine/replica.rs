@@ -5,9 +5,10 @@
 
 use super::export::ModelLayout;
 use super::recompute;
-use super::{ContextCut, Engine, RankMesh, state_methods, wrapper_methods};
+use super::{Engine, state_methods, wrapper_methods};
 use crate::checkpoint::Stateful;
 use crate::error::TrainError;
+use crate::mesh::{ContextCut, RankMesh};
 use crate::wrapper::DpWrapper;
 use bonfire_comm::ReduceOp;
 use bonfire_dtensor::plane::{self, ledger::Reason};

@@ -11,6 +11,7 @@
 use super::export::ModelLayout;
 use crate::checkpoint::{Loaded, RankState, Slice, Wants};
 use crate::error::TrainError;
+use crate::mesh::RankMesh;
 use crate::wrapper::DpWrapper;
 use bonfire_module::DataParallel;
 use bonfire_parallel::Region;
@@ -35,7 +36,25 @@ pub(crate) struct Holding<'a> {
     pub replica: usize,
 }
 
-impl Holding<'_> {
+impl<'a> Holding<'a> {
+    /// Where a dp wrapper holding model parameters `indices` sits on `at`, for checkpoints.
+    pub(crate) fn at(at: &RankMesh, layout: &'a ModelLayout, indices: &'a [usize]) -> Self {
+        Holding {
+            layout,
+            indices,
+            tp_rank: at.coord(crate::Axis::Tp),
+            tp_size: at.dims.tp(),
+            // The rank in the dp wrapper's group (dp × cp, row-major; dp_replicate outside
+            // them under DDP).
+            dp_rank: at.wrapper_rank(),
+            ep: at.dims.ep(),
+            replica: match at.dims.is_hsdp() {
+                true => at.coord(crate::Axis::DpReplicate),
+                false => 0,
+            },
+        }
+    }
+
     /// The box of the whole tensor that wrapper parameter `k` is on this rank.
     fn shard_box(&self, k: usize) -> Region {
         let i = self.indices[k];
