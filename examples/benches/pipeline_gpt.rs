@@ -39,7 +39,7 @@ use bonfire_models::gpt::block::Mlp;
 use bonfire_models::gpt::config::GptConfig;
 use bonfire_models::gpt::parallelize::{Piece, pieces};
 use bonfire_models::gpt::{Gpt, cross_entropy};
-use bonfire_models::layers::LayerNorm;
+use bonfire_tp::ParallelLayerNorm;
 use bonfire_module::layer;
 use bonfire_pipeline::Generate;
 use bonfire_pipeline::schedule::Costs;
@@ -94,14 +94,14 @@ struct Args {
 /// A block's first half, `x + Attn(LN1(x))`, as `Block::forward` runs it.
 #[derive(Module, Debug)]
 struct AttnHalf {
-    ln1: LayerNorm,
+    ln1: ParallelLayerNorm,
     attn: Attention,
 }
 
 /// A block's second half, `x + MLP(LN2(x))`, as `Block::forward` runs it.
 #[derive(Module, Debug)]
 struct MlpHalf {
-    ln2: LayerNorm,
+    ln2: ParallelLayerNorm,
     mlp: Mlp,
 }
 

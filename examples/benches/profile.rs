@@ -1,7 +1,7 @@
 //! `cargo xtask bench profile`: where a one-rank training step of the bench GPT (or, with
 //! `--model llama`, the bench Llama: `profile/llama.rs`) goes, op by op. Each piece of the model runs alone at the bench shapes on Burn's Flex with autodiff —
 //! forward, then backward of its output's sum — with fresh tracked inputs, the model's own
-//! code (`Linear`, `LayerNorm`, `causal_attention`, `cross_entropy`, ...); then the whole model
+//! code (`ParallelLinear`, `ParallelLayerNorm`, `causal_attention`, `cross_entropy`, ...); then the whole model
 //! and the optimizer step — the bench's one-pass optimizer (`bonfire_kernels::FusedSgd`, for the
 //! Llama `FusedAdamW`), which the split counts, and Burn's own (`part=sgd.burn`, `adamw.burn`)
 //! for the record.
@@ -19,7 +19,7 @@ use bonfire_kernels::FusedSgdConfig;
 use bonfire_kernels::{attention as fused_attention, causal_softmax, gelu};
 use bonfire_models::gpt::attention::{causal_attention, merge_heads, split_heads};
 use bonfire_models::gpt::{cross_entropy, embed};
-use bonfire_models::layers::{Embedding, LayerNorm, Linear};
+use bonfire_tp::{ParallelEmbedding, ParallelLayerNorm, ParallelLinear};
 use burn::module::Module;
 use burn::optim::{GradientsParams, ModuleOptimizer, SgdConfig};
 use burn::tensor::activation::{gelu as burn_gelu, log_softmax, softmax};
@@ -157,25 +157,25 @@ fn gpt(args: &Args) {
     let mut r = Report::default();
     let x = leaf([b, t, d], &dev);
     let ids = Tensor::<2, Int>::random([b, t], Distribution::Uniform(0.0, v as f64), &dev);
-    let (tok, pos) = (Embedding::new(v, d, &dev), Embedding::new(t, d, &dev));
+    let (tok, pos) = (ParallelEmbedding::new(v, d, &dev), ParallelEmbedding::new(t, d, &dev));
     r.line("embed", 1, time(reps, || embed(&tok, &pos, ids.clone())));
-    let ln = LayerNorm::new(d, &dev);
+    let ln = ParallelLayerNorm::new(d, &dev);
     r.line(
         "layer_norm",
         2 * l + 1,
         time(reps, || ln.forward(x.clone())),
     );
-    let proj = Linear::new(d, d, true, &dev);
+    let proj = ParallelLinear::new(d, d, true, &dev);
     r.line("linear_qkvo", 4 * l, time(reps, || proj.forward(x.clone())));
     let (q, s) = attention(&mut r, &cfg, b, reps, &dev);
-    let fc1 = Linear::new(d, f, true, &dev);
-    let fc2 = Linear::new(f, d, true, &dev);
+    let fc1 = ParallelLinear::new(d, f, true, &dev);
+    let fc2 = ParallelLinear::new(f, d, true, &dev);
     let hdn = leaf([b, t, f], &dev);
     r.line("mlp_fc1", l, time(reps, || fc1.forward(x.clone())));
     r.line("mlp_gelu", l, time(reps, || gelu(hdn.clone())));
     r.line("mlp_fc2", l, time(reps, || fc2.forward(hdn.clone())));
     r.line("residual_add", 2 * l, time(reps, || x.clone() + q.clone()));
-    let head = Linear::new(d, v, false, &dev);
+    let head = ParallelLinear::new(d, v, false, &dev);
     r.line("head", 1, time(reps, || head.forward(x.clone())));
     let logits = leaf([b, t, v], &dev);
     let targets = Tensor::<2, Int>::random([b, t], Distribution::Uniform(0.0, v as f64), &dev);
@@ -214,7 +214,7 @@ fn gpt(args: &Args) {
         }),
     );
     r.line("burn.gelu", l, time(reps, || burn_gelu(hdn.clone())));
-    let linear = |l: &Linear, x: Tensor<3>| {
+    let linear = |l: &ParallelLinear, x: Tensor<3>| {
         let b = l.bias.as_ref().map(|b| b.val());
         burn::tensor::module::linear(x, l.weight.val().transpose(), b)
     };

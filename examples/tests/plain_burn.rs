@@ -18,7 +18,7 @@ use bonfire_examples::cli::LayoutArgs;
 use bonfire_examples::harness::HarnessResult;
 use bonfire_models::data::Batches;
 use bonfire_models::gpt::Gpt;
-use bonfire_models::layers::{LayerNorm, Linear};
+use bonfire_tp::{ParallelLayerNorm, ParallelLinear};
 use bonfire_train::OptimizerKind;
 use burn::module::{Module, Param};
 use burn::optim::{AdamWConfig, GradientsParams, ModuleOptimizer, SgdConfig};
@@ -35,7 +35,7 @@ const ROWS: usize = 8;
 // ---------------------------------------------------------------------------------------
 
 /// `x Wᵀ + b` on `[B, T, in]`, through a 2-d matmul.
-fn linear(l: &Linear, x: Tensor<3>) -> Tensor<3> {
+fn linear(l: &ParallelLinear, x: Tensor<3>) -> Tensor<3> {
     let [b, t, d_in] = x.dims();
     let w = l.weight.val();
     let d_out = w.dims()[0];
@@ -48,7 +48,7 @@ fn linear(l: &Linear, x: Tensor<3>) -> Tensor<3> {
 }
 
 /// Biased variance, eps 1e-5, then weight and bias.
-fn layer_norm(n: &LayerNorm, x: Tensor<3>) -> Tensor<3> {
+fn layer_norm(n: &ParallelLayerNorm, x: Tensor<3>) -> Tensor<3> {
     let centred = x.clone() - x.mean_dim(2);
     let var = centred.clone().powi_scalar(2).mean_dim(2);
     centred / (var + 1e-5).sqrt() * n.weight.val().unsqueeze::<3>() + n.bias.val().unsqueeze::<3>()
@@ -114,7 +114,7 @@ fn host<const D: usize>(t: Tensor<D>) -> Vec<f32> {
 }
 
 /// A block's six linear layers under their contract names.
-fn linears(blk: &bonfire_models::gpt::block::Block) -> [(&'static str, &Linear); 6] {
+fn linears(blk: &bonfire_models::gpt::block::Block) -> [(&'static str, &ParallelLinear); 6] {
     [
         ("attn.q", &blk.attn.q),
         ("attn.k", &blk.attn.k),

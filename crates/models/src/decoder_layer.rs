@@ -5,7 +5,7 @@
 //! mixture of experts, which also returns what its router chose).
 
 use crate::gpt::attention::{causal_attention, merge_heads, split_heads};
-use crate::layers::{Linear, RmsNorm};
+use bonfire_tp::{ParallelLinear, ParallelRmsNorm};
 use crate::llama::LlamaConfig;
 use bonfire_module::layer;
 use burn::module::Module;
@@ -15,13 +15,13 @@ use burn::tensor::{DType, Device, Int, Tensor, TensorData};
 #[derive(Module, Debug)]
 pub struct Attention {
     /// Queries: `[h·hd, d]`.
-    pub q_proj: Linear,
+    pub q_proj: ParallelLinear,
     /// Keys: `[h_kv·hd, d]`.
-    pub k_proj: Linear,
+    pub k_proj: ParallelLinear,
     /// Values: `[h_kv·hd, d]`.
-    pub v_proj: Linear,
+    pub v_proj: ParallelLinear,
     /// Output: `[d, h·hd]`.
-    pub o_proj: Linear,
+    pub o_proj: ParallelLinear,
     head_dim: usize,
     rope_theta: f64,
 }
@@ -32,10 +32,10 @@ impl Attention {
         let (d, hd) = (cfg.hidden_size, cfg.head_dim);
         let (q, kv) = (cfg.num_attention_heads * hd, cfg.num_key_value_heads * hd);
         Self {
-            q_proj: Linear::new(d, q, false, device),
-            k_proj: Linear::new(d, kv, false, device),
-            v_proj: Linear::new(d, kv, false, device),
-            o_proj: Linear::new(q, d, false, device),
+            q_proj: ParallelLinear::new(d, q, false, device),
+            k_proj: ParallelLinear::new(d, kv, false, device),
+            v_proj: ParallelLinear::new(d, kv, false, device),
+            o_proj: ParallelLinear::new(q, d, false, device),
             head_dim: hd,
             rope_theta: cfg.rope_theta,
         }
@@ -152,11 +152,11 @@ pub trait FeedForward: Module {
 #[derive(Module, Debug)]
 pub struct DecoderLayer<F: FeedForward> {
     /// The norm before attention.
-    pub input_layernorm: RmsNorm,
+    pub input_layernorm: ParallelRmsNorm,
     /// Attention.
     pub self_attn: Attention,
     /// The norm before the feed-forward.
-    pub post_attention_layernorm: RmsNorm,
+    pub post_attention_layernorm: ParallelRmsNorm,
     /// The feed-forward (transformers' `mlp`).
     pub mlp: F,
 }
@@ -164,7 +164,7 @@ pub struct DecoderLayer<F: FeedForward> {
 impl<F: FeedForward> DecoderLayer<F> {
     /// A fresh layer of `cfg` around `mlp` (unit norms, N(0, 0.02) attention).
     pub fn with_mlp(cfg: &LlamaConfig, mlp: F, device: &Device) -> Self {
-        let norm = || RmsNorm::new(cfg.hidden_size, device).with_eps(cfg.rms_norm_eps);
+        let norm = || ParallelRmsNorm::new(cfg.hidden_size, device).with_eps(cfg.rms_norm_eps);
         Self {
             input_layernorm: norm(),
             self_attn: Attention::new(cfg, device),

@@ -13,7 +13,8 @@
 //!   Llama's attention and layers ([`decoder_layer`]) around its router and experts.
 //! - [`classifier`]: a plain Burn model, trained with DDP and ZeRO with no change to its code.
 //!
-//! [`layers`] are the parallel-aware layers the models are built from; [`decoder`] what the
+//! The models are built from `bonfire_tp`'s parallel-aware layers (unsharded, exactly the plain
+//! layers, with PyTorch's parameter layout); [`decoder`] what the
 //! decoders share when parallelized; [`weights`] loads and
 //! saves a model's parameters as safetensors; [`pretrained`] Hugging Face model
 //! directories (`config.json`, sharded safetensors) in and out; [`tensor_file`] reads and writes plain
@@ -26,7 +27,6 @@ pub mod data;
 pub mod decoder;
 pub mod decoder_layer;
 pub mod gpt;
-pub mod layers;
 pub mod llama;
 pub mod mixtral;
 pub mod pretrained;

@@ -13,7 +13,7 @@ use bonfire_examples::default_device;
 use bonfire_examples::throughput::random_batches;
 use bonfire_kernels::FusedAdamWConfig;
 use bonfire_models::gpt::cross_entropy;
-use bonfire_models::layers::{Embedding, Linear, RmsNorm};
+use bonfire_tp::{ParallelEmbedding, ParallelLinear, ParallelRmsNorm};
 use bonfire_models::llama::model::{Attention, Mlp};
 use bonfire_models::llama::{Llama, LlamaConfig};
 use burn::tensor::{Distribution, Int, Tensor};
@@ -36,9 +36,9 @@ pub fn run(b: usize, reps: usize) {
     let mut r = Report::default();
     let x = leaf([b, t, d], &dev);
     let ids = Tensor::<2, Int>::random([b, t], Distribution::Uniform(0.0, v as f64), &dev);
-    let emb = Embedding::new(v, d, &dev);
+    let emb = ParallelEmbedding::new(v, d, &dev);
     r.line("embed", 1, time(reps, || emb.forward(ids.clone())));
-    let norm = RmsNorm::new(d, &dev).with_eps(cfg.rms_norm_eps);
+    let norm = ParallelRmsNorm::new(d, &dev).with_eps(cfg.rms_norm_eps);
     r.line(
         "rms_norm",
         2 * l + 1,
@@ -47,10 +47,10 @@ pub fn run(b: usize, reps: usize) {
     let attn = Attention::new(&cfg, &dev);
     r.line("attention", l, time(reps, || attn.forward(x.clone())));
     let (wq, wk, wv, wo) = (
-        Linear::new(d, q, false, &dev),
-        Linear::new(d, kv, false, &dev),
-        Linear::new(d, kv, false, &dev),
-        Linear::new(q, d, false, &dev),
+        ParallelLinear::new(d, q, false, &dev),
+        ParallelLinear::new(d, kv, false, &dev),
+        ParallelLinear::new(d, kv, false, &dev),
+        ParallelLinear::new(q, d, false, &dev),
     );
     let xq = leaf([b, t, q], &dev);
     r.record(
@@ -65,10 +65,10 @@ pub fn run(b: usize, reps: usize) {
     let mlp = Mlp::new(d, f, &dev);
     r.line("mlp", l, time(reps, || mlp.forward(x.clone())));
     let (gate, up) = (
-        Linear::new(d, f, false, &dev),
-        Linear::new(d, f, false, &dev),
+        ParallelLinear::new(d, f, false, &dev),
+        ParallelLinear::new(d, f, false, &dev),
     );
-    let down = Linear::new(f, d, false, &dev);
+    let down = ParallelLinear::new(f, d, false, &dev);
     let xf = leaf([b, t, f], &dev);
     r.record(
         "mlp.projections",
@@ -79,7 +79,7 @@ pub fn run(b: usize, reps: usize) {
                 + down.forward(xf.clone()).sum()
         }),
     );
-    let head = Linear::new(d, v, false, &dev);
+    let head = ParallelLinear::new(d, v, false, &dev);
     r.line("head", 1, time(reps, || head.forward(x.clone())));
     let logits = leaf([b, t, v], &dev);
     let targets = Tensor::<2, Int>::random([b, t], Distribution::Uniform(0.0, v as f64), &dev);

@@ -1,6 +1,6 @@
 //! Causal multi-head self-attention with separate `q`, `k`, `v`, `o` projections.
 
-use crate::layers::Linear;
+use bonfire_tp::ParallelLinear;
 use bonfire_kernels::fused::causal_mask;
 use burn::module::Module;
 use burn::tensor::activation::softmax;
@@ -11,13 +11,13 @@ use burn::tensor::{DType, Device, Tensor};
 #[derive(Module, Debug)]
 pub struct Attention {
     /// The query projection `d → d`.
-    pub q: Linear,
+    pub q: ParallelLinear,
     /// The key projection `d → d`.
-    pub k: Linear,
+    pub k: ParallelLinear,
     /// The value projection `d → d`.
-    pub v: Linear,
+    pub v: ParallelLinear,
     /// The output projection `d → d`, applied to the merged heads.
-    pub o: Linear,
+    pub o: ParallelLinear,
     n_heads: usize,
 }
 
@@ -25,10 +25,10 @@ impl Attention {
     /// `n_heads` heads over width `d` (`d` divisible by `n_heads`), GPT-2 initialization.
     pub fn new(d: usize, n_heads: usize, device: &Device) -> Self {
         Self {
-            q: Linear::new(d, d, true, device),
-            k: Linear::new(d, d, true, device),
-            v: Linear::new(d, d, true, device),
-            o: Linear::new(d, d, true, device),
+            q: ParallelLinear::new(d, d, true, device),
+            k: ParallelLinear::new(d, d, true, device),
+            v: ParallelLinear::new(d, d, true, device),
+            o: ParallelLinear::new(d, d, true, device),
             n_heads,
         }
     }

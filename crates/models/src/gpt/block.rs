@@ -1,7 +1,7 @@
 //! A pre-norm transformer block: `x + Attn(LN1(x))`, then `x + MLP(LN2(x))`.
 
 use super::attention::Attention;
-use crate::layers::{LayerNorm, Linear};
+use bonfire_tp::{ParallelLayerNorm, ParallelLinear};
 use bonfire_kernels::gelu;
 use bonfire_module::layer;
 use burn::module::Module;
@@ -11,17 +11,17 @@ use burn::tensor::{Device, Tensor};
 #[derive(Module, Debug)]
 pub struct Mlp {
     /// The up projection `d → d_ff`.
-    pub fc1: Linear,
+    pub fc1: ParallelLinear,
     /// The down projection `d_ff → d`.
-    pub fc2: Linear,
+    pub fc2: ParallelLinear,
 }
 
 impl Mlp {
     /// Width `d` and hidden width `d_ff`, with biases, GPT-2 initialization.
     pub fn new(d: usize, d_ff: usize, device: &Device) -> Self {
         Self {
-            fc1: Linear::new(d, d_ff, true, device),
-            fc2: Linear::new(d_ff, d, true, device),
+            fc1: ParallelLinear::new(d, d_ff, true, device),
+            fc2: ParallelLinear::new(d_ff, d, true, device),
         }
     }
     /// `x` `[B, T, d]` → `[B, T, d]`.
@@ -34,11 +34,11 @@ impl Mlp {
 #[derive(Module, Debug)]
 pub struct Block {
     /// The LayerNorm before attention.
-    pub ln1: LayerNorm,
+    pub ln1: ParallelLayerNorm,
     /// The causal self-attention.
     pub attn: Attention,
     /// The LayerNorm before the MLP.
-    pub ln2: LayerNorm,
+    pub ln2: ParallelLayerNorm,
     /// The feed-forward network.
     pub mlp: Mlp,
 }
@@ -47,9 +47,9 @@ impl Block {
     /// Width `d`, `n_heads` attention heads and MLP hidden width `d_ff`, freshly initialized.
     pub fn new(d: usize, n_heads: usize, d_ff: usize, device: &Device) -> Self {
         Self {
-            ln1: LayerNorm::new(d, device),
+            ln1: ParallelLayerNorm::new(d, device),
             attn: Attention::new(d, n_heads, device),
-            ln2: LayerNorm::new(d, device),
+            ln2: ParallelLayerNorm::new(d, device),
             mlp: Mlp::new(d, d_ff, device),
         }
     }

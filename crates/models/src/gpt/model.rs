@@ -2,7 +2,7 @@
 
 use super::block::Block;
 use super::config::GptConfig;
-use crate::layers::{Embedding, LayerNorm, Linear};
+use bonfire_tp::{ParallelEmbedding, ParallelLayerNorm, ParallelLinear};
 use bonfire_module::layer;
 use bonfire_tp::loss_parallel;
 use burn::module::Module;
@@ -13,15 +13,15 @@ use burn::tensor::{DType, Device, Int, Tensor};
 #[derive(Module, Debug)]
 pub struct Gpt {
     /// Token embedding table `[V, d]`.
-    pub tok_emb: Embedding,
+    pub tok_emb: ParallelEmbedding,
     /// Learned position embedding table `[max_seq_len, d]`.
-    pub pos_emb: Embedding,
+    pub pos_emb: ParallelEmbedding,
     /// The `n_layers` transformer blocks, in order.
     pub blocks: Vec<Block>,
     /// The final LayerNorm before the head.
-    pub ln_f: LayerNorm,
+    pub ln_f: ParallelLayerNorm,
     /// The output projection `d → V`, without bias (weight `[V, d]`).
-    pub head: Linear,
+    pub head: ParallelLinear,
 }
 
 impl Gpt {
@@ -29,13 +29,13 @@ impl Gpt {
     pub fn new(cfg: &GptConfig, device: &Device) -> Self {
         let d = cfg.d_model;
         Self {
-            tok_emb: Embedding::new(cfg.vocab_size, d, device),
-            pos_emb: Embedding::new(cfg.max_seq_len, d, device),
+            tok_emb: ParallelEmbedding::new(cfg.vocab_size, d, device),
+            pos_emb: ParallelEmbedding::new(cfg.max_seq_len, d, device),
             blocks: (0..cfg.n_layers)
                 .map(|_| Block::new(d, cfg.n_heads, cfg.d_ff, device))
                 .collect(),
-            ln_f: LayerNorm::new(d, device),
-            head: Linear::new(d, cfg.vocab_size, false, device),
+            ln_f: ParallelLayerNorm::new(d, device),
+            head: ParallelLinear::new(d, cfg.vocab_size, false, device),
         }
     }
 
@@ -63,7 +63,7 @@ impl Gpt {
 /// `tok_emb[ids] + pos_emb[positions]` (`0..T`, or a context-parallel rank's chunks'): `[B, T]` ids to `[B, T, d]` activations. Every layer runs
 /// through [`layer`] (see `Block::forward`); the embeddings' input is token ids, so DDP
 /// anchors nothing there, but ZeRO-3 still gathers them per layer.
-pub fn embed(tok_emb: &Embedding, pos_emb: &Embedding, ids: Tensor<2, Int>) -> Tensor<3> {
+pub fn embed(tok_emb: &ParallelEmbedding, pos_emb: &ParallelEmbedding, ids: Tensor<2, Int>) -> Tensor<3> {
     let [_, t] = ids.dims();
     let tokens = layer(tok_emb, &ids).forward(ids.clone());
     let positions = layer(pos_emb, &ids).position_rows(t);
@@ -71,7 +71,7 @@ pub fn embed(tok_emb: &Embedding, pos_emb: &Embedding, ids: Tensor<2, Int>) -> T
 }
 
 /// `head(LN_f(x))`: `[B, T, d]` activations to logits.
-pub fn head(ln_f: &LayerNorm, head: &Linear, x: Tensor<3>) -> Tensor<3> {
+pub fn head(ln_f: &ParallelLayerNorm, head: &ParallelLinear, x: Tensor<3>) -> Tensor<3> {
     let h = layer(ln_f, &x).forward(x.clone());
     layer(head, &x).forward(h)
 }

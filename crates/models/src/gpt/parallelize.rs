@@ -20,7 +20,7 @@ use super::block::Block as GptBlock;
 use super::model::{Gpt, embed, head};
 use crate::data::TokenBatch;
 use crate::decoder::{DecoderStyles, check_sequence, divisible, token_input, token_loss};
-use crate::layers::{Embedding, LayerNorm, Linear};
+use bonfire_tp::{ParallelEmbedding, ParallelLayerNorm, ParallelLinear};
 use bonfire_cp::ContextSplit;
 use bonfire_layout::{Axis, LayoutError, ParallelDims};
 use bonfire_parallel::{ParallelModel, Pipeline, PipelineVisitor};
@@ -115,18 +115,18 @@ impl ParallelModel for Gpt {
 #[derive(Module, Debug)]
 pub struct EmbedPiece {
     /// The GPT's token embedding ([`Gpt::tok_emb`]).
-    pub tok_emb: Embedding,
+    pub tok_emb: ParallelEmbedding,
     /// The GPT's position embedding ([`Gpt::pos_emb`]).
-    pub pos_emb: Embedding,
+    pub pos_emb: ParallelEmbedding,
 }
 
 /// The final LayerNorm and the output projection (the last piece).
 #[derive(Module, Debug)]
 pub struct HeadPiece {
     /// The GPT's final LayerNorm ([`Gpt::ln_f`]).
-    pub ln_f: LayerNorm,
+    pub ln_f: ParallelLayerNorm,
     /// The GPT's output projection ([`Gpt::head`]).
-    pub head: Linear,
+    pub head: ParallelLinear,
 }
 
 /// One piece of the GPT as a pipeline block: activations are `[B, T, d]`; the embedding

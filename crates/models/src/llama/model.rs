@@ -8,7 +8,7 @@
 use super::config::LlamaConfig;
 use crate::decoder_layer::{self, FeedForward};
 use crate::gpt::cross_entropy;
-use crate::layers::{Embedding, Linear, RmsNorm};
+use bonfire_tp::{ParallelEmbedding, ParallelLinear, ParallelRmsNorm};
 use bonfire_module::layer;
 use bonfire_tp::loss_parallel;
 use burn::module::Module;
@@ -21,20 +21,20 @@ pub use crate::decoder_layer::{Attention, rope_tables, rotate};
 #[derive(Module, Debug)]
 pub struct Mlp {
     /// `[F, d]`.
-    pub gate_proj: Linear,
+    pub gate_proj: ParallelLinear,
     /// `[F, d]`.
-    pub up_proj: Linear,
+    pub up_proj: ParallelLinear,
     /// `[d, F]`.
-    pub down_proj: Linear,
+    pub down_proj: ParallelLinear,
 }
 
 impl Mlp {
     /// Normal(0, 0.02) projections.
     pub fn new(d: usize, f: usize, device: &Device) -> Self {
         Self {
-            gate_proj: Linear::new(d, f, false, device),
-            up_proj: Linear::new(d, f, false, device),
-            down_proj: Linear::new(f, d, false, device),
+            gate_proj: ParallelLinear::new(d, f, false, device),
+            up_proj: ParallelLinear::new(d, f, false, device),
+            down_proj: ParallelLinear::new(f, d, false, device),
         }
     }
 
@@ -79,11 +79,11 @@ impl DecoderLayer {
 #[derive(Module, Debug)]
 pub struct LlamaModel {
     /// Token embeddings `[V, d]`.
-    pub embed_tokens: Embedding,
+    pub embed_tokens: ParallelEmbedding,
     /// The decoder layers.
     pub layers: Vec<DecoderLayer>,
     /// The final norm.
-    pub norm: RmsNorm,
+    pub norm: ParallelRmsNorm,
 }
 
 /// A Llama causal language model (transformers' `LlamaForCausalLM`).
@@ -92,7 +92,7 @@ pub struct Llama {
     /// The decoder.
     pub model: LlamaModel,
     /// The output projection `[V, d]` (untied).
-    pub lm_head: Linear,
+    pub lm_head: ParallelLinear,
 }
 
 impl Llama {
@@ -100,13 +100,13 @@ impl Llama {
     pub fn new(cfg: &LlamaConfig, device: &Device) -> Self {
         Self {
             model: LlamaModel {
-                embed_tokens: Embedding::new(cfg.vocab_size, cfg.hidden_size, device),
+                embed_tokens: ParallelEmbedding::new(cfg.vocab_size, cfg.hidden_size, device),
                 layers: (0..cfg.num_hidden_layers)
                     .map(|_| DecoderLayer::new(cfg, device))
                     .collect(),
-                norm: RmsNorm::new(cfg.hidden_size, device).with_eps(cfg.rms_norm_eps),
+                norm: ParallelRmsNorm::new(cfg.hidden_size, device).with_eps(cfg.rms_norm_eps),
             },
-            lm_head: Linear::new(cfg.hidden_size, cfg.vocab_size, false, device),
+            lm_head: ParallelLinear::new(cfg.hidden_size, cfg.vocab_size, false, device),
         }
     }
 
@@ -131,12 +131,12 @@ impl Llama {
 }
 
 /// `embed_tokens[ids]`: `[B, T]` ids to `[B, T, d]`.
-pub fn embed(embed_tokens: &Embedding, ids: Tensor<2, Int>) -> Tensor<3> {
+pub fn embed(embed_tokens: &ParallelEmbedding, ids: Tensor<2, Int>) -> Tensor<3> {
     layer(embed_tokens, &ids).forward(ids.clone())
 }
 
 /// `lm_head(RMSNorm(x))`: `[B, T, d]` to logits.
-pub fn head(norm: &RmsNorm, lm_head: &Linear, x: Tensor<3>) -> Tensor<3> {
+pub fn head(norm: &ParallelRmsNorm, lm_head: &ParallelLinear, x: Tensor<3>) -> Tensor<3> {
     let h = layer(norm, &x).forward(x.clone());
     layer(lm_head, &x).forward(h)
 }

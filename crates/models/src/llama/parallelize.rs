@@ -24,7 +24,7 @@
 use super::model::{Attention, DecoderLayer, Llama, embed, head};
 use crate::data::TokenBatch;
 use crate::decoder::{DecoderStyles, check_sequence, divisible, token_input, token_loss};
-use crate::layers::{Embedding, Linear, RmsNorm};
+use bonfire_tp::{ParallelEmbedding, ParallelLinear, ParallelRmsNorm};
 use bonfire_cp::ContextSplit;
 use bonfire_layout::{Axis, LayoutError, ParallelDims};
 use bonfire_parallel::{ParallelModel, Pipeline, PipelineVisitor};
@@ -197,9 +197,9 @@ impl ParallelModel for Llama {
 #[derive(Module, Debug)]
 pub struct HeadPiece {
     /// `model.norm`.
-    pub norm: RmsNorm,
+    pub norm: ParallelRmsNorm,
     /// `lm_head`.
-    pub lm_head: Linear,
+    pub lm_head: ParallelLinear,
 }
 
 /// One piece of the Llama as a pipeline block: activations are `[B, T, d]`; the embedding
@@ -209,7 +209,7 @@ pub struct HeadPiece {
 #[derive(Module, Debug)]
 pub enum Piece {
     /// `model.embed_tokens`.
-    Embed(Embedding),
+    Embed(ParallelEmbedding),
     /// `model.layers.i`.
     Layer(DecoderLayer),
     /// `model.norm` and `lm_head`.

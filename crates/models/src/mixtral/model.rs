@@ -10,7 +10,7 @@ use super::config::MixtralConfig;
 use super::moe::{Routing, SparseMoe};
 use crate::decoder_layer;
 use crate::gpt::cross_entropy;
-use crate::layers::{Embedding, Linear, RmsNorm};
+use bonfire_tp::{ParallelEmbedding, ParallelLinear, ParallelRmsNorm};
 use crate::llama::{embed, head};
 use bonfire_comm::{ProcessGroup, ReduceOp};
 use bonfire_cp::ContextScope;
@@ -26,11 +26,11 @@ pub type DecoderLayer = decoder_layer::DecoderLayer<SparseMoe>;
 #[derive(Module, Debug)]
 pub struct MixtralModel {
     /// Token embeddings `[V, d]`.
-    pub embed_tokens: Embedding,
+    pub embed_tokens: ParallelEmbedding,
     /// The decoder layers.
     pub layers: Vec<DecoderLayer>,
     /// The final norm.
-    pub norm: RmsNorm,
+    pub norm: ParallelRmsNorm,
 }
 
 /// A Mixtral causal language model (transformers' `MixtralForCausalLM`).
@@ -39,7 +39,7 @@ pub struct Mixtral {
     /// The decoder.
     pub model: MixtralModel,
     /// The output projection `[V, d]` (untied).
-    pub lm_head: Linear,
+    pub lm_head: ParallelLinear,
     aux_loss_coef: f64,
 }
 
@@ -59,11 +59,11 @@ impl Mixtral {
         };
         Self {
             model: MixtralModel {
-                embed_tokens: Embedding::new(b.vocab_size, b.hidden_size, device),
+                embed_tokens: ParallelEmbedding::new(b.vocab_size, b.hidden_size, device),
                 layers: (0..b.num_hidden_layers).map(|_| layer()).collect(),
-                norm: RmsNorm::new(b.hidden_size, device).with_eps(b.rms_norm_eps),
+                norm: ParallelRmsNorm::new(b.hidden_size, device).with_eps(b.rms_norm_eps),
             },
-            lm_head: Linear::new(b.hidden_size, b.vocab_size, false, device),
+            lm_head: ParallelLinear::new(b.hidden_size, b.vocab_size, false, device),
             aux_loss_coef: cfg.router_aux_loss_coef,
         }
     }

@@ -11,7 +11,7 @@
 //! gradient.
 
 use crate::decoder_layer::FeedForward;
-use crate::layers::Linear;
+use bonfire_tp::ParallelLinear;
 use crate::llama::model::swiglu;
 use bonfire_ep::{permute, run_experts, unpermute};
 use burn::module::{Module, Param};
@@ -71,7 +71,7 @@ pub struct Routing {
 #[derive(Module, Debug)]
 pub struct SparseMoe {
     /// The router: logits `[E]` per token.
-    pub gate: Linear,
+    pub gate: ParallelLinear,
     /// The experts.
     pub experts: Experts,
     top_k: usize,
@@ -81,7 +81,7 @@ impl SparseMoe {
     /// A fresh block of `e` experts of width `f` on `d`, routing each token to `top_k`.
     pub fn new(d: usize, f: usize, e: usize, top_k: usize, device: &Device) -> Self {
         Self {
-            gate: Linear::new(d, e, false, device),
+            gate: ParallelLinear::new(d, e, false, device),
             experts: Experts::new(e, d, f, device),
             top_k,
         }

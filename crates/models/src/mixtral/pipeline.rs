@@ -9,7 +9,7 @@
 use super::model::{DecoderLayer, Mixtral, balance_of};
 use crate::data::TokenBatch;
 use crate::gpt::cross_entropy;
-use crate::layers::{Embedding, Linear, RmsNorm};
+use bonfire_tp::{ParallelEmbedding, ParallelLinear, ParallelRmsNorm};
 use crate::llama::{embed, head};
 use bonfire_comm::ProcessGroup;
 use bonfire_pipeline::Block;
@@ -21,7 +21,7 @@ use burn::tensor::Tensor;
 #[derive(Module, Debug)]
 pub struct EmbedPiece {
     /// `model.embed_tokens`.
-    pub embed_tokens: Embedding,
+    pub embed_tokens: ParallelEmbedding,
     experts: usize,
 }
 
@@ -29,9 +29,9 @@ pub struct EmbedPiece {
 #[derive(Module, Debug)]
 pub struct HeadPiece {
     /// `model.norm`.
-    pub norm: RmsNorm,
+    pub norm: ParallelRmsNorm,
     /// `lm_head`.
-    pub lm_head: Linear,
+    pub lm_head: ParallelLinear,
     experts: usize,
 }
 
