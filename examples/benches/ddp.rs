@@ -13,11 +13,13 @@
 //! DDP ranks share them, so (b)/(a) measures core sharing as much as communication;
 //! (b)/contended isolates what DDP adds.
 
-use bonfire_ddp::{DdpConfig, StepTiming, chrome_trace};
+use bonfire_ddp::DdpConfig;
+use bonfire_dtensor::timing::{StepTiming, chrome_trace};
 use bonfire_examples::throughput::{self, Hosts, RankRun, RunArgs};
 use bonfire_examples::{Gpt, GptConfig, default_device};
+use bonfire_layout::{Axis, ParallelDims};
 use bonfire_models::data::Batches;
-use bonfire_train::{Axis, ParallelDims, Trainer};
+use bonfire_train::Trainer;
 use burn::optim::SgdConfig;
 use burn::tensor::Device;
 use clap::Parser;

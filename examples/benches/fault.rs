@@ -20,10 +20,11 @@
 
 use bonfire_comm::ThreadWorld;
 use bonfire_examples::{Gpt, GptConfig, default_device};
+use bonfire_layout::ParallelDims;
+use bonfire_layout::ZeroStage;
 use bonfire_models::data::Batches;
 use bonfire_train::fault::{FaultTolerance, KillAt};
-use bonfire_train::{FitConfig, OptimizerKind, ParallelDims, Trainer, fit_fault_tolerant};
-use bonfire_zero::ZeroStage;
+use bonfire_train::{FitConfig, OptimizerKind, Trainer, fit_fault_tolerant};
 use burn::tensor::Device;
 use clap::Parser;
 use std::time::Duration;

@@ -21,10 +21,11 @@
 use bonfire_dtensor::plane::Transfers;
 use bonfire_dtensor::plane::ledger::Direction;
 use bonfire_examples::{Gpt, GptConfig, harness, ledger};
+use bonfire_layout::ZeroStage;
+use bonfire_layout::{Axis, ParallelDims};
 use bonfire_models::data::TokenBatch;
 use bonfire_pipeline::ScheduleKind;
-use bonfire_train::{Axis, OptimizerKind, ParallelDims};
-use bonfire_zero::ZeroStage;
+use bonfire_train::OptimizerKind;
 use burn::tensor::{Device, Int, Tensor, TensorData};
 
 #[path = "ledger/hsdp.rs"]

@@ -67,12 +67,13 @@ use bonfire_examples::cli::LayoutArgs;
 use bonfire_examples::memory_formula::{FormulaBytes, formula, gpt_rank_params};
 use bonfire_examples::planner;
 use bonfire_examples::{Gpt, GptConfig, default_device};
+use bonfire_layout::{Axis, ParallelDims};
 use bonfire_models::data::TokenBatch;
 use bonfire_models::llama::{Llama, LlamaConfig};
 use bonfire_parallel::DataSource;
 use bonfire_plan::memory::state_bytes;
 use bonfire_plan::{MemoryParts, PlannedLayout, Request, rank_shapes};
-use bonfire_train::{Axis, Launcher, OptimizerKind, ParallelDims, TrainError, Trainer};
+use bonfire_train::{Launcher, OptimizerKind, TrainError, Trainer};
 use burn::tensor::Device;
 use std::time::Instant;
 

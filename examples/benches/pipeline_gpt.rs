@@ -39,7 +39,6 @@ use bonfire_models::gpt::block::Mlp;
 use bonfire_models::gpt::config::GptConfig;
 use bonfire_models::gpt::parallelize::{Piece, pieces};
 use bonfire_models::gpt::{Gpt, cross_entropy};
-use bonfire_tp::ParallelLayerNorm;
 use bonfire_module::layer;
 use bonfire_pipeline::Generate;
 use bonfire_pipeline::schedule::Costs;
@@ -48,6 +47,7 @@ use bonfire_pipeline::{
     balance_measured, check, chunks_for_rank, imbalance, microbatch_weights, rank_loads,
     run_unchecked, split_at,
 };
+use bonfire_tp::ParallelLayerNorm;
 use burn::module::Module;
 use burn::tensor::{Int, Tensor};
 use clap::Parser;

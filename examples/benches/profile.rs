@@ -157,7 +157,10 @@ fn gpt(args: &Args) {
     let mut r = Report::default();
     let x = leaf([b, t, d], &dev);
     let ids = Tensor::<2, Int>::random([b, t], Distribution::Uniform(0.0, v as f64), &dev);
-    let (tok, pos) = (ParallelEmbedding::new(v, d, &dev), ParallelEmbedding::new(t, d, &dev));
+    let (tok, pos) = (
+        ParallelEmbedding::new(v, d, &dev),
+        ParallelEmbedding::new(t, d, &dev),
+    );
     r.line("embed", 1, time(reps, || embed(&tok, &pos, ids.clone())));
     let ln = ParallelLayerNorm::new(d, &dev);
     r.line(

@@ -26,9 +26,9 @@
 
 use bonfire_examples::cli::fail;
 use bonfire_examples::planner::{available_memory, calibrate, this_machine};
+use bonfire_layout::MixedPrecision;
 use bonfire_plan::{
-    ClusterSpec, MixedPrecision, ModelSpec, PRESETS, PlanError, PlannedLayout, Request,
-    format_bytes, plan,
+    ClusterSpec, ModelSpec, PRESETS, PlanError, PlannedLayout, Request, format_bytes, plan,
 };
 use clap::Parser;
 

@@ -14,10 +14,11 @@
 //! training on the same data.
 
 use bonfire_examples::cli::{fail, init_logging};
+use bonfire_layout::ParallelDims;
+use bonfire_layout::ZeroStage;
 use bonfire_models::classifier::{Classifier, blobs};
 use bonfire_module::params;
-use bonfire_train::{FitConfig, Launcher, OptimizerKind, ParallelDims, Trainer, fit};
-use bonfire_zero::ZeroStage;
+use bonfire_train::{FitConfig, Launcher, OptimizerKind, Trainer, fit};
 use burn::module::Module;
 use burn::optim::GradientsParams;
 use burn::tensor::Device;
@@ -60,7 +61,7 @@ fn main() {
     let data =
         |step: usize, device: &Device| blobs(cli.batch, INPUTS, CLASSES, step as u64, device);
     let dims = ParallelDims::new()
-        .with_degree(bonfire_train::Axis::Dp, cli.ranks)
+        .with_degree(bonfire_layout::Axis::Dp, cli.ranks)
         .with_zero(stage);
     let trainer = Trainer::new(dims.clone(), move || optim.build());
     let config = FitConfig {

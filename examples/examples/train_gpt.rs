@@ -42,14 +42,15 @@ use bonfire_examples::corpus::CharTokenizer;
 use bonfire_examples::run::RunRecord;
 use bonfire_examples::train_data::TrainData;
 use bonfire_examples::{Gpt, GptConfig, default_device, harness};
+use bonfire_layout::ParallelDims;
 use bonfire_models::data::TokenBatch;
 use bonfire_models::weights;
 use bonfire_module::params;
 use bonfire_parallel::DataSource;
 use bonfire_train::checkpoint::{Checkpoint, Checkpointer, resume};
 use bonfire_train::{
-    Engine, Hooks, Launcher, OptimizerKind, ParallelDims, StepReport, TrainError, Trainer, fault,
-    fit, fit_fault_tolerant,
+    Engine, Hooks, Launcher, OptimizerKind, StepReport, TrainError, Trainer, fault, fit,
+    fit_fault_tolerant,
 };
 use burn::module::Module;
 use burn::tensor::{Int, Tensor, TensorData};

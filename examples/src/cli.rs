@@ -2,9 +2,10 @@
 //! front end (`train_gpt`, the parity harness), the checkpoint options, and how a program
 //! starts and fails.
 
+use bonfire_layout::ZeroStage;
+use bonfire_layout::{ActivationCheckpointing, MixedPrecision, ParallelDims};
 use bonfire_pipeline::ScheduleKind;
-use bonfire_train::{ActivationCheckpointing, CheckpointConfig, MixedPrecision, ParallelDims};
-use bonfire_zero::ZeroStage;
+use bonfire_train::CheckpointConfig;
 use std::path::PathBuf;
 
 /// The layout options of a command line, as given (checked further when the run is built).

@@ -5,6 +5,7 @@
 
 use crate::default_device;
 use bonfire_comm::testing::{Closeness, Tolerance, assert_close};
+use bonfire_layout::ParallelDims;
 use bonfire_models::data;
 use bonfire_models::data::TokenBatch;
 use bonfire_models::gpt::Gpt;
@@ -15,9 +16,7 @@ use bonfire_models::tensor_file::{self, HostTensor};
 use bonfire_models::weights;
 use bonfire_module::params::ParamValues;
 use bonfire_parallel::ParallelModel;
-use bonfire_train::{
-    Engine, FitConfig, Hooks, Launcher, OptimizerKind, ParallelDims, TrainError, Trainer, fit,
-};
+use bonfire_train::{Engine, FitConfig, Hooks, Launcher, OptimizerKind, TrainError, Trainer, fit};
 use burn::tensor::Device;
 use std::collections::BTreeMap;
 use std::path::PathBuf;

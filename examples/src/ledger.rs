@@ -4,10 +4,11 @@
 //! The wgpu suite asserts on it and `cargo xtask bench ledger` prints it.
 
 use bonfire_dtensor::plane::{TransferLedger, Transfers};
+use bonfire_layout::ParallelDims;
 use bonfire_models::data::TokenBatch;
 use bonfire_models::gpt::Gpt;
 use bonfire_parallel::DataSource;
-use bonfire_train::{Launcher, OptimizerKind, ParallelDims, TrainError, Trainer};
+use bonfire_train::{Launcher, OptimizerKind, TrainError, Trainer};
 use burn::tensor::Device;
 
 /// Each rank's transfers during the second step of `model` trained under `dims` with

@@ -7,9 +7,9 @@
 //! bench memory`); nothing here is measured.
 
 use crate::planner::gpt_spec;
+use bonfire_layout::ParallelDims;
 use bonfire_models::gpt::config::GptConfig;
 use bonfire_pipeline::Generate;
-use bonfire_train::ParallelDims;
 
 pub use bonfire_plan::memory::{FormulaBytes, bytes_per_param, formula};
 

@@ -10,6 +10,7 @@
 
 use bonfire_comm::testing::rank_alloc;
 use bonfire_comm::{ReduceOp, ThreadWorld};
+use bonfire_layout::{Axis, MixedPrecision, ParallelDims};
 use bonfire_models::data::TokenBatch;
 use bonfire_models::gpt::config::GptConfig;
 use bonfire_models::llama::LlamaConfig;
@@ -19,9 +20,7 @@ use bonfire_plan::{
     Arch, Attention, ClusterSpec, DeviceSpec, LinkSpec, MemoryParts, ModelSpec, Moe, PlannedLayout,
     Request, rank_memory, rank_shapes,
 };
-use bonfire_train::{
-    Axis, Launcher, MixedPrecision, OptimizerKind, ParallelDims, TrainError, Trainer,
-};
+use bonfire_train::{Launcher, OptimizerKind, TrainError, Trainer};
 use burn::tensor::{Device, Tensor, TensorData};
 use std::time::{Duration, Instant};
 

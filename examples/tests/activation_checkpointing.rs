@@ -13,11 +13,10 @@ use bonfire_comm::testing::Tolerance;
 use bonfire_examples::cli::LayoutArgs;
 use bonfire_examples::harness::{self, HarnessResult, RankRecord};
 use bonfire_examples::{Gpt, GptConfig, default_device};
+use bonfire_layout::{ActivationCheckpointing, LayoutError, MixedPrecision, ParallelDims};
 use bonfire_models::data::Batches;
 use bonfire_parallel::ParallelModel;
-use bonfire_train::{
-    ActivationCheckpointing, LayoutError, MixedPrecision, OptimizerKind, ParallelDims, Trainer,
-};
+use bonfire_train::{OptimizerKind, Trainer};
 use burn::module::Module;
 use burn::nn::{Linear, LinearConfig};
 use burn::tensor::Tensor;

@@ -12,13 +12,12 @@ mod common;
 use bonfire_comm::testing::assert_close;
 use bonfire_examples::cli::LayoutArgs;
 use bonfire_examples::{Gpt, GptConfig, default_device};
+use bonfire_layout::ParallelDims;
 use bonfire_models::data::TokenBatch;
 use bonfire_models::weights;
 use bonfire_module::params::ParamValues;
 use bonfire_train::checkpoint::{Checkpoint, CheckpointConfig, Checkpointer, Fault, resume};
-use bonfire_train::{
-    FitConfig, Hooks, Launcher, OptimizerKind, ParallelDims, TrainError, Trainer, fit,
-};
+use bonfire_train::{FitConfig, Hooks, Launcher, OptimizerKind, TrainError, Trainer, fit};
 use burn::tensor::Device;
 use std::path::{Path, PathBuf};
 use std::process::Command;

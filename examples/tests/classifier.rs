@@ -15,13 +15,13 @@ mod common;
 use bonfire_comm::ThreadWorld;
 use bonfire_comm::testing::{Tolerance, assert_close};
 use bonfire_ddp::{DdpConfig, DistributedDataParallel};
+use bonfire_layout::ZeroStage;
+use bonfire_layout::{MixedPrecision, ParallelDims};
 use bonfire_models::classifier::{Classifier, blobs};
 use bonfire_module::DataParallel;
 use bonfire_module::params::{self, ParamValues};
-use bonfire_train::{
-    FitConfig, Launcher, MixedPrecision, OptimizerKind, ParallelDims, Trainer, fit,
-};
-use bonfire_zero::{Zero, ZeroConfig, ZeroStage};
+use bonfire_train::{FitConfig, Launcher, OptimizerKind, Trainer, fit};
+use bonfire_zero::{Zero, ZeroConfig};
 use burn::module::Module;
 use burn::optim::GradientsParams;
 use burn::tensor::Device;

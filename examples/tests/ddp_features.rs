@@ -7,10 +7,9 @@ mod common;
 
 use bonfire_comm::testing::{Tolerance, assert_close};
 use bonfire_comm::{ReduceOp, ThreadWorld};
-use bonfire_ddp::{
-    Compression, DataParallel, DdpConfig, DistributedDataParallel, SyncMode, params, primitives,
-};
+use bonfire_ddp::{Compression, DdpConfig, DistributedDataParallel, SyncMode, primitives};
 use bonfire_examples::{Gpt, GptConfig, default_device};
+use bonfire_module::{DataParallel, params};
 use burn::module::Module;
 use burn::optim::{GradientsParams, SgdConfig};
 use common::*;

@@ -30,7 +30,7 @@ fn check(n: usize, adam: bool, config: DdpConfig) {
     let runs = ddp(&model, &batches, n, STEPS, lr, optim, config);
     // Training moved the parameters (a trivially passing comparison would be worthless).
     let initial =
-        bonfire_ddp::params::flatten_values(&model, &bonfire_ddp::params::inventory(&model));
+        bonfire_module::params::flatten_values(&model, &bonfire_module::params::inventory(&model));
     let moved = initial
         .iter()
         .zip(&reference.params)

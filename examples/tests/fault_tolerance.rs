@@ -13,11 +13,12 @@ use bonfire_comm::ThreadWorld;
 use bonfire_comm::testing::assert_close;
 use bonfire_examples::cli::LayoutArgs;
 use bonfire_examples::default_device;
+use bonfire_layout::ParallelDims;
 use bonfire_module::params::ParamValues;
 use bonfire_train::checkpoint::{CheckpointConfig, Checkpointer, resume};
 use bonfire_train::fault::{FaultTolerance, KillAt, Recovery};
 use bonfire_train::{
-    FitConfig, Launcher, OptimizerKind, ParallelDims, TrainError, Trainer, fit, fit_fault_tolerant,
+    FitConfig, Launcher, OptimizerKind, TrainError, Trainer, fit, fit_fault_tolerant,
 };
 use burn::tensor::Device;
 use std::path::{Path, PathBuf};

@@ -344,7 +344,7 @@ fn bf16_layouts_equal_bf16_on_one_device() {
         l.precision = Some("bf16".into());
         l.dims("dp=1").unwrap()
     };
-    let run = |dims: &bonfire_train::ParallelDims| {
+    let run = |dims: &bonfire_layout::ParallelDims| {
         harness::train(&f.model, &f.batches, dims, OptimizerKind::Sgd, STEPS, 0.5)
             .unwrap_or_else(|e| panic!("{dims}: {e}"))
     };

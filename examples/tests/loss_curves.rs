@@ -15,8 +15,9 @@ use bonfire_comm::testing::{Tolerance, assert_close};
 use bonfire_examples::cli::LayoutArgs;
 use bonfire_examples::corpus::{self, CharTokenizer};
 use bonfire_examples::{Gpt, GptConfig, default_device};
+use bonfire_layout::ParallelDims;
 use bonfire_models::data::TokenBatch;
-use bonfire_train::{FitConfig, Launcher, OptimizerKind, ParallelDims, Trainer, fit};
+use bonfire_train::{FitConfig, Launcher, OptimizerKind, Trainer, fit};
 use burn::tensor::Device;
 use std::sync::OnceLock;
 

@@ -21,12 +21,10 @@ use bonfire_comm::testing::Tolerance;
 use bonfire_examples::cli::LayoutArgs;
 use bonfire_examples::default_device;
 use bonfire_examples::harness::{self, HarnessResult, RankRecord};
+use bonfire_layout::{MixedPrecision, ParallelDims};
 use bonfire_module::PrecisionDTypes;
 use bonfire_module::precision::observe::{Observed, observed};
-use bonfire_train::{
-    FitConfig, Launcher, LossScaling, MixedPrecision, OptimizerKind, ParallelDims, TrainError,
-    Trainer, fit,
-};
+use bonfire_train::{FitConfig, Launcher, LossScaling, OptimizerKind, TrainError, Trainer, fit};
 use burn::tensor::Device;
 use std::sync::OnceLock;
 

@@ -354,7 +354,7 @@ fn bf16_trains_in_every_supported_layout() {
         l.precision = Some("bf16".into());
         l.dims("dp=1").unwrap()
     };
-    let run = |dims: &bonfire_train::ParallelDims| {
+    let run = |dims: &bonfire_layout::ParallelDims| {
         harness::train(&s.model, &s.batches, dims, OptimizerKind::Sgd, STEPS, 0.5)
             .unwrap_or_else(|e| panic!("{dims}: {e}"))
     };

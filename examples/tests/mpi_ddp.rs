@@ -8,8 +8,9 @@ mod common;
 
 use bonfire_comm::testing::assert_close;
 use bonfire_comm::{ReduceOp, World};
-use bonfire_ddp::{DataParallel, DdpConfig, DistributedDataParallel, params};
+use bonfire_ddp::{DdpConfig, DistributedDataParallel};
 use bonfire_examples::{Gpt, GptConfig, default_device};
+use bonfire_module::{DataParallel, params};
 use burn::optim::SgdConfig;
 use common::*;
 use std::process::Command;

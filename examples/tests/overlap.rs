@@ -5,9 +5,12 @@
 mod common;
 
 use bonfire_comm::ThreadWorld;
-use bonfire_ddp::{DataParallel, DdpConfig, DistributedDataParallel, StepTiming};
+use bonfire_ddp::{DdpConfig, DistributedDataParallel};
+use bonfire_dtensor::timing::StepTiming;
 use bonfire_examples::{Gpt, GptConfig, default_device};
-use bonfire_zero::{Zero, ZeroConfig, ZeroStage};
+use bonfire_layout::ZeroStage;
+use bonfire_module::DataParallel;
+use bonfire_zero::{Zero, ZeroConfig};
 use burn::module::Module;
 use burn::optim::SgdConfig;
 use std::time::Duration;

@@ -36,11 +36,10 @@
 use bonfire_comm::testing::rank_alloc::RankAllocator;
 use bonfire_examples::planner::{calibrate, gpt_spec, measure_layout, predict_ranks, this_machine};
 use bonfire_examples::{Gpt, GptConfig, default_device};
+use bonfire_layout::MixedPrecision;
+use bonfire_layout::ParallelDims;
 use bonfire_pipeline::Generate;
-use bonfire_plan::{
-    ClusterSpec, Estimate, MemoryParts, MixedPrecision, Request, estimate, rank_shapes,
-};
-use bonfire_train::ParallelDims;
+use bonfire_plan::{ClusterSpec, Estimate, MemoryParts, Request, estimate, rank_shapes};
 
 #[global_allocator]
 static HEAP: RankAllocator = RankAllocator;

@@ -70,13 +70,13 @@ use bonfire_examples::planner::{
     RankRun, calibrate, gpt_spec, measure_layout, predict_ranks, this_machine,
 };
 use bonfire_examples::{Gpt, GptConfig, default_device};
+use bonfire_layout::{ActivationCheckpointing, Axis, ParallelDims};
+use bonfire_layout::{MixedPrecision, ScheduleKind, ZeroStage};
 use bonfire_models::data::TokenBatch;
 use bonfire_parallel::ParallelModel;
 use bonfire_plan::{
-    MixedPrecision, ModelSpec, Request, ScheduleKind, ZeroStage, base_layout, context_layout,
-    estimate, hsdp_layout, rank_shapes,
+    ModelSpec, Request, base_layout, context_layout, estimate, hsdp_layout, rank_shapes,
 };
-use bonfire_train::{ActivationCheckpointing, Axis, ParallelDims};
 use std::time::Instant;
 
 #[path = "planner_heldout/experts.rs"]

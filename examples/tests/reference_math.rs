@@ -5,8 +5,8 @@
 
 mod common;
 
-use bonfire_ddp::params;
 use bonfire_examples::{Gpt, GptConfig, default_device};
+use bonfire_module::params;
 use std::collections::HashMap;
 
 struct Ref<'a> {

@@ -17,11 +17,10 @@ use bonfire_comm::ThreadWorld;
 use bonfire_comm::testing::assert_close;
 use bonfire_examples::cli::LayoutArgs;
 use bonfire_examples::default_device;
+use bonfire_layout::ParallelDims;
 use bonfire_train::checkpoint::{Checkpoint, CheckpointConfig, Checkpointer, resume};
 use bonfire_train::fault::FaultTolerance;
-use bonfire_train::{
-    FitConfig, OptimizerKind, ParallelDims, TrainError, Trainer, fit, fit_fault_tolerant,
-};
+use bonfire_train::{FitConfig, OptimizerKind, TrainError, Trainer, fit, fit_fault_tolerant};
 use burn::tensor::Device;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;

@@ -17,10 +17,11 @@ use bonfire_examples::device_checks::{self, ROWS};
 use bonfire_examples::harness;
 use bonfire_examples::ledger;
 use bonfire_examples::{Gpt, GptConfig};
+use bonfire_layout::ParallelDims;
+use bonfire_layout::ZeroStage;
 use bonfire_models::data::Batches;
 use bonfire_module::params;
-use bonfire_train::{OptimizerKind, ParallelDims};
-use bonfire_zero::ZeroStage;
+use bonfire_train::OptimizerKind;
 use burn::tensor::Device;
 use std::sync::OnceLock;
 
@@ -189,7 +190,8 @@ fn one_staged_copy_down_and_up_per_bucket() {
 #[test]
 fn offload_keeps_the_state_on_flex_and_the_model_on_wgpu() {
     use bonfire_comm::ThreadWorld;
-    use bonfire_zero::{DataParallel, Zero, ZeroConfig};
+    use bonfire_module::DataParallel;
+    use bonfire_zero::{Zero, ZeroConfig};
     let f = fixture();
     ThreadWorld::new(2)
         .launch(|pg| {

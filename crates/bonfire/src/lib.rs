@@ -9,31 +9,28 @@
 //!   broadcast, ...) over in-process threads, MPI or NCCL, with timeouts,
 //!   mismatch detection and a flight recorder so a broken job fails loudly
 //!   instead of hanging.
-//! - [`dtensor`] (`bonfire-dtensor`): differentiable collectives as a Burn backend
-//!   extension, device meshes, distributed tensors (`DTensor` with `Shard`,
-//!   `Replicate` and `Partial` placements) and redistribution between placements;
-//!   `dtensor::parallel`: tensor and sequence parallelism (parallel-aware layers,
-//!   column-/row-wise and sequence-parallel styles, `parallelize_module` plans,
-//!   `loss_parallel`).
-//! - [`ddp`] (`bonfire-ddp`): data parallelism — `DistributedDataParallel` with
-//!   bucketed gradient all-reduce overlapped with backward.
-//! - [`zero`] (`bonfire-zero`): ZeRO sharded data parallelism — stages 1–3
-//!   (optimizer state, gradients, parameters), CPU offload of optimizer state,
-//!   checkpoints that reshard from N ranks to M.
-//! - [`pipeline`] (`bonfire-pipeline`): pipeline parallelism — stages, schedules as
-//!   data (GPipe, 1F1B, interleaved, zero-bubble), a static checker, timelines.
+//! - [`dtensor`] (`bonfire-dtensor`): the primitives — device meshes, distributed tensors
+//!   (`DTensor` with `Shard`, `Replicate` and `Partial` placements), redistribution,
+//!   differentiable collectives, the data plane.
+//! - [`module`] (`bonfire-module`): a Burn module as the engines see it — its parameters,
+//!   layer and gradient hooks, precision, the `DataParallel` interface.
+//! - One crate per parallelism: [`tp`] (tensor and sequence: parallel-aware layers, styles,
+//!   `parallelize_module` plans, `loss_parallel`), [`cp`] (context: ring attention), [`ep`]
+//!   (expert: token dispatch, the experts' shards), [`recompute`] (activation
+//!   checkpointing), [`ddp`] (`DistributedDataParallel`, bucketed all-reduce overlapped
+//!   with backward), [`zero`] (ZeRO stages 1–3, offload, HSDP), [`pipeline`] (stages,
+//!   schedules as data, a static checker, timelines).
 //! - [`layout`] (`bonfire-layout`): the layout itself, shared by trainer and planner —
 //!   `ParallelDims` (degrees per `Axis`, their options, precision, checks), schedule
 //!   kinds, ZeRO stages; no dependencies.
-//! - [`train`] (`bonfire-train`): one layout (`ParallelDims` over a `[pp, dp_replicate, dp, cp, tp]` mesh)
-//!   and one training loop (`Trainer`, `fit`) for any Burn model implementing
-//!   `ParallelModel`, with DDP or ZeRO on dp, tensor parallelism on tp and any pipeline
-//!   schedule on pp.
+//! - [`parallel`] (`bonfire-parallel`): the contract a model implements —
+//!   `ParallelModel`, its pipeline pieces, its batches' rows, its weights.
+//! - [`train`] (`bonfire-train`): one layout over a `[pp, dp_replicate, dp, cp, tp]` mesh
+//!   and one training loop (`Trainer`, `fit`) for any `ParallelModel`; checkpoints.
 //! - [`plan`] (`bonfire-plan`): the planner — a cost model (bytes per rank, step time) of
-//!   every layout and a search that ranks the ones that fit a cluster, with the reasons;
-//!   on no crate but `layout` (`docs/planner.md`).
-//! - [`models`] (`bonfire-models`): the reference GPT and a plain-Burn classifier, each
-//!   with its `ParallelModel` description (tensor-parallel plan, pipeline pieces, layers).
+//!   every layout and a search that ranks the ones that fit a cluster, with the reasons.
+//! - [`models`] (`bonfire-models`): the GPT, the Llama, the Mixtral and a plain-Burn
+//!   classifier, each with its `ParallelModel`; Hugging Face directories in and out.
 //!
 //! See `docs/architecture.md` in the repository for the full picture.
 //!
@@ -54,12 +51,18 @@
 #![forbid(unsafe_code)]
 
 pub use bonfire_comm as comm;
+pub use bonfire_cp as cp;
 pub use bonfire_ddp as ddp;
 pub use bonfire_dtensor as dtensor;
+pub use bonfire_ep as ep;
 pub use bonfire_layout as layout;
 pub use bonfire_models as models;
+pub use bonfire_module as module;
+pub use bonfire_parallel as parallel;
 pub use bonfire_pipeline as pipeline;
 pub use bonfire_plan as plan;
+pub use bonfire_recompute as recompute;
+pub use bonfire_tp as tp;
 pub use bonfire_train as train;
 pub use bonfire_zero as zero;
 
@@ -67,10 +70,11 @@ pub use bonfire_zero as zero;
 pub mod prelude {
     pub use bonfire_comm::{CommError, ProcessGroup, ReduceOp, launch};
     pub use bonfire_dtensor::{DTensor, DeviceMesh, Placement, distribute_tensor};
+    pub use bonfire_layout::ParallelDims;
     pub use bonfire_module::DataParallel;
     pub use bonfire_parallel::ParallelModel;
     pub use bonfire_tp::{
         ColwiseParallel, ParallelPlan, RowwiseParallel, SequenceParallel, parallelize_module,
     };
-    pub use bonfire_train::{FitConfig, Launcher, OptimizerKind, ParallelDims, Trainer, fit};
+    pub use bonfire_train::{FitConfig, Launcher, OptimizerKind, Trainer, fit};
 }

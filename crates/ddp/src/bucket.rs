@@ -12,7 +12,7 @@
 //! (4 MiB buckets, 2 rank threads) this took the hidden share of communication from
 //! 0.71–0.77 to 0.81–0.85; see docs/ddp.md.
 
-use crate::params::ParamInfo;
+use bonfire_module::params::ParamInfo;
 
 /// How many caps' worth of the first parameters (the last gradients of backward) are bucketed
 /// at the smaller cap.

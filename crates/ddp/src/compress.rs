@@ -7,9 +7,9 @@
 //! PyTorch's fp16 hook does) so the 16-bit sum cannot overflow.
 
 use crate::error::DdpError;
-use crate::timing::Span;
 use bonfire_comm::{ProcessGroup, ReduceOp};
 use bonfire_dtensor::plane::{self, PendingTensor};
+use bonfire_dtensor::timing::Span;
 use burn::tensor::{DType, Device, Tensor};
 
 /// How gradients travel in the all-reduce.

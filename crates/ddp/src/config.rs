@@ -48,7 +48,7 @@ pub struct DdpConfig {
     pub report_no_layers: bool,
     /// Mixed precision: the replica computes in the param dtype, gradients are all-reduced
     /// in the reduce dtype, the optimizer steps an fp32 master.
-    pub precision: bonfire_module::MixedPrecision,
+    pub precision: bonfire_layout::MixedPrecision,
 }
 
 impl Default for DdpConfig {
@@ -69,11 +69,11 @@ impl DdpConfig {
             compression: Compression::None,
             record_timings: false,
             report_no_layers: true,
-            precision: bonfire_module::MixedPrecision::f32(),
+            precision: bonfire_layout::MixedPrecision::f32(),
         }
     }
     /// Sets the mixed-precision policy ([`DdpConfig::precision`]).
-    pub fn with_precision(mut self, precision: bonfire_module::MixedPrecision) -> Self {
+    pub fn with_precision(mut self, precision: bonfire_layout::MixedPrecision) -> Self {
         self.precision = precision;
         self
     }

@@ -21,7 +21,8 @@
 //!
 //! ```
 //! use bonfire_comm::ThreadWorld;
-//! use bonfire_ddp::{DataParallel, DdpConfig, DistributedDataParallel};
+//! use bonfire_ddp::{DdpConfig, DistributedDataParallel};
+//! use bonfire_module::DataParallel;
 //! use burn::module::Module;
 //! use burn::nn::{Linear, LinearConfig};
 //! use burn::optim::SgdConfig;
@@ -52,17 +53,13 @@ mod config;
 mod ddp;
 mod error;
 pub mod primitives;
-pub use bonfire_module::params;
 mod reducer;
-pub mod timing;
 
-pub use bonfire_module::DataParallel;
 pub use bucket::BucketPlan;
 pub use compress::Compression;
 pub use config::{DdpConfig, SyncMode, UnusedParams};
 pub use ddp::DistributedDataParallel;
 pub use error::DdpError;
-pub use timing::{StepTiming, chrome_trace};
 
 /// Short name.
 pub type Ddp<M> = DistributedDataParallel<M>;

@@ -4,8 +4,8 @@
 //! [`crate::DistributedDataParallel`] (persistent replicas, bucketed all-reduce overlapped
 //! with backward) — use it for quick experiments and inference.
 
-use crate::params::{self, ParamInfo};
 use bonfire_dtensor::plane::{self, ledger::Reason};
+use bonfire_module::params::{self, ParamInfo};
 use burn::module::Module;
 use burn::optim::GradientsParams;
 use burn::tensor::kind::Basic;

@@ -9,11 +9,11 @@ use crate::bucket::BucketPlan;
 use crate::compress::{Compression, InFlight};
 use crate::config::{DdpConfig, UnusedParams};
 use crate::error::DdpError;
-use crate::params::ParamInfo;
-use crate::timing::Span;
 use bonfire_comm::{ProcessGroup, ReduceOp};
+use bonfire_dtensor::timing::Span;
 use bonfire_module::PrecisionDTypes;
 use bonfire_module::graph::GradSink;
+use bonfire_module::params::ParamInfo;
 use burn::tensor::{DType, Device, Tensor};
 use std::sync::Arc;
 
@@ -119,7 +119,7 @@ impl Reducer {
         let bucket = bonfire_kernels::pack_scaled(&parts, scale);
         bonfire_module::precision::observe::observer().reduced(bucket.dtype());
         if self.record {
-            self.launches[b] = crate::timing::now();
+            self.launches[b] = bonfire_dtensor::timing::now();
         }
         let residual = &mut self.residuals[b];
         self.in_flight[b] = Some(self.compression.launch(pg, bucket, residual));

@@ -2,7 +2,8 @@
 //! error on every rank, never a hang), and usage errors.
 
 use bonfire_comm::ThreadWorld;
-use bonfire_ddp::{DataParallel, DdpConfig, DdpError, DistributedDataParallel, UnusedParams};
+use bonfire_ddp::{DdpConfig, DdpError, DistributedDataParallel, UnusedParams};
+use bonfire_module::DataParallel;
 use burn::module::Module;
 use burn::nn::{Linear, LinearConfig};
 use burn::optim::SgdConfig;

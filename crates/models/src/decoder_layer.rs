@@ -5,9 +5,9 @@
 //! mixture of experts, which also returns what its router chose).
 
 use crate::gpt::attention::{causal_attention, merge_heads, split_heads};
-use bonfire_tp::{ParallelLinear, ParallelRmsNorm};
 use crate::llama::LlamaConfig;
 use bonfire_module::layer;
+use bonfire_tp::{ParallelLinear, ParallelRmsNorm};
 use burn::module::Module;
 use burn::tensor::{DType, Device, Int, Tensor, TensorData};
 

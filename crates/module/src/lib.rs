@@ -32,4 +32,4 @@ pub use data_parallel::{DataParallel, Subgroup, scale_and_check};
 pub use layer::{
     LayerHook, LayerHookGuard, LayerInput, install_layer_hook, layer, without_layer_hooks,
 };
-pub use precision::{MixedPrecision, PrecisionDTypes};
+pub use precision::PrecisionDTypes;

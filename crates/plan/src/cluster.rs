@@ -6,7 +6,7 @@
 
 use crate::error::PlanError;
 use crate::json::Fields;
-use crate::layout::MixedPrecision;
+use bonfire_layout::MixedPrecision;
 
 /// One accelerator (or one CPU rank).
 #[derive(Debug, Clone, PartialEq)]

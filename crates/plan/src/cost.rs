@@ -4,9 +4,7 @@
 
 use crate::cluster::{ClusterSpec, LinkSpec};
 use crate::experts::ep_per_layer;
-use crate::layout::{
-    Held, MixedPrecision, ParallelDims, PlannedLayout, ScheduleKind, ScheduleModel, ZeroStage,
-};
+use crate::layout::{Held, PlannedLayout, ScheduleModel};
 use crate::memory::{
     FormulaBytes, activation_bytes, bytes_per_param, gradients_at_peak, held_bytes,
     rank_gradient_copy_bytes, rank_state, transient_bytes,
@@ -18,6 +16,7 @@ use crate::time::{
     KERNELS_PER_LOCAL_EXPERT, KERNELS_PER_RING_STEP, StepTime, all_gather, all_reduce, p2p,
     ring_transfer,
 };
+use bonfire_layout::{MixedPrecision, ParallelDims, ScheduleKind, ZeroStage};
 
 /// What is trained: sequences per step, tokens per sequence, which precisions may be used,
 /// and the share of a device's memory a plan may fill.

@@ -6,9 +6,10 @@
 //! expert receiving `k·tokens/E` of a rank's rows): skew is not modelled.
 
 use crate::cluster::ClusterSpec;
-use crate::layout::{ParallelDims, PlannedLayout};
+use crate::layout::PlannedLayout;
 use crate::model::ModelSpec;
 use crate::time::all_to_all;
+use bonfire_layout::ParallelDims;
 
 /// The bytes a rank sends in one of expert parallelism's all-to-alls of a mixture-of-experts
 /// layer, for a micro-batch of `tokens` tokens on the rank: each token's `k` routed rows of

@@ -12,9 +12,7 @@
 use crate::model::{ModelSpec, stage_ranges};
 use bonfire_layout::{ActivationCheckpointing, Axis};
 
-pub use bonfire_layout::{MixedPrecision, ParallelDims, ZeroStage};
-
-pub use bonfire_layout::ScheduleKind;
+use bonfire_layout::{ParallelDims, ScheduleKind};
 
 /// The schedules the planner tries.
 pub const SEARCHED_SCHEDULES: [ScheduleKind; 5] = [

@@ -30,7 +30,8 @@
 //! with one [`PlanError::Field`] naming the missing or impossible field.
 //!
 //! ```
-//! use bonfire_plan::{ClusterSpec, DeviceSpec, LinkSpec, ModelSpec, MixedPrecision, Request, plan};
+//! use bonfire_plan::{ClusterSpec, DeviceSpec, LinkSpec, ModelSpec, Request, plan};
+//! use bonfire_layout::MixedPrecision;
 //! let model = ModelSpec::preset("llama3-8b").unwrap();
 //! let cluster = ClusterSpec {
 //!     nodes: 1,
@@ -69,8 +70,8 @@ pub use cluster::{ClusterSpec, DeviceSpec, LinkSpec};
 pub use cost::{Estimate, MemoryParts, Request, estimate, rank_memory};
 pub use error::PlanError;
 pub use layout::{
-    Held, MixedPrecision, ParallelDims, PlannedLayout, SEARCHED_SCHEDULES, ScheduleKind,
-    ScheduleModel, ZeroStage, base_layout, context_layout, expert_layout, hsdp_layout,
+    Held, PlannedLayout, SEARCHED_SCHEDULES, ScheduleModel, base_layout, context_layout,
+    expert_layout, hsdp_layout,
 };
 pub use model::{Arch, Attention, ModelSpec, Moe, PRESETS, RING_KEPT_SCORES, stage_ranges};
 pub use search::{Plan, candidates, estimate_all, expert_degrees, plan};

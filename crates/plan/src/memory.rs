@@ -7,9 +7,10 @@
 //! ([`transient_bytes`]). Under expert parallelism a rank's experts' state is sharded over
 //! the ranks holding the same experts ([`rank_state`]).
 
-use crate::layout::{Held, MixedPrecision, ParallelDims, PlannedLayout, ZeroStage};
+use crate::layout::{Held, PlannedLayout};
 use crate::model::ModelSpec;
 use crate::shape::ChunkShape;
+use bonfire_layout::{MixedPrecision, ParallelDims, ZeroStage};
 
 /// Bytes one rank holds, by part.
 #[derive(Debug, Clone, Copy, PartialEq)]

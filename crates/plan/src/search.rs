@@ -12,12 +12,12 @@ use crate::cluster::ClusterSpec;
 use crate::cost::{Estimate, Request, estimate, schedule_fits};
 use crate::error::PlanError;
 use crate::layout::{
-    ParallelDims, PlannedLayout, SEARCHED_SCHEDULES, ScheduleKind, ZeroStage, context_layout,
-    expert_layout, hsdp_layout,
+    PlannedLayout, SEARCHED_SCHEDULES, context_layout, expert_layout, hsdp_layout,
 };
 use crate::model::ModelSpec;
 use crate::shape::rank_shapes;
 use bonfire_layout::{ActivationCheckpointing, Axis};
+use bonfire_layout::{ParallelDims, ScheduleKind, ZeroStage};
 
 /// The planner's answer: the layouts that fit, fastest first, and why the first won.
 #[derive(Debug, Clone)]

@@ -2,8 +2,9 @@
 //! experts, blocks, FLOPs) and its chunks' [`ChunkShape`]s, which the memory and time
 //! models both read.
 
-use crate::layout::{ParallelDims, PlannedLayout};
+use crate::layout::PlannedLayout;
 use crate::model::ModelSpec;
+use bonfire_layout::ParallelDims;
 
 /// One of a pipeline rank's model chunks (its stage of the schedule).
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -8,10 +8,10 @@
 
 use bonfire_plan::memory::{block_elems, formula};
 mod common;
+use bonfire_layout::{MixedPrecision, ParallelDims, ZeroStage};
 use bonfire_plan::{
-    Attention, ClusterSpec, MemoryParts, MixedPrecision, ModelSpec, ParallelDims, PlannedLayout,
-    Request, ZeroStage, candidates, context_layout, estimate, estimate_all, plan, rank_memory,
-    rank_shapes,
+    Attention, ClusterSpec, MemoryParts, ModelSpec, PlannedLayout, Request, candidates,
+    context_layout, estimate, estimate_all, plan, rank_memory, rank_shapes,
 };
 use common::h100s;
 
@@ -73,7 +73,7 @@ fn request(global_batch: usize, seq: usize, precision: MixedPrecision) -> Reques
     }
 }
 
-fn memory(model: &ModelSpec, req: &Request, layout: &bonfire_plan::ParallelDims) -> MemoryParts {
+fn memory(model: &ModelSpec, req: &Request, layout: &bonfire_layout::ParallelDims) -> MemoryParts {
     let shapes = rank_shapes(model, layout, req.seq);
     rank_memory(model, req, layout, &shapes, 0)
 }

@@ -11,10 +11,10 @@ use bonfire_plan::cost::replica_all_reduce;
 use bonfire_plan::memory::state_bytes;
 use bonfire_plan::time::all_reduce;
 mod common;
+use bonfire_layout::{MixedPrecision, ParallelDims, ZeroStage};
 use bonfire_plan::{
-    ClusterSpec, Estimate, LinkSpec, MemoryParts, MixedPrecision, ModelSpec, ParallelDims,
-    PlannedLayout, Request, ZeroStage, candidates, context_layout, estimate, hsdp_layout, plan,
-    rank_memory, rank_shapes,
+    ClusterSpec, Estimate, LinkSpec, MemoryParts, ModelSpec, PlannedLayout, Request, candidates,
+    context_layout, estimate, hsdp_layout, plan, rank_memory, rank_shapes,
 };
 use common::{bf16, cluster};
 

@@ -8,14 +8,14 @@
 //! mixture of experts, only dividing E and dp·cp. No machine is measured here.
 
 mod common;
+use bonfire_layout::{MixedPrecision, ParallelDims, ZeroStage};
 use bonfire_plan::cost::replica_all_reduce;
 use bonfire_plan::experts::{all_to_all_bytes, ep_per_layer, expert_group_local_peers};
 use bonfire_plan::memory::{ZERO_STEP_GRADIENT_COPIES, rank_state, state_bytes};
 use bonfire_plan::time::all_to_all;
 use bonfire_plan::{
-    ClusterSpec, Estimate, LinkSpec, MixedPrecision, ModelSpec, ParallelDims, PlannedLayout,
-    Request, ZeroStage, candidates, context_layout, estimate, expert_degrees, expert_layout,
-    hsdp_layout, plan, rank_memory, rank_shapes,
+    ClusterSpec, Estimate, LinkSpec, ModelSpec, PlannedLayout, Request, candidates, context_layout,
+    estimate, expert_degrees, expert_layout, hsdp_layout, plan, rank_memory, rank_shapes,
 };
 use common::{bf16, h100s};
 

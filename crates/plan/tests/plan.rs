@@ -11,9 +11,9 @@ use bonfire_plan::memory::{
     gradients_at_peak,
 };
 mod common;
+use bonfire_layout::{MixedPrecision, ScheduleKind, ZeroStage};
 use bonfire_plan::{
-    ClusterSpec, MixedPrecision, ModelSpec, PlanError, PlannedLayout, ScheduleKind, ScheduleModel,
-    ZeroStage, base_layout, plan,
+    ClusterSpec, ModelSpec, PlanError, PlannedLayout, ScheduleModel, base_layout, plan,
 };
 use common::{bf16, cluster};
 

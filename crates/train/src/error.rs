@@ -5,7 +5,7 @@
 use bonfire_comm::CommError;
 use bonfire_ddp::DdpError;
 use bonfire_dtensor::DTensorError;
-pub use bonfire_layout::LayoutError;
+use bonfire_layout::LayoutError;
 use bonfire_pipeline::PipelineError;
 use bonfire_zero::ZeroError;
 use std::path::Path;

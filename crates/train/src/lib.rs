@@ -22,7 +22,8 @@
 //! - [`Launcher`]: ranks as threads, or as processes under `mpirun` (feature `mpi`).
 //!
 //! ```
-//! use bonfire_train::{fit, FitConfig, Launcher, OptimizerKind, ParallelDims, Trainer};
+//! use bonfire_train::{fit, FitConfig, Launcher, OptimizerKind, Trainer};
+//! use bonfire_layout::ParallelDims;
 //! use bonfire_parallel::ParallelModel;
 //! use burn::module::Module;
 //! use burn::nn::{Linear, LinearConfig};
@@ -45,7 +46,7 @@
 //! let device = Device::flex().autodiff();
 //! let model = Regressor { linear: LinearConfig::new(4, 1).init(&device) };
 //! // Two data-parallel ranks with ZeRO-3 and Burn's AdamW.
-//! let dims = ParallelDims::parse_mesh("dp=2").unwrap().with_zero(bonfire_zero::ZeroStage::Zero3);
+//! let dims = ParallelDims::parse_mesh("dp=2").unwrap().with_zero(bonfire_layout::ZeroStage::Zero3);
 //! let trainer = Trainer::new(dims, || OptimizerKind::AdamW.build());
 //! let data = |step: usize, device: &Device| {
 //!     let x = Tensor::<2>::ones([4, 4], device) * (step as f32 + 1.0);
@@ -80,13 +81,9 @@ mod scaler;
 mod trainer;
 mod wrapper;
 
-pub use bonfire_layout::{
-    ActivationCheckpointing, Axis, FloatFormat, MixedPrecision, ParallelDims, PpOptions,
-    ScheduleKind, TpOptions, ZeroStage,
-};
 pub use checkpoint::{CheckpointConfig, Checkpointer, resume};
 pub use engine::Engine;
-pub use error::{CheckpointError, LayoutError, TrainError};
+pub use error::{CheckpointError, TrainError};
 pub use eval::Evaluation;
 pub use fault::{FaultTolerance, KillAt, fit_fault_tolerant};
 pub use fit::{FitConfig, Hooks, StepReport, fit};

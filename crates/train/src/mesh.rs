@@ -53,13 +53,13 @@ impl RankMesh {
         &self.mesh
     }
     /// The group of this rank's slice along `axis`.
-    pub fn group(&self, axis: crate::Axis) -> &ProcessGroup {
+    pub fn group(&self, axis: bonfire_layout::Axis) -> &ProcessGroup {
         self.mesh
             .group(axis.name())
             .expect("every axis is on the mesh")
     }
     /// This rank's coordinate on `axis`.
-    pub fn coord(&self, axis: crate::Axis) -> usize {
+    pub fn coord(&self, axis: bonfire_layout::Axis) -> usize {
         self.mesh
             .coord(axis.name())
             .expect("every axis is on the mesh")
@@ -69,8 +69,8 @@ impl RankMesh {
     /// rows).
     pub fn data_replica(&self) -> Replica {
         Replica {
-            index: self.coord(crate::Axis::DpReplicate) * self.dims.dp()
-                + self.coord(crate::Axis::Dp),
+            index: self.coord(bonfire_layout::Axis::DpReplicate) * self.dims.dp()
+                + self.coord(bonfire_layout::Axis::Dp),
             count: self.dims.data_replicas(),
         }
     }
@@ -81,7 +81,7 @@ impl RankMesh {
     /// shard group, its replicas reduced apart ([`replicate_group`](Self::replicate_group)) —
     /// and dp_replicate × dp × cp under DDP.
     pub(crate) fn replica_mesh(&self) -> Result<bonfire_dtensor::DeviceMesh, TrainError> {
-        use crate::Axis;
+        use bonfire_layout::Axis;
         let axes: &[Axis] = if self.dims.is_hsdp() {
             &[Axis::Dp, Axis::Cp]
         } else {
@@ -109,7 +109,7 @@ impl RankMesh {
             return Ok(None);
         }
         let flat = self.replica_mesh()?;
-        let flat = flat.group(crate::Axis::Dp.name())?;
+        let flat = flat.group(bonfire_layout::Axis::Dp.name())?;
         let (me, n) = (flat.rank(), flat.size());
         // Fresh groups even where one has the dp wrapper's members (ep = dp·cp): the
         // exchanges in backward must not share a sequence with the wrapper's bucket
@@ -139,7 +139,7 @@ impl RankMesh {
     pub(crate) fn replicate_group(&self) -> Option<&ProcessGroup> {
         self.dims
             .is_hsdp()
-            .then(|| self.group(crate::Axis::DpReplicate))
+            .then(|| self.group(bonfire_layout::Axis::DpReplicate))
     }
 
     /// Averages `value` (a loss already averaged over the dp wrapper's group) over HSDP's
@@ -166,8 +166,8 @@ impl RankMesh {
         }
         let seq = (cut.seq)(batch).expect("checked: the batch has sequences");
         let split = ContextSplit::new(seq, cp, true).expect("checked: the sequence cuts");
-        let local = (cut.cut)(batch, &split, self.coord(crate::Axis::Cp));
-        let group = self.group(crate::Axis::Cp).clone();
+        let local = (cut.cut)(batch, &split, self.coord(bonfire_layout::Axis::Cp));
+        let group = self.group(bonfire_layout::Axis::Cp).clone();
         (local, Some(ContextScope { group, split }.enter()))
     }
 
@@ -182,7 +182,7 @@ impl RankMesh {
 
     /// This rank's place in the dp wrapper's group (see [`replica_mesh`](Self::replica_mesh)).
     pub(crate) fn wrapper_rank(&self) -> usize {
-        use crate::Axis;
+        use bonfire_layout::Axis;
         let shard = self.coord(Axis::Dp) * self.dims.cp() + self.coord(Axis::Cp);
         match self.dims.is_hsdp() {
             true => shard,

@@ -2,16 +2,19 @@
 //! the one [`DataParallel`] interface, built by [`DpSpec`] from the layout, Burn's optimizer
 //! and the wrappers' configs. [`Staged`] lends a wrapper to a pipeline stage.
 
-use crate::error::{LayoutError, TrainError};
+use crate::error::TrainError;
 use bonfire_comm::ProcessGroup;
-use bonfire_ddp::{DdpConfig, DistributedDataParallel, StepTiming};
+use bonfire_ddp::{DdpConfig, DistributedDataParallel};
 use bonfire_dtensor::DeviceMesh;
+use bonfire_dtensor::timing::StepTiming;
+use bonfire_layout::LayoutError;
+use bonfire_layout::ZeroStage;
 use bonfire_layout::{Axis, ParallelDims};
 use bonfire_module::DataParallel;
 use bonfire_module::Subgroup;
 use bonfire_module::params::ParamValues;
 use bonfire_pipeline::{PipelineError, StageParams};
-use bonfire_zero::{MemoryReport, Zero, ZeroConfig, ZeroStage};
+use bonfire_zero::{MemoryReport, Zero, ZeroConfig};
 use burn::module::Module;
 use burn::optim::ModuleOptimizer;
 use burn::tensor::{Gradients, Tensor};

@@ -1,6 +1,6 @@
 //! [`ZeroConfig`]: the stage and its options.
 
-pub use bonfire_layout::ZeroStage;
+use bonfire_layout::ZeroStage;
 
 /// Options of a [`crate::Zero`] wrapper.
 #[derive(Debug, Clone)]
@@ -33,7 +33,7 @@ pub struct ZeroConfig {
     /// of the own range with the optimizer state; stage 3 keeps its shard in fp32 (the master)
     /// and gathers parameters in the param dtype (FSDP2's policy). Gradients are reduced in
     /// the reduce dtype.
-    pub precision: bonfire_module::MixedPrecision,
+    pub precision: bonfire_layout::MixedPrecision,
     /// Keep each step's timings (forward, backward, stage 2's bucket reduce-scatters):
     /// [`crate::Zero::timings`].
     pub record_timings: bool,
@@ -51,12 +51,12 @@ impl ZeroConfig {
             offload_device: burn::tensor::Device::flex(),
             recompute: true,
             report_no_layers: true,
-            precision: bonfire_module::MixedPrecision::f32(),
+            precision: bonfire_layout::MixedPrecision::f32(),
             record_timings: false,
         }
     }
     /// Sets the mixed-precision policy ([`ZeroConfig::precision`]).
-    pub fn with_precision(mut self, precision: bonfire_module::MixedPrecision) -> Self {
+    pub fn with_precision(mut self, precision: bonfire_layout::MixedPrecision) -> Self {
         self.precision = precision;
         self
     }

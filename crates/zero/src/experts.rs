@@ -10,15 +10,16 @@
 //! Stages 1–2 hold the slice whole in the model between steps; stage 3 shards it too and
 //! gathers it per layer over the replicas (`experts3.rs`).
 
-use crate::config::{ZeroConfig, ZeroStage};
+use crate::config::ZeroConfig;
 use crate::error::Result;
 use crate::optim::ShardOptimizer;
-use crate::params::{self, ParamInfo, ParamValues};
 use crate::partition::Partition;
 use bonfire_comm::ReduceOp;
 use bonfire_dtensor::plane::{self, ledger::Reason};
+use bonfire_layout::ZeroStage;
 use bonfire_module::PrecisionDTypes;
 use bonfire_module::Subgroup;
+use bonfire_module::params::{self, ParamInfo, ParamValues};
 use burn::module::Module;
 use burn::optim::ModuleOptimizer;
 use burn::tensor::{DType, Device, Tensor};

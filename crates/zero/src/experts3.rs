@@ -9,10 +9,10 @@
 use crate::error::Result;
 use crate::experts::ExpertShards;
 use crate::gather::{GatherPlan, ZeroLayerHook, lazy_module};
-use crate::params;
 use bonfire_dtensor::plane;
 use bonfire_module::LayerHookGuard;
 use bonfire_module::install_layer_hook;
+use bonfire_module::params;
 use burn::module::Module;
 use burn::tensor::{DType, Gradients, Tensor};
 use std::rc::Rc;

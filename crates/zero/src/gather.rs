@@ -21,12 +21,12 @@
 //! Every rank makes the same calls in the same order, so the gathers — on the rank thread or
 //! on the helper, never both at once — line up across ranks.
 
-use crate::params::ParamInfo;
 use crate::partition::Partition;
 use bonfire_comm::ProcessGroup;
+use bonfire_layout::MixedPrecision;
 use bonfire_module::LayerHook;
-use bonfire_module::MixedPrecision;
 use bonfire_module::PrecisionDTypes;
+use bonfire_module::params::ParamInfo;
 use burn::module::{Module, ModuleMapper, Param, ParamId};
 use burn::tensor::{DispatchTensor, Tensor};
 use std::collections::HashMap;
@@ -315,7 +315,7 @@ pub(crate) struct ZeroLayerHook {
 
 impl ZeroLayerHook {
     pub(crate) fn new(plan: Arc<GatherPlan>) -> Self {
-        let index = crate::params::index_of(&plan.infos);
+        let index = bonfire_module::params::index_of(&plan.infos);
         Self { plan, index }
     }
 }
@@ -360,6 +360,6 @@ pub(crate) fn lazy_module<M: Module>(skeleton: M, plan: Arc<GatherPlan>) -> M {
             )
         }
     }
-    let index = crate::params::index_of(&plan.infos);
+    let index = bonfire_module::params::index_of(&plan.infos);
     skeleton.map(&mut Lazy { plan, index })
 }

@@ -4,8 +4,8 @@
 //! the gathers' slices' gradients summed by their place ([`accumulate_slices`]) and laid out
 //! as the own range ([`own_range`]).
 
-use crate::params::ParamInfo;
 use crate::partition::ParamSlice;
+use bonfire_module::params::ParamInfo;
 use burn::tensor::{DType, Device, Gradients, Tensor};
 use std::collections::BTreeMap;
 use std::ops::Range;

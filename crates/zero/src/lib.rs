@@ -24,7 +24,9 @@
 //! ```
 //! use bonfire_comm::ThreadWorld;
 //! use bonfire_module::layer;
-//! use bonfire_zero::{DataParallel, ZeroStage, Zero, ZeroConfig, held_param_bytes};
+//! use bonfire_zero::{Zero, ZeroConfig, held_param_bytes};
+//! use bonfire_module::DataParallel;
+//! use bonfire_layout::ZeroStage;
 //! use burn::module::Module;
 //! use burn::nn::{Linear, LinearConfig};
 //! use burn::optim::SgdConfig;
@@ -84,14 +86,12 @@ mod gather;
 mod grads;
 mod held;
 pub mod optim;
-pub use bonfire_module::params;
 pub mod partition;
 mod reduce;
 mod train;
 mod zero;
 
-pub use bonfire_module::DataParallel;
-pub use config::{ZeroConfig, ZeroStage};
+pub use config::ZeroConfig;
 pub use error::{Result, ZeroError};
 pub use gather::GatherSummary;
 pub use held::{MemoryReport, held_param_bytes};

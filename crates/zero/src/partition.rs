@@ -4,7 +4,7 @@
 //! remainder (possibly empty). A parameter may straddle ranks; a rank owns the *slices* of the
 //! parameters that intersect its range.
 
-use crate::params::ParamInfo;
+use bonfire_module::params::ParamInfo;
 use std::ops::Range;
 
 /// One rank's part of one parameter.

@@ -23,12 +23,12 @@
 //! whichever way their gradients came.
 
 use crate::error::{Result, ZeroError};
-use crate::params::ParamInfo;
 use crate::partition::Partition;
 use bonfire_comm::{ProcessGroup, ReduceOp};
 use bonfire_dtensor::plane::{self, PendingPiece};
 use bonfire_dtensor::timing::{self, Span};
 use bonfire_module::graph::GradSink;
+use bonfire_module::params::ParamInfo;
 use burn::tensor::{DType, Device, Tensor};
 use std::collections::BTreeMap;
 use std::ops::Range;

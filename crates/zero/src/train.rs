@@ -9,18 +9,18 @@
 //! Micro-batches (pipelines, accumulation) use the same paths without hooks: their gradients
 //! are summed into a flat buffer (the own range at stage 3) and reduced once.
 
-use crate::config::ZeroStage;
 use crate::error::{Result, ZeroError};
 use crate::gather::{GatherPlan, ZeroLayerHook, lazy_module};
 use crate::grads;
-use crate::params::{self, ParamValues};
 use crate::reduce::GradBuckets;
 use crate::zero::Zero;
 use bonfire_comm::{ProcessGroup, ReduceOp};
 use bonfire_dtensor::plane::{self, ledger::Reason};
 use bonfire_dtensor::timing;
+use bonfire_layout::ZeroStage;
 use bonfire_module::PrecisionDTypes;
 use bonfire_module::graph::SinkHook;
+use bonfire_module::params::{self, ParamValues};
 use bonfire_module::{DataParallel, install_layer_hook};
 use burn::module::Module;
 use burn::optim::GradientsParams;

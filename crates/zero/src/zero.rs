@@ -2,21 +2,22 @@
 //! wrapper's state and construction. Training (the [`bonfire_module::DataParallel`]
 //! implementation) is in `train.rs`, the byte accounting in `held.rs`.
 
-use crate::config::{ZeroConfig, ZeroStage};
+use crate::config::ZeroConfig;
 use crate::error::{Result, ZeroError};
 use crate::experts::ExpertShards;
 use crate::gather::GatherSummary;
 use crate::optim::ShardOptimizer;
-use crate::params::{self, ParamInfo};
 use crate::partition::Partition;
 use crate::reduce::GradBuckets;
 use bonfire_comm::ProcessGroup;
 use bonfire_dtensor::DeviceMesh;
 use bonfire_dtensor::plane::{self, ledger::Reason};
 use bonfire_dtensor::timing::StepTiming;
+use bonfire_layout::ZeroStage;
 use bonfire_module::PrecisionDTypes;
 use bonfire_module::Subgroup;
 use bonfire_module::graph::SharedSink;
+use bonfire_module::params::{self, ParamInfo};
 use burn::module::{Module, ModuleMapper, Param};
 use burn::optim::ModuleOptimizer;
 use burn::tensor::{DType, Device, Tensor};

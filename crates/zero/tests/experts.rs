@@ -10,8 +10,10 @@
 use bonfire_comm::{ProcessGroup, ThreadWorld};
 use bonfire_dtensor::DeviceMesh;
 use bonfire_ep::{ExpertScope, expert_subgroup, permute, run_experts, shard_experts, unpermute};
+use bonfire_layout::ZeroStage;
+use bonfire_module::DataParallel;
 use bonfire_module::layer;
-use bonfire_zero::{DataParallel, Zero, ZeroConfig, ZeroStage};
+use bonfire_zero::{Zero, ZeroConfig};
 use burn::module::{Module, Param};
 use burn::optim::SgdConfig;
 use burn::tensor::{Device, Distribution, Int, Tensor, TensorData};

@@ -6,10 +6,13 @@
 
 mod common;
 use bonfire_comm::ThreadWorld;
-use bonfire_ddp::{DdpConfig, DistributedDataParallel, params};
+use bonfire_ddp::{DdpConfig, DistributedDataParallel};
+use bonfire_layout::ZeroStage;
 use bonfire_models::data::Batches;
 use bonfire_models::{Gpt, GptConfig};
-use bonfire_zero::{DataParallel, Zero, ZeroConfig, ZeroStage};
+use bonfire_module::DataParallel;
+use bonfire_module::params;
+use bonfire_zero::{Zero, ZeroConfig};
 use burn::module::Module;
 use burn::optim::{AdamConfig, AdamWConfig, GradientsParams, SgdConfig};
 use burn::tensor::Device;

@@ -6,9 +6,11 @@
 
 mod common;
 use bonfire_comm::ThreadWorld;
-use bonfire_ddp::params;
 use bonfire_dtensor::DeviceMesh;
-use bonfire_zero::{DataParallel, Zero, ZeroConfig, ZeroStage};
+use bonfire_layout::ZeroStage;
+use bonfire_module::DataParallel;
+use bonfire_module::params;
+use bonfire_zero::{Zero, ZeroConfig};
 use burn::module::Module;
 use burn::tensor::Device;
 use common::{BATCH, Net, Opt, assert_trained, batch, device, initial, on_device};

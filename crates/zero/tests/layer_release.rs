@@ -9,9 +9,12 @@
 
 use bonfire_comm::ThreadWorld;
 use bonfire_comm::testing::rank_alloc::{self, RankAllocator};
+use bonfire_layout::MixedPrecision;
+use bonfire_layout::ZeroStage;
+use bonfire_module::DataParallel;
 use bonfire_module::PrecisionDTypes;
-use bonfire_module::{MixedPrecision, layer};
-use bonfire_zero::{DataParallel, Zero, ZeroConfig, ZeroStage};
+use bonfire_module::layer;
+use bonfire_zero::{Zero, ZeroConfig};
 use burn::module::Module;
 use burn::nn::{Linear, LinearConfig};
 use burn::optim::SgdConfig;

@@ -3,15 +3,16 @@
 //! for SGD, 2e-5 = 2e-3·lr for Adam and AdamW; see `common::assert_trained`).
 
 mod common;
-use bonfire_zero::{DataParallel, ZeroStage};
+use bonfire_layout::ZeroStage;
+use bonfire_module::DataParallel;
 use common::*;
 
 fn check(opt: Opt) {
     let model = initial();
     let reference = single(&model, opt);
-    let infos = bonfire_ddp::params::inventory(&model);
+    let infos = bonfire_module::params::inventory(&model);
     assert_moved(
-        &bonfire_ddp::params::flatten_values(&model, &infos),
+        &bonfire_module::params::flatten_values(&model, &infos),
         &reference,
         opt,
     );
@@ -74,7 +75,7 @@ fn full_gradients_agree_across_stages() {
             .remove(0)
     };
     let reference = grads(1, ZeroStage::Zero0);
-    let count = bonfire_ddp::params::inventory(&model).len();
+    let count = bonfire_module::params::inventory(&model).len();
     assert_eq!(
         reference.len(),
         count,

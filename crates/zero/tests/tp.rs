@@ -4,12 +4,14 @@
 
 mod common;
 use bonfire_comm::ThreadWorld;
-use bonfire_ddp::params;
 use bonfire_dtensor::DeviceMesh;
+use bonfire_layout::ZeroStage;
+use bonfire_module::DataParallel;
+use bonfire_module::params;
 use bonfire_tp::{
     ColwiseParallel, ParallelLinear, ParallelPlan, RowwiseParallel, parallelize_module,
 };
-use bonfire_zero::{DataParallel, Zero, ZeroConfig, ZeroStage};
+use bonfire_zero::{Zero, ZeroConfig};
 use burn::module::Module;
 use burn::optim::{AdamConfig, GradientsParams};
 use burn::tensor::activation::gelu;

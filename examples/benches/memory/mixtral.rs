@@ -32,11 +32,11 @@
 use bonfire_comm::testing::rank_alloc;
 use bonfire_examples::default_device;
 use bonfire_examples::planner::warm_matmul_workspace;
+use bonfire_layout::ZeroStage;
 use bonfire_models::mixtral::moe::Experts;
 use bonfire_models::mixtral::{Mixtral, MixtralConfig};
 use bonfire_parallel::DataSource;
 use bonfire_train::{Launcher, OptimizerKind, TrainError, Trainer};
-use bonfire_zero::ZeroStage;
 use burn::tensor::Device;
 use std::time::Instant;
 

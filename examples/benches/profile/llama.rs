@@ -13,9 +13,9 @@ use bonfire_examples::default_device;
 use bonfire_examples::throughput::random_batches;
 use bonfire_kernels::FusedAdamWConfig;
 use bonfire_models::gpt::cross_entropy;
-use bonfire_tp::{ParallelEmbedding, ParallelLinear, ParallelRmsNorm};
 use bonfire_models::llama::model::{Attention, Mlp};
 use bonfire_models::llama::{Llama, LlamaConfig};
+use bonfire_tp::{ParallelEmbedding, ParallelLinear, ParallelRmsNorm};
 use burn::tensor::{Distribution, Int, Tensor};
 
 /// Profiles the bench Llama at `b` sequences per step, `reps` timed runs per piece.

@@ -22,13 +22,11 @@ use bonfire_dtensor::plane::TransferLedger;
 use bonfire_ep::ExpertScope;
 use bonfire_examples::default_device;
 use bonfire_examples::throughput::{Hosts, RankRun, Rows, Steps};
+use bonfire_layout::{LayoutError, ParallelDims};
 use bonfire_models::data::TokenBatch;
 use bonfire_models::mixtral::Mixtral;
 use bonfire_parallel::ParallelModel;
-use bonfire_train::{
-    Engine, FitConfig, Hooks, Launcher, LayoutError, ParallelDims, StepReport, TrainError, Trainer,
-    fit,
-};
+use bonfire_train::{Engine, FitConfig, Hooks, Launcher, StepReport, TrainError, Trainer, fit};
 use burn::module::Module;
 use burn::tensor::{Device, Tensor};
 use std::cell::RefCell;

@@ -8,11 +8,12 @@ pub mod resume;
 
 use bonfire_comm::testing::Tolerance;
 use bonfire_comm::{ReduceOp, ThreadWorld};
-use bonfire_ddp::{DataParallel, DdpConfig, DistributedDataParallel, params};
+use bonfire_ddp::{DdpConfig, DistributedDataParallel};
 use bonfire_examples::cli::LayoutArgs;
 use bonfire_examples::harness::HarnessResult;
 use bonfire_examples::{Gpt, GptConfig, default_device};
 use bonfire_models::data::{Batches, TokenBatch};
+use bonfire_module::{DataParallel, params};
 use bonfire_parallel::ParallelModel;
 use bonfire_train::OptimizerKind;
 use burn::module::Module;
@@ -79,7 +80,7 @@ pub fn random_batches(cfg: &GptConfig, steps: usize, batch: usize, seed: u64) ->
 
 /// Every test that needs a reproducible draw builds its model through `seeded` (one lock for
 /// the whole process: `bonfire_module::params::seeded`).
-pub use bonfire_ddp::params::seeded;
+pub use bonfire_module::params::seeded;
 
 /// A suite's GPT and its batches: the model initialised from `model_seed`, `steps` global
 /// batches of `rows` random sequences from `data_seed`.
@@ -110,7 +111,7 @@ pub fn gpt_fixture(
 pub fn train_layout(
     model: &Gpt,
     batches: &Batches,
-    dims: &bonfire_train::ParallelDims,
+    dims: &bonfire_layout::ParallelDims,
     optim: OptimizerKind,
     steps: usize,
 ) -> HarnessResult {
@@ -156,7 +157,7 @@ impl<M: ParallelModel<Batch = TokenBatch> + Sync> Suite<M> {
     /// The suite of `model` on `batches` for `steps` steps: trains the reference, checking it
     /// has every loss, parameter and step-0 gradient (an empty one would pass every check).
     pub fn new(model: M, batches: Batches, steps: usize) -> Self {
-        let dims = bonfire_train::ParallelDims::new();
+        let dims = bonfire_layout::ParallelDims::new();
         let count = params::inventory(&model).len();
         let single = |optim| {
             let r = bonfire_examples::harness::train(

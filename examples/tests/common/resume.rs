@@ -3,12 +3,11 @@
 
 use bonfire_comm::testing::{Tolerance, assert_close};
 use bonfire_examples::default_device;
+use bonfire_layout::ParallelDims;
 use bonfire_models::data::{Batches, TokenBatch};
 use bonfire_parallel::ParallelModel;
 use bonfire_train::checkpoint::{CheckpointConfig, Checkpointer, resume};
-use bonfire_train::{
-    FitConfig, Hooks, Launcher, OptimizerKind, ParallelDims, TrainError, Trainer, fit,
-};
+use bonfire_train::{FitConfig, Hooks, Launcher, OptimizerKind, TrainError, Trainer, fit};
 use std::ops::Range;
 use std::path::Path;
 

@@ -9,10 +9,11 @@
 use super::{Row, measure_model_row};
 use bonfire_examples::default_device;
 use bonfire_examples::planner::{mixtral_spec, predict_ranks};
+use bonfire_layout::Axis;
+use bonfire_layout::{MixedPrecision, ZeroStage};
 use bonfire_models::llama::LlamaConfig;
 use bonfire_models::mixtral::{Mixtral, MixtralConfig};
-use bonfire_plan::{MixedPrecision, Request, ZeroStage, base_layout};
-use bonfire_train::Axis;
+use bonfire_plan::{Request, base_layout};
 use std::time::Instant;
 
 /// Trains the rows (allocator ranks from `slot`), prints each with the planner's state

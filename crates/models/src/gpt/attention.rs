@@ -1,7 +1,7 @@
 //! Causal multi-head self-attention with separate `q`, `k`, `v`, `o` projections.
 
-use bonfire_tp::ParallelLinear;
 use bonfire_kernels::fused::causal_mask;
+use bonfire_tp::ParallelLinear;
 use burn::module::Module;
 use burn::tensor::activation::softmax;
 use burn::tensor::{DType, Device, Tensor};

@@ -1,9 +1,9 @@
 //! A pre-norm transformer block: `x + Attn(LN1(x))`, then `x + MLP(LN2(x))`.
 
 use super::attention::Attention;
-use bonfire_tp::{ParallelLayerNorm, ParallelLinear};
 use bonfire_kernels::gelu;
 use bonfire_module::layer;
+use bonfire_tp::{ParallelLayerNorm, ParallelLinear};
 use burn::module::Module;
 use burn::tensor::{Device, Tensor};
 

@@ -2,9 +2,9 @@
 
 use super::block::Block;
 use super::config::GptConfig;
-use bonfire_tp::{ParallelEmbedding, ParallelLayerNorm, ParallelLinear};
 use bonfire_module::layer;
 use bonfire_tp::loss_parallel;
+use bonfire_tp::{ParallelEmbedding, ParallelLayerNorm, ParallelLinear};
 use burn::module::Module;
 use burn::tensor::{DType, Device, Int, Tensor};
 
@@ -63,7 +63,11 @@ impl Gpt {
 /// `tok_emb[ids] + pos_emb[positions]` (`0..T`, or a context-parallel rank's chunks'): `[B, T]` ids to `[B, T, d]` activations. Every layer runs
 /// through [`layer`] (see `Block::forward`); the embeddings' input is token ids, so DDP
 /// anchors nothing there, but ZeRO-3 still gathers them per layer.
-pub fn embed(tok_emb: &ParallelEmbedding, pos_emb: &ParallelEmbedding, ids: Tensor<2, Int>) -> Tensor<3> {
+pub fn embed(
+    tok_emb: &ParallelEmbedding,
+    pos_emb: &ParallelEmbedding,
+    ids: Tensor<2, Int>,
+) -> Tensor<3> {
     let [_, t] = ids.dims();
     let tokens = layer(tok_emb, &ids).forward(ids.clone());
     let positions = layer(pos_emb, &ids).position_rows(t);

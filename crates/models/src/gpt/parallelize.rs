@@ -20,12 +20,12 @@ use super::block::Block as GptBlock;
 use super::model::{Gpt, embed, head};
 use crate::data::TokenBatch;
 use crate::decoder::{DecoderStyles, check_sequence, divisible, token_input, token_loss};
-use bonfire_tp::{ParallelEmbedding, ParallelLayerNorm, ParallelLinear};
 use bonfire_cp::ContextSplit;
 use bonfire_layout::{Axis, LayoutError, ParallelDims};
 use bonfire_parallel::{ParallelModel, Pipeline, PipelineVisitor};
 use bonfire_pipeline::Block;
 use bonfire_tp::ParallelPlan;
+use bonfire_tp::{ParallelEmbedding, ParallelLayerNorm, ParallelLinear};
 use burn::module::Module;
 use burn::tensor::Tensor;
 

@@ -8,9 +8,9 @@
 use super::config::LlamaConfig;
 use crate::decoder_layer::{self, FeedForward};
 use crate::gpt::cross_entropy;
-use bonfire_tp::{ParallelEmbedding, ParallelLinear, ParallelRmsNorm};
 use bonfire_module::layer;
 use bonfire_tp::loss_parallel;
+use bonfire_tp::{ParallelEmbedding, ParallelLinear, ParallelRmsNorm};
 use burn::module::Module;
 use burn::tensor::activation::silu;
 use burn::tensor::{DType, Device, Int, Tensor};

@@ -10,12 +10,12 @@ use super::config::MixtralConfig;
 use super::moe::{Routing, SparseMoe};
 use crate::decoder_layer;
 use crate::gpt::cross_entropy;
-use bonfire_tp::{ParallelEmbedding, ParallelLinear, ParallelRmsNorm};
 use crate::llama::{embed, head};
 use bonfire_comm::{ProcessGroup, ReduceOp};
 use bonfire_cp::ContextScope;
 use bonfire_dtensor::functional::all_reduce;
 use bonfire_tp::loss_parallel;
+use bonfire_tp::{ParallelEmbedding, ParallelLinear, ParallelRmsNorm};
 use burn::module::Module;
 use burn::tensor::{DType, Device, Int, Tensor};
 

@@ -11,9 +11,9 @@
 //! gradient.
 
 use crate::decoder_layer::FeedForward;
-use bonfire_tp::ParallelLinear;
 use crate::llama::model::swiglu;
 use bonfire_ep::{permute, run_experts, unpermute};
+use bonfire_tp::ParallelLinear;
 use burn::module::{Module, Param};
 use burn::tensor::activation::softmax;
 use burn::tensor::{DType, Device, Distribution, Int, Tensor};

@@ -9,11 +9,11 @@
 use super::model::{DecoderLayer, Mixtral, balance_of};
 use crate::data::TokenBatch;
 use crate::gpt::cross_entropy;
-use bonfire_tp::{ParallelEmbedding, ParallelLinear, ParallelRmsNorm};
 use crate::llama::{embed, head};
 use bonfire_comm::ProcessGroup;
 use bonfire_pipeline::Block;
 use bonfire_tp::loss_parallel;
+use bonfire_tp::{ParallelEmbedding, ParallelLinear, ParallelRmsNorm};
 use burn::module::Module;
 use burn::tensor::Tensor;
 

@@ -17,7 +17,7 @@ pub mod observe;
 use burn::module::{Module, ModuleMapper, Param};
 use burn::tensor::{DType, Tensor};
 
-pub use bonfire_layout::{FloatFormat, MixedPrecision};
+use bonfire_layout::{FloatFormat, MixedPrecision};
 
 /// Burn's dtype of a layout's float format.
 pub fn dtype(format: FloatFormat) -> DType {

@@ -1,7 +1,8 @@
 //! The clusters and requests the planner's test suites share.
 #![allow(dead_code)]
 
-use bonfire_plan::{ClusterSpec, DeviceSpec, LinkSpec, MixedPrecision, Request};
+use bonfire_layout::MixedPrecision;
+use bonfire_plan::{ClusterSpec, DeviceSpec, LinkSpec, Request};
 
 /// `nodes` × `g` devices of the preset `device`, linked by the presets `intra` and `inter`.
 pub fn cluster(nodes: usize, g: usize, device: &str, intra: &str, inter: &str) -> ClusterSpec {

@@ -11,7 +11,7 @@
 //! - Under a pipeline, [`Recomputing`] lends the stage its chunks as [`StagePiece`]s that
 //!   know whether they recompute.
 
-use crate::error::LayoutError;
+use bonfire_layout::LayoutError;
 use bonfire_layout::{ActivationCheckpointing, ParallelDims};
 use bonfire_parallel::{ParallelModel, Pipeline, PipelineVisitor};
 use bonfire_pipeline::{Block, PipelineError, StageParams};

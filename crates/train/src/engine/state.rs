@@ -13,10 +13,11 @@ use crate::checkpoint::{Loaded, RankState, Slice, Wants};
 use crate::error::TrainError;
 use crate::mesh::RankMesh;
 use crate::wrapper::DpWrapper;
+use bonfire_layout::ZeroStage;
 use bonfire_module::DataParallel;
 use bonfire_parallel::Region;
+use bonfire_zero::FlatState;
 use bonfire_zero::optim::{record_states, with_states};
-use bonfire_zero::{FlatState, ZeroStage};
 use burn::module::Module;
 use burn_pack::Scalar;
 
@@ -42,14 +43,14 @@ impl<'a> Holding<'a> {
         Holding {
             layout,
             indices,
-            tp_rank: at.coord(crate::Axis::Tp),
+            tp_rank: at.coord(bonfire_layout::Axis::Tp),
             tp_size: at.dims.tp(),
             // The rank in the dp wrapper's group (dp × cp, row-major; dp_replicate outside
             // them under DDP).
             dp_rank: at.wrapper_rank(),
             ep: at.dims.ep(),
             replica: match at.dims.is_hsdp() {
-                true => at.coord(crate::Axis::DpReplicate),
+                true => at.coord(bonfire_layout::Axis::DpReplicate),
                 false => 0,
             },
         }
@@ -136,8 +137,8 @@ impl Owned<'_> {
 
 /// Where each of `part` (a partition's parameters) is among `all` (the wrapper's, in order).
 fn positions(
-    all: &[bonfire_zero::params::ParamInfo],
-    part: &[bonfire_zero::params::ParamInfo],
+    all: &[bonfire_module::params::ParamInfo],
+    part: &[bonfire_module::params::ParamInfo],
 ) -> Vec<usize> {
     part.iter()
         .map(|p| {

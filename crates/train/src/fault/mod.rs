@@ -29,10 +29,11 @@ mod state;
 pub use buddy::{BuddyCost, CommitCost};
 
 use crate::engine::Engine;
-use crate::error::{LayoutError, TrainError};
+use crate::error::TrainError;
 use crate::fit::{FitConfig, Hooks, StepReport, fit};
 use crate::trainer::Trainer;
 use bonfire_comm::ProcessGroup;
+use bonfire_layout::LayoutError;
 use bonfire_layout::{Axis, ParallelDims};
 use bonfire_parallel::{DataSource, ParallelModel, Rows};
 use buddy::Snapshot;

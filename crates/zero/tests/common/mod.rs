@@ -2,8 +2,10 @@
 //! Shared pieces of the parity tests: a small model of our own, the data, reference runs.
 
 use bonfire_comm::ThreadWorld;
-use bonfire_ddp::params;
-use bonfire_zero::{DataParallel, Zero, ZeroConfig, ZeroStage};
+use bonfire_layout::ZeroStage;
+use bonfire_module::DataParallel;
+use bonfire_module::params;
+use bonfire_zero::{Zero, ZeroConfig};
 use burn::module::Module;
 use burn::nn::{Linear, LinearConfig};
 use burn::optim::{AdamConfig, AdamWConfig, SgdConfig};
