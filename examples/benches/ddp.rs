@@ -13,16 +13,18 @@
 //! DDP ranks share them, so (b)/(a) measures core sharing as much as communication;
 //! (b)/contended isolates what DDP adds.
 
+mod common;
 use bonfire_ddp::DdpConfig;
 use bonfire_dtensor::timing::{StepTiming, chrome_trace};
-use bonfire_examples::throughput::{self, Hosts, RankRun, RunArgs};
-use bonfire_examples::{Gpt, GptConfig, default_device};
+use bonfire_examples::default_device;
 use bonfire_layout::{Axis, ParallelDims};
 use bonfire_models::data::Batches;
+use bonfire_models::{Gpt, GptConfig};
 use bonfire_train::Trainer;
 use burn::optim::SgdConfig;
 use burn::tensor::Device;
 use clap::Parser;
+use common::throughput::{self, Hosts, RankRun, RunArgs};
 use std::path::PathBuf;
 
 #[derive(Parser, Debug)]

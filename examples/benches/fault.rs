@@ -19,10 +19,11 @@
 //!   `survivor_step_ms` the median step after it.
 
 use bonfire_comm::ThreadWorld;
-use bonfire_examples::{Gpt, GptConfig, default_device};
+use bonfire_examples::default_device;
 use bonfire_layout::ParallelDims;
 use bonfire_layout::ZeroStage;
 use bonfire_models::data::Batches;
+use bonfire_models::{Gpt, GptConfig};
 use bonfire_train::fault::{FaultTolerance, KillAt};
 use bonfire_train::{FitConfig, OptimizerKind, Trainer, fit_fault_tolerant};
 use burn::tensor::Device;

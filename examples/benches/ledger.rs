@@ -18,15 +18,18 @@
 //! `bench ledger collectives layout=zero3-dp4|hsdp-r2-dp2 shard_group=N replicas=R
 //! allgather=B allgather_sent=B reduce_scatter=B allreduce=B rank=0 ranks=4`
 
+mod common;
 use bonfire_dtensor::plane::Transfers;
 use bonfire_dtensor::plane::ledger::Direction;
-use bonfire_examples::{Gpt, GptConfig, harness, ledger};
+use bonfire_examples::harness;
 use bonfire_layout::ZeroStage;
 use bonfire_layout::{Axis, ParallelDims};
 use bonfire_models::data::TokenBatch;
+use bonfire_models::{Gpt, GptConfig};
 use bonfire_pipeline::ScheduleKind;
 use bonfire_train::OptimizerKind;
 use burn::tensor::{Device, Int, Tensor, TensorData};
+use common::ledger;
 
 #[path = "ledger/hsdp.rs"]
 mod hsdp;

@@ -4,7 +4,7 @@
 //! it — for DDP, ZeRO 1–3 (± offload), TP 2 and 4 (± sequence parallelism), PP 2 and 4 under
 //! every schedule, ± activation checkpointing, in f32 and bf16, each built by the one trainer
 //! (`Trainer::build`) and trained a few real AdamW steps on rank threads, next to the ZeRO
-//! formula ([`bonfire_examples::memory_formula::formula`]) for the same rank.
+//! formula ([`bonfire_plan::memory::formula`]) for the same rank.
 //!
 //! The model: the GPT with vocab 8192, d 1024, 16 heads, 4 layers, seq 64, d_ff 4096
 //! (Ψ = 67,229,696); 4 rows of 32 tokens per step (global batch); AdamW.
@@ -62,19 +62,22 @@
 //! one of them), `--budget BYTES`, `--trace` (every rank's live and peak bytes at every
 //! phase boundary, on stderr), `--model gpt|llama|mixtral`.
 
+mod common;
 use bonfire_comm::testing::rank_alloc::{self, RankAllocator};
 use bonfire_examples::cli::LayoutArgs;
-use bonfire_examples::memory_formula::{FormulaBytes, formula, gpt_rank_params};
-use bonfire_examples::planner;
-use bonfire_examples::{Gpt, GptConfig, default_device};
+use bonfire_examples::default_device;
 use bonfire_layout::{Axis, ParallelDims};
 use bonfire_models::data::TokenBatch;
 use bonfire_models::llama::{Llama, LlamaConfig};
+use bonfire_models::{Gpt, GptConfig};
 use bonfire_parallel::DataSource;
 use bonfire_plan::memory::state_bytes;
+use bonfire_plan::memory::{FormulaBytes, formula};
 use bonfire_plan::{MemoryParts, PlannedLayout, Request, rank_shapes};
 use bonfire_train::{Launcher, OptimizerKind, TrainError, Trainer};
 use burn::tensor::Device;
+use common::formula::gpt_rank_params;
+use common::measure::measure_layout;
 use std::time::Instant;
 
 #[path = "memory/mixtral.rs"]
@@ -381,9 +384,9 @@ fn planner_line(case: &Case, run: &Run, misses: &mut Vec<String>) -> Option<f64>
         precisions: vec![dims.precision],
         memory_fraction: 1.0,
     };
-    let parts = planner::predict_ranks(&planner::gpt_spec(&CFG), &req, &dims)
-        .expect("a layout the planner models");
-    let shapes = rank_shapes(&planner::gpt_spec(&CFG), &dims, SEQ);
+    let parts =
+        bonfire_plan::predict_ranks(&CFG.spec(), &req, &dims).expect("a layout the planner models");
+    let shapes = rank_shapes(&CFG.spec(), &dims, SEQ);
     let states: Vec<f64> = run
         .ranks
         .iter()
@@ -493,7 +496,7 @@ fn llama_cfg() -> LlamaConfig {
 
 /// `--model llama`: every layout of the table on the Llama, each rank's held state and the
 /// fullest rank's steady peak next to the planner's bytes for the Llama's shape
-/// ([`planner::llama_spec`]) — rows the planner was never fitted on, printed, not asserted.
+/// ([`LlamaConfig::spec`]) — rows the planner was never fitted on, printed, not asserted.
 fn llama_rows(steps: usize, only: &[String]) {
     let cfg = llama_cfg();
     let model = Llama::new(&cfg, &default_device());
@@ -509,7 +512,7 @@ fn llama_rows(steps: usize, only: &[String]) {
         cfg.intermediate_size,
         cfg.num_params()
     );
-    let spec = planner::llama_spec(&cfg);
+    let spec = cfg.spec();
     let mut tally = Tally::new("none");
     let mut first = 0;
     for case in cases() {
@@ -518,7 +521,7 @@ fn llama_rows(steps: usize, only: &[String]) {
         }
         let dims = &case.dims;
         let precision = dims.precision;
-        let runs = planner::measure_layout(cfg.vocab_size, dims, &model, (ROWS, SEQ, steps), first);
+        let runs = measure_layout(cfg.vocab_size, dims, &model, (ROWS, SEQ, steps), first);
         first += dims.world_size();
         let head = format!(
             "bench memory model=llama layout={} ranks={} precision={precision} ac={}",
@@ -537,7 +540,7 @@ fn llama_rows(steps: usize, only: &[String]) {
             precisions: vec![precision],
             memory_fraction: 1.0,
         };
-        match planner::predict_ranks(&spec, &req, dims) {
+        match bonfire_plan::predict_ranks(&spec, &req, dims) {
             Err(why) => println!("{head} modelled=false steady_peak_bytes={steady} why=\"{why}\""),
             Ok(parts) => {
                 let predicted = parts.iter().map(MemoryParts::total).fold(0.0, f64::max);

@@ -31,9 +31,9 @@
 //! and `matmul` workloads and leaves `gpt` to this one) and writes each configuration's last
 //! step as an SVG under `target/pipeline-timelines/`.
 
+mod common;
 use bonfire_comm::{ProcessGroup, ThreadWorld};
 use bonfire_examples::default_device;
-use bonfire_examples::throughput::{median, random_batches};
 use bonfire_models::gpt::attention::Attention;
 use bonfire_models::gpt::block::Mlp;
 use bonfire_models::gpt::config::GptConfig;
@@ -51,6 +51,7 @@ use bonfire_tp::ParallelLayerNorm;
 use burn::module::Module;
 use burn::tensor::{Int, Tensor};
 use clap::Parser;
+use common::throughput::{median, random_batches};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 

@@ -13,18 +13,20 @@
 //! `bench profile split model=… matmul_ms=… attention_ms=… elementwise_ms=… optimizer_ms=…
 //! total_ms=…` (see [`Split`]).
 
-use bonfire_examples::throughput::{median, random_batches};
-use bonfire_examples::{Gpt, GptConfig, default_device};
+mod common;
+use bonfire_examples::default_device;
 use bonfire_kernels::FusedSgdConfig;
 use bonfire_kernels::{attention as fused_attention, causal_softmax, gelu};
 use bonfire_models::gpt::attention::{causal_attention, merge_heads, split_heads};
 use bonfire_models::gpt::{cross_entropy, embed};
+use bonfire_models::{Gpt, GptConfig};
 use bonfire_tp::{ParallelEmbedding, ParallelLayerNorm, ParallelLinear};
 use burn::module::Module;
 use burn::optim::{GradientsParams, ModuleOptimizer, SgdConfig};
 use burn::tensor::activation::{gelu as burn_gelu, log_softmax, softmax};
 use burn::tensor::{Device, Distribution, Int, Tensor};
 use clap::Parser;
+use common::throughput::{median, random_batches};
 use std::time::Instant;
 
 #[derive(Parser, Debug)]

@@ -27,8 +27,9 @@
 use bonfire_comm::ThreadWorld;
 use bonfire_comm::testing::rank_alloc::{self, RankAllocator};
 use bonfire_dtensor::DeviceMesh;
-use bonfire_examples::{Gpt, GptConfig, default_device};
+use bonfire_examples::default_device;
 use bonfire_models::gpt::parallelize::gpt_tp_plan;
+use bonfire_models::{Gpt, GptConfig};
 use bonfire_tp::parallelize_module;
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::tensor::{Int, Tensor, TensorData};

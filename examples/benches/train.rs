@@ -30,23 +30,25 @@
 //! while backward was still computing, from the same timings, whose Chrome traces go to
 //! `target/bench-train/`).
 
+mod common;
 use bonfire_comm::{ReduceOp, World};
 use bonfire_ddp::DdpConfig;
 use bonfire_dtensor::timing::{StepTiming, chrome_trace};
-use bonfire_examples::throughput::{self, Hosts, RankRun, RunArgs, median};
-use bonfire_examples::{Gpt, GptConfig, default_device};
+use bonfire_examples::default_device;
 use bonfire_kernels::{FusedAdamWConfig, FusedSgdConfig};
 use bonfire_layout::ZeroStage;
 use bonfire_layout::{Axis, ParallelDims};
 use bonfire_models::data::{Batches, TokenBatch};
 use bonfire_models::llama::{Llama, LlamaConfig};
 use bonfire_models::mixtral::{Mixtral, MixtralConfig};
+use bonfire_models::{Gpt, GptConfig};
 use bonfire_parallel::ParallelModel;
 use bonfire_pipeline::ScheduleKind;
 use bonfire_train::Trainer;
 use bonfire_zero::ZeroConfig;
 use burn::tensor::Device;
 use clap::Parser;
+use common::throughput::{self, Hosts, RankRun, RunArgs, median};
 use std::path::PathBuf;
 
 #[path = "train/experts.rs"]

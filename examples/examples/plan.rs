@@ -25,8 +25,8 @@
 //! available memory over the ranks. Sources of the presets: `docs/planner.md`.
 
 use bonfire_examples::cli::fail;
-use bonfire_examples::planner::{available_memory, calibrate, this_machine};
 use bonfire_layout::MixedPrecision;
+use bonfire_plan::machine::{available_memory, calibrate, this_machine};
 use bonfire_plan::{
     ClusterSpec, ModelSpec, PRESETS, PlanError, PlannedLayout, Request, format_bytes, plan,
 };

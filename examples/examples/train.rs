@@ -1,51 +1,76 @@
-//! The training front door: one program for every model — the GPT, a Llama preset, or a
-//! Hugging Face Llama or Mixtral directory — under any layout, on the generated corpus or on
-//! your own text or token files, with distributed checkpoints, evaluation and a Hugging Face
-//! export.
+//! The training front door, the one program for every model — the GPT, a Llama preset, or a
+//! Hugging Face Llama or Mixtral directory — under any layout (data, ZeRO 1–3, HSDP, tensor
+//! ± sequence, context, expert and pipeline parallelism on one mesh), on the generated corpus
+//! or your own text or token files, through the trainer's one loop, with a progress bar,
+//! distributed checkpoints, evaluation, fault tolerance and an export.
 //!
 //! ```sh
+//! cargo run --release --example train                      # the GPT on the corpus, dp=2, 300 steps
+//! cargo run --release --example train -- --mesh dp=2,tp=2,pp=2 --zero 1 --schedule 1f1b
 //! cargo run --release --example train -- --model llama-tiny --mesh dp=2,tp=2 --steps 50
+//! # the planner chooses the layout for 4 rank threads under a per-rank budget (docs/planner.md):
+//! cargo run --release --example train -- --mesh auto --ranks 4 --memory-budget 300MiB
 //! # a Hugging Face directory (config.json; its weights if it has them, else a seeded init),
 //! # your tokenizer and text, an eval loss every 50 steps, exported back at the end:
 //! cargo run --release --example train -- --model path/to/llama --tokenizer tokenizer.json \
 //!     --data corpus/ --eval-data valid.txt --eval-every 50 --mesh dp=2,pp=2 --zero 1 \
 //!     --seq 128 --steps 500 --export target/trained
+//! # checkpoints of the whole training state, resumed on another layout:
+//! cargo run --release --example train -- --mesh dp=4 --steps 100 --checkpoint-dir ckpt --checkpoint-every 50
+//! cargo run --release --example train -- --mesh dp=2,tp=2 --zero 3 --steps 300 --resume ckpt
 //! # a checkpoint exported as it is (bit for bit):
 //! cargo run --release --example train -- --model llama-tiny --resume ckpt --steps 0 --export out
+//! # one rank per MPI process:
+//! cargo build --release -p bonfire-examples --features mpi --example train
+//! mpirun -np 4 target/release/examples/train --launcher env --mesh dp=2,tp=2
 //! ```
 //!
 //! From the same `--seed` every layout trains on the same global batches from the same
-//! initial model. `--data` takes UTF-8 text (a file or a directory of them, tokenized once
-//! with `--tokenizer` and cached beside it) or a `*.bin` token file (nanoGPT's or llm.c's);
-//! its sequences are read in a seeded per-epoch shuffle, step `s` being positions
-//! `s · global batch ..` of that stream, each data-parallel replica reading only its own rows;
-//! a `--resume`d run goes on with the stream where the checkpoint's step left it.
+//! initial model, so the loss curve is the same whatever the layout. `--data` takes UTF-8 text
+//! (a file or a directory of them, tokenized once with `--tokenizer` and cached beside it) or
+//! a `*.bin` token file (nanoGPT's or llm.c's); its sequences are read in a seeded per-epoch
+//! shuffle, step `s` being positions `s · global batch ..` of that stream, each data-parallel
+//! replica reading only its own rows; a `--resume`d run goes on with the stream where the
+//! checkpoint's step left it, under any `--mesh` (the model, seed, sequence length,
+//! optimizer, learning rate and data come from the run and must match the flags given;
+//! `--steps` is the run's total).
 //!
 //! A model directory's weights are read by every rank a slice at a time: only the
 //! tensor-parallel shards, ZeRO slices and pipeline stages it holds (each rank prints
-//! `weights rank=R read=N total=M`, in parameter values).
+//! `weights rank=R read=N total=M`, in parameter values). The GPT on the generated corpus
+//! prints a greedy sample at the end.
+//!
+//! Memory: the program allocates through `bonfire_comm::testing::rank_alloc::RankAllocator`,
+//! which charges every heap block to the rank thread that allocated it, and prints each
+//! rank's peak at the end (`peak_bytes rank=R bytes=N`). `--memory-budget 300MiB` caps every
+//! rank's live bytes: a rank that would go over aborts the run with one `out of memory` line
+//! naming the rank, the bytes it asked for, its live bytes and the budget — a device
+//! out-of-memory error, on the CPU.
 
+use bonfire_comm::testing::rank_alloc::{self, RankAllocator};
+use bonfire_data::generated::CharTokenizer;
 use bonfire_examples::cli::{
-    CheckpointArgs, GptArgs, LayoutArgs, RunArgs, fail, init_logging, survivors,
+    CheckpointArgs, FaultArgs, GptArgs, LayoutArgs, RunArgs, fail, init_logging, survivors,
 };
-use bonfire_examples::corpus::CharTokenizer;
+use bonfire_examples::harness;
 use bonfire_examples::run::RunRecord;
-use bonfire_examples::train_data::TrainData;
-use bonfire_examples::{Gpt, GptConfig, harness};
 use bonfire_layout::ParallelDims;
-use bonfire_models::data::TokenBatch;
-use bonfire_models::llama::{Llama, LlamaConfig};
+use bonfire_models::data::{TokenBatch, TrainData};
 use bonfire_models::mixtral::pretrained::MixtralWeights;
-use bonfire_models::mixtral::{Mixtral, MixtralConfig};
-use bonfire_models::pretrained;
+use bonfire_models::{Gpt, GptConfig, Llama, LlamaConfig, Mixtral, ModelConfig, pretrained};
 use bonfire_module::params::{self, ParamValues};
-use bonfire_parallel::ParameterSource;
-use bonfire_parallel::{DataSource, ParallelModel};
+use bonfire_parallel::{DataSource, ParallelModel, ParameterSource};
 use bonfire_train::checkpoint::{Checkpoint, Checkpointer, load_parameters, resume};
-use bonfire_train::{Evaluation, Launcher, OptimizerKind, TrainError, Trainer, fit};
-use burn::tensor::Device;
+use bonfire_train::{
+    Engine, Evaluation, FaultTolerance, Launcher, OptimizerKind, TrainError, Trainer, fault, fit,
+    fit_fault_tolerant,
+};
+use burn::tensor::{Device, Int, Tensor, TensorData};
 use clap::Parser;
 use std::path::{Path, PathBuf};
+
+#[global_allocator]
+static HEAP: RankAllocator = RankAllocator;
 
 #[derive(Parser, Debug, Clone)]
 #[command(
@@ -56,18 +81,29 @@ struct Cli {
     /// config.json, and its weights when it has them; without, the model starts from --seed).
     #[arg(long, default_value = "gpt")]
     model: String,
-    /// The layout (`--mesh`, default `dp=2`, and its options).
+    /// The layout (`--mesh`, default `dp=2`, or `auto`, and its options).
     #[command(flatten)]
     layout: LayoutArgs,
     /// Distributed checkpoints and resuming.
     #[command(flatten)]
     ckpt: CheckpointArgs,
+    /// Fault tolerance (`--fault-tolerant`) and failure injection (`--kill-rank R --at-step S`).
+    #[command(flatten)]
+    fault: FaultArgs,
     /// The optimizer, steps, batch, seed, device, reporting and launcher.
     #[command(flatten)]
     run: RunArgs,
     /// The GPT's sizes (with --model gpt).
     #[command(flatten)]
     gpt: GptArgs,
+    /// Ranks for `--mesh auto` (the planner chooses their layout; the global batch is
+    /// `--batch` × `--ranks` sequences, split over the replicas the plan has).
+    #[arg(long, default_value_t = 2)]
+    ranks: usize,
+    /// Cap every rank's live heap bytes (`300MiB`, `1.5GiB`, `64M`, bytes): an allocation that
+    /// would go over aborts the run with one `out of memory` line naming the rank.
+    #[arg(long, value_name = "BYTES", value_parser = bonfire_plan::parse_bytes)]
+    memory_budget: Option<usize>,
     /// A Hugging Face `tokenizer.json` (read offline) for text data; the model's vocabulary
     /// must hold it (the GPT and the presets take its size, padded to a multiple of 8).
     #[arg(long, value_name = "FILE")]
@@ -85,28 +121,25 @@ struct Cli {
     /// Global batches of --eval-data each evaluation averages over.
     #[arg(long, value_name = "N", default_value_t = 4)]
     eval_batches: usize,
-    /// At the end, write the model as a Hugging Face directory (config.json and safetensors,
-    /// sharded with an index past --max-shard-size). Llama and Mixtral models. With --resume,
-    /// --steps 0 trains nothing and exports the checkpoint.
+    /// At the end, write the model to this directory: a Llama or a Mixtral as a Hugging Face
+    /// directory (config.json and safetensors, sharded with an index past --max-shard-size),
+    /// the GPT as `model.safetensors` and `cfg.json`. With --resume, --steps 0 trains nothing
+    /// and exports the checkpoint.
     #[arg(long, value_name = "DIR")]
     export: Option<PathBuf>,
+    /// Characters of greedy sample the GPT prints at the end when it trained on the generated
+    /// corpus (0: none).
+    #[arg(long, value_name = "CHARS", default_value_t = 120)]
+    sample: usize,
     /// The largest weight file of --export (`5GiB`, `200MB`, bytes).
     #[arg(long, value_name = "BYTES", default_value = "5GiB", value_parser = bonfire_plan::parse_bytes)]
     max_shard_size: usize,
 }
 
-/// The model a command line names.
-enum Choice {
-    Gpt(GptConfig),
-    /// A Llama, with the directory of its weights when it starts from them.
-    Llama(LlamaConfig, Option<PathBuf>),
-    /// A Mixtral, with the directory of its weights when it starts from them.
-    Mixtral(MixtralConfig, Option<PathBuf>),
-}
-
 impl Cli {
-    /// The model of `--model`, its vocabulary sized for `tokenizer` where it is a preset.
-    fn choice(&self, tokenizer: Option<usize>) -> Result<Choice, String> {
+    /// The model of `--model`, its vocabulary sized for `tokenizer` where it is a preset, with
+    /// the directory of its weights when it starts from them.
+    fn choice(&self, tokenizer: Option<usize>) -> Result<(ModelConfig, Option<PathBuf>), String> {
         let vocab = tokenizer
             .unwrap_or_else(|| CharTokenizer.vocab_size())
             .next_multiple_of(8);
@@ -119,69 +152,72 @@ impl Cli {
             max_position_embeddings: cfg.max_position_embeddings.max(self.run.seq),
             ..cfg
         };
-        let choice = match self.model.as_str() {
-            "gpt" => Choice::Gpt(self.gpt.config(vocab, self.run.seq)),
-            "llama-tiny" => Choice::Llama(preset(LlamaConfig::tiny()), None),
-            "llama-bench" => Choice::Llama(preset(LlamaConfig::bench()), None),
+        Ok(match self.model.as_str() {
+            "gpt" => (ModelConfig::Gpt(self.gpt.config(vocab, self.run.seq)), None),
+            "llama-tiny" => (ModelConfig::Llama(preset(LlamaConfig::tiny())), None),
+            "llama-bench" => (ModelConfig::Llama(preset(LlamaConfig::bench())), None),
             dir => {
                 let dir = Path::new(dir);
-                if !dir.join(pretrained::CONFIG).is_file() {
+                let config = dir.join(pretrained::CONFIG);
+                if !config.is_file() {
                     return Err(format!(
                         "--model {}: not gpt, llama-tiny, llama-bench or a directory with a {}",
                         dir.display(),
                         pretrained::CONFIG
                     ));
                 }
-                let config = dir.join(pretrained::CONFIG);
                 let has_weights = [pretrained::WEIGHTS, pretrained::INDEX]
                     .iter()
                     .any(|f| dir.join(f).exists());
-                let weights = has_weights.then(|| dir.to_path_buf());
-                match harness::HarnessConfig::load(&config)? {
-                    harness::HarnessConfig::Mixtral(cfg) => Choice::Mixtral(cfg, weights),
-                    _ => Choice::Llama(LlamaConfig::load(config)?, weights),
+                let cfg = ModelConfig::load(&config)?;
+                if matches!(cfg, ModelConfig::Gpt(_)) {
+                    return Err(format!(
+                        "--model {}: its config.json names no model_type (llama, mixtral)",
+                        dir.display()
+                    ));
                 }
+                (cfg, has_weights.then(|| dir.to_path_buf()))
             }
+        })
+    }
+
+    /// The layout: `--mesh auto` asks the planner for the fastest on `--ranks` CPU ranks of
+    /// this machine (printed with its reasons; `--batch` becomes the plan's per-replica share
+    /// of `--batch` × `--ranks`), else the flags' layout.
+    fn dims(&mut self, model: &ModelConfig) -> Result<ParallelDims, String> {
+        if self.layout.mesh.as_deref() != Some("auto") {
+            return self.layout.training_dims();
+        }
+        let chosen = LayoutArgs {
+            mesh: None,
+            precision: None,
+            reduce_in_half: false,
+            ..self.layout.clone()
         };
-        if self.export.is_some() && matches!(choice, Choice::Gpt(_)) {
-            return Err(
-                "--export writes a Hugging Face Llama or Mixtral directory: use one of those"
-                    .into(),
-            );
+        if format!("{chosen:?}") != format!("{:?}", LayoutArgs::default())
+            || self.run.launcher != "threads"
+        {
+            return Err("--mesh auto chooses the layout for --ranks rank threads (--launcher threads): give no other layout option than --precision/--reduce-in-half".into());
         }
-        Ok(choice)
-    }
-}
-
-impl Choice {
-    fn vocab_size(&self) -> usize {
-        match self {
-            Choice::Gpt(c) => c.vocab_size,
-            Choice::Llama(c, _) => c.vocab_size,
-            Choice::Mixtral(c, _) => c.base.vocab_size,
+        let layout = LayoutArgs {
+            mesh: Some("dp=1".into()),
+            ..self.layout.clone()
+        };
+        let precision = layout.dims("dp=1")?.precision;
+        let rows = self.run.batch * self.ranks;
+        let (dims, lines) = bonfire_plan::machine::auto_layout(
+            &model.spec(),
+            self.ranks,
+            rows,
+            self.run.seq,
+            &precision,
+            self.memory_budget,
+        )?;
+        for line in lines {
+            println!("{line}");
         }
-    }
-
-    fn config_json(&self) -> serde_json::Value {
-        match self {
-            Choice::Gpt(c) => serde_json::to_value(c).expect("a config serializes"),
-            Choice::Llama(c, _) => serde_json::from_str(&c.to_json()).expect("valid JSON"),
-            Choice::Mixtral(c, _) => serde_json::from_str(&c.to_json()).expect("valid JSON"),
-        }
-    }
-
-    fn validate(&self, seq: usize) -> Result<(), String> {
-        match self {
-            Choice::Gpt(c) => c.validate(),
-            Choice::Llama(c, _) if seq > c.max_position_embeddings => Err(format!(
-                "--seq {seq}: the model's max_position_embeddings is {}",
-                c.max_position_embeddings
-            )),
-            Choice::Llama(c, _) => c.validate(),
-            Choice::Mixtral(c, _) => Choice::Llama(c.base, None)
-                .validate(seq)
-                .and_then(|()| c.validate()),
-        }
+        self.run.batch = rows / dims.data_replicas();
+        Ok(dims)
     }
 }
 
@@ -191,6 +227,7 @@ struct Job {
     dims: ParallelDims,
     optim: OptimizerKind,
     launcher: Launcher,
+    tolerance: Option<FaultTolerance>,
     data: TrainData,
     eval: Option<TrainData>,
     run: RunRecord,
@@ -200,8 +237,8 @@ struct Job {
     device: Device,
 }
 
-/// Writes the trained parameters somewhere (rank 0, after the run).
-type Export<'a> = &'a (dyn Fn(Vec<ParamValues>) -> Result<(), String> + Sync);
+/// What rank 0 does with the whole trained parameters (the export, the sample).
+type Finish<'a> = &'a (dyn Fn(Vec<ParamValues>) -> Result<(), String> + Sync);
 
 fn main() {
     main_with(std::env::args_os());
@@ -211,111 +248,56 @@ fn main() {
 /// this way.
 pub fn main_with(args: impl IntoIterator<Item = std::ffi::OsString>) {
     init_logging();
-    let cli = Cli::parse_from(args);
-    let dims = cli.layout.training_dims().unwrap_or_else(|e| fail(e));
-    let optim = OptimizerKind::parse(&cli.run.optim).unwrap_or_else(|e| fail(e));
-    let launcher =
-        Launcher::parse(&cli.run.launcher, dims.world_size()).unwrap_or_else(|e| fail(e));
+    let mut cli = Cli::parse_from(args);
     let tokenizer = cli.tokenizer.as_ref().map(|p| {
         bonfire_data::Tokenizer::from_file(p).unwrap_or_else(|e| fail(format!("--tokenizer: {e}")))
     });
-    let choice = cli
+    let (model, weights_dir) = cli
         .choice(tokenizer.as_ref().map(|t| t.vocab_size()))
         .unwrap_or_else(|e| fail(e));
-    choice.validate(cli.run.seq).unwrap_or_else(|e| fail(e));
-    let vocab = choice.vocab_size();
-    let rows = cli.run.batch * dims.data_replicas();
-    let open = |path: &Path, what: &str| {
-        TrainData::packed(
-            path,
-            tokenizer.as_ref(),
-            vocab,
-            rows,
-            cli.run.seq,
-            cli.run.seed,
-        )
-        .unwrap_or_else(|e| fail(format!("{what}: {e}")))
-    };
-    let data = match &cli.data {
-        Some(path) => open(path, "--data"),
-        None if vocab < CharTokenizer.vocab_size() => fail(format!(
-            "the generated corpus has {} characters, the model's vocabulary {vocab}: give --data",
-            CharTokenizer.vocab_size()
-        )),
-        None => TrainData::generated(rows, cli.run.seq, cli.run.seed),
-    };
-    if cli.eval_every > 0 && cli.eval_data.is_none() {
-        fail("--eval-every needs --eval-data");
-    }
-    let eval = cli.eval_data.as_ref().map(|p| open(p, "--eval-data"));
-    let mut run = RunRecord {
-        model: choice.config_json(),
-        seed: cli.run.seed,
-        seq: cli.run.seq,
-        global_rows: rows,
-        optim: optim.name().into(),
-        lr: cli.run.lr,
-        data: data.label(),
-    };
-    let export_only = cli.export.is_some();
-    let resumed = cli.ckpt.resume.as_ref().map(|path| {
-        let ckpt = Checkpoint::open(path).unwrap_or_else(|e| fail(e));
-        run = run
-            .resumed(&ckpt, dims.data_replicas(), cli.run.steps, export_only)
-            .unwrap_or_else(|e| fail(e));
-        ckpt
-    });
-    let data = data.with_rows(run.global_rows);
-    let eval = eval.map(|e| e.with_rows(run.global_rows));
-    let device = harness::device(&cli.run.device).unwrap_or_else(|e| fail(e));
-    device.seed(cli.run.seed);
-    let weights = match (&choice, &resumed) {
-        (Choice::Llama(_, Some(dir)), None) => {
-            let w = pretrained::Weights::open(dir).unwrap_or_else(|e| fail(e));
-            Some(Box::new(w) as Box<dyn ParameterSource>)
-        }
-        (Choice::Mixtral(_, Some(dir)), None) => {
-            let w = MixtralWeights::open(dir).unwrap_or_else(|e| fail(e));
-            Some(Box::new(w) as Box<dyn ParameterSource>)
-        }
-        _ => None,
-    };
-    let job = Job {
-        weights,
-        dims,
-        optim,
-        launcher,
-        data,
-        eval,
-        run,
-        resumed,
-        device,
+    model.validate(cli.run.seq).unwrap_or_else(|e| fail(e));
+    let dims = cli.dims(&model).unwrap_or_else(|e| fail(e));
+    let job = Job::new(
         cli,
-    };
-    match choice {
-        Choice::Gpt(cfg) => job.train(Gpt::new(&cfg, &job.device), None),
-        Choice::Llama(cfg, _) => {
-            let model = Llama::new(&cfg, &job.device);
-            let export = |whole: Vec<ParamValues>| {
-                let fresh = Llama::new(&cfg, &bonfire_examples::default_device());
-                export_model(fresh, &cfg.to_json(), whole, &job.cli)
-            };
-            job.train(model, Some(&export));
+        dims,
+        &model,
+        tokenizer.as_ref(),
+        weights_dir.as_deref(),
+    );
+    rank_alloc::set_budget(job.cli.memory_budget);
+    let device = job.device.clone();
+    match model {
+        ModelConfig::Gpt(cfg) => {
+            let finish = |whole: Vec<ParamValues>| finish_gpt(&cfg, whole, &job.cli, job.sample());
+            job.train(Gpt::new(&cfg, &device), &finish);
         }
-        Choice::Mixtral(cfg, _) => {
-            let model = Mixtral::new(&cfg, &job.device);
-            let export = |whole: Vec<ParamValues>| {
-                let fresh = Mixtral::new(&cfg, &bonfire_examples::default_device());
-                export_model(fresh, &cfg.to_json(), whole, &job.cli)
+        ModelConfig::Llama(cfg) => {
+            let finish = |whole: Vec<ParamValues>| {
+                let fresh = Llama::new(&cfg, &bonfire_examples::default_device());
+                export_pretrained(fresh, &cfg.to_json(), whole, &job.cli)
             };
-            job.train(model, Some(&export));
+            job.train(Llama::new(&cfg, &device), &finish);
+        }
+        ModelConfig::Mixtral(cfg) => {
+            let finish = |whole: Vec<ParamValues>| {
+                let fresh = Mixtral::new(&cfg, &bonfire_examples::default_device());
+                export_pretrained(fresh, &cfg.to_json(), whole, &job.cli)
+            };
+            job.train(Mixtral::new(&cfg, &device), &finish);
         }
     }
 }
 
+/// `whole` (every parameter) assigned to `model`, a fresh model of the run's configuration.
+fn with_values<M: burn::module::Module>(model: M, whole: Vec<ParamValues>) -> M {
+    let infos = params::inventory(&model);
+    let flat: Vec<f32> = whole.into_iter().flat_map(|p| p.values).collect();
+    params::assign_values(model, &infos, &flat)
+}
+
 /// Writes `whole` (every parameter of `model`, a fresh model of the run's config
 /// `config_json`) to `--export` as a Hugging Face directory.
-fn export_model<M: burn::module::Module>(
+fn export_pretrained<M: burn::module::Module>(
     model: M,
     config_json: &str,
     whole: Vec<ParamValues>,
@@ -324,21 +306,160 @@ fn export_model<M: burn::module::Module>(
     let Some(dir) = &cli.export else {
         return Ok(());
     };
-    let infos = params::inventory(&model);
-    let flat: Vec<f32> = whole.into_iter().flat_map(|p| p.values).collect();
-    let model = params::assign_values(model, &infos, &flat);
+    let model = with_values(model, whole);
     let files = pretrained::save_pretrained(&model, config_json, dir, cli.max_shard_size)?;
     println!("exported {} ({} weight files)", dir.display(), files.len());
     Ok(())
 }
 
+/// The trained GPT: `--export`ed as `model.safetensors` and `cfg.json`, and a greedy sample
+/// of `sample` characters printed.
+fn finish_gpt(
+    cfg: &GptConfig,
+    whole: Vec<ParamValues>,
+    cli: &Cli,
+    sample: usize,
+) -> Result<(), String> {
+    let model = with_values(Gpt::new(cfg, &bonfire_examples::default_device()), whole);
+    if let Some(dir) = &cli.export {
+        std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        bonfire_models::weights::save(&model, dir.join("model.safetensors"))?;
+        let json = serde_json::to_string_pretty(cfg).expect("a config serializes");
+        std::fs::write(dir.join("cfg.json"), json).map_err(|e| e.to_string())?;
+        println!("exported {} (model.safetensors, cfg.json)", dir.display());
+    }
+    if sample > 0 {
+        let text = greedy_sample(
+            &burn::module::Module::valid(&model),
+            "the ",
+            sample,
+            cfg.max_seq_len,
+        );
+        println!("sample: {text:?}");
+    }
+    Ok(())
+}
+
+/// Greedy continuation of `prompt` by the GPT trained on the generated corpus.
+fn greedy_sample(model: &Gpt, prompt: &str, n: usize, seq: usize) -> String {
+    let device = model.tok_emb.weight.val().device();
+    let mut ids = CharTokenizer.encode(prompt);
+    for _ in 0..n {
+        let window = &ids[ids.len().saturating_sub(seq)..];
+        let t = window.len();
+        let input = Tensor::<2, Int>::from_data(TensorData::new(window.to_vec(), [1, t]), &device);
+        let logits = params::to_host(model.forward(input).narrow(1, t - 1, 1));
+        // Only the tokenizer's ids: the vocabulary is padded (to a multiple of tp), and an
+        // untrained padding row may win.
+        let next = logits
+            .iter()
+            .take(CharTokenizer.vocab_size())
+            .enumerate()
+            .max_by(|a, b| a.1.total_cmp(b.1))
+            .map(|(i, _)| i as i64)
+            .unwrap_or(0);
+        ids.push(next);
+    }
+    CharTokenizer.decode(&ids)
+}
+
+/// Names the last checkpoint `checkpointer` committed (rank 0).
+fn saved(checkpointer: Option<&Checkpointer>, rank: usize) {
+    if let (Some(dir), 0) = (checkpointer.and_then(|c| c.last()), rank) {
+        println!("saved checkpoint {}", dir.display());
+    }
+}
+
 impl Job {
-    /// Trains `model` on every rank of the layout; `export` writes the result at the end.
-    fn train<M>(&self, model: M, export: Option<Export>)
+    /// The run of `cli` under `dims` for `model`: its data, the checkpoint it resumes, the
+    /// weights it starts from, the device.
+    fn new(
+        cli: Cli,
+        dims: ParallelDims,
+        model: &ModelConfig,
+        tokenizer: Option<&bonfire_data::Tokenizer>,
+        weights_dir: Option<&Path>,
+    ) -> Self {
+        let optim = OptimizerKind::parse(&cli.run.optim).unwrap_or_else(|e| fail(e));
+        let launcher =
+            Launcher::parse(&cli.run.launcher, dims.world_size()).unwrap_or_else(|e| fail(e));
+        let tolerance = cli
+            .fault
+            .options(&dims, launcher)
+            .unwrap_or_else(|e| fail(e));
+        let vocab = model.vocab_size();
+        let rows = cli.run.batch * dims.data_replicas();
+        let open = |path: &Path, what: &str| {
+            TrainData::packed(path, tokenizer, vocab, rows, cli.run.seq, cli.run.seed)
+                .unwrap_or_else(|e| fail(format!("{what}: {e}")))
+        };
+        let data = match &cli.data {
+            Some(path) => open(path, "--data"),
+            None if vocab < CharTokenizer.vocab_size() => fail(format!(
+                "the generated corpus has {} characters, the model's vocabulary {vocab}: give --data",
+                CharTokenizer.vocab_size()
+            )),
+            None => TrainData::generated(rows, cli.run.seq, cli.run.seed),
+        };
+        if cli.eval_every > 0 && cli.eval_data.is_none() {
+            fail("--eval-every needs --eval-data");
+        }
+        let eval = cli.eval_data.as_ref().map(|p| open(p, "--eval-data"));
+        let mut run = RunRecord {
+            model: model.to_json(),
+            seed: cli.run.seed,
+            seq: cli.run.seq,
+            global_rows: rows,
+            optim: optim.name().into(),
+            lr: cli.run.lr,
+            data: data.label(),
+        };
+        let resumed = cli.ckpt.resume.as_ref().map(|path| {
+            let ckpt = Checkpoint::open(path).unwrap_or_else(|e| fail(e));
+            let export_only = cli.export.is_some();
+            run = run
+                .resumed(&ckpt, dims.data_replicas(), cli.run.steps, export_only)
+                .unwrap_or_else(|e| fail(e));
+            ckpt
+        });
+        let device = harness::device(&cli.run.device).unwrap_or_else(|e| fail(e));
+        device.seed(cli.run.seed);
+        let weights = match (model, weights_dir, &resumed) {
+            (ModelConfig::Mixtral(_), Some(dir), None) => {
+                let w = MixtralWeights::open(dir).unwrap_or_else(|e| fail(e));
+                Some(Box::new(w) as Box<dyn ParameterSource>)
+            }
+            (_, Some(dir), None) => {
+                let w = pretrained::Weights::open(dir).unwrap_or_else(|e| fail(e));
+                Some(Box::new(w) as Box<dyn ParameterSource>)
+            }
+            _ => None,
+        };
+        let mut tolerance = tolerance;
+        if let Some(t) = &mut tolerance {
+            t.resume = resumed.as_ref().map(|c| c.dir.clone());
+        }
+        Self {
+            data: data.with_rows(run.global_rows),
+            eval: eval.map(|e| e.with_rows(run.global_rows)),
+            dims,
+            optim,
+            launcher,
+            tolerance,
+            run,
+            resumed,
+            weights,
+            device,
+            cli,
+        }
+    }
+
+    /// Trains `model` on every rank of the layout; rank 0 hands the result to `finish`.
+    fn train<M>(&self, model: M, finish: Finish)
     where
         M: ParallelModel<Batch = TokenBatch> + Sync,
     {
-        let (cli, dims) = (&self.cli, &self.dims);
+        let dims = &self.dims;
         let optim = self.optim;
         let trainer = Trainer::new(dims.clone(), move || optim.build());
         let first = self.data.batch(0, &self.device);
@@ -347,57 +468,126 @@ impl Job {
             .unwrap_or_else(|e| fail(e));
         let start_step = self.resumed.as_ref().map_or(0, Checkpoint::step);
         self.announce(&model, start_step);
-        let checkpoints = cli.ckpt.config().unwrap_or_else(|e| fail(e)).map(|c| {
-            c.with_optimizer(optim.describe())
-                .with_rng(serde_json::json!({ "seed": cli.run.seed, "note": "the model is initialized from the seed; batch s is positions s·global_rows.. of the data's seeded stream" }))
-                .with_extra(serde_json::json!({ "run": self.run }))
-        });
-        let config =
-            cli.run
-                .fit_config(start_step, self.run.global_rows, cli.ckpt.checkpoint_every);
-        let end = config.steps;
         let outcomes = self
             .launcher
-            .run_each("train", |pg| -> Result<(), TrainError> {
-                let mut engine = trainer.build(model.clone(), &pg, &first)?;
-                if let Some(ckpt) = &self.resumed {
-                    resume(engine.as_mut(), &ckpt.dir)?;
-                }
-                if let Some(weights) = &self.weights {
-                    let got = load_parameters(engine.as_mut(), weights.as_ref())?;
-                    println!(
-                        "weights rank={} read={} total={}",
-                        pg.rank(),
-                        got.read,
-                        got.total
-                    );
-                }
-                let eval = self.eval.as_ref().map(|d| {
-                    Evaluation::new(
-                        d as &dyn DataSource<TokenBatch>,
-                        cli.eval_batches,
-                        cli.eval_every,
-                    )
-                });
-                let mut hooks = (checkpoints.clone().map(Checkpointer::new), eval);
-                fit(engine.as_mut(), &self.data, &config, &mut hooks)?;
-                let (checkpointer, eval) = hooks;
-                if let Some(mut e) = eval.filter(|e| e.last().map(|l| l.0) != Some(end)) {
-                    e.run(end, engine.as_mut())?;
-                }
-                if let (Some(dir), 0) = (checkpointer.as_ref().and_then(|c| c.last()), pg.rank()) {
-                    println!("saved checkpoint {}", dir.display());
-                }
-                if let Some(export) = export.filter(|_| cli.export.is_some()) {
-                    let whole = engine.parameters()?;
-                    if pg.rank() == 0 {
-                        export(whole).map_err(TrainError::Io)?;
+            .run_each("train", |pg| -> Result<usize, TrainError> {
+                let rank = pg.rank();
+                let _counted = rank_alloc::enter_rank(rank);
+                let mut engine = match &self.tolerance {
+                    Some(t) => {
+                        let config = self.fit_config(start_step);
+                        let mut hooks = self.hooks();
+                        let run = fit_fault_tolerant(
+                            &trainer, &model, &pg, &self.data, &config, &mut hooks, t,
+                        )?;
+                        if run.engine.world().rank() == 0 {
+                            fault::print_summary(&run);
+                        }
+                        saved(hooks.as_ref(), run.engine.world().rank());
+                        run.engine
                     }
-                }
-                Ok(())
-            })
-            .unwrap_or_else(|e| fail(e));
-        survivors(outcomes, false).unwrap_or_else(|e| fail(e));
+                    None => self.train_rank(&trainer, &model, &pg, &first)?,
+                };
+                self.finish(engine.as_mut(), finish)?;
+                Ok(rank)
+            });
+        let outcomes = outcomes.unwrap_or_else(|e| fail(e));
+        let ranks = survivors(outcomes, self.tolerance.is_some()).unwrap_or_else(|e| fail(e));
+        // Each rank's most live heap bytes over the run (build, steps, checkpoints), measured.
+        for rank in ranks {
+            println!("peak_bytes rank={rank} bytes={}", rank_alloc::peak(rank));
+        }
+    }
+
+    /// One rank's run without fault tolerance: build, resume or load, train, evaluate.
+    fn train_rank<M>(
+        &self,
+        trainer: &Trainer,
+        model: &M,
+        pg: &bonfire_comm::ProcessGroup,
+        first: &TokenBatch,
+    ) -> Result<Box<dyn Engine<TokenBatch>>, TrainError>
+    where
+        M: ParallelModel<Batch = TokenBatch> + Sync,
+    {
+        let mut engine = trainer.build(model.clone(), pg, first)?;
+        if let Some(ckpt) = &self.resumed {
+            resume(engine.as_mut(), &ckpt.dir)?;
+        }
+        if let Some(weights) = &self.weights {
+            let got = load_parameters(engine.as_mut(), weights.as_ref())?;
+            println!(
+                "weights rank={} read={} total={}",
+                pg.rank(),
+                got.read,
+                got.total
+            );
+        }
+        let start_step = self.resumed.as_ref().map_or(0, Checkpoint::step);
+        let config = self.fit_config(start_step);
+        let end = config.steps;
+        let cli = &self.cli;
+        let eval = self.eval.as_ref().map(|d| {
+            Evaluation::new(
+                d as &dyn DataSource<TokenBatch>,
+                cli.eval_batches,
+                cli.eval_every,
+            )
+        });
+        let mut hooks = (self.hooks(), eval);
+        let data = fault::inject(&self.data, cli.fault.kill(), pg.rank());
+        fit(engine.as_mut(), &data, &config, &mut hooks)?;
+        saved(hooks.0.as_ref(), pg.rank());
+        if let Some(mut e) = hooks.1.filter(|e| e.last().map(|l| l.0) != Some(end)) {
+            e.run(end, engine.as_mut())?;
+        }
+        Ok(engine)
+    }
+
+    /// The sample's characters: `--sample` for the GPT on the generated corpus, else none.
+    fn sample(&self) -> usize {
+        match self.data.is_generated() && self.cli.model == "gpt" {
+            true => self.cli.sample,
+            false => 0,
+        }
+    }
+
+    /// The loop's configuration from `start_step`.
+    fn fit_config(&self, start_step: usize) -> bonfire_train::FitConfig {
+        let checkpoint_every = self.cli.ckpt.checkpoint_every;
+        self.cli
+            .run
+            .fit_config(start_step, self.run.global_rows, checkpoint_every)
+    }
+
+    /// The checkpoint hook of `--checkpoint-dir` (none without it).
+    fn hooks(&self) -> Option<Checkpointer> {
+        let cli = &self.cli;
+        let config = cli.ckpt.config().unwrap_or_else(|e| fail(e))?;
+        let note = "the model is initialized from the seed; batch s is positions \
+                    s·global_rows.. of the data's seeded stream";
+        Some(Checkpointer::new(
+            config
+                .with_optimizer(self.optim.describe())
+                .with_rng(serde_json::json!({ "seed": cli.run.seed, "note": note }))
+                .with_extra(serde_json::json!({ "run": self.run })),
+        ))
+    }
+
+    /// After training: the whole parameters handed to `finish` on rank 0 when there is anything to finish (an export, a sample).
+    fn finish(
+        &self,
+        engine: &mut dyn Engine<TokenBatch>,
+        finish: Finish,
+    ) -> Result<(), TrainError> {
+        if self.cli.export.is_none() && self.sample() == 0 {
+            return Ok(());
+        }
+        let whole = engine.parameters()?;
+        if engine.world().rank() == 0 {
+            finish(whole).map_err(TrainError::Io)?;
+        }
+        Ok(())
     }
 
     /// What the run trains, on what, and where a resumed run starts.

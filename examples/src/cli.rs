@@ -1,5 +1,5 @@
 //! What the example programs' command lines share: the layout options of every trainer
-//! front end (`train_gpt`, the parity harness), the checkpoint options, and how a program
+//! front end (`train`, the parity harness), the checkpoint options, and how a program
 //! starts and fails.
 
 use bonfire_layout::ZeroStage;
@@ -185,8 +185,8 @@ pub struct GptArgs {
 
 impl GptArgs {
     /// The GPT of these sizes over `vocab_size` tokens and sequences of `seq`.
-    pub fn config(&self, vocab_size: usize, seq: usize) -> crate::GptConfig {
-        crate::GptConfig {
+    pub fn config(&self, vocab_size: usize, seq: usize) -> bonfire_models::GptConfig {
+        bonfire_models::GptConfig {
             vocab_size,
             d_model: self.d_model,
             n_heads: self.heads,

@@ -1,22 +1,20 @@
 //! # bonfire-examples
 //!
-//! Bonfire's runnable programs (`train_gpt`, the parity harness, `train_classifier`, the
-//! benches) and what they share. The models they train live in `bonfire-models` ([`Gpt`],
-//! [`GptConfig`] and [`cross_entropy`] are re-exported for them):
+//! Bonfire's runnable programs (`train`, the front door; the parity harness; `tokenize`,
+//! `plan`, `train_classifier`; the benches; the GPU kit's `gpu_check`) and the helpers they
+//! share, which are program helpers only — the library code they run is in the crates that
+//! own it (models, data, plan, train):
 //!
+//! - [`cli`]: the command-line arguments every program takes alike (layout, run,
+//!   checkpoints, fault tolerance) and how a program fails (one line, exit 1).
 //! - [`harness`]: the parity harness behind `cargo run --release -p bonfire-examples
-//!   --example parity -- ...`, any layout through the trainer's one loop.
-//! - [`corpus`]: a small generated text corpus and character tokenizer for `train_gpt`.
-//! - [`device_checks`]: what a device other than Flex must pass against Flex (every strategy's
-//!   parity, the bench models' tokens/s), for the wgpu suite and the GPU kit.
-//! - [`throughput`]: step times of a layout through the trainer's loop, for the benches.
-//! - [`memory_formula`]: what the ZeRO formula says a rank should hold (the measured side is
-//!   `bonfire_comm::testing::rank_alloc`, the counting allocator, per rank);
-//!   [`planner`]: the planner (`bonfire_plan`) on the GPT, the trainer's layouts and this
-//!   machine (`--mesh auto`, `cargo run --example plan`).
+//!   --example parity -- ...`: a model chosen by its config, trained in any layout through
+//!   the trainer's one loop, its record written for comparison.
+//! - [`run`]: what a `train` run records in its checkpoints, to resume it on any layout.
 //!
 //! ```
-//! use bonfire_examples::{Gpt, GptConfig, default_device};
+//! use bonfire_examples::default_device;
+//! use bonfire_models::{Gpt, GptConfig};
 //! use burn::tensor::{Int, Tensor};
 //!
 //! let device = default_device();
@@ -29,17 +27,8 @@
 //! ```
 
 pub mod cli;
-pub mod corpus;
-pub mod device_checks;
 pub mod harness;
-pub mod ledger;
-pub mod memory_formula;
-pub mod planner;
 pub mod run;
-pub mod throughput;
-pub mod train_data;
-
-pub use bonfire_models::{Gpt, GptConfig, cross_entropy};
 
 /// The device every example trains on: the CPU (Flex) with autodiff.
 pub fn default_device() -> burn::tensor::Device {

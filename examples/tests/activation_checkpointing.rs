@@ -11,11 +11,13 @@ mod common;
 
 use bonfire_comm::testing::Tolerance;
 use bonfire_examples::cli::LayoutArgs;
-use bonfire_examples::harness::{self, HarnessResult, RankRecord};
-use bonfire_examples::{Gpt, GptConfig, default_device};
+use bonfire_examples::default_device;
+use bonfire_examples::harness;
 use bonfire_layout::{ActivationCheckpointing, LayoutError, MixedPrecision, ParallelDims};
 use bonfire_models::data::Batches;
+use bonfire_models::{Gpt, GptConfig};
 use bonfire_parallel::ParallelModel;
+use bonfire_train::parity::{Outcome, RankRecord};
 use bonfire_train::{OptimizerKind, Trainer};
 use burn::module::Module;
 use burn::nn::{Linear, LinearConfig};
@@ -43,7 +45,7 @@ struct Fixture {
     model: Gpt,
     batches: Batches,
     /// One device, no checkpointing, per optimizer.
-    reference: [HarnessResult; 2],
+    reference: [Outcome; 2],
 }
 
 fn fixture() -> &'static Fixture {

@@ -1,8 +1,9 @@
 //! Checkpoints are safetensors in PyTorch layout under the contract's names, and load back.
 
-use bonfire_examples::{Gpt, GptConfig, default_device};
+use bonfire_examples::default_device;
 use bonfire_models::tensor_file;
 use bonfire_models::weights;
+use bonfire_models::{Gpt, GptConfig};
 use bonfire_module::params;
 use std::collections::BTreeMap;
 

@@ -11,10 +11,11 @@ mod common;
 
 use bonfire_comm::testing::assert_close;
 use bonfire_examples::cli::LayoutArgs;
-use bonfire_examples::{Gpt, GptConfig, default_device};
+use bonfire_examples::default_device;
 use bonfire_layout::ParallelDims;
 use bonfire_models::data::TokenBatch;
 use bonfire_models::weights;
+use bonfire_models::{Gpt, GptConfig};
 use bonfire_module::params::ParamValues;
 use bonfire_train::checkpoint::{Checkpoint, CheckpointConfig, Checkpointer, Fault, resume};
 use bonfire_train::{FitConfig, Hooks, Launcher, OptimizerKind, TrainError, Trainer, fit};

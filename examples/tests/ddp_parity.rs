@@ -11,7 +11,8 @@ mod common;
 
 use bonfire_comm::testing::{Tolerance, assert_close};
 use bonfire_ddp::DdpConfig;
-use bonfire_examples::{Gpt, GptConfig, default_device};
+use bonfire_examples::default_device;
+use bonfire_models::{Gpt, GptConfig};
 use burn::optim::{AdamConfig, SgdConfig};
 use common::*;
 

@@ -309,16 +309,16 @@ fn a_context_tensor_or_pipeline_parallel_layout_is_refused() {
     );
 }
 
-/// `train_gpt` with `args` on the tiny GPT of the MPI steps (`examples/tiny_gpt.args`), 6
+/// `train` with `args` on the tiny GPT of the MPI steps (`examples/tiny_gpt.args`), 6
 /// steps, a 12-row global batch on dp=4.
-fn train_gpt(args: &[&str]) -> (bool, String) {
-    let out = std::process::Command::new(common::train_gpt())
+fn train(args: &[&str]) -> (bool, String) {
+    let out = std::process::Command::new(common::train())
         .args(["--steps", "6", "--batch", "3"])
         .args(include_str!("../tiny_gpt.args").split_whitespace())
-        .args(["--no-save"])
+        .args(["--sample", "0"])
         .args(args)
         .output()
-        .expect("train_gpt runs");
+        .expect("train runs");
     let text = format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),
@@ -343,7 +343,7 @@ fn train_gpt_fault_tolerant_kill_rank_and_refusals() {
         "--at-step",
         "3",
     ];
-    let (ok, text) = train_gpt(&[&kill[..], &["--fault-tolerant", "--metrics", m]].concat());
+    let (ok, text) = train(&[&kill[..], &["--fault-tolerant", "--metrics", m]].concat());
     assert!(ok, "{text}");
     assert!(
         text.contains("rank 2 died: injected failure: rank 2 killed at step 3"),
@@ -364,7 +364,7 @@ fn train_gpt_fault_tolerant_kill_rank_and_refusals() {
     assert_eq!(ranks[3], serde_json::json!([0, 1, 3]));
 
     // Without --fault-tolerant the job ends with an error naming the dead rank.
-    let (ok, text) = train_gpt(&kill);
+    let (ok, text) = train(&kill);
     assert!(!ok, "{text}");
     assert!(
         text.contains("ranks failed:") && text.contains("[rank 2] injected failure: rank 2"),
@@ -372,12 +372,12 @@ fn train_gpt_fault_tolerant_kill_rank_and_refusals() {
     );
 
     // Layouts and launchers that cannot shrink are refused before anything is built.
-    let (ok, text) = train_gpt(&["--mesh", "dp=2,tp=2", "--fault-tolerant"]);
+    let (ok, text) = train(&["--mesh", "dp=2,tp=2", "--fault-tolerant"]);
     assert!(
         !ok && text.contains("fault tolerance needs a pure dp layout"),
         "{text}"
     );
-    let (ok, text) = train_gpt(&["--mesh", "dp=4", "--fault-tolerant", "--launcher", "env"]);
+    let (ok, text) = train(&["--mesh", "dp=4", "--fault-tolerant", "--launcher", "env"]);
     assert!(
         !ok && text.contains("under mpirun a communicator cannot shrink"),
         "{text}"

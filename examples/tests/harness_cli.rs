@@ -5,10 +5,11 @@
 mod common;
 
 use bonfire_examples::cli::LayoutArgs;
+use bonfire_examples::default_device;
 use bonfire_examples::harness::{self, HarnessArgs};
-use bonfire_examples::{Gpt, GptConfig, default_device};
 use bonfire_models::tensor_file;
 use bonfire_models::weights;
+use bonfire_models::{Gpt, GptConfig};
 use bonfire_train::OptimizerKind;
 use std::path::{Path, PathBuf};
 

@@ -9,7 +9,8 @@
 mod common;
 
 use bonfire_examples::cli::LayoutArgs;
-use bonfire_examples::{Gpt, default_device};
+use bonfire_examples::default_device;
+use bonfire_models::Gpt;
 use std::sync::OnceLock;
 
 const STEPS: usize = 3;

@@ -18,13 +18,20 @@ mod common;
 use bonfire_comm::testing::{Tolerance, assert_close};
 use bonfire_examples::cli::LayoutArgs;
 use bonfire_examples::default_device;
-use bonfire_examples::device_checks::{self, F64};
-use bonfire_examples::harness::{self, HarnessConfig};
+#[path = "../examples/gpu_check/checks.rs"]
+#[allow(dead_code)]
+mod device_checks;
+#[path = "../benches/common/throughput.rs"]
+#[allow(dead_code)]
+mod throughput;
+use bonfire_examples::harness;
+use bonfire_models::ModelConfig;
 use bonfire_models::data;
 use bonfire_models::llama::{Llama, LlamaConfig};
 use bonfire_models::tensor_file;
 use bonfire_models::weights;
 use bonfire_train::OptimizerKind;
+use device_checks::F64;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::OnceLock;
@@ -35,8 +42,7 @@ fn fixture_dir() -> PathBuf {
 
 #[test]
 fn transformers_config_and_weights_load() {
-    let HarnessConfig::Llama(cfg) =
-        HarnessConfig::load(&fixture_dir().join("config.json")).unwrap()
+    let ModelConfig::Llama(cfg) = ModelConfig::load(&fixture_dir().join("config.json")).unwrap()
     else {
         panic!("a Llama config");
     };
@@ -68,7 +74,7 @@ fn transformers_config_and_weights_load() {
 #[test]
 fn logits_and_training_match_transformers_in_float64() {
     let dir = fixture_dir();
-    let HarnessConfig::Llama(cfg) = HarnessConfig::load(&dir.join("config.json")).unwrap() else {
+    let ModelConfig::Llama(cfg) = ModelConfig::load(&dir.join("config.json")).unwrap() else {
         panic!("a Llama config");
     };
     let device = default_device();
@@ -123,7 +129,7 @@ fn fixture() -> &'static common::Suite<Llama> {
     F.get_or_init(|| {
         let cfg = cfg();
         let model = common::seeded(5, &default_device(), |d| Llama::new(&cfg, d));
-        let shape = bonfire_examples::GptConfig {
+        let shape = bonfire_models::GptConfig {
             vocab_size: cfg.vocab_size,
             max_seq_len: cfg.max_position_embeddings,
             ..common::gpt_cfg()
@@ -350,8 +356,7 @@ fn bf16_layouts_equal_bf16_on_one_device() {
     };
     let single = run(&bf16(layout("dp=1", 0, None, None, "")));
     let f32_run = &f.reference[0];
-    let gap = |a: &bonfire_examples::harness::HarnessResult,
-               b: &bonfire_examples::harness::HarnessResult| {
+    let gap = |a: &bonfire_train::parity::Outcome, b: &bonfire_train::parity::Outcome| {
         a.params
             .iter()
             .map(|(k, (_, v))| {
@@ -391,7 +396,7 @@ fn bf16_layouts_equal_bf16_on_one_device() {
 #[test]
 fn checkpoints_resume_in_another_layout() {
     let f = fixture();
-    let shape = bonfire_examples::GptConfig {
+    let shape = bonfire_models::GptConfig {
         vocab_size: cfg().vocab_size,
         max_seq_len: cfg().max_position_embeddings,
         ..common::gpt_cfg()

@@ -1,5 +1,5 @@
 //! From the same seed the loss curve is the same in every layout: AdamW steps of a small GPT
-//! on `train_gpt`'s corpus batches, for every mesh shape of 4 and 8 ranks (pp × dp × tp),
+//! on `train`'s corpus batches, for every mesh shape of 4 and 8 ranks (pp × dp × tp),
 //! against one rank: losses equal within 1.5e-6 relative — about 3× the largest difference
 //! measured (1.4e-6 on losses of about 3, in the gate's subset and in the full sweep alike);
 //! it was 1e-4, 200× wider than anything a layout produced.
@@ -12,11 +12,12 @@
 mod common;
 
 use bonfire_comm::testing::{Tolerance, assert_close};
+use bonfire_data::generated::{self, CharTokenizer};
 use bonfire_examples::cli::LayoutArgs;
-use bonfire_examples::corpus::{self, CharTokenizer};
-use bonfire_examples::{Gpt, GptConfig, default_device};
+use bonfire_examples::default_device;
 use bonfire_layout::ParallelDims;
 use bonfire_models::data::TokenBatch;
+use bonfire_models::{Gpt, GptConfig};
 use bonfire_train::{FitConfig, Launcher, OptimizerKind, Trainer, fit};
 use burn::tensor::Device;
 use std::sync::OnceLock;
@@ -43,11 +44,11 @@ fn cfg() -> GptConfig {
 
 fn tokens() -> &'static Vec<i64> {
     static T: OnceLock<Vec<i64>> = OnceLock::new();
-    T.get_or_init(|| CharTokenizer.encode(&corpus::generate(20_000, SEED)))
+    T.get_or_init(|| CharTokenizer.encode(&generated::generate(20_000, SEED)))
 }
 
 fn data(step: usize, device: &Device) -> TokenBatch {
-    corpus::global_batch(tokens(), ROWS, SEQ, SEED, step, device)
+    bonfire_models::data::generated_batch(tokens(), ROWS, SEQ, SEED, step, device)
 }
 
 /// The initial model, the same in every run: drawn once from `SEED`, cloned for each run.

@@ -1,14 +1,14 @@
-//! The point of sharding, shown with a per-rank memory budget (`train_gpt --memory-budget`):
+//! The point of sharding, shown with a per-rank memory budget (`train --memory-budget`):
 //! a GPT that cannot train with DDP on 2 ranks — a rank runs out of its budget and the run
 //! aborts with one clear `out of memory` line — trains with ZeRO-3, with tensor parallelism
 //! and with pipeline parallelism on the same 2 ranks under the same budget.
 //!
-//! Each case runs `train_gpt` as a child process (the allocator aborts the process on a
+//! Each case runs `train` as a child process (the allocator aborts the process on a
 //! refused allocation). The test builds the example first with the cargo that runs it, in
 //! the same profile.
 //!
 //! Sizes, found by measurement with the counting allocator (`peak_bytes` lines of
-//! `train_gpt --no-save`, 3 AdamW steps, 2 rows of 32 tokens per replica): the GPT of d 256,
+//! `train --no-save`, 3 AdamW steps, 2 rows of 32 tokens per replica): the GPT of d 256,
 //! 4 heads, 4 layers, d_ff 1024, character vocabulary (Ψ = 3,184,128) peaks per rank at
 //! 77.3 MB under DDP, 53.4 MB under ZeRO-3, 39.7 MB under TP=2 and 43.2 MB under PP=2
 //! (1F1B). The budget, 64 MiB (67.1 MB), sits between.
@@ -21,15 +21,15 @@ use std::process::{Command, Output};
 const BUDGET: &str = "64MiB";
 const BUDGET_BYTES: usize = 64 << 20;
 
-/// `train_gpt` on 2 ranks under the budget with the layout `layout`.
+/// `train` on 2 ranks under the budget with the layout `layout`.
 fn run(exe: &PathBuf, layout: &[&str]) -> Output {
     let start = std::time::Instant::now();
     let out = Command::new(exe)
         .args(layout)
         .args(common::BUDGET_GPT)
-        .args(["--no-save", "--memory-budget", BUDGET])
+        .args(["--sample", "0", "--memory-budget", BUDGET])
         .output()
-        .expect("run train_gpt");
+        .expect("run train");
     eprintln!(
         "{layout:?}: {:?} in {:.1} s",
         out.status,
@@ -45,7 +45,7 @@ fn peaks(out: &Output) -> Vec<usize> {
 
 #[test]
 fn ddp_runs_out_of_its_budget_where_zero3_tp_and_pp_train() {
-    let exe = common::train_gpt();
+    let exe = common::train();
 
     let ddp = run(&exe, &["--mesh", "dp=2"]);
     let stderr = String::from_utf8_lossy(&ddp.stderr);

@@ -20,10 +20,11 @@ mod common;
 use bonfire_comm::testing::Tolerance;
 use bonfire_examples::cli::LayoutArgs;
 use bonfire_examples::default_device;
-use bonfire_examples::harness::{self, HarnessResult, RankRecord};
+use bonfire_examples::harness;
 use bonfire_layout::{MixedPrecision, ParallelDims};
 use bonfire_module::PrecisionDTypes;
 use bonfire_module::precision::observe::{Observed, observed};
+use bonfire_train::parity::{Outcome, RankRecord};
 use bonfire_train::{FitConfig, Launcher, LossScaling, OptimizerKind, TrainError, Trainer, fit};
 use burn::tensor::Device;
 use std::sync::OnceLock;
@@ -53,7 +54,7 @@ fn dims(mesh: &str, zero: usize, schedule: Option<&str>, flags: &str) -> Paralle
 }
 
 /// A run under `dims`, after checking on every rank that its policy was in force.
-fn train(dims: &ParallelDims, optim: OptimizerKind) -> HarnessResult {
+fn train(dims: &ParallelDims, optim: OptimizerKind) -> Outcome {
     let f = fixture();
     let lr = common::gpt_lr(optim);
     let (result, ranks) = harness::train_recorded(&f.model, &f.batches, dims, optim, STEPS, lr)
@@ -93,8 +94,8 @@ fn assert_policy(what: &str, dims: &ParallelDims, ranks: &[Observed]) {
 }
 
 /// The fp32 run on one device (per optimizer, computed once).
-fn f32_run(optim: OptimizerKind) -> &'static HarnessResult {
-    static RUNS: [OnceLock<HarnessResult>; 2] = [OnceLock::new(), OnceLock::new()];
+fn f32_run(optim: OptimizerKind) -> &'static Outcome {
+    static RUNS: [OnceLock<Outcome>; 2] = [OnceLock::new(), OnceLock::new()];
     let k = usize::from(matches!(optim, OptimizerKind::AdamW));
     RUNS[k].get_or_init(|| train(&ParallelDims::new(), optim))
 }
@@ -167,7 +168,7 @@ fn adamw_half(dims: &ParallelDims) -> f32 {
 
 /// Losses within 2 % and, per tensor, rms(got − want) ≤ `bound` · rms(want − init); returns
 /// the worst ratio.
-fn assert_same_updates(what: &str, got: &HarnessResult, want: &HarnessResult, bound: f32) -> f32 {
+fn assert_same_updates(what: &str, got: &Outcome, want: &Outcome, bound: f32) -> f32 {
     bonfire_comm::testing::assert_close(
         &format!("{what} loss"),
         &got.losses,
@@ -183,17 +184,13 @@ fn assert_same_updates(what: &str, got: &HarnessResult, want: &HarnessResult, bo
 }
 
 /// The worst, over parameter tensors, of rms(got − want) / rms(want − init).
-fn distance(got: &HarnessResult, want: &HarnessResult) -> f32 {
+fn distance(got: &Outcome, want: &Outcome) -> f32 {
     update_ratios(got, want, |_, _, _, _| {})
 }
 
 /// For every parameter tensor but the key biases, `each(path, ratio, rms(diff),
 /// rms(update))` with ratio = rms(got − want) / rms(want − init); returns the worst ratio.
-fn update_ratios(
-    got: &HarnessResult,
-    want: &HarnessResult,
-    mut each: impl FnMut(&str, f32, f32, f32),
-) -> f32 {
+fn update_ratios(got: &Outcome, want: &Outcome, mut each: impl FnMut(&str, f32, f32, f32)) -> f32 {
     let f = fixture();
     let infos = bonfire_module::params::inventory(&f.model);
     let init = bonfire_module::params::flatten_values(&f.model, &infos);

@@ -28,7 +28,8 @@ mod common;
 use bonfire_comm::testing::{Tolerance, assert_close};
 use bonfire_examples::cli::LayoutArgs;
 use bonfire_examples::default_device;
-use bonfire_examples::harness::{self, HarnessConfig};
+use bonfire_examples::harness;
+use bonfire_models::ModelConfig;
 use bonfire_models::data;
 use bonfire_models::mixtral::{Mixtral, MixtralConfig, balance, pretrained as moe_pretrained};
 use bonfire_models::pretrained;
@@ -46,8 +47,7 @@ fn fixture_dir() -> PathBuf {
 const F64: Tolerance = Tolerance::new(1e-5, 1e-6);
 
 fn config() -> MixtralConfig {
-    let HarnessConfig::Mixtral(cfg) =
-        HarnessConfig::load(&fixture_dir().join("config.json")).unwrap()
+    let ModelConfig::Mixtral(cfg) = ModelConfig::load(&fixture_dir().join("config.json")).unwrap()
     else {
         panic!("a Mixtral config");
     };
@@ -173,7 +173,7 @@ const ROWS: usize = 4;
 fn suite() -> &'static common::Suite<Mixtral> {
     static F: OnceLock<common::Suite<Mixtral>> = OnceLock::new();
     F.get_or_init(|| {
-        let shape = bonfire_examples::GptConfig {
+        let shape = bonfire_models::GptConfig {
             vocab_size: 64,
             max_seq_len: 8,
             ..common::gpt_cfg()
@@ -268,7 +268,7 @@ fn expert_parallel_with_zero() {
 /// it: 2 steps, a checkpoint, 2 more equal 4 steps on one device, SGD and AdamW.
 #[test]
 fn expert_parallel_checkpoints_resume_at_another_ep() {
-    let shape = bonfire_examples::GptConfig {
+    let shape = bonfire_models::GptConfig {
         vocab_size: 64,
         max_seq_len: 8,
         ..common::gpt_cfg()
@@ -332,7 +332,7 @@ fn context_parallel_layouts() {
 }
 
 /// The largest parameter difference of two runs.
-fn param_gap(a: &harness::HarnessResult, b: &harness::HarnessResult) -> f32 {
+fn param_gap(a: &bonfire_train::parity::Outcome, b: &bonfire_train::parity::Outcome) -> f32 {
     a.params
         .iter()
         .flat_map(|(k, (_, v))| v.iter().zip(&b.params[k].1).map(|(x, y)| (x - y).abs()))

@@ -15,11 +15,11 @@
 mod common;
 
 use bonfire_examples::cli::LayoutArgs;
-use bonfire_examples::harness::HarnessResult;
 use bonfire_models::data::Batches;
 use bonfire_models::gpt::Gpt;
 use bonfire_tp::{ParallelLayerNorm, ParallelLinear};
 use bonfire_train::OptimizerKind;
+use bonfire_train::parity::Outcome;
 use burn::module::{Module, Param};
 use burn::optim::{AdamWConfig, GradientsParams, ModuleOptimizer, SgdConfig};
 use burn::tensor::activation::{log_softmax, softmax};
@@ -186,7 +186,7 @@ fn burn_optimizer(optim: OptimizerKind) -> ModuleOptimizer {
 }
 
 /// `STEPS` steps of plain Burn on the whole global batch, as a harness result.
-fn plain_burn(model: &Gpt, batches: &Batches, optim: OptimizerKind) -> HarnessResult {
+fn plain_burn(model: &Gpt, batches: &Batches, optim: OptimizerKind) -> Outcome {
     let device = Device::flex().autodiff();
     let heads = common::gpt_cfg().n_heads;
     let lr = common::gpt_lr(optim);
@@ -210,7 +210,7 @@ fn plain_burn(model: &Gpt, batches: &Batches, optim: OptimizerKind) -> HarnessRe
         .into_iter()
         .map(|(n, shape, v)| (n, (shape, v)))
         .collect();
-    HarnessResult {
+    Outcome {
         params,
         grad0,
         losses,

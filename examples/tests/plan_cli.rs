@@ -1,6 +1,6 @@
 //! Issue 18, points 2 and 4 end to end: the `plan` example ranks layouts and explains the
 //! first (an HSDP layout's line led by `dp_replicate=`, issue 30), fails with one line on an
-//! infeasible request and on a bad description (naming the field), and `train_gpt --mesh
+//! infeasible request and on a bad description (naming the field), and `train --mesh
 //! auto` trains under the layout the planner chose for this machine within a memory budget
 //! DDP does not fit (`tests/memory_budget.rs`: DDP peaks at 77.3 MB a rank on this model,
 //! over the 64 MiB budget).
@@ -190,11 +190,11 @@ fn plan_names_the_bad_field_of_a_description() {
 }
 
 #[test]
-fn train_gpt_mesh_auto_trains_the_planners_layout_within_the_budget() {
-    let out = Command::new(common::example("train_gpt"))
+fn train_mesh_auto_trains_the_planners_layout_within_the_budget() {
+    let out = Command::new(common::train())
         .args(["--mesh", "auto", "--ranks", "2", "--memory-budget", "64MiB"])
         .args(common::BUDGET_GPT)
-        .args(["--no-save"])
+        .args(["--sample", "0"])
         .output()
         .unwrap();
     let (stdout, stderr) = text(&out);

@@ -7,7 +7,7 @@
 //!   optimizer state) and the steady peak (the most bytes live during the steps after the
 //!   first) are read, over the rank's baseline (taken after the CPU backend's per-thread
 //!   matrix-product workspace is allocated: printed as `workspace=`, not counted —
-//!   [`planner::warm_matmul_workspace`]). Every rank's held bytes must be within 10 %
+//!   [`measure::warm_matmul_workspace`]). Every rank's held bytes must be within 10 %
 //!   of the planner's state for that rank ([`rank_memory`]: its pipeline stage's pieces), and
 //!   the fullest rank's steady peak within 10 % of the planner's bytes per rank (the larger
 //!   of a backward's start and a gradient sum: `bonfire_plan::MemoryParts::total`). Every
@@ -16,7 +16,7 @@
 //!   `step` on rank 0); a layout's time is its fastest step over three round-robin rounds (the
 //!   machine is shared with builds: a busy spell then hits every layout) — every layout timed
 //!   the same number of times, whatever its pairs' agreement. The planner, calibrated on this
-//!   machine ([`planner::calibrate`]: matmul rate with both rank threads busy, all-reduce
+//!   machine ([`calibrate`]: matmul rate with both rank threads busy, all-reduce
 //!   bandwidth and latency, an operation's fixed cost), predicts every layout's step time;
 //!   wherever it separates two layouts by 35 % or more (`SEPARATED`: above this VM's noise
 //!   between layouts, `docs/planner.md`), at least 90 % of those pairs (`AGREEMENT`) must be
@@ -34,12 +34,17 @@
 //! `bonfire_pipeline` generates.
 
 use bonfire_comm::testing::rank_alloc::RankAllocator;
-use bonfire_examples::planner::{calibrate, gpt_spec, measure_layout, predict_ranks, this_machine};
-use bonfire_examples::{Gpt, GptConfig, default_device};
+#[path = "../benches/common/measure.rs"]
+mod measure;
+use bonfire_examples::default_device;
 use bonfire_layout::MixedPrecision;
 use bonfire_layout::ParallelDims;
+use bonfire_models::{Gpt, GptConfig};
 use bonfire_pipeline::Generate;
+use bonfire_plan::machine::{calibrate, this_machine};
+use bonfire_plan::predict_ranks;
 use bonfire_plan::{ClusterSpec, Estimate, MemoryParts, Request, estimate, rank_shapes};
+use measure::measure_layout;
 
 #[global_allocator]
 static HEAP: RankAllocator = RankAllocator;
@@ -145,7 +150,7 @@ struct Prediction {
 }
 
 fn predict(cluster: &ClusterSpec, req: &Request, name: &str, dims: &ParallelDims) -> Prediction {
-    let spec = gpt_spec(&CFG);
+    let spec = CFG.spec();
     let ranks = predict_ranks(&spec, req, dims)
         .unwrap_or_else(|e| panic!("{name}: a layout the planner models: {e}"));
     let shapes = rank_shapes(&spec, dims, SEQ);

@@ -66,17 +66,20 @@
 //! (small/pp2 zb-v m = 4, rank 0, 1.16).
 
 use bonfire_comm::testing::rank_alloc::RankAllocator;
-use bonfire_examples::planner::{
-    RankRun, calibrate, gpt_spec, measure_layout, predict_ranks, this_machine,
-};
-use bonfire_examples::{Gpt, GptConfig, default_device};
+#[path = "../benches/common/measure.rs"]
+mod measure;
+use bonfire_examples::default_device;
 use bonfire_layout::{ActivationCheckpointing, Axis, ParallelDims};
 use bonfire_layout::{MixedPrecision, ScheduleKind, ZeroStage};
 use bonfire_models::data::TokenBatch;
+use bonfire_models::{Gpt, GptConfig};
 use bonfire_parallel::ParallelModel;
+use bonfire_plan::machine::{calibrate, this_machine};
+use bonfire_plan::predict_ranks;
 use bonfire_plan::{
     ModelSpec, Request, base_layout, context_layout, estimate, hsdp_layout, rank_shapes,
 };
+use measure::{RankRun, measure_layout};
 use std::time::Instant;
 
 #[path = "planner_heldout/experts.rs"]
@@ -226,7 +229,7 @@ fn measure_row(
     at: (&Request, usize),
 ) -> (Row, f64) {
     let model = Gpt::new(cfg, &default_device());
-    let row = measure_model_row((shape, name), layout, (&model, &gpt_spec(cfg)), at);
+    let row = measure_model_row((shape, name), layout, (&model, &cfg.spec()), at);
     (row.0, row.1.step_ms)
 }
 
@@ -297,7 +300,7 @@ fn context_rows(rows: &mut Vec<Row>, slot: &mut usize) -> Vec<(String, f64, f64)
     };
     let calib = calibrate(2, cfg.max_seq_len / 2, cfg.d_model, cfg.d_ff);
     let cluster = this_machine(2, 8 << 30, &calib);
-    let spec = gpt_spec(&cfg);
+    let spec = cfg.spec();
     let cases = [
         ("single", context_layout(1, 1, 1, 1)),
         ("cp2", context_layout(1, 2, 1, 1)),

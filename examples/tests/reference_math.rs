@@ -5,7 +5,8 @@
 
 mod common;
 
-use bonfire_examples::{Gpt, GptConfig, default_device};
+use bonfire_examples::default_device;
+use bonfire_models::{Gpt, GptConfig};
 use bonfire_module::params;
 use std::collections::HashMap;
 

@@ -5,8 +5,9 @@ mod common;
 
 use bonfire_comm::{OpKind, ThreadWorld};
 use bonfire_dtensor::{CommCounter, DeviceMesh};
-use bonfire_examples::{Gpt, GptConfig, default_device};
+use bonfire_examples::default_device;
 use bonfire_models::gpt::parallelize::gpt_tp_plan;
+use bonfire_models::{Gpt, GptConfig};
 use bonfire_tp::{clear_parallel_states, parallelize_module};
 use burn::module::Module;
 use std::time::Duration;

@@ -197,12 +197,12 @@ fn own_text_evaluated_and_resumed_in_other_layouts_equals_one_device() {
     let p = |name: &str| dir.join(name).to_str().unwrap().to_string();
     std::fs::write(
         dir.join("train.txt"),
-        bonfire_examples::corpus::generate(20_000, 1),
+        bonfire_data::generated::generate(20_000, 1),
     )
     .unwrap();
     std::fs::write(
         dir.join("valid.txt"),
-        bonfire_examples::corpus::generate(4_000, 2),
+        bonfire_data::generated::generate(4_000, 2),
     )
     .unwrap();
     let data = [

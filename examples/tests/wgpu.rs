@@ -2,7 +2,7 @@
 //! Vulkan), a device whose memory is not the host's: one rank, DDP, ZeRO-1/2/3 (with and
 //! without offload), tensor and pipeline parallelism train to the same losses, step-0
 //! gradients and parameters as the same layout on Flex, with SGD and with AdamW (the device
-//! checks the GPU kit runs on CUDA, `bonfire_examples::device_checks`); and the transfer ledger
+//! checks the GPU kit runs on CUDA, `examples/gpu_check/checks.rs`); and the transfer ledger
 //! of one training step shows each bucket staged down and up exactly once (under tensor
 //! parallelism, each activation all-reduce and the logits' all-gather once), and no parameter
 //! or optimizer round trip. Run with `--features wgpu` (`cargo xtask test` does).
@@ -13,13 +13,18 @@ mod common;
 
 use bonfire_dtensor::plane::Transfers;
 use bonfire_dtensor::plane::ledger::{Direction, Reason};
-use bonfire_examples::device_checks::{self, ROWS};
+#[path = "../examples/gpu_check/checks.rs"]
+mod device_checks;
+#[path = "../benches/common/throughput.rs"]
+mod throughput;
 use bonfire_examples::harness;
-use bonfire_examples::ledger;
-use bonfire_examples::{Gpt, GptConfig};
+use device_checks::ROWS;
+#[path = "../benches/common/ledger.rs"]
+mod ledger;
 use bonfire_layout::ParallelDims;
 use bonfire_layout::ZeroStage;
 use bonfire_models::data::Batches;
+use bonfire_models::{Gpt, GptConfig};
 use bonfire_module::params;
 use bonfire_train::OptimizerKind;
 use burn::tensor::Device;

@@ -90,17 +90,16 @@ pub fn strip(text: &str) -> String {
 /// Whether `r` at `i` starts a raw string (`r"…"`, `r#"…"#`), not an identifier's last `r`.
 fn is_raw_start(b: &[char], i: usize) -> bool {
     let ident = |c: char| c.is_alphanumeric() || c == '_';
-    let after = b[i + 1..].iter().skip_while(|&&h| h == '#').next() == Some(&'"');
+    let after = b[i + 1..].iter().find(|&&h| h != '#') == Some(&'"');
     after && (i == 0 || !ident(b[i - 1]))
 }
 
 /// Whether `'` at `i` opens a char literal (`'a'`, `'\n'`, `'\u{1F}'`), not a lifetime.
 fn is_char_literal(b: &[char], i: usize) -> bool {
-    match (b.get(i + 1), b.get(i + 2)) {
-        (Some('\\'), _) => true,
-        (Some(_), Some('\'')) => true,
-        _ => false,
-    }
+    matches!(
+        (b.get(i + 1), b.get(i + 2)),
+        (Some('\\'), _) | (Some(_), Some('\''))
+    )
 }
 
 impl Crate {

@@ -152,7 +152,7 @@ pub fn test_step() -> Result<bool> {
     crate::mpi_fault::kill_then_resume()?;
     println!(
         "MPI: conformance on {CONFORMANCE_RANKS:?} processes, {} failure scenarios, DDP and \
-         train_gpt across processes passed in {:.1}s",
+         train across processes passed in {:.1}s",
         SCENARIOS.len(),
         started.elapsed().as_secs_f64()
     );

@@ -1,10 +1,10 @@
 //! A dead rank under MPI, through the front door. A communicator cannot shrink here (that
-//! needs ULFM), so the honest behaviour is checked instead: `train_gpt` under `mpirun -np 4`,
+//! needs ULFM), so the honest behaviour is checked instead: `train` under `mpirun -np 4`,
 //! saving a checkpoint every 2 steps, with rank 2 killed at step 5 (`--kill-rank 2 --at-step
 //! 5`) must end non-zero within a bound, naming rank 2 and the failure; every checkpoint left
 //! visible must be complete (the latest at step 4: nothing half-written) and intact (every
 //! block of every data file matches its CRC-32 in the index, every slice the index lists is
-//! in its file); and `train_gpt --resume` under `mpirun -np 3` must continue from step 4 to
+//! in its file); and `train --resume` under `mpirun -np 3` must continue from step 4 to
 //! the end with, step by step, the losses of the same resume run as rank threads, and of the
 //! same job never killed (`mpirun -np 4`, the same flags, all 8 steps).
 
@@ -18,7 +18,9 @@ use std::time::{Duration, Instant};
 
 /// With [`tiny_gpt`], a few steps of 3 sequences per replica on 4 ranks: a global batch of 12
 /// rows, which 3 survivors split evenly.
-const COMMON: &[&str] = &["--steps", "8", "--batch", "3", "--zero", "2", "--no-save"];
+const COMMON: &[&str] = &[
+    "--steps", "8", "--batch", "3", "--zero", "2", "--sample", "0",
+];
 
 /// The killed job must end this fast (start-up of 4 processes on a loaded machine included).
 const DEADLINE: Duration = Duration::from_secs(90);
@@ -44,7 +46,7 @@ pub fn run_alone() -> Result {
 }
 
 pub fn kill_then_resume() -> Result {
-    let binary = crate::mpi_train::train_gpt_binary()?;
+    let binary = crate::mpi_train::train_binary()?;
     let dir = std::env::temp_dir().join(format!("bonfire-xtask-mpi-fault-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).map_err(|e| fail(format!("{}: {e}", dir.display())))?;
@@ -64,9 +66,7 @@ fn killed_job(binary: &str, dir: &Path, ckpt: &Path) -> Result {
     let out = output(&mut job, "the killed job")?;
     let text = both(&out);
     if out.status.success() {
-        return Err(fail(format!(
-            "train_gpt with rank 2 killed succeeded:\n{text}"
-        )));
+        return Err(fail(format!("train with rank 2 killed succeeded:\n{text}")));
     }
     if started.elapsed() > DEADLINE {
         return Err(fail(format!("the killed job took {:?}", started.elapsed())));
@@ -104,14 +104,14 @@ fn killed_job(binary: &str, dir: &Path, ckpt: &Path) -> Result {
         )));
     }
     println!(
-        "    train_gpt under mpirun -np 4, rank 2 killed at step 5: the job ended in {:.1}s \
+        "    train under mpirun -np 4, rank 2 killed at step 5: the job ended in {:.1}s \
          naming rank 2; checkpoints {steps:?} complete, {blocks} blocks verified",
         started.elapsed().as_secs_f64()
     );
     Ok(())
 }
 
-/// `train_gpt` on 4 processes (dp=4), checkpointing every 2 steps into `ckpt`, metrics to
+/// `train` on 4 processes (dp=4), checkpointing every 2 steps into `ckpt`, metrics to
 /// `metrics`: the killed job, and without the kill the job it would have been.
 fn four_ranks(binary: &str, ckpt: &Path, metrics: &Path) -> Command {
     let mut job = mpirun(4, DEADLINE.as_secs() as u32);
@@ -136,7 +136,7 @@ fn as_if_never_killed(binary: &str, dir: &Path) -> Result {
     let out = output(&mut job, "the uninterrupted job")?;
     if !out.status.success() {
         return Err(fail(format!(
-            "train_gpt on 4 processes, never killed, failed:\n{}",
+            "train on 4 processes, never killed, failed:\n{}",
             both(&out)
         )));
     }
@@ -155,7 +155,7 @@ fn as_if_never_killed(binary: &str, dir: &Path) -> Result {
         return Err(fail("no final loss to compare".into()));
     };
     println!(
-        "    train_gpt never killed (mpirun -np 4): steps {:?} = the killed job's (largest \
+        "    train never killed (mpirun -np 4): steps {:?} = the killed job's (largest \
          relative difference {before:.1e}); steps {:?} vs resumed on 3 processes: largest \
          relative difference {after:.1e}; final loss {:.6} resumed, {:.6} never killed",
         killed.iter().map(|(s, _)| s).collect::<Vec<_>>(),
@@ -206,7 +206,7 @@ fn resumed_on_fewer(binary: &str, dir: &Path, ckpt: &Path) -> Result {
     let out = output(&mut job, "the resumed job")?;
     if !out.status.success() {
         return Err(fail(format!(
-            "train_gpt --resume on 3 processes failed:\n{}",
+            "train --resume on 3 processes failed:\n{}",
             both(&out)
         )));
     }
@@ -223,7 +223,7 @@ fn resumed_on_fewer(binary: &str, dir: &Path, ckpt: &Path) -> Result {
     let out = output(&mut local, "the threads resume")?;
     if !out.status.success() {
         return Err(fail(format!(
-            "train_gpt --resume on threads failed:\n{}",
+            "train --resume on threads failed:\n{}",
             both(&out)
         )));
     }
@@ -247,7 +247,7 @@ fn resumed_on_fewer(binary: &str, dir: &Path, ckpt: &Path) -> Result {
         )));
     }
     println!(
-        "    train_gpt --resume under mpirun -np 3 = on 3 threads: steps {steps:?}, largest \
+        "    train --resume under mpirun -np 3 = on 3 threads: steps {steps:?}, largest \
          relative difference {worst:.1e}"
     );
     Ok(())

@@ -1,4 +1,4 @@
-//! Ranks as processes through the front door: `train_gpt` under `mpirun -np 4` (one rank per
+//! Ranks as processes through the front door: `train` under `mpirun -np 4` (one rank per
 //! process, `--launcher env`) must give, step by step, the losses of the same command run as
 //! rank threads — for dp=2,tp=2 and for dp=2,pp=2 with ZeRO-3.
 
@@ -7,7 +7,7 @@ use crate::process::{Failure, Result};
 use std::path::Path;
 use std::process::Command;
 
-/// The small GPT of the MPI steps (`train_gpt` flags): the comparison, not the training, is
+/// The small GPT of the MPI steps (`train` flags): the comparison, not the training, is
 /// the point. One list, `examples/tiny_gpt.args`, which `examples/tests/fault_tolerance.rs`
 /// reads too.
 pub(crate) fn tiny_gpt() -> Vec<&'static str> {
@@ -31,8 +31,8 @@ const LAYOUTS: &[(&str, &[&str])] = &[
 /// The relative tolerance on each step's loss.
 const REL: f64 = 1e-5;
 
-/// `train_gpt` built with the `mpi` feature (its path).
-pub(crate) fn train_gpt_binary() -> Result<String> {
+/// `train` built with the `mpi` feature (its path).
+pub(crate) fn train_binary() -> Result<String> {
     let features = crate::test::examples_features("mpi");
     built_executable(
         &[
@@ -42,14 +42,14 @@ pub(crate) fn train_gpt_binary() -> Result<String> {
             "--features",
             &features,
             "--example",
-            "train_gpt",
+            "train",
         ],
-        "train_gpt",
+        "train",
     )
 }
 
 pub fn compare_layouts() -> Result {
-    let binary = train_gpt_binary()?;
+    let binary = train_binary()?;
     let dir = std::env::temp_dir().join(format!("bonfire-xtask-mpi-{}", std::process::id()));
     std::fs::create_dir_all(&dir).map_err(|e| fail(format!("{}: {e}", dir.display())))?;
     for (name, layout) in LAYOUTS {
@@ -66,7 +66,6 @@ fn compare(binary: &str, dir: &Path, name: &str, layout: &[&str]) -> Result {
     run(
         local.args(tiny_gpt()).args(COMMON).args(layout),
         &threads,
-        dir,
         name,
     )?;
     let mut mpi = mpirun(4, 180);
@@ -74,7 +73,6 @@ fn compare(binary: &str, dir: &Path, name: &str, layout: &[&str]) -> Result {
     run(
         mpi.args(tiny_gpt()).args(COMMON).args(layout),
         &processes,
-        dir,
         name,
     )?;
     let (a, b) = (losses(&threads)?, losses(&processes)?);
@@ -85,31 +83,30 @@ fn compare(binary: &str, dir: &Path, name: &str, layout: &[&str]) -> Result {
         .fold(0.0f64, f64::max);
     if a.len() != b.len() || a.is_empty() || worst > REL {
         return Err(fail(format!(
-            "train_gpt {name}: threads {a:?} vs mpirun -np 4 {b:?} (largest relative difference {worst:e})"
+            "train {name}: threads {a:?} vs mpirun -np 4 {b:?} (largest relative difference {worst:e})"
         )));
     }
     println!(
-        "    train_gpt {} as 4 MPI processes = as 4 threads: {} losses, largest relative difference {worst:.1e}",
+        "    train {} as 4 MPI processes = as 4 threads: {} losses, largest relative difference {worst:.1e}",
         layout.join(" "),
         a.len()
     );
     Ok(())
 }
 
-fn run(command: &mut Command, metrics: &Path, dir: &Path, name: &str) -> Result {
+fn run(command: &mut Command, metrics: &Path, name: &str) -> Result {
     command
         .arg("--metrics")
         .arg(metrics)
-        .arg("--checkpoint")
-        .arg(dir.join(format!("{name}.safetensors")));
+        .args(["--sample", "0"]);
     let output = command
         .output()
-        .map_err(|e| fail(format!("train_gpt {name}: {e}")))?;
+        .map_err(|e| fail(format!("train {name}: {e}")))?;
     if output.status.success() {
         return Ok(());
     }
     Err(fail(format!(
-        "train_gpt {name} failed ({}):\n{}{}",
+        "train {name} failed ({}):\n{}{}",
         output.status,
         String::from_utf8_lossy(&output.stdout),
         String::from_utf8_lossy(&output.stderr)
@@ -127,7 +124,7 @@ fn losses(path: &Path) -> Result<Vec<f64>> {
         .collect()
 }
 
-/// Every line of a `train_gpt --metrics` file, parsed.
+/// Every line of a `train --metrics` file, parsed.
 pub(crate) fn metrics_lines(path: &Path) -> Result<Vec<serde_json::Value>> {
     let text =
         std::fs::read_to_string(path).map_err(|e| fail(format!("{}: {e}", path.display())))?;

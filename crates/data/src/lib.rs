@@ -13,6 +13,8 @@
 //! - [`PackedSequences`]: the tokens cut into non-overlapping sequences (inputs and targets
 //!   shifted by one), in a seeded shuffle per epoch, read by step and by row so that a
 //!   resumed run continues exactly and each data-parallel replica reads only its rows.
+//! - [`generated`]: a small corpus generated in code with its character tokenizer and
+//!   seeded windows — the zero-setup data of the main job and the parity tests.
 //!
 //! Every failure is a [`DataError`] that says what is wrong and where.
 //!
@@ -42,6 +44,7 @@
 #![deny(unsafe_code)]
 
 mod error;
+pub mod generated;
 mod hash;
 mod packed;
 mod text;

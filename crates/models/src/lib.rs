@@ -23,6 +23,7 @@
 #![forbid(unsafe_code)]
 
 pub mod classifier;
+pub mod config;
 pub mod data;
 pub mod decoder;
 pub mod decoder_layer;
@@ -34,6 +35,7 @@ pub mod tensor_file;
 pub mod weights;
 
 pub use classifier::Classifier;
+pub use config::ModelConfig;
 pub use gpt::{Gpt, GptConfig, cross_entropy};
 pub use llama::{Llama, LlamaConfig};
 pub use mixtral::{Mixtral, MixtralConfig};

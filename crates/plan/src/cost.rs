@@ -10,13 +10,13 @@ use crate::memory::{
     rank_gradient_copy_bytes, rank_state, transient_bytes,
 };
 use crate::model::ModelSpec;
-use crate::shape::RankShape;
+use crate::shape::{RankShape, rank_shapes};
 use crate::time::{
     KERNELS_EMBEDDING, KERNELS_HEAD, KERNELS_MOE_ROUTING, KERNELS_PER_BLOCK,
     KERNELS_PER_LOCAL_EXPERT, KERNELS_PER_RING_STEP, StepTime, all_gather, all_reduce, p2p,
     ring_transfer,
 };
-use bonfire_layout::{MixedPrecision, ParallelDims, ScheduleKind, ZeroStage};
+use bonfire_layout::{Axis, MixedPrecision, ParallelDims, ScheduleKind, ZeroStage};
 
 /// What is trained: sequences per step, tokens per sequence, which precisions may be used,
 /// and the share of a device's memory a plan may fill.
@@ -488,4 +488,21 @@ pub fn schedule_fits(s: ScheduleKind, pp: usize, m: usize) -> bool {
         ScheduleKind::Interleaved { .. } => m % pp == 0,
         _ => true,
     }
+}
+
+/// The planner's bytes for every world rank of `layout` ([`rank_memory`] of its pipeline
+/// stage) training the model `spec` on `req`; `Err` for a layout the planner does not model
+/// ([`PlannedLayout::check_model`]) or whose sequences do not cut
+/// ([`PlannedLayout::check_sequence`]: `2·cp` chunks).
+pub fn predict_ranks(
+    spec: &ModelSpec,
+    req: &Request,
+    layout: &ParallelDims,
+) -> Result<Vec<MemoryParts>, String> {
+    layout.check_model(spec, req.global_batch)?;
+    layout.check_sequence(req.seq)?;
+    let shapes = rank_shapes(spec, layout, req.seq);
+    Ok((0..layout.world_size())
+        .map(|r| rank_memory(spec, req, layout, &shapes, layout.coordinate(r, Axis::Pp)))
+        .collect())
 }

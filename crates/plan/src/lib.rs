@@ -59,6 +59,8 @@ pub mod error;
 pub mod experts;
 mod json;
 pub mod layout;
+#[cfg(feature = "machine")]
+pub mod machine;
 pub mod memory;
 pub mod model;
 pub mod search;
@@ -67,7 +69,7 @@ pub mod time;
 
 pub use bytes::{format_bytes, parse_bytes};
 pub use cluster::{ClusterSpec, DeviceSpec, LinkSpec};
-pub use cost::{Estimate, MemoryParts, Request, estimate, rank_memory};
+pub use cost::{Estimate, MemoryParts, Request, estimate, predict_ranks, rank_memory};
 pub use error::PlanError;
 pub use layout::{
     Held, PlannedLayout, SEARCHED_SCHEDULES, ScheduleModel, base_layout, context_layout,

@@ -259,7 +259,7 @@ pub fn transient_bytes(model: &ModelSpec, layout: &ParallelDims, psi: usize) -> 
 }
 
 /// Gradient-sized buffers a tensor-parallel rank holds beyond its state and activations at
-/// backward's start: 1.1 (Ψ = 67 M, `bench memory`), 1.4 (`train_gpt --mesh auto`'s budget
+/// backward's start: 1.1 (Ψ = 67 M, `bench memory`), 1.4 (`train --mesh auto`'s budget
 /// GPT), 1.2 (the bench GPT, with one logits buffer more) measured.
 pub const TP_GRADIENT_COPIES: f64 = 1.25;
 

@@ -1,7 +1,7 @@
 //! The one training loop: for each step, a batch from the [`DataSource`], forward and
 //! backward, the optimizer step; the global loss, the step's time and tokens/s reported to
 //! hooks, a progress bar and a `--metrics` JSON-lines file. Every layout, every binary
-//! (`train_gpt`, the parity harness, the benches) trains through it.
+//! (`train`, the parity harness, the benches) trains through it.
 
 use crate::checkpoint::Checkpointer;
 use crate::engine::Engine;

@@ -77,6 +77,7 @@ mod fit;
 mod launch;
 mod mesh;
 mod optim;
+pub mod parity;
 mod scaler;
 mod trainer;
 mod wrapper;

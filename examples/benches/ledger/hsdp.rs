@@ -9,10 +9,11 @@
 
 use bonfire_comm::OpKind;
 use bonfire_dtensor::plane::{TransferLedger, Transfers};
-use bonfire_examples::{Gpt, GptConfig, default_device};
+use bonfire_examples::default_device;
 use bonfire_layout::ZeroStage;
 use bonfire_layout::{Axis, ParallelDims};
 use bonfire_models::data::TokenBatch;
+use bonfire_models::{Gpt, GptConfig};
 use bonfire_parallel::DataSource;
 use bonfire_train::{Launcher, OptimizerKind, TrainError, Trainer};
 use burn::tensor::Device;

@@ -29,9 +29,9 @@
 //! expert_state_bytes_ep1), `ratio` = their quotient, `expected` = 1/ep; `held_ratio` = its
 //! `held_bytes` / the ep = 1 run's.
 
+use crate::common::measure::warm_matmul_workspace;
 use bonfire_comm::testing::rank_alloc;
 use bonfire_examples::default_device;
-use bonfire_examples::planner::warm_matmul_workspace;
 use bonfire_layout::ZeroStage;
 use bonfire_models::mixtral::moe::Experts;
 use bonfire_models::mixtral::{Mixtral, MixtralConfig};

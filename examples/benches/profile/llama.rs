@@ -9,8 +9,8 @@
 //! `part=sum`, `part=model`, `part=adamw`, and the `split` line (see [`super::Split`]).
 
 use super::{Report, Split, Step, leaf, time};
+use crate::common::throughput::random_batches;
 use bonfire_examples::default_device;
-use bonfire_examples::throughput::random_batches;
 use bonfire_kernels::FusedAdamWConfig;
 use bonfire_models::gpt::cross_entropy;
 use bonfire_models::llama::model::{Attention, Mlp};

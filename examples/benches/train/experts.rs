@@ -16,12 +16,12 @@
 //! Both are the largest over ranks of each step, then the median over the timed steps, as
 //! `step_ms`; `a2a_calls` is the calls a rank made on the ep group in one step.
 
+use crate::common::throughput::{Hosts, RankRun, Rows, Steps};
 use bonfire_comm::{OpKind, ProcessGroup, RECORDER_CAPACITY};
 use bonfire_cp::ContextSplit;
 use bonfire_dtensor::plane::TransferLedger;
 use bonfire_ep::ExpertScope;
 use bonfire_examples::default_device;
-use bonfire_examples::throughput::{Hosts, RankRun, Rows, Steps};
 use bonfire_layout::{LayoutError, ParallelDims};
 use bonfire_models::data::TokenBatch;
 use bonfire_models::mixtral::Mixtral;
@@ -135,7 +135,7 @@ impl<B> Hooks<B> for Probe {
     }
 }
 
-/// [`bonfire_examples::throughput::train`] for [`Probed`] (threads or this process's rank):
+/// [`crate::common::throughput::train`] for [`Probed`] (threads or this process's rank):
 /// every rank's step times and wrapper report, and its all-to-all traffic per step.
 pub fn train(
     model: &Probed,
@@ -178,7 +178,7 @@ pub fn summary(per_rank: &[Vec<A2aStep>], steps: Steps) -> [f64; 3] {
         |s: usize, f: fn(&A2aStep) -> f64| per_rank.iter().map(|r| f(&r[s])).fold(0.0, f64::max);
     let median = |f: fn(&A2aStep) -> f64| {
         let timed = (steps.warmup..steps.total()).map(|s| most(s, f)).collect();
-        bonfire_examples::throughput::median(timed)
+        crate::common::throughput::median(timed)
     };
     [
         median(|a| a.bytes),

@@ -10,12 +10,13 @@ use bonfire_comm::testing::Tolerance;
 use bonfire_comm::{ReduceOp, ThreadWorld};
 use bonfire_ddp::{DdpConfig, DistributedDataParallel};
 use bonfire_examples::cli::LayoutArgs;
-use bonfire_examples::harness::HarnessResult;
-use bonfire_examples::{Gpt, GptConfig, default_device};
+use bonfire_examples::default_device;
 use bonfire_models::data::{Batches, TokenBatch};
+use bonfire_models::{Gpt, GptConfig};
 use bonfire_module::{DataParallel, params};
 use bonfire_parallel::ParallelModel;
 use bonfire_train::OptimizerKind;
+use bonfire_train::parity::Outcome;
 use burn::module::Module;
 use burn::optim::{GradientsParams, ModuleOptimizer};
 use std::time::Duration;
@@ -50,7 +51,8 @@ pub fn adamw_experts(lr: f64) -> Tolerance {
     Tolerance::new(1e-5, 5e-3 * lr as f32)
 }
 
-pub use bonfire_examples::harness::{assert_same_run, gpt_lr};
+pub use bonfire_examples::harness::gpt_lr;
+pub use bonfire_train::parity::assert_same_run;
 
 /// vocab 32, d 16, 4 heads, 6 layers (8 pipeline pieces), seq 8, d_ff 32: tp ∈ {1, 2, 4},
 /// pp up to 4 with two chunks per rank.
@@ -114,7 +116,7 @@ pub fn train_layout(
     dims: &bonfire_layout::ParallelDims,
     optim: OptimizerKind,
     steps: usize,
-) -> HarnessResult {
+) -> Outcome {
     bonfire_examples::harness::train(model, batches, dims, optim, steps, gpt_lr(optim))
         .unwrap_or_else(|e| panic!("{dims} {}: {e}", optim.name()))
 }
@@ -149,7 +151,7 @@ pub struct Suite<M> {
     /// The global batches of every step.
     pub batches: Batches,
     /// One device: `[SGD, AdamW]` at [`gpt_lr`].
-    pub reference: [HarnessResult; 2],
+    pub reference: [Outcome; 2],
     steps: usize,
 }
 
@@ -283,7 +285,7 @@ pub fn ddp(
         .unwrap()
 }
 
-/// `train_gpt` flags of the GPT `tests/memory_budget.rs` sizes a 64 MiB per-rank budget by
+/// `train` flags of the GPT `tests/memory_budget.rs` sizes a 64 MiB per-rank budget by
 /// (d 256, 4 heads, 4 layers, d_ff 1024; 3 steps of 2 rows of 32 tokens per replica): DDP
 /// peaks above it on 2 ranks, ZeRO-3, TP = 2 and PP = 2 below.
 pub const BUDGET_GPT: &[&str] = &[
@@ -305,10 +307,10 @@ pub const BUDGET_GPT: &[&str] = &[
     "0",
 ];
 
-/// The `train_gpt` example, built in the profile of the calling test binary (for tests that
-/// run it as a child process).
-pub fn train_gpt() -> std::path::PathBuf {
-    example("train_gpt")
+/// The `train` example, built in the profile of the calling test binary (for tests that run
+/// it as a child process).
+pub fn train() -> std::path::PathBuf {
+    example("train")
 }
 
 /// The example `name`, built in the profile and with the `wgpu` feature of this test binary
@@ -349,7 +351,7 @@ pub fn number_after<T: std::str::FromStr>(text: &str, marker: &str) -> T {
         .unwrap_or_else(|| panic!("no number after `{marker}` in: {text}"))
 }
 
-/// The peaks `train_gpt` printed at its end (`peak_bytes rank=R bytes=B`), one per rank.
+/// The peaks `train` printed at its end (`peak_bytes rank=R bytes=B`), one per rank.
 pub fn printed_peaks(stdout: &str) -> Vec<usize> {
     stdout
         .lines()

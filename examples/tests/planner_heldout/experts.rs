@@ -8,11 +8,11 @@
 
 use super::{Row, measure_model_row};
 use bonfire_examples::default_device;
-use bonfire_examples::planner::{mixtral_spec, predict_ranks};
 use bonfire_layout::Axis;
 use bonfire_layout::{MixedPrecision, ZeroStage};
 use bonfire_models::llama::LlamaConfig;
 use bonfire_models::mixtral::{Mixtral, MixtralConfig};
+use bonfire_plan::predict_ranks;
 use bonfire_plan::{Request, base_layout};
 use std::time::Instant;
 
@@ -39,7 +39,7 @@ pub(crate) fn expert_rows(rows: &mut Vec<Row>, mut slot: usize) {
         memory_fraction: 1.0,
     };
     let model = Mixtral::new(&cfg, &default_device());
-    let spec = mixtral_spec(&cfg);
+    let spec = cfg.spec();
     let ep = |ep, zero| {
         base_layout(4, 1, 1)
             .with_degree(Axis::Ep, ep)

@@ -1,5 +1,6 @@
 //! [`GptConfig`]: the model's sizes, as in the parity contract's `cfg.json`.
 
+use bonfire_plan::{Attention, ModelSpec};
 use serde::{Deserialize, Serialize};
 
 /// Sizes of the GPT decoder (`cfg.json` of the parity harness).
@@ -20,6 +21,23 @@ pub struct GptConfig {
 }
 
 impl GptConfig {
+    /// The GPT as the planner sees it (its position table has `max_seq_len` rows; its
+    /// attention [`Attention::Fused`]).
+    pub fn spec(&self) -> ModelSpec {
+        ModelSpec {
+            attention: Attention::Fused,
+            ..ModelSpec::gpt(
+                "gpt",
+                self.vocab_size,
+                self.d_model,
+                self.n_heads,
+                self.n_layers,
+                self.max_seq_len,
+                self.d_ff,
+            )
+        }
+    }
+
     /// A tiny model for tests: vocab 32, d 16, 2 heads, 2 layers, seq 8, d_ff 32.
     pub fn tiny() -> Self {
         Self {

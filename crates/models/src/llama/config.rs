@@ -1,6 +1,7 @@
 //! [`LlamaConfig`]: a Llama model's sizes, read from and written as a Hugging Face
 //! `config.json` (`"model_type": "llama"`, the fields of `shared/notes/parity-harness.md`).
 
+use bonfire_plan::{Arch, Attention, ModelSpec};
 use serde_json::{Map, Value, json};
 
 /// Sizes of a Llama decoder, named as in Hugging Face's `LlamaConfig`.
@@ -29,6 +30,24 @@ pub struct LlamaConfig {
 }
 
 impl LlamaConfig {
+    /// The Llama as the planner sees it: grouped-query attention, SwiGLU, RMSNorm, no
+    /// biases — and attention as the GPT computes it ([`Attention::Fused`]: no scores kept in
+    /// f32, kept in 16-bit types and under ring attention).
+    pub fn spec(&self) -> ModelSpec {
+        ModelSpec {
+            name: "llama".into(),
+            arch: Arch::Llama,
+            attention: Attention::Fused,
+            vocab_size: self.vocab_size,
+            d_model: self.hidden_size,
+            n_heads: self.num_attention_heads,
+            n_kv_heads: self.num_key_value_heads,
+            n_layers: self.num_hidden_layers,
+            seq_len: self.max_position_embeddings,
+            d_ff: self.intermediate_size,
+        }
+    }
+
     /// A tiny model for tests: vocab 32, hidden 16, 4 heads of 4, 2 kv heads, 2 layers,
     /// intermediate 24, positions 8.
     pub fn tiny() -> Self {

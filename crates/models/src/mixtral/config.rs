@@ -3,6 +3,7 @@
 //! (`"model_type": "mixtral"`, the fields of `shared/notes/parity-harness.md`).
 
 use crate::llama::LlamaConfig;
+use bonfire_plan::{Arch, ModelSpec, Moe};
 use serde_json::Value;
 
 /// Sizes of a Mixtral decoder, named as in Hugging Face's `MixtralConfig`.
@@ -20,6 +21,20 @@ pub struct MixtralConfig {
 }
 
 impl MixtralConfig {
+    /// The Mixtral as the planner sees it: the Llama's body ([`LlamaConfig::spec`]) with each
+    /// MLP a sparse mixture of `num_local_experts` SwiGLU experts of width
+    /// `intermediate_size`, `num_experts_per_tok` of them per token.
+    pub fn spec(&self) -> ModelSpec {
+        ModelSpec {
+            name: "mixtral".into(),
+            arch: Arch::Mixtral(Moe {
+                experts: self.num_local_experts,
+                top_k: self.num_experts_per_tok,
+            }),
+            ..self.base.spec()
+        }
+    }
+
     /// A tiny model for tests: vocab 64, hidden 32, 4 heads of 8, 2 kv heads, 2 layers,
     /// 4 experts of width 48, top 2, α = 0.02, positions 8.
     pub fn tiny() -> Self {

@@ -48,7 +48,7 @@ use std::time::Instant;
 #[derive(Debug, Clone, Default)]
 pub struct FaultTolerance {
     /// Failure injection (tests, chaos runs): world rank `rank` panics at the start of step
-    /// `step` (`train_gpt --kill-rank R --at-step S`).
+    /// `step` (`train --kill-rank R --at-step S`).
     pub kill: Option<KillAt>,
     /// Stop with an error rather than continue on fewer ranks than this (0 or 1: any).
     pub min_ranks: usize,

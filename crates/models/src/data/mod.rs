@@ -1,6 +1,11 @@
 //! Token batches of the language models ([`TokenBatch`]): the harness's `batch.safetensors` (`input_ids`, `targets`, int64
 //! `[S, B, T']`) and their per-rank row slices; [`pattern_batch`], a batch from a fixed rule
-//! for the memory benches and tests.
+//! for the memory benches and tests; [`TrainData`], a run's data (your text or token files, or
+//! the generated corpus) as a source of batches.
+
+mod train;
+
+pub use train::{TrainData, generated_batch};
 
 use crate::tensor_file::{self, HostTensor};
 use burn::tensor::{Device, Int, Tensor, TensorData};

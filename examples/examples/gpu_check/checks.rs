@@ -2,12 +2,12 @@
 //! trains to the same run as on Flex ([`parity`]), the parity harness trains transformers'
 //! Llama checkpoint to transformers' float64 run ([`llama_against_transformers`]), and the
 //! bench models' training speed on one rank ([`tokens_per_second`]). `tests/wgpu.rs` runs them on Mesa's software Vulkan; the GPU
-//! kit (`examples/gpu_check.rs`, built by `cargo xtask gpu-kit`, docs/gpu.md) on CUDA.
+//! kit (`gpu_check`, built by `cargo xtask gpu-kit`, docs/gpu.md) on CUDA.
 
-use crate::cli::LayoutArgs;
-use crate::harness::{self, HarnessResult, assert_same_run, gpt_lr};
 use crate::throughput::{self, Hosts, Steps};
 use bonfire_comm::testing::{Tolerance, assert_close};
+use bonfire_examples::cli::LayoutArgs;
+use bonfire_examples::harness::{self, gpt_lr};
 use bonfire_kernels::FusedAdamWConfig;
 use bonfire_layout::ParallelDims;
 use bonfire_models::data::{Batches, TokenBatch};
@@ -15,6 +15,7 @@ use bonfire_models::gpt::{Gpt, GptConfig};
 use bonfire_models::llama::{Llama, LlamaConfig};
 use bonfire_module::params;
 use bonfire_parallel::ParallelModel;
+use bonfire_train::parity::{Outcome, assert_same_run};
 use bonfire_train::{OptimizerKind, Trainer};
 use burn::optim::SgdConfig;
 use burn::tensor::Device;
@@ -30,7 +31,9 @@ pub const ROWS: usize = 4;
 /// random sequences (seed 11).
 pub fn gpt_fixture() -> (Gpt, Batches) {
     let cfg = GptConfig::tiny();
-    let model = params::seeded(5, &crate::default_device(), |d| Gpt::new(&cfg, d));
+    let model = params::seeded(5, &bonfire_examples::default_device(), |d| {
+        Gpt::new(&cfg, d)
+    });
     let batches = throughput::random_batches(cfg.vocab_size, cfg.max_seq_len, ROWS, STEPS, 11);
     (model, batches)
 }
@@ -81,12 +84,7 @@ pub fn tolerance(optim: OptimizerKind) -> Tolerance {
 }
 
 /// `STEPS` steps of `model` under `dims` with `optim` through the parity harness.
-fn train(
-    model: &Gpt,
-    batches: &Batches,
-    dims: &ParallelDims,
-    optim: OptimizerKind,
-) -> HarnessResult {
+fn train(model: &Gpt, batches: &Batches, dims: &ParallelDims, optim: OptimizerKind) -> Outcome {
     harness::train(model, batches, dims, optim, STEPS, gpt_lr(optim))
         .unwrap_or_else(|e| panic!("{dims} {}: {e}", optim.name()))
 }
@@ -142,7 +140,8 @@ pub fn parity_tf32(
         let reference = train(&on_device, batches, &one, optim);
         let what = format!("{one} {} {device:?} vs flex{note}", optim.name());
         let flex = train(model, batches, &one, optim);
-        let closeness = harness::assert_same_run_normwise(&what, &reference, &flex, TF32, floor);
+        let closeness =
+            bonfire_train::parity::assert_same_run_normwise(&what, &reference, &flex, TF32, floor);
         lines.push(format!("parity {what}: {closeness}"));
         for dims in layouts.iter().filter(|d| **d != one) {
             let what = format!("{dims} {} vs {one} on {device:?}{note}", optim.name());
@@ -151,9 +150,9 @@ pub fn parity_tf32(
             // tolerance (measured on the H200: 4.8e-7 at most); under AdamW normwise.
             let closeness = match optim {
                 OptimizerKind::Sgd => assert_same_run(&what, &got, &reference, tolerance(optim)),
-                OptimizerKind::AdamW => {
-                    harness::assert_same_run_normwise(&what, &got, &reference, TF32, floor)
-                }
+                OptimizerKind::AdamW => bonfire_train::parity::assert_same_run_normwise(
+                    &what, &got, &reference, TF32, floor,
+                ),
             };
             lines.push(format!("parity {what}: {closeness}"));
         }
@@ -235,7 +234,7 @@ fn speed<M: ParallelModel<Batch = TokenBatch> + Sync>(
 /// 1e-5 with a floor for elements that cancel.
 pub const F64: Tolerance = Tolerance::new(1e-5, 1e-6);
 
-/// The normwise bound ([`harness::assert_same_run_normwise`]) of a run on CUDA. Burn 0.22.1's
+/// The normwise bound ([`bonfire_train::parity::assert_same_run_normwise`]) of a run on CUDA. Burn 0.22.1's
 /// CUDA backend computes f32 matrix products on TF32 tensor cores (burn-cubecl's matmul tuner
 /// promotes f32 operands to tf32: 10 mantissa bits, unit roundoff 2⁻¹¹ ≈ 4.9e-4), so no f32
 /// bound holds there: measured on an H200 (2026-11-27, the Llama fixture, 2 SGD steps),
@@ -291,7 +290,9 @@ pub fn llama_against_transformers(
     // CUDA's products are TF32's ([`TF32`]): normwise there, F64 elsewhere.
     let tf32 = device == "cuda";
     let tol = |want: &[f32]| match tf32 {
-        true => harness::normwise(TF32, harness::largest_magnitude(want)),
+        true => {
+            bonfire_train::parity::normwise(TF32, bonfire_train::parity::largest_magnitude(want))
+        }
         false => F64,
     };
     let mut worst = assert_close(

@@ -22,7 +22,7 @@ pub fn second_step(
     batch: impl Fn(usize, &Device) -> TokenBatch + Sync,
 ) -> Result<Vec<Transfers>, TrainError> {
     let trainer = Trainer::new(dims.clone(), move || optim.build());
-    let first = batch(0, &crate::default_device());
+    let first = batch(0, &Device::flex().autodiff());
     let ranks = Launcher::Threads {
         ranks: dims.world_size(),
     }

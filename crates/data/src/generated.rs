@@ -1,10 +1,9 @@
-//! A small text corpus generated in code (no download, no file in the repository) and a
-//! character tokenizer, so the main job trains on real, learnable text anywhere.
+//! A small text corpus generated in code (no download, no file in the repository), a
+//! character tokenizer for it, and seeded random windows of it, so the main job trains on
+//! real, learnable text anywhere.
 //!
 //! The text is sentences from a little grammar (subjects, verbs, objects, places), enough
 //! structure for a small GPT to drive its loss well below the uniform `ln(vocab)`.
-
-use bonfire_models::data::Batches;
 
 /// Characters of the corpus; the token of a character is its index here.
 pub const ALPHABET: &str = " abcdefghijklmnopqrstuvwxyz.,\n";
@@ -119,8 +118,9 @@ impl CharTokenizer {
     }
 }
 
-/// `batch` random windows of `seq + 1` tokens: inputs and next-token targets, `[1, B, T]`.
-pub fn sample_batch(tokens: &[i64], batch: usize, seq: usize, rng: &mut Rng) -> Batches {
+/// `batch` random windows of `seq + 1` tokens of `tokens`: the inputs and their next-token
+/// targets, each `batch × seq` ids, row by row.
+pub fn windows(tokens: &[i64], batch: usize, seq: usize, rng: &mut Rng) -> (Vec<i64>, Vec<i64>) {
     let mut ids = Vec::with_capacity(batch * seq);
     let mut targets = Vec::with_capacity(batch * seq);
     for _ in 0..batch {
@@ -128,21 +128,20 @@ pub fn sample_batch(tokens: &[i64], batch: usize, seq: usize, rng: &mut Rng) -> 
         ids.extend_from_slice(&tokens[start..start + seq]);
         targets.extend_from_slice(&tokens[start + 1..start + seq + 1]);
     }
-    Batches::new(ids, targets, [1, batch, seq])
+    (ids, targets)
 }
 
-/// The global batch of step `step`: `rows` windows drawn with a generator seeded by (`seed`,
+/// The windows of step `step`: `rows` of them drawn with a generator seeded by (`seed`,
 /// `step`), so every rank and every layout trains on the same batches.
-pub fn global_batch(
+pub fn step_windows(
     tokens: &[i64],
     rows: usize,
     seq: usize,
     seed: u64,
     step: usize,
-    device: &burn::tensor::Device,
-) -> bonfire_models::data::TokenBatch {
+) -> (Vec<i64>, Vec<i64>) {
     let mut rng = Rng::new(seed ^ (step as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15));
-    sample_batch(tokens, rows, seq, &mut rng).rows(0, 0, rows, device)
+    windows(tokens, rows, seq, &mut rng)
 }
 
 #[cfg(test)]

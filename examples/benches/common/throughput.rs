@@ -3,9 +3,8 @@
 //! on rank threads, alone, or as this process's rank of a launcher's job, and the median over
 //! the timed steps (after warm-up) of the slowest rank's step.
 
-use crate::corpus::Rng;
-use crate::default_device;
 use bonfire_comm::ProcessGroup;
+use bonfire_data::generated::Rng;
 use bonfire_models::data::Batches;
 use bonfire_models::data::TokenBatch;
 use bonfire_parallel::ParallelModel;
@@ -149,7 +148,11 @@ pub fn train_at<M: ParallelModel<Batch = TokenBatch> + Sync>(
     let config = FitConfig::new(steps.total(), lr);
     let one = |pg: ProcessGroup, rank: usize| {
         let data = |s: usize, device: &Device| rows(rank, s, device);
-        let mut engine = trainer.build(model.clone(), &pg, &data(0, &default_device()))?;
+        let mut engine = trainer.build(
+            model.clone(),
+            &pg,
+            &data(0, &burn::tensor::Device::flex().autodiff()),
+        )?;
         let reports = fit(engine.as_mut(), &data, &config, &mut ())?;
         Ok::<_, TrainError>(RankRun {
             step_ms: reports.iter().map(|r| r.step_ms).collect(),

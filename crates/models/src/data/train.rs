@@ -1,17 +1,17 @@
-//! The training front door's data (`--data`, `--eval-data`): your own text or token files
-//! packed into sequences by `bonfire-data`, or the generated corpus (the zero-setup default),
-//! as a [`DataSource`] whose replicas each read only their own rows.
+//! A language model's training data: your own text or token files packed into sequences by
+//! `bonfire-data`, or the generated corpus (the zero-setup default), as a [`DataSource`]
+//! whose replicas each read only their own rows (`train`'s `--data`, `--eval-data`).
 
-use crate::corpus::{self, CharTokenizer};
+use super::{Batches, TokenBatch};
+use bonfire_data::generated::{self, CharTokenizer};
 use bonfire_data::{PackedSequences, TokenFile, Tokenizer};
-use bonfire_models::data::TokenBatch;
 use bonfire_parallel::{DataSource, Replica, Rows};
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use std::path::Path;
 
 /// Where a run's batches come from; `rows` sequences of `seq` tokens a step.
 pub enum TrainData {
-    /// The generated corpus ([`corpus::generate`], [`CharTokenizer`]): random windows drawn
+    /// The generated corpus ([`generated::generate`], [`CharTokenizer`]): random windows drawn
     /// from (seed, step).
     Generated {
         /// The corpus' tokens.
@@ -39,7 +39,7 @@ pub enum TrainData {
 impl TrainData {
     /// The generated corpus: about 400 000 characters from `seed`.
     pub fn generated(rows: usize, seq: usize, seed: u64) -> Self {
-        let tokens = CharTokenizer.encode(&corpus::generate(400_000, seed));
+        let tokens = CharTokenizer.encode(&generated::generate(400_000, seed));
         Self::Generated {
             tokens,
             rows,
@@ -121,6 +121,11 @@ impl TrainData {
         }
     }
 
+    /// Whether the batches come from the generated corpus.
+    pub fn is_generated(&self) -> bool {
+        matches!(self, Self::Generated { .. })
+    }
+
     /// Where step `step` starts in the data: `(epoch, position)` (`None` when generated).
     pub fn position(&self, step: usize) -> Option<(usize, usize)> {
         match self {
@@ -148,7 +153,7 @@ impl DataSource<TokenBatch> for TrainData {
                 seq,
                 seed,
             } => {
-                let batch = corpus::global_batch(tokens, *rows, *seq, *seed, step, device);
+                let batch = generated_batch(tokens, *rows, *seq, *seed, step, device);
                 let mine = replica.rows(*rows);
                 batch.narrow_rows(mine.start, mine.len())
             }
@@ -168,6 +173,20 @@ impl DataSource<TokenBatch> for TrainData {
     }
 }
 
+/// The global batch of step `step` of the generated corpus' `tokens`: `rows` windows of
+/// `seq` drawn from (`seed`, `step`) ([`generated::step_windows`]).
+pub fn generated_batch(
+    tokens: &[i64],
+    rows: usize,
+    seq: usize,
+    seed: u64,
+    step: usize,
+    device: &Device,
+) -> TokenBatch {
+    let (ids, targets) = generated::step_windows(tokens, rows, seq, seed, step);
+    Batches::new(ids, targets, [1, rows, seq]).rows(0, 0, rows, device)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -176,7 +195,7 @@ mod tests {
     /// generated data.
     #[test]
     fn replicas_read_their_rows_of_the_global_batch() {
-        let device = crate::default_device();
+        let device = Device::flex().autodiff();
         let tokens: Vec<u32> = (0..500).map(|i| (i * 7 % 31) as u32).collect();
         let packed = TrainData::Packed {
             sequences: PackedSequences::new(tokens, 5, 3).unwrap(),

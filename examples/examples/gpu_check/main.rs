@@ -13,11 +13,18 @@
 //! ```
 
 #[allow(dead_code)] // its `main`: this program runs `main_with`
-#[path = "parity.rs"]
+#[path = "../parity.rs"]
 mod parity_program;
 #[allow(dead_code)]
-#[path = "train.rs"]
+#[path = "../train.rs"]
 mod train_program;
+// The checks a device other than Flex must pass (also run on wgpu by `tests/wgpu.rs`), and the
+// benches' step timing they use.
+#[allow(dead_code)]
+mod checks;
+#[allow(dead_code)]
+#[path = "../../benches/common/throughput.rs"]
+mod throughput;
 
 use bonfire_examples::cli::LayoutArgs;
 use clap::Parser;
@@ -237,9 +244,9 @@ fn llama_layouts() -> Vec<LayoutArgs> {
 #[cfg(feature = "cuda")]
 mod gpu {
     use super::{Cli, llama_layouts};
+    use crate::checks as device_checks;
     use bonfire_comm::nccl::launch_on_every_gpu;
     use bonfire_comm::testing::conformance;
-    use bonfire_examples::device_checks;
     use burn::tensor::Device;
     use std::time::Duration;
 
