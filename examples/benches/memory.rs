@@ -152,7 +152,7 @@ fn cases() -> Vec<Case> {
             }));
         }
     }
-    let ac = |a: &mut LayoutArgs| a.activation_checkpointing = Some(1);
+    let ac = |a: &mut LayoutArgs| a.recompute = Some(1);
     out.push(case("ddp", "dp=2", ac));
     out.push(case("zero3", "dp=2", |a| {
         a.zero = 3;
@@ -335,11 +335,7 @@ fn report(case: &Case, run: &Run) -> (f64, usize) {
         .fold((f64::MAX, f64::MIN), |(a, b), &x| (a.min(x), b.max(x)));
     let peak = ranks.iter().map(|m| m.peak).max().unwrap();
     let (m, dims, ft) = (&ranks[top], &case.dims, &f[top]);
-    let ac = if dims.activation_checkpointing.is_on() {
-        "on"
-    } else {
-        "off"
-    };
+    let ac = if dims.recompute.is_on() { "on" } else { "off" };
     println!(
         "bench memory layout={} precision={} ac={ac} measured_bytes={} formula_bytes={:.0} \
          ratio={:.4} peak_bytes={peak} params_bytes={} grads_bytes={} optim_bytes={} \
@@ -527,11 +523,7 @@ fn llama_rows(steps: usize, only: &[String]) {
             "bench memory model=llama layout={} ranks={} precision={precision} ac={}",
             case.name,
             dims.world_size(),
-            if dims.activation_checkpointing.is_on() {
-                "on"
-            } else {
-                "off"
-            },
+            if dims.recompute.is_on() { "on" } else { "off" },
         );
         let steady = runs.iter().map(|r| r.steady_peak()).max().unwrap_or(0);
         let req = Request {
@@ -623,7 +615,7 @@ fn main() {
             planned.add(&case.name, r);
         }
         formula_rows.add(&case.name, ratio);
-        let plain = !case.dims.precision.is_mixed() && !case.dims.activation_checkpointing.is_on();
+        let plain = !case.dims.precision.is_mixed() && !case.dims.recompute.is_on();
         if plain && case.dims.world_size() == 2 {
             peaks.push((case.name.clone(), peak));
         }

@@ -34,10 +34,10 @@
 mod common;
 use bonfire_comm::{ProcessGroup, ThreadWorld};
 use bonfire_examples::default_device;
-use bonfire_models::gpt::attention::Attention;
+use bonfire_models::gpt::attention::GptAttention;
 use bonfire_models::gpt::block::Mlp;
 use bonfire_models::gpt::config::GptConfig;
-use bonfire_models::gpt::parallelize::{Piece, pieces};
+use bonfire_models::gpt::parallelize::{GptPiece, pieces};
 use bonfire_models::gpt::{Gpt, cross_entropy};
 use bonfire_module::layer;
 use bonfire_pipeline::Generate;
@@ -92,14 +92,14 @@ struct Args {
     bench: bool,
 }
 
-/// A block's first half, `x + Attn(LN1(x))`, as `Block::forward` runs it.
+/// A block's first half, `x + Attn(LN1(x))`, as `GptBlock::forward` runs it.
 #[derive(Module, Debug)]
 struct AttnHalf {
     ln1: ParallelLayerNorm,
-    attn: Attention,
+    attn: GptAttention,
 }
 
-/// A block's second half, `x + MLP(LN2(x))`, as `Block::forward` runs it.
+/// A block's second half, `x + MLP(LN2(x))`, as `GptBlock::forward` runs it.
 #[derive(Module, Debug)]
 struct MlpHalf {
     ln2: ParallelLayerNorm,
@@ -112,7 +112,7 @@ struct MlpHalf {
 #[allow(clippy::large_enum_variant)]
 #[derive(Module, Debug)]
 enum BenchPiece {
-    Whole(Piece),
+    Whole(GptPiece),
     Attn(AttnHalf),
     Mlp(MlpHalf),
 }
@@ -140,7 +140,7 @@ fn bench_pieces(cfg: &GptConfig, halves: bool) -> Vec<(String, BenchPiece)> {
     let mut out = Vec::new();
     for (name, piece) in pieces(Gpt::new(cfg, &device)) {
         match piece {
-            Piece::Layer(b) if halves => {
+            GptPiece::Layer(b) if halves => {
                 let (ln1, attn, ln2, mlp) = (b.ln1, b.attn, b.ln2, b.mlp);
                 out.push((
                     format!("{name}.attn"),

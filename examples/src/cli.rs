@@ -3,7 +3,7 @@
 //! starts and fails.
 
 use bonfire_layout::ZeroStage;
-use bonfire_layout::{ActivationCheckpointing, MixedPrecision, ParallelDims};
+use bonfire_layout::{MixedPrecision, ParallelDims, Recompute};
 use bonfire_pipeline::ScheduleKind;
 use bonfire_train::CheckpointConfig;
 use std::path::PathBuf;
@@ -45,7 +45,7 @@ pub struct LayoutArgs {
     pub reduce_in_half: bool,
     /// Recompute activations in backward: alone, every layer; `K`, every K-th layer.
     #[arg(long, num_args = 0..=1, default_missing_value = "1", value_name = "K")]
-    pub activation_checkpointing: Option<usize>,
+    pub recompute: Option<usize>,
 }
 
 impl LayoutArgs {
@@ -92,14 +92,14 @@ impl LayoutArgs {
             }
             precision = precision.reduced_in_param();
         }
-        let ac = match self.activation_checkpointing {
-            None => ActivationCheckpointing::Off,
-            Some(0) => return Err("--activation-checkpointing K: K must be at least 1".into()),
-            Some(k) => ActivationCheckpointing::Every(k),
+        let ac = match self.recompute {
+            None => Recompute::Off,
+            Some(0) => return Err("--recompute K: K must be at least 1".into()),
+            Some(k) => Recompute::Every(k),
         };
         Ok(dims
             .with_precision(precision)
-            .with_activation_checkpointing(ac)
+            .with_recompute(ac)
             .with_sequence_parallel(self.sequence_parallel)
             .with_loss_parallel(self.loss_parallel)
             .with_offload(self.offload))

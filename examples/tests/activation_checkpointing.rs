@@ -13,7 +13,7 @@ use bonfire_comm::testing::Tolerance;
 use bonfire_examples::cli::LayoutArgs;
 use bonfire_examples::default_device;
 use bonfire_examples::harness;
-use bonfire_layout::{ActivationCheckpointing, LayoutError, MixedPrecision, ParallelDims};
+use bonfire_layout::{LayoutError, MixedPrecision, ParallelDims, Recompute};
 use bonfire_models::data::Batches;
 use bonfire_models::{Gpt, GptConfig};
 use bonfire_parallel::ParallelModel;
@@ -98,9 +98,7 @@ fn check(cases: &[LayoutArgs]) {
                 "{what}: {ran:?} recomputations"
             );
             for every in [1, 2] {
-                let dims = off
-                    .clone()
-                    .with_activation_checkpointing(ActivationCheckpointing::Every(every));
+                let dims = off.clone().with_recompute(Recompute::Every(every));
                 let start = Instant::now();
                 let (got, ranks) = train(&dims);
                 let what = format!("{dims} {}", optim.name());
@@ -166,9 +164,7 @@ fn mixed_precision_with_checkpointing() {
             .dims("dp=1")
             .unwrap()
             .with_precision(MixedPrecision::bf16());
-        let on = off
-            .clone()
-            .with_activation_checkpointing(ActivationCheckpointing::Every(1));
+        let on = off.clone().with_recompute(Recompute::Every(1));
         let optim = OptimizerKind::AdamW;
         let [(plain, _), (got, ranks)] = [&off, &on].map(|dims| {
             harness::train_recorded(
@@ -213,13 +209,10 @@ fn checkpointing_a_model_without_checkpointable_layers_is_a_layout_error() {
     let batch = (Tensor::ones([4, 4], &device), Tensor::ones([4, 1], &device));
     let dims = ParallelDims::parse_mesh("dp=2")
         .unwrap()
-        .with_activation_checkpointing(ActivationCheckpointing::Every(1));
+        .with_recompute(Recompute::Every(1));
     let trainer = Trainer::new(dims.clone(), || OptimizerKind::Sgd.build());
     let error = trainer.check(&model, 2, &batch).unwrap_err();
-    assert!(
-        matches!(error, LayoutError::Checkpointing { .. }),
-        "{error:?}"
-    );
+    assert!(matches!(error, LayoutError::Recompute { .. }), "{error:?}");
     assert!(
         error.to_string().contains("names no checkpointable layer"),
         "{error}"

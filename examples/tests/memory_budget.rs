@@ -8,7 +8,7 @@
 //! the same profile.
 //!
 //! Sizes, found by measurement with the counting allocator (`peak_bytes` lines of
-//! `train --no-save`, 3 AdamW steps, 2 rows of 32 tokens per replica): the GPT of d 256,
+//! `train --sample 0`, 3 AdamW steps, 2 rows of 32 tokens per replica): the GPT of d 256,
 //! 4 heads, 4 layers, d_ff 1024, character vocabulary (Ψ = 3,184,128) peaks per rank at
 //! 77.3 MB under DDP, 53.4 MB under ZeRO-3, 39.7 MB under TP=2 and 43.2 MB under PP=2
 //! (1F1B). The budget, 64 MiB (67.1 MB), sits between.

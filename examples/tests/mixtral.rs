@@ -379,7 +379,7 @@ fn bf16_trains_in_every_supported_layout() {
 /// backward): the routing rides with the activations, so the balance term over all layers
 /// is exact on the last stage.
 #[test]
-fn pipelines_and_activation_checkpointing() {
+fn pipelines_and_recompute() {
     let mut cases: Vec<LayoutArgs> = ["gpipe", "1f1b", "interleaved", "zb", "zb-v"]
         .into_iter()
         .map(|sched| layout("pp=2", 0, Some(sched), Some(2), ""))

@@ -61,7 +61,7 @@ fn gelu(x: Tensor<3>) -> Tensor<3> {
 
 /// Causal multi-head attention: head j uses features j·d/h .. (j+1)·d/h.
 fn attention(
-    a: &bonfire_models::gpt::attention::Attention,
+    a: &bonfire_models::gpt::attention::GptAttention,
     x: Tensor<3>,
     heads: usize,
 ) -> Tensor<3> {
@@ -114,7 +114,7 @@ fn host<const D: usize>(t: Tensor<D>) -> Vec<f32> {
 }
 
 /// A block's six linear layers under their contract names.
-fn linears(blk: &bonfire_models::gpt::block::Block) -> [(&'static str, &ParallelLinear); 6] {
+fn linears(blk: &bonfire_models::gpt::block::GptBlock) -> [(&'static str, &ParallelLinear); 6] {
     [
         ("attn.q", &blk.attn.q),
         ("attn.k", &blk.attn.k),

@@ -123,10 +123,7 @@ fn layouts() -> Vec<(&'static str, ParallelDims)> {
         ("single", dims("dp=1", &|_| {})),
         ("ddp", dims("dp=2", &|_| {})),
         ("zero3", dims("dp=2", &|a| a.zero = 3)),
-        (
-            "ddp+ac",
-            dims("dp=2", &|a| a.activation_checkpointing = Some(1)),
-        ),
+        ("ddp+ac", dims("dp=2", &|a| a.recompute = Some(1))),
         ("tp2+sp", dims("tp=2", &|a| a.sequence_parallel = true)),
         (
             "pp2-gpipe-m2",

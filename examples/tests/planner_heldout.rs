@@ -69,7 +69,7 @@ use bonfire_comm::testing::rank_alloc::RankAllocator;
 #[path = "../benches/common/measure.rs"]
 mod measure;
 use bonfire_examples::default_device;
-use bonfire_layout::{ActivationCheckpointing, Axis, ParallelDims};
+use bonfire_layout::{Axis, ParallelDims, Recompute};
 use bonfire_layout::{MixedPrecision, ScheduleKind, ZeroStage};
 use bonfire_models::data::TokenBatch;
 use bonfire_models::{Gpt, GptConfig};
@@ -142,7 +142,7 @@ fn layouts() -> Vec<(usize, &'static str, ParallelDims)> {
             .with_schedule(schedule)
             .with_microbatches(microbatches)
     };
-    let ac = |l: ParallelDims| l.with_activation_checkpointing(ActivationCheckpointing::Every(1));
+    let ac = |l: ParallelDims| l.with_recompute(Recompute::Every(1));
     let hsdp = |zero| hsdp_layout(2, 2, 1, 1, 1).with_zero(zero);
     let bf16 = |l: ParallelDims| l.with_precision(MixedPrecision::bf16());
     use ScheduleKind::{GPipe, OneFOneB, ZbH1, ZbV};

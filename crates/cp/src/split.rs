@@ -28,6 +28,12 @@ impl ContextSplit {
         Ok(Self { seq, cp, balanced })
     }
 
+    /// The split the trainer trains with, its one owner: load-balanced (Megatron-Core's and
+    /// torchtitan's default for causal models: every rank does the same attention work).
+    pub fn for_training(seq: usize, cp: usize) -> Result<Self, String> {
+        Self::new(seq, cp, true)
+    }
+
     /// The ranks.
     pub fn cp(&self) -> usize {
         self.cp

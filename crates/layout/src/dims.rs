@@ -6,8 +6,7 @@
 //! layouts and predicts their cost.
 
 use crate::{
-    ActivationCheckpointing, Axis, LayoutError, MixedPrecision, PpOptions, ScheduleKind, TpOptions,
-    ZeroStage,
+    Axis, LayoutError, MixedPrecision, PpOptions, Recompute, ScheduleKind, TpOptions, ZeroStage,
 };
 use std::fmt;
 
@@ -30,7 +29,7 @@ pub struct ParallelDims {
     /// fp32 master copy and fp32 optimizer state under a half type).
     pub precision: MixedPrecision,
     /// Activation checkpointing of the model's checkpointable layers.
-    pub activation_checkpointing: ActivationCheckpointing,
+    pub recompute: Recompute,
 }
 
 impl Default for ParallelDims {
@@ -49,7 +48,7 @@ impl ParallelDims {
             tp_options: TpOptions::default(),
             pp_options: PpOptions::default(),
             precision: MixedPrecision::f32(),
-            activation_checkpointing: ActivationCheckpointing::Off,
+            recompute: Recompute::Off,
         }
     }
 
@@ -201,8 +200,8 @@ impl ParallelDims {
         self
     }
     /// The layout with activation checkpointing `ac`.
-    pub fn with_activation_checkpointing(mut self, ac: ActivationCheckpointing) -> Self {
-        self.activation_checkpointing = ac;
+    pub fn with_recompute(mut self, ac: Recompute) -> Self {
+        self.recompute = ac;
         self
     }
     /// The layout with pipeline stages beginning at the module paths `points`.
@@ -353,8 +352,8 @@ impl fmt::Display for ParallelDims {
         if self.precision.is_mixed() {
             write!(f, " precision={}", self.precision)?;
         }
-        if self.activation_checkpointing.is_on() {
-            write!(f, " ac={}", self.activation_checkpointing)?;
+        if self.recompute.is_on() {
+            write!(f, " ac={}", self.recompute)?;
         }
         Ok(())
     }

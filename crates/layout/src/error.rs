@@ -44,7 +44,7 @@ pub enum LayoutError {
         reason: String,
     },
     /// Activation checkpointing the model cannot do (it names no checkpointable layer, …).
-    Checkpointing {
+    Recompute {
         /// The setting, as printed (`every-2`).
         setting: String,
         /// Why.
@@ -89,8 +89,8 @@ impl fmt::Display for LayoutError {
                 degree,
                 reason,
             } => write!(f, "{axis}={degree}: {reason}"),
-            Self::Checkpointing { setting, reason } => {
-                write!(f, "activation checkpointing ({setting}): {reason}")
+            Self::Recompute { setting, reason } => {
+                write!(f, "recompute ({setting}): {reason}")
             }
         }
     }

@@ -24,7 +24,7 @@ mod zero;
 pub use axis::Axis;
 pub use dims::ParallelDims;
 pub use error::LayoutError;
-pub use options::{ActivationCheckpointing, PpOptions, TpOptions};
+pub use options::{PpOptions, Recompute, TpOptions};
 pub use precision::{FloatFormat, MixedPrecision};
 pub use schedule::ScheduleKind;
 pub use split::even_split_points;

@@ -1,5 +1,5 @@
 //! The options of the axes and of the whole layout: [`TpOptions`], [`PpOptions`],
-//! [`ActivationCheckpointing`].
+//! [`Recompute`].
 
 use crate::ScheduleKind;
 use std::fmt;
@@ -30,7 +30,7 @@ pub struct PpOptions {
 /// (activation checkpointing), counted over the model's checkpointable layers (the GPT's
 /// transformer blocks) in order.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
-pub enum ActivationCheckpointing {
+pub enum Recompute {
     /// Every activation is kept.
     #[default]
     Off,
@@ -38,27 +38,27 @@ pub enum ActivationCheckpointing {
     Every(usize),
 }
 
-impl ActivationCheckpointing {
+impl Recompute {
     /// Whether checkpointable layer `i` recomputes.
     pub fn applies_to(&self, i: usize) -> bool {
         match *self {
-            ActivationCheckpointing::Off => false,
-            ActivationCheckpointing::Every(k) => k > 0 && i % k == 0,
+            Recompute::Off => false,
+            Recompute::Every(k) => k > 0 && i % k == 0,
         }
     }
     /// Whether any layer recomputes.
     pub fn is_on(&self) -> bool {
-        matches!(*self, ActivationCheckpointing::Every(k) if k > 0)
+        matches!(*self, Recompute::Every(k) if k > 0)
     }
 }
 
-impl fmt::Display for ActivationCheckpointing {
+impl fmt::Display for Recompute {
     /// `off`, `every` (every layer) or `every-k`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match *self {
-            ActivationCheckpointing::Off | ActivationCheckpointing::Every(0) => f.write_str("off"),
-            ActivationCheckpointing::Every(1) => f.write_str("every"),
-            ActivationCheckpointing::Every(k) => write!(f, "every-{k}"),
+            Recompute::Off | Recompute::Every(0) => f.write_str("off"),
+            Recompute::Every(1) => f.write_str("every"),
+            Recompute::Every(k) => write!(f, "every-{k}"),
         }
     }
 }

@@ -1,5 +1,5 @@
 //! What the Llama-family decoders (the Llama, the Mixtral) share: grouped-query
-//! [`Attention`] with rotary positions ([`rope_tables`], [`rotate`]) and the
+//! [`LlamaAttention`] with rotary positions ([`rope_tables`], [`rotate`]) and the
 //! [`DecoderLayer`] around it — `x + Attn(RMSNorm₁(x))`, then `x + FFN(RMSNorm₂(x))` — with a
 //! pluggable feed-forward ([`FeedForward`]: the Llama's SwiGLU MLP, the Mixtral's sparse
 //! mixture of experts, which also returns what its router chose).
@@ -13,7 +13,7 @@ use burn::tensor::{DType, Device, Int, Tensor, TensorData};
 
 /// Self-attention with rotary positions and `h / h_kv` query heads per key/value head.
 #[derive(Module, Debug)]
-pub struct Attention {
+pub struct LlamaAttention {
     /// Queries: `[h·hd, d]`.
     pub q_proj: ParallelLinear,
     /// Keys: `[h_kv·hd, d]`.
@@ -26,7 +26,7 @@ pub struct Attention {
     rope_theta: f64,
 }
 
-impl Attention {
+impl LlamaAttention {
     /// Normal(0, 0.02) projections for `cfg`.
     pub fn new(cfg: &LlamaConfig, device: &Device) -> Self {
         let (d, hd) = (cfg.hidden_size, cfg.head_dim);
@@ -153,8 +153,8 @@ pub trait FeedForward: Module {
 pub struct DecoderLayer<F: FeedForward> {
     /// The norm before attention.
     pub input_layernorm: ParallelRmsNorm,
-    /// Attention.
-    pub self_attn: Attention,
+    /// Self-attention.
+    pub self_attn: LlamaAttention,
     /// The norm before the feed-forward.
     pub post_attention_layernorm: ParallelRmsNorm,
     /// The feed-forward (transformers' `mlp`).
@@ -167,7 +167,7 @@ impl<F: FeedForward> DecoderLayer<F> {
         let norm = || ParallelRmsNorm::new(cfg.hidden_size, device).with_eps(cfg.rms_norm_eps);
         Self {
             input_layernorm: norm(),
-            self_attn: Attention::new(cfg, device),
+            self_attn: LlamaAttention::new(cfg, device),
             post_attention_layernorm: norm(),
             mlp,
         }

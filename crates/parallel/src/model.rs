@@ -14,7 +14,7 @@
 //!   experts;
 //! - activation checkpointing (any layout): the pipeline pieces that are checkpointable
 //!   layers, [`Pipeline::with_checkpointable`](crate::Pipeline::with_checkpointable) (e.g. the transformer blocks); the layout's
-//!   `activation_checkpointing` picks which of them recompute.
+//!   `recompute` picks which of them recompute.
 
 use crate::data::Rows;
 use crate::pipeline::PipelineVisitor;

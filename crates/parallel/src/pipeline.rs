@@ -20,7 +20,7 @@ pub type LossFn<B, const D: usize> = Arc<dyn Fn(Tensor<D>, &B) -> Tensor<1> + Se
 ///
 /// The same pieces serve activation checkpointing in every layout, pipelined or not: the
 /// pieces named [checkpointable](Self::with_checkpointable) are the layers that
-/// `ParallelDims::activation_checkpointing` counts (`Every(k)`: the 0th, k-th, 2k-th, … of
+/// `ParallelDims::recompute` counts (`Every(k)`: the 0th, k-th, 2k-th, … of
 /// them, in model order), each recomputed in backward as one region
 /// (`bonfire_recompute::recompute`).
 pub struct Pipeline<P, const D: usize, B> {

@@ -10,7 +10,7 @@
 //! data-parallel (and ZeRO-sharded) over the dp·cp/ep ranks holding the same experts.
 
 use crate::model::{ModelSpec, stage_ranges};
-use bonfire_layout::{ActivationCheckpointing, Axis};
+use bonfire_layout::{Axis, Recompute};
 
 use bonfire_layout::{ParallelDims, ScheduleKind};
 
@@ -204,7 +204,7 @@ impl PlannedLayout for ParallelDims {
     }
 
     fn recomputes(&self) -> bool {
-        self.activation_checkpointing.is_on()
+        self.recompute.is_on()
     }
 
     fn replicas(&self) -> usize {
@@ -246,13 +246,10 @@ impl PlannedLayout for ParallelDims {
         if self.pp_options.split_points.is_some() {
             return Err("the planner splits pipelines evenly: no split points".into());
         }
-        if !matches!(
-            self.activation_checkpointing,
-            ActivationCheckpointing::Off | ActivationCheckpointing::Every(1)
-        ) {
+        if !matches!(self.recompute, Recompute::Off | Recompute::Every(1)) {
             return Err(format!(
                 "the planner models activation checkpointing of every layer or none, not {}",
-                self.activation_checkpointing
+                self.recompute
             ));
         }
         check_experts(self, model)?;

@@ -75,6 +75,6 @@ pub use layout::{
     Held, PlannedLayout, SEARCHED_SCHEDULES, ScheduleModel, base_layout, context_layout,
     expert_layout, hsdp_layout,
 };
-pub use model::{Arch, Attention, ModelSpec, Moe, PRESETS, RING_KEPT_SCORES, stage_ranges};
+pub use model::{Arch, AttentionKind, ModelSpec, Moe, PRESETS, RING_KEPT_SCORES, stage_ranges};
 pub use search::{Plan, candidates, estimate_all, expert_degrees, plan};
 pub use shape::{ChunkShape, RankShape, rank_shapes};

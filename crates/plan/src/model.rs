@@ -37,7 +37,7 @@ pub struct Moe {
 
 /// How attention keeps its scores for backward.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Attention {
+pub enum AttentionKind {
     /// The score and probability matrices (heads × seq per token) are kept (Bonfire's GPT;
     /// Megatron in 2021).
     Materialized,
@@ -61,7 +61,7 @@ pub struct ModelSpec {
     /// The block's architecture.
     pub arch: Arch,
     /// How attention keeps its scores for backward.
-    pub attention: Attention,
+    pub attention: AttentionKind,
     /// Tokens in the vocabulary: the embedding table's and the head's rows.
     pub vocab_size: usize,
     /// The hidden (residual stream) width.
@@ -118,7 +118,7 @@ impl ModelSpec {
         Self {
             name: name.to_string(),
             arch: Arch::Gpt,
-            attention: Attention::Materialized,
+            attention: AttentionKind::Materialized,
             vocab_size,
             d_model,
             n_heads,
@@ -134,7 +134,7 @@ impl ModelSpec {
         Self {
             name: name.to_string(),
             arch: Arch::Llama,
-            attention: Attention::Flash,
+            attention: AttentionKind::Flash,
             vocab_size: 128_256,
             d_model,
             n_heads,
@@ -150,7 +150,7 @@ impl ModelSpec {
         Some(match name {
             // The bench GPT (`GptConfig::bench`), whose attention is Bonfire's fused op.
             "gpt-bench" => Self {
-                attention: Attention::Fused,
+                attention: AttentionKind::Fused,
                 ..Self::gpt(name, 4096, 256, 8, 4, 128, 1024)
             },
             // GPT-3 175B (Brown et al. 2020, Table 2.1) with Megatron's padded vocabulary
@@ -169,7 +169,7 @@ impl ModelSpec {
                     experts: 8,
                     top_k: 2,
                 }),
-                attention: Attention::Flash,
+                attention: AttentionKind::Flash,
                 vocab_size: 32_000,
                 d_model: 4096,
                 n_heads: 32,
@@ -185,7 +185,7 @@ impl ModelSpec {
     /// A model from a JSON object (`what` names it in errors): `vocab_size`, `d_model`,
     /// `n_heads`, `n_layers`, `seq_len`, `d_ff` required; `arch` (`gpt` | `llama` |
     /// `mixtral`, default gpt), `attention` (`materialized` | `flash` | `fused` — see
-    /// [`Attention`] —, default materialized for gpt, flash otherwise), `n_kv_heads` (default `n_heads`), `name` optional; for
+    /// [`AttentionKind`] —, default materialized for gpt, flash otherwise), `n_kv_heads` (default `n_heads`), `name` optional; for
     /// `mixtral` `n_experts` (E) and `experts_per_token` (k) required, `d_ff` each expert's
     /// width (refused for the others).
     pub fn from_json(what: &str, text: &str) -> Result<Self, PlanError> {
@@ -205,10 +205,10 @@ impl ModelSpec {
             }
         };
         let attention = match f.string_opt("attention")?.as_deref() {
-            None if arch != Arch::Gpt => Attention::Flash,
-            None | Some("materialized") => Attention::Materialized,
-            Some("flash") => Attention::Flash,
-            Some("fused") => Attention::Fused,
+            None if arch != Arch::Gpt => AttentionKind::Flash,
+            None | Some("materialized") => AttentionKind::Materialized,
+            Some("flash") => AttentionKind::Flash,
+            Some("fused") => AttentionKind::Fused,
             Some(other) => {
                 return Err(f.error(
                     "attention",
@@ -421,11 +421,11 @@ impl ModelSpec {
     }
 
     /// How attention keeps its scores in a compute dtype of `bytes` per element:
-    /// [`Attention::Fused`] stays fused in f32 (with or without cp: ring attention's blocks
+    /// [`AttentionKind::Fused`] stays fused in f32 (with or without cp: ring attention's blocks
     /// run the fused op too) and is `Materialized` in other dtypes; the others as they are.
-    pub fn attention_under(&self, bytes: usize) -> Attention {
+    pub fn attention_under(&self, bytes: usize) -> AttentionKind {
         match self.attention {
-            Attention::Fused if bytes != 4 => Attention::Materialized,
+            AttentionKind::Fused if bytes != 4 => AttentionKind::Materialized,
             kind => kind,
         }
     }
@@ -436,7 +436,7 @@ impl ModelSpec {
     /// the inputs of the q/k/v and fc1 products (4d, replicated over tp unless sequence
     /// parallel), q, k, v and the attention output (4d), the MLP's hidden activations (2·d_ff
     /// GELU, 3·d_ff SwiGLU), and with materialized attention the scores and probabilities
-    /// (2·heads·seq; [`Attention::Fused`] keeps `d + heads` instead, as in f32 without cp —
+    /// (2·heads·seq; [`AttentionKind::Fused`] keeps `d + heads` instead, as in f32 without cp —
     /// resolve it for a layout with [`Self::attention_under`]); everything but the replicated
     /// 4d is split over tp.
     pub fn block_activation_elems(&self, tp: usize, sp: bool, seq: usize) -> f64 {
@@ -447,9 +447,9 @@ impl ModelSpec {
             Arch::Mixtral(_) => 0.0,
         };
         let scores = match self.attention {
-            Attention::Materialized => 2.0 * h * seq as f64,
-            Attention::Flash => 0.0,
-            Attention::Fused => d + h,
+            AttentionKind::Materialized => 2.0 * h * seq as f64,
+            AttentionKind::Flash => 0.0,
+            AttentionKind::Fused => d + h,
         };
         let t = tp as f64;
         let replicated = if sp { 4.0 * d / t } else { 4.0 * d };
@@ -473,7 +473,7 @@ impl ModelSpec {
     /// split over `cp > 1` ranks and attention is Bonfire's ring attention
     /// (`bonfire_cp::ring_attention`, which autodiff differentiates step by
     /// step). Derived from the code, not fitted:
-    /// - [`Attention::Materialized`] (16-bit types): each of the `cp` ring steps computes its
+    /// - [`AttentionKind::Materialized`] (16-bit types): each of the `cp` ring steps computes its
     ///   block — with balanced chunks no block lies wholly in a rank's future, so none is
     ///   skipped — and keeps for backward that block's keys and values repeated to the rank's
     ///   query heads (the products' inputs, `2·d/tp` per token per block, where one attention
@@ -481,7 +481,7 @@ impl ModelSpec {
     ///   (`T/cp × T` over the blocks, where one attention keeps `2` of `T × T`); the online
     ///   softmax's running numerator is kept by its final division (`d/tp`), and a row sum
     ///   or rescale factor per head and block.
-    /// - [`Attention::Fused`] (f32): each block's keys and values as they travelled
+    /// - [`AttentionKind::Fused`] (f32): each block's keys and values as they travelled
     ///   (`2·kv_dim/tp` a token for each of the `cp − 1` received blocks; the first is the
     ///   rank's own, which one attention keeps anyway); each fused call keeps its output and
     ///   log-sum-exp (`d + h`) for every query it covers, and the merge of a query chunk's
@@ -489,19 +489,19 @@ impl ModelSpec {
     ///   log-sum-exps (`2h`) and one sum per chunk (`h`). The fullest rank (the last of the
     ///   balanced split) covers each query once per step: `cp·(2d + 3h) + h` a token, where
     ///   one attention keeps `d + h`.
-    /// - [`Attention::Flash`]: keeps no block: 0.
+    /// - [`AttentionKind::Flash`]: keeps no block: 0.
     pub fn ring_attention_elems(&self, tp: usize, cp: usize, seq: usize) -> f64 {
         if cp <= 1 {
             return 0.0;
         }
         let (d, h, cp) = (self.d_model as f64, self.n_heads as f64, cp as f64);
         let per_token = match self.attention {
-            Attention::Flash => return 0.0,
-            Attention::Fused => {
+            AttentionKind::Flash => return 0.0,
+            AttentionKind::Fused => {
                 let kv = self.kv_dim() as f64;
                 2.0 * (cp - 1.0) * kv + cp * (2.0 * d + 3.0 * h) + h - (d + h)
             }
-            Attention::Materialized => {
+            AttentionKind::Materialized => {
                 let scores = (RING_KEPT_SCORES - 2.0) * h * seq as f64;
                 (2.0 * (cp - 1.0) + 1.0) * d + cp * h + scores
             }
@@ -514,7 +514,7 @@ impl ModelSpec {
     /// (the ring widens 16-bit scores as the fused softmax does). 0 without cp or unless
     /// materialized.
     pub fn ring_score_elems(&self, tp: usize, cp: usize, seq: usize) -> f64 {
-        if cp <= 1 || self.attention != Attention::Materialized {
+        if cp <= 1 || self.attention != AttentionKind::Materialized {
             return 0.0;
         }
         RING_KEPT_SCORES * self.n_heads as f64 * seq as f64 / tp as f64

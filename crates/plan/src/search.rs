@@ -16,7 +16,7 @@ use crate::layout::{
 };
 use crate::model::ModelSpec;
 use crate::shape::rank_shapes;
-use bonfire_layout::{ActivationCheckpointing, Axis};
+use bonfire_layout::{Axis, Recompute};
 use bonfire_layout::{ParallelDims, ScheduleKind, ZeroStage};
 
 /// The planner's answer: the layouts that fit, fastest first, and why the first won.
@@ -150,16 +150,9 @@ fn variants(model: &ModelSpec, req: &Request, base: ParallelDims) -> Vec<Paralle
                     if l.check_sequence(req.seq).is_err() {
                         continue;
                     }
-                    for ac in [
-                        ActivationCheckpointing::Off,
-                        ActivationCheckpointing::Every(1),
-                    ] {
+                    for ac in [Recompute::Off, Recompute::Every(1)] {
                         for &precision in &req.precisions {
-                            out.push(
-                                l.clone()
-                                    .with_activation_checkpointing(ac)
-                                    .with_precision(precision),
-                            );
+                            out.push(l.clone().with_recompute(ac).with_precision(precision));
                         }
                     }
                 }

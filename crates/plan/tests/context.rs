@@ -10,7 +10,7 @@ use bonfire_plan::memory::{block_elems, formula};
 mod common;
 use bonfire_layout::{MixedPrecision, ParallelDims, ZeroStage};
 use bonfire_plan::{
-    Attention, ClusterSpec, MemoryParts, ModelSpec, PlannedLayout, Request, candidates,
+    AttentionKind, ClusterSpec, MemoryParts, ModelSpec, PlannedLayout, Request, candidates,
     context_layout, estimate, estimate_all, plan, rank_memory, rank_shapes,
 };
 use common::h100s;
@@ -20,7 +20,7 @@ use common::h100s;
 fn bench_gpt(seq: usize) -> ModelSpec {
     let mut m = ModelSpec::preset("gpt-bench").unwrap();
     m.seq_len = seq;
-    m.attention = Attention::Materialized;
+    m.attention = AttentionKind::Materialized;
     m
 }
 
@@ -33,10 +33,10 @@ fn bench_gpt(seq: usize) -> ModelSpec {
 fn fused_attention_keeps_scores_only_in_16_bit_types() {
     let t = 1024;
     let fused = ModelSpec::preset("gpt-bench").unwrap();
-    assert_eq!(fused.attention, Attention::Fused);
+    assert_eq!(fused.attention, AttentionKind::Fused);
     let (flash, materialized) = (
         ModelSpec {
-            attention: Attention::Flash,
+            attention: AttentionKind::Flash,
             ..fused.clone()
         },
         bench_gpt(fused.seq_len),

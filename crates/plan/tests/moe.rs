@@ -152,7 +152,7 @@ fn all_to_all_bytes_and_time_by_formula() {
     assert!(close(ep_per_layer(&m, &cluster, &l, tokens), 4.0 * one));
     let recompute = l
         .clone()
-        .with_activation_checkpointing(bonfire_layout::ActivationCheckpointing::Every(1));
+        .with_recompute(bonfire_layout::Recompute::Every(1));
     assert!(close(
         ep_per_layer(&m, &cluster, &recompute, tokens),
         6.0 * one
@@ -317,7 +317,7 @@ fn deepseek_v3_published_layout_fits_behind_intra_node_ep() {
             experts: 256,
             top_k: 8,
         }),
-        attention: bonfire_plan::Attention::Flash,
+        attention: bonfire_plan::AttentionKind::Flash,
         vocab_size: 129_280,
         d_model: 7168,
         n_heads: 128,

@@ -165,7 +165,7 @@ impl RankMesh {
             return (batch.clone(), None);
         }
         let seq = (cut.seq)(batch).expect("checked: the batch has sequences");
-        let split = ContextSplit::new(seq, cp, true).expect("checked: the sequence cuts");
+        let split = ContextSplit::for_training(seq, cp).expect("checked: the sequence cuts");
         let local = (cut.cut)(batch, &split, self.coord(bonfire_layout::Axis::Cp));
         let group = self.group(bonfire_layout::Axis::Cp).clone();
         (local, Some(ContextScope { group, split }.enter()))

@@ -122,11 +122,11 @@ impl Trainer {
                     "the model's batches have no sequences to split",
                 )
             })?;
-            ContextSplit::new(seq, dims.cp(), true)
+            ContextSplit::for_training(seq, dims.cp())
                 .map_err(|e| LayoutError::axis(Axis::Cp, dims.cp(), e))?;
         }
         model.check_batch(dims, batch)?;
-        if dims.activation_checkpointing.is_on() {
+        if dims.recompute.is_on() {
             recompute::check(model.clone().pipeline(Names), dims)?;
         }
         if dims.pp() > 1 {

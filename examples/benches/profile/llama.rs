@@ -13,7 +13,7 @@ use crate::common::throughput::random_batches;
 use bonfire_examples::default_device;
 use bonfire_kernels::FusedAdamWConfig;
 use bonfire_models::gpt::cross_entropy;
-use bonfire_models::llama::model::{Attention, Mlp};
+use bonfire_models::llama::model::{LlamaAttention, Mlp};
 use bonfire_models::llama::{Llama, LlamaConfig};
 use bonfire_tp::{ParallelEmbedding, ParallelLinear, ParallelRmsNorm};
 use burn::tensor::{Distribution, Int, Tensor};
@@ -44,7 +44,7 @@ pub fn run(b: usize, reps: usize) {
         2 * l + 1,
         time(reps, || norm.forward(x.clone())),
     );
-    let attn = Attention::new(&cfg, &dev);
+    let attn = LlamaAttention::new(&cfg, &dev);
     r.line("attention", l, time(reps, || attn.forward(x.clone())));
     let (wq, wk, wv, wo) = (
         ParallelLinear::new(d, q, false, &dev),

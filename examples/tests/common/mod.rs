@@ -138,7 +138,7 @@ pub fn layout(
         sequence_parallel: flags.contains("sp"),
         loss_parallel: flags.contains("lp"),
         offload: flags.contains("offload"),
-        activation_checkpointing: flags.contains("ac").then_some(1),
+        recompute: flags.contains("ac").then_some(1),
         ..LayoutArgs::default()
     }
 }

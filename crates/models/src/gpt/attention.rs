@@ -9,7 +9,7 @@ use burn::tensor::{DType, Device, Tensor};
 /// Causal multi-head self-attention over `[B, T, d]` activations: `q`, `k`, `v`, `o` are
 /// `d → d` projections with biases.
 #[derive(Module, Debug)]
-pub struct Attention {
+pub struct GptAttention {
     /// The query projection `d → d`.
     pub q: ParallelLinear,
     /// The key projection `d → d`.
@@ -21,7 +21,7 @@ pub struct Attention {
     n_heads: usize,
 }
 
-impl Attention {
+impl GptAttention {
     /// `n_heads` heads over width `d` (`d` divisible by `n_heads`), GPT-2 initialization.
     pub fn new(d: usize, n_heads: usize, device: &Device) -> Self {
         Self {

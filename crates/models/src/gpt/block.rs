@@ -1,6 +1,6 @@
 //! A pre-norm transformer block: `x + Attn(LN1(x))`, then `x + MLP(LN2(x))`.
 
-use super::attention::Attention;
+use super::attention::GptAttention;
 use bonfire_kernels::gelu;
 use bonfire_module::layer;
 use bonfire_tp::{ParallelLayerNorm, ParallelLinear};
@@ -32,23 +32,23 @@ impl Mlp {
 
 /// One pre-norm transformer block of the GPT (see the module docs).
 #[derive(Module, Debug)]
-pub struct Block {
+pub struct GptBlock {
     /// The LayerNorm before attention.
     pub ln1: ParallelLayerNorm,
     /// The causal self-attention.
-    pub attn: Attention,
+    pub attn: GptAttention,
     /// The LayerNorm before the MLP.
     pub ln2: ParallelLayerNorm,
     /// The feed-forward network.
     pub mlp: Mlp,
 }
 
-impl Block {
+impl GptBlock {
     /// Width `d`, `n_heads` attention heads and MLP hidden width `d_ff`, freshly initialized.
     pub fn new(d: usize, n_heads: usize, d_ff: usize, device: &Device) -> Self {
         Self {
             ln1: ParallelLayerNorm::new(d, device),
-            attn: Attention::new(d, n_heads, device),
+            attn: GptAttention::new(d, n_heads, device),
             ln2: ParallelLayerNorm::new(d, device),
             mlp: Mlp::new(d, d_ff, device),
         }

@@ -1,6 +1,6 @@
 //! [`GptConfig`]: the model's sizes, as in the parity contract's `cfg.json`.
 
-use bonfire_plan::{Attention, ModelSpec};
+use bonfire_plan::{AttentionKind, ModelSpec};
 use serde::{Deserialize, Serialize};
 
 /// Sizes of the GPT decoder (`cfg.json` of the parity harness).
@@ -22,10 +22,10 @@ pub struct GptConfig {
 
 impl GptConfig {
     /// The GPT as the planner sees it (its position table has `max_seq_len` rows; its
-    /// attention [`Attention::Fused`]).
+    /// attention [`AttentionKind::Fused`]).
     pub fn spec(&self) -> ModelSpec {
         ModelSpec {
-            attention: Attention::Fused,
+            attention: AttentionKind::Fused,
             ..ModelSpec::gpt(
                 "gpt",
                 self.vocab_size,

@@ -1,6 +1,6 @@
 //! [`Gpt`]: the reference decoder of the parity contract.
 
-use super::block::Block;
+use super::block::GptBlock;
 use super::config::GptConfig;
 use bonfire_module::layer;
 use bonfire_tp::loss_parallel;
@@ -17,7 +17,7 @@ pub struct Gpt {
     /// Learned position embedding table `[max_seq_len, d]`.
     pub pos_emb: ParallelEmbedding,
     /// The `n_layers` transformer blocks, in order.
-    pub blocks: Vec<Block>,
+    pub blocks: Vec<GptBlock>,
     /// The final LayerNorm before the head.
     pub ln_f: ParallelLayerNorm,
     /// The output projection `d → V`, without bias (weight `[V, d]`).
@@ -32,7 +32,7 @@ impl Gpt {
             tok_emb: ParallelEmbedding::new(cfg.vocab_size, d, device),
             pos_emb: ParallelEmbedding::new(cfg.max_seq_len, d, device),
             blocks: (0..cfg.n_layers)
-                .map(|_| Block::new(d, cfg.n_heads, cfg.d_ff, device))
+                .map(|_| GptBlock::new(d, cfg.n_heads, cfg.d_ff, device))
                 .collect(),
             ln_f: ParallelLayerNorm::new(d, device),
             head: ParallelLinear::new(d, cfg.vocab_size, false, device),
@@ -61,7 +61,7 @@ impl Gpt {
 }
 
 /// `tok_emb[ids] + pos_emb[positions]` (`0..T`, or a context-parallel rank's chunks'): `[B, T]` ids to `[B, T, d]` activations. Every layer runs
-/// through [`layer`] (see `Block::forward`); the embeddings' input is token ids, so DDP
+/// through [`layer`] (see `GptBlock::forward`); the embeddings' input is token ids, so DDP
 /// anchors nothing there, but ZeRO-3 still gathers them per layer.
 pub fn embed(
     tok_emb: &ParallelEmbedding,

@@ -1,7 +1,7 @@
 //! How the GPT is parallelized, from outside its code: its [`ParallelModel`] description —
 //! the tensor-parallel plan (like torchtitan's Llama plan), the checks a plan cannot see, the
 //! layers it runs through `bonfire_module::layer`, and its pipeline pieces, which run the
-//! very functions [`Gpt::forward`] runs ([`embed`], `Block::forward`, [`head`]), the
+//! very functions [`Gpt::forward`] runs ([`embed`], `GptBlock::forward`, [`head`]), the
 //! transformer blocks among them checkpointable (activation checkpointing).
 //!
 //! | module | without SP | with sequence parallelism |
@@ -16,7 +16,7 @@
 //! Attention heads are split across the tensor-parallel ranks (rank r holds heads
 //! r·h/tp .. (r+1)·h/tp), so `n_heads` must be divisible by the tensor-parallel size.
 
-use super::block::Block as GptBlock;
+use super::block::GptBlock;
 use super::model::{Gpt, embed, head};
 use crate::data::TokenBatch;
 use crate::decoder::{DecoderStyles, check_sequence, divisible, token_input, token_loss};
@@ -113,7 +113,7 @@ impl ParallelModel for Gpt {
 
 /// The token and position embeddings (the first piece).
 #[derive(Module, Debug)]
-pub struct EmbedPiece {
+pub struct GptEmbed {
     /// The GPT's token embedding ([`Gpt::tok_emb`]).
     pub tok_emb: ParallelEmbedding,
     /// The GPT's position embedding ([`Gpt::pos_emb`]).
@@ -122,7 +122,7 @@ pub struct EmbedPiece {
 
 /// The final LayerNorm and the output projection (the last piece).
 #[derive(Module, Debug)]
-pub struct HeadPiece {
+pub struct GptHead {
     /// The GPT's final LayerNorm ([`Gpt::ln_f`]).
     pub ln_f: ParallelLayerNorm,
     /// The GPT's output projection ([`Gpt::head`]).
@@ -134,28 +134,28 @@ pub struct HeadPiece {
 // A handful of pieces per rank: the size difference of the variants does not matter.
 #[allow(clippy::large_enum_variant)]
 #[derive(Module, Debug)]
-pub enum Piece {
+pub enum GptPiece {
     /// The embeddings: token ids `[B, T, 1]` as floats → `[B, T, d]`.
-    Embed(EmbedPiece),
+    Embed(GptEmbed),
     /// One transformer block: `[B, T, d]` → `[B, T, d]`.
     Layer(GptBlock),
     /// The final norm and head: `[B, T, d]` → logits `[B, T, V]`.
-    Head(HeadPiece),
+    Head(GptHead),
 }
 
-impl Block<3> for Piece {
+impl Block<3> for GptPiece {
     fn forward(&self, x: Tensor<3>) -> Tensor<3> {
         match self {
-            Piece::Embed(e) => embed(&e.tok_emb, &e.pos_emb, x.squeeze_dim::<2>(2).int()),
-            Piece::Layer(block) => block.forward(x),
-            Piece::Head(h) => head(&h.ln_f, &h.head, x),
+            GptPiece::Embed(e) => embed(&e.tok_emb, &e.pos_emb, x.squeeze_dim::<2>(2).int()),
+            GptPiece::Layer(block) => block.forward(x),
+            GptPiece::Head(h) => head(&h.ln_f, &h.head, x),
         }
     }
 }
 
 /// The GPT's pieces in order, named by the module path where each begins: `tok_emb`,
 /// `blocks.0`, …, `ln_f` (parameters in the model's order).
-pub fn pieces(model: Gpt) -> Vec<(String, Piece)> {
+pub fn pieces(model: Gpt) -> Vec<(String, GptPiece)> {
     let Gpt {
         tok_emb,
         pos_emb,
@@ -165,14 +165,14 @@ pub fn pieces(model: Gpt) -> Vec<(String, Piece)> {
     } = model;
     let mut out = vec![(
         "tok_emb".to_string(),
-        Piece::Embed(EmbedPiece { tok_emb, pos_emb }),
+        GptPiece::Embed(GptEmbed { tok_emb, pos_emb }),
     )];
     out.extend(
         blocks
             .into_iter()
             .enumerate()
-            .map(|(i, b)| (format!("blocks.{i}"), Piece::Layer(b))),
+            .map(|(i, b)| (format!("blocks.{i}"), GptPiece::Layer(b))),
     );
-    out.push(("ln_f".to_string(), Piece::Head(HeadPiece { ln_f, head })));
+    out.push(("ln_f".to_string(), GptPiece::Head(GptHead { ln_f, head })));
     out
 }

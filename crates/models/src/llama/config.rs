@@ -1,7 +1,7 @@
 //! [`LlamaConfig`]: a Llama model's sizes, read from and written as a Hugging Face
 //! `config.json` (`"model_type": "llama"`, the fields of `shared/notes/parity-harness.md`).
 
-use bonfire_plan::{Arch, Attention, ModelSpec};
+use bonfire_plan::{Arch, AttentionKind, ModelSpec};
 use serde_json::{Map, Value, json};
 
 /// Sizes of a Llama decoder, named as in Hugging Face's `LlamaConfig`.
@@ -31,13 +31,13 @@ pub struct LlamaConfig {
 
 impl LlamaConfig {
     /// The Llama as the planner sees it: grouped-query attention, SwiGLU, RMSNorm, no
-    /// biases — and attention as the GPT computes it ([`Attention::Fused`]: no scores kept in
+    /// biases — and attention as the GPT computes it ([`AttentionKind::Fused`]: no scores kept in
     /// f32, kept in 16-bit types and under ring attention).
     pub fn spec(&self) -> ModelSpec {
         ModelSpec {
             name: "llama".into(),
             arch: Arch::Llama,
-            attention: Attention::Fused,
+            attention: AttentionKind::Fused,
             vocab_size: self.vocab_size,
             d_model: self.hidden_size,
             n_heads: self.num_attention_heads,

@@ -15,7 +15,7 @@ use burn::module::Module;
 use burn::tensor::activation::silu;
 use burn::tensor::{DType, Device, Int, Tensor};
 
-pub use crate::decoder_layer::{Attention, rope_tables, rotate};
+pub use crate::decoder_layer::{LlamaAttention, rope_tables, rotate};
 
 /// `down(SiLU(gate(x)) ⊙ up(x))`.
 #[derive(Module, Debug)]

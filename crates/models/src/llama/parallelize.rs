@@ -21,7 +21,7 @@
 //! are summed over tp. (That keeps h_kv·hd·d values of each projection per rank where
 //! Megatron keeps hd·d; the planner does not search tp above the kv heads yet.)
 
-use super::model::{Attention, DecoderLayer, Llama, embed, head};
+use super::model::{DecoderLayer, Llama, LlamaAttention, embed, head};
 use crate::data::TokenBatch;
 use crate::decoder::{DecoderStyles, check_sequence, divisible, token_input, token_loss};
 use bonfire_cp::ContextSplit;
@@ -88,7 +88,7 @@ pub fn attention_tp_plan(
 
 /// Query heads and key/value heads of `a` must split over tp (the kv heads evenly, or tp a
 /// multiple of them: then they stay whole on every rank).
-pub fn check_attention_tp(a: &Attention, tp: usize) -> Result<(), LayoutError> {
+pub fn check_attention_tp(a: &LlamaAttention, tp: usize) -> Result<(), LayoutError> {
     let (q, kv) = (a.q_proj.weight.dims()[0], a.k_proj.weight.dims()[0]);
     let hd = a.head_dim();
     divisible_tp(tp, "num_attention_heads", q / hd)?;
@@ -111,8 +111,8 @@ pub fn check_attention_tp(a: &Attention, tp: usize) -> Result<(), LayoutError> {
 /// Whether `tp` exceeds the kv heads of `attention` (a decoder's first layer's; none: 1):
 /// each kv head is then whole on several tp ranks rather than split
 /// ([`attention_tp_plan`]'s `replicate_kv`).
-pub fn replicates_kv(attention: Option<&Attention>, tp: usize) -> bool {
-    tp > attention.map_or(1, Attention::kv_heads)
+pub fn replicates_kv(attention: Option<&LlamaAttention>, tp: usize) -> bool {
+    tp > attention.map_or(1, LlamaAttention::kv_heads)
 }
 
 /// `Ok` when tp divides `value` (`what`).
@@ -195,7 +195,7 @@ impl ParallelModel for Llama {
 
 /// The final norm and the output projection (the last piece).
 #[derive(Module, Debug)]
-pub struct HeadPiece {
+pub struct LlamaHead {
     /// `model.norm`.
     pub norm: ParallelRmsNorm,
     /// `lm_head`.
@@ -207,43 +207,43 @@ pub struct HeadPiece {
 // A handful of pieces per rank: the size difference of the variants does not matter.
 #[allow(clippy::large_enum_variant)]
 #[derive(Module, Debug)]
-pub enum Piece {
+pub enum LlamaPiece {
     /// `model.embed_tokens`.
     Embed(ParallelEmbedding),
     /// `model.layers.i`.
     Layer(DecoderLayer),
     /// `model.norm` and `lm_head`.
-    Head(HeadPiece),
+    Head(LlamaHead),
 }
 
-impl Block<3> for Piece {
+impl Block<3> for LlamaPiece {
     fn forward(&self, x: Tensor<3>) -> Tensor<3> {
         match self {
-            Piece::Embed(e) => embed(e, x.squeeze_dim::<2>(2).int()),
-            Piece::Layer(l) => l.forward(x),
-            Piece::Head(h) => head(&h.norm, &h.lm_head, x),
+            LlamaPiece::Embed(e) => embed(e, x.squeeze_dim::<2>(2).int()),
+            LlamaPiece::Layer(l) => l.forward(x),
+            LlamaPiece::Head(h) => head(&h.norm, &h.lm_head, x),
         }
     }
 }
 
 /// The Llama's pieces in order, named by the module path where each begins:
 /// `model.embed_tokens`, `model.layers.0`, …, `model.norm` (parameters in the model's order).
-pub fn pieces(model: Llama) -> Vec<(String, Piece)> {
+pub fn pieces(model: Llama) -> Vec<(String, LlamaPiece)> {
     let Llama { model, lm_head } = model;
     let mut out = vec![(
         "model.embed_tokens".to_string(),
-        Piece::Embed(model.embed_tokens),
+        LlamaPiece::Embed(model.embed_tokens),
     )];
     out.extend(
         model
             .layers
             .into_iter()
             .enumerate()
-            .map(|(i, l)| (format!("model.layers.{i}"), Piece::Layer(l))),
+            .map(|(i, l)| (format!("model.layers.{i}"), LlamaPiece::Layer(l))),
     );
     out.push((
         "model.norm".to_string(),
-        Piece::Head(HeadPiece {
+        LlamaPiece::Head(LlamaHead {
             norm: model.norm,
             lm_head,
         }),

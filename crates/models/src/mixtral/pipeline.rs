@@ -19,7 +19,7 @@ use burn::tensor::Tensor;
 
 /// The token embedding, its output widened by `2E` zero routing columns.
 #[derive(Module, Debug)]
-pub struct EmbedPiece {
+pub struct MixtralEmbed {
     /// `model.embed_tokens`.
     pub embed_tokens: ParallelEmbedding,
     experts: usize,
@@ -27,7 +27,7 @@ pub struct EmbedPiece {
 
 /// The final norm and the output projection; the routing columns pass on beside the logits.
 #[derive(Module, Debug)]
-pub struct HeadPiece {
+pub struct MixtralHead {
     /// `model.norm`.
     pub norm: ParallelRmsNorm,
     /// `lm_head`.
@@ -39,13 +39,13 @@ pub struct HeadPiece {
 // A handful of pieces per rank: the size difference of the variants does not matter.
 #[allow(clippy::large_enum_variant)]
 #[derive(Module, Debug)]
-pub enum Piece {
+pub enum MixtralPiece {
     /// `model.embed_tokens`.
-    Embed(EmbedPiece),
+    Embed(MixtralEmbed),
     /// `model.layers.i`.
     Layer(DecoderLayer),
     /// `model.norm` and `lm_head`.
-    Head(HeadPiece),
+    Head(MixtralHead),
 }
 
 /// `x` `[B, T, w]` cut into its first `w − 2E` columns and its last `2E`.
@@ -55,23 +55,23 @@ fn split(x: Tensor<3>, experts: usize) -> (Tensor<3>, Tensor<3>) {
     (x.narrow(2, 0, w - 2 * experts), rest)
 }
 
-impl Block<3> for Piece {
+impl Block<3> for MixtralPiece {
     fn forward(&self, x: Tensor<3>) -> Tensor<3> {
         match self {
-            Piece::Embed(p) => {
+            MixtralPiece::Embed(p) => {
                 let h = embed(&p.embed_tokens, x.squeeze_dim::<2>(2).int());
                 let [b, t, _] = h.dims();
                 let zeros = Tensor::<3>::zeros([b, t, 2 * p.experts], &h.device()).cast(h.dtype());
                 Tensor::cat(vec![h, zeros], 2)
             }
-            Piece::Layer(l) => {
+            MixtralPiece::Layer(l) => {
                 let (h, stats) = split(x, l.mlp.gate.weight.dims()[0]);
                 let (y, r) = l.forward_routed(h);
                 let dtype = stats.dtype();
                 let routed = Tensor::cat(vec![r.probs, r.counts], 2).cast(dtype);
                 Tensor::cat(vec![y, stats + routed], 2)
             }
-            Piece::Head(p) => {
+            MixtralPiece::Head(p) => {
                 let (h, stats) = split(x, p.experts);
                 let logits = head(&p.norm, &p.lm_head, h);
                 let dtype = logits.dtype();
@@ -83,7 +83,7 @@ impl Block<3> for Piece {
 
 /// The Mixtral's pieces in order, named by the module path where each begins:
 /// `model.embed_tokens`, `model.layers.0`, …, `model.norm` (parameters in the model's order).
-pub fn pieces(model: Mixtral) -> Vec<(String, Piece)> {
+pub fn pieces(model: Mixtral) -> Vec<(String, MixtralPiece)> {
     let experts = model
         .model
         .layers
@@ -92,7 +92,7 @@ pub fn pieces(model: Mixtral) -> Vec<(String, Piece)> {
     let Mixtral { model, lm_head, .. } = model;
     let mut out = vec![(
         "model.embed_tokens".to_string(),
-        Piece::Embed(EmbedPiece {
+        MixtralPiece::Embed(MixtralEmbed {
             embed_tokens: model.embed_tokens,
             experts,
         }),
@@ -102,11 +102,11 @@ pub fn pieces(model: Mixtral) -> Vec<(String, Piece)> {
             .layers
             .into_iter()
             .enumerate()
-            .map(|(i, l)| (format!("model.layers.{i}"), Piece::Layer(l))),
+            .map(|(i, l)| (format!("model.layers.{i}"), MixtralPiece::Layer(l))),
     );
     out.push((
         "model.norm".to_string(),
-        Piece::Head(HeadPiece {
+        MixtralPiece::Head(MixtralHead {
             norm: model.norm,
             lm_head,
             experts,

@@ -154,7 +154,7 @@ impl<B: Rows> PipelineVisitor<B> for BuildEngine<B> {
             dims.pp(),
         )?;
         let ranges = piece_params(&pipeline.pieces, &ctx.layout)?;
-        let ac = dims.activation_checkpointing;
+        let ac = dims.recompute;
         let flags = recompute_flags(&names, &pipeline.checkpointable, ac);
         let stage_starts: Vec<usize> = std::iter::once(0).chain(points.iter().copied()).collect();
         let pp_rank = ctx.at.coord(Axis::Pp);

@@ -1,7 +1,7 @@
 //! Activation checkpointing in both engines, applied from outside the model (like
 //! torchtitan, per transformer block, after tensor parallelism and inside the dp wrapper):
 //! the model's pipeline pieces that it names checkpointable ([`crate::Pipeline`]) are the
-//! layers `ActivationCheckpointing` counts, in model order, whatever the stage; a chosen
+//! layers `Recompute` counts, in model order, whatever the stage; a chosen
 //! piece runs as one `bonfire_recompute::recompute` region.
 //!
 //! - Without a pipeline, [`loss`] runs the model's loss through its pieces (a clone of the
@@ -12,7 +12,7 @@
 //!   know whether they recompute.
 
 use bonfire_layout::LayoutError;
-use bonfire_layout::{ActivationCheckpointing, ParallelDims};
+use bonfire_layout::{ParallelDims, Recompute};
 use bonfire_parallel::{ParallelModel, Pipeline, PipelineVisitor};
 use bonfire_pipeline::{Block, PipelineError, StageParams};
 use burn::module::{Devices, Module, ModuleMapper, ModuleVisitor};
@@ -23,7 +23,7 @@ use burn::tensor::{Device, Gradients, Tensor};
 pub(crate) fn recompute_flags(
     names: &[String],
     checkpointable: &[String],
-    ac: ActivationCheckpointing,
+    ac: Recompute,
 ) -> Vec<bool> {
     let mut k = 0;
     names
@@ -60,11 +60,11 @@ pub(crate) fn check(
     names: Option<(Vec<String>, Vec<String>)>,
     dims: &ParallelDims,
 ) -> Result<(), LayoutError> {
-    let ac = dims.activation_checkpointing;
+    let ac = dims.recompute;
     if !ac.is_on() {
         return Ok(());
     }
-    let error = |reason: String| LayoutError::Checkpointing {
+    let error = |reason: String| LayoutError::Recompute {
         setting: ac.to_string(),
         reason,
     };
@@ -93,7 +93,7 @@ pub(crate) fn check(
 /// recomputed (the [`PipelineVisitor`] of [`loss`]).
 struct PieceLoss<'a, B> {
     batch: &'a B,
-    ac: ActivationCheckpointing,
+    ac: Recompute,
 }
 
 impl<B> PipelineVisitor<B> for PieceLoss<'_, B> {
@@ -117,11 +117,7 @@ impl<B> PipelineVisitor<B> for PieceLoss<'_, B> {
 /// The loss of `batch` on `model` (a replica's module, inside its wrapper's forward): the
 /// model's own loss, or with checkpointing on, the loss through its pipeline pieces with
 /// the chosen ones recomputed.
-pub(crate) fn loss<M: ParallelModel>(
-    model: &M,
-    batch: M::Batch,
-    ac: ActivationCheckpointing,
-) -> Tensor<1> {
+pub(crate) fn loss<M: ParallelModel>(model: &M, batch: M::Batch, ac: Recompute) -> Tensor<1> {
     if !ac.is_on() {
         return model.loss(batch);
     }
@@ -255,11 +251,11 @@ mod tests {
             .map(String::from)
             .to_vec();
         let blocks: Vec<String> = ["b0", "b1", "b2", "b3"].map(String::from).to_vec();
-        let every = |k| recompute_flags(&names, &blocks, ActivationCheckpointing::Every(k));
+        let every = |k| recompute_flags(&names, &blocks, Recompute::Every(k));
         assert_eq!(every(1), [false, true, true, true, true, false]);
         assert_eq!(every(2), [false, true, false, true, false, false]);
         assert_eq!(every(3), [false, true, false, false, true, false]);
-        let off = recompute_flags(&names, &blocks, ActivationCheckpointing::Off);
+        let off = recompute_flags(&names, &blocks, Recompute::Off);
         assert!(off.iter().all(|f| !f));
     }
 }

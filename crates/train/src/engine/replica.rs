@@ -52,7 +52,7 @@ impl<M: ParallelModel> Engine<M::Batch> for ReplicaEngine<M> {
     fn forward_backward(&mut self, batch: &M::Batch) -> Result<f32, TrainError> {
         let (local, _context) = self.at.context(batch, context_cut::<M>());
         let _experts = self.at.expert_scope();
-        let ac = self.at.dims.activation_checkpointing;
+        let ac = self.at.dims.recompute;
         let loss = self.wrapper.forward(|m| recompute::loss(m, local, ac));
         let mut value = [plane::to_host(loss.clone().detach(), Reason::Report)[0]];
         let scale = self.at.loss_scale;
