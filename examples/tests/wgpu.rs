@@ -14,12 +14,15 @@ mod common;
 use bonfire_dtensor::plane::Transfers;
 use bonfire_dtensor::plane::ledger::{Direction, Reason};
 #[path = "../examples/gpu_check/checks.rs"]
+#[allow(dead_code)]
 mod device_checks;
 #[path = "../benches/common/throughput.rs"]
+#[allow(dead_code)]
 mod throughput;
 use bonfire_examples::harness;
 use device_checks::ROWS;
 #[path = "../benches/common/ledger.rs"]
+#[allow(dead_code)]
 mod ledger;
 use bonfire_layout::ParallelDims;
 use bonfire_layout::ZeroStage;
