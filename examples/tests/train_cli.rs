@@ -296,7 +296,7 @@ fn bad_input_gets_one_clear_error() {
     std::fs::write(dir.join("text.txt"), "some text").unwrap();
     let model = fixture();
     let model = model.to_str().unwrap();
-    let cases: [(&[&str], &str); 6] = [
+    let cases: [(&[&str], &str); 5] = [
         (
             &["--model", "llama-tiny", "--data", &p("bad.bin")],
             "token 40 at position 57",
@@ -321,10 +321,6 @@ fn bad_input_gets_one_clear_error() {
             "max_position_embeddings is 8",
         ),
         (
-            &["--model", "gpt", "--export", &p("out")],
-            "--export writes a Hugging Face Llama",
-        ),
-        (
             &["--model", &p("nowhere")],
             "not gpt, llama-tiny, llama-bench",
         ),
@@ -336,5 +332,35 @@ fn bad_input_gets_one_clear_error() {
         assert_eq!(stderr.lines().count(), 1, "{args:?}: one line\n{stderr}");
         assert!(!stdout.contains("step"), "{args:?} trained: {stdout}");
     }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// The GPT exports too (its `model.safetensors` and `cfg.json`), and the export is the trained
+/// model: after 2 steps it loads into a plain `Gpt` of that config with other values than the
+/// same command's export after 0 steps (the initial model).
+#[test]
+fn the_gpt_exports_its_trained_weights() {
+    let dir = scratch("gpt-export");
+    let export = |steps: &str| {
+        let out = dir.join(format!("out-{steps}"));
+        let args = [
+            "--model", "gpt", "--steps", steps, "--sample", "0", "--seq", "16",
+        ];
+        let (code, stdout, stderr) =
+            train(&[&args[..], &["--export", out.to_str().unwrap()]].concat());
+        assert_eq!(code, Some(0), "{stdout}{stderr}");
+        assert!(stdout.contains("exported"), "{stdout}");
+        let cfg = bonfire_models::GptConfig::load(out.join("cfg.json")).unwrap();
+        let device = bonfire_examples::default_device();
+        let model = bonfire_models::weights::load(
+            bonfire_models::Gpt::new(&cfg, &device),
+            out.join("model.safetensors"),
+        )
+        .unwrap();
+        bonfire_module::params::flatten_values(&model, &bonfire_module::params::inventory(&model))
+    };
+    let (initial, trained) = (export("0"), export("2"));
+    assert_eq!(initial.len(), trained.len());
+    assert_ne!(initial, trained, "the export holds the trained values");
     std::fs::remove_dir_all(&dir).ok();
 }

@@ -68,9 +68,11 @@ impl ModelConfig {
     pub fn validate(&self, seq: usize) -> Result<(), String> {
         let (_, max) = self.limits();
         if seq > max {
-            return Err(format!(
-                "--seq {seq}: the model's longest sequence is {max}"
-            ));
+            let field = match self {
+                Self::Gpt(_) => "max_seq_len",
+                _ => "max_position_embeddings",
+            };
+            return Err(format!("--seq {seq}: the model's {field} is {max}"));
         }
         match self {
             Self::Gpt(c) => c.validate(),
