@@ -16,7 +16,7 @@ fn save_load_round_trip_in_pytorch_layout() {
     let device = default_device();
     let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("checkpoint-test");
     let path = dir.join("model.safetensors");
-    let model = Gpt::new(&cfg, &device);
+    let model = bonfire_module::params::seeded(61, &device, |d| Gpt::new(&cfg, d));
     weights::save(&model, &path).unwrap();
 
     let file = tensor_file::read(&path).unwrap();

@@ -28,7 +28,7 @@ fn no_sync_accumulation_equals_the_large_batch_step() {
     // 2 ranks × 2 micro-batches × 2 rows = one global batch of 8 rows per step.
     let cfg = GptConfig::tiny();
     let device = default_device();
-    let model = Gpt::new(&cfg, &device);
+    let model = common::seeded(31, &device, |d| Gpt::new(&cfg, d));
     let batches = random_batches(&cfg, STEPS, 8, 21);
     let reference = single_device(&model, &batches, STEPS, LR, SgdConfig::new().init());
     let runs = world(2)
@@ -65,7 +65,7 @@ fn no_sync_accumulation_equals_the_large_batch_step() {
 fn periodic_sync_averages_parameters_every_k_steps() {
     let cfg = GptConfig::tiny();
     let device = default_device();
-    let model = Gpt::new(&cfg, &device);
+    let model = common::seeded(31, &device, |d| Gpt::new(&cfg, d));
     let batches = random_batches(&cfg, 4, 4, 5);
     let snapshots = world(2)
         .launch(|pg| {
@@ -116,7 +116,7 @@ fn compressed_all_reduce_stays_close_to_exact() {
     // absolute with bf16 (8-bit mantissa: ~0.4% per gradient) and 2e-4 with fp16 (11-bit
     // mantissa), losses within 1e-3 relative, of the uncompressed run. Error feedback keeps
     // rounding from accumulating across steps.
-    let model = Gpt::new(&GptConfig::tiny(), &default_device());
+    let model = common::seeded(37, &default_device(), |d| Gpt::new(&GptConfig::tiny(), d));
     let exact = compressed_run(&model, Compression::None);
     for (compression, abs) in [(Compression::Bf16, 1e-3), (Compression::Fp16, 2e-4)] {
         let run = compressed_run(&model, compression);
@@ -145,7 +145,7 @@ fn compressed_all_reduce_stays_close_to_exact() {
 fn one_call_primitives_match_the_full_batch_gradient() {
     let cfg = GptConfig::tiny();
     let device = default_device();
-    let model = Gpt::new(&cfg, &device);
+    let model = common::seeded(31, &device, |d| Gpt::new(&cfg, d));
     let batches = random_batches(&cfg, 1, 6, 2);
     let (ids, targets) = batches.rows(0, 0, 6, &device);
     // Reference: one backward on the whole batch.

@@ -20,7 +20,7 @@ const STEPS: usize = 3;
 
 fn check(n: usize, adam: bool, config: DdpConfig) {
     let cfg = GptConfig::tiny();
-    let model = Gpt::new(&cfg, &default_device());
+    let model = common::seeded(13, &default_device(), |d| Gpt::new(&cfg, d));
     let batches = random_batches(&cfg, STEPS, 8, n as u64);
     let (lr, abs, optim): (f64, f32, fn() -> burn::optim::ModuleOptimizer) = if adam {
         (1e-2, common::adamw(1e-2).abs, || AdamConfig::new().init())

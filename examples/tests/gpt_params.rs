@@ -34,7 +34,7 @@ fn cfg() -> GptConfig {
 #[test]
 fn whole_model_and_pipeline_pieces_count_as_the_model() {
     let cfg = cfg();
-    let model = Gpt::new(&cfg, &default_device());
+    let model = bonfire_module::params::seeded(59, &default_device(), |d| Gpt::new(&cfg, d));
     assert_eq!(
         gpt_rank_params(&cfg, &ParallelDims::new(), 0),
         model.num_params()
@@ -75,7 +75,7 @@ fn stages_split_as_the_schedule_places_them() {
 #[test]
 fn tensor_parallel_shards_count_as_the_plan_splits() {
     let cfg = cfg();
-    let model = Gpt::new(&cfg, &default_device());
+    let model = bonfire_module::params::seeded(59, &default_device(), |d| Gpt::new(&cfg, d));
     for (tp, sp) in [(2, false), (2, true), (4, true)] {
         let counts = ThreadWorld::new(tp)
             .launch(|pg| {

@@ -60,7 +60,7 @@ fn rank() {
     let cfg = GptConfig::tiny();
     let device = default_device();
     // Every process draws its own initial values; take rank 0's so the reference matches.
-    let model = Gpt::new(&cfg, &device);
+    let model = bonfire_module::params::seeded(29, &device, |d| Gpt::new(&cfg, d));
     let infos = params::inventory(&model);
     let mut flat = params::flatten_values(&model, &infos);
     pg.broadcast(&mut flat, 0).unwrap();

@@ -20,7 +20,7 @@ use std::time::Duration;
 fn first_bucket_starts_during_backward() {
     let cfg = GptConfig::tiny();
     let device = default_device();
-    let model = Gpt::new(&cfg, &device);
+    let model = bonfire_module::params::seeded(43, &device, |d| Gpt::new(&cfg, d));
     let batches = common::random_batches(&cfg, 3, 4, 7);
     let timings = ThreadWorld::new(2)
         .timeout(Duration::from_secs(60))
@@ -47,7 +47,7 @@ fn first_bucket_starts_during_backward() {
 fn zero2_buckets_start_during_backward() {
     let cfg = GptConfig::tiny();
     let device = default_device();
-    let model = Gpt::new(&cfg, &device);
+    let model = bonfire_module::params::seeded(43, &device, |d| Gpt::new(&cfg, d));
     let batches = common::random_batches(&cfg, 3, 4, 7);
     let timings = ThreadWorld::new(2)
         .timeout(Duration::from_secs(60))

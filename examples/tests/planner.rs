@@ -174,7 +174,7 @@ fn predictions_match_the_allocator_and_the_clock() {
         .map(|(name, dims)| predict(&cluster, &req, name, dims))
         .collect();
     let predicted_ms: Vec<f64> = predictions.iter().map(|p| p.estimate.step_ms()).collect();
-    let model = Gpt::new(&CFG, &default_device());
+    let model = bonfire_module::params::seeded(47, &default_device(), |d| Gpt::new(&CFG, d));
     let mut slot = 0;
     let mut measure_case = |i: usize| {
         slot += 2;

@@ -19,7 +19,7 @@ fn collective_counts() {
         n_heads: 4,
         ..GptConfig::tiny()
     };
-    let model = Gpt::new(&cfg, &default_device());
+    let model = bonfire_module::params::seeded(41, &default_device(), |d| Gpt::new(&cfg, d));
     let batches = common::random_batches(&cfg, 1, 4, 7);
     let layers = cfg.n_layers;
     for (sp, lp) in [(false, false), (true, true), (false, true), (true, false)] {

@@ -25,7 +25,7 @@ use crate::style::StylePlacement;
 use bonfire_comm::ProcessGroup;
 use bonfire_dtensor::{chunk_range, functional};
 use burn::module::{Module, Param};
-use burn::tensor::{DType, Device, Distribution, Int, Tensor};
+use burn::tensor::{DType, Device, Int, Tensor};
 
 /// `value` as a new leaf, tracked when `like` is.
 fn leaf<const D: usize>(value: Tensor<D>, like: &Param<Tensor<D>>) -> Tensor<D> {
@@ -38,7 +38,7 @@ fn leaf<const D: usize>(value: Tensor<D>, like: &Param<Tensor<D>>) -> Tensor<D> 
 }
 
 fn normal(shape: [usize; 2], device: &Device) -> Tensor<2> {
-    Tensor::random(shape, Distribution::Normal(0.0, 0.02), device)
+    bonfire_module::params::normal(shape, 0.0, 0.02, device)
 }
 
 /// Records, on this thread, the dtypes a layer's `forward` computes with: its float input

@@ -16,7 +16,7 @@ use bonfire_ep::{permute, run_experts, unpermute};
 use bonfire_tp::ParallelLinear;
 use burn::module::{Module, Param};
 use burn::tensor::activation::softmax;
-use burn::tensor::{DType, Device, Distribution, Int, Tensor};
+use burn::tensor::{DType, Device, Int, Tensor};
 
 /// The experts of one layer, stored fused as transformers 5 stores them.
 #[derive(Module, Debug)]
@@ -32,11 +32,7 @@ impl Experts {
     /// `e` N(0, 0.02) experts of width `f` on `d`.
     pub fn new(e: usize, d: usize, f: usize, device: &Device) -> Self {
         let normal = |shape: [usize; 3]| {
-            Param::from_tensor(Tensor::random(
-                shape,
-                Distribution::Normal(0.0, 0.02),
-                device,
-            ))
+            Param::from_tensor(bonfire_module::params::normal(shape, 0.0, 0.02, device))
         };
         Self {
             gate_up_proj: normal([e, 2 * f, d]),
@@ -170,7 +166,7 @@ impl FeedForward for SparseMoe {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use burn::tensor::TensorData;
+    use burn::tensor::{Distribution, TensorData};
 
     fn device() -> Device {
         Device::flex().autodiff()

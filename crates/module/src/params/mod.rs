@@ -6,11 +6,13 @@
 //! definition of "the parameter order" — the order every rank must agree on — and one way of
 //! agreeing on it ([`sync_from_root`]: every rank checks it holds the same parameters, then
 //! takes the root's values, broadcast on the device). [`seeded`] draws a model's parameters
-//! reproducibly.
+//! reproducibly, whatever draws beside it ([`normal`]: draws from an explicit generator there).
 
+mod draw;
 mod flat;
 mod sync;
 
+pub use draw::{normal, seeded};
 pub use flat::{assign_flat, flat, grads_from_flat, grads_from_parts, take_flat_grads};
 
 pub use sync::{check_same, model_device, sync_from_root, sync_from_root_with};
@@ -181,21 +183,4 @@ pub fn offsets_of(infos: &[ParamInfo]) -> Vec<usize> {
         offsets.push(at);
     }
     offsets
-}
-
-/// `build`'s model with the parameters Burn's generator draws after `device.seed(seed)`, the
-/// same on every call while other threads of the process build models through here: Burn has
-/// one generator per process and `burn::nn` layers draw lazily (when a parameter is first
-/// read), so the seed, the build and the draw of every parameter happen under one lock.
-pub fn seeded<M: Module>(
-    seed: u64,
-    device: &burn::tensor::Device,
-    build: impl FnOnce(&burn::tensor::Device) -> M,
-) -> M {
-    static DRAW: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    let _draw = DRAW.lock().unwrap_or_else(|e| e.into_inner());
-    device.seed(seed);
-    let model = build(device);
-    flatten_values(&model, &inventory(&model));
-    model
 }
