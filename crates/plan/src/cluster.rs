@@ -28,6 +28,11 @@ pub struct DeviceSpec {
     /// Seconds every kernel (operation) costs however little it computes: its launch and
     /// the framework's dispatch. Paid per operation, per layer, per micro-batch.
     pub launch: f64,
+    /// Whether Bonfire's fused attention op runs here in f32: on the CPU (Flex) it does; on a
+    /// CubeCL device (CUDA, wgpu) Bonfire's models run Burn's materialized attention for now,
+    /// so a model whose attention is Bonfire's ([`crate::AttentionKind::Fused`]) is costed
+    /// with its scores kept ([`crate::ModelSpec::on_device`]).
+    pub fused_attention: bool,
 }
 
 impl DeviceSpec {
@@ -44,6 +49,7 @@ impl DeviceSpec {
                 mem_bw: 3.35e12,
                 efficiency: 0.5,
                 launch: GPU_LAUNCH,
+                fused_attention: false,
             },
             "a100" => Self {
                 name: name.into(),
@@ -53,6 +59,7 @@ impl DeviceSpec {
                 mem_bw: 2.039e12,
                 efficiency: 0.5,
                 launch: GPU_LAUNCH,
+                fused_attention: false,
             },
             _ => return None,
         })
@@ -70,6 +77,7 @@ impl DeviceSpec {
             mem_bw,
             efficiency: 1.0,
             launch,
+            fused_attention: true,
         }
     }
 
@@ -226,6 +234,7 @@ impl ClusterSpec {
                 mem_bw: mem_bw.ok_or_else(|| f.error("mem_bw", "missing (a custom device)"))?,
                 efficiency: 1.0,
                 launch: GPU_LAUNCH,
+                fused_attention: false,
             },
             (None, None) => {
                 return Err(f.error("device", "missing (a preset: h100, a100; or give `flops`)"));

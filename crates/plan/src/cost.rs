@@ -127,6 +127,7 @@ pub fn estimate(
     layout: &ParallelDims,
     shapes: &[RankShape],
 ) -> Estimate {
+    let model = &model.on_device(&cluster.device);
     let tokens = micro_batch_tokens(req, layout);
     let memory = (0..shapes.len())
         .map(|r| rank_memory(model, req, layout, shapes, r))

@@ -41,7 +41,8 @@ pub enum AttentionKind {
     /// The score and probability matrices (heads × seq per token) are kept (Bonfire's GPT;
     /// Megatron in 2021).
     Materialized,
-    /// Fused (FlashAttention): no seq-sized buffer is kept.
+    /// FlashAttention: no seq-sized buffer is kept (what the published runs the planner is
+    /// compared with used; Bonfire's own is [`Self::Fused`]).
     Flash,
     /// Bonfire's own models (`bonfire_models`' `causal_attention`): the fused op
     /// (`bonfire_kernels::attention`) in f32, which keeps no seq-sized buffer but its own
@@ -49,7 +50,9 @@ pub enum AttentionKind {
     /// output projection keeps (`d + h` elements a token, split over tp: derived from the
     /// code) — under context parallelism ring attention's fused blocks instead
     /// ([`ModelSpec::ring_attention_elems`]); Burn's materialized scores in a 16-bit compute
-    /// dtype, with or without cp. Resolved per layout by [`ModelSpec::attention_under`].
+    /// dtype, with or without cp; and Burn's materialized scores on a CubeCL device (CUDA,
+    /// wgpu), where the fused op does not run yet. Resolved per device by
+    /// [`ModelSpec::on_device`] and per dtype by [`ModelSpec::attention_under`].
     Fused,
 }
 
@@ -129,12 +132,13 @@ impl ModelSpec {
         }
     }
 
-    /// A Llama 3 model (vocabulary 128,256, 8 key/value heads, flash attention, 8K context).
+    /// A Llama 3 model (vocabulary 128,256, 8 key/value heads, 8K context) with Bonfire's
+    /// attention ([`AttentionKind::Fused`], resolved per device and dtype).
     fn llama3(name: &str, d_model: usize, n_heads: usize, n_layers: usize, d_ff: usize) -> Self {
         Self {
             name: name.to_string(),
             arch: Arch::Llama,
-            attention: AttentionKind::Flash,
+            attention: AttentionKind::Fused,
             vocab_size: 128_256,
             d_model,
             n_heads,
@@ -169,7 +173,7 @@ impl ModelSpec {
                     experts: 8,
                     top_k: 2,
                 }),
-                attention: AttentionKind::Flash,
+                attention: AttentionKind::Fused,
                 vocab_size: 32_000,
                 d_model: 4096,
                 n_heads: 32,
@@ -185,7 +189,7 @@ impl ModelSpec {
     /// A model from a JSON object (`what` names it in errors): `vocab_size`, `d_model`,
     /// `n_heads`, `n_layers`, `seq_len`, `d_ff` required; `arch` (`gpt` | `llama` |
     /// `mixtral`, default gpt), `attention` (`materialized` | `flash` | `fused` — see
-    /// [`AttentionKind`] —, default materialized for gpt, flash otherwise), `n_kv_heads` (default `n_heads`), `name` optional; for
+    /// [`AttentionKind`] —, default materialized for gpt, Bonfire's fused op (resolved per device and dtype) otherwise), `n_kv_heads` (default `n_heads`), `name` optional; for
     /// `mixtral` `n_experts` (E) and `experts_per_token` (k) required, `d_ff` each expert's
     /// width (refused for the others).
     pub fn from_json(what: &str, text: &str) -> Result<Self, PlanError> {
@@ -205,7 +209,7 @@ impl ModelSpec {
             }
         };
         let attention = match f.string_opt("attention")?.as_deref() {
-            None if arch != Arch::Gpt => AttentionKind::Flash,
+            None if arch != Arch::Gpt => AttentionKind::Fused,
             None | Some("materialized") => AttentionKind::Materialized,
             Some("flash") => AttentionKind::Flash,
             Some("fused") => AttentionKind::Fused,
@@ -418,6 +422,18 @@ impl ModelSpec {
             let (d, f) = (self.d_model as f64, self.d_ff as f64);
             2.0 * d * m.experts as f64 + m.top_k as f64 * 6.0 * d * f
         })
+    }
+
+    /// The model as Bonfire's engines run it on `device`: its attention, when it is Bonfire's
+    /// own ([`AttentionKind::Fused`]), materialized where the fused op does not run
+    /// ([`DeviceSpec::fused_attention`]: CubeCL devices); the dtype's part is
+    /// [`Self::attention_under`]'s.
+    pub fn on_device(&self, device: &crate::DeviceSpec) -> Self {
+        let mut model = self.clone();
+        if model.attention == AttentionKind::Fused && !device.fused_attention {
+            model.attention = AttentionKind::Materialized;
+        }
+        model
     }
 
     /// How attention keeps its scores in a compute dtype of `bytes` per element:

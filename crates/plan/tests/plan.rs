@@ -13,7 +13,8 @@ use bonfire_plan::memory::{
 mod common;
 use bonfire_layout::{MixedPrecision, ScheduleKind, ZeroStage};
 use bonfire_plan::{
-    ClusterSpec, ModelSpec, PlanError, PlannedLayout, ScheduleModel, base_layout, plan,
+    AttentionKind, ClusterSpec, ModelSpec, PlanError, PlannedLayout, ScheduleModel, base_layout,
+    plan,
 };
 use common::{bf16, cluster};
 
@@ -202,8 +203,13 @@ fn a_tiny_model_is_not_pipelined() {
 /// efficiency at T/cp tokens (docs/planner.md).
 #[test]
 fn llama3_405b_on_16k_h100_without_cp_is_tp8_pp16_dp128() {
+    // Meta trained with FlashAttention: described with it.
+    let flash = ModelSpec {
+        attention: AttentionKind::Flash,
+        ..ModelSpec::preset("llama3-405b").unwrap()
+    };
     let p = plan(
-        &ModelSpec::preset("llama3-405b").unwrap(),
+        &flash,
         &cluster(2048, 8, "h100", "nvlink", "ib"),
         &bf16(2048, 8192),
     )
@@ -342,14 +348,50 @@ fn bad_descriptions_name_the_field() {
 }
 
 /// A published choice reproduced: torchtitan trains Llama 3 8B on one 8-GPU node with FSDP
-/// (ZeRO-3) over all eight devices and no tensor or pipeline parallelism.
+/// (ZeRO-3) over all eight devices and no tensor or pipeline parallelism — with
+/// FlashAttention (SDPA), so the model is described with it. Bonfire's own engines
+/// materialize the scores on a GPU for now (the preset's attention, resolved per device:
+/// `ModelSpec::on_device`): at 8K tokens they need recompute, and the planner says so.
 #[test]
 fn llama3_8b_on_one_node_is_fsdp_over_eight() {
-    let p = plan_one_h100_node("llama3-8b", 8, 8192);
+    let preset = ModelSpec::preset("llama3-8b").unwrap();
+    let flash = ModelSpec {
+        attention: AttentionKind::Flash,
+        ..preset.clone()
+    };
+    let node = cluster(1, 8, "h100", "nvlink", "ib");
+    let p = plan(&flash, &node, &bf16(8, 8192)).unwrap();
     let top = &p.ranked[0].layout;
     assert_eq!(
         (top.dp(), top.zero, top.tp(), top.pp()),
         (8, ZeroStage::Zero3, 1, 1),
         "{top}"
+    );
+    let ours = plan(&preset, &node, &bf16(8, 8192)).unwrap();
+    assert!(
+        ours.ranked[0].layout.recompute.is_on(),
+        "{}",
+        ours.ranked[0].layout
+    );
+}
+
+/// Bonfire's attention is costed as its engines run it on each device and dtype: the fused op
+/// on the CPU in f32, the scores materialized on a GPU (CubeCL: Burn's attention for now)
+/// and in 16-bit types.
+#[test]
+fn bonfire_attention_is_costed_as_the_engines_run_it() {
+    let model = ModelSpec::preset("llama3-8b").unwrap();
+    assert_eq!(model.attention, AttentionKind::Fused);
+    let gpu = bonfire_plan::DeviceSpec::preset("h100").unwrap();
+    let cpu = bonfire_plan::DeviceSpec::cpu(1e11, 1 << 34, 1e10, 1e-6);
+    assert_eq!(model.on_device(&gpu).attention, AttentionKind::Materialized);
+    assert_eq!(model.on_device(&cpu).attention, AttentionKind::Fused);
+    assert_eq!(
+        model.on_device(&cpu).attention_under(4),
+        AttentionKind::Fused
+    );
+    assert_eq!(
+        model.on_device(&cpu).attention_under(2),
+        AttentionKind::Materialized
     );
 }

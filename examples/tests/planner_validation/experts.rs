@@ -1,4 +1,4 @@
-//! Expert parallelism, held out (`planner_heldout.rs`'s rows of the Mixtral): no constant
+//! Expert parallelism, in the validation set (`planner_validation.rs`'s rows of the Mixtral): no constant
 //! was fitted on a mixture of experts. The bench Mixtral's sizes (the bench Llama's body:
 //! vocab 4096, hidden 256, 8 heads, 4 kv heads, 4 layers; 8 experts of width 344, top 2)
 //! at 64 tokens, one sequence a rank on 4 rank threads (dp = 4, AdamW): without ep, ep = 2
@@ -38,7 +38,7 @@ pub(crate) fn expert_rows(rows: &mut Vec<Row>, mut slot: usize) {
         precisions: vec![MixedPrecision::f32()],
         memory_fraction: 1.0,
     };
-    let model = Mixtral::new(&cfg, &default_device());
+    let model = bonfire_module::params::seeded(53, &default_device(), |d| Mixtral::new(&cfg, d));
     let spec = cfg.spec();
     let ep = |ep, zero| {
         base_layout(4, 1, 1)
@@ -60,11 +60,17 @@ pub(crate) fn expert_rows(rows: &mut Vec<Row>, mut slot: usize) {
         ),
     ];
     for (name, layout) in &cases {
-        let (row, _) = measure_model_row(("moe", name), layout, (&model, &spec), (&req, slot));
+        let (row, _) = measure_model_row(
+            "validation",
+            ("moe", name),
+            layout,
+            (&model, &spec),
+            (&req, slot),
+        );
         slot += layout.world_size();
         let parts = predict_ranks(&spec, &req, layout).expect("a layout the planner models");
         eprintln!(
-            "planner-check set=heldout shape=moe layout={name} \
+            "planner-check set=validation shape=moe layout={name} \
              predicted_params_grads_optim={:.0?}",
             parts
                 .iter()
@@ -74,7 +80,7 @@ pub(crate) fn expert_rows(rows: &mut Vec<Row>, mut slot: usize) {
         rows.push(row);
     }
     eprintln!(
-        "planner-check set=heldout shape=moe rows={} elapsed_s={:.1}",
+        "planner-check set=validation shape=moe rows={} elapsed_s={:.1}",
         cases.len(),
         clock.elapsed().as_secs_f64()
     );

@@ -1,0 +1,169 @@
+//! The planner's bytes judged on its *test set*: shapes no change of the planner was tuned
+//! on, and none will be (docs/planner.md, "Test set"). The fit set (`tests/planner.rs`)
+//! shaped the constants, the validation set (`tests/planner_validation.rs`) the structure;
+//! these rows only judge. Each shape differs from both sets' in its depth, width, sequence
+//! length and head count, and the Llama's rows bring the zoo's grouped-query attention,
+//! SwiGLU and RMSNorm: a GPT three times as wide as it is deep at a short sequence, a thin
+//! GPT with 2 heads at a long one, a Llama with 10 heads over 2 key/value heads. The layouts spread over
+//! every kind the planner searches.
+//!
+//! Every layout trains 2 AdamW steps on rank threads under the counting allocator; for every
+//! rank its held bytes and its steady peak must be within 15 % of the planner's for that rank
+//! (`common/planner_rows.rs`, as the validation set) — but the rows that were outside at
+//! the set's first run ([`KNOWN_MISSES`], each pinned within 0.02 of its first value). A change
+//! of the planner that moves a row (into or out of band) fails here: it is reported with its
+//! numbers, never refitted on these rows; each row's first run is in docs/planner.md with its
+//! commit.
+
+use bonfire_comm::testing::rank_alloc::RankAllocator;
+#[path = "../benches/common/measure.rs"]
+#[allow(dead_code)]
+mod measure;
+#[path = "common/planner_rows.rs"]
+mod rows;
+use bonfire_examples::default_device;
+use bonfire_layout::{MixedPrecision, ParallelDims, Recompute, ScheduleKind, ZeroStage};
+use bonfire_models::llama::{Llama, LlamaConfig};
+use bonfire_models::{Gpt, GptConfig};
+use bonfire_plan::{Request, base_layout, hsdp_layout};
+use rows::{KnownMiss, Row, check, measure_model_row};
+use std::time::Instant;
+
+#[global_allocator]
+static HEAP: RankAllocator = RankAllocator;
+
+/// The test set's misses at its first run (commit recorded in docs/planner.md), out of 70
+/// ratios: the planner overestimates the peak of these recompute and tp rows on shapes it
+/// was not tuned on. Kept as measured, not refitted: each must stay within `MOVED` of this.
+const KNOWN_MISSES: [KnownMiss; 8] = [
+    ("thin-long/zero1+ac", 0, "peak", 0.839),
+    ("thin-long/zero1+ac", 1, "peak", 0.839),
+    ("gqa/tp2+sp+ac", 0, "peak", 0.796),
+    ("gqa/tp2+sp+ac", 1, "peak", 0.796),
+    ("gqa/dp2xtp2-zero1", 0, "peak", 0.822),
+    ("gqa/dp2xtp2-zero1", 1, "peak", 0.828),
+    ("gqa/dp2xtp2-zero1", 2, "peak", 0.822),
+    ("gqa/dp2xtp2-zero1", 3, "peak", 0.823),
+];
+
+/// The test set's GPT shapes: (name, config, sequences a step).
+fn gpt_shapes() -> [(&'static str, GptConfig, usize); 2] {
+    [
+        (
+            "wide",
+            GptConfig {
+                vocab_size: 2560,
+                d_model: 384,
+                n_heads: 12,
+                n_layers: 2,
+                max_seq_len: 48,
+                d_ff: 1536,
+            },
+            4,
+        ),
+        (
+            "thin-long",
+            GptConfig {
+                vocab_size: 1024,
+                d_model: 96,
+                n_heads: 2,
+                n_layers: 3,
+                max_seq_len: 192,
+                d_ff: 384,
+            },
+            4,
+        ),
+    ]
+}
+
+/// The test set's Llama: 10 heads over 2 key/value heads, 3 layers, sequence 64.
+fn llama_shape() -> (LlamaConfig, usize) {
+    let cfg = LlamaConfig {
+        vocab_size: 2048,
+        hidden_size: 160,
+        num_attention_heads: 10,
+        num_key_value_heads: 2,
+        head_dim: 16,
+        num_hidden_layers: 3,
+        intermediate_size: 432,
+        max_position_embeddings: 64,
+        ..LlamaConfig::tiny()
+    };
+    (cfg, 8)
+}
+
+/// The layouts of each shape (by index: the two GPTs, then the Llama).
+fn layouts() -> Vec<(usize, &'static str, ParallelDims)> {
+    let dp = |n, zero| base_layout(n, 1, 1).with_zero(zero);
+    let tp = |sp| base_layout(1, 2, 1).with_sequence_parallel(sp);
+    let pp = |schedule, m| {
+        base_layout(1, 1, 2)
+            .with_schedule(schedule)
+            .with_microbatches(m)
+    };
+    let ac = |l: ParallelDims| l.with_recompute(Recompute::Every(1));
+    let bf16 = |l: ParallelDims| l.with_precision(MixedPrecision::bf16());
+    use ScheduleKind::{GPipe, OneFOneB, ZbH1, ZbV};
+    use ZeroStage::{Zero0, Zero1, Zero2, Zero3};
+    vec![
+        (0, "ddp", dp(2, Zero0)),
+        (0, "zero2", dp(2, Zero2)),
+        (0, "tp2+sp", tp(true)),
+        (0, "pp2-1f1b-m2", pp(OneFOneB, 2)),
+        (0, "zero3-bf16", bf16(dp(2, Zero3))),
+        (1, "single", dp(1, Zero0)),
+        (1, "zero1+ac", ac(dp(2, Zero1))),
+        (1, "tp2", tp(false)),
+        (1, "pp2-zbh1-m4", pp(ZbH1, 4)),
+        (
+            1,
+            "hsdp2x2-zero3",
+            hsdp_layout(2, 2, 1, 1, 1).with_zero(Zero3),
+        ),
+        (2, "ddp", dp(2, Zero0)),
+        (2, "zero3", dp(2, Zero3)),
+        (2, "tp2+sp+ac", ac(tp(true))),
+        (2, "pp2-gpipe-m4", pp(GPipe, 4)),
+        (2, "pp2-zbv-m4", pp(ZbV, 4)),
+        (2, "dp2xtp2-zero1", base_layout(2, 2, 1).with_zero(Zero1)),
+    ]
+}
+
+fn request(rows: usize, seq: usize) -> Request {
+    Request {
+        global_batch: rows,
+        seq,
+        precisions: vec![MixedPrecision::f32()],
+        memory_fraction: 1.0,
+    }
+}
+
+#[test]
+fn test_shapes_match_the_planner_per_rank() {
+    let clock = Instant::now();
+    let mut rows: Vec<Row> = Vec::new();
+    let mut slot = 0;
+    let cases = layouts();
+    for (i, (shape, cfg, n)) in gpt_shapes().into_iter().enumerate() {
+        let req = request(n, cfg.max_seq_len);
+        let model = bonfire_module::params::seeded(71, &default_device(), |d| Gpt::new(&cfg, d));
+        for (_, name, layout) in cases.iter().filter(|c| c.0 == i) {
+            let at = (&req, slot);
+            let (row, _) =
+                measure_model_row("test", (shape, name), layout, (&model, &cfg.spec()), at);
+            slot += layout.world_size();
+            rows.push(row);
+        }
+    }
+    let (cfg, n) = llama_shape();
+    let req = request(n, cfg.max_position_embeddings);
+    let model = bonfire_module::params::seeded(73, &default_device(), |d| Llama::new(&cfg, d));
+    for (_, name, layout) in cases.iter().filter(|c| c.0 == 2) {
+        let at = (&req, slot);
+        let (row, _) = measure_model_row("test", ("gqa", name), layout, (&model, &cfg.spec()), at);
+        slot += layout.world_size();
+        rows.push(row);
+    }
+    assert_eq!(rows.len(), cases.len());
+    check("test", &rows, clock.elapsed().as_secs_f64(), &KNOWN_MISSES);
+}
