@@ -31,7 +31,7 @@ use bonfire_models::llama::{Llama, LlamaConfig};
 use bonfire_models::tensor_file;
 use bonfire_models::weights;
 use bonfire_train::OptimizerKind;
-use device_checks::F64;
+use common::F64;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::OnceLock;
@@ -90,27 +90,25 @@ fn logits_and_training_match_transformers_in_float64() {
     let logits = model.forward(ids).into_data().try_to_vec::<f32>().unwrap();
     let c = assert_close("logits", &logits, &want["logits"], F64);
     println!("transformers logits: {c}");
-    let dims = LayoutArgs::mesh("dp=1").dims("dp=1").unwrap();
-    for (optim, name, lr) in [
-        (OptimizerKind::Sgd, "sgd", 0.5),
-        (OptimizerKind::AdamW, "adamw", 0.01),
-    ] {
-        let got = harness::train(&model, &batches, &dims, optim, batches.steps(), lr).unwrap();
-        let mut worst = assert_close(name, &got.losses, &want[&format!("{name}.loss")], F64);
-        assert_eq!(got.params.len(), 3 + 9 * cfg.num_hidden_layers);
-        for (param, (_, values)) in &got.params {
-            let w = &want[&format!("{name}.{param}")];
-            worst = worst.max(assert_close(&format!("{name} {param}"), values, w, F64));
-            let g = &want[&format!("grad0.{param}")];
-            worst = worst.max(assert_close(
-                &format!("grad0.{param}"),
-                &got.grad0[param],
-                g,
-                F64,
-            ));
-        }
-        println!("transformers {name}: {worst}");
-    }
+    // One device, then the axes whose suites compare only with Bonfire's one device: context
+    // parallelism (cp = 2 over the fixture's 8 tokens, with ZeRO over dp × cp), HSDP, and one
+    // composition of three axes — each against transformers' own run.
+    let layouts = [
+        layout("dp=1", 0, None, None, ""),
+        layout("cp=2", 0, None, None, ""),
+        layout("dp=2,cp=2", 3, None, None, ""),
+        layout("dp_replicate=2,dp=2", 2, None, None, ""),
+        layout("dp=2,cp=2,tp=2", 1, None, None, "sp"),
+    ];
+    // One device within f32's error of float64 under both optimizers; a distributed layout
+    // sums in other orders, which AdamW turns into up to a step on an element whose gradient
+    // cancels: its parameters within the suites' AdamW floor.
+    let tol = |optim, lr, dims: &bonfire_layout::ParallelDims| match optim {
+        OptimizerKind::AdamW if dims.world_size() > 1 => common::adamw(lr),
+        _ => common::F64,
+    };
+    let worst = common::against_fixture("llama", &model, &batches, &layouts, tol);
+    println!("transformers sgd, adamw: {} {}", worst[0], worst[1]);
 }
 
 const STEPS: usize = 3;
@@ -223,7 +221,7 @@ fn tp_that_does_not_fit_the_kv_heads_is_refused() {
         num_key_value_heads: 4,
         ..LlamaConfig::tiny()
     };
-    let model = Llama::new(&cfg, &default_device());
+    let model = common::seeded(19, &default_device(), |d| Llama::new(&cfg, d));
     let dims = layout("tp=6", 0, None, None, "").dims("dp=1").unwrap();
     let batch = fixture().batches.rows(0, 0, 1, &default_device());
     let err = bonfire_train::Trainer::new(dims, || OptimizerKind::Sgd.build())
@@ -401,11 +399,14 @@ fn checkpoints_resume_in_another_layout() {
         max_seq_len: cfg().max_position_embeddings,
         ..common::gpt_cfg()
     };
-    // 6 steps, saved after 3: at lr 0.5 (SGD) the f32 drift of 8 steps under cp (a different
-    // order of the attention's sums) comes within 1.06× of the 1e-5 tolerance even without
-    // a checkpoint; the test guards the state a checkpoint carries, not long-run drift.
-    const STEPS: usize = 6;
-    const SAVED_AT: usize = 3;
+    // 4 steps, saved after 2. The check guards the state a checkpoint carries, so the run is
+    // kept short enough that the layouts' own f32 drift (a different order of the sums) stays
+    // well inside SGD's tolerance at lr 0.5. Measured without a checkpoint, each layout below
+    // against one device (issue 45, the model drawn by `params::seeded(5)`): after 4 steps at
+    // most 0.16 of the tolerance (6.0e-8); after 6 steps up to 1.84× (6.3e-7, dp=2 ZeRO-1, an
+    // embedding element) — the 6-step version of this test failed on drift alone.
+    const STEPS: usize = 4;
+    const SAVED_AT: usize = 2;
     let batches = common::random_batches(&shape, STEPS, ROWS, 13);
     let dims = |mesh: &str, zero, schedule, m, flags| {
         layout(mesh, zero, schedule, m, flags).dims("dp=1").unwrap()

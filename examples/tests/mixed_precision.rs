@@ -8,8 +8,13 @@
 //! - The policy is in force in every layout, on every rank: the parameter values its layers
 //!   compute with and the activations they receive are in the param dtype, the gradients
 //!   handed to the data-parallel reduction in the reduce dtype (observed per rank thread,
-//!   `bonfire_module::precision::observe`); and every bf16 layout is nearer the bf16 run
-//!   on one device than the fp32 one (a layout computing in fp32 would be nearer fp32).
+//!   `bonfire_module::precision::observe`); and every bf16 layout without tp or cp is nearer
+//!   the bf16 run on one device than the fp32 one (a layout computing in fp32 would be nearer
+//!   fp32). Under tp and cp that distance says nothing: their own roundings (row-parallel
+//!   partial sums in bf16, ring attention's f32 blocks) move them as far from the one-device
+//!   bf16 run as bf16 is from fp32 — measured over 16 draws, 66 of 96 tp/cp cases under
+//!   AdamW and 30 under SGD sat nearer fp32, no case without tp or cp — so there the
+//!   observed dtypes are the check.
 //! - bf16 tracks the fp32 run within `BF16_VS_F32_SGD` / `BF16_VS_F32_ADAMW` (losses and
 //!   parameters after the steps), and differs from it by at least their lower bounds.
 //! - f16 with dynamic loss scaling: a first scale that overflows is skipped and lowered on
@@ -34,10 +39,18 @@ const ROWS: usize = 8;
 
 type Fixture = common::GptFixture;
 
+/// The model's draw: `params::seeded(3)`, or `BONFIRE_MP_SEED` (how the bounds below were
+/// measured over other draws).
 fn fixture() -> &'static Fixture {
     static F: OnceLock<Fixture> = OnceLock::new();
-    common::gpt_fixture(&F, STEPS, ROWS, 3, 7)
+    let seed = std::env::var("BONFIRE_MP_SEED").map_or(3, |s| s.parse().expect("a seed"));
+    common::gpt_fixture(&F, STEPS, ROWS, seed, 7)
 }
+
+// The bounds of this suite were fitted on 8 draws of the model (`BONFIRE_MP_SEED` = 3, 11,
+// 17, 23, 31, 41, 53, 61: each bound 1.5× the largest of its case on them) and judged on 8
+// draws they never saw (71, 83, 97, 101, 113, 127, 139, 151), issue 45. Before, each was set
+// from one draw and was exceeded by others (the figures below).
 
 fn dims(mesh: &str, zero: usize, schedule: Option<&str>, flags: &str) -> ParallelDims {
     LayoutArgs {
@@ -123,7 +136,7 @@ fn check(policy: MixedPrecision, cases: &[ParallelDims]) {
             let (to_half, to_f32) = (distance(&got, &single), distance(&got, f32_run(optim)));
             println!("distance {what}: to {policy} {to_half:.3}, to f32 {to_f32:.3}");
             assert!(
-                to_half < to_f32,
+                to_half < to_f32 || dims.tp() > 1 || dims.cp() > 1,
                 "{what}: nearer the fp32 run ({to_f32:.3}) than the {policy} one ({to_half:.3})"
             );
         }
@@ -132,15 +145,16 @@ fn check(policy: MixedPrecision, cases: &[ParallelDims]) {
 
 /// Under SGD: a few bf16 roundings (2⁻⁸ relative) of the values, plus an absolute floor of
 /// a few roundings of one update (lr·|g|), for losses, step-0 gradients and parameters.
-/// Measured (largest |diff| over the tolerance allowed): 0.55–0.56 of (2e-2, 2e-3) with
-/// tensor parallelism (its row-parallel partial sums are rounded to bf16 before their
-/// all-reduce; largest |diff| 1.5–1.8e-3); without it 0.22–0.29 of (2e-2, 2e-3) — DDP,
-/// ZeRO 1–3, offload, 1F1B, ZB-H1, dp × pp; largest |diff| 0.7–1.0e-3 — so 0.29–0.39 of
-/// (1.5e-2, 1.5e-3).
+/// Largest |diff| over the old tolerance allowed, on the fit / the test draws: without tp
+/// or cp (DDP, ZeRO 1–3, offload, 1F1B, ZB-H1, dp × pp) 0.58 / 0.57 of (1.5e-2, 1.5e-3), kept;
+/// with tensor parallelism (its row-parallel partial sums are rounded to bf16 before their
+/// all-reduce) 1.04 / 1.43 of (2e-2, 2e-3), and with context parallelism 1.23 / 1.20 of
+/// (1.5e-2, 1.5e-3) — both now (3e-2, 3e-3): 0.69 / 0.95 and 0.62 / 0.60 of it. (Before:
+/// tp (2e-2, 2e-3), cp (1.5e-2, 1.5e-3), from one draw reading 0.56 and 0.39.)
 fn sgd_half(dims: &ParallelDims) -> Tolerance {
-    match dims.tp() {
-        1 => Tolerance::new(1.5e-2, 1.5e-3),
-        _ => Tolerance::new(2e-2, 2e-3),
+    match dims.tp() > 1 || dims.cp() > 1 {
+        false => Tolerance::new(1.5e-2, 1.5e-3),
+        true => Tolerance::new(3e-2, 3e-3),
     }
 }
 
@@ -150,19 +164,19 @@ fn sgd_half(dims: &ParallelDims) -> Tolerance {
 /// whose sign depends on where the rounding happened. So the losses must agree within 2 %,
 /// and for every parameter tensor the RMS of the difference must stay under this fraction
 /// of the RMS of the one-device run's update (a wrong layout differs by ~100 %; bf16
-/// against fp32 differs by `bf16_tracks_f32`'s figure). Measured worst ratios: 0.028 for
-/// DDP, ZeRO 1–3, offload, 1F1B and ZB-H1 (reduced in fp32 or bf16) — bound 0.08; 0.087–0.091
-/// for dp × pp (each replica's micro-batches of 2 rows are rounded separately) and
-/// 0.128–0.169 with tensor parallelism (its row-parallel partial sums are bf16 before their
-/// all-reduce) — bound 0.2; 0.102–0.116 with context parallelism and 0.144 with cp × tp
-/// (ring attention sums P·V unrounded in f32 block by block where one device rounds the
-/// normalized P to bf16 first) — bound 0.2.
+/// against fp32 differs by `bf16_tracks_f32`'s figure). Worst ratios on the fit / the test
+/// draws: DDP, ZeRO 1–3, offload, 1F1B and ZB-H1 (reduced in fp32 or bf16) 0.117 / 0.112 —
+/// bound 0.18 (was 0.08); dp × pp (each replica's micro-batches of 2 rows are rounded
+/// separately) 0.242 / 0.223 — bound 0.36 (was 0.2); tensor and context parallelism 0.371 /
+/// 0.423 — bound 0.55 (was 0.2): ring attention sums P·V unrounded in f32 block by block
+/// where one device rounds the normalized P to bf16 first (cp alone: 0.242 / 0.409).
 fn adamw_half(dims: &ParallelDims) -> f32 {
-    let dp_and_pp = dims.dp() > 1 && dims.pp() > 1;
-    if dims.tp() > 1 || dims.cp() > 1 || dp_and_pp {
-        0.2
+    if dims.tp() > 1 || dims.cp() > 1 {
+        0.55
+    } else if dims.dp() > 1 && dims.pp() > 1 {
+        0.36
     } else {
-        0.08
+        0.18
     }
 }
 
@@ -290,25 +304,35 @@ fn bf16_tracks_f32() {
 }
 
 /// How far a bf16 run's updates stray from the fp32 run's (the worst RMS ratio per tensor):
-/// at most, and at least (a run that ignored the policy would be the fp32 run, 0). Measured
-/// 0.063 under SGD and 0.230 under AdamW: bounds about 3× above and below.
-const BF16_VS_F32_SGD: (f32, f32) = (0.19, 0.02);
-const BF16_VS_F32_ADAMW: (f32, f32) = (0.3, 0.075);
+/// at most, and at least (a run that ignored the policy would be the fp32 run, 0). On the
+/// fit / the test draws: SGD 0.019–0.029 / 0.020–0.033, AdamW 0.144–0.358 / 0.114–0.386;
+/// bounds 1.5× the fit's largest and half its smallest. (Before, from one draw: SGD (0.19,
+/// 0.02), AdamW (0.3, 0.075), which draws 41 and 3 fell outside.)
+const BF16_VS_F32_SGD: (f32, f32) = (0.045, 0.0095);
+const BF16_VS_F32_ADAMW: (f32, f32) = (0.54, 0.072);
 
-/// f16 with dynamic loss scaling, started at a scale that overflows (2²⁰): the first steps
-/// are skipped on every rank alike (no update), the scale halves each time, then training
-/// goes on; dp=2 under ZeRO-2 and DDP make the same decisions and losses as one device.
+/// f16 with dynamic loss scaling, started at a scale that overflows, on one device and on
+/// dp = 2 under DDP and ZeRO-2. In every run: the first step overflows and is skipped, each
+/// overflow halves the scale and skips the update, the scale doubles after 4 clean steps, at
+/// least half the steps are taken, training learns and the weights stay finite; every rank
+/// of a run makes the same decisions at the same scales.
+///
+/// A replica's loss is the mean over its own rows (as under PyTorch's DDP), so its backward
+/// values are dp times one device's at the same scale: dp = 2 started at 2²⁰ must make every
+/// decision of one device started at 2²¹, at half its scales, with its losses (within 2 %).
+/// (Issue 45 measured the same start on both: the decisions part at the first taken step,
+/// dp = 2 overflowing at 2¹⁴ where one device takes it — the old test compared those.)
 #[test]
 fn f16_overflow_is_skipped_and_training_recovers() {
     let f = fixture();
-    let scaling = LossScaling::default()
-        .with_init_scale(1_048_576.0)
-        .with_growth_interval(4);
-    let run = |mesh: &str, zero: usize| {
+    let run = |mesh: &str, zero: usize, init_scale: f32| {
         let dims = dims(mesh, zero, None, "").with_precision(MixedPrecision::f16());
         let trainer = Trainer::new(dims.clone(), || OptimizerKind::AdamW.build());
         let data = |s: usize, d: &Device| f.batches.rows(s % STEPS, 0, f.batches.batch, d);
         let first = data(0, &default_device());
+        let scaling = LossScaling::default()
+            .with_init_scale(init_scale)
+            .with_growth_interval(4);
         let config = FitConfig {
             loss_scaling: Some(scaling),
             ..FitConfig::new(16, 0.01)
@@ -324,54 +348,101 @@ fn f16_overflow_is_skipped_and_training_recovers() {
         })
         .unwrap();
         let mut ranks = Vec::new();
-        let mut out = None;
-        for rank in outcomes {
-            let (reports, params, seen) = rank.unwrap();
-            out.get_or_insert((reports, params));
+        let mut out: Option<F16Run> = None;
+        for (rank, outcome) in outcomes.into_iter().enumerate() {
+            let (reports, params, seen) = outcome.unwrap();
+            let this = F16Run::new(&reports, &params);
+            let first = out.get_or_insert_with(|| this.clone());
+            assert_eq!(
+                (&this.skipped, &this.scales),
+                (&first.skipped, &first.scales),
+                "{dims} rank {rank}: the ranks' decisions and scales differ"
+            );
             ranks.push(seen);
         }
         assert_policy(&format!("{dims}"), &dims, &ranks);
-        out.unwrap()
+        let run = out.unwrap();
+        run.assert_recovers(&format!("{dims}"));
+        run
     };
-    let (single, params) = run("dp=1", 0);
-    let skipped: Vec<bool> = single.iter().map(|r| r.skipped).collect();
-    let scales: Vec<f32> = single.iter().map(|r| r.loss_scale.unwrap()).collect();
-    println!("f16 skipped {skipped:?}\nf16 scales {scales:?}");
-    assert!(skipped[0], "2^20 must overflow f16 at the first step");
-    let taken = skipped.iter().filter(|s| !**s).count();
-    assert!(taken >= 8, "training recovers: {taken} of 16 steps taken");
-    for w in scales.windows(2).zip(&skipped) {
-        let ((a, b), skip) = ((w.0[0], w.0[1]), *w.1);
-        assert!(
-            !skip || b == a / 2.0,
-            "an overflow halves the scale: {a} -> {b}"
+    let single = run("dp=1", 0, 2_097_152.0);
+    for (mesh, zero) in [("dp=2", 0), ("dp=2", 2)] {
+        let got = run(mesh, zero, 1_048_576.0);
+        let what = format!("f16 {mesh} zero={zero}");
+        assert_eq!(
+            got.skipped, single.skipped,
+            "{what}: the decisions of one device"
+        );
+        let doubled: Vec<f32> = got.scales.iter().map(|s| 2.0 * s).collect();
+        assert_eq!(doubled, single.scales, "{what}: half one device's scales");
+        bonfire_comm::testing::assert_close(
+            &format!("{what} losses"),
+            &got.losses,
+            &single.losses,
+            Tolerance::new(2e-2, 0.0),
         );
     }
-    assert!(
-        params
-            .iter()
-            .all(|p| p.values.iter().all(|v| v.is_finite()))
-    );
-    let losses: Vec<f32> = single.iter().map(|r| r.loss).collect();
-    assert!(losses.iter().all(|l| l.is_finite()));
-    let (last, first_taken) = (losses[15], losses[skipped.iter().position(|s| !s).unwrap()]);
-    assert!(
-        last < first_taken,
-        "f16 training learns: {first_taken} -> {last}"
-    );
-    for (mesh, zero) in [("dp=2", 0), ("dp=2", 2)] {
-        let (got, _) = run(mesh, zero);
-        let got_skipped: Vec<bool> = got.iter().map(|r| r.skipped).collect();
-        assert_eq!(
-            got_skipped, skipped,
-            "{mesh} zero={zero}: same skip decisions"
+}
+
+/// One f16 run's decisions, scales and losses (16 steps) and whether its weights are finite.
+#[derive(Clone)]
+struct F16Run {
+    skipped: Vec<bool>,
+    scales: Vec<f32>,
+    losses: Vec<f32>,
+    finite: bool,
+}
+
+impl F16Run {
+    fn new(
+        reports: &[bonfire_train::StepReport],
+        params: &[bonfire_module::params::ParamValues],
+    ) -> Self {
+        Self {
+            skipped: reports.iter().map(|r| r.skipped).collect(),
+            scales: reports.iter().map(|r| r.loss_scale.unwrap()).collect(),
+            losses: reports.iter().map(|r| r.loss).collect(),
+            finite: params
+                .iter()
+                .all(|p| p.values.iter().all(|v| v.is_finite())),
+        }
+    }
+
+    /// The first step skipped, each skip halving the scale, ≥ 8 of 16 steps taken, finite
+    /// weights and losses, and a last loss under the first taken step's.
+    fn assert_recovers(&self, what: &str) {
+        println!(
+            "{what} f16 skipped {:?}\n{what} f16 scales {:?}",
+            self.skipped, self.scales
         );
-        let got_losses: Vec<f32> = got.iter().map(|r| r.loss).collect();
-        bonfire_comm::testing::assert_close(
-            &format!("f16 {mesh} zero={zero} losses"),
-            &got_losses,
-            &losses,
-            Tolerance::new(2e-2, 0.0),
+        assert_eq!(self.skipped.len(), 16, "{what}: 16 steps");
+        assert!(
+            self.skipped[0],
+            "{what}: 2^20 must overflow f16 at the first step"
+        );
+        let taken = self.skipped.iter().filter(|s| !**s).count();
+        assert!(
+            taken >= 8,
+            "{what}: training recovers: {taken} of 16 steps taken"
+        );
+        for (w, skip) in self.scales.windows(2).zip(&self.skipped) {
+            assert!(
+                !skip || w[1] == w[0] / 2.0,
+                "{what}: an overflow halves the scale: {} -> {}",
+                w[0],
+                w[1]
+            );
+        }
+        assert!(self.finite, "{what}: the weights are finite");
+        assert!(
+            self.losses.iter().all(|l| l.is_finite()),
+            "{what}: finite losses"
+        );
+        let first_taken = self.losses[self.skipped.iter().position(|s| !s).unwrap()];
+        assert!(
+            self.losses[15] < first_taken,
+            "{what}: f16 training learns: {first_taken} -> {}",
+            self.losses[15]
         );
     }
 }

@@ -43,8 +43,7 @@ fn fixture_dir() -> PathBuf {
     common::fixture_dir("mixtral")
 }
 
-/// f32 against a float64 result: relative 1e-5 with a floor for elements that cancel.
-const F64: Tolerance = Tolerance::new(1e-5, 1e-6);
+use common::F64;
 
 fn config() -> MixtralConfig {
     let ModelConfig::Mixtral(cfg) = ModelConfig::load(&fixture_dir().join("config.json")).unwrap()
@@ -95,39 +94,25 @@ fn logits_balance_and_training_match_transformers_in_float64() {
     let logits = logits.into_data().try_to_vec::<f32>().unwrap();
     worst = worst.max(assert_close("logits", &logits, &want["logits"], F64));
     println!("transformers logits and balance: {worst}");
-    let dims = LayoutArgs::mesh("dp=1").dims("dp=1").unwrap();
-    for (optim, name, lr) in [
-        (OptimizerKind::Sgd, "sgd", 0.5),
-        (OptimizerKind::AdamW, "adamw", 0.01),
-    ] {
-        let got = harness::train(&model, &batches, &dims, optim, batches.steps(), lr).unwrap();
-        // AdamW turns f32's error on a gradient that cancels near ε into a step error of up
-        // to lr: the suites' AdamW floor (2e-3·lr) there, relative 1e-5 as everywhere.
-        let tol = match optim {
-            OptimizerKind::Sgd => F64,
-            OptimizerKind::AdamW => common::adamw(lr),
-        };
-        let mut worst = assert_close(name, &got.losses, &want[&format!("{name}.loss")], F64);
-        assert_eq!(got.params.len(), 3 + 9 * cfg.base.num_hidden_layers);
-        for (param, (_, values)) in &got.params {
-            let w = &want[&format!("{name}.{param}")];
-            worst = worst.max(assert_close(&format!("{name} {param}"), values, w, tol));
-            let g = &want[&format!("grad0.{param}")];
-            worst = worst.max(assert_close(
-                &format!("grad0.{param}"),
-                &got.grad0[param],
-                g,
-                F64,
-            ));
-        }
-        println!("transformers {name}: {worst}");
-    }
+    // One device, then expert, context and HSDP layouts (and a composition), each against
+    // transformers' own run. AdamW turns f32's error on a gradient that cancels near ε into a
+    // step error of up to lr: the parameters' floor there is the suites' AdamW floor.
+    let layouts = [
+        layout("dp=1", 0, None, None, ""),
+        layout("dp=2,ep=2", 1, None, None, ""),
+        layout("dp=4,ep=4", 3, None, None, ""),
+        layout("cp=2", 0, None, None, ""),
+        layout("dp=2,cp=2,ep=4", 2, None, None, ""),
+        layout("dp_replicate=2,dp=2,ep=2", 2, None, None, ""),
+    ];
+    let tol = |optim, lr, _: &bonfire_layout::ParallelDims| match optim {
+        OptimizerKind::Sgd => common::F64,
+        OptimizerKind::AdamW => common::adamw(lr),
+    };
+    let worst = common::against_fixture("mixtral", &model, &batches, &layouts, tol);
+    println!("transformers sgd, adamw: {} {}", worst[0], worst[1]);
 }
 
-/// The fixture's `model.safetensors` as transformers' `save_pretrained` wrote it (the
-/// published per-expert names) and its `state_dict()` (the fused names) load the same model;
-/// export writes the fused names and loads back bit for bit; a missing expert tensor is
-/// named.
 #[test]
 fn per_expert_and_fused_checkpoints_load_the_same_model() {
     let (cfg, device, dir) = (config(), default_device(), fixture_dir());
@@ -185,13 +170,16 @@ fn suite() -> &'static common::Suite<Mixtral> {
 
 use common::layout;
 
-/// AdamW's absolute floor on this model, 5e-2·lr (the GPT suites' is 2e-3·lr): Adam divides
-/// each gradient element by its running RMS, and this model has elements whose gradient is a
-/// cancellation near ε (rows of the 64-token vocabulary that 32 tokens rarely reach, experts
-/// that get their first tokens at step 2) — measured: `lm_head` grad0 3.23e-7 on one device,
-/// 3.02e-7 under cp = 2 (inside SGD's floor), 1.2e-4 apart after two AdamW steps; the
-/// largest gap over these layouts 2.9e-4. SGD's tolerance checks the same runs at 1e-5.
-const ADAMW: Tolerance = Tolerance::new(1e-5, 5e-4);
+/// AdamW's absolute floor on this model's layouts against one device, 4e-2·lr (the dense
+/// suites' is 2e-3·lr): Adam divides each gradient element by its running RMS, and this model
+/// has elements whose gradient is a cancellation near ε (rows of the 64-token vocabulary
+/// that 32 tokens rarely reach, experts that get their first tokens at step 2): any change of
+/// the sums' order turns into a step difference there. Measured (issue 45) over the 47 AdamW
+/// cases of this file: largest |diff| 3.2e-4 (cp = 2 × tp = 2), 2.9e-4 in 11 cases (pipelines
+/// of 2 stages and plain dp = 2 among them), the median 1.8e-4; the floor is 1.25× the
+/// largest. (It was 5e-4, 5e-2·lr, set from a largest gap of 2.9e-4.) SGD's tolerance checks
+/// the same runs at 1e-5.
+const ADAMW: Tolerance = Tolerance::new(1e-5, 4e-4);
 
 /// Every case with SGD (the suites' tolerance) and AdamW ([`ADAMW`]) against one device.
 fn check(cases: &[LayoutArgs]) {
@@ -283,7 +271,7 @@ fn expert_parallel_checkpoints_resume_at_another_ep() {
         (dims("dp=4,ep=2", 3), dims("dp=1", 0)),
         (dims("dp=2", 1), dims("dp=2,ep=2", 3)),
     ] {
-        let adamw = common::adamw_experts(common::gpt_lr(OptimizerKind::AdamW));
+        let adamw = common::adamw(common::gpt_lr(OptimizerKind::AdamW));
         common::resume::check_resume("mixtral", &model, &batches, ROWS, (&a, &b), 4, 2, adamw);
     }
 }

@@ -17,6 +17,10 @@ use bonfire_parallel::{DataSource, ParallelModel};
 use burn::tensor::Device;
 use std::collections::BTreeMap;
 
+/// The tolerance of an f32 run against a float64 reference (transformers' fixtures): relative
+/// 1e-5, absolute 1e-6 for elements that cancel.
+pub const F64: Tolerance = Tolerance::new(1e-5, 1e-6);
+
 /// What a run computed (rank 0's view; ranks agree): parameters after the last step, the
 /// step-0 gradients, the losses.
 #[derive(Debug, Clone, Default)]
