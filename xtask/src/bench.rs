@@ -57,6 +57,10 @@ pub fn run(target_name: &str, extra_args: &[String]) -> Result {
             )));
         }
     }
+    if target_name == "compare" {
+        // Two revisions, built apart, measured interleaved (`compare.rs`).
+        return crate::compare::run(extra_args);
+    }
     if target_name == "train" {
         // Bonfire's rows, then PyTorch's in the same run where it is installed.
         return crate::pytorch::bench_train(extra_args);
@@ -85,6 +89,15 @@ pub fn run(target_name: &str, extra_args: &[String]) -> Result {
         run_target(target, extra_args)?;
     }
     Ok(())
+}
+
+/// The package and `[[bench]]` of the bench target `name` (its first, where it names several).
+pub fn target(name: &str) -> Result<(&'static str, &'static str)> {
+    BENCH_TARGETS
+        .iter()
+        .find(|t| t.name == name)
+        .map(|t| (t.package, t.bench))
+        .ok_or_else(|| Failure::usage(format!("unknown bench target `{name}`")))
 }
 
 /// Runs one `[[bench]]` target with `extra_args`.

@@ -13,6 +13,8 @@
 mod architecture;
 mod bench;
 mod checkpoint_verify;
+mod clients;
+mod compare;
 mod gpu;
 mod gpu_kit;
 #[cfg(test)]
@@ -23,6 +25,7 @@ mod mpi_fault;
 mod mpi_train;
 mod packages;
 mod process;
+mod python;
 mod pytorch;
 mod tally;
 mod test;
@@ -77,6 +80,9 @@ enum Command {
         #[arg(long)]
         smoke: bool,
     },
+    /// Install PyTorch and transformers (examples/python/requirements.txt) into target/python,
+    /// the Python of the gate's `clients` step and of `bench train`'s PyTorch rows.
+    Python,
     /// Only the MPI kill-and-resume scenario of the gate's MPI step (needs mpirun).
     #[command(hide = true)]
     MpiFault,
@@ -90,6 +96,7 @@ fn main() -> ExitCode {
         Command::TestMultiGpu => gpu::test_multi_gpu(),
         Command::CheckGpu => gpu::check_gpu(),
         Command::GpuKit { smoke } => gpu_kit::run(smoke),
+        Command::Python => python::install(),
         Command::MpiFault => mpi_fault::run_alone(),
     };
     match result {

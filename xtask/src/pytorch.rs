@@ -5,7 +5,7 @@
 //! `bench compare model=… layout=single|ddp bonfire_tokens_per_s=… pytorch_tokens_per_s=… ratio=…`
 //! (ratio = Bonfire's tokens/s over PyTorch's).
 //!
-//! The Python is `$BONFIRE_PYTHON`, else `python3`; where it cannot import `torch` (and
+//! The Python is [`crate::python`]'s; where it cannot import `torch` (and
 //! `transformers` for the Llama) the bench says so in one `bench pytorch … skipped=…` line and
 //! Bonfire's rows stand alone. `--no-pytorch` skips it. The Mixtral has no PyTorch row.
 
@@ -64,41 +64,30 @@ pub fn run_echoed(mut command: Command) -> std::result::Result<Vec<String>, Fail
 
 /// The Python that can run the script for `model`, or why there is none.
 fn python(model: &str) -> std::result::Result<String, String> {
-    let python = std::env::var("BONFIRE_PYTHON").unwrap_or_else(|_| "python3".into());
-    let imports = match model {
+    crate::python::with(match model {
         "llama" => "import torch, transformers",
         _ => "import torch",
-    };
-    let ok = Command::new(&python)
-        .args(["-c", imports])
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    match ok {
-        true => Ok(python),
-        false => Err(format!(
-            "`{python} -c '{imports}'` failed (set BONFIRE_PYTHON to a Python with torch and transformers)"
-        )),
-    }
+    })
 }
 
-/// PyTorch's rows for the run `bench_args` described, and the comparison with `bonfire`'s
-/// lines of the same run.
-pub fn compare(bench_args: &[String], bonfire: &[String]) -> Result {
+/// PyTorch's rows for the run `bench_args` describes (one rank, then `--ranks`), echoed; none
+/// (with one `bench pytorch … skipped=…` line) where PyTorch is not installed, for the
+/// Mixtral, or with `--no-pytorch`.
+pub fn rows(bench_args: &[String]) -> Result<Vec<String>> {
     if bench_args.iter().any(|a| a == "--no-pytorch") {
-        return Ok(());
+        return Ok(Vec::new());
     }
     let model = flag(bench_args, "--model", "gpt");
     if model == "mixtral" {
         println!("bench pytorch model=mixtral skipped=no PyTorch counterpart");
-        return Ok(());
+        return Ok(Vec::new());
     }
     let default_opt = if model == "llama" { "adamw" } else { "sgd" };
     let python = match python(&model) {
         Ok(p) => p,
         Err(why) => {
             println!("bench pytorch model={model} skipped={why}");
-            return Ok(());
+            return Ok(Vec::new());
         }
     };
     let root = crate::process::root();
@@ -121,6 +110,14 @@ pub fn compare(bench_args: &[String], bonfire: &[String]) -> Result {
         ]);
         rows.extend(run_echoed(command)?);
     }
+    Ok(rows)
+}
+
+/// PyTorch's rows for the run `bench_args` described, and the comparison with `bonfire`'s
+/// lines of the same run.
+pub fn compare(bench_args: &[String], bonfire: &[String]) -> Result {
+    let rows = rows(bench_args)?;
+    let model = flag(bench_args, "--model", "gpt");
     for line in bonfire.iter().filter(|l| l.starts_with("bench train ")) {
         let layout = field(line, "layout").unwrap_or_default();
         let theirs = rows

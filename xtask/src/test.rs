@@ -63,6 +63,11 @@ fn steps() -> Vec<Step> {
             run: test_suite,
         },
         Step {
+            name: "clients",
+            is_lint: false,
+            run: clients,
+        },
+        Step {
             name: "wgpu",
             is_lint: false,
             run: wgpu,
@@ -263,6 +268,40 @@ fn test_suite() -> Result<Outcome> {
     println!("    slowest suites: {}", crate::tally::slowest(8));
     result?;
     WGPU_RAN.store(with_wgpu, std::sync::atomic::Ordering::SeqCst);
+    Ok(Outcome::Passed)
+}
+
+/// `cargo test` as the test step runs it (with the `wgpu` features where lavapipe is present),
+/// so that a later step reuses its build.
+pub fn test_cargo() -> std::process::Command {
+    if crate::packages::lavapipe_present() {
+        let mut command = wgpu_cargo("test");
+        let _ = set_runtime_dir(&mut command);
+        command
+    } else {
+        let mut command = process::cargo();
+        command.arg("test");
+        command
+    }
+}
+
+/// Hugging Face transformers as a real client of Bonfire's exports and fixtures
+/// ([`crate::clients`]) where the Python has it; its checks counted as skipped where not (a
+/// Python without transformers is a machine's setting, not a failure: the step passes).
+fn clients() -> Result<Outcome> {
+    match crate::clients::python() {
+        Ok(python) => {
+            let ran = crate::clients::run(&python)?;
+            crate::tally::add(ran, 0);
+        }
+        Err(why) => {
+            println!(
+                "    {} client checks skipped: {why}",
+                crate::clients::CHECKS
+            );
+            crate::tally::skip(crate::clients::CHECKS);
+        }
+    }
     Ok(Outcome::Passed)
 }
 

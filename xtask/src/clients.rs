@@ -1,0 +1,121 @@
+//! The gate's real clients: Hugging Face transformers, where the Python the gate finds has it
+//! ([`crate::python`]: importing `torch`, `transformers` and `safetensors`).
+//!
+//! - `export`: Bonfire's Hugging Face export of the Llama fixture (written by the `llama`
+//!   suite's round-trip test into a folder, `BONFIRE_KEEP_EXPORT`) loaded by transformers'
+//!   own `from_pretrained` (`examples/fixtures/llama/check_export.py`): no missing or
+//!   unexpected key, and transformers' logits of the fixture's batch within 1e-5 of Bonfire's.
+//! - `regenerate-<family>`: each fixture's `generate.py`, run again in a fresh folder, writes
+//!   byte for byte the files committed beside it — the fixtures are what their script says
+//!   (but for the `"transformers_version"` stamp in the JSON files, which names the version
+//!   that wrote them: a newer transformers writes its own).
+//!
+//! Where the Python lacks them, each check is counted as skipped (the gate's total says so),
+//! never as passed.
+
+use crate::process::{self, Failure, Result};
+use std::path::Path;
+use std::process::Command;
+
+/// The families with a fixture script, and the files it writes.
+const FIXTURES: [(&str, &[&str]); 2] = [
+    (
+        "llama",
+        &[
+            "config.json",
+            "model.safetensors",
+            "batch.safetensors",
+            "reference.safetensors",
+        ],
+    ),
+    (
+        "mixtral",
+        &[
+            "config.json",
+            "model.safetensors",
+            "batch.safetensors",
+            "reference.safetensors",
+            "state_dict.safetensors",
+        ],
+    ),
+];
+
+/// The checks of this step: the export, one regeneration a family.
+pub const CHECKS: usize = 1 + FIXTURES.len();
+
+/// The Python with torch, transformers and safetensors, or why there is none.
+pub fn python() -> std::result::Result<String, String> {
+    crate::python::with("import torch, transformers, safetensors")
+}
+
+/// Runs every check (see the module docs); `Err` if one fails. Returns how many ran.
+pub fn run(python: &str) -> Result<usize> {
+    let root = process::root();
+    let tmp = std::env::temp_dir().join(format!("bonfire-clients-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&tmp);
+    export(&root, python, &tmp.join("export"))?;
+    for (family, files) in FIXTURES {
+        regenerate(&root, python, family, files, &tmp.join(family))?;
+    }
+    let _ = std::fs::remove_dir_all(&tmp);
+    Ok(CHECKS)
+}
+
+/// The `export` check.
+fn export(root: &Path, python: &str, dir: &Path) -> Result {
+    println!("    clients: export — transformers loads Bonfire's Llama export");
+    let mut test = crate::test::test_cargo();
+    test.args(["-p", "bonfire-examples", "--test", "llama"])
+        .args(["--", "--exact", "hugging_face_directories_round_trip"])
+        .env("BONFIRE_KEEP_EXPORT", dir);
+    process::run(test)?;
+    let mut check = Command::new(python);
+    check
+        .arg(root.join("examples/fixtures/llama/check_export.py"))
+        .arg(dir);
+    process::run(check)
+}
+
+/// The `regenerate-<family>` check: `family`'s script run in `dir` writes `files` as
+/// committed.
+fn regenerate(root: &Path, python: &str, family: &str, files: &[&str], dir: &Path) -> Result {
+    println!("    clients: regenerate-{family} — its generate.py writes the committed fixture");
+    let fixture = root.join("examples/fixtures").join(family);
+    std::fs::create_dir_all(dir).map_err(|e| Failure::usage(format!("{}: {e}", dir.display())))?;
+    let script = dir.join("generate.py");
+    std::fs::copy(fixture.join("generate.py"), &script)
+        .map_err(|e| Failure::usage(format!("{}: {e}", script.display())))?;
+    let mut generate = Command::new(python);
+    generate.arg(&script).current_dir(dir);
+    process::run(generate)?;
+    let differ: Vec<String> = files
+        .iter()
+        .filter(|f| read(&fixture.join(f)) != read(&dir.join(f)))
+        .filter(|f| !f.ends_with(".json") || unstamped(&fixture.join(f)) != unstamped(&dir.join(f)))
+        .map(|f| f.to_string())
+        .collect();
+    match differ.is_empty() {
+        true => Ok(()),
+        false => Err(Failure::usage(format!(
+            "examples/fixtures/{family}: generate.py writes other bytes than committed for {} \
+             (regenerated in {})",
+            differ.join(", "),
+            dir.display()
+        ))),
+    }
+}
+
+fn read(path: &Path) -> Option<Vec<u8>> {
+    std::fs::read(path).ok()
+}
+
+/// A JSON file's bytes without its `"transformers_version"` line.
+fn unstamped(path: &Path) -> Option<String> {
+    let text = std::fs::read_to_string(path).ok()?;
+    Some(
+        text.lines()
+            .filter(|l| !l.trim_start().starts_with("\"transformers_version\""))
+            .collect::<Vec<_>>()
+            .join("\n"),
+    )
+}
