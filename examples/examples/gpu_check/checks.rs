@@ -9,7 +9,7 @@ use bonfire_comm::testing::{Tolerance, assert_close};
 use bonfire_examples::cli::LayoutArgs;
 use bonfire_examples::harness::{self, gpt_lr};
 use bonfire_kernels::FusedAdamWConfig;
-use bonfire_layout::ParallelDims;
+use bonfire_layout::{MixedPrecision, ParallelDims};
 use bonfire_models::data::{Batches, TokenBatch};
 use bonfire_models::gpt::{Gpt, GptConfig};
 use bonfire_models::llama::{Llama, LlamaConfig};
@@ -177,14 +177,6 @@ pub fn tokens_per_second(device: &Device, steps: usize) -> Result<Vec<Speed>, St
     let gpt = GptConfig::bench();
     let llama = LlamaConfig::bench();
     let sgd = || SgdConfig::new().init();
-    let adamw = || {
-        FusedAdamWConfig::new()
-            .with_beta_1(0.9)
-            .with_beta_2(0.95)
-            .with_epsilon(1e-6)
-            .with_weight_decay(0.1)
-            .init()
-    };
     let one = dims("dp=1", 0, false);
     Ok(vec![
         speed(
@@ -192,33 +184,32 @@ pub fn tokens_per_second(device: &Device, steps: usize) -> Result<Vec<Speed>, St
             &Gpt::new(&gpt, device),
             &Trainer::new(one.clone(), sgd),
             (gpt.vocab_size, gpt.max_seq_len, 0.01),
-            steps,
+            (8, steps),
         )?,
         speed(
             "llama",
             &Llama::new(&llama, device),
-            &Trainer::new(one, adamw),
+            &Trainer::new(one, bench_adamw),
             (llama.vocab_size, llama.max_position_embeddings, 1e-3),
-            steps,
+            (8, steps),
         )?,
     ])
 }
 
-/// `model` trained by `trainer` on 8 random rows of `(vocab, seq)` per step at `lr`.
+/// `model` trained by `trainer` on `batch` random rows of `(vocab, seq)` per step at `lr`.
 fn speed<M: ParallelModel<Batch = TokenBatch> + Sync>(
     name: &'static str,
     model: &M,
     trainer: &Trainer,
     (vocab, seq, lr): (usize, usize, f64),
-    steps: usize,
+    (batch, steps): (usize, usize),
 ) -> Result<Speed, String> {
-    const BATCH: usize = 8;
     let schedule = Steps {
         warmup: 2,
         timed: steps,
     };
-    let data = throughput::random_batches(vocab, seq, BATCH, schedule.total(), 3);
-    let rows = |_: usize, s: usize, d: &Device| data.rows(s, 0, BATCH, d);
+    let data = throughput::random_batches(vocab, seq, batch, schedule.total(), 3);
+    let rows = |_: usize, s: usize, d: &Device| data.rows(s, 0, batch, d);
     let hosts = Hosts::Threads { ranks: 1 };
     let per_rank = throughput::train_at(model, trainer, hosts, schedule, &rows, lr)
         .map_err(|e| format!("{name}: {e}"))?;
@@ -226,13 +217,174 @@ fn speed<M: ParallelModel<Batch = TokenBatch> + Sync>(
     Ok(Speed {
         model: name,
         step_ms,
-        tokens_per_s: (BATCH * seq) as f64 / (step_ms / 1e3),
+        tokens_per_s: (batch * seq) as f64 / (step_ms / 1e3),
     })
 }
 
-/// How close an f32 run comes to transformers' float64 run of the Llama fixture: relative
-/// 1e-5 with a floor for elements that cancel.
-pub const F64: Tolerance = Tolerance::new(1e-5, 1e-6);
+/// AdamW as the benches run it: β 0.9/0.95, ε 1e-6, weight decay 0.1, Bonfire's fused kernel.
+fn bench_adamw() -> burn::optim::ModuleOptimizer {
+    FusedAdamWConfig::new()
+        .with_beta_1(0.9)
+        .with_beta_2(0.95)
+        .with_epsilon(1e-6)
+        .with_weight_decay(0.1)
+        .init()
+}
+
+/// Llama-3.2-1B's shape: hidden 2048, 16 layers, 32 heads of 64, 8 kv heads, intermediate
+/// 8192, vocabulary 128,256, RoPE θ 500,000, at 2,048 positions. Its head is untied (the Llama
+/// here has no tie yet): 1.50 B parameters where the tied checkpoint has 1.24 B.
+pub fn llama_1b() -> LlamaConfig {
+    LlamaConfig {
+        vocab_size: 128_256,
+        hidden_size: 2048,
+        intermediate_size: 8192,
+        num_hidden_layers: 16,
+        num_attention_heads: 32,
+        num_key_value_heads: 8,
+        head_dim: 64,
+        rms_norm_eps: 1e-5,
+        rope_theta: 500_000.0,
+        max_position_embeddings: 2048,
+    }
+}
+
+/// Training FLOPs a token (the count MFU is taken over, docs/gpu.md): 6·N + 12·L·d·T, N the
+/// parameters that multiply (all but the input embedding, a lookup), L layers, d the width of
+/// attention (heads × head_dim), T the sequence length (attention's scores and their use).
+pub fn flops_per_token(cfg: &LlamaConfig, params: usize, seq: usize) -> f64 {
+    let n = (params - cfg.vocab_size * cfg.hidden_size) as f64;
+    let attention = cfg.num_attention_heads * cfg.head_dim;
+    6.0 * n + 12.0 * (cfg.num_hidden_layers * attention * seq) as f64
+}
+
+/// The 1 B Llama's training speed on one rank of `device`: bf16 compute with f32 masters and
+/// AdamW state ([`bench_adamw`], lr 1e-4), `batch` rows of 2,048 tokens, `steps` timed after 2.
+/// Its speed and its parameter count.
+pub fn bench_1b(device: &Device, batch: usize, steps: usize) -> Result<(Speed, usize), String> {
+    let cfg = llama_1b();
+    let model = Llama::new(&cfg, device); // drawn on the device (seeding draws on the host)
+    let n = burn::module::Module::num_params(&model);
+    let layout = dims("dp=1", 0, false).with_precision(MixedPrecision::bf16());
+    let trainer = Trainer::new(layout, bench_adamw);
+    let shape = (cfg.vocab_size, cfg.max_position_embeddings, 1e-4);
+    Ok((
+        speed("llama-1b", &model, &trainer, shape, (batch, steps))?,
+        n,
+    ))
+}
+
+/// bf16 matrix products of `[m, k] × [k, n]` and `[m, n] × [n, k]` on `device`, timed: a chain
+/// `x ← (x·B)·C` of `reps` links after 3 warm-ups (each product needs the one before, so none
+/// can be skipped or reordered), the host clock read after the device finished (one element
+/// read back); TFLOP/s over both products. Random normal operands, `B` and `C` scaled to keep
+/// `x` near unit size.
+pub fn gemm_tflops(device: &Device, (m, k, n): (usize, usize, usize), reps: usize) -> f64 {
+    use burn::tensor::{DType, Distribution, Tensor};
+    let draw = |shape: [usize; 2], std: f64| {
+        Tensor::<2>::random(shape, Distribution::Normal(0.0, std), device).cast(DType::BF16)
+    };
+    let x = draw([m, k], 1.0);
+    let (b, c) = (
+        draw([k, n], (k as f64).powf(-0.5)),
+        draw([n, k], (n as f64).powf(-0.5)),
+    );
+    let link = |x: Tensor<2>| x.matmul(b.clone()).matmul(c.clone());
+    // The whole of `y` summed and read: a read of one element was seen to let the device skip
+    // work (CubeCL reported 49,502 TFLOP/s on the head's shape).
+    let finish = |t: &Tensor<2>| {
+        t.clone().sum().into_data();
+    };
+    let mut y = x.clone();
+    for _ in 0..3 {
+        y = link(y);
+    }
+    finish(&y);
+    let start = std::time::Instant::now();
+    for _ in 0..reps {
+        y = link(y);
+    }
+    finish(&y);
+    let seconds = start.elapsed().as_secs_f64() / reps as f64;
+    4.0 * (m * k * n) as f64 / seconds / 1e12
+}
+
+/// Seconds a call of `run` takes: `warm` calls first, then the mean of `reps`, each ended by
+/// `finish` (which waits for the device: a sum read back costs tens of µs, small against
+/// these calls).
+fn timed<T>(warm: usize, reps: usize, run: impl Fn() -> T, finish: impl Fn(&T)) -> f64 {
+    for _ in 0..warm {
+        finish(&run());
+    }
+    let start = std::time::Instant::now();
+    for _ in 0..reps {
+        finish(&run());
+    }
+    start.elapsed().as_secs_f64() / reps as f64
+}
+
+/// Causal grouped-query attention of `b` rows, `h` query heads over `h_kv` kv heads, `t`
+/// positions of `dh` features in bf16, timed on `device` (ms a call): the models' own
+/// ([`causal_attention`](bonfire_models::gpt::attention::causal_attention): in bf16 Burn's ops with the
+/// scores materialized) forward and forward + backward, and Burn's `attention` op forward
+/// (CubeCL's flash kernel where it applies; kv heads repeated first).
+pub fn attention_ms(
+    device: &Device,
+    (b, h, h_kv, t, dh): (usize, usize, usize, usize, usize),
+) -> Vec<(&'static str, f64)> {
+    use burn::tensor::module::attention;
+    use burn::tensor::ops::AttentionModuleOptions;
+    use burn::tensor::{DType, Distribution, Tensor};
+    let plain = device.clone().inner();
+    let draw = |heads: usize, d: &Device| {
+        Tensor::<4>::random([b, heads, t, dh], Distribution::Normal(0.0, 1.0), d).cast(DType::BF16)
+    };
+    let finish = |y: &Tensor<4>| {
+        y.clone().sum().into_data();
+    };
+    let (q, k, v) = (draw(h, &plain), draw(h_kv, &plain), draw(h_kv, &plain));
+    let models =
+        || bonfire_models::gpt::attention::causal_attention(q.clone(), k.clone(), v.clone());
+    let forward = timed(2, 10, models, finish);
+    let (qa, ka, va) = (
+        q.clone().autodiff().require_grad(),
+        k.clone().autodiff().require_grad(),
+        v.clone().autodiff().require_grad(),
+    );
+    let both = timed(
+        2,
+        10,
+        || {
+            let y = bonfire_models::gpt::attention::causal_attention(
+                qa.clone(),
+                ka.clone(),
+                va.clone(),
+            );
+            let grads = y.sum().backward();
+            qa.grad(&grads).expect("q's gradient")
+        },
+        finish,
+    );
+    let (kr, vr) = bonfire_kernels::fallback::repeat_kv_heads(k, v, h);
+    let options = AttentionModuleOptions {
+        scale: None,
+        softcap: None,
+        is_causal: true,
+    };
+    let burn_op = || attention(q.clone(), kr.clone(), vr.clone(), None, None, options);
+    // A kernel that refuses these shapes panics: reported as NaN, the rest still measured.
+    let burn_forward = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        timed(2, 10, burn_op, finish)
+    }))
+    .unwrap_or(f64::NAN);
+    vec![
+        ("bonfire_fwd", forward * 1e3),
+        ("bonfire_fwd_bwd", both * 1e3),
+        ("burn_attention_fwd", burn_forward * 1e3),
+    ]
+}
+
+pub use bonfire_train::parity::F64;
 
 /// The normwise bound ([`bonfire_train::parity::assert_same_run_normwise`]) of a run on CUDA. Burn 0.22.1's
 /// CUDA backend computes f32 matrix products on TF32 tensor cores (burn-cubecl's matmul tuner

@@ -104,6 +104,33 @@ const CHECKS: &[Check] = &[
         what: "tokens/s of the bench GPT (SGD) and the bench Llama (AdamW) on one GPU",
         run: gpu::bench,
     },
+    Check {
+        name: "gemm",
+        min_gpus: 1,
+        timeout_s: 150,
+        needs: "nvrtc",
+        what: "bf16 matrix products of the 1 B Llama's shapes: CubeCL's TFLOP/s, and cuBLAS's \
+               through PyTorch on the same GPU when python3 has torch",
+        run: gpu::gemm,
+    },
+    Check {
+        name: "attention",
+        min_gpus: 1,
+        timeout_s: 150,
+        needs: "nvrtc",
+        what: "causal GQA attention in bf16 at the 1 B Llama's heads, T = 2,048 and 8,192: the \
+               models' (forward, forward + backward), Burn's op (forward), PyTorch's SDPA",
+        run: gpu::attention,
+    },
+    Check {
+        name: "bench-1b",
+        min_gpus: 1,
+        timeout_s: 450,
+        needs: "nvrtc",
+        what: "the Llama at Llama-3.2-1B's shape, 2,048 tokens, bf16 with f32 masters, AdamW: \
+               tokens/s, MFU, peak device bytes; PyTorch's (transformers, SDPA, fused AdamW)",
+        run: gpu::bench_1b,
+    },
 ];
 
 #[derive(Parser, Debug)]
@@ -118,9 +145,15 @@ struct Cli {
     /// sets to its own `bin/fixtures`, else `fixtures/llama` beside this program).
     #[arg(long)]
     fixture: Option<PathBuf>,
-    /// Timed steps of `bench`.
+    /// Timed steps of `bench` (`bench-1b` times at most 5).
     #[arg(long, default_value_t = 10)]
     steps: usize,
+    /// Rows of 2,048 tokens a step of `bench-1b`.
+    #[arg(long, default_value_t = 2)]
+    batch: usize,
+    /// `bench-1b` also times PyTorch under `torch.compile` (minutes of compiling).
+    #[arg(long)]
+    torch_compile: bool,
 }
 
 impl Cli {
@@ -349,6 +382,244 @@ mod gpu {
             })
             .collect())
     }
+
+    /// The 1 B Llama's matrix shapes at 4,096 tokens (`[tokens, in] × [in, out]`): q and o,
+    /// k and v, gate and up, down, the head.
+    const GEMMS: [(usize, usize, usize); 5] = [
+        (4096, 2048, 2048),
+        (4096, 2048, 512),
+        (4096, 2048, 8192),
+        (4096, 8192, 2048),
+        (4096, 2048, 128_256),
+    ];
+
+    pub fn gemm(_: &Cli) -> Result<Vec<String>, String> {
+        let device = bonfire_examples::harness::cuda_device()?;
+        let shapes: Vec<String> = GEMMS
+            .iter()
+            .map(|(m, k, n)| format!("{m}x{k}x{n}"))
+            .collect();
+        let torch = super::pytorch::run(&["gemm", "--reps", "20", "--shapes", &shapes.join(",")]);
+        let mut lines = Vec::new();
+        for (m, k, n) in GEMMS {
+            let ours = device_checks::gemm_tflops(&device, (m, k, n), 20);
+            let key = format!("gemm m={m} k={k} n={n}");
+            let mut line = format!("{key} cubecl_tflops={ours:.1}");
+            if let Ok(theirs) = &torch {
+                let cublas = super::pytorch::field(theirs, &key, "tflops")?;
+                line += &format!(" cublas_tflops={cublas:.1} ratio={:.3}", ours / cublas);
+            }
+            eprintln!("{line}"); // as it is measured: a run cut short keeps it in the log
+            lines.push(line);
+        }
+        if let Err(why) = torch {
+            lines.push(format!("cublas: not measured ({why})"));
+        }
+        Ok(lines)
+    }
+
+    /// Attention's shapes (`b × h × h_kv × T × dh`): the 1 B Llama's heads at 2,048 and 8,192.
+    const ATTENTION: [(usize, usize, usize, usize, usize); 2] =
+        [(2, 32, 8, 2048, 64), (1, 32, 8, 8192, 64)];
+
+    pub fn attention(_: &Cli) -> Result<Vec<String>, String> {
+        let name =
+            |(b, h, k, t, d): (usize, usize, usize, usize, usize)| format!("{b}x{h}x{k}x{t}x{d}");
+        let shapes: Vec<String> = ATTENTION.iter().map(|s| name(*s)).collect();
+        let torch = super::pytorch::run(&["attention", "--shapes", &shapes.join(",")]);
+        let device = bonfire_examples::harness::cuda_device()?.autodiff();
+        let mut lines = Vec::new();
+        for shape in ATTENTION {
+            let key = format!("attention shape={}", name(shape));
+            let mut line = key.clone();
+            for (what, ms) in device_checks::attention_ms(&device, shape) {
+                line += &format!(" {what}_ms={ms:.3}");
+            }
+            if let Ok(out) = &torch {
+                for what in ["sdpa_fwd_ms", "sdpa_fwd_bwd_ms"] {
+                    let ms = super::pytorch::field(out, &key, what)?;
+                    line += &format!(" {what}={ms:.3}");
+                }
+            }
+            eprintln!("{line}"); // as it is measured: a run cut short keeps it in the log
+            lines.push(line);
+        }
+        if let Err(why) = torch {
+            lines.push(format!("sdpa: not measured ({why})"));
+        }
+        Ok(lines)
+    }
+
+    pub fn bench_1b(cli: &Cli) -> Result<Vec<String>, String> {
+        // PyTorch first, while this process holds no device memory (the meter reads the GPU).
+        let torch_lines = pytorch_1b(cli);
+        torch_lines.iter().for_each(|l| eprintln!("{l}"));
+        let device = bonfire_examples::harness::cuda_device()?.autodiff();
+        let peak = super::pytorch::PeakMemory::start();
+        let (speed, params) = device_checks::bench_1b(&device, cli.batch, cli.steps.min(5))?;
+        let peak = peak.stop();
+        let line = format!(
+            "bench-1b engine=bonfire batch={} params={params} step_ms={:.1} tokens_per_s={:.0} \
+             mfu={:.3} peak_device_bytes={peak}",
+            cli.batch,
+            speed.step_ms,
+            speed.tokens_per_s,
+            mfu_1b(params, speed.tokens_per_s)
+        );
+        eprintln!("{line}");
+        let mut lines = vec![line];
+        for l in torch_lines {
+            let Some(mode) = l.strip_prefix("bench-1b engine=pytorch-") else {
+                lines.push(l);
+                continue;
+            };
+            let mode = mode.split_whitespace().next().unwrap_or("").to_string();
+            let theirs = super::pytorch::field(&l, "bench-1b", "tokens_per_s")?;
+            lines.push(l);
+            lines.push(format!(
+                "bench compare model=llama-1b a=bonfire b=pytorch-{mode} a_tokens_per_s={:.0} \
+                 b_tokens_per_s={theirs:.0} ratio={:.3}",
+                speed.tokens_per_s,
+                speed.tokens_per_s / theirs
+            ));
+        }
+        Ok(lines)
+    }
+
+    /// MFU of the 1 B Llama of `params` parameters training at `tokens_per_s`.
+    fn mfu_1b(params: usize, tokens_per_s: f64) -> f64 {
+        let cfg = device_checks::llama_1b();
+        let flops = device_checks::flops_per_token(&cfg, params, cfg.max_position_embeddings);
+        tokens_per_s * flops / super::pytorch::H200_BF16_FLOPS
+    }
+
+    /// PyTorch's 1 B Llama (eager, and compiled with `--torch-compile`): one line each.
+    fn pytorch_1b(cli: &Cli) -> Vec<String> {
+        let mut lines = Vec::new();
+        let batch = cli.batch.to_string();
+        let steps = cli.steps.min(5).to_string();
+        let modes: &[&str] = if cli.torch_compile {
+            &["eager", "compile"]
+        } else {
+            &["eager"]
+        };
+        for mode in modes {
+            let args = [
+                "bench-1b", "--batch", &batch, "--steps", &steps, "--mode", mode,
+            ];
+            let peak = super::pytorch::PeakMemory::start();
+            let out = super::pytorch::run(&args);
+            let peak = peak.stop();
+            lines.push(match out {
+                Ok(out) => {
+                    let key = format!("pytorch mode={mode}");
+                    let tokens = super::pytorch::field(&out, &key, "tokens_per_s");
+                    let params = super::pytorch::field(&out, &key, "params");
+                    match (tokens, params) {
+                        (Ok(t), Ok(p)) => format!(
+                            "bench-1b engine=pytorch-{mode} {} mfu={:.3} peak_device_bytes={peak}",
+                            out.trim().trim_start_matches(&key).trim(),
+                            mfu_1b(p as usize, t)
+                        ),
+                        (Err(e), _) | (_, Err(e)) => format!("pytorch-{mode}: not measured ({e})"),
+                    }
+                }
+                Err(why) => format!("pytorch-{mode}: not measured ({why})"),
+            });
+        }
+        lines
+    }
+}
+
+/// PyTorch's side of `gemm`, `attention` and `bench-1b` (the kit's `bin/gpu_bench.py`, run by `python3`
+/// when it imports torch), and the device's peak memory as `nvidia-smi` reads it.
+#[cfg(feature = "cuda")]
+mod pytorch {
+    use std::process::Command;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+    /// The H200's dense bf16 rate by its datasheet (FLOP/s): MFU's denominator.
+    pub const H200_BF16_FLOPS: f64 = 989e12;
+
+    /// `gpu_bench.py` beside the kit's fixtures, else in the source tree.
+    fn script() -> std::path::PathBuf {
+        let kit = std::env::var_os("BONFIRE_GPU_KIT_FIXTURES").map(std::path::PathBuf::from);
+        match kit.map(|f| f.with_file_name("gpu_bench.py")) {
+            Some(p) if p.exists() => p,
+            _ => "examples/python/gpu_bench.py".into(),
+        }
+    }
+
+    /// Runs `gpu_bench.py args`; its output, or why it gave none.
+    pub fn run(args: &[&str]) -> Result<String, String> {
+        let out = Command::new("python3")
+            .arg(script())
+            .args(args)
+            .output()
+            .map_err(|e| format!("python3: {e}"))?;
+        match out.status.success() {
+            true => Ok(String::from_utf8_lossy(&out.stdout).into_owned()),
+            false => {
+                let err = String::from_utf8_lossy(&out.stderr);
+                let tail: Vec<&str> = err.lines().rev().take(3).collect();
+                Err(format!("gpu_bench.py {}: {}", args[0], tail.join(" / ")))
+            }
+        }
+    }
+
+    /// The number `name=` on the line of `out` that starts with `key`.
+    pub fn field(out: &str, key: &str, name: &str) -> Result<f64, String> {
+        let line = out
+            .lines()
+            .find(|l| l.starts_with(key))
+            .ok_or(format!("PyTorch printed no `{key}` line"))?;
+        line.split_whitespace()
+            .find_map(|w| w.strip_prefix(&format!("{name}=")))
+            .and_then(|v| v.parse().ok())
+            .ok_or(format!("PyTorch's `{key}` line has no {name}="))
+    }
+
+    /// The largest `memory.used` of GPU 0 that `nvidia-smi` reports while it runs (every
+    /// 100 ms), in bytes: the same meter for both engines (their allocators' pools included).
+    pub struct PeakMemory {
+        stop: Arc<AtomicBool>,
+        peak: Arc<AtomicU64>,
+        thread: std::thread::JoinHandle<()>,
+    }
+
+    impl PeakMemory {
+        pub fn start() -> Self {
+            let (stop, peak) = (
+                Arc::new(AtomicBool::new(false)),
+                Arc::new(AtomicU64::new(0)),
+            );
+            let (s, p) = (stop.clone(), peak.clone());
+            let thread = std::thread::spawn(move || {
+                while !s.load(Ordering::Relaxed) {
+                    let out = Command::new("nvidia-smi")
+                        .args(["-i", "0", "--query-gpu=memory.used"])
+                        .arg("--format=csv,noheader,nounits")
+                        .output();
+                    let mib = out.ok().and_then(|o| {
+                        String::from_utf8_lossy(&o.stdout)
+                            .trim()
+                            .parse::<u64>()
+                            .ok()
+                    });
+                    p.fetch_max(mib.unwrap_or(0) << 20, Ordering::Relaxed);
+                    std::thread::sleep(std::time::Duration::from_millis(100));
+                }
+            });
+            Self { stop, peak, thread }
+        }
+
+        pub fn stop(self) -> u64 {
+            self.stop.store(true, Ordering::Relaxed);
+            self.thread.join().ok();
+            self.peak.load(Ordering::Relaxed)
+        }
+    }
 }
 
 /// A build without the `cuda` feature: every check refuses, saying how to build one with it.
@@ -373,6 +644,9 @@ mod gpu {
         parity_llama,
         parity_layouts,
         train,
-        bench
+        bench,
+        gemm,
+        attention,
+        bench_1b
     );
 }

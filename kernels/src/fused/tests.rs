@@ -42,6 +42,18 @@ fn device() -> Device {
 }
 
 #[test]
+fn causal_mask_built_on_the_device_is_the_host_one() {
+    for (tq, tk) in [(1, 1), (5, 5), (3, 7), (8, 8), (16, 40)] {
+        let built = softmax::causal_mask(tq, tk, &device()).into_data();
+        let want = softmax::causal_mask_values(tq, tk);
+        assert_eq!(built.shape(), want.shape(), "[{tq}, {tk}]");
+        let (a, b) = (built.to_vec::<f32>().unwrap(), want.to_vec::<f32>().unwrap());
+        assert_eq!(a, b, "[{tq}, {tk}]");
+        assert!(a.iter().any(|x| x.is_infinite()) || tq * tk == 1, "[{tq}, {tk}] hides none");
+    }
+}
+
+#[test]
 fn causal_softmax_is_masked_scaled_softmax() {
     let x = Tensor::<4>::random([2, 3, 5, 5], Distribution::Normal(0.0, 2.0), &device());
     let mask = |t: Tensor<4>| {

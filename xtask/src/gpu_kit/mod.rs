@@ -123,6 +123,9 @@ fn assemble(kit: &Path, bins: &Path) -> Result {
         let from = process::root().join("examples/fixtures/llama").join(file);
         std::fs::copy(&from, fixture.join(file)).map_err(|e| io(file, e))?;
     }
+    // PyTorch's side of `gemm` and `bench-1b`, beside the fixtures (`gpu_check` finds it there).
+    let bench = process::root().join("examples/python/gpu_bench.py");
+    std::fs::copy(&bench, kit.join("bin/gpu_bench.py")).map_err(|e| io("gpu_bench.py", e))?;
     write_common(kit, &work.join("gpu_check"))
 }
 

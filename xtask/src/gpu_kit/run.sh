@@ -6,7 +6,8 @@
 # CubeCL's kernels also need CUDA's headers for NVRTC (cuda_fp16.h; found and CUDA_PATH set).
 # Exit status: 0 when no check failed (a machine without a GPU: SKIPPED, 0), 1 otherwise.
 # All checks together stop after BONFIRE_GPU_KIT_BUDGET seconds (default 470: under 8 minutes).
-# Built by `cargo xtask gpu-kit` (docs/gpu.md). Options: `--only NAME[,NAME]`, `--list`;
+# Built by `cargo xtask gpu-kit` (docs/gpu.md). Options: `--only NAME[,NAME]`, `--list`,
+# `--args "ARGS"` (given to every check run, e.g. `--args "--batch 4 --torch-compile"`);
 # `--unpack` only unpacks the kit's program and prints its path (bin/train, bin/parity use it).
 set -u
 KIT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -36,12 +37,14 @@ unpack() {
 }
 
 ONLY=""
+ARGS=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --only) ONLY="${2:-}"; shift 2 ;;
+    --args) ARGS="${2:-}"; shift 2 ;;
     --list) cat "$CHECKS"; exit 0 ;;
     --unpack) unpack; exit $? ;;
-    *) echo "run: unknown option $1 (options: --only NAME[,NAME], --list, --unpack)"; exit 2 ;;
+    *) echo "run: unknown option $1 (options: --only NAME[,NAME], --args ARGS, --list, --unpack)"; exit 2 ;;
   esac
 done
 for name in $(echo "$ONLY" | tr ',' ' '); do
@@ -183,7 +186,8 @@ while IFS=$'\t' read -r name min_gpus secs needs what; do
   [ "$secs" -gt "$left" ] && secs=$left
   echo "==> $name (limit ${secs} s): $what"
   start=$(date +%s)
-  timeout -k 10 "$secs" "$BIN" "$name" >"$logs/$name.log" 2>&1
+  # shellcheck disable=SC2086 # ARGS is split into the check's arguments
+  timeout -k 10 "$secs" "$BIN" "$name" $ARGS >"$logs/$name.log" 2>&1
   rc=$?
   took=$(( $(date +%s) - start ))
   sed 's/^/    /' "$logs/$name.log" | tail -n 40
