@@ -47,9 +47,15 @@ fn causal_mask_built_on_the_device_is_the_host_one() {
         let built = softmax::causal_mask(tq, tk, &device()).into_data();
         let want = softmax::causal_mask_values(tq, tk);
         assert_eq!(built.shape(), want.shape(), "[{tq}, {tk}]");
-        let (a, b) = (built.to_vec::<f32>().unwrap(), want.to_vec::<f32>().unwrap());
+        let (a, b) = (
+            built.to_vec::<f32>().unwrap(),
+            want.to_vec::<f32>().unwrap(),
+        );
         assert_eq!(a, b, "[{tq}, {tk}]");
-        assert!(a.iter().any(|x| x.is_infinite()) || tq * tk == 1, "[{tq}, {tk}] hides none");
+        assert!(
+            a.iter().any(|x| x.is_infinite()) || tq * tk == 1,
+            "[{tq}, {tk}] hides none"
+        );
     }
 }
 
