@@ -40,9 +40,12 @@ struct Cli {
     /// Optimizer steps.
     #[arg(long)]
     steps: usize,
-    /// Learning rate.
+    /// Learning rate (the peak of a schedule).
     #[arg(long)]
     lr: f64,
+    /// The learning rate's warmup and decay (the contract's "training recipe").
+    #[command(flatten)]
+    schedule: bonfire_examples::cli::ScheduleArgs,
     /// Where to write the result (parameters, grad0.<name>, loss).
     #[arg(long)]
     out: PathBuf,
@@ -66,6 +69,7 @@ pub fn main_with(args: impl IntoIterator<Item = std::ffi::OsString>) -> ExitCode
             device: cli.device.clone(),
             steps: cli.steps,
             lr: cli.lr,
+            schedule: cli.schedule.schedule()?,
             out: cli.out.clone(),
         };
         let result = harness::run(&args)?;

@@ -412,6 +412,7 @@ impl Job {
             global_rows: rows,
             optim: optim.name().into(),
             lr: cli.run.lr,
+            schedule: cli.run.schedule.schedule().unwrap_or_else(|e| fail(e)),
             data: data.label(),
         };
         let resumed = cli.ckpt.resume.as_ref().map(|path| {

@@ -113,9 +113,12 @@ pub struct RunArgs {
     /// Burn's optimizer: adamw (β1 0.9, β2 0.95, ε 1e-6, weight decay 0.1) or sgd.
     #[arg(long, default_value = "adamw")]
     pub optim: String,
-    /// Learning rate.
+    /// Learning rate (the peak of a schedule).
     #[arg(long, default_value_t = 3e-3)]
     pub lr: f64,
+    /// The learning rate's warmup and decay.
+    #[command(flatten)]
+    pub schedule: ScheduleArgs,
     /// Optimizer steps: the run's total (a resumed run goes on up to it).
     #[arg(long, default_value_t = 300)]
     pub steps: usize,
@@ -135,7 +138,7 @@ pub struct RunArgs {
     /// Print the loss every this many steps.
     #[arg(long, default_value_t = 25)]
     pub log_every: usize,
-    /// Write one JSON line per step (step, loss, tokens_per_s, step_ms) to this file.
+    /// Write one JSON line per step (step, loss, lr, tokens_per_s, step_ms, …) to this file.
     #[arg(long)]
     pub metrics: Option<PathBuf>,
     /// `threads`: every rank a thread of this process; `env`: this process is one rank of a
@@ -161,8 +164,35 @@ impl RunArgs {
             log_every: self.log_every,
             metrics: self.metrics.clone(),
             checkpoint_every,
+            schedule: self.schedule.schedule().unwrap_or_else(|e| fail(e)),
             ..bonfire_train::FitConfig::new(self.steps.max(start_step), self.lr)
         }
+    }
+}
+
+/// The learning rate's schedule on a command line (`train` and the parity harness): the
+/// contract's `--lr-warmup`, `--lr-decay`, `--lr-min` ([`bonfire_train::LrSchedule`]).
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct ScheduleArgs {
+    /// Steps of linear warmup: step s < W trains at lr·(s+1)/W.
+    #[arg(long, default_value_t = 0)]
+    pub lr_warmup: usize,
+    /// After the warmup: constant, linear or cosine decay to --lr-min at the run's end.
+    #[arg(long, default_value = "constant")]
+    pub lr_decay: String,
+    /// The rate a decay ends at.
+    #[arg(long, default_value_t = 0.0)]
+    pub lr_min: f64,
+}
+
+impl ScheduleArgs {
+    /// The schedule these flags name (`Err` for an unknown decay).
+    pub fn schedule(&self) -> Result<bonfire_train::LrSchedule, String> {
+        Ok(bonfire_train::LrSchedule {
+            warmup: self.lr_warmup,
+            decay: bonfire_train::Decay::parse(&self.lr_decay)?,
+            min_lr: self.lr_min,
+        })
     }
 }
 

@@ -37,8 +37,10 @@ pub struct HarnessArgs {
     pub device: String,
     /// Number of steps to train (at most the data file's `S`).
     pub steps: usize,
-    /// Learning rate.
+    /// The peak learning rate.
     pub lr: f64,
+    /// The learning rate's schedule around it (warmup, decay).
+    pub schedule: bonfire_train::LrSchedule,
     /// The safetensors file the result is written to.
     pub out: PathBuf,
 }
@@ -104,19 +106,23 @@ pub fn run(args: &HarnessArgs) -> Result<Outcome, String> {
             batches.steps()
         ));
     }
-    let (dims, optim, steps, lr) = (&args.dims, args.optim, args.steps, args.lr);
+    let (dims, optim) = (&args.dims, args.optim);
+    let config = bonfire_train::FitConfig {
+        schedule: args.schedule,
+        ..bonfire_train::FitConfig::new(args.steps, args.lr)
+    };
     let result = match &cfg {
         ModelConfig::Gpt(c) => {
             let model = weights::load(Gpt::new(c, &device), &args.weights)?;
-            train(&model, &batches, dims, optim, steps, lr)?
+            train_with(&model, &batches, dims, optim, &config)?.0
         }
         ModelConfig::Llama(c) => {
             let model = weights::load(Llama::new(c, &device), &args.weights)?;
-            train(&model, &batches, dims, optim, steps, lr)?
+            train_with(&model, &batches, dims, optim, &config)?.0
         }
         ModelConfig::Mixtral(c) => {
             let model = weights::load(Mixtral::new(c, &device), &args.weights)?;
-            train(&model, &batches, dims, optim, steps, lr)?
+            train_with(&model, &batches, dims, optim, &config)?.0
         }
     };
     tensor_file::write_f32(&args.out, &result.tensors())?;
@@ -146,8 +152,20 @@ pub fn train_recorded<M: ParallelModel<Batch = TokenBatch> + Sync>(
     steps: usize,
     lr: f64,
 ) -> Result<(Outcome, Vec<RankRecord>), String> {
+    let config = bonfire_train::FitConfig::new(steps, lr);
+    train_with(model, batches, dims, optim, &config)
+}
+
+/// [`train_recorded`] with the loop's whole configuration (steps, peak rate, schedule).
+pub fn train_with<M: ParallelModel<Batch = TokenBatch> + Sync>(
+    model: &M,
+    batches: &data::Batches,
+    dims: &ParallelDims,
+    optim: OptimizerKind,
+    config: &bonfire_train::FitConfig,
+) -> Result<(Outcome, Vec<RankRecord>), String> {
     let data = |s: usize, device: &Device| batches.rows(s, 0, batches.batch, device);
-    parity::record(model, &data, dims, optim, steps, lr)
+    parity::record_with(model, &data, dims, optim, config)
 }
 
 /// Reads a result file back (for comparisons).

@@ -20,8 +20,11 @@ pub struct RunRecord {
     pub global_rows: usize,
     /// The optimizer's name.
     pub optim: String,
-    /// The learning rate.
+    /// The learning rate (the peak of the schedule).
     pub lr: f64,
+    /// The learning rate's schedule (a checkpoint from before schedules: constant).
+    #[serde(default)]
+    pub schedule: bonfire_train::LrSchedule,
     /// The training data: `generated`, or the file and its token count.
     #[serde(default = "generated")]
     pub data: String,
@@ -72,6 +75,16 @@ impl RunRecord {
                 "--optim/--lr",
                 format!("{}/{}", run.optim, run.lr),
                 format!("{}/{}", self.optim, self.lr),
+            );
+        }
+        if run.schedule != self.schedule {
+            let flags = |s: &bonfire_train::LrSchedule| {
+                format!("{}/{:?}/{}", s.warmup, s.decay, s.min_lr).to_lowercase()
+            };
+            return differs(
+                "--lr-warmup/--lr-decay/--lr-min",
+                flags(&run.schedule),
+                flags(&self.schedule),
             );
         }
         if run.data != self.data {

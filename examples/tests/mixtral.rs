@@ -428,6 +428,7 @@ fn the_harness_trains_a_mixtral_checkpoint() {
             device: "flex".into(),
             steps: 2,
             lr: 0.5,
+            schedule: Default::default(),
             out: out.join("result.safetensors"),
         };
         harness::run(&args).unwrap();

@@ -185,15 +185,15 @@ fn burn_optimizer(optim: OptimizerKind) -> ModuleOptimizer {
     }
 }
 
-/// `STEPS` steps of plain Burn on the whole global batch, as a harness result.
-fn plain_burn(model: &Gpt, batches: &Batches, optim: OptimizerKind) -> Outcome {
+/// Steps of plain Burn on the whole global batch, step `s` at `lrs[s]`, as a harness result.
+fn plain_burn(model: &Gpt, batches: &Batches, optim: OptimizerKind, lrs: &[f64]) -> Outcome {
     let device = Device::flex().autodiff();
     let heads = common::gpt_cfg().n_heads;
-    let lr = common::gpt_lr(optim);
     let mut model = model.clone().fork(&device);
     let mut optimizer = burn_optimizer(optim);
     let (mut losses, mut grad0) = (Vec::new(), BTreeMap::new());
-    for s in 0..STEPS {
+    assert!(!lrs.is_empty());
+    for (s, &lr) in lrs.iter().enumerate() {
         let (ids, targets) = batches.rows(s, 0, batches.batch, &device);
         let loss = plain_loss(&model, ids, targets, heads);
         losses.push(host(loss.clone().detach())[0]);
@@ -249,7 +249,7 @@ const LAYOUTS: &[(&str, usize, Option<&str>, Option<usize>)] = &[
 
 fn check(optim: OptimizerKind) {
     let f = fixture();
-    let reference = plain_burn(&f.model, &f.batches, optim);
+    let reference = plain_burn(&f.model, &f.batches, optim, &[common::gpt_lr(optim); STEPS]);
     assert_eq!(reference.params.len(), 16 * common::gpt_cfg().n_layers + 5);
     let tol = match optim {
         OptimizerKind::Sgd => common::SGD,
@@ -282,4 +282,151 @@ fn sgd_layouts_equal_plain_burn() {
 #[test]
 fn adamw_layouts_equal_plain_burn() {
     check(OptimizerKind::AdamW);
+}
+
+// ---------------------------------------------------------------------------------------
+// The learning-rate schedule (issue 46): warmup then cosine decay, against plain Burn stepped
+// at the contract's rates written out here (not Bonfire's `LrSchedule`)
+// ---------------------------------------------------------------------------------------
+
+/// Steps of the scheduled runs: 2 of warmup, then 2 of cosine decay to a tenth of the peak.
+const SCHEDULED: usize = 4;
+
+/// The contract's rates for W = 2, S = 4, cosine to lr/10: lr·1/2, lr·2/2, then
+/// f = 0 and f = 1/2 of the decay (min + (lr − min)·(1 + cos πf)/2).
+fn contract_rates(lr: f64) -> Vec<f64> {
+    let min = lr / 10.0;
+    let cosine = |f: f64| min + (lr - min) * (1.0 + (std::f64::consts::PI * f).cos()) / 2.0;
+    vec![lr / 2.0, lr, cosine(0.0), cosine(0.5)]
+}
+
+fn check_scheduled(optim: OptimizerKind) {
+    static BATCHES: OnceLock<Batches> = OnceLock::new();
+    let batches =
+        BATCHES.get_or_init(|| common::random_batches(&common::gpt_cfg(), SCHEDULED, ROWS, 9));
+    let model = &fixture().model;
+    let lr = common::gpt_lr(optim);
+    let reference = plain_burn(model, batches, optim, &contract_rates(lr));
+    let config = bonfire_train::FitConfig {
+        schedule: bonfire_train::LrSchedule {
+            warmup: 2,
+            decay: bonfire_train::Decay::Cosine,
+            min_lr: lr / 10.0,
+        },
+        ..bonfire_train::FitConfig::new(SCHEDULED, lr)
+    };
+    let tol = match optim {
+        OptimizerKind::Sgd => common::SGD,
+        OptimizerKind::AdamW => common::adamw(lr),
+    };
+    assert!(!LAYOUTS.is_empty());
+    for &(mesh, zero, schedule, microbatches) in LAYOUTS {
+        let dims = LayoutArgs {
+            mesh: Some(mesh.into()),
+            zero,
+            schedule: schedule.map(str::to_string),
+            microbatches,
+            ..LayoutArgs::default()
+        }
+        .dims("dp=1")
+        .unwrap();
+        let what = format!(
+            "plain Burn (scheduled) vs {dims} {} warmup 2 cosine",
+            optim.name()
+        );
+        let (got, _) = bonfire_examples::harness::train_with(model, batches, &dims, optim, &config)
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert_eq!(got.losses.len(), SCHEDULED, "{what}: losses");
+        let closeness = common::assert_same_run(&what, &got, &reference, tol);
+        println!("{what}: {closeness}");
+    }
+}
+
+#[test]
+fn sgd_layouts_follow_the_schedule_as_plain_burn() {
+    check_scheduled(OptimizerKind::Sgd);
+}
+
+#[test]
+fn adamw_layouts_follow_the_schedule_as_plain_burn() {
+    check_scheduled(OptimizerKind::AdamW);
+}
+
+/// A run scheduled over 4 steps, saved after 2 under dp=2 ZeRO-1 and resumed under tp=2,
+/// equals the uninterrupted scheduled run on one device (itself plain Burn's, above): the
+/// schedule's position is the step, not the steps since the start (a schedule restarted at
+/// the resume would train step 2 at lr/2).
+#[test]
+fn a_resumed_run_continues_the_schedule() {
+    use common::resume::leg;
+    static BATCHES: OnceLock<Batches> = OnceLock::new();
+    let batches =
+        BATCHES.get_or_init(|| common::random_batches(&common::gpt_cfg(), SCHEDULED, ROWS, 9));
+    let model = &fixture().model;
+    let layout = |mesh: &str, zero| {
+        LayoutArgs {
+            zero,
+            ..LayoutArgs::mesh(mesh)
+        }
+        .dims("dp=1")
+        .unwrap()
+    };
+    for optim in [OptimizerKind::Sgd, OptimizerKind::AdamW] {
+        let lr = common::gpt_lr(optim);
+        let schedule = bonfire_train::LrSchedule {
+            warmup: 2,
+            decay: bonfire_train::Decay::Cosine,
+            min_lr: lr / 10.0,
+        };
+        let dir = std::env::temp_dir().join(format!(
+            "bonfire-schedule-resume-{}-{}",
+            optim.name(),
+            std::process::id()
+        ));
+        let one = layout("dp=1", 0);
+        let (want_losses, want) = leg(
+            model,
+            batches,
+            ROWS,
+            &one,
+            optim,
+            0..SCHEDULED,
+            None,
+            None,
+            schedule,
+        );
+        let (mut losses, _) = leg(
+            model,
+            batches,
+            ROWS,
+            &layout("dp=2", 1),
+            optim,
+            0..2,
+            None,
+            Some(&dir),
+            schedule,
+        );
+        let (more, got) = leg(
+            model,
+            batches,
+            ROWS,
+            &layout("tp=2", 0),
+            optim,
+            2..SCHEDULED,
+            Some(&dir),
+            None,
+            schedule,
+        );
+        std::fs::remove_dir_all(&dir).ok();
+        losses.extend(more);
+        let tol = match optim {
+            OptimizerKind::Sgd => common::SGD,
+            OptimizerKind::AdamW => common::adamw(lr),
+        };
+        let what = format!("scheduled {} resumed dp=2 zero=1 -> tp=2", optim.name());
+        bonfire_comm::testing::assert_close(&format!("{what}: losses"), &losses, &want_losses, tol);
+        let closeness =
+            bonfire_comm::testing::assert_close(&format!("{what}: parameters"), &got, &want, tol);
+        println!("{what}: {closeness}");
+    }
 }

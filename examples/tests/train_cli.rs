@@ -224,6 +224,12 @@ fn own_text_evaluated_and_resumed_in_other_layouts_equals_one_device() {
         "sgd",
         "--lr",
         "0.5",
+        "--lr-warmup",
+        "1",
+        "--lr-decay",
+        "linear",
+        "--lr-min",
+        "0.05",
         "--seed",
         "4",
     ];
@@ -254,6 +260,33 @@ fn own_text_evaluated_and_resumed_in_other_layouts_equals_one_device() {
         second.contains("step 2 starts at epoch 0, position 8"),
         "{second}"
     );
+    // The schedule is the run's: a resume under another decay is refused before any step.
+    let other: Vec<&str> = data
+        .iter()
+        .map(|a| if *a == "linear" { "cosine" } else { a })
+        .chain(["--steps", "4", "--batch", "4"])
+        .collect();
+    let (code, stdout, stderr) = train(&[&other[..], &["--resume", &p("ckpt")]].concat());
+    assert_ne!(code, Some(0), "{stdout}");
+    assert!(
+        stderr.contains("--lr-warmup/--lr-decay/--lr-min"),
+        "{stdout}{stderr}"
+    );
+    // The metrics carry each step's rate: warmup 1, then linear from 0.5 to 0.05 over 3 steps.
+    let rates: Vec<f64> = std::fs::read_to_string(dir.join("one.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["lr"]
+                .as_f64()
+                .unwrap()
+        })
+        .collect();
+    let want_rates = [0.5, 0.5, 0.5 - 0.45 / 3.0, 0.5 - 0.9 / 3.0];
+    assert_eq!(rates.len(), want_rates.len(), "{rates:?}");
+    for (got, want) in rates.iter().zip(want_rates) {
+        assert!((got - want).abs() < 1e-12, "{rates:?} vs {want_rates:?}");
+    }
     let want = losses(&dir.join("one.jsonl"));
     assert_eq!(want.len(), 4);
     let c = assert_close(

@@ -48,6 +48,9 @@ pub enum TrainError {
     /// in-memory copy is damaged. The message says which.
     #[error("{0}")]
     Io(String),
+    /// The training recipe's settings cannot be run (a schedule longer than the run, …).
+    #[error("{0}")]
+    Recipe(String),
     /// A checkpoint that cannot be saved or loaded (raised before any state changes).
     #[error(transparent)]
     Checkpoint(#[from] CheckpointError),

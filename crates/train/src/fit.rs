@@ -7,6 +7,7 @@ use crate::checkpoint::Checkpointer;
 use crate::engine::Engine;
 use crate::error::TrainError;
 use crate::scaler::{LossScaler, LossScaling};
+use crate::schedule::LrSchedule;
 use bonfire_dtensor::plane::ledger::Direction;
 use bonfire_dtensor::plane::{TransferLedger, Transfers};
 use bonfire_module::PrecisionDTypes;
@@ -24,6 +25,8 @@ pub struct StepReport {
     pub step: usize,
     /// The global loss before the step's update.
     pub loss: f32,
+    /// The learning rate the step's update used (its schedule's value at this step).
+    pub lr: f64,
     /// Wall time of the step (data, forward, backward, optimizer), in milliseconds.
     pub step_ms: f64,
     /// Tokens of the global batch per second of this step (when the loop knows the tokens
@@ -157,8 +160,10 @@ pub struct FitConfig {
     pub steps: usize,
     /// The first step (0, or where a resumed run starts).
     pub start_step: usize,
-    /// Learning rate.
+    /// The peak learning rate (the rate of every step without a schedule).
     pub lr: f64,
+    /// The learning rate's schedule around `lr` over `steps` (default: constant).
+    pub schedule: LrSchedule,
     /// Tokens in one global batch (for tokens/s).
     pub tokens_per_step: Option<usize>,
     /// Show a progress bar (rank 0, on a terminal).
@@ -181,6 +186,7 @@ impl FitConfig {
             steps,
             start_step: 0,
             lr,
+            schedule: LrSchedule::default(),
             tokens_per_step: None,
             progress: false,
             log_every: 0,
@@ -257,8 +263,8 @@ impl Reporter {
         }
         if self.log_every > 0 && (r.step % self.log_every == 0 || last) {
             let line = format!(
-                "step {:>5}  loss {:.4}{tps}  {:.1} ms",
-                r.step, r.loss, r.step_ms
+                "step {:>5}  loss {:.4}  lr {:.3e}{tps}  {:.1} ms",
+                r.step, r.loss, r.lr, r.step_ms
             );
             match &self.bar {
                 Some(bar) if !bar.is_hidden() => bar.println(line),
@@ -283,6 +289,10 @@ pub fn fit<B: Rows>(
     config: &FitConfig,
     hooks: &mut dyn Hooks<B>,
 ) -> Result<Vec<StepReport>, TrainError> {
+    config
+        .schedule
+        .check(config.lr, config.steps)
+        .map_err(TrainError::Recipe)?;
     let mut reporter = Reporter::new(config, engine.world().rank())?;
     let mut reports = Vec::with_capacity(config.steps.saturating_sub(config.start_step));
     let f16 = engine.dims().precision.param_dtype() == DType::F16;
@@ -310,8 +320,9 @@ pub fn fit<B: Rows>(
         drop(ledger);
         hooks.after_backward(step, engine)?;
         let ledger = TransferLedger::start();
+        let lr = config.schedule.lr_at(step, config.lr, config.steps);
         if finite {
-            engine.step(config.lr)?;
+            engine.step(lr)?;
         } else if engine.world().rank() == 0 {
             tracing::info!(
                 "step {step}: a gradient overflowed at loss scale {}; step skipped, scale now {}",
@@ -325,6 +336,7 @@ pub fn fit<B: Rows>(
         let report = StepReport {
             step,
             loss,
+            lr,
             step_ms: seconds * 1e3,
             tokens_per_s: config.tokens_per_step.map(|t| t as f64 / seconds),
             d2h_bytes: moved.total(Direction::DeviceToHost),

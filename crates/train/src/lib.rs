@@ -79,6 +79,7 @@ mod mesh;
 mod optim;
 pub mod parity;
 mod scaler;
+pub mod schedule;
 mod trainer;
 mod wrapper;
 
@@ -92,5 +93,6 @@ pub use launch::Launcher;
 pub use mesh::RankMesh;
 pub use optim::OptimizerKind;
 pub use scaler::{LossScaler, LossScaling};
+pub use schedule::{Decay, LrSchedule};
 pub use trainer::Trainer;
 pub use wrapper::{DpSpec, DpWrapper, OptimizerFactory, Staged, WrapperReport};

@@ -117,6 +117,21 @@ where
     M: ParallelModel + Sync,
     M::Batch: Sync,
 {
+    record_with(model, data, dims, optim, &FitConfig::new(steps, lr))
+}
+
+/// [`record`] with the loop's whole configuration (its steps, peak rate and schedule).
+pub fn record_with<M>(
+    model: &M,
+    data: &(dyn DataSource<M::Batch> + Sync),
+    dims: &ParallelDims,
+    optim: OptimizerKind,
+    config: &FitConfig,
+) -> Result<(Outcome, Vec<RankRecord>), String>
+where
+    M: ParallelModel + Sync,
+    M::Batch: Sync,
+{
     let trainer = Trainer::new(dims.clone(), move || optim.build());
     let first = data.batch(0, &Device::flex().autodiff());
     trainer
@@ -128,12 +143,7 @@ where
             let start = RankRecord::now();
             let mut engine = trainer.build(model.clone(), &pg, &first)?;
             let mut grads = FirstGradients::default();
-            let reports = fit(
-                engine.as_mut(),
-                data,
-                &FitConfig::new(steps, lr),
-                &mut grads,
-            )?;
+            let reports = fit(engine.as_mut(), data, config, &mut grads)?;
             let params = engine.parameters()?;
             let result = Outcome {
                 params: params

@@ -423,6 +423,7 @@ pub fn llama_against_transformers(
         device: device.into(),
         steps: 2,
         lr: 0.5,
+        schedule: Default::default(),
         out: out.join("result.safetensors"),
     };
     harness::run(&args)?;

@@ -7,13 +7,16 @@ use bonfire_layout::ParallelDims;
 use bonfire_models::data::{Batches, TokenBatch};
 use bonfire_parallel::ParallelModel;
 use bonfire_train::checkpoint::{CheckpointConfig, Checkpointer, resume};
-use bonfire_train::{FitConfig, Hooks, Launcher, OptimizerKind, TrainError, Trainer, fit};
+use bonfire_train::{
+    FitConfig, Hooks, Launcher, LrSchedule, OptimizerKind, TrainError, Trainer, fit,
+};
 use std::ops::Range;
 use std::path::Path;
 
 /// One leg: `model` trained under `dims` with `optim` on steps `steps` of `batches` (`rows`
-/// rows each), resumed from the checkpoint in `from` and saving to `save` when given. The
-/// losses of its steps and every parameter (whole, flat) after it.
+/// rows each) at the suites' rate under `schedule` (over the run up to `steps.end`), resumed
+/// from the checkpoint in `from` and saving to `save` when given. The losses of its steps and
+/// every parameter (whole, flat) after it.
 #[allow(clippy::too_many_arguments)]
 pub fn leg<M: ParallelModel<Batch = TokenBatch> + Clone + Send + Sync>(
     model: &M,
@@ -24,12 +27,14 @@ pub fn leg<M: ParallelModel<Batch = TokenBatch> + Clone + Send + Sync>(
     steps: Range<usize>,
     from: Option<&Path>,
     save: Option<&Path>,
+    schedule: LrSchedule,
 ) -> (Vec<f32>, Vec<f32>) {
     let trainer = Trainer::new(dims.clone(), move || optim.build());
     let data = |s: usize, d: &burn::tensor::Device| batches.rows(s, 0, rows, d);
     let first = data(0, &default_device());
     let config = FitConfig {
         start_step: steps.start,
+        schedule,
         ..FitConfig::new(steps.end, super::gpt_lr(optim))
     };
     let out = Launcher::Threads {
@@ -77,7 +82,17 @@ pub fn check_resume<M: ParallelModel<Batch = TokenBatch> + Clone + Send + Sync>(
             std::process::id()
         ));
         let one = ParallelDims::new();
-        let (want_losses, want) = leg(model, batches, rows, &one, optim, 0..steps, None, None);
+        let (want_losses, want) = leg(
+            model,
+            batches,
+            rows,
+            &one,
+            optim,
+            0..steps,
+            None,
+            None,
+            LrSchedule::default(),
+        );
         let (mut losses, _) = leg(
             model,
             batches,
@@ -87,6 +102,7 @@ pub fn check_resume<M: ParallelModel<Batch = TokenBatch> + Clone + Send + Sync>(
             0..saved_at,
             None,
             Some(&dir),
+            LrSchedule::default(),
         );
         let (more, got) = leg(
             model,
@@ -97,6 +113,7 @@ pub fn check_resume<M: ParallelModel<Batch = TokenBatch> + Clone + Send + Sync>(
             saved_at..steps,
             Some(&dir),
             None,
+            LrSchedule::default(),
         );
         std::fs::remove_dir_all(&dir).ok();
         losses.extend(more);

@@ -48,8 +48,8 @@ fn causal_mask_built_on_the_device_is_the_host_one() {
         let want = softmax::causal_mask_values(tq, tk);
         assert_eq!(built.shape(), want.shape(), "[{tq}, {tk}]");
         let (a, b) = (
-            built.to_vec::<f32>().unwrap(),
-            want.to_vec::<f32>().unwrap(),
+            built.try_to_vec::<f32>().unwrap(),
+            want.try_to_vec::<f32>().unwrap(),
         );
         assert_eq!(a, b, "[{tq}, {tk}]");
         assert!(
