@@ -99,6 +99,8 @@ pub struct RankRun {
     pub step_ms: Vec<f64>,
     /// What the rank's data-parallel wrapper recorded over the run.
     pub report: WrapperReport,
+    /// Every step's global loss, in step order.
+    pub losses: Vec<f32>,
 }
 
 /// Where the ranks of a run live.
@@ -157,6 +159,7 @@ pub fn train_at<M: ParallelModel<Batch = TokenBatch> + Sync>(
         Ok::<_, TrainError>(RankRun {
             step_ms: reports.iter().map(|r| r.step_ms).collect(),
             report: engine.wrapper_report(),
+            losses: reports.iter().map(|r| r.loss).collect(),
         })
     };
     let out = match hosts {

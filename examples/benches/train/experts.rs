@@ -158,6 +158,7 @@ pub fn train(
         let run = RankRun {
             step_ms: reports.iter().map(|r| r.step_ms).collect(),
             report: engine.wrapper_report(),
+            losses: reports.iter().map(|r| r.loss).collect(),
         };
         Ok::<_, TrainError>((run, probe.steps))
     };

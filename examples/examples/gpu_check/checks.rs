@@ -168,6 +168,8 @@ pub struct Speed {
     pub step_ms: f64,
     /// Tokens per second at that step time.
     pub tokens_per_s: f64,
+    /// The first and the last step's loss (rank 0's).
+    pub losses: (f32, f32),
 }
 
 /// The bench GPT (SGD, lr 0.01) and the bench Llama (AdamW lr 1e-3, β 0.9/0.95, ε 1e-6,
@@ -214,10 +216,12 @@ fn speed<M: ParallelModel<Batch = TokenBatch> + Sync>(
     let per_rank = throughput::train_at(model, trainer, hosts, schedule, &rows, lr)
         .map_err(|e| format!("{name}: {e}"))?;
     let step_ms = schedule.slowest(&per_rank);
+    let losses = &per_rank[0].losses;
     Ok(Speed {
         model: name,
         step_ms,
         tokens_per_s: (batch * seq) as f64 / (step_ms / 1e3),
+        losses: (losses[0], losses[losses.len() - 1]),
     })
 }
 
@@ -276,10 +280,13 @@ pub fn bench_1b(device: &Device, batch: usize, steps: usize) -> Result<(Speed, u
 
 /// bf16 matrix products of `[m, k] × [k, n]` and `[m, n] × [n, k]` on `device`, timed: a chain
 /// `x ← (x·B)·C` of `reps` links after 3 warm-ups (each product needs the one before, so none
-/// can be skipped or reordered), the host clock read after the device finished (one element
-/// read back); TFLOP/s over both products. Random normal operands, `B` and `C` scaled to keep
-/// `x` near unit size.
-pub fn gemm_tflops(device: &Device, (m, k, n): (usize, usize, usize), reps: usize) -> f64 {
+/// can be skipped or reordered), the host clock read after the device finished (the sum of the
+/// last link read back); TFLOP/s over both products. Random normal operands, `B` and `C`
+/// scaled to keep `x` near unit size. Also the first product's error: a 4 × 4 corner of `x·B`
+/// against dot products on the host (f64 over the same bf16 operands), the largest difference
+/// over `Σ|x_i·b_i|` (bf16's output rounding is about 4e-3 of it; a product not computed is
+/// far off).
+pub fn gemm_tflops(device: &Device, (m, k, n): (usize, usize, usize), reps: usize) -> (f64, f64) {
     use burn::tensor::{DType, Distribution, Tensor};
     let draw = |shape: [usize; 2], std: f64| {
         Tensor::<2>::random(shape, Distribution::Normal(0.0, std), device).cast(DType::BF16)
@@ -289,9 +296,24 @@ pub fn gemm_tflops(device: &Device, (m, k, n): (usize, usize, usize), reps: usiz
         draw([k, n], (k as f64).powf(-0.5)),
         draw([n, k], (n as f64).powf(-0.5)),
     );
+    let host = |t: Tensor<2>| -> Vec<f64> {
+        let v = t.cast(DType::F32).into_data().try_to_vec::<f32>().expect("f32");
+        v.into_iter().map(f64::from).collect()
+    };
+    let corner = host(x.clone().matmul(b.clone()).slice([0..4, 0..4]));
+    let (rows, cols) = (
+        host(x.clone().slice([0..4, 0..k])),
+        host(b.clone().slice([0..k, 0..4])),
+    );
+    let mut error: f64 = 0.0;
+    for i in 0..4 {
+        for j in 0..4 {
+            let terms = (0..k).map(|t| rows[i * k + t] * cols[t * 4 + j]);
+            let (dot, size) = terms.fold((0.0, 0.0), |(d, s), v| (d + v, s + v.abs()));
+            error = error.max((corner[i * 4 + j] - dot).abs() / size.max(f64::MIN_POSITIVE));
+        }
+    }
     let link = |x: Tensor<2>| x.matmul(b.clone()).matmul(c.clone());
-    // The whole of `y` summed and read: a read of one element was seen to let the device skip
-    // work (CubeCL reported 49,502 TFLOP/s on the head's shape).
     let finish = |t: &Tensor<2>| {
         t.clone().sum().into_data();
     };
@@ -306,7 +328,7 @@ pub fn gemm_tflops(device: &Device, (m, k, n): (usize, usize, usize), reps: usiz
     }
     finish(&y);
     let seconds = start.elapsed().as_secs_f64() / reps as f64;
-    4.0 * (m * k * n) as f64 / seconds / 1e12
+    (4.0 * (m * k * n) as f64 / seconds / 1e12, error)
 }
 
 /// Seconds a call of `run` takes: `warm` calls first, then the mean of `reps`, each ended by

@@ -402,15 +402,18 @@ mod gpu {
         let torch = super::pytorch::run(&["gemm", "--reps", "20", "--shapes", &shapes.join(",")]);
         let mut lines = Vec::new();
         for (m, k, n) in GEMMS {
-            let ours = device_checks::gemm_tflops(&device, (m, k, n), 20);
+            let (ours, error) = device_checks::gemm_tflops(&device, (m, k, n), 20);
             let key = format!("gemm m={m} k={k} n={n}");
-            let mut line = format!("{key} cubecl_tflops={ours:.1}");
+            let mut line = format!("{key} cubecl_tflops={ours:.1} cubecl_error={error:.1e}");
             if let Ok(theirs) = &torch {
                 let cublas = super::pytorch::field(theirs, &key, "tflops")?;
                 line += &format!(" cublas_tflops={cublas:.1} ratio={:.3}", ours / cublas);
             }
             eprintln!("{line}"); // as it is measured: a run cut short keeps it in the log
             lines.push(line);
+            if error.is_nan() || error > 1e-2 {
+                return Err(format!("CubeCL's product is wrong: {}", lines.join(" / ")));
+            }
         }
         if let Err(why) = torch {
             lines.push(format!("cublas: not measured ({why})"));
@@ -460,11 +463,13 @@ mod gpu {
         let peak = peak.stop();
         let line = format!(
             "bench-1b engine=bonfire batch={} params={params} step_ms={:.1} tokens_per_s={:.0} \
-             mfu={:.3} peak_device_bytes={peak}",
+             mfu={:.3} peak_device_bytes={peak} loss_first={:.3} loss_last={:.3}",
             cli.batch,
             speed.step_ms,
             speed.tokens_per_s,
-            mfu_1b(params, speed.tokens_per_s)
+            mfu_1b(params, speed.tokens_per_s),
+            speed.losses.0,
+            speed.losses.1
         );
         eprintln!("{line}");
         let mut lines = vec![line];

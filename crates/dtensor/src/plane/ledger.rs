@@ -42,6 +42,8 @@ pub enum Reason {
     /// Expert parallelism's routed token counts (its all-to-alls' sizes) and the indices
     /// built from them.
     Routing,
+    /// Initial parameters drawn on the host from a seed (`bonfire_module::params::seeded`).
+    Init,
 }
 
 impl Reason {
@@ -55,6 +57,7 @@ impl Reason {
             Reason::Checkpoint => "checkpoint",
             Reason::Report => "report",
             Reason::Routing => "routing",
+            Reason::Init => "init",
         }
     }
 }

@@ -9,6 +9,7 @@
 //! own parameters — comes from it, on the host, then goes to the device. Outside [`seeded`],
 //! [`normal`] is Burn's `Tensor::random`.
 
+use bonfire_dtensor::plane::ledger::Reason;
 use burn::module::Module;
 use burn::tensor::{Device, Distribution, Tensor, TensorData};
 use std::cell::RefCell;
@@ -67,7 +68,9 @@ pub fn normal<const D: usize>(
         })
     });
     match values {
-        Some(v) => Tensor::from_data(TensorData::new(v, shape), device),
+        Some(v) => {
+            bonfire_dtensor::plane::from_data(TensorData::new(v, shape), device, Reason::Init)
+        }
         None => Tensor::random(shape, Distribution::Normal(mean, std), device),
     }
 }
