@@ -297,7 +297,11 @@ pub fn gemm_tflops(device: &Device, (m, k, n): (usize, usize, usize), reps: usiz
         draw([n, k], (n as f64).powf(-0.5)),
     );
     let host = |t: Tensor<2>| -> Vec<f64> {
-        let v = t.cast(DType::F32).into_data().try_to_vec::<f32>().expect("f32");
+        let v = t
+            .cast(DType::F32)
+            .into_data()
+            .try_to_vec::<f32>()
+            .expect("f32");
         v.into_iter().map(f64::from).collect()
     };
     let corner = host(x.clone().matmul(b.clone()).slice([0..4, 0..4]));
