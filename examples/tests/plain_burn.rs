@@ -247,6 +247,26 @@ const LAYOUTS: &[(&str, usize, Option<&str>, Option<usize>)] = &[
     ("cp=2", 0, None, None),
 ];
 
+/// [`LAYOUTS`] as layouts.
+fn layouts() -> Vec<bonfire_layout::ParallelDims> {
+    let layouts: Vec<_> = LAYOUTS
+        .iter()
+        .map(|&(mesh, zero, schedule, microbatches)| {
+            LayoutArgs {
+                mesh: Some(mesh.into()),
+                zero,
+                schedule: schedule.map(str::to_string),
+                microbatches,
+                ..LayoutArgs::default()
+            }
+            .dims("dp=1")
+            .unwrap()
+        })
+        .collect();
+    assert!(!layouts.is_empty());
+    layouts
+}
+
 fn check(optim: OptimizerKind) {
     let f = fixture();
     let reference = plain_burn(&f.model, &f.batches, optim, &[common::gpt_lr(optim); STEPS]);
@@ -255,17 +275,7 @@ fn check(optim: OptimizerKind) {
         OptimizerKind::Sgd => common::SGD,
         OptimizerKind::AdamW => common::adamw(common::gpt_lr(optim)),
     };
-    assert!(!LAYOUTS.is_empty());
-    for &(mesh, zero, schedule, microbatches) in LAYOUTS {
-        let dims = LayoutArgs {
-            mesh: Some(mesh.into()),
-            zero,
-            schedule: schedule.map(str::to_string),
-            microbatches,
-            ..LayoutArgs::default()
-        }
-        .dims("dp=1")
-        .unwrap();
+    for dims in layouts() {
         let what = format!("plain Burn vs {dims} {}", optim.name());
         let got = common::train_layout(&f.model, &f.batches, &dims, optim, STEPS);
         assert_eq!(got.losses.len(), STEPS, "{what}: losses");
@@ -319,17 +329,7 @@ fn check_scheduled(optim: OptimizerKind) {
         OptimizerKind::Sgd => common::SGD,
         OptimizerKind::AdamW => common::adamw(lr),
     };
-    assert!(!LAYOUTS.is_empty());
-    for &(mesh, zero, schedule, microbatches) in LAYOUTS {
-        let dims = LayoutArgs {
-            mesh: Some(mesh.into()),
-            zero,
-            schedule: schedule.map(str::to_string),
-            microbatches,
-            ..LayoutArgs::default()
-        }
-        .dims("dp=1")
-        .unwrap();
+    for dims in layouts() {
         let what = format!(
             "plain Burn (scheduled) vs {dims} {} warmup 2 cosine",
             optim.name()
