@@ -455,8 +455,7 @@ mod gpu {
 
     pub fn bench_1b(cli: &Cli) -> Result<Vec<String>, String> {
         // PyTorch first, while this process holds no device memory (the meter reads the GPU).
-        let torch_lines = pytorch_1b(cli);
-        torch_lines.iter().for_each(|l| eprintln!("{l}"));
+        let torch = pytorch_1b(cli);
         let device = bonfire_examples::harness::cuda_device()?.autodiff();
         let peak = super::pytorch::PeakMemory::start();
         let (speed, params) = device_checks::bench_1b(&device, cli.batch, cli.steps.min(5))?;
@@ -473,20 +472,19 @@ mod gpu {
         );
         eprintln!("{line}");
         let mut lines = vec![line];
-        for l in torch_lines {
-            let Some(mode) = l.strip_prefix("bench-1b engine=pytorch-") else {
-                lines.push(l);
-                continue;
-            };
-            let mode = mode.split_whitespace().next().unwrap_or("").to_string();
-            let theirs = super::pytorch::field(&l, "bench-1b", "tokens_per_s")?;
-            lines.push(l);
-            lines.push(format!(
-                "bench compare model=llama-1b a=bonfire b=pytorch-{mode} a_tokens_per_s={:.0} \
-                 b_tokens_per_s={theirs:.0} ratio={:.3}",
-                speed.tokens_per_s,
-                speed.tokens_per_s / theirs
-            ));
+        for (mode, measured) in torch {
+            match measured {
+                Ok((line, theirs)) => {
+                    lines.push(line);
+                    lines.push(format!(
+                        "bench compare model=llama-1b a=bonfire b=pytorch-{mode} \
+                         a_tokens_per_s={:.0} b_tokens_per_s={theirs:.0} ratio={:.3}",
+                        speed.tokens_per_s,
+                        speed.tokens_per_s / theirs
+                    ));
+                }
+                Err(why) => lines.push(format!("pytorch-{mode}: not measured ({why})")),
+            }
         }
         Ok(lines)
     }
@@ -498,134 +496,44 @@ mod gpu {
         tokens_per_s * flops / super::pytorch::H200_BF16_FLOPS
     }
 
-    /// PyTorch's 1 B Llama (eager, and compiled with `--torch-compile`): one line each.
-    fn pytorch_1b(cli: &Cli) -> Vec<String> {
-        let mut lines = Vec::new();
+    /// One PyTorch run: its line and tokens/s, or why it was not measured.
+    type Measured = Result<(String, f64), String>;
+
+    /// PyTorch's 1 B Llama, eager (and compiled with `--torch-compile`): per mode, its line
+    /// (printed as measured) and tokens/s, or why it was not measured.
+    fn pytorch_1b(cli: &Cli) -> Vec<(&'static str, Measured)> {
         let batch = cli.batch.to_string();
         let steps = cli.steps.min(5).to_string();
-        let modes: &[&str] = if cli.torch_compile {
+        let modes: &[&'static str] = if cli.torch_compile {
             &["eager", "compile"]
         } else {
             &["eager"]
         };
-        for mode in modes {
+        let one = |mode: &str| -> Measured {
             let args = [
                 "bench-1b", "--batch", &batch, "--steps", &steps, "--mode", mode,
             ];
             let peak = super::pytorch::PeakMemory::start();
             let out = super::pytorch::run(&args);
             let peak = peak.stop();
-            lines.push(match out {
-                Ok(out) => {
-                    let key = format!("pytorch mode={mode}");
-                    let tokens = super::pytorch::field(&out, &key, "tokens_per_s");
-                    let params = super::pytorch::field(&out, &key, "params");
-                    match (tokens, params) {
-                        (Ok(t), Ok(p)) => format!(
-                            "bench-1b engine=pytorch-{mode} {} mfu={:.3} peak_device_bytes={peak}",
-                            out.trim().trim_start_matches(&key).trim(),
-                            mfu_1b(p as usize, t)
-                        ),
-                        (Err(e), _) | (_, Err(e)) => format!("pytorch-{mode}: not measured ({e})"),
-                    }
-                }
-                Err(why) => format!("pytorch-{mode}: not measured ({why})"),
-            });
-        }
-        lines
-    }
-}
-
-/// PyTorch's side of `gemm`, `attention` and `bench-1b` (the kit's `bin/gpu_bench.py`, run by `python3`
-/// when it imports torch), and the device's peak memory as `nvidia-smi` reads it.
-#[cfg(feature = "cuda")]
-mod pytorch {
-    use std::process::Command;
-    use std::sync::Arc;
-    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-
-    /// The H200's dense bf16 rate by its datasheet (FLOP/s): MFU's denominator.
-    pub const H200_BF16_FLOPS: f64 = 989e12;
-
-    /// `gpu_bench.py` beside the kit's fixtures, else in the source tree.
-    fn script() -> std::path::PathBuf {
-        let kit = std::env::var_os("BONFIRE_GPU_KIT_FIXTURES").map(std::path::PathBuf::from);
-        match kit.map(|f| f.with_file_name("gpu_bench.py")) {
-            Some(p) if p.exists() => p,
-            _ => "examples/python/gpu_bench.py".into(),
-        }
-    }
-
-    /// Runs `gpu_bench.py args`; its output, or why it gave none.
-    pub fn run(args: &[&str]) -> Result<String, String> {
-        let out = Command::new("python3")
-            .arg(script())
-            .args(args)
-            .output()
-            .map_err(|e| format!("python3: {e}"))?;
-        match out.status.success() {
-            true => Ok(String::from_utf8_lossy(&out.stdout).into_owned()),
-            false => {
-                let err = String::from_utf8_lossy(&out.stderr);
-                let tail: Vec<&str> = err.lines().rev().take(3).collect();
-                Err(format!("gpu_bench.py {}: {}", args[0], tail.join(" / ")))
-            }
-        }
-    }
-
-    /// The number `name=` on the line of `out` that starts with `key`.
-    pub fn field(out: &str, key: &str, name: &str) -> Result<f64, String> {
-        let line = out
-            .lines()
-            .find(|l| l.starts_with(key))
-            .ok_or(format!("PyTorch printed no `{key}` line"))?;
-        line.split_whitespace()
-            .find_map(|w| w.strip_prefix(&format!("{name}=")))
-            .and_then(|v| v.parse().ok())
-            .ok_or(format!("PyTorch's `{key}` line has no {name}="))
-    }
-
-    /// The largest `memory.used` of GPU 0 that `nvidia-smi` reports while it runs (every
-    /// 100 ms), in bytes: the same meter for both engines (their allocators' pools included).
-    pub struct PeakMemory {
-        stop: Arc<AtomicBool>,
-        peak: Arc<AtomicU64>,
-        thread: std::thread::JoinHandle<()>,
-    }
-
-    impl PeakMemory {
-        pub fn start() -> Self {
-            let (stop, peak) = (
-                Arc::new(AtomicBool::new(false)),
-                Arc::new(AtomicU64::new(0)),
+            let out = out?;
+            let key = format!("pytorch mode={mode}");
+            let tokens = super::pytorch::field(&out, &key, "tokens_per_s")?;
+            let params = super::pytorch::field(&out, &key, "params")?;
+            let line = format!(
+                "bench-1b engine=pytorch-{mode} {} mfu={:.3} peak_device_bytes={peak}",
+                out.trim().trim_start_matches(&key).trim(),
+                mfu_1b(params as usize, tokens)
             );
-            let (s, p) = (stop.clone(), peak.clone());
-            let thread = std::thread::spawn(move || {
-                while !s.load(Ordering::Relaxed) {
-                    let out = Command::new("nvidia-smi")
-                        .args(["-i", "0", "--query-gpu=memory.used"])
-                        .arg("--format=csv,noheader,nounits")
-                        .output();
-                    let mib = out.ok().and_then(|o| {
-                        String::from_utf8_lossy(&o.stdout)
-                            .trim()
-                            .parse::<u64>()
-                            .ok()
-                    });
-                    p.fetch_max(mib.unwrap_or(0) << 20, Ordering::Relaxed);
-                    std::thread::sleep(std::time::Duration::from_millis(100));
-                }
-            });
-            Self { stop, peak, thread }
-        }
-
-        pub fn stop(self) -> u64 {
-            self.stop.store(true, Ordering::Relaxed);
-            self.thread.join().ok();
-            self.peak.load(Ordering::Relaxed)
-        }
+            eprintln!("{line}");
+            Ok((line, tokens))
+        };
+        modes.iter().map(|&mode| (mode, one(mode))).collect()
     }
 }
+
+#[cfg(feature = "cuda")]
+mod pytorch;
 
 /// A build without the `cuda` feature: every check refuses, saying how to build one with it.
 #[cfg(not(feature = "cuda"))]
