@@ -267,21 +267,40 @@ fn layouts() -> Vec<bonfire_layout::ParallelDims> {
     layouts
 }
 
-fn check(optim: OptimizerKind) {
-    let f = fixture();
-    let reference = plain_burn(&f.model, &f.batches, optim, &[common::gpt_lr(optim); STEPS]);
-    assert_eq!(reference.params.len(), 16 * common::gpt_cfg().n_layers + 5);
-    let tol = match optim {
+/// The suites' tolerance for `optim` at its rate `lr`.
+fn tolerance(optim: OptimizerKind, lr: f64) -> bonfire_comm::testing::Tolerance {
+    match optim {
         OptimizerKind::Sgd => common::SGD,
-        OptimizerKind::AdamW => common::adamw(common::gpt_lr(optim)),
-    };
+        OptimizerKind::AdamW => common::adamw(lr),
+    }
+}
+
+/// Every layout of [`LAYOUTS`] trained by `train` (`steps` steps) equals `reference` within
+/// `tol`; prints how close each came.
+fn every_layout_equals(
+    label: &str,
+    reference: &Outcome,
+    (steps, tol): (usize, bonfire_comm::testing::Tolerance),
+    train: impl Fn(&bonfire_layout::ParallelDims) -> Outcome,
+) {
     for dims in layouts() {
-        let what = format!("plain Burn vs {dims} {}", optim.name());
-        let got = common::train_layout(&f.model, &f.batches, &dims, optim, STEPS);
-        assert_eq!(got.losses.len(), STEPS, "{what}: losses");
-        let closeness = common::assert_same_run(&what, &got, &reference, tol);
+        let what = format!("plain Burn{label} vs {dims}");
+        let got = train(&dims);
+        assert_eq!(got.losses.len(), steps, "{what}: losses");
+        let closeness = common::assert_same_run(&what, &got, reference, tol);
         println!("{what}: {closeness}");
     }
+}
+
+fn check(optim: OptimizerKind) {
+    let f = fixture();
+    let lr = common::gpt_lr(optim);
+    let reference = plain_burn(&f.model, &f.batches, optim, &[lr; STEPS]);
+    assert_eq!(reference.params.len(), 16 * common::gpt_cfg().n_layers + 5);
+    let label = format!(" {}", optim.name());
+    every_layout_equals(&label, &reference, (STEPS, tolerance(optim, lr)), |dims| {
+        common::train_layout(&f.model, &f.batches, dims, optim, STEPS)
+    });
 }
 
 #[test]
@@ -310,36 +329,36 @@ fn contract_rates(lr: f64) -> Vec<f64> {
     vec![lr / 2.0, lr, cosine(0.0), cosine(0.5)]
 }
 
-fn check_scheduled(optim: OptimizerKind) {
+/// The scheduled runs' batches: `SCHEDULED` global batches of `ROWS` (seed 9).
+fn scheduled_batches() -> &'static Batches {
     static BATCHES: OnceLock<Batches> = OnceLock::new();
-    let batches =
-        BATCHES.get_or_init(|| common::random_batches(&common::gpt_cfg(), SCHEDULED, ROWS, 9));
-    let model = &fixture().model;
+    BATCHES.get_or_init(|| common::random_batches(&common::gpt_cfg(), SCHEDULED, ROWS, 9))
+}
+
+/// Warmup 2, then cosine decay to `lr`/10 (Bonfire's side of [`contract_rates`]).
+fn schedule(lr: f64) -> bonfire_train::LrSchedule {
+    bonfire_train::LrSchedule {
+        warmup: 2,
+        decay: bonfire_train::Decay::Cosine,
+        min_lr: lr / 10.0,
+    }
+}
+
+fn check_scheduled(optim: OptimizerKind) {
+    let (model, batches) = (&fixture().model, scheduled_batches());
     let lr = common::gpt_lr(optim);
     let reference = plain_burn(model, batches, optim, &contract_rates(lr));
     let config = bonfire_train::FitConfig {
-        schedule: bonfire_train::LrSchedule {
-            warmup: 2,
-            decay: bonfire_train::Decay::Cosine,
-            min_lr: lr / 10.0,
-        },
+        schedule: schedule(lr),
         ..bonfire_train::FitConfig::new(SCHEDULED, lr)
     };
-    let tol = match optim {
-        OptimizerKind::Sgd => common::SGD,
-        OptimizerKind::AdamW => common::adamw(lr),
-    };
-    for dims in layouts() {
-        let what = format!(
-            "plain Burn (scheduled) vs {dims} {} warmup 2 cosine",
-            optim.name()
-        );
-        let (got, _) = bonfire_examples::harness::train_with(model, batches, &dims, optim, &config)
-            .unwrap_or_else(|e| panic!("{what}: {e}"));
-        assert_eq!(got.losses.len(), SCHEDULED, "{what}: losses");
-        let closeness = common::assert_same_run(&what, &got, &reference, tol);
-        println!("{what}: {closeness}");
-    }
+    let label = format!(" (scheduled) {} warmup 2 cosine", optim.name());
+    let tol = tolerance(optim, lr);
+    every_layout_equals(&label, &reference, (SCHEDULED, tol), |dims| {
+        bonfire_examples::harness::train_with(model, batches, dims, optim, &config)
+            .unwrap_or_else(|e| panic!("{dims}{label}: {e}"))
+            .0
+    });
 }
 
 #[test]
@@ -358,11 +377,6 @@ fn adamw_layouts_follow_the_schedule_as_plain_burn() {
 /// the resume would train step 2 at lr/2).
 #[test]
 fn a_resumed_run_continues_the_schedule() {
-    use common::resume::leg;
-    static BATCHES: OnceLock<Batches> = OnceLock::new();
-    let batches =
-        BATCHES.get_or_init(|| common::random_batches(&common::gpt_cfg(), SCHEDULED, ROWS, 9));
-    let model = &fixture().model;
     let layout = |mesh: &str, zero| {
         LayoutArgs {
             zero,
@@ -371,62 +385,15 @@ fn a_resumed_run_continues_the_schedule() {
         .dims("dp=1")
         .unwrap()
     };
-    for optim in [OptimizerKind::Sgd, OptimizerKind::AdamW] {
-        let lr = common::gpt_lr(optim);
-        let schedule = bonfire_train::LrSchedule {
-            warmup: 2,
-            decay: bonfire_train::Decay::Cosine,
-            min_lr: lr / 10.0,
-        };
-        let dir = std::env::temp_dir().join(format!(
-            "bonfire-schedule-resume-{}-{}",
-            optim.name(),
-            std::process::id()
-        ));
-        let one = layout("dp=1", 0);
-        let (want_losses, want) = leg(
-            model,
-            batches,
-            ROWS,
-            &one,
-            optim,
-            0..SCHEDULED,
-            None,
-            None,
-            schedule,
-        );
-        let (mut losses, _) = leg(
-            model,
-            batches,
-            ROWS,
-            &layout("dp=2", 1),
-            optim,
-            0..2,
-            None,
-            Some(&dir),
-            schedule,
-        );
-        let (more, got) = leg(
-            model,
-            batches,
-            ROWS,
-            &layout("tp=2", 0),
-            optim,
-            2..SCHEDULED,
-            Some(&dir),
-            None,
-            schedule,
-        );
-        std::fs::remove_dir_all(&dir).ok();
-        losses.extend(more);
-        let tol = match optim {
-            OptimizerKind::Sgd => common::SGD,
-            OptimizerKind::AdamW => common::adamw(lr),
-        };
-        let what = format!("scheduled {} resumed dp=2 zero=1 -> tp=2", optim.name());
-        bonfire_comm::testing::assert_close(&format!("{what}: losses"), &losses, &want_losses, tol);
-        let closeness =
-            bonfire_comm::testing::assert_close(&format!("{what}: parameters"), &got, &want, tol);
-        println!("{what}: {closeness}");
-    }
+    let adamw = common::adamw(common::gpt_lr(OptimizerKind::AdamW));
+    common::resume::check_resume_scheduled(
+        "schedule",
+        &fixture().model,
+        scheduled_batches(),
+        ROWS,
+        (&layout("dp=2", 1), &layout("tp=2", 0)),
+        (SCHEDULED, 2),
+        adamw,
+        schedule,
+    );
 }

@@ -70,12 +70,32 @@ pub fn check_resume<M: ParallelModel<Batch = TokenBatch> + Clone + Send + Sync>(
     model: &M,
     batches: &Batches,
     rows: usize,
-    (a, b): (&ParallelDims, &ParallelDims),
+    layouts: (&ParallelDims, &ParallelDims),
     steps: usize,
     saved_at: usize,
     adamw: Tolerance,
 ) {
+    let at = (steps, saved_at);
+    check_resume_scheduled(name, model, batches, rows, layouts, at, adamw, |_| {
+        LrSchedule::default()
+    });
+}
+
+/// [`check_resume`] with every leg's learning rate under `schedule(lr)` (`lr` the suites'
+/// rate of each optimizer) over the whole run: the resumed legs continue it.
+#[allow(clippy::too_many_arguments)]
+pub fn check_resume_scheduled<M: ParallelModel<Batch = TokenBatch> + Clone + Send + Sync>(
+    name: &str,
+    model: &M,
+    batches: &Batches,
+    rows: usize,
+    (a, b): (&ParallelDims, &ParallelDims),
+    (steps, saved_at): (usize, usize),
+    adamw: Tolerance,
+    schedule: impl Fn(f64) -> LrSchedule,
+) {
     for optim in [OptimizerKind::Sgd, OptimizerKind::AdamW] {
+        let schedule = schedule(super::gpt_lr(optim));
         let dir = std::env::temp_dir().join(format!(
             "bonfire-{name}-resume-{}-{}",
             optim.name(),
@@ -91,7 +111,7 @@ pub fn check_resume<M: ParallelModel<Batch = TokenBatch> + Clone + Send + Sync>(
             0..steps,
             None,
             None,
-            LrSchedule::default(),
+            schedule,
         );
         let (mut losses, _) = leg(
             model,
@@ -102,7 +122,7 @@ pub fn check_resume<M: ParallelModel<Batch = TokenBatch> + Clone + Send + Sync>(
             0..saved_at,
             None,
             Some(&dir),
-            LrSchedule::default(),
+            schedule,
         );
         let (more, got) = leg(
             model,
@@ -113,7 +133,7 @@ pub fn check_resume<M: ParallelModel<Batch = TokenBatch> + Clone + Send + Sync>(
             saved_at..steps,
             Some(&dir),
             None,
-            LrSchedule::default(),
+            schedule,
         );
         std::fs::remove_dir_all(&dir).ok();
         losses.extend(more);
