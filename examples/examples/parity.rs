@@ -43,9 +43,10 @@ struct Cli {
     /// Learning rate (the peak of a schedule).
     #[arg(long)]
     lr: f64,
-    /// The learning rate's warmup and decay (the contract's "training recipe").
+    /// The training recipe: warmup and decay, AdamW's settings, clipping by the global norm,
+    /// gradient accumulation (the contract's "training recipe").
     #[command(flatten)]
-    schedule: bonfire_examples::cli::ScheduleArgs,
+    recipe: bonfire_examples::cli::RecipeArgs,
     /// Where to write the result (parameters, grad0.<name>, loss).
     #[arg(long)]
     out: PathBuf,
@@ -69,7 +70,7 @@ pub fn main_with(args: impl IntoIterator<Item = std::ffi::OsString>) -> ExitCode
             device: cli.device.clone(),
             steps: cli.steps,
             lr: cli.lr,
-            schedule: cli.schedule.schedule()?,
+            recipe: cli.recipe.clone(),
             out: cli.out.clone(),
         };
         let result = harness::run(&args)?;

@@ -62,8 +62,8 @@ use bonfire_module::params::{self, ParamValues};
 use bonfire_parallel::{DataSource, ParallelModel, ParameterSource};
 use bonfire_train::checkpoint::{Checkpoint, Checkpointer, load_parameters, resume};
 use bonfire_train::{
-    Engine, Evaluation, FaultTolerance, Launcher, OptimizerKind, TrainError, Trainer, fault, fit,
-    fit_fault_tolerant,
+    Engine, Evaluation, FaultTolerance, Launcher, OptimizerKind, OptimizerSpec, TrainError,
+    Trainer, fault, fit, fit_fault_tolerant,
 };
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use clap::Parser;
@@ -225,7 +225,7 @@ impl Cli {
 struct Job {
     cli: Cli,
     dims: ParallelDims,
-    optim: OptimizerKind,
+    optim: OptimizerSpec,
     launcher: Launcher,
     tolerance: Option<FaultTolerance>,
     data: TrainData,
@@ -380,7 +380,9 @@ impl Job {
         tokenizer: Option<&bonfire_data::Tokenizer>,
         weights_dir: Option<&Path>,
     ) -> Self {
-        let optim = OptimizerKind::parse(&cli.run.optim).unwrap_or_else(|e| fail(e));
+        let optim = OptimizerKind::parse(&cli.run.optim)
+            .and_then(|kind| cli.run.recipe.optimizer(kind))
+            .unwrap_or_else(|e| fail(e));
         let launcher =
             Launcher::parse(&cli.run.launcher, dims.world_size()).unwrap_or_else(|e| fail(e));
         let tolerance = cli
@@ -410,9 +412,9 @@ impl Job {
             seed: cli.run.seed,
             seq: cli.run.seq,
             global_rows: rows,
-            optim: optim.name().into(),
+            optim: optim.kind.name().into(),
             lr: cli.run.lr,
-            schedule: cli.run.schedule.schedule().unwrap_or_else(|e| fail(e)),
+            schedule: cli.run.recipe.schedule().unwrap_or_else(|e| fail(e)),
             data: data.label(),
         };
         let resumed = cli.ckpt.resume.as_ref().map(|path| {
@@ -461,8 +463,7 @@ impl Job {
         M: ParallelModel<Batch = TokenBatch> + Sync,
     {
         let dims = &self.dims;
-        let optim = self.optim;
-        let trainer = Trainer::new(dims.clone(), move || optim.build());
+        let trainer = Trainer::with_optimizer(dims.clone(), self.optim);
         let first = self.data.batch(0, &self.device);
         trainer
             .check(&model, dims.world_size(), &first)
@@ -601,7 +602,7 @@ impl Job {
             self.dims,
             run.global_rows,
             cli.run.seq,
-            self.optim.name(),
+            self.optim.kind.name(),
             cli.run.steps,
             cli.run.lr,
             run.data

@@ -116,9 +116,9 @@ pub struct RunArgs {
     /// Learning rate (the peak of a schedule).
     #[arg(long, default_value_t = 3e-3)]
     pub lr: f64,
-    /// The learning rate's warmup and decay.
+    /// The training recipe: warmup and decay, AdamW's settings, clipping, accumulation.
     #[command(flatten)]
-    pub schedule: ScheduleArgs,
+    pub recipe: RecipeArgs,
     /// Optimizer steps: the run's total (a resumed run goes on up to it).
     #[arg(long, default_value_t = 300)]
     pub steps: usize,
@@ -157,23 +157,27 @@ impl RunArgs {
         rows: usize,
         checkpoint_every: Option<usize>,
     ) -> bonfire_train::FitConfig {
-        bonfire_train::FitConfig {
+        let config = bonfire_train::FitConfig {
             start_step,
             tokens_per_step: Some(rows * self.seq),
             progress: true,
             log_every: self.log_every,
             metrics: self.metrics.clone(),
             checkpoint_every,
-            schedule: self.schedule.schedule().unwrap_or_else(|e| fail(e)),
+            grad_norm: true,
             ..bonfire_train::FitConfig::new(self.steps.max(start_step), self.lr)
-        }
+        };
+        self.recipe.fit(config).unwrap_or_else(|e| fail(e))
     }
 }
 
-/// The learning rate's schedule on a command line (`train` and the parity harness): the
-/// contract's `--lr-warmup`, `--lr-decay`, `--lr-min` ([`bonfire_train::LrSchedule`]).
-#[derive(Debug, Clone, Default, clap::Args)]
-pub struct ScheduleArgs {
+/// The training recipe on a command line (`train` and the parity harness), the contract's
+/// "training recipe": the learning rate's schedule (`--lr-warmup`, `--lr-decay`,
+/// `--lr-min`: [`bonfire_train::LrSchedule`]), AdamW's settings (`--adamw-betas`,
+/// `--adamw-eps`, `--weight-decay`, `--no-decay-1d`), clipping by the global norm
+/// (`--clip-grad-norm`) and gradient accumulation (`--grad-accum`).
+#[derive(Debug, Clone, clap::Args)]
+pub struct RecipeArgs {
     /// Steps of linear warmup: step s < W trains at lr·(s+1)/W.
     #[arg(long, default_value_t = 0)]
     pub lr_warmup: usize,
@@ -183,15 +187,85 @@ pub struct ScheduleArgs {
     /// The rate a decay ends at.
     #[arg(long, default_value_t = 0.0)]
     pub lr_min: f64,
+    /// AdamW's β1,β2.
+    #[arg(long, default_value = "0.9,0.95", value_name = "B1,B2")]
+    pub adamw_betas: String,
+    /// AdamW's ε.
+    #[arg(long, default_value_t = 1e-6)]
+    pub adamw_eps: f32,
+    /// AdamW's decoupled weight decay.
+    #[arg(long, default_value_t = 0.1)]
+    pub weight_decay: f32,
+    /// Weight decay only on parameters of two or more dimensions (norm weights and biases
+    /// undecayed: PyTorch's two parameter groups).
+    #[arg(long)]
+    pub no_decay_1d: bool,
+    /// Clip the gradients by their global L2 norm to this before each optimizer step.
+    #[arg(long, value_name = "C")]
+    pub clip_grad_norm: Option<f64>,
+    /// Gradient accumulation: each replica's rows of a step in K equal parts, forward and
+    /// backward one at a time, gradients reduced once.
+    #[arg(long, default_value_t = 1, value_name = "K")]
+    pub grad_accum: usize,
 }
 
-impl ScheduleArgs {
+impl Default for RecipeArgs {
+    fn default() -> Self {
+        <Self as clap::FromArgMatches>::from_arg_matches(
+            &<Self as clap::Args>::augment_args(clap::Command::new("recipe"))
+                .get_matches_from(["recipe"]),
+        )
+        .expect("the defaults parse")
+    }
+}
+
+impl RecipeArgs {
     /// The schedule these flags name (`Err` for an unknown decay).
     pub fn schedule(&self) -> Result<bonfire_train::LrSchedule, String> {
         Ok(bonfire_train::LrSchedule {
             warmup: self.lr_warmup,
             decay: bonfire_train::Decay::parse(&self.lr_decay)?,
             min_lr: self.lr_min,
+        })
+    }
+
+    /// The optimizer `kind` with these settings (`Err` for settings AdamW refuses).
+    pub fn optimizer(
+        &self,
+        kind: bonfire_train::OptimizerKind,
+    ) -> Result<bonfire_train::OptimizerSpec, String> {
+        let betas: Vec<f32> = self
+            .adamw_betas
+            .split(',')
+            .map(|b| b.trim().parse::<f32>())
+            .collect::<Result<_, _>>()
+            .map_err(|e| format!("--adamw-betas {}: {e}", self.adamw_betas))?;
+        let [b1, b2] = betas[..] else {
+            return Err(format!(
+                "--adamw-betas {}: expected two numbers, B1,B2",
+                self.adamw_betas
+            ));
+        };
+        let adamw = bonfire_train::AdamWSettings {
+            betas: (b1, b2),
+            epsilon: self.adamw_eps,
+            weight_decay: self.weight_decay,
+            no_decay_1d: self.no_decay_1d,
+        };
+        adamw.check()?;
+        Ok(bonfire_train::OptimizerSpec { kind, adamw })
+    }
+
+    /// `config` with this recipe's schedule, clipping and accumulation.
+    pub fn fit(
+        &self,
+        config: bonfire_train::FitConfig,
+    ) -> Result<bonfire_train::FitConfig, String> {
+        Ok(bonfire_train::FitConfig {
+            schedule: self.schedule()?,
+            clip_grad_norm: self.clip_grad_norm,
+            grad_accum: self.grad_accum,
+            ..config
         })
     }
 }

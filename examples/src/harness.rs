@@ -14,8 +14,8 @@ use bonfire_models::mixtral::Mixtral;
 use bonfire_models::tensor_file::{self, HostTensor};
 use bonfire_models::weights;
 use bonfire_parallel::ParallelModel;
-use bonfire_train::OptimizerKind;
 use bonfire_train::parity::{self, Outcome, RankRecord};
+use bonfire_train::{OptimizerKind, OptimizerSpec};
 use burn::tensor::Device;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -31,7 +31,7 @@ pub struct HarnessArgs {
     pub data: PathBuf,
     /// The parallel layout to train under.
     pub dims: ParallelDims,
-    /// The optimizer (SGD or AdamW).
+    /// The optimizer (SGD or AdamW; AdamW's settings are the recipe's).
     pub optim: OptimizerKind,
     /// The Burn device every rank computes on (`flex` or `wgpu`).
     pub device: String,
@@ -39,8 +39,8 @@ pub struct HarnessArgs {
     pub steps: usize,
     /// The peak learning rate.
     pub lr: f64,
-    /// The learning rate's schedule around it (warmup, decay).
-    pub schedule: bonfire_train::LrSchedule,
+    /// The training recipe: the rate's schedule, AdamW's settings, clipping, accumulation.
+    pub recipe: crate::cli::RecipeArgs,
     /// The safetensors file the result is written to.
     pub out: PathBuf,
 }
@@ -106,11 +106,11 @@ pub fn run(args: &HarnessArgs) -> Result<Outcome, String> {
             batches.steps()
         ));
     }
-    let (dims, optim) = (&args.dims, args.optim);
-    let config = bonfire_train::FitConfig {
-        schedule: args.schedule,
-        ..bonfire_train::FitConfig::new(args.steps, args.lr)
-    };
+    let dims = &args.dims;
+    let optim = args.recipe.optimizer(args.optim)?;
+    let config = args
+        .recipe
+        .fit(bonfire_train::FitConfig::new(args.steps, args.lr))?;
     let result = match &cfg {
         ModelConfig::Gpt(c) => {
             let model = weights::load(Gpt::new(c, &device), &args.weights)?;
@@ -161,7 +161,7 @@ pub fn train_with<M: ParallelModel<Batch = TokenBatch> + Sync>(
     model: &M,
     batches: &data::Batches,
     dims: &ParallelDims,
-    optim: OptimizerKind,
+    optim: impl Into<OptimizerSpec>,
     config: &bonfire_train::FitConfig,
 ) -> Result<(Outcome, Vec<RankRecord>), String> {
     let data = |s: usize, device: &Device| batches.rows(s, 0, batches.batch, device);

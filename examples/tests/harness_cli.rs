@@ -58,7 +58,7 @@ fn args(dir: &Path, layout: LayoutArgs, optim: OptimizerKind) -> Result<HarnessA
         device: "flex".into(),
         steps: 3,
         lr: 0.01,
-        schedule: Default::default(),
+        recipe: Default::default(),
         out: dir.join(format!("result-{name}.safetensors")),
     })
 }

@@ -34,7 +34,6 @@ use bonfire_models::data;
 use bonfire_models::mixtral::{Mixtral, MixtralConfig, balance, pretrained as moe_pretrained};
 use bonfire_models::pretrained;
 use bonfire_models::tensor_file::{self, F32Tensors};
-use bonfire_models::weights;
 use bonfire_train::OptimizerKind;
 use std::path::PathBuf;
 use std::sync::OnceLock;
@@ -54,8 +53,7 @@ fn config() -> MixtralConfig {
 }
 
 fn fixture_model() -> Mixtral {
-    let m = Mixtral::new(&config(), &default_device());
-    weights::load(m, fixture_dir().join("state_dict.safetensors")).unwrap()
+    common::mixtral_fixture()
 }
 
 fn flat(m: &Mixtral) -> Vec<f32> {
@@ -428,7 +426,7 @@ fn the_harness_trains_a_mixtral_checkpoint() {
             device: "flex".into(),
             steps: 2,
             lr: 0.5,
-            schedule: Default::default(),
+            recipe: Default::default(),
             out: out.join("result.safetensors"),
         };
         harness::run(&args).unwrap();

@@ -49,6 +49,10 @@ pub struct DdpConfig {
     /// Mixed precision: the replica computes in the param dtype, gradients are all-reduced
     /// in the reduce dtype, the optimizer steps an fp32 master.
     pub precision: bonfire_layout::MixedPrecision,
+    /// Weight decay applied by the wrapper to the parameters of two or more dimensions only,
+    /// before Burn's step (whose optimizer then decays nothing): PyTorch's AdamW with two
+    /// parameter groups. `None`: the optimizer's own decay, on every parameter.
+    pub decay: Option<bonfire_module::DecaySplit>,
 }
 
 impl Default for DdpConfig {
@@ -70,11 +74,17 @@ impl DdpConfig {
             record_timings: false,
             report_no_layers: true,
             precision: bonfire_layout::MixedPrecision::f32(),
+            decay: None,
         }
     }
     /// Sets the mixed-precision policy ([`DdpConfig::precision`]).
     pub fn with_precision(mut self, precision: bonfire_layout::MixedPrecision) -> Self {
         self.precision = precision;
+        self
+    }
+    /// Sets the weight decay kept off 1-d parameters ([`DdpConfig::decay`]).
+    pub fn with_decay(mut self, decay: Option<bonfire_module::DecaySplit>) -> Self {
+        self.decay = decay;
         self
     }
     /// Bucket capacity in MiB.

@@ -425,6 +425,10 @@ impl<M: Module> DataParallel<M> for DistributedDataParallel<M> {
         })?;
         let model = self.model.take().expect("model");
         let model = self.master.take().unwrap_or(model);
+        let model = match self.config.decay {
+            Some(split) => split.apply_module(lr, model, &self.infos),
+            None => model,
+        };
         let model = self.optim.step(lr, model, grads);
         self.steps += 1;
         let model = match self.config.sync {
@@ -462,6 +466,47 @@ impl<M: Module> DataParallel<M> for DistributedDataParallel<M> {
             .collect();
         self.set_grads(buckets);
         Ok(finite)
+    }
+
+    /// Every rank holds the averaged gradient: a parameter's terms are divided by the group's
+    /// size (an expert's by its replicas'). Gradients that are not averaged every step (local
+    /// SGD) have no global norm: refused.
+    fn gradient_square_sum(&self, weights: &[f32]) -> Result<Option<Tensor<1>>, DdpError> {
+        if self.config.sync != SyncMode::EveryStep {
+            return Err(DdpError::Usage(
+                "local SGD does not average gradients every step: they have no global norm to \
+                 clip by"
+                    .to_string(),
+            ));
+        }
+        let Some(buckets) = &self.last_buckets else {
+            return Ok(None);
+        };
+        let copies = |i: usize| match &self.experts {
+            Some(x) if x.contains(&self.infos[i].id) => x.replicas.size(),
+            _ => self.pg.size(),
+        };
+        let mut sum: Option<Tensor<1>> = None;
+        for (b, bucket) in buckets.iter().enumerate() {
+            let mut pieces: Vec<(std::ops::Range<usize>, f32)> = (0..self.infos.len())
+                .filter(|&i| self.plan.loc[i].0 == b)
+                .map(|i| {
+                    let off = self.plan.loc[i].1;
+                    (
+                        off..off + self.infos[i].numel(),
+                        weights[i] / copies(i) as f32,
+                    )
+                })
+                .collect();
+            pieces.sort_by_key(|(r, _)| r.start);
+            if let Some(s) = bonfire_module::weighted_square_sum(bucket, pieces) {
+                sum = Some(match sum {
+                    Some(t) => t + s,
+                    None => s,
+                });
+            }
+        }
+        Ok(sum)
     }
 
     /// The gradient of each parameter from the last backward (averaged over the group when

@@ -35,6 +35,7 @@ use bonfire_dtensor::plane::{self, ledger::Reason};
 use burn::module::{Module, ParamId};
 use burn::tensor::{Gradients, Tensor};
 use std::collections::HashSet;
+use std::ops::Range;
 
 /// Parameters that only part of a data-parallel group holds — expert parallelism's experts
 /// (`bonfire-ep` builds this): each rank holds its own slice of them, and the ranks that hold
@@ -106,6 +107,14 @@ pub trait DataParallel<M: Module> {
     /// skipping. No communication.
     fn unscale_gradients(&mut self, factor: f32) -> Result<bool, Self::Error>;
 
+    /// Σ `weights[k]`·|g_k|² over the gradient elements this rank holds after the last
+    /// reduction (k: the wrapper's parameters, in module order), each element's term divided
+    /// by how many ranks of the wrapper's groups (its group, an expert's replicas, HSDP's
+    /// replicas) hold that same element — so that the sum of this over those ranks counts
+    /// every element once: the square of the global gradient norm, for clipping. On the
+    /// device, no communication; `None` where this rank holds no gradient.
+    fn gradient_square_sum(&self, weights: &[f32]) -> Result<Option<Tensor<1>>, Self::Error>;
+
     /// [`forward`](Self::forward) with `loss_fn`, [`backward`](Self::backward),
     /// [`step`](Self::step); returns this rank's loss.
     fn train_step(
@@ -151,4 +160,33 @@ pub fn scale_and_check(tensor: Tensor<1>, factor: f32) -> (Tensor<1>, bool) {
         .cast(burn::tensor::DType::F32);
     let probe = plane::to_host(probe, Reason::Report)[0];
     (tensor, probe == 0.0)
+}
+
+/// Σ weight·|g|² over `pieces` of the flat `grads` — (a range of it, its weight), in order and
+/// disjoint — in f32 on the device: one slice per run of consecutive ranges of one weight.
+/// `None` without a piece.
+pub fn weighted_square_sum(
+    grads: &Tensor<1>,
+    pieces: impl IntoIterator<Item = (Range<usize>, f32)>,
+) -> Option<Tensor<1>> {
+    let mut runs: Vec<(Range<usize>, f32)> = Vec::new();
+    for (r, w) in pieces {
+        if r.is_empty() || w == 0.0 {
+            continue;
+        }
+        match runs.last_mut() {
+            Some((last, lw)) if last.end == r.start && *lw == w => last.end = r.end,
+            _ => runs.push((r, w)),
+        }
+    }
+    runs.into_iter()
+        .map(|(r, w)| {
+            let g = grads
+                .clone()
+                .narrow(0, r.start, r.len())
+                .cast(burn::tensor::DType::F32);
+            let s = g.clone().mul(g).sum();
+            if w == 1.0 { s } else { s.mul_scalar(w) }
+        })
+        .reduce(|a, b| a + b)
 }

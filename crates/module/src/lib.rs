@@ -16,19 +16,22 @@
 //!   what the layers really ran in ([`precision::observe`]).
 //! - [`DataParallel`]: the one interface of the engines that hold a whole replica of it (DDP,
 //!   ZeRO 0–3), and [`Subgroup`]: parameters only part of their group holds (expert
-//!   parallelism's experts), which they reduce over their own replicas.
+//!   parallelism's experts), which they reduce over their own replicas; [`DecaySplit`]: the
+//!   weight decay kept off 1-d parameters that every wrapper applies alike.
 //!
 //! Every item acts on an ordinary Burn `Module`: a model written for Burn needs nothing of
 //! this crate but, for the engines that work layer by layer, its [`layer`] calls.
 
 mod data_parallel;
+mod decay;
 pub mod graph;
 mod layer;
 pub mod params;
 pub mod precision;
 pub mod weight_grad;
 
-pub use data_parallel::{DataParallel, Subgroup, scale_and_check};
+pub use data_parallel::{DataParallel, Subgroup, scale_and_check, weighted_square_sum};
+pub use decay::DecaySplit;
 pub use layer::{
     LayerHook, LayerHookGuard, LayerInput, install_layer_hook, layer, without_layer_hooks,
 };

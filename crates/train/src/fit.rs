@@ -27,6 +27,10 @@ pub struct StepReport {
     pub loss: f32,
     /// The learning rate the step's update used (its schedule's value at this step).
     pub lr: f64,
+    /// The global L2 norm of the step's gradients before clipping (with clipping or
+    /// [`FitConfig::grad_norm`]; not on a step skipped for an overflow).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub grad_norm: Option<f64>,
     /// Wall time of the step (data, forward, backward, optimizer), in milliseconds.
     pub step_ms: f64,
     /// Tokens of the global batch per second of this step (when the loop knows the tokens
@@ -51,7 +55,7 @@ pub struct StepReport {
 /// Called by the loop at fixed points of each step (collectives inside are fine: every rank
 /// calls its hooks at the same points).
 pub trait Hooks<B> {
-    /// After backward, before the optimizer step (gradients are whole via
+    /// After backward, before clipping and the optimizer step (gradients are whole via
     /// [`Engine::gradients`]).
     fn after_backward(
         &mut self,
@@ -177,6 +181,14 @@ pub struct FitConfig {
     /// Dynamic loss scaling (`None`: on with the defaults when the layout computes in f16,
     /// off otherwise).
     pub loss_scaling: Option<LossScaling>,
+    /// Clip the gradients by their global L2 norm to this (`clip_grad_norm_`'s `max_norm`)
+    /// after they are complete, before the optimizer.
+    pub clip_grad_norm: Option<f64>,
+    /// Measure and report the global gradient norm even without clipping.
+    pub grad_norm: bool,
+    /// Gradient accumulation: each replica's rows in this many equal parts, forward and
+    /// backward one at a time, reduced once (1: none).
+    pub grad_accum: usize,
 }
 
 impl FitConfig {
@@ -193,7 +205,30 @@ impl FitConfig {
             metrics: None,
             checkpoint_every: None,
             loss_scaling: None,
+            clip_grad_norm: None,
+            grad_norm: false,
+            grad_accum: 1,
         }
+    }
+}
+
+impl FitConfig {
+    /// Refuses a clipping norm that is not a positive number and zero accumulation parts,
+    /// before anything runs.
+    fn check_recipe(&self) -> Result<(), TrainError> {
+        if let Some(c) = self.clip_grad_norm
+            && !(c.is_finite() && c > 0.0)
+        {
+            return Err(TrainError::Recipe(format!(
+                "--clip-grad-norm {c}: expected a positive number"
+            )));
+        }
+        if self.grad_accum == 0 {
+            return Err(TrainError::Recipe(
+                "--grad-accum 0: expected at least 1 part".into(),
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -262,8 +297,12 @@ impl Reporter {
             bar.inc(1);
         }
         if self.log_every > 0 && (r.step % self.log_every == 0 || last) {
+            let norm = r
+                .grad_norm
+                .map(|n| format!("  grad_norm {n:.3}"))
+                .unwrap_or_default();
             let line = format!(
-                "step {:>5}  loss {:.4}  lr {:.3e}{tps}  {:.1} ms",
+                "step {:>5}  loss {:.4}  lr {:.3e}{norm}{tps}  {:.1} ms",
                 r.step, r.loss, r.lr, r.step_ms
             );
             match &self.bar {
@@ -293,6 +332,8 @@ pub fn fit<B: Rows>(
         .schedule
         .check(config.lr, config.steps)
         .map_err(TrainError::Recipe)?;
+    config.check_recipe()?;
+    engine.set_grad_accum(config.grad_accum);
     let mut reporter = Reporter::new(config, engine.world().rank())?;
     let mut reports = Vec::with_capacity(config.steps.saturating_sub(config.start_step));
     let f16 = engine.dims().precision.param_dtype() == DType::F16;
@@ -320,6 +361,11 @@ pub fn fit<B: Rows>(
         drop(ledger);
         hooks.after_backward(step, engine)?;
         let ledger = TransferLedger::start();
+        let measure = config.clip_grad_norm.is_some() || config.grad_norm;
+        let grad_norm = match finite && measure {
+            true => Some(engine.clip_gradients(config.clip_grad_norm)?),
+            false => None,
+        };
         let lr = config.schedule.lr_at(step, config.lr, config.steps);
         if finite {
             engine.step(lr)?;
@@ -337,6 +383,7 @@ pub fn fit<B: Rows>(
             step,
             loss,
             lr,
+            grad_norm,
             step_ms: seconds * 1e3,
             tokens_per_s: config.tokens_per_step.map(|t| t as f64 / seconds),
             d2h_bytes: moved.total(Direction::DeviceToHost),

@@ -91,7 +91,7 @@ pub use fault::{FaultTolerance, KillAt, fit_fault_tolerant};
 pub use fit::{FitConfig, Hooks, StepReport, fit};
 pub use launch::Launcher;
 pub use mesh::RankMesh;
-pub use optim::OptimizerKind;
+pub use optim::{AdamWSettings, OptimizerKind, OptimizerSpec};
 pub use scaler::{LossScaler, LossScaling};
 pub use schedule::{Decay, LrSchedule};
 pub use trainer::Trainer;

@@ -32,6 +32,9 @@ pub struct RankMesh {
     pub(crate) device: Device,
     /// The loss scale of the next forward/backward (dynamic loss scaling).
     pub(crate) loss_scale: f32,
+    /// Gradient accumulation: the parts each replica's rows are cut into, forward and
+    /// backward one at a time, reduced once (1: none).
+    pub(crate) grad_accum: usize,
     /// Under expert parallelism: the ep group (consecutive ranks of dp × cp splitting the
     /// experts) and the ranks holding the same experts.
     pub(crate) experts: Option<ExpertGroups>,
@@ -169,6 +172,21 @@ impl RankMesh {
         let local = (cut.cut)(batch, &split, self.coord(bonfire_layout::Axis::Cp));
         let group = self.group(bonfire_layout::Axis::Cp).clone();
         (local, Some(ContextScope { group, split }.enter()))
+    }
+
+    /// `rows` (this replica's) cut into the [`grad_accum`](Self::grad_accum) equal
+    /// consecutive parts, as (start, len); refused unless they divide evenly.
+    pub(crate) fn accumulation_parts(
+        &self,
+        rows: usize,
+    ) -> Result<Vec<(usize, usize)>, TrainError> {
+        let k = self.grad_accum.max(1);
+        if rows % k != 0 {
+            return Err(TrainError::Recipe(format!(
+                "--grad-accum {k}: each replica's {rows} rows do not split into {k} equal parts"
+            )));
+        }
+        Ok((0..k).map(|i| (i * rows / k, rows / k)).collect())
     }
 
     /// Whether `local_finite` holds on every rank of the world (a collective).

@@ -8,7 +8,7 @@ use crate::engine::Engine;
 use crate::error::TrainError;
 use crate::fit::{FitConfig, Hooks, fit};
 use crate::launch::Launcher;
-use crate::optim::OptimizerKind;
+use crate::optim::{OptimizerKind, OptimizerSpec};
 use crate::trainer::Trainer;
 use bonfire_comm::testing::{Closeness, Tolerance, assert_close};
 use bonfire_layout::ParallelDims;
@@ -31,6 +31,9 @@ pub struct Outcome {
     pub grad0: BTreeMap<String, Vec<f32>>,
     /// Global loss at each step, before its update.
     pub losses: Vec<f32>,
+    /// The global gradient norm of each step, before clipping (when the loop measured it:
+    /// with clipping or `FitConfig::grad_norm`).
+    pub grad_norms: Vec<f64>,
 }
 
 impl Outcome {
@@ -125,14 +128,14 @@ pub fn record_with<M>(
     model: &M,
     data: &(dyn DataSource<M::Batch> + Sync),
     dims: &ParallelDims,
-    optim: OptimizerKind,
+    optim: impl Into<OptimizerSpec>,
     config: &FitConfig,
 ) -> Result<(Outcome, Vec<RankRecord>), String>
 where
     M: ParallelModel + Sync,
     M::Batch: Sync,
 {
-    let trainer = Trainer::new(dims.clone(), move || optim.build());
+    let trainer = Trainer::with_optimizer(dims.clone(), optim);
     let first = data.batch(0, &Device::flex().autodiff());
     trainer
         .check(model, dims.world_size(), &first)
@@ -152,6 +155,7 @@ where
                     .collect(),
                 grad0: grads.0.into_iter().map(|p| (p.path, p.values)).collect(),
                 losses: reports.iter().map(|r| r.loss).collect(),
+                grad_norms: reports.iter().filter_map(|r| r.grad_norm).collect(),
             };
             Ok((result, RankRecord::since(&start)))
         })

@@ -10,6 +10,7 @@ use crate::engine::recompute::{self, Names};
 use crate::engine::replica::ReplicaEngine;
 use crate::error::TrainError;
 use crate::mesh::RankMesh;
+use crate::optim::OptimizerSpec;
 use crate::wrapper::{DpSpec, OptimizerFactory};
 use bonfire_comm::ProcessGroup;
 use bonfire_cp::ContextSplit;
@@ -47,6 +48,14 @@ impl Trainer {
             dp: DpSpec::new(optimizer),
             dims,
         }
+    }
+    /// Training under `dims` with the optimizer `spec` names, its settings included (AdamW's
+    /// weight decay kept off 1-d parameters is applied by the dp wrapper, in every layout).
+    pub fn with_optimizer(dims: ParallelDims, spec: impl Into<OptimizerSpec>) -> Self {
+        let spec = spec.into();
+        let mut trainer = Self::new(dims, move || spec.build());
+        trainer.dp.decay = spec.decay_split();
+        trainer
     }
     /// DDP's options (bucket size, overlap, compression) for stage 0.
     pub fn with_ddp(mut self, config: DdpConfig) -> Self {
@@ -195,6 +204,7 @@ impl Trainer {
             mesh,
             device,
             loss_scale: 1.0,
+            grad_accum: 1,
             experts: None,
         };
         at.experts = at.expert_groups()?;

@@ -10,9 +10,9 @@ use bonfire_dtensor::timing::StepTiming;
 use bonfire_layout::LayoutError;
 use bonfire_layout::ZeroStage;
 use bonfire_layout::{Axis, ParallelDims};
-use bonfire_module::DataParallel;
 use bonfire_module::Subgroup;
 use bonfire_module::params::ParamValues;
+use bonfire_module::{DataParallel, DecaySplit};
 use bonfire_pipeline::{PipelineError, StageParams};
 use bonfire_zero::{MemoryReport, Zero, ZeroConfig};
 use burn::module::Module;
@@ -36,6 +36,10 @@ pub struct DpSpec {
     /// ZeRO's options; `None`: the defaults. A config's own stage, offload and precision
     /// must be the layout's ([`DpSpec::check`]).
     pub zero: Option<ZeroConfig>,
+    /// Weight decay kept off 1-d parameters, applied by whichever wrapper is built (the
+    /// optimizer then decays nothing itself): set with the optimizer by
+    /// [`crate::Trainer::with_optimizer`].
+    pub decay: Option<DecaySplit>,
 }
 
 impl DpSpec {
@@ -45,6 +49,7 @@ impl DpSpec {
             optimizer,
             ddp: DdpConfig::new().with_report_no_layers(false),
             zero: None,
+            decay: None,
         }
     }
 
@@ -102,6 +107,7 @@ impl DpSpec {
             .unwrap_or_else(|| ZeroConfig::new(dims.zero).with_report_no_layers(false))
             .with_offload(dims.offload)
             .with_precision(dims.precision)
+            .with_decay(self.decay)
     }
 
     /// This rank's wrapper of `model` on the mesh axis `axis` under `dims` (after
@@ -133,7 +139,10 @@ impl DpSpec {
                 model,
                 optim,
                 mesh.group(axis)?.clone(),
-                self.ddp.clone().with_precision(dims.precision),
+                self.ddp
+                    .clone()
+                    .with_precision(dims.precision)
+                    .with_decay(self.decay),
                 experts,
             )?)),
             _ => {
@@ -255,6 +264,9 @@ impl<M: Module> DataParallel<M> for DpWrapper<M> {
     }
     fn unscale_gradients(&mut self, factor: f32) -> Result<bool, TrainError> {
         each!(self, w => w.unscale_gradients(factor))
+    }
+    fn gradient_square_sum(&self, weights: &[f32]) -> Result<Option<Tensor<1>>, TrainError> {
+        each!(self, w => w.gradient_square_sum(weights))
     }
     fn gradients(&self) -> Result<Vec<ParamValues>, TrainError> {
         each!(self, w => w.gradients())

@@ -37,6 +37,11 @@ pub struct ZeroConfig {
     /// Keep each step's timings (forward, backward, stage 2's bucket reduce-scatters):
     /// [`crate::Zero::timings`].
     pub record_timings: bool,
+    /// Weight decay applied to the own range's elements of parameters with two or more
+    /// dimensions only, before Burn's step (whose optimizer then decays nothing): PyTorch's
+    /// AdamW with two parameter groups, which one flat range cannot hand Burn as groups.
+    /// `None`: the optimizer's own decay, on every element.
+    pub decay: Option<bonfire_module::DecaySplit>,
 }
 
 impl ZeroConfig {
@@ -53,6 +58,7 @@ impl ZeroConfig {
             report_no_layers: true,
             precision: bonfire_layout::MixedPrecision::f32(),
             record_timings: false,
+            decay: None,
         }
     }
     /// Sets the mixed-precision policy ([`ZeroConfig::precision`]).
@@ -91,6 +97,11 @@ impl ZeroConfig {
     /// Turns per-step timing records on or off ([`ZeroConfig::record_timings`]).
     pub fn with_record_timings(mut self, record: bool) -> Self {
         self.record_timings = record;
+        self
+    }
+    /// Sets the weight decay kept off 1-d parameters ([`ZeroConfig::decay`]).
+    pub fn with_decay(mut self, decay: Option<bonfire_module::DecaySplit>) -> Self {
+        self.decay = decay;
         self
     }
     /// Stage 2's gradient bucket size in bytes (at least 4, one f32).

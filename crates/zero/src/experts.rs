@@ -63,7 +63,8 @@ impl ExpertShards {
         device: &Device,
     ) -> Result<Self> {
         let part = Arc::new(Partition::balanced(&infos, params.replicas.size()));
-        let optim = ShardOptimizer::for_rank(optim, &part, params.replicas.rank(), device, config)?;
+        let optim =
+            ShardOptimizer::for_rank(optim, &part, params.replicas.rank(), device, config, &infos)?;
         Ok(Self {
             accumulated: vec![None; infos.len()],
             params,
@@ -170,6 +171,23 @@ impl ExpertShards {
         let (g, finite) = bonfire_module::scale_and_check(g, factor);
         self.grads = Some(Some(g));
         finite
+    }
+
+    /// Σ `weights[p]`·|g_p|² over the held expert gradient (`weights` per expert parameter),
+    /// each term divided by the ranks holding the same elements: the replicas at stage 1
+    /// (every one holds the whole vector), and HSDP's replicas. `None` without a gradient.
+    pub fn square_sum(&self, weights: &[f32]) -> Option<Tensor<1>> {
+        let g = self.grads.as_ref()?.as_ref()?;
+        let outer = self
+            .outer
+            .as_ref()
+            .map_or(1, bonfire_comm::ProcessGroup::size);
+        let (own, copies) = match self.stage {
+            ZeroStage::Zero2 | ZeroStage::Zero3 => (Some(self.params.replicas.rank()), outer),
+            _ => (None, self.params.replicas.size() * outer),
+        };
+        let w: Vec<f32> = weights.iter().map(|w| w / copies as f32).collect();
+        crate::grads::held_square_sum(g, &self.part, own, &w)
     }
 
     /// The averaged gradient of every expert parameter (this rank's slice), named; empty

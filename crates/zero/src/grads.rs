@@ -82,3 +82,29 @@ pub(crate) fn own_range(
         .collect();
     (!parts.is_empty()).then(|| bonfire_kernels::pack_scaled(&parts, scale))
 }
+
+/// Σ `weights[p]`·|g_p|² over a held gradient `g` of the vector `part` lays out: the whole
+/// vector (`own`: `None`) or rank `own`'s range of it (each parameter's slice there). On the
+/// device ([`bonfire_module::weighted_square_sum`]).
+pub(crate) fn held_square_sum(
+    g: &Tensor<1>,
+    part: &crate::Partition,
+    own: Option<usize>,
+    weights: &[f32],
+) -> Option<Tensor<1>> {
+    match own {
+        None => bonfire_module::weighted_square_sum(
+            g,
+            (0..part.num_params()).map(|p| (part.offsets[p]..part.offsets[p + 1], weights[p])),
+        ),
+        Some(rank) => {
+            let start = part.ranges[rank].start;
+            bonfire_module::weighted_square_sum(
+                g,
+                part.slices(rank)
+                    .into_iter()
+                    .map(|s| (s.flat.start - start..s.flat.end - start, weights[s.param])),
+            )
+        }
+    }
+}

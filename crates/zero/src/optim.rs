@@ -87,6 +87,8 @@ pub struct ShardOptimizer {
     master: Option<Tensor<1>>,
     /// Whether the values the model holds are a half type (so the master is kept).
     mixed: bool,
+    /// Weight decay kept off 1-d parameters: the split and the range's elements it decays.
+    decay: Option<(bonfire_module::DecaySplit, Vec<std::ops::Range<usize>>)>,
 }
 
 impl ShardOptimizer {
@@ -119,6 +121,7 @@ impl ShardOptimizer {
             step_device: offload.unwrap_or(device),
             master: None,
             mixed: false,
+            decay: None,
         })
     }
 
@@ -138,21 +141,29 @@ impl ShardOptimizer {
 
     /// `optim` over rank `me`'s range of `part`, on `device` or, with `config`'s offload, on its
     /// offload device (the wrapper's partition, or expert parallelism's experts').
+    /// With `config`'s [`decay`](crate::ZeroConfig::decay), the elements of parameters of
+    /// `infos` (the partition's, in order) with two or more dimensions decay at each step.
     pub(crate) fn for_rank(
         optim: ModuleOptimizer,
         part: &crate::Partition,
         me: usize,
         device: &Device,
         config: &crate::ZeroConfig,
+        infos: &[bonfire_module::params::ParamInfo],
     ) -> Result<Self> {
         let offload = config.offload.then(|| config.offload_device.clone());
-        Self::new(
+        let mut shard = Self::new(
             optim,
             part.slices(me),
             part.ranges[me].start,
             device.clone(),
             offload,
-        )
+        )?;
+        shard.decay = config.decay.map(|split| {
+            let ranges = bonfire_module::DecaySplit::flat_ranges(infos, part.ranges[me].clone());
+            (split, ranges)
+        });
+        Ok(shard)
     }
 
     /// The range's fp32 master (mixed precision, or offload after its first step).
@@ -186,6 +197,10 @@ impl ShardOptimizer {
             (v, g)
         } else {
             (values, grads)
+        };
+        let values = match &self.decay {
+            Some((split, ranges)) => split.apply_flat(lr, values, ranges),
+            None => values,
         };
         let mut gp = GradientsParams::new();
         gp.register::<1>(self.id, grads);

@@ -20,7 +20,7 @@ use bonfire_dtensor::timing;
 use bonfire_layout::ZeroStage;
 use bonfire_module::PrecisionDTypes;
 use bonfire_module::graph::SinkHook;
-use bonfire_module::params::{self, ParamValues};
+use bonfire_module::params::{self, ParamInfo, ParamValues};
 use bonfire_module::{DataParallel, install_layer_hook};
 use burn::module::Module;
 use burn::optim::GradientsParams;
@@ -397,6 +397,41 @@ impl<M: Module> DataParallel<M> for Zero<M> {
         let (g, finite) = bonfire_module::scale_and_check(g, factor);
         self.grads = Some(Some(g));
         Ok(finite && experts_finite)
+    }
+
+    /// Stages 0–1 hold the whole averaged vector on every rank of the group, 2–3 each rank its
+    /// own range; under HSDP every replica the same; an expert's terms are the experts' own
+    /// ([`ExpertShards::square_sum`](crate::experts::ExpertShards::square_sum)).
+    fn gradient_square_sum(&self, weights: &[f32]) -> Result<Option<Tensor<1>>> {
+        let at = |infos: &[ParamInfo], copies: usize| -> Vec<f32> {
+            infos
+                .iter()
+                .map(|p| {
+                    let k = self.all_infos.iter().position(|a| a.id == p.id);
+                    weights[k.expect("a partition holds the wrapper's parameters")] / copies as f32
+                })
+                .collect()
+        };
+        let outer = self.replicas.as_ref().map_or(1, ProcessGroup::size);
+        let dense = match &self.grads {
+            Some(Some(g)) if self.config.stage <= ZeroStage::Zero1 => {
+                let w = at(&self.infos, self.pg.size() * outer);
+                grads::held_square_sum(g, &self.part, None, &w)
+            }
+            Some(Some(g)) => {
+                let me = self.pg.rank();
+                grads::held_square_sum(g, &self.part, Some(me), &at(&self.infos, outer))
+            }
+            _ => None,
+        };
+        let experts = self
+            .experts
+            .as_ref()
+            .and_then(|x| x.square_sum(&at(&x.infos, 1)));
+        Ok(match (dense, experts) {
+            (Some(a), Some(b)) => Some(a + b),
+            (a, b) => a.or(b),
+        })
     }
 
     /// The averaged gradient of every parameter from the last backward, whole (all-gathered

@@ -193,7 +193,7 @@ impl<M: Module> Zero<M> {
         let owners = if sharded { pg.size() } else { 1 };
         let part = Partition::balanced(&infos, owners);
         let me = if sharded { pg.rank() } else { 0 };
-        let optim = ShardOptimizer::for_rank(optim, &part, me, &device, &config)?;
+        let optim = ShardOptimizer::for_rank(optim, &part, me, &device, &config, &infos)?;
         let model = if config.stage == ZeroStage::Zero3 {
             hollow(model, &device)
         } else {

@@ -449,7 +449,7 @@ pub fn llama_against_transformers(
         device: device.into(),
         steps: 2,
         lr: 0.5,
-        schedule: Default::default(),
+        recipe: Default::default(),
         out: out.join("result.safetensors"),
     };
     harness::run(&args)?;

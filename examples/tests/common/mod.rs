@@ -4,6 +4,7 @@
 
 #![allow(dead_code)]
 
+pub mod plain;
 pub mod resume;
 
 use bonfire_comm::testing::{Tolerance, assert_close};
@@ -354,6 +355,18 @@ pub fn fixture_dir(name: &str) -> std::path::PathBuf {
     std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("fixtures")
         .join(name)
+}
+
+/// The Mixtral of `fixtures/mixtral/` (its `config.json` and `state_dict.safetensors`: 2
+/// layers of 4 experts, top 2, idle experts included) on the default device.
+pub fn mixtral_fixture() -> bonfire_models::mixtral::Mixtral {
+    let dir = fixture_dir("mixtral");
+    let config = bonfire_models::ModelConfig::load(&dir.join("config.json")).unwrap();
+    let bonfire_models::ModelConfig::Mixtral(cfg) = config else {
+        panic!("a Mixtral config");
+    };
+    let m = bonfire_models::mixtral::Mixtral::new(&cfg, &bonfire_examples::default_device());
+    bonfire_models::weights::load(m, dir.join("state_dict.safetensors")).unwrap()
 }
 
 /// The reference tensors of fixture `name` (`reference.safetensors`: f32 values of float64

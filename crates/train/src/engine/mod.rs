@@ -49,9 +49,20 @@ pub trait Engine<B>: Stateful {
     /// loss by before backward (dynamic loss scaling; 1 by default). The loss it returns is
     /// unscaled.
     fn set_loss_scale(&mut self, scale: f32);
+    /// Gradient accumulation: the next [`forward_backward`](Self::forward_backward)s cut
+    /// each replica's rows into `parts` equal consecutive parts, forward and backward one at
+    /// a time (each part's loss weighted 1/`parts`), and reduce the gradients once, after the
+    /// last (1: no accumulation).
+    fn set_grad_accum(&mut self, parts: usize);
     /// Divides the reduced gradients by the loss scale and says whether they are finite on
     /// every rank (a collective: one flag all-reduced over the world).
     fn unscale(&mut self, scale: f32) -> Result<bool, TrainError>;
+    /// The global L2 norm of the reduced gradients — every element of the whole model counted
+    /// once, whatever tp, pp, ZeRO, ep or cp holds it — and, with `max_norm`, every gradient
+    /// multiplied by min(1, max_norm / (norm + 1e-6)) (PyTorch's `clip_grad_norm_`). Each
+    /// rank's part is summed on its device; one scalar is all-reduced over the world. A
+    /// collective.
+    fn clip_gradients(&mut self, max_norm: Option<f64>) -> Result<f64, TrainError>;
     /// The averaged gradient of every parameter from the last backward, whole (gathered over
     /// shards and stages), in the model's order. A collective.
     fn gradients(&mut self) -> Result<Vec<ParamValues>, TrainError>;
@@ -74,9 +85,19 @@ macro_rules! wrapper_methods {
             self.at.loss_scale = scale;
         }
 
+        fn set_grad_accum(&mut self, parts: usize) {
+            self.at.grad_accum = parts.max(1);
+        }
+
         fn unscale(&mut self, scale: f32) -> Result<bool, $crate::TrainError> {
             let finite = self.wrapper.unscale_gradients(1.0 / scale)?;
             self.at.all_finite(finite)
+        }
+
+        fn clip_gradients(&mut self, max_norm: Option<f64>) -> Result<f64, $crate::TrainError> {
+            let weights = $crate::engine::norm_weights(&self.at, &self.layout, &self.indices);
+            let local = self.wrapper.gradient_square_sum(&weights)?;
+            $crate::engine::clip_by_global_norm(&mut self.wrapper, &self.at, local, max_norm)
         }
 
         fn gradients(
@@ -95,6 +116,49 @@ macro_rules! wrapper_methods {
     };
 }
 pub(crate) use wrapper_methods;
+
+/// What each of a dp wrapper's parameters (model parameters `indices`) weighs in the global
+/// gradient norm on this rank: 1, or 1/tp for a parameter every tp rank holds whole (its tp
+/// ranks hold the same gradient). The wrapper divides by its own copies (dp, cp, HSDP,
+/// an expert's replicas); pipeline stages hold different parameters.
+pub(crate) fn norm_weights(
+    at: &RankMesh,
+    layout: &export::ModelLayout,
+    indices: &[usize],
+) -> Vec<f32> {
+    let tp = at.dims.tp();
+    indices
+        .iter()
+        .map(|&i| match tp > 1 && layout.shard_dim(i).is_none() {
+            true => 1.0 / tp as f32,
+            false => 1.0,
+        })
+        .collect()
+}
+
+/// The global norm from each rank's weighted square sum `local` (one scalar all-reduced over
+/// the world, in f64) and, with `max_norm`, the wrapper's gradients clipped to it.
+pub(crate) fn clip_by_global_norm<M: burn::module::Module>(
+    wrapper: &mut crate::wrapper::DpWrapper<M>,
+    at: &RankMesh,
+    local: Option<burn::tensor::Tensor<1>>,
+    max_norm: Option<f64>,
+) -> Result<f64, TrainError> {
+    use bonfire_dtensor::plane::{self, ledger::Reason};
+    use bonfire_module::DataParallel;
+    let mut sum = [local.map_or(0.0, |t| plane::to_host(t, Reason::Report)[0] as f64)];
+    at.mesh
+        .world()
+        .all_reduce(&mut sum, bonfire_comm::ReduceOp::Sum)?;
+    let norm = sum[0].sqrt();
+    if let Some(max) = max_norm {
+        let coef = max / (norm + 1e-6);
+        if coef < 1.0 {
+            wrapper.unscale_gradients(coef as f32)?;
+        }
+    }
+    Ok(norm)
+}
 
 /// The [`Stateful`] methods every engine implements alike on the same fields as
 /// [`wrapper_methods`]: its layout and world, whole parameters, and checkpoints.

@@ -263,15 +263,13 @@ impl<P: Block<D>, const D: usize, B: Rows> PipelineEngine<P, D, B> {
     }
 }
 
-impl<P: Block<D> + 'static, const D: usize, B: Rows> Engine<B> for PipelineEngine<P, D, B> {
-    fn place(&self) -> &RankMesh {
-        &self.at
-    }
-
-    fn forward_backward(&mut self, batch: &B) -> Result<f32, TrainError> {
-        let (batch, _context) = self.at.context(batch, self.context);
-        let _experts = self.at.expert_scope();
-        let (micro, inputs, weights) = self.microbatches(&batch);
+impl<P: Block<D> + 'static, const D: usize, B: Rows> PipelineEngine<P, D, B> {
+    /// Runs the schedule's forwards and backwards on `part` (this replica's rows or a part of
+    /// them), its micro-batches' loss weights multiplied by `share`, accumulating the
+    /// gradients in the wrapper; the last stage's weighted loss (`None` elsewhere).
+    fn run_part(&mut self, part: &B, share: f32) -> Result<Option<f64>, TrainError> {
+        let (micro, inputs, weights) = self.microbatches(part);
+        let weights = weights.into_iter().map(|w| w * share).collect();
         let loss_fn = self.loss.clone();
         let pp_rank = self.at.coord(Axis::Pp);
         let scale = self.at.loss_scale;
@@ -289,9 +287,31 @@ impl<P: Block<D> + 'static, const D: usize, B: Rows> Engine<B> for PipelineEngin
             if scale == 1.0 { loss } else { loss * scale }
         });
         run_schedule(&self.at.mesh, Axis::Pp.name(), &self.schedule, &mut stage)?;
-        let (_, loss) = stage.finish();
+        Ok(stage.finish().1)
+    }
+}
+
+impl<P: Block<D> + 'static, const D: usize, B: Rows> Engine<B> for PipelineEngine<P, D, B> {
+    fn place(&self) -> &RankMesh {
+        &self.at
+    }
+
+    fn forward_backward(&mut self, batch: &B) -> Result<f32, TrainError> {
+        let (batch, _context) = self.at.context(batch, self.context);
+        let _experts = self.at.expert_scope();
+        let parts = self.at.accumulation_parts(batch.rows())?;
+        let share = 1.0 / parts.len() as f32;
+        let mut total: Option<f64> = None;
+        // Gradient accumulation: the whole schedule once per part, its micro-batches' loss
+        // weights scaled by 1/K; the wrapper reduces once, after the last part.
+        for (start, len) in parts {
+            let part = batch.narrow_rows(start, len);
+            if let Some(loss) = self.run_part(&part, share)? {
+                *total.get_or_insert(0.0) += loss;
+            }
+        }
         self.wrapper.reduce()?;
-        Ok((self.global_loss(loss)? / scale as f64) as f32)
+        Ok((self.global_loss(total)? / self.at.loss_scale as f64) as f32)
     }
 
     fn evaluate(&mut self, batch: &B) -> Result<f32, TrainError> {

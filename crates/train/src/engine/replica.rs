@@ -15,7 +15,7 @@ use bonfire_dtensor::plane::{self, ledger::Reason};
 use bonfire_layout::Axis;
 use bonfire_module::DataParallel;
 use bonfire_module::params::ParamValues;
-use bonfire_parallel::ParallelModel;
+use bonfire_parallel::{ParallelModel, Rows};
 
 pub(crate) struct ReplicaEngine<M: ParallelModel> {
     at: RankMesh,
@@ -53,11 +53,26 @@ impl<M: ParallelModel> Engine<M::Batch> for ReplicaEngine<M> {
         let (local, _context) = self.at.context(batch, context_cut::<M>());
         let _experts = self.at.expert_scope();
         let ac = self.at.dims.recompute;
-        let loss = self.wrapper.forward(|m| recompute::loss(m, local, ac));
-        let mut value = [plane::to_host(loss.clone().detach(), Reason::Report)[0]];
         let scale = self.at.loss_scale;
-        self.wrapper
-            .backward(if scale == 1.0 { loss } else { loss * scale })?;
+        let parts = self.at.accumulation_parts(local.rows())?;
+        let mut value = [0.0f32];
+        if let [_] = parts[..] {
+            let loss = self.wrapper.forward(|m| recompute::loss(m, local, ac));
+            value[0] = plane::to_host(loss.clone().detach(), Reason::Report)[0];
+            self.wrapper
+                .backward(if scale == 1.0 { loss } else { loss * scale })?;
+        } else {
+            // One part at a time, each weighted 1/K; nothing reduced before the last.
+            let weight = 1.0 / parts.len() as f32;
+            for (start, len) in parts {
+                let part = local.narrow_rows(start, len);
+                let loss = self.wrapper.forward_micro(|m| recompute::loss(m, part, ac));
+                value[0] += plane::to_host(loss.clone().detach(), Reason::Report)[0] * weight;
+                let mut grads = (loss * (scale * weight)).backward();
+                self.wrapper.accumulate(&mut grads)?;
+            }
+            self.wrapper.reduce()?;
+        }
         // Every tp rank of a replica holds the same loss, every cp rank the mean over its
         // tokens (as many on each): the mean over dp × cp is global.
         self.wrapper
