@@ -26,7 +26,13 @@ const ROWS: usize = 8;
 
 /// A layout in the suites' shorthand (`common::layout`): mesh, ZeRO stage, pipeline schedule
 /// and micro-batches, flags.
-type Case = (&'static str, usize, Option<&'static str>, Option<usize>, &'static str);
+type Case = (
+    &'static str,
+    usize,
+    Option<&'static str>,
+    Option<usize>,
+    &'static str,
+);
 
 /// The layout classes.
 const LAYOUTS: &[Case] = &[
@@ -251,4 +257,100 @@ fn experts_count_once_in_the_global_norm() {
         );
         println!("{what}: {closeness}; grad_norm {n}");
     }
+}
+
+/// PyTorch's float64 run of the recipe (`fixtures/recipe/`, written by its `generate.py` with
+/// transformers' Llama: AdamW's two parameter groups with β = (0.8, 0.99), ε = 1e-8, decay
+/// 0.05; `clip_grad_norm_` acting on some steps and not others; warmup 1 then linear decay
+/// to lr/4 by `LambdaLR`; no accumulation) against the parity harness with the contract's
+/// flags and `--grad-accum 2`, in a layout of each class: every loss, gradient norm and step-0
+/// gradient within [`common::F64`], every parameter within it (SGD) or the suites' AdamW
+/// floor.
+#[test]
+fn the_recipe_matches_pytorch_in_float64() {
+    let (llama, dir) = (common::fixture_dir("llama"), common::fixture_dir("recipe"));
+    let reference = common::fixture_reference("recipe");
+    let out = std::env::temp_dir().join(format!("bonfire-recipe-{}", std::process::id()));
+    let cases: [Case; 6] = [
+        ("dp=1", 0, None, None, ""),
+        ("dp=2", 3, None, None, ""),
+        ("tp=2", 0, None, None, "sp"),
+        ("pp=2", 0, Some("1f1b"), Some(2), ""),
+        ("cp=2", 0, None, None, ""),
+        ("dp=2,tp=2", 1, None, None, "sp offload"),
+    ];
+    for optim in [OptimizerKind::Sgd, OptimizerKind::AdamW] {
+        let (name, lr) = (optim.name(), common::gpt_lr(optim));
+        let want = |key: &str| -> &[f32] {
+            let key = format!("{name}.{key}");
+            reference
+                .get(&key)
+                .unwrap_or_else(|| panic!("fixture: no {key}"))
+        };
+        let recipe = bonfire_examples::cli::RecipeArgs {
+            lr_warmup: 1,
+            lr_decay: "linear".into(),
+            lr_min: lr / 4.0,
+            adamw_betas: "0.8,0.99".into(),
+            adamw_eps: 1e-8,
+            weight_decay: 0.05,
+            no_decay_1d: true,
+            clip_grad_norm: Some(want("max_norm")[0] as f64),
+            grad_accum: 2,
+        };
+        let params = match optim {
+            OptimizerKind::Sgd => common::F64,
+            OptimizerKind::AdamW => common::adamw(lr),
+        };
+        for (mesh, zero, schedule, m, flags) in cases {
+            let dims = common::layout(mesh, zero, schedule, m, flags)
+                .dims("dp=1")
+                .unwrap();
+            let what = format!("PyTorch float64 {name} recipe vs {dims}");
+            let args = harness::HarnessArgs {
+                config: llama.join("config.json"),
+                weights: llama.join("model.safetensors"),
+                data: dir.join("batch.safetensors"),
+                dims,
+                optim,
+                device: "flex".into(),
+                steps: want("loss").len(),
+                lr,
+                recipe: recipe.clone(),
+                out: out.join(format!("{name}-{mesh}-{zero}.safetensors")),
+            };
+            let got = harness::run(&args).unwrap_or_else(|e| panic!("{what}: {e}"));
+            let norms: Vec<f32> = got.grad_norms.iter().map(|&n| n as f32).collect();
+            let mut worst = assert_close(
+                &format!("{what}: loss"),
+                &got.losses,
+                want("loss"),
+                common::F64,
+            );
+            worst = worst.max(assert_close(
+                &format!("{what}: grad_norm"),
+                &norms,
+                want("grad_norm"),
+                common::F64,
+            ));
+            assert_eq!(got.params.len(), got.grad0.len());
+            for (p, (_, values)) in &got.params {
+                let g0 = &reference[&format!("grad0.{p}")];
+                worst = worst.max(assert_close(
+                    &format!("{what}: grad0.{p}"),
+                    &got.grad0[p],
+                    g0,
+                    common::F64,
+                ));
+                worst = worst.max(assert_close(
+                    &format!("{what}: {p}"),
+                    values,
+                    want(p),
+                    params,
+                ));
+            }
+            println!("{what}: {worst}");
+        }
+    }
+    std::fs::remove_dir_all(out).ok();
 }

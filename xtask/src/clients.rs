@@ -17,8 +17,9 @@ use crate::process::{self, Failure, Result};
 use std::path::Path;
 use std::process::Command;
 
-/// The families with a fixture script, and the files it writes.
-const FIXTURES: [(&str, &[&str]); 2] = [
+/// The families with a fixture script, and the files it writes (`recipe` reads the Llama
+/// fixture beside it: in the regeneration folder, the one just regenerated).
+const FIXTURES: [(&str, &[&str]); 3] = [
     (
         "llama",
         &[
@@ -38,6 +39,7 @@ const FIXTURES: [(&str, &[&str]); 2] = [
             "state_dict.safetensors",
         ],
     ),
+    ("recipe", &["batch.safetensors", "reference.safetensors"]),
 ];
 
 /// The checks of this step: the export, one regeneration a family.
