@@ -60,7 +60,8 @@
 //!
 //! Options: `--steps K` (≥ 2, default 2), `--only NAME,NAME` (layouts whose name contains
 //! one of them), `--budget BYTES`, `--trace` (every rank's live and peak bytes at every
-//! phase boundary, on stderr), `--model gpt|llama|mixtral`.
+//! phase boundary, on stderr), `--model gpt|llama|mixtral`, `--accum` (gradient accumulation
+//! in K = 1, 2, 4 parts instead of the table: [`accum_cases`]).
 
 mod common;
 use bonfire_comm::testing::rank_alloc::{self, RankAllocator};
@@ -110,6 +111,8 @@ fn batch(step: usize, device: &Device) -> TokenBatch {
 struct Case {
     name: String,
     dims: ParallelDims,
+    /// Gradient accumulation's parts (`--accum` rows; 1 elsewhere).
+    accum: usize,
 }
 
 fn case(name: &str, mesh: &str, edit: impl FnOnce(&mut LayoutArgs)) -> Case {
@@ -120,7 +123,26 @@ fn case(name: &str, mesh: &str, edit: impl FnOnce(&mut LayoutArgs)) -> Case {
     Case {
         name: name.into(),
         dims,
+        accum: 1,
     }
+}
+
+/// The `--accum` rows (issue 46): gradient accumulation in K = 1, 2, 4 parts of each replica's
+/// rows — one rank (4 rows) and ZeRO-3 on 2 ranks (2 rows each: K = 1, 2). The activations
+/// (`activation_bytes`) fall with the part's rows; the step's time is measured beside them.
+fn accum_cases() -> Vec<Case> {
+    let mut out = Vec::new();
+    for k in [1, 2, 4] {
+        let mut c = case(&format!("dp1-accum{k}"), "dp=1", |_| {});
+        c.accum = k;
+        out.push(c);
+    }
+    for k in [1, 2] {
+        let mut c = case(&format!("zero3-accum{k}"), "dp=2", |a| a.zero = 3);
+        c.accum = k;
+        out.push(c);
+    }
+    out
 }
 
 /// Every layout of the table: each item (stages, offload, TP ± SP, PP schedules, AC, bf16)
@@ -231,6 +253,7 @@ fn measure_rank(
     model: &Gpt,
     steps: usize,
     ids: Accounts,
+    accum: usize,
 ) -> Result<RankMemory, TrainError> {
     let r = ids.first + pg.rank();
     let _rank = rank_alloc::enter_rank(r);
@@ -238,6 +261,7 @@ fn measure_rank(
     let base = rank_alloc::live(r);
     rank_alloc::reset_peak(r);
     let mut engine = trainer.build(model.clone(), &pg, &first)?;
+    engine.set_grad_accum(accum);
     drop(first);
     trace(r, "build", base);
     let mut m = RankMemory {
@@ -297,7 +321,7 @@ fn run(case: &Case, model: &Gpt, steps: usize, first: usize) -> Run {
     rank_alloc::reset_other_peak();
     let measured = Launcher::Threads { ranks }
         .run("bench-memory", |pg| {
-            measure_rank(pg, &trainer, model, steps, ids)
+            measure_rank(pg, &trainer, model, steps, ids, case.accum)
         })
         .expect("bench run")
         .into_iter()
@@ -604,14 +628,18 @@ fn main() {
     let mut misses = Vec::new();
     let mut peaks = Vec::new();
     let mut first = 0;
-    for case in cases() {
+    let accum = args.iter().any(|a| a == "--accum");
+    for case in if accum { accum_cases() } else { cases() } {
         if !only.is_empty() && !only.iter().any(|o| case.name.contains(o.as_str())) {
             continue;
         }
         let measured = run(&case, &model, steps, first);
         first += case.dims.world_size();
         let (ratio, peak) = report(&case, &measured);
-        if let Some(r) = planner_line(&case, &measured, &mut misses) {
+        // The planner does not model accumulation's running sum: its rows are K = 1's.
+        if case.accum == 1
+            && let Some(r) = planner_line(&case, &measured, &mut misses)
+        {
             planned.add(&case.name, r);
         }
         formula_rows.add(&case.name, ratio);

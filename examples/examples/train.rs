@@ -62,8 +62,8 @@ use bonfire_module::params::{self, ParamValues};
 use bonfire_parallel::{DataSource, ParallelModel, ParameterSource};
 use bonfire_train::checkpoint::{Checkpoint, Checkpointer, load_parameters, resume};
 use bonfire_train::{
-    Engine, Evaluation, FaultTolerance, Launcher, OptimizerKind, OptimizerSpec, TrainError,
-    Trainer, fault, fit, fit_fault_tolerant,
+    Engine, Evaluation, FaultTolerance, Launcher, OptimizerKind, OptimizerSpec, TensorBoard,
+    TrainError, Trainer, fault, fit, fit_fault_tolerant,
 };
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use clap::Parser;
@@ -478,14 +478,14 @@ impl Job {
                 let mut engine = match &self.tolerance {
                     Some(t) => {
                         let config = self.fit_config(start_step);
-                        let mut hooks = self.hooks();
+                        let mut hooks = (self.hooks(), self.board(rank)?);
                         let run = fit_fault_tolerant(
                             &trainer, &model, &pg, &self.data, &config, &mut hooks, t,
                         )?;
                         if run.engine.world().rank() == 0 {
                             fault::print_summary(&run);
                         }
-                        saved(hooks.as_ref(), run.engine.world().rank());
+                        saved(hooks.0.as_ref(), run.engine.world().rank());
                         run.engine
                     }
                     None => self.train_rank(&trainer, &model, &pg, &first)?,
@@ -529,17 +529,19 @@ impl Job {
         let config = self.fit_config(start_step);
         let end = config.steps;
         let cli = &self.cli;
+        let board = self.board(pg.rank())?;
         let eval = self.eval.as_ref().map(|d| {
             Evaluation::new(
                 d as &dyn DataSource<TokenBatch>,
                 cli.eval_batches,
                 cli.eval_every,
             )
+            .with_tensorboard(board.clone())
         });
-        let mut hooks = (self.hooks(), eval);
+        let mut hooks = ((self.hooks(), board), eval);
         let data = fault::inject(&self.data, cli.fault.kill(), pg.rank());
         fit(engine.as_mut(), &data, &config, &mut hooks)?;
-        saved(hooks.0.as_ref(), pg.rank());
+        saved(hooks.0.0.as_ref(), pg.rank());
         if let Some(mut e) = hooks.1.filter(|e| e.last().map(|l| l.0) != Some(end)) {
             e.run(end, engine.as_mut())?;
         }
@@ -563,6 +565,14 @@ impl Job {
     }
 
     /// The checkpoint hook of `--checkpoint-dir` (none without it).
+    /// Rank 0's TensorBoard event file, with `--tensorboard` (`None` elsewhere).
+    fn board(&self, rank: usize) -> Result<Option<TensorBoard>, TrainError> {
+        match (&self.cli.run.tensorboard, rank) {
+            (Some(dir), 0) => TensorBoard::create(dir).map(Some),
+            _ => Ok(None),
+        }
+    }
+
     fn hooks(&self) -> Option<Checkpointer> {
         let cli = &self.cli;
         let config = cli.ckpt.config().unwrap_or_else(|e| fail(e))?;

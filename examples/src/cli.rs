@@ -141,6 +141,10 @@ pub struct RunArgs {
     /// Write one JSON line per step (step, loss, lr, tokens_per_s, step_ms, …) to this file.
     #[arg(long)]
     pub metrics: Option<PathBuf>,
+    /// Write TensorBoard event files here (loss, eval loss, lr, grad_norm, tokens/s, step
+    /// time, peak resident bytes per step; rank 0): `tensorboard --logdir DIR`.
+    #[arg(long, value_name = "DIR")]
+    pub tensorboard: Option<PathBuf>,
     /// `threads`: every rank a thread of this process; `env`: this process is one rank of a
     /// job started by a launcher (`mpirun`; build with `--features mpi`).
     #[arg(long, default_value = "threads")]

@@ -4,8 +4,8 @@
 //! alone; the clip active on some steps and not on others, asserted), a warmup then linear
 //! decay of the rate, and gradient accumulation (`--grad-accum 2` on Bonfire's side, none on
 //! the plain side: the step's loss and gradients are those of the whole batch). Each layout
-//! — DDP, ZeRO 1–3, offload, HSDP, tp with sequence parallelism, a pipeline, cp, and a
-//! composition — gives every step's loss and gradient norm, every step-0 gradient and every
+//! — DDP, ZeRO 1–3, offload, activation checkpointing, HSDP, tp with sequence parallelism, a
+//! pipeline, cp, and a composition — gives every step's loss and gradient norm, every step-0 gradient and every
 //! parameter after the steps as plain Burn does, within the suites' tolerances.
 
 mod common;
@@ -42,6 +42,7 @@ const LAYOUTS: &[Case] = &[
     ("dp=2", 2, None, None, ""),
     ("dp=2", 3, None, None, ""),
     ("dp=2", 1, None, None, "offload"),
+    ("dp=2", 0, None, None, "ac"),
     ("dp_replicate=2,dp=2", 3, None, None, ""),
     ("tp=2", 0, None, None, "sp"),
     ("pp=2", 0, Some("1f1b"), Some(2), ""),

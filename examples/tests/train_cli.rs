@@ -397,3 +397,124 @@ fn the_gpt_exports_its_trained_weights() {
     assert_ne!(initial, trained, "the export holds the trained values");
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// One JSON value of every line of a `--metrics` file.
+fn metric(path: &Path, key: &str) -> Vec<f64> {
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()[key].as_f64())
+        .map(|v| v.unwrap_or_else(|| panic!("{}: a line without {key}", path.display())))
+        .collect()
+}
+
+/// The training recipe from the command line (issue 46): AdamW's flags, `--grad-accum 2`
+/// under ZeRO-2, and a `--clip-grad-norm` between the run's unclipped norms — which clips
+/// some steps and not others, so the clipped run's later norms and losses differ while its
+/// first step's do not; `grad_norm`, `lr` and `peak_rss_bytes` in every metrics line, an
+/// eval loss, and the TensorBoard event file. With `BONFIRE_KEEP_TENSORBOARD=DIR` the event
+/// folder and the metrics are left in DIR for `examples/python/check_tensorboard.py`
+/// (TensorBoard's own reader: the `clients` step).
+#[test]
+fn a_recipe_run_reports_to_tensorboard() {
+    let dir = match std::env::var_os("BONFIRE_KEEP_TENSORBOARD") {
+        Some(keep) => PathBuf::from(keep),
+        None => scratch("tensorboard"),
+    };
+    std::fs::create_dir_all(&dir).unwrap();
+    let p = |name: &str| dir.join(name).to_str().unwrap().to_string();
+    std::fs::write(
+        dir.join("train.txt"),
+        bonfire_data::generated::generate(20_000, 1),
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("valid.txt"),
+        bonfire_data::generated::generate(4_000, 2),
+    )
+    .unwrap();
+    let args = [
+        "--model",
+        "llama-tiny",
+        "--tokenizer",
+        TOKENIZER,
+        "--data",
+        &p("train.txt"),
+        "--eval-data",
+        &p("valid.txt"),
+        "--eval-every",
+        "3",
+        "--eval-batches",
+        "1",
+        "--seq",
+        "8",
+        "--batch",
+        "4",
+        "--steps",
+        "6",
+        "--mesh",
+        "dp=2",
+        "--zero",
+        "2",
+        "--optim",
+        "adamw",
+        "--lr",
+        "0.01",
+        "--adamw-betas",
+        "0.8,0.99",
+        "--adamw-eps",
+        "1e-8",
+        "--weight-decay",
+        "0.05",
+        "--no-decay-1d",
+        "--grad-accum",
+        "2",
+        "--lr-warmup",
+        "2",
+        "--lr-decay",
+        "cosine",
+        "--seed",
+        "4",
+    ];
+    ok(&[&args[..], &["--metrics", &p("free.jsonl")]].concat());
+    let free = metric(&dir.join("free.jsonl"), "grad_norm");
+    let (lo, hi) = free
+        .iter()
+        .fold((f64::MAX, 0.0f64), |(a, b), &n| (a.min(n), b.max(n)));
+    let clip = format!("{}", (lo + hi) / 2.0);
+    let board = dir.join("tensorboard");
+    std::fs::remove_dir_all(&board).ok();
+    let out = ok(&[
+        &args[..],
+        &["--clip-grad-norm", &clip, "--metrics", &p("metrics.jsonl")],
+        &["--tensorboard", board.to_str().unwrap()],
+    ]
+    .concat());
+    let metrics = dir.join("metrics.jsonl");
+    let norms = metric(&metrics, "grad_norm");
+    let clipped = norms.iter().filter(|&&n| n > (lo + hi) / 2.0).count();
+    assert!(
+        clipped > 0 && clipped < norms.len(),
+        "clip {clip}: {norms:?}"
+    );
+    assert_eq!(
+        norms[0], free[0],
+        "the first step's norm is before any clip"
+    );
+    assert_ne!(losses(&metrics)[5], losses(&dir.join("free.jsonl"))[5]);
+    assert!(metric(&metrics, "peak_rss_bytes").iter().all(|&b| b > 0.0));
+    assert_eq!(evals(&out).len(), 2, "{out}");
+    let files: Vec<_> = std::fs::read_dir(&board).unwrap().flatten().collect();
+    assert_eq!(files.len(), 1, "one event file");
+    let name = files[0].file_name().to_string_lossy().into_owned();
+    assert!(name.starts_with("events.out.tfevents."), "{name}");
+    let bytes = std::fs::read(files[0].path()).unwrap();
+    // The first record: its length, the format's name inside it.
+    let first = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    assert!(bytes.len() > 16 + first, "more than the first record");
+    let text = String::from_utf8_lossy(&bytes[12..12 + first]);
+    assert!(text.contains("brain.Event:2"), "{text}");
+    if std::env::var_os("BONFIRE_KEEP_TENSORBOARD").is_none() {
+        std::fs::remove_dir_all(&dir).ok();
+    }
+}

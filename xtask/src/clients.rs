@@ -42,16 +42,17 @@ const FIXTURES: [(&str, &[&str]); 3] = [
     ("recipe", &["batch.safetensors", "reference.safetensors"]),
 ];
 
-/// The checks of this step: the export, one regeneration a family.
-pub const CHECKS: usize = 1 + FIXTURES.len();
+/// The checks of this step: the export, one regeneration a family, TensorBoard's reader.
+pub const CHECKS: usize = 2 + FIXTURES.len();
 
 /// The Python with torch, transformers and safetensors, or why there is none.
 pub fn python() -> std::result::Result<String, String> {
     crate::python::with("import torch, transformers, safetensors")
 }
 
-/// Runs every check (see the module docs); `Err` if one fails. Returns how many ran.
-pub fn run(python: &str) -> Result<usize> {
+/// Runs every check (see the module docs); `Err` if one fails. Returns how many ran and how
+/// many were skipped (TensorBoard's, where the Python has no TensorBoard).
+pub fn run(python: &str) -> Result<(usize, usize)> {
     let root = process::root();
     let tmp = std::env::temp_dir().join(format!("bonfire-clients-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&tmp);
@@ -59,8 +60,37 @@ pub fn run(python: &str) -> Result<usize> {
     for (family, files) in FIXTURES {
         regenerate(&root, python, family, files, &tmp.join(family))?;
     }
+    let board = tensorboard(&root, &tmp.join("tensorboard"))?;
     let _ = std::fs::remove_dir_all(&tmp);
-    Ok(CHECKS)
+    Ok(match board {
+        true => (CHECKS, 0),
+        false => (CHECKS - 1, 1),
+    })
+}
+
+/// The `tensorboard` check: TensorBoard's own reader reads the event files of a `train` run
+/// as its metrics say (`examples/python/check_tensorboard.py`). `false`: skipped, the Python
+/// has no TensorBoard.
+fn tensorboard(root: &Path, dir: &Path) -> Result<bool> {
+    let python = match crate::python::with("import tensorboard, numpy") {
+        Ok(p) => p,
+        Err(why) => {
+            println!("    clients: tensorboard skipped: {why}");
+            return Ok(false);
+        }
+    };
+    println!("    clients: tensorboard — TensorBoard reads a run's event files");
+    let mut test = crate::test::test_cargo();
+    test.args(["-p", "bonfire-examples", "--test", "train_cli"])
+        .args(["--", "--exact", "a_recipe_run_reports_to_tensorboard"])
+        .env("BONFIRE_KEEP_TENSORBOARD", dir);
+    process::run(test)?;
+    let mut check = Command::new(python);
+    check
+        .arg(root.join("examples/python/check_tensorboard.py"))
+        .arg(dir);
+    process::run(check)?;
+    Ok(true)
 }
 
 /// The `export` check.

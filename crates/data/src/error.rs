@@ -136,6 +136,19 @@ pub enum DataError {
         offset: usize,
     },
 
+    /// A record of a JSON Lines or Parquet file without text (or a file that is not one).
+    #[error("{}: {unit} {at}: {why}", path.display())]
+    BadRecord {
+        /// The data file.
+        path: PathBuf,
+        /// `line` (JSON Lines) or `row` (Parquet).
+        unit: &'static str,
+        /// The line or row, from 1 (0: the file as a whole).
+        at: usize,
+        /// What is wrong.
+        why: String,
+    },
+
     /// A directory of text without any document in it.
     #[error(
         "{}: no documents (the directory has no regular, non-hidden file)",

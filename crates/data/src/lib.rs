@@ -44,6 +44,7 @@
 #![deny(unsafe_code)]
 
 mod error;
+mod formats;
 pub mod generated;
 mod hash;
 mod packed;

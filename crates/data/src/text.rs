@@ -1,9 +1,11 @@
 //! Text files, tokenized once and cached beside the data as a token file.
 //!
-//! A path is one UTF-8 text file, or a directory of them: every regular file directly in it
-//! (subdirectories are not entered), sorted by name, hidden files (`.name`) skipped. Each
-//! file is a document; the documents are tokenized in that order, each followed by the
-//! end-of-text token, and the ids written to a cache:
+//! A path is one data file, or a directory of them: every regular file directly in it
+//! (subdirectories are not entered), sorted by name, hidden files (`.name`) skipped. A UTF-8
+//! text file is one document, a JSON Lines file (`*.jsonl`) one per line's `text`, a Parquet
+//! file (`*.parquet`, with the `parquet` feature) one per row's `text` (`formats.rs`); the
+//! documents are tokenized in that order, each followed by the end-of-text token, and the ids
+//! written to a cache:
 //!
 //! - for a file `dir/name`: `dir/.name.<hash>.tokens.bin`;
 //! - for a directory `dir`: `dir/.<dir's name>.<hash>.tokens.bin`.
@@ -180,13 +182,10 @@ fn build(
     let written = (|| {
         let mut writer = TokenWriter::create(&temporary, width, TokenFormat::LlmC)?;
         for doc in documents {
-            let bytes = fs::read(doc).map_err(|e| DataError::io(doc, "reading", e))?;
-            let text = String::from_utf8(bytes).map_err(|e| DataError::NotUtf8 {
-                path: doc.clone(),
-                offset: e.utf8_error().valid_up_to(),
+            crate::formats::for_each_document(doc, |text| {
+                writer.push(&tokenizer.encode(text)?)?;
+                writer.push(&[eot])
             })?;
-            writer.push(&tokenizer.encode(&text)?)?;
-            writer.push(&[eot])?;
         }
         writer.finish()?;
         fs::rename(&temporary, cache).map_err(|e| DataError::io(cache, "renaming into", e))

@@ -1,10 +1,11 @@
 //! Evaluation while training: [`Evaluation`], hooks that compute the mean loss of fixed
 //! held-out batches every few steps — forward only, in any layout ([`Engine::evaluate`]) —
-//! and print it on rank 0.
+//! and print it on rank 0 (and write it to TensorBoard, [`Evaluation::with_tensorboard`]).
 
 use crate::engine::Engine;
 use crate::error::TrainError;
 use crate::fit::{Hooks, StepReport};
+use crate::tensorboard::TensorBoard;
 use bonfire_parallel::{DataSource, Rows};
 
 /// The mean loss of the first `batches` global batches of a held-out [`DataSource`], every
@@ -16,6 +17,7 @@ pub struct Evaluation<'a, B> {
     every: usize,
     /// `(steps trained, mean loss)` of every evaluation so far.
     pub losses: Vec<(usize, f32)>,
+    board: Option<TensorBoard>,
 }
 
 impl<'a, B: Rows> Evaluation<'a, B> {
@@ -28,7 +30,15 @@ impl<'a, B: Rows> Evaluation<'a, B> {
             batches,
             every,
             losses: Vec::new(),
+            board: None,
         }
+    }
+
+    /// Also writes each evaluation's loss to `board` as `eval/loss` (rank 0's board; `None`
+    /// elsewhere).
+    pub fn with_tensorboard(mut self, board: Option<TensorBoard>) -> Self {
+        self.board = board;
+        self
     }
 
     /// The mean loss of the evaluation batches under the model as it is after `steps` steps,
@@ -43,6 +53,9 @@ impl<'a, B: Rows> Evaluation<'a, B> {
         let loss = (sum / self.batches as f64) as f32;
         if engine.world().rank() == 0 {
             println!("eval step {steps}  loss {loss:.6}");
+        }
+        if let Some(board) = &self.board {
+            board.scalars(steps, &[("eval/loss", f64::from(loss))])?;
         }
         self.losses.push((steps, loss));
         Ok(loss)

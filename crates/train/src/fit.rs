@@ -44,6 +44,11 @@ pub struct StepReport {
     pub h2d_bytes: u64,
     /// Bytes this rank's collectives carried in the step.
     pub payload_bytes: u64,
+    /// The most bytes of host memory this process held resident during the step (Linux's
+    /// high-water mark, reset at each step's start; rank 0's process, which holds every rank
+    /// when ranks are threads; not a device's memory).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub peak_rss_bytes: Option<u64>,
     /// With dynamic loss scaling: the scale this step's loss was multiplied by.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub loss_scale: Option<f32>,
@@ -292,15 +297,15 @@ impl Reporter {
             .tokens_per_s
             .map(|t| format!("  {t:>7.0} tok/s"))
             .unwrap_or_default();
+        let norm = r
+            .grad_norm
+            .map(|n| format!("  grad_norm {n:.3}"))
+            .unwrap_or_default();
         if let Some(bar) = &self.bar {
-            bar.set_message(format!("loss {:.4}{tps}", r.loss));
+            bar.set_message(format!("loss {:.4}{norm}{tps}", r.loss));
             bar.inc(1);
         }
         if self.log_every > 0 && (r.step % self.log_every == 0 || last) {
-            let norm = r
-                .grad_norm
-                .map(|n| format!("  grad_norm {n:.3}"))
-                .unwrap_or_default();
             let line = format!(
                 "step {:>5}  loss {:.4}  lr {:.3e}{norm}{tps}  {:.1} ms",
                 r.step, r.loss, r.lr, r.step_ms
@@ -341,8 +346,12 @@ pub fn fit<B: Rows>(
         .loss_scaling
         .or_else(|| f16.then(LossScaling::default))
         .map(LossScaler::new);
+    let rank0 = engine.world().rank() == 0;
     for step in config.start_step..config.steps {
         let start = Instant::now();
+        if rank0 {
+            crate::rss::reset_peak();
+        }
         let batch = data.replica_batch(step, engine.replica(), engine.device());
         let (ledger, mut moved) = (TransferLedger::start(), Transfers::default());
         let loss_scale = scaler.as_ref().map(LossScaler::scale);
@@ -389,6 +398,7 @@ pub fn fit<B: Rows>(
             d2h_bytes: moved.total(Direction::DeviceToHost),
             h2d_bytes: moved.total(Direction::HostToDevice),
             payload_bytes: moved.payload,
+            peak_rss_bytes: rank0.then(crate::rss::peak_bytes).flatten(),
             loss_scale,
             skipped: !finite,
         };

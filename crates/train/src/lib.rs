@@ -78,8 +78,10 @@ mod launch;
 mod mesh;
 mod optim;
 pub mod parity;
+mod rss;
 mod scaler;
 pub mod schedule;
+mod tensorboard;
 mod trainer;
 mod wrapper;
 
@@ -94,5 +96,6 @@ pub use mesh::RankMesh;
 pub use optim::{AdamWSettings, OptimizerKind, OptimizerSpec};
 pub use scaler::{LossScaler, LossScaling};
 pub use schedule::{Decay, LrSchedule};
+pub use tensorboard::TensorBoard;
 pub use trainer::Trainer;
 pub use wrapper::{DpSpec, DpWrapper, OptimizerFactory, Staged, WrapperReport};

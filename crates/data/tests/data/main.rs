@@ -1,6 +1,7 @@
 //! bonfire-data's tests: one binary, a module per source file.
 
 mod packed;
+mod records;
 mod text;
 mod tokenizer;
 mod tokens;
