@@ -63,6 +63,11 @@ fn steps() -> Vec<Step> {
             run: test_suite,
         },
         Step {
+            name: "parquet",
+            is_lint: false,
+            run: parquet,
+        },
+        Step {
             name: "clients",
             is_lint: false,
             run: clients,
@@ -236,7 +241,6 @@ fn clippy() -> Result<Outcome> {
     };
     command.env("DOCS_RS", "1");
     command.args(["--features", crate::gpu::GPU_FEATURES]);
-    command.args(["--features", ALWAYS_FEATURES]);
     command.args(["--workspace", "--all-targets", "--", "-D", "warnings"]);
     process::run(command)?;
     Ok(Outcome::Passed)
@@ -261,7 +265,6 @@ fn test_suite() -> Result<Outcome> {
         command.arg("test");
         command
     };
-    command.args(["--features", ALWAYS_FEATURES]);
     command.args(["--workspace", "--no-fail-fast"]);
     if with_wgpu {
         set_runtime_dir(&mut command)?;
@@ -276,7 +279,7 @@ fn test_suite() -> Result<Outcome> {
 /// `cargo test` as the test step runs it (with the `wgpu` features where lavapipe is present),
 /// so that a later step reuses its build.
 pub fn test_cargo() -> std::process::Command {
-    let mut command = if crate::packages::lavapipe_present() {
+    if crate::packages::lavapipe_present() {
         let mut command = wgpu_cargo("test");
         let _ = set_runtime_dir(&mut command);
         command
@@ -284,15 +287,25 @@ pub fn test_cargo() -> std::process::Command {
         let mut command = process::cargo();
         command.arg("test");
         command
-    };
-    command.args(["--features", ALWAYS_FEATURES]);
-    command
+    }
 }
 
-/// Features the clippy and test steps always build: Parquet data files (`bonfire-data`'s
-/// optional reader, so that its code is linted and `tests/data/records.rs` reads the Parquet
-/// fixture; its refusal without the feature is a developer's plain `cargo test`).
-const ALWAYS_FEATURES: &str = "bonfire-data/parquet";
+/// `bonfire-data` with its optional Parquet reader, linted and tested on its own: the
+/// `parquet` crate turns on features of crates Burn shares (`num-traits`, `bytes`, `ahash`),
+/// so in the workspace's build it would rebuild Burn, and every later step without it would
+/// build Burn again. Alone, only bonfire-data's dependencies are built a second time.
+fn parquet() -> Result<Outcome> {
+    let mut lint = process::cargo();
+    lint.args(["clippy", "-p", "bonfire-data", "--features", "parquet", "--all-targets"])
+        .args(["--", "-D", "warnings"]);
+    process::run(lint)?;
+    let mut test = process::cargo();
+    // Only the test the feature adds: the others ran in the test step.
+    test.args(["test", "-p", "bonfire-data", "--features", "parquet", "--test", "data"])
+        .args(["--", "--exact", "records::a_parquet_file_is_one_document_per_row"]);
+    process::run_tests(test)?;
+    Ok(Outcome::Passed)
+}
 
 /// Hugging Face transformers as a real client of Bonfire's exports and fixtures
 /// ([`crate::clients`]) where the Python has it; its checks counted as skipped where not (a
