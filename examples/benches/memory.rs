@@ -511,6 +511,7 @@ fn llama_cfg() -> LlamaConfig {
         rms_norm_eps: 1e-5,
         rope_theta: 10_000.0,
         max_position_embeddings: 64,
+        variant: bonfire_models::llama::LlamaVariant::default(),
     }
 }
 

@@ -31,7 +31,6 @@ use bonfire_models::llama::{Llama, LlamaConfig};
 use bonfire_models::tensor_file;
 use bonfire_models::weights;
 use bonfire_train::OptimizerKind;
-use common::F64;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::OnceLock;
@@ -73,23 +72,7 @@ fn transformers_config_and_weights_load() {
 
 #[test]
 fn logits_and_training_match_transformers_in_float64() {
-    let dir = fixture_dir();
-    let ModelConfig::Llama(cfg) = ModelConfig::load(&dir.join("config.json")).unwrap() else {
-        panic!("a Llama config");
-    };
-    let device = default_device();
-    let model = weights::load(Llama::new(&cfg, &device), dir.join("model.safetensors")).unwrap();
-    let batches = data::load_batches(
-        dir.join("batch.safetensors"),
-        cfg.vocab_size,
-        cfg.max_position_embeddings,
-    )
-    .unwrap();
-    let want = common::fixture_reference("llama");
-    let (ids, _) = batches.rows(0, 0, batches.batch, &device);
-    let logits = model.forward(ids).into_data().try_to_vec::<f32>().unwrap();
-    let c = assert_close("logits", &logits, &want["logits"], F64);
-    println!("transformers logits: {c}");
+    let (_, model, batches) = common::llama_fixture("llama");
     // One device, then the axes whose suites compare only with Bonfire's one device: context
     // parallelism (cp = 2 over the fixture's 8 tokens, with ZeRO over dp × cp), HSDP, and one
     // composition of three axes — each against transformers' own run.

@@ -164,6 +164,13 @@ fn hugging_face_directories_round_trip_bit_for_bit() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
+/// A training text and a held-out one (`train.txt`, `valid.txt`) in `dir`.
+fn write_text(dir: &Path) {
+    let text = bonfire_data::generated::generate;
+    std::fs::write(dir.join("train.txt"), text(20_000, 1)).unwrap();
+    std::fs::write(dir.join("valid.txt"), text(4_000, 2)).unwrap();
+}
+
 /// Every step's loss of a `--metrics` file.
 fn losses(path: &Path) -> Vec<f32> {
     std::fs::read_to_string(path)
@@ -195,16 +202,7 @@ fn evals(stdout: &str) -> Vec<(usize, f32)> {
 fn own_text_evaluated_and_resumed_in_other_layouts_equals_one_device() {
     let dir = scratch("text");
     let p = |name: &str| dir.join(name).to_str().unwrap().to_string();
-    std::fs::write(
-        dir.join("train.txt"),
-        bonfire_data::generated::generate(20_000, 1),
-    )
-    .unwrap();
-    std::fs::write(
-        dir.join("valid.txt"),
-        bonfire_data::generated::generate(4_000, 2),
-    )
-    .unwrap();
+    write_text(&dir);
     let data = [
         "--model",
         "llama-tiny",
@@ -423,16 +421,7 @@ fn a_recipe_run_reports_to_tensorboard() {
     };
     std::fs::create_dir_all(&dir).unwrap();
     let p = |name: &str| dir.join(name).to_str().unwrap().to_string();
-    std::fs::write(
-        dir.join("train.txt"),
-        bonfire_data::generated::generate(20_000, 1),
-    )
-    .unwrap();
-    std::fs::write(
-        dir.join("valid.txt"),
-        bonfire_data::generated::generate(4_000, 2),
-    )
-    .unwrap();
+    write_text(&dir);
     let args = [
         "--model",
         "llama-tiny",

@@ -19,7 +19,7 @@ use std::process::Command;
 
 /// The families with a fixture script, and the files it writes (`recipe` reads the Llama
 /// fixture beside it: in the regeneration folder, the one just regenerated).
-const FIXTURES: [(&str, &[&str]); 3] = [
+const FIXTURES: [(&str, &[&str]); 4] = [
     (
         "llama",
         &[
@@ -40,10 +40,30 @@ const FIXTURES: [(&str, &[&str]); 3] = [
         ],
     ),
     ("recipe", &["batch.safetensors", "reference.safetensors"]),
+    (
+        "families",
+        &[
+            "llama3/config.json",
+            "llama3/model.safetensors",
+            "llama3/batch.safetensors",
+            "llama3/reference.safetensors",
+            "qwen2/config.json",
+            "qwen2/model.safetensors",
+            "qwen2/batch.safetensors",
+            "qwen2/reference.safetensors",
+            "qwen3/config.json",
+            "qwen3/model.safetensors",
+            "qwen3/batch.safetensors",
+            "qwen3/reference.safetensors",
+        ],
+    ),
 ];
 
-/// The checks of this step: the export, one regeneration a family, TensorBoard's reader.
-pub const CHECKS: usize = 2 + FIXTURES.len();
+/// The Llama-family exports transformers loads besides the Llama's (`tests/families.rs`).
+const FAMILY_EXPORTS: [&str; 3] = ["llama3", "qwen2", "qwen3"];
+
+/// The checks of this step: the exports, one regeneration a family, TensorBoard's reader.
+pub const CHECKS: usize = 2 + FAMILY_EXPORTS.len() + FIXTURES.len();
 
 /// The Python with torch, transformers and safetensors, or why there is none.
 pub fn python() -> std::result::Result<String, String> {
@@ -57,6 +77,7 @@ pub fn run(python: &str) -> Result<(usize, usize)> {
     let tmp = std::env::temp_dir().join(format!("bonfire-clients-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&tmp);
     export(&root, python, &tmp.join("export"))?;
+    family_exports(&root, python, &tmp.join("families"))?;
     for (family, files) in FIXTURES {
         regenerate(&root, python, family, files, &tmp.join(family))?;
     }
@@ -91,6 +112,27 @@ fn tensorboard(root: &Path, dir: &Path) -> Result<bool> {
         .arg(dir);
     process::run(check)?;
     Ok(true)
+}
+
+/// The `export-<family>` checks: transformers' `AutoModelForCausalLM` loads each family's
+/// export with no missing or unexpected key, and its logits are Bonfire's.
+fn family_exports(root: &Path, python: &str, dir: &Path) -> Result {
+    println!(
+        "    clients: export-{{{}}} — transformers loads the families' exports",
+        FAMILY_EXPORTS.join(",")
+    );
+    let mut test = crate::test::test_cargo();
+    test.args(["-p", "bonfire-examples", "--test", "families"])
+        .env("BONFIRE_KEEP_EXPORT", dir);
+    process::run(test)?;
+    for family in FAMILY_EXPORTS {
+        let mut check = Command::new(python);
+        check
+            .arg(root.join("examples/fixtures/llama/check_export.py"))
+            .arg(dir.join(family));
+        process::run(check)?;
+    }
+    Ok(())
 }
 
 /// The `export` check.

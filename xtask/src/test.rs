@@ -296,13 +296,32 @@ pub fn test_cargo() -> std::process::Command {
 /// build Burn again. Alone, only bonfire-data's dependencies are built a second time.
 fn parquet() -> Result<Outcome> {
     let mut lint = process::cargo();
-    lint.args(["clippy", "-p", "bonfire-data", "--features", "parquet", "--all-targets"])
-        .args(["--", "-D", "warnings"]);
+    lint.args([
+        "clippy",
+        "-p",
+        "bonfire-data",
+        "--features",
+        "parquet",
+        "--all-targets",
+    ])
+    .args(["--", "-D", "warnings"]);
     process::run(lint)?;
     let mut test = process::cargo();
     // Only the test the feature adds: the others ran in the test step.
-    test.args(["test", "-p", "bonfire-data", "--features", "parquet", "--test", "data"])
-        .args(["--", "--exact", "records::a_parquet_file_is_one_document_per_row"]);
+    test.args([
+        "test",
+        "-p",
+        "bonfire-data",
+        "--features",
+        "parquet",
+        "--test",
+        "data",
+    ])
+    .args([
+        "--",
+        "--exact",
+        "records::a_parquet_file_is_one_document_per_row",
+    ]);
     process::run_tests(test)?;
     Ok(Outcome::Passed)
 }

@@ -5,7 +5,7 @@
 //! mixture of experts, which also returns what its router chose).
 
 use crate::gpt::attention::{causal_attention, merge_heads, split_heads};
-use crate::llama::LlamaConfig;
+use crate::llama::{Llama3Rope, LlamaConfig};
 use bonfire_module::layer;
 use bonfire_tp::{ParallelLinear, ParallelRmsNorm};
 use burn::module::Module;
@@ -22,22 +22,38 @@ pub struct LlamaAttention {
     pub v_proj: ParallelLinear,
     /// Output: `[d, h·hd]`.
     pub o_proj: ParallelLinear,
+    /// Qwen3: RMSNorm of each query head before RoPE, `[hd]`.
+    pub q_norm: Option<ParallelRmsNorm>,
+    /// Qwen3: RMSNorm of each key head before RoPE, `[hd]`.
+    pub k_norm: Option<ParallelRmsNorm>,
     head_dim: usize,
     rope_theta: f64,
+    /// Llama 3's RoPE scaling.
+    #[module(skip)]
+    rope_scaling: Option<Llama3Rope>,
 }
 
 impl LlamaAttention {
-    /// Normal(0, 0.02) projections for `cfg`.
+    /// Normal(0, 0.02) projections for `cfg` (with its family's biases, zero; its q/k
+    /// norms, unit).
     pub fn new(cfg: &LlamaConfig, device: &Device) -> Self {
         let (d, hd) = (cfg.hidden_size, cfg.head_dim);
         let (q, kv) = (cfg.num_attention_heads * hd, cfg.num_key_value_heads * hd);
+        let v = &cfg.variant;
+        let norm = || {
+            v.qk_norm
+                .then(|| ParallelRmsNorm::new(hd, device).with_eps(cfg.rms_norm_eps))
+        };
         Self {
-            q_proj: ParallelLinear::new(d, q, false, device),
-            k_proj: ParallelLinear::new(d, kv, false, device),
-            v_proj: ParallelLinear::new(d, kv, false, device),
+            q_proj: ParallelLinear::new(d, q, v.qkv_bias, device),
+            k_proj: ParallelLinear::new(d, kv, v.qkv_bias, device),
+            v_proj: ParallelLinear::new(d, kv, v.qkv_bias, device),
             o_proj: ParallelLinear::new(q, d, false, device),
+            q_norm: norm(),
+            k_norm: norm(),
             head_dim: hd,
             rope_theta: cfg.rope_theta,
+            rope_scaling: v.rope_scaling,
         }
     }
 
@@ -59,11 +75,18 @@ impl LlamaAttention {
     /// attention is ring attention over the whole sequence.
     pub fn forward(&self, x: Tensor<3>) -> Tensor<3> {
         let hd = self.head_dim;
-        let q = split_heads(self.q_proj.forward(x.clone()), hd);
-        let k = split_heads(self.k_proj.forward(x.clone()), hd);
+        let q = head_norm(
+            &self.q_norm,
+            split_heads(self.q_proj.forward(x.clone()), hd),
+        );
+        let k = head_norm(
+            &self.k_norm,
+            split_heads(self.k_proj.forward(x.clone()), hd),
+        );
         let v = split_heads(self.v_proj.forward(x), hd);
         let positions = bonfire_cp::positions(q.dims()[2]);
-        let (cos, sin) = rope_tables(&positions, hd, self.rope_theta, &q.device());
+        let rope = (self.rope_theta, self.rope_scaling);
+        let (cos, sin) = rope_tables(&positions, hd, rope, &q.device());
         let q = rotate(q, &cos, &sin);
         let k = rotate(k, &cos, &sin);
         // Query head j attends with local kv head ⌊j·h_kv/h⌋ (`causal_attention`'s grouping:
@@ -99,20 +122,31 @@ impl LlamaAttention {
     }
 }
 
+/// Qwen3's per-head RMSNorm of `x` `[B, h, T, hd]` over `hd` (none: `x`); part of the
+/// attention's layer, as its projections are.
+fn head_norm(norm: &Option<ParallelRmsNorm>, x: Tensor<4>) -> Tensor<4> {
+    match norm {
+        Some(n) => n.forward(x),
+        None => x,
+    }
+}
+
 /// RoPE's `cos` and `sin` `[T, hd]` at `positions` (`0..T`, or a context-parallel rank's
-/// chunks'): angle `p·θ^(−2j/hd)` for pair `j < hd/2`, the half repeated twice (computed in
-/// f64, stored in f32).
+/// chunks'): angle `p·f_j` for pair `j < hd/2`, `f_j = θ^(−2j/hd)` (scaled as Llama 3 does
+/// with a scaling), the half repeated twice (computed in f64, stored in f32).
 pub fn rope_tables(
     positions: &[usize],
     hd: usize,
-    theta: f64,
+    (theta, scaling): (f64, Option<Llama3Rope>),
     device: &Device,
 ) -> (Tensor<2>, Tensor<2>) {
     let (t, half) = (positions.len(), hd / 2);
-    let angle = |i: usize| {
-        let (p, j) = (positions[i / hd], i % hd % half);
-        p as f64 * theta.powf(-2.0 * j as f64 / hd as f64)
+    let freq = |j: usize| {
+        let f = theta.powf(-2.0 * j as f64 / hd as f64);
+        scaling.map_or(f, |s| s.scale(f))
     };
+    let freqs: Vec<f64> = (0..half).map(freq).collect();
+    let angle = |i: usize| positions[i / hd] as f64 * freqs[i % hd % half];
     let table = |f: fn(f64) -> f64| {
         let values: Vec<f32> = (0..t * hd).map(|i| f(angle(i)) as f32).collect();
         Tensor::<2>::from_data(TensorData::new(values, [t, hd]), device)

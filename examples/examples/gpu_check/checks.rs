@@ -250,6 +250,9 @@ pub fn llama_1b() -> LlamaConfig {
         rms_norm_eps: 1e-5,
         rope_theta: 500_000.0,
         max_position_embeddings: 2048,
+        // Without Llama 3's RoPE scaling, as PyTorch's side (gpu_bench.py) builds it: the
+        // scaling changes the tables, not the work.
+        variant: bonfire_models::llama::LlamaVariant::default(),
     }
 }
 

@@ -369,6 +369,37 @@ pub fn mixtral_fixture() -> bonfire_models::mixtral::Mixtral {
     bonfire_models::weights::load(m, dir.join("state_dict.safetensors")).unwrap()
 }
 
+/// The Llama-family fixture `name` (its `config.json`, `model.safetensors` and
+/// `batch.safetensors`, as transformers wrote them) loaded on the default device, with the
+/// logits of step 0's batch checked against its reference within [`F64`].
+pub fn llama_fixture(
+    name: &str,
+) -> (
+    bonfire_models::llama::LlamaConfig,
+    bonfire_models::llama::Llama,
+    Batches,
+) {
+    use bonfire_models::{ModelConfig, data, llama::Llama, weights};
+    let dir = fixture_dir(name);
+    let ModelConfig::Llama(cfg) = ModelConfig::load(&dir.join("config.json")).unwrap() else {
+        panic!("{name}: a Llama-family config");
+    };
+    let device = bonfire_examples::default_device();
+    let model = weights::load(Llama::new(&cfg, &device), dir.join("model.safetensors")).unwrap();
+    let batches = data::load_batches(
+        dir.join("batch.safetensors"),
+        cfg.vocab_size,
+        cfg.max_position_embeddings,
+    )
+    .unwrap();
+    let (ids, _) = batches.rows(0, 0, batches.batch, &device);
+    let logits = model.forward(ids).into_data().try_to_vec::<f32>().unwrap();
+    let want = &fixture_reference(name)["logits"];
+    let c = assert_close(&format!("{name} logits"), &logits, want, F64);
+    println!("{name} logits vs transformers: {c}");
+    (cfg, model, batches)
+}
+
 /// The reference tensors of fixture `name` (`reference.safetensors`: f32 values of float64
 /// results; its integer tensors left out).
 pub fn fixture_reference(name: &str) -> std::collections::BTreeMap<String, Vec<f32>> {

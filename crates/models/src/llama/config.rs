@@ -1,6 +1,7 @@
 //! [`LlamaConfig`]: a Llama model's sizes, read from and written as a Hugging Face
 //! `config.json` (`"model_type": "llama"`, the fields of `shared/notes/parity-harness.md`).
 
+use super::variant::{Family, LlamaVariant};
 use bonfire_plan::{Arch, AttentionKind, ModelSpec};
 use serde_json::{Map, Value, json};
 
@@ -27,6 +28,8 @@ pub struct LlamaConfig {
     pub rope_theta: f64,
     /// The longest sequence the model is meant for (positions are computed, not learnt).
     pub max_position_embeddings: usize,
+    /// What its family adds (Llama 3's RoPE scaling, Qwen2's biases, Qwen3's q/k norms).
+    pub variant: LlamaVariant,
 }
 
 impl LlamaConfig {
@@ -62,6 +65,7 @@ impl LlamaConfig {
             rms_norm_eps: 1e-5,
             rope_theta: 10_000.0,
             max_position_embeddings: 8,
+            variant: LlamaVariant::default(),
         }
     }
 
@@ -79,16 +83,31 @@ impl LlamaConfig {
             rms_norm_eps: 1e-5,
             rope_theta: 10_000.0,
             max_position_embeddings: 128,
+            variant: LlamaVariant::default(),
         }
     }
 
-    /// Parses a Hugging Face `config.json` of `"model_type": "llama"`; `what` names it in
-    /// errors. θ is `rope_parameters.rope_theta` or a top-level `rope_theta` (default
-    /// 10000); `head_dim` defaults to `hidden_size / num_attention_heads`,
-    /// `num_key_value_heads` to `num_attention_heads`. Tied embeddings, biases and a rope
-    /// scaling other than the default are refused (the model has none of them).
+    /// Parses a Hugging Face `config.json` of `"model_type"` `llama`, `qwen2` or `qwen3`
+    /// ([`Family`]); `what` names it in errors. θ is `rope_parameters.rope_theta` or a
+    /// top-level `rope_theta` (default 10000); `head_dim` defaults to `hidden_size /
+    /// num_attention_heads`, `num_key_value_heads` to `num_attention_heads`; `rope_type`
+    /// `llama3` is Llama 3's scaling. What the decoder does not compute is refused naming the
+    /// field ([`LlamaVariant`]: tied embeddings, MLP or output biases, sliding windows, other
+    /// RoPE types).
     pub fn from_json(what: &str, text: &str) -> Result<Self, String> {
-        Self::from_json_of("llama", what, text)
+        let model_type = serde_json::from_str::<Value>(text).ok().and_then(|v| {
+            v.get("model_type")
+                .and_then(Value::as_str)
+                .map(str::to_owned)
+        });
+        let family = model_type
+            .as_deref()
+            .and_then(Family::parse)
+            .ok_or_else(|| {
+                let known: Vec<_> = Family::ALL.iter().map(|f| f.model_type()).collect();
+                format!("{what}: model_type is {model_type:?}, not one of {known:?}")
+            })?;
+        Self::from_json_of(family.model_type(), what, text)
     }
 
     /// [`from_json`](Self::from_json) for a config of `model_type` (the Llama family's
@@ -107,15 +126,6 @@ impl LlamaConfig {
                 )));
             }
         }
-        for (flag, meaning) in [
-            ("tie_word_embeddings", "tied embeddings"),
-            ("attention_bias", "attention biases"),
-            ("mlp_bias", "MLP biases"),
-        ] {
-            if obj.get(flag).and_then(Value::as_bool) == Some(true) {
-                return Err(bad(format!("{flag} is true: {meaning} are not supported")));
-            }
-        }
         let count = |field: &str| -> Result<usize, String> {
             obj.get(field)
                 .and_then(Value::as_u64)
@@ -129,15 +139,8 @@ impl LlamaConfig {
         };
         let optional = |field: &str| obj.get(field).filter(|v| !v.is_null());
         let rope = optional("rope_parameters").or_else(|| optional("rope_scaling"));
-        if let Some(kind) = rope
-            .and_then(|r| r.get("rope_type"))
-            .and_then(Value::as_str)
-            .filter(|k| *k != "default")
-        {
-            return Err(bad(format!(
-                "rope_type `{kind}` is not supported (only default)"
-            )));
-        }
+        let family = Family::parse(model_type).unwrap_or_default();
+        let variant = LlamaVariant::from_json(family, obj, rope).map_err(bad)?;
         let theta = rope
             .and_then(|r| r.get("rope_theta"))
             .or_else(|| optional("rope_theta"))
@@ -168,6 +171,7 @@ impl LlamaConfig {
                 .unwrap_or(1e-6),
             rope_theta: theta,
             max_position_embeddings: count("max_position_embeddings")?,
+            variant,
         };
         cfg.validate().map_err(bad)?;
         Ok(cfg)
@@ -179,12 +183,11 @@ impl LlamaConfig {
         Self::from_json(&path.display().to_string(), &crate::read_config(path)?)
     }
 
-    /// The `config.json` transformers reads back as this model (f32, untied, no biases).
+    /// The `config.json` transformers reads back as this model (f32, untied; its family's
+    /// `model_type`, architecture and RoPE).
     pub fn to_json(&self) -> String {
         let mut m = Map::new();
         let fields = json!({
-            "architectures": ["LlamaForCausalLM"],
-            "model_type": "llama",
             "vocab_size": self.vocab_size,
             "hidden_size": self.hidden_size,
             "intermediate_size": self.intermediate_size,
@@ -194,7 +197,6 @@ impl LlamaConfig {
             "head_dim": self.head_dim,
             "rms_norm_eps": self.rms_norm_eps,
             "rope_theta": self.rope_theta,
-            "rope_parameters": {"rope_type": "default", "rope_theta": self.rope_theta},
             "max_position_embeddings": self.max_position_embeddings,
             "hidden_act": "silu",
             "tie_word_embeddings": false,
@@ -202,8 +204,10 @@ impl LlamaConfig {
             "mlp_bias": false,
             "torch_dtype": "float32",
         });
-        if let Value::Object(f) = fields {
-            m.extend(f);
+        for f in [fields, self.variant.json_fields(self.rope_theta)] {
+            if let Value::Object(f) = f {
+                m.extend(f);
+            }
         }
         serde_json::to_string_pretty(&Value::Object(m)).expect("a JSON object")
     }
@@ -236,7 +240,10 @@ impl LlamaConfig {
             self.num_attention_heads * self.head_dim,
             self.num_key_value_heads * self.head_dim,
         );
-        let layer = 2 * d + d * q + 2 * d * kv + q * d + 3 * d * f;
+        let v_ = &self.variant;
+        let extras =
+            usize::from(v_.qkv_bias) * (q + 2 * kv) + usize::from(v_.qk_norm) * 2 * self.head_dim;
+        let layer = 2 * d + d * q + 2 * d * kv + q * d + 3 * d * f + extras;
         2 * v * d + d + self.num_hidden_layers * layer
     }
 }
@@ -275,8 +282,33 @@ mod tests {
         assert!(
             LlamaConfig::from_json("c", &gpt)
                 .unwrap_err()
-                .contains("not \"llama\"")
+                .contains("not one of [\"llama\", \"qwen2\", \"qwen3\"]")
         );
+        for (field, said) in [
+            ("mlp_bias", "mlp_bias is true"),
+            ("attention_bias", "attention_bias is true"),
+            ("use_sliding_window", "use_sliding_window is true"),
+        ] {
+            let on = text.replace(
+                "\"rope_theta\"",
+                &format!("\"{field}\": true, \"rope_theta\""),
+            );
+            let err = LlamaConfig::from_json("c", &on).unwrap_err();
+            assert!(err.contains(said), "{err}");
+        }
+        let yarn = text.replace(
+            "\"rope_theta\": 500000.0",
+            "\"rope_parameters\": {\"rope_type\": \"yarn\", \"rope_theta\": 1.0}",
+        );
+        assert!(
+            LlamaConfig::from_json("c", &yarn)
+                .unwrap_err()
+                .contains("rope_type `yarn`")
+        );
+        let qwen3 = text.replace("\"llama\"", "\"qwen3\"");
+        let q = LlamaConfig::from_json("c", &qwen3).unwrap();
+        assert!(q.variant.qk_norm && !q.variant.qkv_bias);
+        assert_eq!(LlamaConfig::from_json("c", &q.to_json()), Ok(q));
         let odd = text.replace("\"num_attention_heads\": 4", "\"num_attention_heads\": 3");
         assert!(LlamaConfig::from_json("c", &odd).is_err());
     }

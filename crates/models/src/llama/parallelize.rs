@@ -40,21 +40,24 @@ pub fn llama_tp_plan(
     sequence_parallel: bool,
     loss_parallel: bool,
     replicate_kv: bool,
+    attention: Option<&LlamaAttention>,
 ) -> ParallelPlan {
     let st = DecoderStyles::new(sequence_parallel, loss_parallel);
-    attention_tp_plan(sequence_parallel, loss_parallel, replicate_kv)
+    attention_tp_plan(sequence_parallel, loss_parallel, replicate_kv, attention)
         .add("model.layers.*.mlp.gate_proj", st.colwise)
         .add("model.layers.*.mlp.up_proj", st.colwise)
         .add("model.layers.*.mlp.down_proj", st.rowwise)
 }
 
 /// The plan of every Llama-family decoder without its feed-forward: the embedding, the
-/// attention projections, the norms under sequence parallelism and the head (the Llama adds
-/// its MLP; the Mixtral keeps its router and experts whole on every rank).
+/// attention projections (and, when `attention` — a layer's — has them, its q/k norms), the
+/// norms under sequence parallelism and the head (the Llama adds its MLP; the Mixtral keeps
+/// its router and experts whole on every rank).
 pub fn attention_tp_plan(
     sequence_parallel: bool,
     loss_parallel: bool,
     replicate_kv: bool,
+    attention: Option<&LlamaAttention>,
 ) -> ParallelPlan {
     let st = DecoderStyles::new(sequence_parallel, loss_parallel);
     let kv: ParallelStyle = match replicate_kv {
@@ -74,6 +77,16 @@ pub fn attention_tp_plan(
     plan = plan
         .add("model.layers.*.self_attn.o_proj", st.rowwise)
         .add("lm_head", st.head);
+    if attention.is_some_and(|a| a.q_norm.is_some()) {
+        // Each rank normalizes its own heads with the one replicated weight: its gradient is
+        // partial per rank and summed over tp (the norm style of sequence parallelism).
+        for part in ["q_norm", "k_norm"] {
+            plan = plan.add(
+                format!("model.layers.*.self_attn.{part}"),
+                bonfire_tp::SequenceParallel::default(),
+            );
+        }
+    }
     if let Some(sp) = st.norm {
         for path in [
             "model.layers.*.input_layernorm",
@@ -161,6 +174,7 @@ impl ParallelModel for Llama {
             o.sequence_parallel,
             o.loss_parallel,
             replicate_kv,
+            attention,
         ))
     }
 

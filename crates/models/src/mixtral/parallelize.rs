@@ -72,6 +72,7 @@ impl ParallelModel for Mixtral {
             o.sequence_parallel,
             o.loss_parallel,
             replicates_kv(attention, dims.tp()),
+            attention,
         ))
     }
 
