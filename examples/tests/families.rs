@@ -7,7 +7,9 @@
 //! equal transformers' on one device and in a layout of each class: DDP, ZeRO-3, tp = 2 with
 //! sequence parallelism (biases sharded with their columns; the q/k norms' gradients summed
 //! over tp), tp = 4 over 2 kv heads (kv projections and norms whole on every rank), a
-//! pipeline, cp = 2 (ring attention), HSDP, and dp × tp × cp. Exported with
+//! pipeline, cp = 2 (ring attention), HSDP, and dp × tp × cp. Tied embeddings (a Llama 3.2
+//! shape: the head is the embedding table, one parameter) in the layouts it supports yet — DDP,
+//! ZeRO 1–3, HSDP, cp, offload — and tp, pp and activation checkpointing refused naming it. Exported with
 //! `save_pretrained`, each has the fixture's tensors, names and shapes and its config reads back
 //! as the same model; with `BONFIRE_KEEP_EXPORT=DIR` the exports and their logits are left in
 //! `DIR/<family>` for transformers' `AutoModelForCausalLM` (`fixtures/llama/check_export.py`,
@@ -15,6 +17,7 @@
 
 mod common;
 
+use bonfire_examples::cli::LayoutArgs;
 use bonfire_examples::default_device;
 use bonfire_models::data;
 use bonfire_models::llama::{Family, Llama};
@@ -23,12 +26,9 @@ use bonfire_train::OptimizerKind;
 use common::{F64, layout};
 use std::collections::BTreeMap;
 
-/// `family`'s fixture: logits, then every layout against transformers' run.
-fn check(family: &str, want: Family) {
-    let name = format!("families/{family}");
-    let (cfg, model, batches) = common::llama_fixture(&name);
-    assert_eq!(cfg.variant.family, want, "{family}: its model_type");
-    let layouts = [
+/// Every layout class.
+fn all_layouts() -> Vec<LayoutArgs> {
+    vec![
         layout("dp=1", 0, None, None, ""),
         layout("dp=2", 0, None, None, ""),
         layout("dp=2", 3, None, None, ""),
@@ -38,7 +38,14 @@ fn check(family: &str, want: Family) {
         layout("cp=2", 0, None, None, ""),
         layout("dp_replicate=2,dp=2", 2, None, None, ""),
         layout("dp=2,cp=2,tp=2", 1, None, None, "sp"),
-    ];
+    ]
+}
+
+/// `family`'s fixture: logits, then every layout of `layouts` against transformers' run.
+fn check(family: &str, want: Family, layouts: &[LayoutArgs]) {
+    let name = format!("families/{family}");
+    let (cfg, model, batches) = common::llama_fixture(&name);
+    assert_eq!(cfg.variant.family, want, "{family}: its model_type");
     // AdamW divides each gradient element by its running RMS: an element whose gradient is
     // near ε turns f32's error of the float64 gradient into a step difference — on one device
     // too here (measured 1.1e-6 on the Llama 3 fixture, 1.9e-6 on the Qwen3 one, where F64
@@ -47,7 +54,7 @@ fn check(family: &str, want: Family) {
         OptimizerKind::AdamW => common::adamw(lr),
         OptimizerKind::Sgd => F64,
     };
-    let worst = common::against_fixture(&name, &model, &batches, &layouts, tol);
+    let worst = common::against_fixture(&name, &model, &batches, layouts, tol);
     println!(
         "{family} sgd, adamw vs transformers: {} {}",
         worst[0], worst[1]
@@ -103,15 +110,51 @@ fn export(
 
 #[test]
 fn llama3_rope_scaling_matches_transformers_in_every_layout_class() {
-    check("llama3", Family::Llama);
+    check("llama3", Family::Llama, &all_layouts());
 }
 
 #[test]
 fn qwen2_biases_match_transformers_in_every_layout_class() {
-    check("qwen2", Family::Qwen2);
+    check("qwen2", Family::Qwen2, &all_layouts());
 }
 
 #[test]
 fn qwen3_qk_norms_match_transformers_in_every_layout_class() {
-    check("qwen3", Family::Qwen3);
+    check("qwen3", Family::Qwen3, &all_layouts());
+}
+
+/// A tied head (Llama 3.2's shape): one parameter whose gradient sums the embedding's and the
+/// head's use, in every layout that supports it yet (ZeRO-3 gathers the table a second time
+/// for the head); tp, pp and activation checkpointing refused, naming `tie_word_embeddings`.
+#[test]
+fn tied_embeddings_match_transformers_where_supported() {
+    let supported = [
+        layout("dp=1", 0, None, None, ""),
+        layout("dp=2", 0, None, None, ""),
+        layout("dp=2", 1, None, None, "offload"),
+        layout("dp=2", 3, None, None, ""),
+        layout("cp=2", 0, None, None, ""),
+        layout("dp_replicate=2,dp=2", 3, None, None, ""),
+    ];
+    check("llama32", Family::Llama, &supported);
+    let (_, model, batches) = common::llama_fixture("families/llama32");
+    assert!(model.lm_head.is_none(), "tied: no lm_head");
+    let batch = batches.rows(0, 0, batches.batch, &default_device());
+    for (case, world, says) in [
+        (layout("tp=2", 0, None, None, ""), 2, "tie_word_embeddings"),
+        (
+            layout("pp=2", 0, Some("1f1b"), Some(2), ""),
+            2,
+            "tie_word_embeddings",
+        ),
+        (layout("dp=1", 0, None, None, "ac"), 1, "pipeline pieces"),
+    ] {
+        let dims = case.dims("dp=1").unwrap();
+        let err = bonfire_train::Trainer::new(dims.clone(), || OptimizerKind::Sgd.build())
+            .check(&model, world, &batch)
+            .map(|_| ())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(says), "{dims}: {err}");
+    }
 }

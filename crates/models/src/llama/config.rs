@@ -199,7 +199,6 @@ impl LlamaConfig {
             "rope_theta": self.rope_theta,
             "max_position_embeddings": self.max_position_embeddings,
             "hidden_act": "silu",
-            "tie_word_embeddings": false,
             "attention_bias": false,
             "mlp_bias": false,
             "torch_dtype": "float32",
@@ -244,7 +243,12 @@ impl LlamaConfig {
         let extras =
             usize::from(v_.qkv_bias) * (q + 2 * kv) + usize::from(v_.qk_norm) * 2 * self.head_dim;
         let layer = 2 * d + d * q + 2 * d * kv + q * d + 3 * d * f + extras;
-        2 * v * d + d + self.num_hidden_layers * layer
+        let heads = if self.variant.tie_word_embeddings {
+            1
+        } else {
+            2
+        };
+        heads * v * d + d + self.num_hidden_layers * layer
     }
 }
 
@@ -273,11 +277,14 @@ mod tests {
             "\"rope_theta\"",
             "\"tie_word_embeddings\": true, \"rope_theta\"",
         );
-        assert!(
-            LlamaConfig::from_json("c", &tied)
-                .unwrap_err()
-                .contains("tied")
+        let t = LlamaConfig::from_json("c", &tied).unwrap();
+        assert!(t.variant.tie_word_embeddings);
+        assert_eq!(
+            t.num_params() + 32 * 16,
+            c.num_params(),
+            "one table, not two"
         );
+        assert_eq!(LlamaConfig::from_json("c", &t.to_json()), Ok(t));
         let gpt = text.replace("\"llama\"", "\"gpt2\"");
         assert!(
             LlamaConfig::from_json("c", &gpt)

@@ -91,8 +91,8 @@ pub struct LlamaModel {
 pub struct Llama {
     /// The decoder.
     pub model: LlamaModel,
-    /// The output projection `[V, d]` (untied).
-    pub lm_head: ParallelLinear,
+    /// The output projection `[V, d]`; `None` when tied: the head is `model.embed_tokens`.
+    pub lm_head: Option<ParallelLinear>,
 }
 
 impl Llama {
@@ -106,7 +106,8 @@ impl Llama {
                     .collect(),
                 norm: ParallelRmsNorm::new(cfg.hidden_size, device).with_eps(cfg.rms_norm_eps),
             },
-            lm_head: ParallelLinear::new(cfg.hidden_size, cfg.vocab_size, false, device),
+            lm_head: (!cfg.variant.tie_word_embeddings)
+                .then(|| ParallelLinear::new(cfg.hidden_size, cfg.vocab_size, false, device)),
         }
     }
 
@@ -118,12 +119,19 @@ impl Llama {
         for l in &self.model.layers {
             x = l.forward(x);
         }
-        head(&self.model.norm, &self.lm_head, x)
+        match &self.lm_head {
+            Some(lm_head) => head(&self.model.norm, lm_head, x),
+            None => tied_head(&self.model.norm, &self.model.embed_tokens, x),
+        }
     }
 
     /// Mean cross-entropy over all `B·T` positions (vocab-parallel on sharded logits).
     pub fn loss(&self, ids: Tensor<2, Int>, targets: Tensor<2, Int>) -> Tensor<1> {
-        match self.lm_head.output_shard_group() {
+        match self
+            .lm_head
+            .as_ref()
+            .and_then(ParallelLinear::output_shard_group)
+        {
             Some(group) => loss_parallel(self.forward(ids), targets, &group),
             None => cross_entropy(self.forward(ids), targets),
         }
@@ -133,6 +141,27 @@ impl Llama {
 /// `embed_tokens[ids]`: `[B, T]` ids to `[B, T, d]`.
 pub fn embed(embed_tokens: &ParallelEmbedding, ids: Tensor<2, Int>) -> Tensor<3> {
     layer(embed_tokens, &ids).forward(ids.clone())
+}
+
+/// `RMSNorm(x)·Eᵀ` with the embedding table `E` `[V, d]` (tied embeddings): `[B, T, d]` to
+/// logits. Entered as the embedding's layer a second time, so that a wrapper that gathers
+/// parameters layer by layer (ZeRO-3) gathers the table again for it — with no float input,
+/// as the embedding itself is entered (its ids): the table's gradient, the sum of both uses,
+/// is then collected once backward is over rather than hooked at one use.
+pub fn tied_head(
+    norm: &ParallelRmsNorm,
+    embed_tokens: &ParallelEmbedding,
+    x: Tensor<3>,
+) -> Tensor<3> {
+    let h = layer(norm, &x).forward(x.clone());
+    let no_anchor = Tensor::<1, Int>::zeros([1], &h.device());
+    let table = layer(embed_tokens, &no_anchor).weight.val();
+    let [b, t, d] = h.dims();
+    let v = table.dims()[0];
+    let table = table.cast(h.dtype());
+    h.reshape([b * t, d])
+        .matmul(table.transpose())
+        .reshape([b, t, v])
 }
 
 /// `lm_head(RMSNorm(x))`: `[B, T, d]` to logits.

@@ -148,7 +148,23 @@ impl ParallelModel for Llama {
             check_attention_tp(&l.self_attn, tp)?;
             divisible_tp(tp, "intermediate_size", l.mlp.gate_proj.weight.dims()[0])?;
         }
-        divisible_tp(tp, "vocab_size", self.lm_head.weight.dims()[0])
+        let Some(lm_head) = &self.lm_head else {
+            // Tied: the head is the embedding. Under tp the vocab-parallel table would have to
+            // serve as the column-parallel head, under pp it lives on two stages: not yet.
+            for (axis, degree) in [(Axis::Tp, tp), (Axis::Pp, dims.pp())] {
+                if degree > 1 {
+                    return Err(LayoutError::axis(
+                        axis,
+                        degree,
+                        "tie_word_embeddings: a tied head is supported without tp and pp \
+                         (dp, ZeRO 1–3, HSDP, cp, offload) for now"
+                            .to_string(),
+                    ));
+                }
+            }
+            return Ok(());
+        };
+        divisible_tp(tp, "vocab_size", lm_head.weight.dims()[0])
     }
 
     /// Sequence parallelism shards the sequence over tp.
@@ -190,18 +206,22 @@ impl ParallelModel for Llama {
                 out.push(format!("model.layers.{i}.{part}"));
             }
         }
-        out.extend(["model.norm".to_string(), "lm_head".to_string()]);
+        out.push("model.norm".to_string());
+        if self.lm_head.is_some() {
+            out.push("lm_head".to_string());
+        }
         out
     }
 
     /// The embedding, each decoder layer, the final norm with the head; token ids enter as
     /// floats `[B, T, 1]`; the loss is cross-entropy, vocab-parallel when the head's logits
     /// stay sharded. The decoder layers are the checkpointable layers.
+    /// A tied model has no pieces yet (its head needs the first piece's table).
     fn pipeline<V: PipelineVisitor<TokenBatch>>(self, visitor: V) -> Option<V::Output> {
         let layers: Vec<String> = (0..self.model.layers.len())
             .map(|i| format!("model.layers.{i}"))
             .collect();
-        let loss = token_loss(self.lm_head.output_shard_group());
+        let loss = token_loss(self.lm_head.as_ref()?.output_shard_group());
         let pipeline = Pipeline::new(pieces(self), token_input, loss);
         Some(visitor.visit(pipeline.with_checkpointable(layers)))
     }
@@ -244,6 +264,7 @@ impl Block<3> for LlamaPiece {
 /// `model.embed_tokens`, `model.layers.0`, …, `model.norm` (parameters in the model's order).
 pub fn pieces(model: Llama) -> Vec<(String, LlamaPiece)> {
     let Llama { model, lm_head } = model;
+    let lm_head = lm_head.expect("an untied head: a tied model has no pieces");
     let mut out = vec![(
         "model.embed_tokens".to_string(),
         LlamaPiece::Embed(model.embed_tokens),

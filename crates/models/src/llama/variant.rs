@@ -111,12 +111,15 @@ pub struct LlamaVariant {
     pub qk_norm: bool,
     /// Llama 3's RoPE scaling.
     pub rope_scaling: Option<Llama3Rope>,
+    /// The head is the embedding (`tie_word_embeddings`: Llama 3.2, small Qwens): one
+    /// parameter, its gradient the sum of both uses.
+    pub tie_word_embeddings: bool,
 }
 
 impl LlamaVariant {
     /// The variant a `config.json` object of `family` describes: `rope` its `rope_parameters`
     /// (or `rope_scaling`). Refuses, naming the field, what the decoder does not compute: tied
-    /// embeddings, MLP biases, an output-projection bias, sliding windows, other RoPE types.
+    /// MLP biases, an output-projection bias, sliding windows, other RoPE types.
     pub(crate) fn from_json(
         family: Family,
         obj: &Map<String, Value>,
@@ -124,9 +127,6 @@ impl LlamaVariant {
     ) -> Result<Self, String> {
         let flag = |f: &str| obj.get(f).and_then(Value::as_bool) == Some(true);
         let refuse = |f: &str, what: &str| Err(format!("{f} is true: {what} are not supported"));
-        if flag("tie_word_embeddings") {
-            return refuse("tie_word_embeddings", "tied embeddings");
-        }
         if flag("mlp_bias") {
             return refuse("mlp_bias", "MLP biases");
         }
@@ -153,6 +153,7 @@ impl LlamaVariant {
             qkv_bias: family == Family::Qwen2,
             qk_norm: family == Family::Qwen3,
             rope_scaling,
+            tie_word_embeddings: flag("tie_word_embeddings"),
         })
     }
 
@@ -170,6 +171,7 @@ impl LlamaVariant {
             "architectures": [self.family.architecture()],
             "model_type": self.family.model_type(),
             "rope_parameters": rope,
+            "tie_word_embeddings": self.tie_word_embeddings,
         });
         if self.family != Family::Llama {
             fields["use_sliding_window"] = json!(false);

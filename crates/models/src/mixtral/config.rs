@@ -76,6 +76,11 @@ impl MixtralConfig {
     pub fn from_json(what: &str, text: &str) -> Result<Self, String> {
         let base = LlamaConfig::from_json_of("mixtral", what, text)?;
         let bad = |reason: String| format!("{what}: {reason}");
+        if base.variant.tie_word_embeddings {
+            return Err(bad(
+                "tie_word_embeddings is true: the Mixtral's head is untied here".into(),
+            ));
+        }
         let v: Value = serde_json::from_str(text).map_err(|e| bad(format!("not JSON: {e}")))?;
         let field = |name: &str| v.get(name).filter(|x| !x.is_null());
         let count = |name: &str, default: usize| -> Result<usize, String> {
