@@ -73,6 +73,9 @@ pub struct ModelSpec {
     pub n_heads: usize,
     /// Key/value heads (grouped-query attention); `n_heads` for plain multi-head attention.
     pub n_kv_heads: usize,
+    /// Features per head: `d_model / n_heads` unless the model says otherwise (Qwen3's
+    /// 128 at any width): the query and output projections are `d_model × n_heads·head_dim`.
+    pub head_dim: usize,
     /// Transformer blocks.
     pub n_layers: usize,
     /// Context length: the position table's rows (GPT) and the default tokens per sequence.
@@ -82,16 +85,17 @@ pub struct ModelSpec {
 }
 
 /// The presets' names.
-pub const PRESETS: [&str; 6] = [
+pub const PRESETS: [&str; 7] = [
     "gpt-bench",
     "gpt3-175b",
     "llama3-8b",
     "llama3-70b",
     "llama3-405b",
+    "qwen3-32b",
     "mixtral-8x7b",
 ];
 
-const FIELDS: [&str; 12] = [
+const FIELDS: [&str; 13] = [
     "name",
     "arch",
     "attention",
@@ -99,6 +103,7 @@ const FIELDS: [&str; 12] = [
     "d_model",
     "n_heads",
     "n_kv_heads",
+    "head_dim",
     "n_layers",
     "seq_len",
     "d_ff",
@@ -126,6 +131,7 @@ impl ModelSpec {
             d_model,
             n_heads,
             n_kv_heads: n_heads,
+            head_dim: d_model / n_heads,
             n_layers,
             seq_len,
             d_ff,
@@ -143,6 +149,7 @@ impl ModelSpec {
             d_model,
             n_heads,
             n_kv_heads: 8,
+            head_dim: d_model / n_heads,
             n_layers,
             seq_len: 8192,
             d_ff,
@@ -164,6 +171,22 @@ impl ModelSpec {
             "llama3-8b" => Self::llama3(name, 4096, 32, 32, 14_336),
             "llama3-70b" => Self::llama3(name, 8192, 64, 80, 28_672),
             "llama3-405b" => Self::llama3(name, 16_384, 128, 126, 53_248),
+            // Qwen3-32B (Qwen/Qwen3-32B's config.json): vocabulary 151,936, hidden 5120, 64
+            // heads of 128 (8192 wide, not 5120), 8 kv heads, 64 layers, intermediate 25,600,
+            // 40,960 positions, untied — 32.76 B parameters.
+            "qwen3-32b" => Self {
+                name: name.to_string(),
+                arch: Arch::Llama,
+                attention: AttentionKind::Fused,
+                vocab_size: 151_936,
+                d_model: 5120,
+                n_heads: 64,
+                n_kv_heads: 8,
+                head_dim: 128,
+                n_layers: 64,
+                seq_len: 40_960,
+                d_ff: 25_600,
+            },
             // Mixtral 8x7B (mistralai/Mixtral-8x7B-v0.1's config.json): vocabulary 32,000,
             // hidden 4096, 32 heads, 8 kv heads, 32 layers, 32K positions, 8 experts of
             // width 14,336, top 2 — 46.7 B parameters, 12.9 B active per token.
@@ -178,6 +201,7 @@ impl ModelSpec {
                 d_model: 4096,
                 n_heads: 32,
                 n_kv_heads: 8,
+                head_dim: 128,
                 n_layers: 32,
                 seq_len: 32_768,
                 d_ff: 14_336,
@@ -222,14 +246,27 @@ impl ModelSpec {
         };
         let name = f.string_opt("name")?.unwrap_or_else(|| what.to_string());
         let n_heads = f.count("n_heads")?;
+        let d_model = f.count("d_model")?;
         let spec = Self {
             name,
             arch,
             attention,
             vocab_size: f.count("vocab_size")?,
-            d_model: f.count("d_model")?,
+            d_model,
             n_heads,
             n_kv_heads: f.count_opt("n_kv_heads")?.unwrap_or(n_heads),
+            head_dim: match f.count_opt("head_dim")? {
+                Some(hd) => hd,
+                // Zero heads: refused by `validate`, naming the field.
+                None if n_heads == 0 => 0,
+                None if d_model % n_heads == 0 => d_model / n_heads,
+                None => {
+                    return Err(f.error(
+                        "n_heads",
+                        format!("{n_heads} heads do not divide d_model {d_model} (give head_dim)"),
+                    ));
+                }
+            },
             n_layers: f.count("n_layers")?,
             seq_len: f.count("seq_len")?,
             d_ff: f.count("d_ff")?,
@@ -248,6 +285,7 @@ impl ModelSpec {
             ("d_model", self.d_model),
             ("n_heads", self.n_heads),
             ("n_kv_heads", self.n_kv_heads),
+            ("head_dim", self.head_dim),
             ("n_layers", self.n_layers),
             ("seq_len", self.seq_len),
             ("d_ff", self.d_ff),
@@ -256,13 +294,10 @@ impl ModelSpec {
                 return bad(field, "must be at least 1, got 0".into());
             }
         }
-        if self.d_model % self.n_heads != 0 {
+        if self.arch == Arch::Gpt && self.head_dim * self.n_heads != self.d_model {
             return bad(
-                "n_heads",
-                format!(
-                    "{} heads do not divide d_model {}",
-                    self.n_heads, self.d_model
-                ),
+                "head_dim",
+                "the GPT's heads split d_model: head_dim must be d_model / n_heads".into(),
             );
         }
         if self.n_kv_heads > self.n_heads || self.n_heads % self.n_kv_heads != 0 {
@@ -325,19 +360,25 @@ impl ModelSpec {
 
     /// The width of the key (and of the value) projection: `n_kv_heads` heads.
     pub fn kv_dim(&self) -> usize {
-        self.d_model / self.n_heads * self.n_kv_heads
+        self.head_dim * self.n_kv_heads
+    }
+
+    /// The width of the queries and of attention's output: `n_heads · head_dim` (`d_model`
+    /// unless the model sets its head width).
+    pub fn q_dim(&self) -> usize {
+        self.head_dim * self.n_heads
     }
 
     /// A block's (split over tp, whole on every tp rank) parameters — the split ones divided
     /// by `tp` by the caller. GPT: q/k/v/fc1 weights and biases and the o/fc2 weights split,
     /// norms and the o/fc2 biases whole (Bonfire's TP plan); Llama: every matrix split.
     fn block_params(&self) -> (usize, usize) {
-        let (d, f, kv) = (self.d_model, self.d_ff, self.kv_dim());
+        let (d, f, kv, q) = (self.d_model, self.d_ff, self.kv_dim(), self.q_dim());
         match self.arch {
             Arch::Gpt => (3 * (d * d + d) + d * d + (f * d + f) + d * f, 4 * d + d + d),
-            Arch::Llama => (2 * d * d + 2 * d * kv + 3 * d * f, 2 * d),
+            Arch::Llama => (2 * d * q + 2 * d * kv + 3 * d * f, 2 * d),
             Arch::Mixtral(m) => (
-                2 * d * d + 2 * d * kv,
+                2 * d * q + 2 * d * kv,
                 2 * d + m.experts * d + self.block_expert_params(),
             ),
         }
@@ -405,13 +446,13 @@ impl ModelSpec {
         if piece == self.n_layers + 1 {
             return 2.0 * v * d / tp as f64;
         }
-        let (f, kv) = (self.d_ff as f64, self.kv_dim() as f64);
+        let (f, kv, q) = (self.d_ff as f64, self.kv_dim() as f64, self.q_dim() as f64);
         let matmuls = match self.arch {
             Arch::Gpt => 4.0 * d * d + 2.0 * d * f,
-            Arch::Llama => 2.0 * d * d + 2.0 * d * kv + 3.0 * d * f,
-            Arch::Mixtral(_) => 2.0 * d * d + 2.0 * d * kv,
+            Arch::Llama => 2.0 * d * q + 2.0 * d * kv + 3.0 * d * f,
+            Arch::Mixtral(_) => 2.0 * d * q + 2.0 * d * kv,
         };
-        (2.0 * matmuls + 4.0 * seq as f64 * d) / tp as f64 + self.moe_flops_per_token()
+        (2.0 * matmuls + 4.0 * seq as f64 * q) / tp as f64 + self.moe_flops_per_token()
     }
 
     /// Forward FLOPs per token of a block's mixture of experts (0 for a dense model): the
@@ -454,9 +495,11 @@ impl ModelSpec {
     /// GELU, 3·d_ff SwiGLU), and with materialized attention the scores and probabilities
     /// (2·heads·seq; [`AttentionKind::Fused`] keeps `d + heads` instead, as in f32 without cp —
     /// resolve it for a layout with [`Self::attention_under`]); everything but the replicated
-    /// 4d is split over tp.
+    /// 4d is split over tp. (q, k, v, the attention output and the fused output are
+    /// [`Self::q_dim`] wide: `d` unless the model sets its head width.)
     pub fn block_activation_elems(&self, tp: usize, sp: bool, seq: usize) -> f64 {
         let (d, f, h) = (self.d_model as f64, self.d_ff as f64, self.n_heads as f64);
+        let a = self.q_dim() as f64;
         let mlp = match self.arch {
             Arch::Gpt => 2.0 * f,
             Arch::Llama => 3.0 * f,
@@ -465,11 +508,11 @@ impl ModelSpec {
         let scores = match self.attention {
             AttentionKind::Materialized => 2.0 * h * seq as f64,
             AttentionKind::Flash => 0.0,
-            AttentionKind::Fused => d + h,
+            AttentionKind::Fused => a + h,
         };
         let t = tp as f64;
         let replicated = if sp { 4.0 * d / t } else { 4.0 * d };
-        replicated + (4.0 * d + mlp + scores) / t + self.moe_activation_elems()
+        replicated + (4.0 * a + mlp + scores) / t + self.moe_activation_elems()
     }
 
     /// Elements a block's mixture of experts keeps per token (0 for a dense model), on every
@@ -510,7 +553,7 @@ impl ModelSpec {
         if cp <= 1 {
             return 0.0;
         }
-        let (d, h, cp) = (self.d_model as f64, self.n_heads as f64, cp as f64);
+        let (d, h, cp) = (self.q_dim() as f64, self.n_heads as f64, cp as f64);
         let per_token = match self.attention {
             AttentionKind::Flash => return 0.0,
             AttentionKind::Fused => {
@@ -545,16 +588,17 @@ impl ModelSpec {
     /// up-projection output gradients, are split.
     pub fn block_weight_grad_elems(&self, tp: usize) -> f64 {
         let (d, f, kv) = (self.d_model as f64, self.d_ff as f64, self.kv_dim() as f64);
+        let a = self.q_dim() as f64;
         let up = match self.arch {
             Arch::Gpt => f,
             Arch::Llama => 2.0 * f,
             // The router's input (the MLP input's d) and output gradient (E) are kept; the
             // experts are not linear layers (their gradients come out of B).
             Arch::Mixtral(m) => {
-                return 3.0 * d + m.experts as f64 + (2.0 * d + 2.0 * kv) / tp as f64;
+                return 3.0 * d + m.experts as f64 + (2.0 * a + 2.0 * kv) / tp as f64;
             }
         };
-        4.0 * d + (d + f + d + 2.0 * kv + up) / tp as f64
+        4.0 * d + (a + f + a + 2.0 * kv + up) / tp as f64
     }
 
     /// Bytes of the largest single layer's parameters in `param_bytes` per value, on one

@@ -322,6 +322,7 @@ fn deepseek_v3_published_layout_fits_behind_intra_node_ep() {
         d_model: 7168,
         n_heads: 128,
         n_kv_heads: 128,
+        head_dim: 7168 / 128,
         n_layers: 61,
         seq_len: 4096,
         d_ff: 2048,

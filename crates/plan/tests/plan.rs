@@ -18,6 +18,43 @@ use bonfire_plan::{
 };
 use common::{bf16, cluster};
 
+/// Qwen3-32B's heads are 128 wide at hidden 5120 (64 × 128 = 8192): the query and output
+/// projections are 5120 × 8192, the keys and values 5120 × 1024 — 32,762,106,880 parameters
+/// without the q/k norms' 64 × 256 (Qwen/Qwen3-32B: 32.8 B). Counted as if head_dim were
+/// 5120/64 = 80 it would be 1.9 B short; the activations and FLOPs follow the same widths.
+#[test]
+fn an_explicit_head_width_sizes_attention() {
+    let m = ModelSpec::preset("qwen3-32b").unwrap();
+    assert_eq!((m.q_dim(), m.kv_dim()), (8192, 1024));
+    assert_eq!(m.num_params(), 32_762_106_880);
+    let narrow = ModelSpec {
+        head_dim: 80,
+        ..m.clone()
+    };
+    let gap = m.num_params() - narrow.num_params();
+    assert_eq!(
+        gap,
+        64 * (2 * 5120 * (8192 - 5120) + 2 * 5120 * (1024 - 640))
+    );
+    assert!(
+        m.block_activation_elems(1, false, 4096) > narrow.block_activation_elems(1, false, 4096)
+    );
+    assert!(m.piece_flops_per_token(1, 1, 4096) > narrow.piece_flops_per_token(1, 1, 4096));
+    // A description may say its head width; without one, the heads must divide d_model.
+    let json = |extra: &str| {
+        format!(
+            r#"{{"arch": "llama", "vocab_size": 32, "d_model": 48, "n_heads": 5,
+                "n_layers": 2, "seq_len": 8, "d_ff": 64{extra}}}"#
+        )
+    };
+    let err = ModelSpec::from_json("m", &json(""))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("give head_dim"), "{err}");
+    let ok = ModelSpec::from_json("m", &json(r#", "head_dim": 16"#)).unwrap();
+    assert_eq!(ok.q_dim(), 80);
+}
+
 #[test]
 fn presets_have_their_published_sizes() {
     let params = |n: &str| ModelSpec::preset(n).unwrap().num_params() as f64 / 1e9;

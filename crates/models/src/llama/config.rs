@@ -45,6 +45,7 @@ impl LlamaConfig {
             d_model: self.hidden_size,
             n_heads: self.num_attention_heads,
             n_kv_heads: self.num_key_value_heads,
+            head_dim: self.head_dim,
             n_layers: self.num_hidden_layers,
             seq_len: self.max_position_embeddings,
             d_ff: self.intermediate_size,
