@@ -164,11 +164,23 @@ fn hugging_face_directories_round_trip_bit_for_bit() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
-/// A training text and a held-out one (`train.txt`, `valid.txt`) in `dir`.
-fn write_text(dir: &Path) {
+/// A training text and a held-out one (`train.txt`, `valid.txt`) in `dir`; the flags that
+/// train the tiny Llama on them with the fixture tokenizer.
+fn write_text(dir: &Path) -> [String; 8] {
     let text = bonfire_data::generated::generate;
     std::fs::write(dir.join("train.txt"), text(20_000, 1)).unwrap();
     std::fs::write(dir.join("valid.txt"), text(4_000, 2)).unwrap();
+    let path = |name: &str| dir.join(name).to_str().unwrap().to_string();
+    [
+        "--model".into(),
+        "llama-tiny".into(),
+        "--tokenizer".into(),
+        TOKENIZER.into(),
+        "--data".into(),
+        path("train.txt"),
+        "--eval-data".into(),
+        path("valid.txt"),
+    ]
 }
 
 /// Every step's loss of a `--metrics` file.
@@ -202,35 +214,32 @@ fn evals(stdout: &str) -> Vec<(usize, f32)> {
 fn own_text_evaluated_and_resumed_in_other_layouts_equals_one_device() {
     let dir = scratch("text");
     let p = |name: &str| dir.join(name).to_str().unwrap().to_string();
-    write_text(&dir);
+    let text = write_text(&dir);
+    let text: Vec<&str> = text.iter().map(String::as_str).collect();
     let data = [
-        "--model",
-        "llama-tiny",
-        "--tokenizer",
-        TOKENIZER,
-        "--data",
-        &p("train.txt"),
-        "--eval-data",
-        &p("valid.txt"),
-        "--eval-every",
-        "2",
-        "--eval-batches",
-        "2",
-        "--seq",
-        "8",
-        "--optim",
-        "sgd",
-        "--lr",
-        "0.5",
-        "--lr-warmup",
-        "1",
-        "--lr-decay",
-        "linear",
-        "--lr-min",
-        "0.05",
-        "--seed",
-        "4",
-    ];
+        &text[..],
+        &[
+            "--eval-every",
+            "2",
+            "--eval-batches",
+            "2",
+            "--seq",
+            "8",
+            "--optim",
+            "sgd",
+            "--lr",
+            "0.5",
+            "--lr-warmup",
+            "1",
+            "--lr-decay",
+            "linear",
+            "--lr-min",
+            "0.05",
+            "--seed",
+            "4",
+        ],
+    ]
+    .concat();
     let one = ok(&[
         &data[..],
         &["--mesh", "dp=1", "--batch", "4", "--steps", "4"],
@@ -421,50 +430,47 @@ fn a_recipe_run_reports_to_tensorboard() {
     };
     std::fs::create_dir_all(&dir).unwrap();
     let p = |name: &str| dir.join(name).to_str().unwrap().to_string();
-    write_text(&dir);
+    let text = write_text(&dir);
+    let text: Vec<&str> = text.iter().map(String::as_str).collect();
     let args = [
-        "--model",
-        "llama-tiny",
-        "--tokenizer",
-        TOKENIZER,
-        "--data",
-        &p("train.txt"),
-        "--eval-data",
-        &p("valid.txt"),
-        "--eval-every",
-        "3",
-        "--eval-batches",
-        "1",
-        "--seq",
-        "8",
-        "--batch",
-        "4",
-        "--steps",
-        "6",
-        "--mesh",
-        "dp=2",
-        "--zero",
-        "2",
-        "--optim",
-        "adamw",
-        "--lr",
-        "0.01",
-        "--adamw-betas",
-        "0.8,0.99",
-        "--adamw-eps",
-        "1e-8",
-        "--weight-decay",
-        "0.05",
-        "--no-decay-1d",
-        "--grad-accum",
-        "2",
-        "--lr-warmup",
-        "2",
-        "--lr-decay",
-        "cosine",
-        "--seed",
-        "4",
-    ];
+        &text[..],
+        &[
+            "--eval-every",
+            "3",
+            "--eval-batches",
+            "1",
+            "--seq",
+            "8",
+            "--batch",
+            "4",
+            "--steps",
+            "6",
+            "--mesh",
+            "dp=2",
+            "--zero",
+            "2",
+            "--optim",
+            "adamw",
+            "--lr",
+            "0.01",
+            "--adamw-betas",
+            "0.8,0.99",
+            "--adamw-eps",
+            "1e-8",
+            "--weight-decay",
+            "0.05",
+            "--no-decay-1d",
+            "--grad-accum",
+            "2",
+            "--lr-warmup",
+            "2",
+            "--lr-decay",
+            "cosine",
+            "--seed",
+            "4",
+        ],
+    ]
+    .concat();
     ok(&[&args[..], &["--metrics", &p("free.jsonl")]].concat());
     let free = metric(&dir.join("free.jsonl"), "grad_norm");
     let (lo, hi) = free
