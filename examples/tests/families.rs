@@ -1,7 +1,7 @@
 //! The Llama-family models beyond the Llama against Hugging Face transformers in float64
 //! (`fixtures/families/`, written by its `generate.py`; no Bonfire code computed it): Llama 3's
 //! RoPE scaling (`rope_type: llama3`, its three frequency bands) with an explicit head width,
-//! Qwen2's q/k/v biases, Qwen3's per-head q/k RMSNorm with an explicit head width. Each loads
+//! Mistral without a sliding window (v0.2/v0.3), Qwen2's q/k/v biases, Qwen3's per-head q/k RMSNorm with an explicit head width. Each loads
 //! from its `config.json` and `model.safetensors` as `save_pretrained` wrote them; the logits
 //! of a batch, and 2 steps of SGD and of AdamW — every loss, step-0 gradient and parameter —
 //! equal transformers' on one device and in a layout of each class: DDP, ZeRO-3, tp = 2 with
@@ -116,6 +116,11 @@ fn llama3_rope_scaling_matches_transformers_in_every_layout_class() {
 #[test]
 fn qwen2_biases_match_transformers_in_every_layout_class() {
     check("qwen2", Family::Qwen2, &all_layouts());
+}
+
+#[test]
+fn mistral_without_a_window_matches_transformers_in_every_layout_class() {
+    check("mistral", Family::Mistral, &all_layouts());
 }
 
 #[test]

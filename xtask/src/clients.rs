@@ -55,6 +55,10 @@ const FIXTURES: [(&str, &[&str]); 4] = [
             "qwen3/model.safetensors",
             "qwen3/batch.safetensors",
             "qwen3/reference.safetensors",
+            "mistral/config.json",
+            "mistral/model.safetensors",
+            "mistral/batch.safetensors",
+            "mistral/reference.safetensors",
             "llama32/config.json",
             "llama32/model.safetensors",
             "llama32/batch.safetensors",
@@ -64,7 +68,7 @@ const FIXTURES: [(&str, &[&str]); 4] = [
 ];
 
 /// The Llama-family exports transformers loads besides the Llama's (`tests/families.rs`).
-const FAMILY_EXPORTS: [&str; 4] = ["llama3", "qwen2", "qwen3", "llama32"];
+const FAMILY_EXPORTS: [&str; 5] = ["llama3", "qwen2", "qwen3", "llama32", "mistral"];
 
 /// The checks of this step: the exports, one regeneration a family, TensorBoard's reader.
 pub const CHECKS: usize = 2 + FAMILY_EXPORTS.len() + FIXTURES.len();

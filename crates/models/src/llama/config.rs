@@ -290,7 +290,7 @@ mod tests {
         assert!(
             LlamaConfig::from_json("c", &gpt)
                 .unwrap_err()
-                .contains("not one of [\"llama\", \"qwen2\", \"qwen3\"]")
+                .contains("not one of [\"llama\", \"qwen2\", \"qwen3\", \"mistral\"]")
         );
         for (field, said) in [
             ("mlp_bias", "mlp_bias is true"),
@@ -313,6 +313,12 @@ mod tests {
                 .unwrap_err()
                 .contains("rope_type `yarn`")
         );
+        let mistral = text.replace("\"llama\"", "\"mistral\"");
+        let m = LlamaConfig::from_json("c", &mistral).unwrap();
+        assert_eq!(LlamaConfig::from_json("c", &m.to_json()), Ok(m));
+        let window = mistral.replace("\"rope_theta\"", "\"sliding_window\": 4, \"rope_theta\"");
+        let err = LlamaConfig::from_json("c", &window).unwrap_err();
+        assert!(err.contains("sliding_window 4 is shorter"), "{err}");
         let qwen3 = text.replace("\"llama\"", "\"qwen3\"");
         let q = LlamaConfig::from_json("c", &qwen3).unwrap();
         assert!(q.variant.qk_norm && !q.variant.qkv_bias);

@@ -14,11 +14,14 @@ pub enum Family {
     Qwen2,
     /// `qwen3` (dense Qwen3): q/k RMSNorm per head, an explicit head width.
     Qwen3,
+    /// `mistral` (Mistral 7B v0.2/v0.3, Mistral NeMo): the Llama's math when its
+    /// `sliding_window` is null or covers every position (v0.1's 4096-token window is refused).
+    Mistral,
 }
 
 impl Family {
     /// Every family, for messages.
-    pub const ALL: [Family; 3] = [Family::Llama, Family::Qwen2, Family::Qwen3];
+    pub const ALL: [Family; 4] = [Family::Llama, Family::Qwen2, Family::Qwen3, Family::Mistral];
 
     /// Its `model_type`.
     pub fn model_type(self) -> &'static str {
@@ -26,6 +29,7 @@ impl Family {
             Family::Llama => "llama",
             Family::Qwen2 => "qwen2",
             Family::Qwen3 => "qwen3",
+            Family::Mistral => "mistral",
         }
     }
 
@@ -35,6 +39,7 @@ impl Family {
             Family::Llama => "LlamaForCausalLM",
             Family::Qwen2 => "Qwen2ForCausalLM",
             Family::Qwen3 => "Qwen3ForCausalLM",
+            Family::Mistral => "MistralForCausalLM",
         }
     }
 
@@ -136,6 +141,17 @@ impl LlamaVariant {
         if flag("use_sliding_window") {
             return refuse("use_sliding_window", "sliding windows");
         }
+        let positions = obj.get("max_position_embeddings").and_then(Value::as_u64);
+        if family == Family::Mistral
+            && let Some(w) = obj.get("sliding_window").and_then(Value::as_u64)
+            && positions.is_some_and(|p| w < p)
+        {
+            return Err(format!(
+                "sliding_window {w} is shorter than max_position_embeddings {}: sliding-window \
+                 attention is not supported yet",
+                positions.unwrap_or_default()
+            ));
+        }
         let kind = rope
             .and_then(|r| r.get("rope_type"))
             .and_then(Value::as_str);
@@ -173,8 +189,10 @@ impl LlamaVariant {
             "rope_parameters": rope,
             "tie_word_embeddings": self.tie_word_embeddings,
         });
-        if self.family != Family::Llama {
-            fields["use_sliding_window"] = json!(false);
+        match self.family {
+            Family::Llama => {}
+            Family::Mistral => fields["sliding_window"] = Value::Null,
+            Family::Qwen2 | Family::Qwen3 => fields["use_sliding_window"] = json!(false),
         }
         fields
     }
