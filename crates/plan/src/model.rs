@@ -85,13 +85,14 @@ pub struct ModelSpec {
 }
 
 /// The presets' names.
-pub const PRESETS: [&str; 7] = [
+pub const PRESETS: [&str; 8] = [
     "gpt-bench",
     "gpt3-175b",
     "llama3-8b",
     "llama3-70b",
     "llama3-405b",
     "qwen3-32b",
+    "mistral-7b",
     "mixtral-8x7b",
 ];
 
@@ -186,6 +187,14 @@ impl ModelSpec {
                 n_layers: 64,
                 seq_len: 40_960,
                 d_ff: 25_600,
+            },
+            // Mistral 7B v0.3 (mistralai/Mistral-7B-v0.3's config.json): vocabulary 32,768,
+            // hidden 4096, 32 heads, 8 kv heads, 32 layers, intermediate 14,336, 32K
+            // positions, no sliding window — 7.25 B parameters.
+            "mistral-7b" => Self {
+                vocab_size: 32_768,
+                seq_len: 32_768,
+                ..Self::llama3(name, 4096, 32, 32, 14_336)
             },
             // Mixtral 8x7B (mistralai/Mixtral-8x7B-v0.1's config.json): vocabulary 32,000,
             // hidden 4096, 32 heads, 8 kv heads, 32 layers, 32K positions, 8 experts of

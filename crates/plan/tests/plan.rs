@@ -58,6 +58,11 @@ fn an_explicit_head_width_sizes_attention() {
 #[test]
 fn presets_have_their_published_sizes() {
     let params = |n: &str| ModelSpec::preset(n).unwrap().num_params() as f64 / 1e9;
+    // Mistral 7B v0.3 from its config's shapes: 7,248,023,552 parameters (published 7.25 B).
+    assert_eq!(
+        ModelSpec::preset("mistral-7b").unwrap().num_params(),
+        7_248_023_552
+    );
     // Llama 3: 8.03 B, 70.6 B, 405.9 B (untied embeddings); GPT-3: 175 B.
     assert!(
         (params("llama3-8b") - 8.03).abs() < 0.01,
