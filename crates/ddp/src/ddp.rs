@@ -14,7 +14,6 @@ use bonfire_module::Subgroup;
 use bonfire_module::graph::{SharedSink, SinkHook};
 use bonfire_module::params::{self, ParamInfo, ParamValues};
 use bonfire_module::precision::cast_module;
-use bonfire_module::scale_and_check;
 use bonfire_module::{DataParallel, install_layer_hook};
 use burn::module::{Module, ParamId};
 use burn::optim::{GradientsParams, ModuleOptimizer};
@@ -451,21 +450,12 @@ impl<M: Module> DataParallel<M> for DistributedDataParallel<M> {
         Ok(())
     }
 
-    fn unscale_gradients(&mut self, factor: f32) -> Result<bool, DdpError> {
-        let Some(buckets) = self.last_buckets.take() else {
-            return Ok(true);
-        };
-        let mut finite = true;
-        let buckets = buckets
-            .into_iter()
-            .map(|b| {
-                let (b, ok) = scale_and_check(b, factor);
-                finite &= ok;
-                b
-            })
-            .collect();
-        self.set_grads(buckets);
-        Ok(finite)
+    fn map_gradients(&mut self, f: &mut dyn FnMut(Tensor<1>) -> Tensor<1>) -> Result<(), DdpError> {
+        if let Some(buckets) = self.last_buckets.take() {
+            let buckets = buckets.into_iter().map(f).collect();
+            self.set_grads(buckets);
+        }
+        Ok(())
     }
 
     /// Every rank holds the averaged gradient: a parameter's terms are divided by the group's
@@ -486,27 +476,20 @@ impl<M: Module> DataParallel<M> for DistributedDataParallel<M> {
             Some(x) if x.contains(&self.infos[i].id) => x.replicas.size(),
             _ => self.pg.size(),
         };
-        let mut sum: Option<Tensor<1>> = None;
-        for (b, bucket) in buckets.iter().enumerate() {
-            let mut pieces: Vec<(std::ops::Range<usize>, f32)> = (0..self.infos.len())
-                .filter(|&i| self.plan.loc[i].0 == b)
-                .map(|i| {
-                    let off = self.plan.loc[i].1;
-                    (
-                        off..off + self.infos[i].numel(),
-                        weights[i] / copies(i) as f32,
-                    )
-                })
-                .collect();
-            pieces.sort_by_key(|(r, _)| r.start);
-            if let Some(s) = bonfire_module::weighted_square_sum(bucket, pieces) {
-                sum = Some(match sum {
-                    Some(t) => t + s,
-                    None => s,
-                });
-            }
+        // Each bucket's parameters, in bucket order, with their weights.
+        let mut pieces = vec![Vec::new(); buckets.len()];
+        for (i, &(b, off)) in self.plan.loc.iter().enumerate() {
+            let weight = weights[i] / copies(i) as f32;
+            pieces[b].push((off..off + self.infos[i].numel(), weight));
         }
-        Ok(sum)
+        Ok(buckets
+            .iter()
+            .zip(pieces)
+            .filter_map(|(bucket, mut p)| {
+                p.sort_by_key(|(r, _)| r.start);
+                bonfire_module::weighted_square_sum(bucket, p)
+            })
+            .reduce(|a, b| a + b))
     }
 
     /// The gradient of each parameter from the last backward (averaged over the group when

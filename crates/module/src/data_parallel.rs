@@ -101,11 +101,33 @@ pub trait DataParallel<M: Module> {
     /// every rank that computes with them.
     fn step(&mut self, lr: f64) -> Result<(), Self::Error>;
 
+    /// Replaces each flat gradient tensor this rank holds after the last reduction (a DDP
+    /// bucket, a ZeRO vector or range, the experts') by `f` of it — what the optimizer then
+    /// steps. No communication.
+    fn map_gradients(
+        &mut self,
+        f: &mut dyn FnMut(Tensor<1>) -> Tensor<1>,
+    ) -> Result<(), Self::Error>;
+
     /// Multiplies the gradients this rank holds after the last reduction by `factor` (the
     /// inverse loss scale of dynamic loss scaling) and says whether every one of them is
     /// finite — this rank's view only: the caller agrees across ranks before stepping or
-    /// skipping. No communication.
-    fn unscale_gradients(&mut self, factor: f32) -> Result<bool, Self::Error>;
+    /// skipping. No communication; one scalar read per gradient tensor.
+    fn unscale_gradients(&mut self, factor: f32) -> Result<bool, Self::Error> {
+        let mut finite = true;
+        self.map_gradients(&mut |g| {
+            let (g, ok) = scale_and_check(g, factor);
+            finite &= ok;
+            g
+        })?;
+        Ok(finite)
+    }
+
+    /// Multiplies the gradients this rank holds after the last reduction by `factor`
+    /// (clipping), on the device: no communication, nothing read back.
+    fn scale_gradients(&mut self, factor: f32) -> Result<(), Self::Error> {
+        self.map_gradients(&mut |g| g.mul_scalar(factor))
+    }
 
     /// Σ `weights[k]`·|g_k|² over the gradient elements this rank holds after the last
     /// reduction (k: the wrapper's parameters, in module order), each element's term divided

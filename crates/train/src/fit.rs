@@ -215,9 +215,7 @@ impl FitConfig {
             grad_accum: 1,
         }
     }
-}
 
-impl FitConfig {
     /// Refuses a clipping norm that is not a positive number and zero accumulation parts,
     /// before anything runs.
     fn check_recipe(&self) -> Result<(), TrainError> {

@@ -262,8 +262,11 @@ impl<M: Module> DataParallel<M> for DpWrapper<M> {
     fn step(&mut self, lr: f64) -> Result<(), TrainError> {
         each!(self, w => w.step(lr))
     }
-    fn unscale_gradients(&mut self, factor: f32) -> Result<bool, TrainError> {
-        each!(self, w => w.unscale_gradients(factor))
+    fn map_gradients(
+        &mut self,
+        f: &mut dyn FnMut(Tensor<1>) -> Tensor<1>,
+    ) -> Result<(), TrainError> {
+        each!(self, w => w.map_gradients(f))
     }
     fn gradient_square_sum(&self, weights: &[f32]) -> Result<Option<Tensor<1>>, TrainError> {
         each!(self, w => w.gradient_square_sum(weights))

@@ -163,14 +163,11 @@ impl ExpertShards {
         Ok(params::assign_flat(model, &self.infos, &flat))
     }
 
-    /// Multiplies the held gradient by `factor`; whether it is finite (on this rank).
-    pub fn unscale(&mut self, factor: f32) -> bool {
-        let Some(g) = self.grads.as_mut().and_then(Option::take) else {
-            return true;
-        };
-        let (g, finite) = bonfire_module::scale_and_check(g, factor);
-        self.grads = Some(Some(g));
-        finite
+    /// Replaces the held gradient (if any) by `f` of it.
+    pub fn map_gradients(&mut self, f: &mut dyn FnMut(Tensor<1>) -> Tensor<1>) {
+        if let Some(g) = self.grads.as_mut().and_then(Option::take) {
+            self.grads = Some(Some(f(g)));
+        }
     }
 
     /// Σ `weights[p]`·|g_p|² over the held expert gradient (`weights` per expert parameter),

@@ -389,14 +389,14 @@ impl<M: Module> DataParallel<M> for Zero<M> {
         Ok(())
     }
 
-    fn unscale_gradients(&mut self, factor: f32) -> Result<bool> {
-        let experts_finite = self.experts.as_mut().is_none_or(|x| x.unscale(factor));
-        let Some(g) = self.grads.as_mut().and_then(Option::take) else {
-            return Ok(experts_finite);
-        };
-        let (g, finite) = bonfire_module::scale_and_check(g, factor);
-        self.grads = Some(Some(g));
-        Ok(finite && experts_finite)
+    fn map_gradients(&mut self, f: &mut dyn FnMut(Tensor<1>) -> Tensor<1>) -> Result<()> {
+        if let Some(x) = self.experts.as_mut() {
+            x.map_gradients(f);
+        }
+        if let Some(g) = self.grads.as_mut().and_then(Option::take) {
+            self.grads = Some(Some(f(g)));
+        }
+        Ok(())
     }
 
     /// Stages 0–1 hold the whole averaged vector on every rank of the group, 2–3 each rank its

@@ -154,7 +154,7 @@ pub(crate) fn clip_by_global_norm<M: burn::module::Module>(
     if let Some(max) = max_norm {
         let coef = max / (norm + 1e-6);
         if coef < 1.0 {
-            wrapper.unscale_gradients(coef as f32)?;
+            wrapper.scale_gradients(coef as f32)?;
         }
     }
     Ok(norm)
