@@ -409,44 +409,10 @@ fn sequence_parallelism_is_refused() {
 /// float64 run.
 #[test]
 fn the_harness_trains_a_mixtral_checkpoint() {
-    let dir = fixture_dir();
-    let out = std::env::temp_dir().join(format!("bonfire-mixtral-harness-{}", std::process::id()));
-    for (mesh, zero) in [("dp=2", 3), ("dp=2,ep=2", 0), ("dp=4,ep=4", 0)] {
-        let args = harness::HarnessArgs {
-            config: dir.join("config.json"),
-            weights: dir.join("state_dict.safetensors"),
-            data: dir.join("batch.safetensors"),
-            dims: LayoutArgs {
-                zero,
-                ..LayoutArgs::mesh(mesh)
-            }
-            .dims("dp=1")
-            .unwrap(),
-            optim: OptimizerKind::Sgd,
-            device: "flex".into(),
-            steps: 2,
-            lr: 0.5,
-            recipe: Default::default(),
-            out: out.join("result.safetensors"),
-        };
-        harness::run(&args).unwrap();
-        let got = harness::read_result(&args.out).unwrap();
-        let want = common::fixture_reference("mixtral");
-        assert_close("loss", &got["loss"], &want["sgd.loss"], F64);
-        let mut n = 0;
-        for (key, w) in want
-            .iter()
-            .filter(|(k, _)| k.starts_with("sgd.") && *k != "sgd.loss")
-        {
-            let name = key.trim_start_matches("sgd.");
-            assert_close(&format!("{mesh} {name}"), &got[name], w, F64);
-            let g = format!("grad0.{name}");
-            assert_close(&format!("{mesh} {g}"), &got[&g], &want[&g], F64);
-            n += 1;
-        }
-        assert_eq!(got.len(), 2 * n + 1, "parameters, their grad0, the loss");
-    }
-    std::fs::remove_dir_all(out).ok();
+    common::harness_matches_fixture(
+        "mixtral",
+        &[("dp=2", 3), ("dp=2,ep=2", 0), ("dp=4,ep=4", 0)],
+    );
 }
 
 /// The `train` front door takes a Mixtral directory (`--model`, its per-expert

@@ -19,7 +19,7 @@ use std::process::Command;
 
 /// The families with a fixture script, and the files it writes (`recipe` reads the Llama
 /// fixture beside it: in the regeneration folder, the one just regenerated).
-const FIXTURES: [(&str, &[&str]); 4] = [
+const FIXTURES: [(&str, &[&str]); 5] = [
     (
         "llama",
         &[
@@ -31,6 +31,17 @@ const FIXTURES: [(&str, &[&str]); 4] = [
     ),
     (
         "mixtral",
+        &[
+            "config.json",
+            "model.safetensors",
+            "batch.safetensors",
+            "reference.safetensors",
+            "state_dict.safetensors",
+        ],
+    ),
+    // After the Mixtral's: its script calls `../mixtral/generate.py`.
+    (
+        "qwen3_moe",
         &[
             "config.json",
             "model.safetensors",
@@ -67,8 +78,15 @@ const FIXTURES: [(&str, &[&str]); 4] = [
     ),
 ];
 
-/// The Llama-family exports transformers loads besides the Llama's (`tests/families.rs`).
-const FAMILY_EXPORTS: [&str; 5] = ["llama3", "qwen2", "qwen3", "llama32", "mistral"];
+/// The families' exports transformers loads besides the Llama's (`tests/families.rs`).
+const FAMILY_EXPORTS: [&str; 6] = [
+    "llama3",
+    "qwen2",
+    "qwen3",
+    "llama32",
+    "mistral",
+    "qwen3_moe",
+];
 
 /// The checks of this step: the exports, one regeneration a family, TensorBoard's reader.
 pub const CHECKS: usize = 2 + FAMILY_EXPORTS.len() + FIXTURES.len();

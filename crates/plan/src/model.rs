@@ -85,7 +85,7 @@ pub struct ModelSpec {
 }
 
 /// The presets' names.
-pub const PRESETS: [&str; 8] = [
+pub const PRESETS: [&str; 9] = [
     "gpt-bench",
     "gpt3-175b",
     "llama3-8b",
@@ -94,6 +94,7 @@ pub const PRESETS: [&str; 8] = [
     "qwen3-32b",
     "mistral-7b",
     "mixtral-8x7b",
+    "qwen3-30b-a3b",
 ];
 
 const FIELDS: [&str; 13] = [
@@ -214,6 +215,26 @@ impl ModelSpec {
                 n_layers: 32,
                 seq_len: 32_768,
                 d_ff: 14_336,
+            },
+            // Qwen3-30B-A3B (Qwen/Qwen3-30B-A3B's config.json): vocabulary 151,936, hidden
+            // 2048, 32 heads of 128 (4096 wide), 4 kv heads, 48 layers, 40,960 positions,
+            // every layer 128 experts of width 768 (`moe_intermediate_size`), top 8, untied —
+            // 30,532,110,336 parameters without the q/k norms, 3.3 B active per token.
+            "qwen3-30b-a3b" => Self {
+                name: name.to_string(),
+                arch: Arch::Mixtral(Moe {
+                    experts: 128,
+                    top_k: 8,
+                }),
+                attention: AttentionKind::Fused,
+                vocab_size: 151_936,
+                d_model: 2048,
+                n_heads: 32,
+                n_kv_heads: 4,
+                head_dim: 128,
+                n_layers: 48,
+                seq_len: 40_960,
+                d_ff: 768,
             },
             _ => return None,
         })

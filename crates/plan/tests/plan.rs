@@ -58,6 +58,14 @@ fn an_explicit_head_width_sizes_attention() {
 #[test]
 fn presets_have_their_published_sizes() {
     let params = |n: &str| ModelSpec::preset(n).unwrap().num_params() as f64 / 1e9;
+    // Qwen3-30B-A3B from its config's shapes: 30,532,110,336 parameters without the q/k
+    // norms (published 30.5 B), of which 3.35 B active: attention, norms, the router, the
+    // embedding, the head and 8 of 128 experts.
+    let q = ModelSpec::preset("qwen3-30b-a3b").unwrap();
+    assert_eq!(q.num_params(), 30_532_110_336);
+    let experts = 48 * 128 * 3 * 2048 * 768;
+    let active = q.num_params() - experts + experts / 16;
+    assert!((active as f64 / 1e9 - 3.35).abs() < 0.01, "{active}");
     // Mistral 7B v0.3 from its config's shapes: 7,248,023,552 parameters (published 7.25 B).
     assert_eq!(
         ModelSpec::preset("mistral-7b").unwrap().num_params(),

@@ -400,6 +400,57 @@ pub fn llama_fixture(
     (cfg, model, batches)
 }
 
+/// The parity harness on the fixture `family` (`--config` its `config.json`, `--weights` its
+/// `state_dict.safetensors`, `--data` its batches) with SGD under each `(mesh, zero)` of
+/// `cases`: the result file (loss, every parameter and its step-0 gradient) equals
+/// transformers' float64 run within [`F64`].
+pub fn harness_matches_fixture(family: &str, cases: &[(&str, usize)]) {
+    use bonfire_examples::{cli::LayoutArgs, harness};
+    let dir = fixture_dir(family);
+    let out = std::env::temp_dir().join(format!(
+        "bonfire-{}-harness-{}",
+        family.replace('/', "-"),
+        std::process::id()
+    ));
+    let want = fixture_reference(family);
+    for &(mesh, zero) in cases {
+        let args = harness::HarnessArgs {
+            config: dir.join("config.json"),
+            weights: dir.join("state_dict.safetensors"),
+            data: dir.join("batch.safetensors"),
+            dims: LayoutArgs {
+                zero,
+                ..LayoutArgs::mesh(mesh)
+            }
+            .dims("dp=1")
+            .unwrap(),
+            optim: bonfire_train::OptimizerKind::Sgd,
+            device: "flex".into(),
+            steps: 2,
+            lr: 0.5,
+            recipe: Default::default(),
+            out: out.join("result.safetensors"),
+        };
+        harness::run(&args).unwrap();
+        let got = harness::read_result(&args.out).unwrap();
+        assert_close("loss", &got["loss"], &want["sgd.loss"], F64);
+        let mut n = 0;
+        for (key, w) in want
+            .iter()
+            .filter(|(k, _)| k.starts_with("sgd.") && *k != "sgd.loss")
+        {
+            let name = key.trim_start_matches("sgd.");
+            assert_close(&format!("{mesh} {name}"), &got[name], w, F64);
+            let g = format!("grad0.{name}");
+            assert_close(&format!("{mesh} {g}"), &got[&g], &want[&g], F64);
+            n += 1;
+        }
+        assert!(n > 0, "{family}: no parameters in the reference");
+        assert_eq!(got.len(), 2 * n + 1, "parameters, their grad0, the loss");
+    }
+    std::fs::remove_dir_all(out).ok();
+}
+
 /// The reference tensors of fixture `name` (`reference.safetensors`: f32 values of float64
 /// results; its integer tensors left out).
 pub fn fixture_reference(name: &str) -> std::collections::BTreeMap<String, Vec<f32>> {

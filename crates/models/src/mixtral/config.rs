@@ -1,10 +1,47 @@
-//! [`MixtralConfig`]: a Mixtral model's sizes — the Llama's ([`LlamaConfig`]) plus its
-//! experts — read from and written as a Hugging Face `config.json`
-//! (`"model_type": "mixtral"`, the fields of `shared/notes/parity-harness.md`).
+//! [`MixtralConfig`]: a sparse mixture-of-experts model's sizes — the Llama's
+//! ([`LlamaConfig`]) plus its experts — read from and written as a Hugging Face `config.json`
+//! of `"model_type"` `mixtral` or `qwen3_moe` ([`MoeFamily`]; the fields of
+//! `shared/notes/parity-harness.md`).
 
-use crate::llama::LlamaConfig;
+use crate::llama::{Family, LlamaConfig};
 use bonfire_plan::{Arch, ModelSpec, Moe};
-use serde_json::Value;
+use serde_json::{Value, json};
+
+/// A Hugging Face mixture-of-experts family the Mixtral's decoder computes (its `model_type`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum MoeFamily {
+    /// `mixtral`: `MixtralForCausalLM`, the router's top k always renormalized.
+    #[default]
+    Mixtral,
+    /// `qwen3_moe` (Qwen3-30B-A3B, Qwen3-235B-A22B): Qwen3's q/k norms and explicit head width,
+    /// the experts' own width `moe_intermediate_size`, renormalization by `norm_topk_prob`.
+    Qwen3Moe,
+}
+
+impl MoeFamily {
+    /// Its `model_type`.
+    pub fn model_type(self) -> &'static str {
+        match self {
+            MoeFamily::Mixtral => "mixtral",
+            MoeFamily::Qwen3Moe => "qwen3_moe",
+        }
+    }
+
+    /// The family of `model_type`, if it is one of these.
+    pub fn parse(model_type: &str) -> Option<Self> {
+        [MoeFamily::Mixtral, MoeFamily::Qwen3Moe]
+            .into_iter()
+            .find(|f| f.model_type() == model_type)
+    }
+
+    /// transformers' class (`architectures` in an exported `config.json`).
+    pub fn architecture(self) -> &'static str {
+        match self {
+            MoeFamily::Mixtral => "MixtralForCausalLM",
+            MoeFamily::Qwen3Moe => "Qwen3MoeForCausalLM",
+        }
+    }
+}
 
 /// Sizes of a Mixtral decoder, named as in Hugging Face's `MixtralConfig`.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -18,6 +55,15 @@ pub struct MixtralConfig {
     pub num_experts_per_tok: usize,
     /// The weight α of the load-balancing loss.
     pub router_aux_loss_coef: f64,
+    /// The family (`model_type`).
+    pub family: MoeFamily,
+    /// Whether each token's k weights are divided by their sum (Mixtral: always; Qwen3-MoE:
+    /// `norm_topk_prob`).
+    pub norm_topk_prob: bool,
+    /// Qwen3-MoE's dense `intermediate_size` (its experts' width is `moe_intermediate_size`,
+    /// `base.intermediate_size` here): every layer is sparse, so no layer uses it; it is
+    /// written back on export.
+    pub dense_intermediate_size: Option<usize>,
 }
 
 impl MixtralConfig {
@@ -26,7 +72,7 @@ impl MixtralConfig {
     /// `intermediate_size`, `num_experts_per_tok` of them per token.
     pub fn spec(&self) -> ModelSpec {
         ModelSpec {
-            name: "mixtral".into(),
+            name: self.family.model_type().into(),
             arch: Arch::Mixtral(Moe {
                 experts: self.num_local_experts,
                 top_k: self.num_experts_per_tok,
@@ -49,6 +95,9 @@ impl MixtralConfig {
             num_local_experts: 4,
             num_experts_per_tok: 2,
             router_aux_loss_coef: 0.02,
+            family: MoeFamily::Mixtral,
+            norm_topk_prob: true,
+            dense_intermediate_size: None,
         }
     }
 
@@ -65,23 +114,35 @@ impl MixtralConfig {
             num_local_experts: 8,
             num_experts_per_tok: 2,
             router_aux_loss_coef: 0.02,
+            family: MoeFamily::Mixtral,
+            norm_topk_prob: true,
+            dense_intermediate_size: None,
         }
     }
 
-    /// Parses a Hugging Face `config.json` of `"model_type": "mixtral"`; `what` names it in
-    /// errors. The Llama fields as [`LlamaConfig::from_json`] reads them, plus
-    /// `num_local_experts`, `num_experts_per_tok` (defaults 8 and 2, transformers') and
-    /// `router_aux_loss_coef` (default 0.001). What the model lacks is refused: a sliding
-    /// window shorter than the positions, router jitter noise.
+    /// Parses a Hugging Face `config.json` of `"model_type"` `mixtral` or `qwen3_moe`; `what`
+    /// names it in errors. The Llama fields as [`LlamaConfig::from_json`] reads them, plus
+    /// the experts: `num_local_experts` (Qwen3-MoE: `num_experts`), `num_experts_per_tok`,
+    /// `router_aux_loss_coef` (defaults transformers': 8, 2, 0.001 for the Mixtral; 128, 8,
+    /// 0.001 for Qwen3-MoE, whose experts are `moe_intermediate_size` wide (default 768),
+    /// renormalized when `norm_topk_prob`, default false). What the model lacks is refused
+    /// naming the field: a sliding window shorter than the positions, router jitter noise, a
+    /// tied head, Qwen3-MoE's dense layers (`decoder_sparse_step` ≠ 1, `mlp_only_layers`).
     pub fn from_json(what: &str, text: &str) -> Result<Self, String> {
-        let base = LlamaConfig::from_json_of("mixtral", what, text)?;
         let bad = |reason: String| format!("{what}: {reason}");
-        if base.variant.tie_word_embeddings {
-            return Err(bad(
-                "tie_word_embeddings is true: the Mixtral's head is untied here".into(),
-            ));
-        }
         let v: Value = serde_json::from_str(text).map_err(|e| bad(format!("not JSON: {e}")))?;
+        let family = v
+            .get("model_type")
+            .and_then(Value::as_str)
+            .and_then(MoeFamily::parse)
+            .unwrap_or_default();
+        let mut base = LlamaConfig::from_json_of(family.model_type(), what, text)?;
+        if base.variant.tie_word_embeddings {
+            return Err(bad(format!(
+                "tie_word_embeddings is true: the {}'s head is untied here",
+                family.model_type()
+            )));
+        }
         let field = |name: &str| v.get(name).filter(|x| !x.is_null());
         let count = |name: &str, default: usize| -> Result<usize, String> {
             match field(name) {
@@ -95,6 +156,7 @@ impl MixtralConfig {
         };
         if let Some(w) = field("sliding_window").and_then(Value::as_u64)
             && (w as usize) < base.max_position_embeddings
+            && family == MoeFamily::Mixtral
         {
             return Err(bad(format!(
                 "sliding_window {w} is shorter than max_position_embeddings {}: sliding-window \
@@ -117,11 +179,46 @@ impl MixtralConfig {
                 .as_f64()
                 .ok_or_else(|| bad("`router_aux_loss_coef` is not a number".into()))?,
         };
-        let cfg = Self {
-            base,
-            num_local_experts: count("num_local_experts", 8)?,
-            num_experts_per_tok: count("num_experts_per_tok", 2)?,
-            router_aux_loss_coef: alpha,
+        let cfg = match family {
+            MoeFamily::Mixtral => Self {
+                base,
+                num_local_experts: count("num_local_experts", 8)?,
+                num_experts_per_tok: count("num_experts_per_tok", 2)?,
+                router_aux_loss_coef: alpha,
+                family,
+                norm_topk_prob: true,
+                dense_intermediate_size: None,
+            },
+            MoeFamily::Qwen3Moe => {
+                if count("decoder_sparse_step", 1)? != 1 {
+                    return Err(bad("decoder_sparse_step is not 1: dense layers among the \
+                                    sparse ones are not supported yet"
+                        .into()));
+                }
+                if field("mlp_only_layers")
+                    .and_then(Value::as_array)
+                    .is_some_and(|l| !l.is_empty())
+                {
+                    return Err(bad("mlp_only_layers is not empty: dense layers among the \
+                                    sparse ones are not supported yet"
+                        .into()));
+                }
+                let dense = base.intermediate_size;
+                base.intermediate_size = count("moe_intermediate_size", 768)?;
+                // Qwen3's attention: per-head q/k RMSNorm before RoPE.
+                base.variant.family = Family::Qwen3;
+                base.variant.qk_norm = true;
+                Self {
+                    base,
+                    // transformers saves `num_experts` as its alias `num_local_experts`.
+                    num_local_experts: count("num_experts", count("num_local_experts", 128)?)?,
+                    num_experts_per_tok: count("num_experts_per_tok", 8)?,
+                    router_aux_loss_coef: alpha,
+                    family,
+                    norm_topk_prob: field("norm_topk_prob").and_then(Value::as_bool) == Some(true),
+                    dense_intermediate_size: Some(dense),
+                }
+            }
         };
         cfg.validate().map_err(bad)?;
         Ok(cfg)
@@ -138,23 +235,34 @@ impl MixtralConfig {
     pub fn to_json(&self) -> String {
         let mut v: Value = serde_json::from_str(&self.base.to_json()).expect("JSON");
         let m = v.as_object_mut().expect("an object");
-        m.insert(
-            "architectures".into(),
-            serde_json::json!(["MixtralForCausalLM"]),
-        );
-        m.insert("model_type".into(), "mixtral".into());
-        m.insert("num_local_experts".into(), self.num_local_experts.into());
-        m.insert(
-            "num_experts_per_tok".into(),
-            self.num_experts_per_tok.into(),
-        );
-        m.insert(
-            "router_aux_loss_coef".into(),
-            self.router_aux_loss_coef.into(),
-        );
+        let family = self.family;
+        m.insert("architectures".into(), json!([family.architecture()]));
+        m.insert("model_type".into(), family.model_type().into());
+        let experts = match family {
+            MoeFamily::Mixtral => "num_local_experts",
+            MoeFamily::Qwen3Moe => "num_experts",
+        };
+        m.insert(experts.into(), self.num_local_experts.into());
+        let k = self.num_experts_per_tok;
+        m.insert("num_experts_per_tok".into(), k.into());
+        let alpha = self.router_aux_loss_coef;
+        m.insert("router_aux_loss_coef".into(), alpha.into());
         m.insert("output_router_logits".into(), true.into());
         m.insert("router_jitter_noise".into(), 0.0.into());
-        m.insert("sliding_window".into(), Value::Null);
+        match family {
+            MoeFamily::Mixtral => {
+                m.insert("sliding_window".into(), Value::Null);
+            }
+            MoeFamily::Qwen3Moe => {
+                let f = self.base.intermediate_size;
+                m.insert("moe_intermediate_size".into(), f.into());
+                let dense = self.dense_intermediate_size.unwrap_or(f);
+                m.insert("intermediate_size".into(), dense.into());
+                m.insert("norm_topk_prob".into(), self.norm_topk_prob.into());
+                m.insert("decoder_sparse_step".into(), 1.into());
+                m.insert("mlp_only_layers".into(), json!([]));
+            }
+        }
         m.remove("mlp_bias");
         serde_json::to_string_pretty(&v).expect("a JSON object")
     }
@@ -216,5 +324,60 @@ mod tests {
         );
         assert!(MixtralConfig::from_json("c", &jitter).is_err());
         assert!(LlamaConfig::from_json("c", &text).is_err());
+    }
+
+    #[test]
+    fn reads_qwen3_moe_and_refuses_its_dense_layers() {
+        let text = r#"{"model_type": "qwen3_moe", "vocab_size": 64, "hidden_size": 32,
+            "intermediate_size": 40, "moe_intermediate_size": 24, "num_hidden_layers": 2,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 12,
+            "max_position_embeddings": 8, "num_local_experts": 4, "num_experts_per_tok": 2,
+            "norm_topk_prob": false, "decoder_sparse_step": 1, "mlp_only_layers": [],
+            "use_sliding_window": false, "sliding_window": null, "rope_theta": 1e6}"#;
+        let cfg = MixtralConfig::from_json("c", text).unwrap();
+        assert_eq!(cfg.family, MoeFamily::Qwen3Moe);
+        assert_eq!(
+            (cfg.base.intermediate_size, cfg.dense_intermediate_size),
+            (24, Some(40))
+        );
+        assert!(cfg.base.variant.qk_norm && !cfg.norm_topk_prob);
+        assert_eq!(
+            (cfg.num_local_experts, cfg.router_aux_loss_coef),
+            (4, 0.001)
+        );
+        assert_eq!(MixtralConfig::from_json("c", &cfg.to_json()), Ok(cfg));
+        assert_eq!(cfg.spec().name, "qwen3_moe");
+        for (from, to, said) in [
+            (
+                "\"decoder_sparse_step\": 1",
+                "\"decoder_sparse_step\": 2",
+                "decoder_sparse_step",
+            ),
+            (
+                "\"mlp_only_layers\": []",
+                "\"mlp_only_layers\": [0]",
+                "mlp_only_layers",
+            ),
+            (
+                "\"use_sliding_window\": false",
+                "\"use_sliding_window\": true",
+                "use_sliding",
+            ),
+            (
+                "\"rope_theta\"",
+                "\"tie_word_embeddings\": true, \"rope_theta\"",
+                "tie_word",
+            ),
+        ] {
+            let err = MixtralConfig::from_json("c", &text.replace(from, to)).unwrap_err();
+            assert!(err.contains(said), "{err}");
+        }
+        let mut m = serde_json::from_str::<Value>(text).unwrap();
+        m.as_object_mut().unwrap().remove("norm_topk_prob");
+        m["num_experts"] = 8.into();
+        m.as_object_mut().unwrap().remove("num_local_experts");
+        let d = MixtralConfig::from_json("c", &m.to_string()).unwrap();
+        assert!(!d.norm_topk_prob, "transformers' default");
+        assert_eq!(d.num_local_experts, 8);
     }
 }

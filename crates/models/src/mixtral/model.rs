@@ -54,7 +54,8 @@ impl Mixtral {
                 cfg.num_local_experts,
                 cfg.num_experts_per_tok,
                 device,
-            );
+            )
+            .with_renormalize(cfg.norm_topk_prob);
             DecoderLayer::with_mlp(b, moe, device)
         };
         Self {

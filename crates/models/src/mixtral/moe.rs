@@ -1,6 +1,7 @@
 //! The Mixtral's sparse mixture-of-experts feed-forward ([`SparseMoe`], transformers'
-//! `MixtralSparseMoeBlock`): a router picks each token's top k of E experts, and only those
-//! run on it, weighted by the router's renormalized probabilities. Dropless: each expert
+//! `MixtralSparseMoeBlock`, Qwen3-MoE's too): a router picks each token's top k of E experts,
+//! and only those run on it, weighted by the router's probabilities — renormalized over the k
+//! (the Mixtral; Qwen3-MoE when `norm_topk_prob`) or as they are. Dropless: each expert
 //! takes every token routed to it, however many (none too).
 //!
 //! The tokens are grouped by expert with expert parallelism's primitives
@@ -71,16 +72,26 @@ pub struct SparseMoe {
     /// The experts.
     pub experts: Experts,
     top_k: usize,
+    renormalize: bool,
 }
 
 impl SparseMoe {
-    /// A fresh block of `e` experts of width `f` on `d`, routing each token to `top_k`.
+    /// A fresh block of `e` experts of width `f` on `d`, routing each token to `top_k`, their
+    /// weights renormalized over the k (the Mixtral's router).
     pub fn new(d: usize, f: usize, e: usize, top_k: usize, device: &Device) -> Self {
         Self {
             gate: ParallelLinear::new(d, e, false, device),
             experts: Experts::new(e, d, f, device),
             top_k,
+            renormalize: true,
         }
+    }
+
+    /// The block with the chosen experts weighted by their probabilities as they are
+    /// (`renormalize` false: Qwen3-MoE's `norm_topk_prob: false`) or divided by their sum.
+    pub fn with_renormalize(mut self, renormalize: bool) -> Self {
+        self.renormalize = renormalize;
+        self
     }
 
     /// Experts per token (k).
@@ -147,7 +158,10 @@ impl FeedForward for SparseMoe {
         let ranks = expert_ranks(p.clone());
         let chosen = ranks.clone().lower_elem(self.top_k as f64).float();
         let kept = p.clone() * chosen.clone();
-        let weights = kept.clone() / kept.sum_dim(1); // [N, E], renormalized over the k
+        let weights = match self.renormalize {
+            true => kept.clone() / kept.sum_dim(1), // [N, E], renormalized over the k
+            false => kept,
+        };
         let routing = Routing {
             probs: p.reshape([b, t, e]),
             counts: chosen.reshape([b, t, e]),
