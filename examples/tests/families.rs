@@ -140,6 +140,14 @@ fn mistral_without_a_window_matches_transformers_in_every_layout_class() {
     check("mistral", Family::Mistral, &all_layouts());
 }
 
+/// Mistral with a sliding window of 3 over 8 positions: the fused attention skips the keys
+/// before each window; under cp = 2 (chunks of 2) the window crosses chunks and ranks, ring
+/// attention computing only the chunk pairs it reaches.
+#[test]
+fn mistral_sliding_window_matches_transformers_in_every_layout_class() {
+    check("mistral_window", Family::Mistral, &all_layouts());
+}
+
 #[test]
 fn qwen3_qk_norms_match_transformers_in_every_layout_class() {
     check("qwen3", Family::Qwen3, &all_layouts());

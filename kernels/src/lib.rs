@@ -13,9 +13,9 @@
 //!   element-wise and row hot spots — [`causal_softmax`], [`cross_entropy`], [`gelu`],
 //!   [`layer_norm_core`], [`rms_norm_core`], [`silu_mul`], [`rope`] — one autodiff node each
 //!   instead of Burn's five to ten (on Flex in f32, host kernels the compiler vectorizes).
-//! - [`attention`]: fused scaled dot-product attention (causal or not, grouped-query), one
-//!   autodiff node with a flash-attention-2 backward; on Flex in f32 tiled host kernels with
-//!   an online softmax and no `T × T` matrix.
+//! - [`attention`]: fused scaled dot-product attention (full, causal or a sliding window:
+//!   [`Mask`]; grouped-query), one autodiff node with a flash-attention-2 backward; on Flex in
+//!   f32 tiled host kernels with an online softmax and no `T × T` matrix.
 //!
 //! Every op takes and returns Burn tensors. On a CubeCL device (features `wgpu`, `cuda`) it
 //! launches its kernel on the tensors' own buffers; on every other device, for a dtype the
@@ -35,7 +35,7 @@ mod sgd;
 pub mod testing;
 
 pub use adamw::{FusedAdamW, FusedAdamWConfig};
-pub use attention::{attention, attention_with_lse};
+pub use attention::{MASKED, Mask, attention, attention_with_lse};
 pub use fused::{
     causal_softmax, cross_entropy, exp, gelu, layer_norm_core, rms_norm_core, rope, silu_mul,
 };

@@ -2,12 +2,14 @@
 //! repeated by `select`, a materialized masked softmax, Burn's autodiff): the output and the
 //! gradient of every input, on Flex with autodiff, causal or not, queries as many as the keys
 //! or the last few of them, every grouping of query heads per kv head, sequence lengths that
-//! are not multiples of the kernel's tile, head widths 32 and 64.
+//! are not multiples of the kernel's tile, head widths 32 and 64; sliding windows (Mistral's)
+//! narrower and wider than a tile, at offsets (ring attention's blocks), and queries that see
+//! no key of a call (output 0, log-sum-exp −∞, finite gradients).
 
 mod common;
 
 use bonfire_kernels::attention::AttentionBackend;
-use bonfire_kernels::{attention, attention_with_lse, fallback};
+use bonfire_kernels::{Mask, attention, attention_with_lse, fallback};
 use burn::backend::Dispatch;
 use burn::tensor::{DType, Device, Tensor, TensorData};
 use common::host;
@@ -20,7 +22,7 @@ struct Case {
     tq: usize,
     tk: usize,
     dh: usize,
-    causal: bool,
+    mask: Mask,
 }
 
 /// `n` values in [-2, 2) from a multiplicative hash, varied by `seed`.
@@ -81,7 +83,7 @@ fn same_as_reference(
     let device = Device::flex().autodiff();
     let scale = 1.0 / (case.dh as f64).sqrt();
     let [q, k, v, w] = case.inputs(1, &device);
-    let causal = case.causal;
+    let causal = case.mask;
     let ours = f(q.clone(), k.clone(), v.clone());
     let (rq, rk, rv) = (
         q.clone().detach().require_grad(),
@@ -99,7 +101,7 @@ fn same_as_reference(
 
 fn fused(case: Case) {
     let scale = 1.0 / (case.dh as f64).sqrt();
-    same_as_reference(case, |q, k, v| attention(q, k, v, scale, case.causal), 1e-5);
+    same_as_reference(case, |q, k, v| attention(q, k, v, scale, case.mask), 1e-5);
 }
 
 fn both(h: usize, h_kv: usize, tq: usize, tk: usize, dh: usize) {
@@ -110,7 +112,7 @@ fn both(h: usize, h_kv: usize, tq: usize, tk: usize, dh: usize) {
             tq,
             tk,
             dh,
-            causal,
+            mask: causal.into(),
         });
     }
 }
@@ -164,7 +166,7 @@ fn the_extensions_burn_math_matches_the_reference() {
             k.into_dispatch(),
             v.into_dispatch(),
             scale,
-            causal,
+            causal.into(),
         );
         Tensor::<4>::from_dispatch(out).cast(burn::tensor::DType::F32)
     };
@@ -175,7 +177,7 @@ fn the_extensions_burn_math_matches_the_reference() {
             tq: 37,
             tk: 130,
             dh: 32,
-            causal,
+            mask: causal.into(),
         };
         same_as_reference(case, |q, k, v| extension(q, k, v, causal), 1e-5);
     }
@@ -210,7 +212,7 @@ fn gradients_flow_through_a_graph_around_the_op() {
         tq: t,
         tk: t,
         dh,
-        causal: true,
+        mask: Mask::CAUSAL,
     };
     for (name, (a, b)) in ["dq", "dk", "dv", "dweight"]
         .iter()
@@ -227,8 +229,9 @@ fn gradients_flow_through_a_graph_around_the_op() {
 fn with_lse_matches_the_reference(case: Case, dtype: burn::tensor::DType) {
     let device = Device::flex().autodiff();
     let Case {
-        h, tq, dh, causal, ..
+        h, tq, dh, mask, ..
     } = case;
+    let causal = mask;
     let scale = 1.0 / (dh as f64).sqrt();
     let run = |f: &dyn Fn(Tensor<4>, Tensor<4>, Tensor<4>) -> (Tensor<4>, Tensor<3>)| {
         let [q, k, v, w] = case.inputs(11, &device);
@@ -275,10 +278,72 @@ fn the_log_sum_exp_is_an_output_with_its_gradient() {
                     tq,
                     tk,
                     dh: 32,
-                    causal,
+                    mask: causal.into(),
                 };
                 with_lse_matches_the_reference(case, dtype);
             }
         }
+    }
+}
+
+/// Sliding windows (query i sees keys i − W < j ≤ i): narrower than a tile (whole tiles of a
+/// row masked before its window), wider, wider than the sequence, with fewer queries than
+/// keys, and at an offset past the keys (a ring block of earlier keys), output and gradients
+/// against the reference, with the log-sum-exp too.
+#[test]
+fn sliding_windows_match_the_reference() {
+    for (h, h_kv, tq, tk, mask) in [
+        (2, 1, 130, 130, Mask::CAUSAL.with_window(Some(2))),
+        (4, 2, 130, 130, Mask::CAUSAL.with_window(Some(5))),
+        (2, 2, 150, 150, Mask::CAUSAL.with_window(Some(70))),
+        (2, 1, 37, 37, Mask::CAUSAL.with_window(Some(100))),
+        (4, 2, 20, 90, Mask::CAUSAL.with_window(Some(30))),
+        (2, 1, 37, 37, Mask::CAUSAL.with_window(Some(50)).at(40)),
+    ] {
+        let case = Case {
+            h,
+            h_kv,
+            tq,
+            tk,
+            dh: 32,
+            mask,
+        };
+        fused(case);
+        with_lse_matches_the_reference(case, DType::F32);
+        with_lse_matches_the_reference(case, DType::F64);
+    }
+}
+
+/// A query that sees no key of the call (a ring block wholly before its window): output 0,
+/// log-sum-exp −∞, and the gradients finite; the rows that see keys as the reference.
+#[test]
+fn a_query_that_sees_no_key_gets_zero_and_minus_infinity() {
+    let device = Device::flex().autodiff();
+    // Queries at positions 40..47 over keys 0..37, W = 8: query a sees keys 33 + a.., none
+    // from a = 4 on.
+    let (tq, tk, dh) = (8, 37, 32);
+    let mask = Mask::CAUSAL.with_window(Some(8)).at(40);
+    let case = Case {
+        h: 2,
+        h_kv: 1,
+        tq,
+        tk,
+        dh,
+        mask,
+    };
+    let [q, k, v, w] = case.inputs(3, &device);
+    let scale = 1.0 / (dh as f64).sqrt();
+    let (out, lse) = attention_with_lse(q.clone(), k.clone(), v.clone(), scale, mask);
+    let (o, l) = (host(out.clone()), host(lse.clone().unsqueeze_dim::<4>(3)));
+    for (row, lse) in l.iter().enumerate() {
+        let a = row % tq;
+        let sees = a < 4;
+        assert_eq!(lse.is_finite(), sees, "query {a}: lse {lse}");
+        let zero = o[row * dh..][..dh].iter().all(|&x| x == 0.0);
+        assert_eq!(zero, !sees, "query {a}");
+    }
+    let g = ((out * w).sum() + lse.narrow(2, 0, 4).sum()).backward();
+    for x in [&q, &k, &v] {
+        assert!(host(x.grad(&g).unwrap()).iter().all(|g| g.is_finite()));
     }
 }

@@ -74,17 +74,22 @@ const FIXTURES: [(&str, &[&str]); 5] = [
             "llama32/model.safetensors",
             "llama32/batch.safetensors",
             "llama32/reference.safetensors",
+            "mistral_window/config.json",
+            "mistral_window/model.safetensors",
+            "mistral_window/batch.safetensors",
+            "mistral_window/reference.safetensors",
         ],
     ),
 ];
 
 /// The families' exports transformers loads besides the Llama's (`tests/families.rs`).
-const FAMILY_EXPORTS: [&str; 6] = [
+const FAMILY_EXPORTS: [&str; 7] = [
     "llama3",
     "qwen2",
     "qwen3",
     "llama32",
     "mistral",
+    "mistral_window",
     "qwen3_moe",
 ];
 

@@ -1,27 +1,30 @@
 //! [`ring_attention`]: a rank's queries over the whole sequence's keys, the key/value blocks
 //! travelling around the cp ring. In f32 each block runs the fused attention
 //! ([`attention_with_lse`]) over the pairs of query and key chunks it needs — wholly visible,
-//! causal on the diagonal, or skipped — and the blocks merge by their log-sum-exps; in 16-bit
-//! types each block's scores are materialized in f32 and merged with an online softmax.
+//! causal on the diagonal, windowed where a sliding window cuts them, or skipped — and the
+//! blocks merge by their log-sum-exps; in 16-bit types each block's scores are materialized in
+//! f32 and merged with an online softmax.
+//!
+//! A sliding window `W` (Mistral's: query `i` sees keys `i − W < j ≤ i`) crosses chunks: a
+//! pair of chunks wholly outside every window is skipped (not computed), one wholly inside
+//! runs unmasked, and one the window cuts runs [`Mask`]ed at its offset. The load-balanced
+//! split is kept: under a window every query sees at most `W` keys wherever it stands, so the
+//! two chunks a rank holds cost about the same as any other two.
 
 use super::ContextSplit;
 use bonfire_comm::ProcessGroup;
 use bonfire_dtensor::functional::ring_shift_start;
-use bonfire_kernels::{attention_with_lse, exp};
+use bonfire_kernels::{MASKED, Mask, attention_with_lse, exp};
 use burn::tensor::{DType, Device, Int, Tensor};
 use std::ops::Range;
 
 /// The base tag of the ring's messages (step `s` uses `RING_TAG + s`).
 pub const RING_TAG: u64 = 0x5249_4e47_0000;
 
-/// Added to the scores of a masked (query, key) pair: `exp` of it is 0 against any real
-/// score, and it stays finite in every float type Bonfire computes in but f16 (where it
-/// rounds to −∞, whose `exp` is 0 as well).
-const MASKED: f32 = -1e30;
-
 /// Attention of this rank's queries over every rank's keys and values in the cp `group`:
-/// `softmax(q·kᵀ/√hd + mask)·v`, the mask causal on the tokens' positions in the whole
-/// sequence when `causal`.
+/// `softmax(q·kᵀ/√hd + mask)·v`, the `mask` on the tokens' positions in the whole sequence:
+/// causal or not, with a sliding window or not (its `offset` must be unset: the positions
+/// are the split's).
 ///
 /// `q` is `[B, H, T/cp, hd]`, this rank's tokens of the sequence as `split` gives them;
 /// `k` and `v` are `[B, H_kv, T/cp, hd]` with `H_kv` dividing `H` (query head `j` attends with
@@ -30,7 +33,7 @@ const MASKED: f32 = -1e30;
 /// receive the previous rank's, the transfer running while the current block is computed
 /// ([`ring_shift_start`]); a block entirely in the future of every local query is not
 /// computed. In f32 no scores are kept: each block runs [`attention_with_lse`] over the chunk
-/// pairs it needs (wholly visible, causal, skipped), merged by the log-sum-exps. In 16-bit
+/// pairs it needs (wholly visible, causal, windowed, skipped), merged by the log-sum-exps. In 16-bit
 /// types no rank holds more than one `[T/cp, T/cp]` block of scores per head at a time in
 /// forward (backward keeps one per block, `T/cp × T` per head, never `T × T`). Backward
 /// (autodiff) sends each block's dK/dV back around the ring to the rank that owns it.
@@ -40,8 +43,17 @@ pub fn ring_attention(
     v: Tensor<4>,
     group: &ProcessGroup,
     split: &ContextSplit,
-    causal: bool,
+    mask: impl Into<Mask>,
 ) -> Tensor<4> {
+    let mask = mask.into();
+    assert!(
+        mask.offset.is_none(),
+        "ring attention places the queries itself"
+    );
+    assert!(
+        mask.window.is_none() || mask.causal,
+        "a sliding window needs the causal mask"
+    );
     let cp = group.size();
     assert_eq!(
         cp,
@@ -62,9 +74,9 @@ pub fn ring_attention(
         split.local_len()
     );
     if [q.dtype(), k.dtype(), v.dtype()] == [DType::F32; 3] {
-        return ring_fused(q, k, v, group, split, causal);
+        return ring_fused(q, k, v, group, split, mask);
     }
-    ring_materialized(q, k, v, group, split, causal)
+    ring_materialized(q, k, v, group, split, mask)
 }
 
 /// [`ring_attention`] in f32: at each ring step, the fused attention over the chunk pairs
@@ -76,7 +88,7 @@ fn ring_fused(
     v: Tensor<4>,
     group: &ProcessGroup,
     split: &ContextSplit,
-    causal: bool,
+    mask: Mask,
 ) -> Tensor<4> {
     let me = group.rank();
     let [_, _, t, hd] = q.dims();
@@ -86,11 +98,12 @@ fn ring_fused(
     let n = t / chunks;
     let mut parts: Vec<Vec<(Tensor<4>, Tensor<3>)>> = vec![Vec::new(); chunks];
     let used = each_block(k, v, group, |owner, kv| {
-        let calls = block_calls(split, me, owner, causal);
+        let calls = block_calls(split, me, owner, mask);
         for call in &calls {
             let qc = q.clone().narrow(2, call.q.start * n, call.q.len() * n);
-            let keys = |at: usize| kv.clone().narrow(1, at, hkv).narrow(2, 0, call.keys * n);
-            let (out, lse) = attention_with_lse(qc, keys(0), keys(hkv), scale, call.causal);
+            let (k0, kn) = (call.k.start * n, call.k.len() * n);
+            let keys = |at: usize| kv.clone().narrow(1, at, hkv).narrow(2, k0, kn);
+            let (out, lse) = attention_with_lse(qc, keys(0), keys(hkv), scale, call.mask);
             for (i, c) in call.q.clone().enumerate() {
                 let part = (
                     out.clone().narrow(2, i * n, n),
@@ -104,30 +117,82 @@ fn ring_fused(
     used.into_output(Tensor::cat(parts.into_iter().map(merge_parts).collect(), 2))
 }
 
-/// One fused attention call of a ring step: the local query chunks `q` over the first `keys`
-/// chunks of the block's owner, causal on the last of them (the queries' own chunk) when
-/// `causal`.
+/// One fused attention call of a ring step: the local query chunks `q` over the owner's key
+/// chunks `k` under `mask` (causal on the queries' own chunk, windowed at an offset where a
+/// sliding window cuts the pair, else none).
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Call {
     q: Range<usize>,
-    keys: usize,
-    causal: bool,
+    k: Range<usize>,
+    mask: Mask,
 }
 
-/// The calls that cover rank `me`'s queries over rank `owner`'s keys. A key chunk is wholly
-/// visible to a query chunk before it, causal on the diagonal (the same chunk, so the same
-/// length: the fused op's "queries are the last `Tq` of the keys"), skipped after it; a
-/// rank's chunks are in position order, so each query chunk sees a prefix of the owner's
-/// chunks, the diagonal (if any) last. Adjacent query chunks that see the same prefix share
-/// a call. With the balanced split that is at most two calls a step (all queries over the
-/// owner's first chunk when it is behind `me`; the second query chunk over both key chunks
-/// when ahead; and at `owner = me` the first chunk causally over itself, the second over
-/// both, causal on its own).
-fn block_calls(split: &ContextSplit, me: usize, owner: usize, causal: bool) -> Vec<Call> {
+/// How much of a key chunk a query chunk sees under `mask` (a causal mask, its window).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Sight {
+    /// No pair: every key after every query, or before every query's window.
+    Nothing,
+    /// Some pairs: the mask to apply, its offset the queries' start past the keys'.
+    Part(Mask),
+    /// Every pair.
+    All,
+}
+
+/// What query positions `q` see of key positions `k` (each a contiguous chunk).
+fn sight(q: &Range<usize>, k: &Range<usize>, mask: Mask) -> Sight {
+    let (q_last, k_last) = (q.end - 1, k.end - 1);
+    if !mask.causal {
+        return Sight::All;
+    }
+    if k.start > q_last {
+        return Sight::Nothing;
+    }
+    let w = mask.window.unwrap_or(usize::MAX);
+    if k_last.saturating_add(w) <= q.start {
+        return Sight::Nothing;
+    }
+    if k_last <= q.start && q_last - k.start < w {
+        return Sight::All;
+    }
+    Sight::Part(mask.at(q.start - k.start))
+}
+
+/// The calls that cover rank `me`'s queries over rank `owner`'s keys.
+///
+/// Without a window: a key chunk is wholly visible to a query chunk before it, causal on the
+/// diagonal (the same chunk, so the same length: the fused op's "queries are the last `Tq` of
+/// the keys"), skipped after it; a rank's chunks are in position order, so each query chunk
+/// sees a prefix of the owner's chunks, the diagonal (if any) last. Adjacent query chunks that
+/// see the same prefix share a call. With the balanced split that is at most two calls a step
+/// (all queries over the owner's first chunk when it is behind `me`; the second query chunk
+/// over both key chunks when ahead; and at `owner = me` the first chunk causally over itself,
+/// the second over both, causal on its own).
+///
+/// With a window: one call per pair of chunks that sees anything ([`sight`]), masked where
+/// the window cuts it; pairs wholly outside every window are not computed.
+fn block_calls(split: &ContextSplit, me: usize, owner: usize, mask: Mask) -> Vec<Call> {
     let (q_chunks, k_chunks) = (split.chunks(me), split.chunks(owner));
+    if mask.window.is_some() {
+        let mut calls = Vec::new();
+        for (i, qc) in q_chunks.iter().enumerate() {
+            for (j, kc) in k_chunks.iter().enumerate() {
+                let mask = match sight(qc, kc, mask) {
+                    Sight::Nothing => continue,
+                    Sight::All => Mask::FULL,
+                    Sight::Part(m) => m,
+                };
+                calls.push(Call {
+                    q: i..i + 1,
+                    k: j..j + 1,
+                    mask,
+                });
+            }
+        }
+        return calls;
+    }
     let mut calls: Vec<Call> = Vec::new();
     for (i, qc) in q_chunks.iter().enumerate() {
-        let (keys, diagonal) = match causal {
+        let (keys, diagonal) = match mask.causal {
             false => (k_chunks.len(), false),
             true => {
                 let seen = k_chunks.iter().filter(|kc| kc.start <= qc.start).count();
@@ -137,12 +202,13 @@ fn block_calls(split: &ContextSplit, me: usize, owner: usize, causal: bool) -> V
         if keys == 0 {
             continue;
         }
+        let mask = Mask::from(diagonal);
         match calls.last_mut() {
-            Some(c) if c.q.end == i && c.keys == keys && c.causal == diagonal => c.q.end = i + 1,
+            Some(c) if c.q.end == i && c.k == (0..keys) && c.mask == mask => c.q.end = i + 1,
             _ => calls.push(Call {
                 q: i..i + 1,
-                keys,
-                causal: diagonal,
+                k: 0..keys,
+                mask,
             }),
         }
     }
@@ -174,7 +240,7 @@ fn ring_materialized(
     v: Tensor<4>,
     group: &ProcessGroup,
     split: &ContextSplit,
-    causal: bool,
+    mask: Mask,
 ) -> Tensor<4> {
     let me = group.rank();
     let [_, h, _, hd] = q.dims();
@@ -186,15 +252,23 @@ fn ring_materialized(
     // 16-bit inputs: scores, the softmax and its sums in f32 (as the one-device fused softmax
     // does under autocast), the output back in the input's dtype.
     let dtype = q.dtype();
-    let q_pos = split.positions(me);
     // (running max, running sum, running numerator) of the online softmax.
     let mut state: Option<Softmax> = None;
     let used = each_block(k, v, group, |owner, kv| {
-        let k_pos = split.positions(owner);
-        let bias = match (causal, Future::of(&q_pos, &k_pos)) {
-            (true, Future::All) => return false,
-            (true, Future::Some) => Some(causal_bias(split, me, owner, &device)),
-            _ => None,
+        let pairs: Vec<Sight> = (split.chunks(me).iter())
+            .flat_map(|qc| {
+                split
+                    .chunks(owner)
+                    .into_iter()
+                    .map(|kc| sight(qc, &kc, mask))
+            })
+            .collect();
+        let bias = if pairs.iter().all(|s| *s == Sight::Nothing) {
+            return false;
+        } else if pairs.iter().all(|s| *s == Sight::All) {
+            None
+        } else {
+            Some(block_bias(split, me, owner, mask, &device))
         };
         let kb = kv.clone().narrow(1, 0, hkv).select(1, heads.clone());
         let vb = kv.clone().narrow(1, hkv, hkv).select(1, heads.clone());
@@ -287,38 +361,26 @@ fn merge(
     }
 }
 
-/// How much of a block of keys lies in the future of a rank's queries.
-enum Future {
-    /// No key is after any query.
-    None,
-    /// Some keys are after some queries.
-    Some,
-    /// Every key is after every query: the block contributes nothing.
-    All,
-}
-
-impl Future {
-    fn of(q_pos: &[usize], k_pos: &[usize]) -> Self {
-        let (q_min, q_max) = (q_pos.iter().min(), q_pos.iter().max());
-        let (k_min, k_max) = (k_pos.iter().min(), k_pos.iter().max());
-        if k_max <= q_min {
-            Future::None
-        } else if k_min > q_max {
-            Future::All
-        } else {
-            Future::Some
-        }
-    }
-}
-
-/// `[1, 1, Tq, Tk]`: 0 where rank `owner`'s key is at or before rank `me`'s query, [`MASKED`]
-/// after (built on the device from the chunks' positions).
-fn causal_bias(split: &ContextSplit, me: usize, owner: usize, device: &Device) -> Tensor<4> {
+/// `[1, 1, Tq, Tk]`: 0 where rank `owner`'s key is visible to rank `me`'s query under `mask`
+/// (at or before it; within its window), [`MASKED`] elsewhere (built on the device from the
+/// chunks' positions).
+fn block_bias(
+    split: &ContextSplit,
+    me: usize,
+    owner: usize,
+    mask: Mask,
+    device: &Device,
+) -> Tensor<4> {
     let q = split.position_ids(me, device).unsqueeze_dim::<2>(1);
     let k = split.position_ids(owner, device).unsqueeze_dim::<2>(0);
     let t = split.local_len();
-    let after = k.expand([t, t]).greater(q.expand([t, t]));
-    (after.float() * MASKED).unsqueeze::<4>()
+    let (q, k) = (q.expand([t, t]), k.expand([t, t]));
+    let mut hidden = k.clone().greater(q.clone()).float();
+    if let Some(w) = mask.window {
+        // Before the window: q − k ≥ W.
+        hidden = hidden + (q - k).greater_equal_elem(w as i64).float();
+    }
+    (hidden.clamp_max(1.0) * MASKED).unsqueeze::<4>()
 }
 
 #[cfg(test)]
@@ -326,7 +388,11 @@ mod tests {
     use super::*;
 
     fn call(q: Range<usize>, keys: usize, causal: bool) -> Call {
-        Call { q, keys, causal }
+        Call {
+            q,
+            k: 0..keys,
+            mask: causal.into(),
+        }
     }
 
     #[test]
@@ -338,14 +404,14 @@ mod tests {
                 // the keys at or before it (chunk granularity: the diagonal is causal).
                 let mut seen = 0;
                 for owner in 0..cp {
-                    let calls = block_calls(&split, me, owner, true);
+                    let calls = block_calls(&split, me, owner, Mask::CAUSAL);
                     assert!(!calls.is_empty() && calls.len() <= 2, "{cp} {me} {owner}");
                     for c in &calls {
                         let (qc, kc) = (split.chunks(me), split.chunks(owner));
                         for q in &qc[c.q.clone()] {
-                            for (j, k) in kc[..c.keys].iter().enumerate() {
+                            for (j, k) in kc[c.k.clone()].iter().enumerate() {
                                 assert!(k.start <= q.start);
-                                assert_eq!(c.causal && j == c.keys - 1, k == q);
+                                assert_eq!(c.mask.causal && j == c.k.len() - 1, k == q);
                                 seen += 1;
                             }
                         }
@@ -357,20 +423,73 @@ mod tests {
         }
         let split = ContextSplit::new(16, 2, true).unwrap();
         assert_eq!(
-            block_calls(&split, 0, 0, true),
+            block_calls(&split, 0, 0, Mask::CAUSAL),
             [call(0..1, 1, true), call(1..2, 2, true)]
         );
-        assert_eq!(block_calls(&split, 0, 1, true), [call(1..2, 2, false)]);
-        assert_eq!(block_calls(&split, 1, 0, true), [call(0..2, 1, false)]);
-        assert_eq!(block_calls(&split, 1, 0, false), [call(0..2, 2, false)]);
+        assert_eq!(
+            block_calls(&split, 0, 1, Mask::CAUSAL),
+            [call(1..2, 2, false)]
+        );
+        assert_eq!(
+            block_calls(&split, 1, 0, Mask::CAUSAL),
+            [call(0..2, 1, false)]
+        );
+        assert_eq!(
+            block_calls(&split, 1, 0, Mask::FULL),
+            [call(0..2, 2, false)]
+        );
     }
 
     #[test]
     fn unbalanced_blocks_ahead_are_skipped() {
         let split = ContextSplit::new(12, 3, false).unwrap();
-        assert_eq!(block_calls(&split, 1, 0, true), [call(0..1, 1, false)]);
-        assert_eq!(block_calls(&split, 1, 1, true), [call(0..1, 1, true)]);
-        assert_eq!(block_calls(&split, 1, 2, true), []);
-        assert_eq!(block_calls(&split, 1, 2, false), [call(0..1, 1, false)]);
+        assert_eq!(
+            block_calls(&split, 1, 0, Mask::CAUSAL),
+            [call(0..1, 1, false)]
+        );
+        assert_eq!(
+            block_calls(&split, 1, 1, Mask::CAUSAL),
+            [call(0..1, 1, true)]
+        );
+        assert_eq!(block_calls(&split, 1, 2, Mask::CAUSAL), []);
+        assert_eq!(
+            block_calls(&split, 1, 2, Mask::FULL),
+            [call(0..1, 1, false)]
+        );
+    }
+
+    /// With a window, exactly the pairs of chunks holding a visible (query, key) pair are
+    /// computed — brute force over the positions says which — unmasked when every pair is
+    /// visible; the others (most of them, at W = 3 over chunks of 4) are not computed.
+    #[test]
+    fn windowed_blocks_compute_only_pairs_a_window_reaches() {
+        let (cp, w) = (4, 3);
+        let split = ContextSplit::new(32, cp, true).unwrap();
+        let mask = Mask::CAUSAL.with_window(Some(w));
+        let (mut computed, mut skipped) = (0, 0);
+        for me in 0..cp {
+            for owner in 0..cp {
+                let calls = block_calls(&split, me, owner, mask);
+                let (qc, kc) = (split.chunks(me), split.chunks(owner));
+                for (i, q) in qc.iter().enumerate() {
+                    for (j, k) in kc.iter().enumerate() {
+                        let visible = |a: usize, c: usize| c <= a && c + w > a;
+                        let pairs = q.clone().flat_map(|a| k.clone().map(move |c| (a, c)));
+                        let seen = pairs.clone().filter(|&(a, c)| visible(a, c)).count();
+                        let call = calls
+                            .iter()
+                            .find(|c| c.q == (i..i + 1) && c.k == (j..j + 1));
+                        assert_eq!(call.is_some(), seen > 0, "{me} {owner} {q:?} {k:?}");
+                        if let Some(call) = call {
+                            assert_eq!(call.mask.is_full(), seen == pairs.count());
+                            computed += 1;
+                        } else {
+                            skipped += 1;
+                        }
+                    }
+                }
+            }
+        }
+        assert_eq!((computed, skipped), (15, 49));
     }
 }

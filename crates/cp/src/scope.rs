@@ -68,16 +68,21 @@ pub fn positions(t: usize) -> Vec<usize> {
     }
 }
 
-/// Causal attention of `q` `[B, H, T, hd]` over `k`, `v` `[B, H_kv, T, hd]`: ring attention
-/// over the whole sequence under a scope, `local(q, k, v)` (the model's own) otherwise.
+/// Causal attention of `q` `[B, H, T, hd]` over `k`, `v` `[B, H_kv, T, hd]`, limited to a
+/// sliding `window` of positions if one is given: ring attention over the whole sequence under
+/// a scope, `local(q, k, v)` (the model's own, which applies the same window) otherwise.
 pub fn attention(
     q: Tensor<4>,
     k: Tensor<4>,
     v: Tensor<4>,
+    window: Option<usize>,
     local: impl FnOnce(Tensor<4>, Tensor<4>, Tensor<4>) -> Tensor<4>,
 ) -> Tensor<4> {
     match ContextScope::current() {
-        Some(s) => ring_attention(q, k, v, &s.group, &s.split, true),
+        Some(s) => {
+            let mask = bonfire_kernels::Mask::CAUSAL.with_window(window);
+            ring_attention(q, k, v, &s.group, &s.split, mask)
+        }
         None => local(q, k, v),
     }
 }

@@ -3,7 +3,9 @@
 //! (the fused per-chunk path) and f64 (the materialized path 16-bit types take), every
 //! rank's output and its dq, dk, dv equal full attention computed on one device at the
 //! rank's positions; the ring sends and receives `cp − 1` blocks in forward and as many
-//! gradients in backward, every one through the overlapped shift.
+//! gradients in backward, every one through the overlapped shift. Sliding windows (Mistral's
+//! `i − W < j ≤ i`) of 1 token, narrower than a chunk, crossing chunks and ranks, and wider
+//! than the sequence, the same.
 
 // The dtensor suites' helpers (ranks as threads, integer-valued data), shared by path.
 #[path = "../../dtensor/tests/common/mod.rs"]
@@ -14,6 +16,7 @@ use bonfire_comm::testing::{Tolerance, assert_close};
 use bonfire_cp::{ContextSplit, ring_attention};
 use bonfire_dtensor::CommCounter;
 use bonfire_dtensor::timing::take_shift_overlap;
+use bonfire_kernels::Mask;
 use burn::tensor::activation::softmax;
 use burn::tensor::{DType, Int, Tensor, TensorData};
 use common::*;
@@ -27,8 +30,15 @@ fn smooth(seed: usize, shape: [usize; 4]) -> Tensor<4> {
     tensor(seed, shape, &dev()) * 0.1
 }
 
-/// softmax(q·kᵀ/√hd + causal mask)·v on one device, query head j with kv head ⌊j·hkv/h⌋.
-fn full_attention(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, causal: bool) -> Tensor<4> {
+/// softmax(q·kᵀ/√hd + causal mask)·v on one device, query head j with kv head ⌊j·hkv/h⌋;
+/// with a `window` W query i sees only keys i − W < j ≤ i.
+fn full_attention(
+    q: Tensor<4>,
+    k: Tensor<4>,
+    v: Tensor<4>,
+    causal: bool,
+    window: Option<usize>,
+) -> Tensor<4> {
     let [_, h, t, hd] = q.dims();
     let hkv = k.dims()[1];
     let heads: Vec<i64> = (0..h).map(|j| (j * hkv / h) as i64).collect();
@@ -38,7 +48,8 @@ fn full_attention(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, causal: bool) -> Ten
     if causal {
         let mask: Vec<f32> = (0..t * t)
             .map(|i| {
-                if i % t > i / t {
+                let (query, key) = (i / t, i % t);
+                if key > query || window.is_some_and(|w| key + w <= query) {
                     f32::NEG_INFINITY
                 } else {
                     0.0
@@ -54,9 +65,23 @@ fn full_attention(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, causal: bool) -> Ten
 /// Ring attention in `dtype` (f32: the fused per-chunk path; f64, as 16-bit types: the
 /// materialized blocks), compared in f32.
 fn check(cp: usize, causal: bool, balanced: bool, heads: usize, kv_heads: usize, dtype: DType) {
+    check_window(cp, causal, None, balanced, (heads, kv_heads), dtype);
+}
+
+/// [`check`] with a sliding `window`.
+fn check_window(
+    cp: usize,
+    causal: bool,
+    window: Option<usize>,
+    balanced: bool,
+    (heads, kv_heads): (usize, usize),
+    dtype: DType,
+) {
     let (b, t, hd) = (2, 4 * cp, 4);
-    let what =
-        format!("cp={cp} causal={causal} balanced={balanced} heads={heads}/{kv_heads} {dtype:?}");
+    let what = format!(
+        "cp={cp} causal={causal} window={window:?} balanced={balanced} heads={heads}/{kv_heads} \
+         {dtype:?}"
+    );
     let split = ContextSplit::new(t, cp, balanced).unwrap();
     let (qs, kvs) = ([b, heads, t, hd], [b, kv_heads, t, hd]);
     let (q, k, v) = (
@@ -65,7 +90,7 @@ fn check(cp: usize, causal: bool, balanced: bool, heads: usize, kv_heads: usize,
         smooth(3, kvs).require_grad(),
     );
     let w = smooth(4, qs);
-    let out = full_attention(q.clone(), k.clone(), v.clone(), causal);
+    let out = full_attention(q.clone(), k.clone(), v.clone(), causal, window);
     let grads = (out.clone() * w.clone()).sum().backward();
     let reference: Vec<Tensor<4>> = vec![
         out,
@@ -90,7 +115,8 @@ fn check(cp: usize, causal: bool, balanced: bool, heads: usize, kv_heads: usize,
         let _ = take_shift_overlap();
         let counter = CommCounter::start();
         let [qd, kd, vd] = [&ql, &kl, &vl].map(|x| x.clone().cast(dtype));
-        let out = ring_attention(qd, kd, vd, &pg, &split, causal).cast(DType::F32);
+        let mask = Mask::from(causal).with_window(window);
+        let out = ring_attention(qd, kd, vd, &pg, &split, mask).cast(DType::F32);
         let forward_sends = counter.count(OpKind::Send);
         let grads = (out.clone() * local(&w)).sum().backward();
         let sends = (
@@ -140,6 +166,20 @@ fn ring_attention_equals_full_attention_without_balance_or_mask() {
             check(cp, true, false, 4, 2, dtype);
             check(cp, false, true, 4, 4, dtype);
             check(cp, false, false, 4, 1, dtype);
+        }
+    }
+}
+
+#[test]
+fn ring_attention_with_a_sliding_window_equals_full_attention() {
+    for dtype in [DType::F32, DType::F64] {
+        for cp in [2, 4] {
+            // Chunks of 2 tokens (balanced) or 4: windows inside a chunk, across chunks and
+            // ranks, and past the sequence.
+            for window in [1, 2, 3, 5, 4 * cp + 1] {
+                check_window(cp, true, Some(window), true, (4, 2), dtype);
+            }
+            check_window(cp, true, Some(3), false, (4, 1), dtype);
         }
     }
 }

@@ -4,7 +4,7 @@
 //! pluggable feed-forward ([`FeedForward`]: the Llama's SwiGLU MLP, the Mixtral's sparse
 //! mixture of experts, which also returns what its router chose).
 
-use crate::gpt::attention::{causal_attention, merge_heads, split_heads};
+use crate::gpt::attention::{merge_heads, split_heads, windowed_attention};
 use crate::llama::{Llama3Rope, LlamaConfig};
 use bonfire_module::layer;
 use bonfire_tp::{ParallelLinear, ParallelRmsNorm};
@@ -31,6 +31,9 @@ pub struct LlamaAttention {
     /// Llama 3's RoPE scaling.
     #[module(skip)]
     rope_scaling: Option<Llama3Rope>,
+    /// Mistral's sliding window: query `i` sees keys `i − W < j ≤ i`.
+    #[module(skip)]
+    sliding_window: Option<usize>,
 }
 
 impl LlamaAttention {
@@ -54,6 +57,7 @@ impl LlamaAttention {
             head_dim: hd,
             rope_theta: cfg.rope_theta,
             rope_scaling: v.rope_scaling,
+            sliding_window: v.sliding_window,
         }
     }
 
@@ -89,7 +93,7 @@ impl LlamaAttention {
         let (cos, sin) = rope_tables(&positions, hd, rope, &q.device());
         let q = rotate(q, &cos, &sin);
         let k = rotate(k, &cos, &sin);
-        // Query head j attends with local kv head ⌊j·h_kv/h⌋ (`causal_attention`'s grouping:
+        // Query head j attends with local kv head ⌊j·h_kv/h⌋ (`windowed_attention`'s grouping:
         // with both sharded by tp, rank r's local head j is global r·h/tp + j, its kv head
         // r·h_kv/tp + ⌊j·h_kv/h⌋) unless tp replicated the kv heads: then they are repeated
         // here, and travel repeated under context parallelism.
@@ -102,7 +106,10 @@ impl LlamaAttention {
                 (k.select(1, heads.clone()), v.select(1, heads))
             }
         };
-        let y = bonfire_cp::attention(q, k, v, causal_attention);
+        let window = self.sliding_window;
+        let y = bonfire_cp::attention(q, k, v, window, |q, k, v| {
+            windowed_attention(q, k, v, window)
+        });
         self.o_proj.forward(merge_heads(y))
     }
 

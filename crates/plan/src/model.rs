@@ -82,6 +82,9 @@ pub struct ModelSpec {
     pub seq_len: usize,
     /// The MLP's inner width.
     pub d_ff: usize,
+    /// A sliding attention window (Mistral's `sliding_window`): each query sees at most this
+    /// many keys, which bounds attention's FLOPs per token; `None`: the whole causal prefix.
+    pub window: Option<usize>,
 }
 
 /// The presets' names.
@@ -97,7 +100,7 @@ pub const PRESETS: [&str; 9] = [
     "qwen3-30b-a3b",
 ];
 
-const FIELDS: [&str; 13] = [
+const FIELDS: [&str; 14] = [
     "name",
     "arch",
     "attention",
@@ -111,6 +114,7 @@ const FIELDS: [&str; 13] = [
     "d_ff",
     "n_experts",
     "experts_per_token",
+    "window",
 ];
 
 impl ModelSpec {
@@ -137,6 +141,7 @@ impl ModelSpec {
             n_layers,
             seq_len,
             d_ff,
+            window: None,
         }
     }
 
@@ -155,6 +160,7 @@ impl ModelSpec {
             n_layers,
             seq_len: 8192,
             d_ff,
+            window: None,
         }
     }
 
@@ -188,6 +194,7 @@ impl ModelSpec {
                 n_layers: 64,
                 seq_len: 40_960,
                 d_ff: 25_600,
+                window: None,
             },
             // Mistral 7B v0.3 (mistralai/Mistral-7B-v0.3's config.json): vocabulary 32,768,
             // hidden 4096, 32 heads, 8 kv heads, 32 layers, intermediate 14,336, 32K
@@ -215,6 +222,7 @@ impl ModelSpec {
                 n_layers: 32,
                 seq_len: 32_768,
                 d_ff: 14_336,
+                window: None,
             },
             // Qwen3-30B-A3B (Qwen/Qwen3-30B-A3B's config.json): vocabulary 151,936, hidden
             // 2048, 32 heads of 128 (4096 wide), 4 kv heads, 48 layers, 40,960 positions,
@@ -235,6 +243,7 @@ impl ModelSpec {
                 n_layers: 48,
                 seq_len: 40_960,
                 d_ff: 768,
+                window: None,
             },
             _ => return None,
         })
@@ -300,6 +309,7 @@ impl ModelSpec {
             n_layers: f.count("n_layers")?,
             seq_len: f.count("seq_len")?,
             d_ff: f.count("d_ff")?,
+            window: f.count_opt("window")?,
         };
         let what = f.what().to_string();
         f.finish(&FIELDS)?;
@@ -467,7 +477,8 @@ impl ModelSpec {
 
     /// Forward FLOPs of piece `piece` per token on one rank of `tp`, for sequences of `seq`
     /// tokens: 2 per weight of every matrix product (the embedding lookup has none), plus
-    /// attention's two products (QKᵀ and AV, 2·seq·d each, causal mask not discounted).
+    /// attention's two products (QKᵀ and AV, 2·keys·d each, causal mask not discounted; keys
+    /// is `seq`, or the sliding window where it is shorter).
     pub fn piece_flops_per_token(&self, tp: usize, piece: usize, seq: usize) -> f64 {
         let (v, d) = (self.vocab_size as f64, self.d_model as f64);
         if piece == 0 {
@@ -482,7 +493,8 @@ impl ModelSpec {
             Arch::Llama => 2.0 * d * q + 2.0 * d * kv + 3.0 * d * f,
             Arch::Mixtral(_) => 2.0 * d * q + 2.0 * d * kv,
         };
-        (2.0 * matmuls + 4.0 * seq as f64 * q) / tp as f64 + self.moe_flops_per_token()
+        let keys = self.window.map_or(seq, |w| w.min(seq)) as f64;
+        (2.0 * matmuls + 4.0 * keys * q) / tp as f64 + self.moe_flops_per_token()
     }
 
     /// Forward FLOPs per token of a block's mixture of experts (0 for a dense model): the

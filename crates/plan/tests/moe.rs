@@ -326,6 +326,7 @@ fn deepseek_v3_published_layout_fits_behind_intra_node_ep() {
         n_layers: 61,
         seq_len: 4096,
         d_ff: 2048,
+        window: None,
     };
     let mut cluster = h100s(256, 8);
     cluster.intra = LinkSpec {

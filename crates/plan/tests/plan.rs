@@ -55,6 +55,29 @@ fn an_explicit_head_width_sizes_attention() {
     assert_eq!(ok.q_dim(), 80);
 }
 
+/// A sliding window (Mistral 7B v0.1's 4096 tokens over its 32,768 positions) bounds the keys
+/// each query multiplies with: attention's products per token are 4·W·q_dim, not 4·T·q_dim;
+/// nothing else moves, and a window longer than the sequence changes nothing.
+#[test]
+fn a_sliding_window_bounds_attention_flops() {
+    let full = ModelSpec::preset("mistral-7b").unwrap();
+    let windowed = ModelSpec::from_json(
+        "m",
+        r#"{"arch": "llama", "vocab_size": 32000, "d_model": 4096, "n_heads": 32,
+            "n_kv_heads": 8, "n_layers": 32, "seq_len": 32768, "d_ff": 14336,
+            "window": 4096}"#,
+    )
+    .unwrap();
+    assert_eq!(windowed.window, Some(4096));
+    let seq = 32_768;
+    let saved = full.piece_flops_per_token(1, 1, seq) - windowed.piece_flops_per_token(1, 1, seq);
+    assert_eq!(saved, 4.0 * (32_768.0 - 4096.0) * 4096.0);
+    assert_eq!(
+        full.piece_flops_per_token(1, 1, 2048),
+        windowed.piece_flops_per_token(1, 1, 2048)
+    );
+}
+
 #[test]
 fn presets_have_their_published_sizes() {
     let params = |n: &str| ModelSpec::preset(n).unwrap().num_params() as f64 / 1e9;

@@ -3,7 +3,8 @@
 //! backend's primitives with the flash-style backward ([`forward`], [`backward`]), which the
 //! extension runs where it has no kernel (a CubeCL device, a dtype other than f32 on Flex).
 
-use crate::fused::{causal_mask, causal_mask_values, narrow_to, widen};
+use super::Mask;
+use crate::fused::{narrow_to, widen};
 use burn::backend::tensor::FloatTensor;
 use burn::backend::{Backend, TensorMetadata};
 use burn::tensor::activation::softmax;
@@ -11,8 +12,14 @@ use burn::tensor::{Int, Scalar, Shape, Tensor, TensorData};
 
 /// `softmax(q kᵀ · scale + mask) v` with the kv heads repeated (query head `j` uses kv head
 /// `j / (h / h_kv)`) by `select`; shapes and mask as in [`crate::attention::attention`].
-pub fn attention(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, scale: f64, causal: bool) -> Tensor<4> {
-    let (scores, v) = masked_scores(q, k, v, scale, causal);
+pub fn attention(
+    q: Tensor<4>,
+    k: Tensor<4>,
+    v: Tensor<4>,
+    scale: f64,
+    mask: impl Into<Mask>,
+) -> Tensor<4> {
+    let (scores, v) = masked_scores(q, k, v, scale, mask.into());
     softmax(scores, 3).matmul(v)
 }
 
@@ -23,21 +30,18 @@ fn masked_scores(
     k: Tensor<4>,
     v: Tensor<4>,
     scale: f64,
-    causal: bool,
+    mask: Mask,
 ) -> (Tensor<4>, Tensor<4>) {
     let [_, h, tq, _] = q.dims();
     let tk = k.dims()[2];
     let (k, v) = repeat_kv_heads(k, v, h);
     let scores = q.matmul(k.swap_dims(2, 3)) * scale;
-    let scores = match causal {
-        true => {
-            let mask = causal_mask(tq, tk, &scores.device());
-            let mask = mask.cast(scores.dtype()).unsqueeze::<4>();
-            scores + mask
-        }
-        false => scores,
-    };
-    (scores, v)
+    if mask.is_full() {
+        return (scores, v);
+    }
+    let bias = Tensor::<2>::from_data(mask.values(tq, tk), &scores.device());
+    let bias = bias.cast(scores.dtype()).unsqueeze::<4>();
+    (scores + bias, v)
 }
 
 /// [`attention`] and each query's log-sum-exp of its scaled, masked scores `[B, h, Tq]`, both
@@ -47,9 +51,9 @@ pub fn attention_with_lse(
     k: Tensor<4>,
     v: Tensor<4>,
     scale: f64,
-    causal: bool,
+    mask: impl Into<Mask>,
 ) -> (Tensor<4>, Tensor<3>) {
-    let (scores, v) = masked_scores(q, k, v, scale, causal);
+    let (scores, v) = masked_scores(q, k, v, scale, mask.into());
     // The shift by the row's max keeps exp finite and cancels: no gradient through it.
     let m = scores.clone().detach().max_dim(3);
     let lse = (scores.clone() - m.clone()).exp().sum_dim(3).log() + m;
@@ -97,7 +101,7 @@ fn scores<B: Backend>(
     q: FloatTensor<B>,
     k: FloatTensor<B>,
     scale: f64,
-    causal: bool,
+    mask: Mask,
 ) -> FloatTensor<B> {
     let (tq, tk) = (q.shape()[2], k.shape()[2]);
     let device = q.device();
@@ -105,14 +109,11 @@ fn scores<B: Backend>(
         B::float_matmul(q, B::float_swap_dims(k, 2, 3)),
         Scalar::Float(scale),
     );
-    match causal {
-        true => {
-            let mask =
-                B::float_from_data(causal_mask_values(tq, tk).convert_dtype(s.dtype()), &device);
-            B::float_add(s, B::float_reshape(mask, Shape::new([1, 1, tq, tk])))
-        }
-        false => s,
+    if mask.is_full() {
+        return s;
     }
+    let bias = B::float_from_data(mask.values(tq, tk).convert_dtype(s.dtype()), &device);
+    B::float_add(s, B::float_reshape(bias, Shape::new([1, 1, tq, tk])))
 }
 
 /// The output `[B, h, Tq, dh]` and each query's log-sum-exp `[B, h, Tq]`, in the inputs'
@@ -122,13 +123,13 @@ pub(crate) fn forward<B: Backend>(
     k: FloatTensor<B>,
     v: FloatTensor<B>,
     scale: f64,
-    causal: bool,
+    mask: Mask,
 ) -> (FloatTensor<B>, FloatTensor<B>) {
     let dtype = q.dtype();
     let (q, k, v) = (widen::<B>(q), widen::<B>(k), widen::<B>(v));
     let s = q.shape();
     let (b, h, tq) = (s[0], s[1], s[2]);
-    let s = scores::<B>(q, repeat_heads::<B>(k, h), scale, causal);
+    let s = scores::<B>(q, repeat_heads::<B>(k, h), scale, mask);
     let m = B::float_max_dim(s.clone(), 3);
     let e = B::float_exp(B::float_sub(s, m.clone()));
     let l = B::float_sum_dim(e.clone(), 3);
@@ -151,7 +152,7 @@ pub(crate) fn backward<B: Backend>(
     grad: FloatTensor<B>,
     dlse: FloatTensor<B>,
     scale: f64,
-    causal: bool,
+    mask: Mask,
 ) -> (FloatTensor<B>, FloatTensor<B>, FloatTensor<B>) {
     let dtype = q.dtype();
     let [q, k, v, out, lse, grad, dlse] = [q, k, v, out, lse, grad, dlse].map(widen::<B>);
@@ -159,7 +160,7 @@ pub(crate) fn backward<B: Backend>(
     let (b, h, tq) = (sh[0], sh[1], sh[2]);
     let h_kv = k.shape()[1];
     let (k, v) = (repeat_heads::<B>(k, h), repeat_heads::<B>(v, h));
-    let s = scores::<B>(q.clone(), k.clone(), scale, causal);
+    let s = scores::<B>(q.clone(), k.clone(), scale, mask);
     let lse = B::float_reshape(lse, Shape::new([b, h, tq, 1]));
     let p = B::float_exp(B::float_sub(s, lse));
     let dv = B::float_matmul(B::float_swap_dims(p.clone(), 2, 3), grad.clone());

@@ -10,7 +10,9 @@
 //! run over the tile's rows. The row loops are compiled three times — AVX-512, AVX2 + FMA and
 //! the portable baseline — and the best the CPU has is picked at run time.
 
+use super::Mask;
 use crate::fused::fast_exp as exp;
+use std::ops::Range;
 
 /// Keys (and queries) per tile.
 pub(crate) const TILE: usize = 64;
@@ -32,8 +34,8 @@ pub(crate) struct Dims {
     pub dh: usize,
     /// Scale of the scores.
     pub scale: f32,
-    /// Whether query `i` sees only keys `0 ..= i + (Tk − Tq)`.
-    pub causal: bool,
+    /// Which keys each query sees.
+    pub mask: Mask,
 }
 
 impl Dims {
@@ -41,12 +43,9 @@ impl Dims {
         self.h / self.h_kv
     }
 
-    /// The keys query `i` attends to: `0 .. keys(i)`.
-    fn keys(&self, i: usize) -> usize {
-        match self.causal {
-            true => (i + self.tk.saturating_sub(self.tq) + 1).min(self.tk),
-            false => self.tk,
-        }
+    /// The keys query `i` attends to (a range: both ends grow with `i`).
+    fn keys(&self, i: usize) -> Range<usize> {
+        self.mask.keys(i, self.tq, self.tk)
     }
 }
 
@@ -109,17 +108,21 @@ struct Tile {
 }
 
 impl Dims {
-    /// The key tiles the query tile `i0 .. i0 + rows` sees any key of, as `(t0, n)`.
+    /// The key tiles the query tile `i0 .. i0 + rows` sees any key of, as `(t0, n)`: from its
+    /// first query's first key to its last query's last.
     fn key_tiles(&self, i0: usize, rows: usize) -> impl Iterator<Item = (usize, usize)> {
-        let end = self.keys(i0 + rows - 1);
-        (0..end)
+        let (start, end) = (self.keys(i0).start, self.keys(i0 + rows - 1).end);
+        (start..end)
             .step_by(TILE)
             .map(move |t0| (t0, (end - t0).min(TILE)))
     }
 
-    /// How many of the tile's keys query row `r` of it sees (the rest are masked).
-    fn seen(&self, tile: Tile, r: usize) -> usize {
-        self.keys(tile.i0 + r).saturating_sub(tile.t0).min(tile.n)
+    /// The tile's keys query row `r` of it sees, as a range of the tile's columns (the rest
+    /// are masked; empty when it sees none of them).
+    fn seen(&self, tile: Tile, r: usize) -> Range<usize> {
+        let keys = self.keys(tile.i0 + r);
+        let at = |k: usize| k.saturating_sub(tile.t0).min(tile.n);
+        at(keys.start)..at(keys.end).max(at(keys.start))
     }
 }
 
@@ -147,10 +150,15 @@ fn forward_unit_body(d: &Dims, q: &[f32], k: &[f32], v: &[f32], o: &mut [f32], l
                 for r in 0..rows {
                     let row = &mut s[r * TILE..][..n];
                     let seen = d.seen(tile, r);
-                    let m_new = row[..seen].iter().fold(m[r], |a, &b| a.max(b));
+                    row[..seen.start].fill(0.0);
+                    row[seen.end..].fill(0.0);
+                    if seen.is_empty() {
+                        continue; // nothing of this tile: the row's state stays
+                    }
+                    let row = &mut row[seen];
+                    let m_new = row.iter().fold(m[r], |a, &b| a.max(b));
                     let alpha = exp(m[r] - m_new);
-                    row[..seen].iter_mut().for_each(|p| *p = exp(*p - m_new));
-                    row[seen..].fill(0.0);
+                    row.iter_mut().for_each(|p| *p = exp(*p - m_new));
                     l[r] = l[r] * alpha + row.iter().sum::<f32>();
                     m[r] = m_new;
                     acc[r * dh..][..dh].iter_mut().for_each(|a| *a *= alpha);
@@ -160,7 +168,8 @@ fn forward_unit_body(d: &Dims, q: &[f32], k: &[f32], v: &[f32], o: &mut [f32], l
             }
             let lse = &mut lse[head * d.tq + i0..][..rows];
             for (r, lse) in lse.iter_mut().enumerate() {
-                let inv = 1.0 / l[r];
+                // A query that saw no key: output 0 (the accumulator's), log-sum-exp −∞.
+                let inv = if l[r] > 0.0 { 1.0 / l[r] } else { 0.0 };
                 acc[r * dh..][..dh].iter_mut().for_each(|a| *a *= inv);
                 *lse = m[r] + l[r].ln();
             }
@@ -221,12 +230,15 @@ fn backward_unit_body(d: &Dims, x: &BackwardIn, out: &mut BackwardOut) {
                 for r in 0..rows {
                     let seen = d.seen(tile, r);
                     let (pr, dsr) = (&mut p[r * TILE..][..n], &mut ds[r * TILE..][..n]);
-                    for (p, ds) in pr[..seen].iter_mut().zip(&mut dsr[..seen]) {
+                    let (ps, dss) = (&mut pr[seen.clone()], &mut dsr[seen.clone()]);
+                    for (p, ds) in ps.iter_mut().zip(dss.iter_mut()) {
                         *p = exp(*p - lse[r]);
                         *ds = *p * (*ds - big_d[r]) * d.scale;
                     }
-                    pr[seen..].fill(0.0);
-                    dsr[seen..].fill(0.0);
+                    pr[..seen.start].fill(0.0);
+                    pr[seen.end..].fill(0.0);
+                    dsr[..seen.start].fill(0.0);
+                    dsr[seen.end..].fill(0.0);
                 }
                 let (dk, dv) = (&mut out.dk[t0 * dh..], &mut out.dv[t0 * dh..]);
                 product((n, dh, rows), dv, dh, true, (&p, 1, TILE), (g, dh, 1), 1.0);

@@ -1,4 +1,5 @@
-//! Fused scaled dot-product attention, GQA-aware and optionally causal: [`attention`].
+//! Fused scaled dot-product attention, GQA-aware, masked causally, by a sliding window or not
+//! at all ([`Mask`]): [`attention`].
 //!
 //! One autodiff node whose state is `(q, k, v, out, lse)` (`lse`: each query's log-sum-exp
 //! of its scaled scores); its backward recomputes the probabilities from `lse`
@@ -8,13 +9,17 @@
 //! gradient shifts `D` by `dlse`): what ring attention merges its blocks with.
 //!
 //! On Flex in f32 both directions are host kernels ([`flex`]) over tiles of 64 keys with an
-//! online softmax — no `Tq × Tk` matrix, the kv heads never repeated, keys past a causal
-//! query's last one never touched. Every other case runs plain Burn ([`fallback`]): a 16-bit
+//! online softmax — no `Tq × Tk` matrix, the kv heads never repeated, keys a query cannot see
+//! (past a causal query's last one, before its window) never touched; a query that sees no
+//! key of the call gets output 0 and log-sum-exp −∞. Every other case runs plain Burn ([`fallback`]): a 16-bit
 //! dtype (the whole op, on Burn's own autodiff, as the models ran before), a CubeCL device
 //! (the extension's forward and backward as whole-tensor Burn ops).
 
 pub mod fallback;
 mod flex;
+mod mask;
+
+pub use mask::{MASKED, Mask};
 
 use crate::fused::host::all_f32;
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
@@ -36,7 +41,7 @@ pub trait AttentionBackend: Backend {
         k: FloatTensor<Self>,
         v: FloatTensor<Self>,
         scale: f64,
-        causal: bool,
+        mask: Mask,
     ) -> (FloatTensor<Self>, FloatTensor<Self>);
 
     /// [`AttentionBackend::attention_forward`]'s output and log-sum-exp as one tensor
@@ -47,7 +52,7 @@ pub trait AttentionBackend: Backend {
         k: FloatTensor<Self>,
         v: FloatTensor<Self>,
         scale: f64,
-        causal: bool,
+        mask: Mask,
     ) -> FloatTensor<Self>;
 
     /// The gradients `(dq, dk, dv)` of [`AttentionBackend::attention_forward`] given its
@@ -63,7 +68,7 @@ pub trait AttentionBackend: Backend {
         grad: FloatTensor<Self>,
         dlse: FloatTensor<Self>,
         scale: f64,
-        causal: bool,
+        mask: Mask,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>);
 }
 
@@ -71,20 +76,29 @@ pub trait AttentionBackend: Backend {
 ///
 /// `q` is `[B, h, Tq, dh]`, `k` and `v` `[B, h_kv, Tk, dh]` with `h % h_kv == 0`: query head
 /// `j` attends with kv head `j / (h / h_kv)` (grouped-query attention; the kv heads are not
-/// copied). With `causal`, the queries are the last `Tq` of the `Tk` positions: query `i`
-/// attends to keys `0 ..= i + (Tk − Tq)` (the convention of [`crate::causal_softmax`]).
+/// copied). `mask` says which keys each query sees ([`Mask`]; a `bool` is the plain causal or
+/// full mask): causal, the queries are the last `Tq` of the `Tk` positions, query `i` attends
+/// to keys `0 ..= i + (Tk − Tq)` (the convention of [`crate::causal_softmax`]); with a window
+/// `W` only to the last `W` of those.
 /// Returns `[B, h, Tq, dh]`. f32 runs the fused op; other dtypes [`fallback::attention`].
-pub fn attention(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, scale: f64, causal: bool) -> Tensor<4> {
+pub fn attention(
+    q: Tensor<4>,
+    k: Tensor<4>,
+    v: Tensor<4>,
+    scale: f64,
+    mask: impl Into<Mask>,
+) -> Tensor<4> {
+    let mask = mask.into();
     check_shapes(&q, &k, &v);
     if [q.dtype(), k.dtype(), v.dtype()] != [DType::F32; 3] {
-        return fallback::attention(q, k, v, scale, causal);
+        return fallback::attention(q, k, v, scale, mask);
     }
     let (out, _lse) = <Dispatch as AttentionBackend>::attention_forward(
         q.into_dispatch(),
         k.into_dispatch(),
         v.into_dispatch(),
         scale,
-        causal,
+        mask,
     );
     Tensor::from_dispatch(out)
 }
@@ -100,11 +114,12 @@ pub fn attention_with_lse(
     k: Tensor<4>,
     v: Tensor<4>,
     scale: f64,
-    causal: bool,
+    mask: impl Into<Mask>,
 ) -> (Tensor<4>, Tensor<3>) {
+    let mask = mask.into();
     check_shapes(&q, &k, &v);
     if [q.dtype(), k.dtype(), v.dtype()] != [DType::F32; 3] {
-        return fallback::attention_with_lse(q, k, v, scale, causal);
+        return fallback::attention_with_lse(q, k, v, scale, mask);
     }
     let [b, h, tq, dh] = q.dims();
     let packed =
@@ -113,7 +128,7 @@ pub fn attention_with_lse(
             k.into_dispatch(),
             v.into_dispatch(),
             scale,
-            causal,
+            mask,
         ));
     let lse = packed.clone().narrow(3, dh, 1).reshape([b, h, tq]);
     (packed.narrow(3, 0, dh), lse)
@@ -157,7 +172,7 @@ fn unpack<B: Backend>(packed: FloatTensor<B>) -> (FloatTensor<B>, FloatTensor<B>
 // ---------------------------------------------------------------------------------------
 
 /// The sizes of a call from its inputs' shapes.
-fn dims(q: &Shape, k: &Shape, scale: f64, causal: bool) -> flex::Dims {
+fn dims(q: &Shape, k: &Shape, scale: f64, mask: Mask) -> flex::Dims {
     flex::Dims {
         b: q[0],
         h: q[1],
@@ -166,7 +181,7 @@ fn dims(q: &Shape, k: &Shape, scale: f64, causal: bool) -> flex::Dims {
         tk: k[2],
         dh: q[3],
         scale: scale as f32,
-        causal,
+        mask,
     }
 }
 
@@ -189,12 +204,12 @@ impl AttentionBackend for Flex {
         k: FloatTensor<Self>,
         v: FloatTensor<Self>,
         scale: f64,
-        causal: bool,
+        mask: Mask,
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
         if !all_f32(&[&q, &k, &v]) {
-            return fallback::forward::<Self>(q, k, v, scale, causal);
+            return fallback::forward::<Self>(q, k, v, scale, mask);
         }
-        let d = dims(&q.shape(), &k.shape(), scale, causal);
+        let d = dims(&q.shape(), &k.shape(), scale, mask);
         let [q, k, v] = [q, k, v].map(|t| t.to_contiguous());
         let (out, lse) = flex::forward(&d, slice(&q), slice(&k), slice(&v));
         (
@@ -208,9 +223,9 @@ impl AttentionBackend for Flex {
         k: FloatTensor<Self>,
         v: FloatTensor<Self>,
         scale: f64,
-        causal: bool,
+        mask: Mask,
     ) -> FloatTensor<Self> {
-        let (out, lse) = Self::attention_forward(q, k, v, scale, causal);
+        let (out, lse) = Self::attention_forward(q, k, v, scale, mask);
         pack::<Self>(out, lse)
     }
 
@@ -223,12 +238,12 @@ impl AttentionBackend for Flex {
         grad: FloatTensor<Self>,
         dlse: FloatTensor<Self>,
         scale: f64,
-        causal: bool,
+        mask: Mask,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
         if !all_f32(&[&q, &k, &v, &out, &lse, &grad, &dlse]) {
-            return fallback::backward::<Self>(q, k, v, out, lse, grad, dlse, scale, causal);
+            return fallback::backward::<Self>(q, k, v, out, lse, grad, dlse, scale, mask);
         }
-        let d = dims(&q.shape(), &k.shape(), scale, causal);
+        let d = dims(&q.shape(), &k.shape(), scale, mask);
         let [q, k, v, out, lse, grad, dlse] =
             [q, k, v, out, lse, grad, dlse].map(|t| t.to_contiguous());
         let x = flex::BackwardIn {
@@ -256,9 +271,9 @@ impl AttentionBackend for burn::backend::Cube {
         k: FloatTensor<Self>,
         v: FloatTensor<Self>,
         scale: f64,
-        causal: bool,
+        mask: Mask,
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
-        fallback::forward::<Self>(q, k, v, scale, causal)
+        fallback::forward::<Self>(q, k, v, scale, mask)
     }
 
     fn attention_forward_packed(
@@ -266,9 +281,9 @@ impl AttentionBackend for burn::backend::Cube {
         k: FloatTensor<Self>,
         v: FloatTensor<Self>,
         scale: f64,
-        causal: bool,
+        mask: Mask,
     ) -> FloatTensor<Self> {
-        let (out, lse) = Self::attention_forward(q, k, v, scale, causal);
+        let (out, lse) = Self::attention_forward(q, k, v, scale, mask);
         pack::<Self>(out, lse)
     }
 
@@ -281,9 +296,9 @@ impl AttentionBackend for burn::backend::Cube {
         grad: FloatTensor<Self>,
         dlse: FloatTensor<Self>,
         scale: f64,
-        causal: bool,
+        mask: Mask,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
-        fallback::backward::<Self>(q, k, v, out, lse, grad, dlse, scale, causal)
+        fallback::backward::<Self>(q, k, v, out, lse, grad, dlse, scale, mask)
     }
 }
 
@@ -294,7 +309,7 @@ impl AttentionBackend for burn::backend::Cube {
 #[derive(Debug)]
 struct AttentionStep {
     scale: f64,
-    causal: bool,
+    mask: Mask,
     /// The node's output is [`pack`]ed with the log-sum-exp (its gradient then carries
     /// `dlse`), not the output alone.
     packed: bool,
@@ -324,7 +339,7 @@ impl<B: AttentionBackend> Backward<B, 3> for AttentionStep {
             }
         };
         let (dq, dk, dv) =
-            B::attention_backward(q, k, v, out, lse, grad, dlse, self.scale, self.causal);
+            B::attention_backward(q, k, v, out, lse, grad, dlse, self.scale, self.mask);
         for (parent, g) in ops.parents.into_iter().zip([dq, dk, dv]) {
             if let Some(parent) = parent {
                 grads.register::<B>(parent.id, g);
@@ -340,13 +355,13 @@ fn tracked<B: AttentionBackend, C: CheckpointStrategy>(
     [q, k, v]: [FloatTensor<Autodiff<B, C>>; 3],
     step: AttentionStep,
 ) -> [FloatTensor<Autodiff<B, C>>; 2] {
-    let (scale, causal, packed) = (step.scale, step.causal, step.packed);
+    let (scale, mask, packed) = (step.scale, step.mask, step.packed);
     let prep = step
         .prepare::<C>([q.node(), k.node(), v.node()])
         .compute_bound()
         .stateful();
     let (q, k, v) = (q.into_primitive(), k.into_primitive(), v.into_primitive());
-    let (out, lse) = B::attention_forward(q.clone(), k.clone(), v.clone(), scale, causal);
+    let (out, lse) = B::attention_forward(q.clone(), k.clone(), v.clone(), scale, mask);
     let result = match packed {
         true => pack::<B>(out.clone(), lse.clone()),
         false => out.clone(),
@@ -364,11 +379,11 @@ impl<B: AttentionBackend, C: CheckpointStrategy> AttentionBackend for Autodiff<B
         k: FloatTensor<Self>,
         v: FloatTensor<Self>,
         scale: f64,
-        causal: bool,
+        mask: Mask,
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
         let step = AttentionStep {
             scale,
-            causal,
+            mask,
             packed: false,
         };
         let [out, lse] = tracked::<B, C>([q, k, v], step);
@@ -380,11 +395,11 @@ impl<B: AttentionBackend, C: CheckpointStrategy> AttentionBackend for Autodiff<B
         k: FloatTensor<Self>,
         v: FloatTensor<Self>,
         scale: f64,
-        causal: bool,
+        mask: Mask,
     ) -> FloatTensor<Self> {
         let step = AttentionStep {
             scale,
-            causal,
+            mask,
             packed: true,
         };
         let [packed, _] = tracked::<B, C>([q, k, v], step);
@@ -400,7 +415,7 @@ impl<B: AttentionBackend, C: CheckpointStrategy> AttentionBackend for Autodiff<B
         _grad: FloatTensor<Self>,
         _dlse: FloatTensor<Self>,
         _scale: f64,
-        _causal: bool,
+        _mask: Mask,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
         panic!("bonfire-kernels: attention_backward is not differentiable");
     }

@@ -37,7 +37,6 @@ use burn::backend::Dispatch;
 use burn::tensor::{Int, Tensor};
 pub(crate) use dtype::{narrow_to, widen};
 pub use softmax::causal_mask;
-pub(crate) use softmax::causal_mask_values;
 
 /// `softmax(scale · scores + causal mask)` over the last dim of `[B, h, Tq, Tk]` (a query
 /// attends to the keys at or before it; with `Tk > Tq` the queries are the last `Tq`).

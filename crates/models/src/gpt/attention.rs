@@ -1,5 +1,6 @@
 //! Causal multi-head self-attention with separate `q`, `k`, `v`, `o` projections.
 
+use bonfire_kernels::Mask;
 use bonfire_kernels::fused::causal_mask;
 use bonfire_tp::ParallelLinear;
 use burn::module::Module;
@@ -48,7 +49,7 @@ impl GptAttention {
         let k = self.k.forward(x.clone());
         let v = self.v.forward(x);
         let (q, k, v) = (split_heads(q, dh), split_heads(k, dh), split_heads(v, dh));
-        let y = bonfire_cp::attention(q, k, v, causal_attention);
+        let y = bonfire_cp::attention(q, k, v, None, causal_attention);
         self.o.forward(merge_heads(y))
     }
 
@@ -83,13 +84,66 @@ pub fn merge_heads(y: Tensor<4>) -> Tensor<3> {
 /// (`tests/mixed_precision.rs`) past its empirical bound (0.24 against 0.2, measured with the
 /// fused softmax).
 pub fn causal_attention(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>) -> Tensor<4> {
+    windowed_attention(q, k, v, None)
+}
+
+/// [`causal_attention`] with each query limited to a sliding `window` of `W` positions when
+/// one is given (Mistral's: query `i` sees keys `i − W < j ≤ i`): in f32 the fused op skips the
+/// keys before a query's window; in 16-bit types the mask adds [`bonfire_kernels::MASKED`]
+/// there too.
+pub fn windowed_attention(
+    q: Tensor<4>,
+    k: Tensor<4>,
+    v: Tensor<4>,
+    window: Option<usize>,
+) -> Tensor<4> {
     let [_, h, t, dh] = q.dims();
     let dtype = q.dtype();
+    let mask = Mask::CAUSAL.with_window(window);
     if dtype == DType::F32 {
-        return bonfire_kernels::attention(q, k, v, 1.0 / (dh as f64).sqrt(), true);
+        return bonfire_kernels::attention(q, k, v, 1.0 / (dh as f64).sqrt(), mask);
     }
     let (k, v) = bonfire_kernels::fallback::repeat_kv_heads(k, v, h);
     let scores = q.matmul(k.swap_dims(2, 3));
-    let mask = causal_mask(t, t, &scores.device()).cast(dtype);
-    softmax(scores / (dh as f64).sqrt() + mask.unsqueeze::<4>(), 3).matmul(v)
+    let device = scores.device();
+    let mask = match window {
+        None => causal_mask(t, t, &device),
+        Some(_) => Tensor::from_data(mask.values(t, t), &device),
+    };
+    softmax(
+        scores / (dh as f64).sqrt() + mask.cast(dtype).unsqueeze::<4>(),
+        3,
+    )
+    .matmul(v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burn::tensor::Distribution;
+
+    /// The 16-bit path applies the window as the fused f32 op does: bf16 within bf16's
+    /// rounding of the f32 result, and far from the unwindowed one.
+    #[test]
+    fn sixteen_bit_windows_match_the_fused_op() {
+        let device = Device::flex();
+        device.seed(5);
+        let normal =
+            |shape: [usize; 4]| Tensor::<4>::random(shape, Distribution::Normal(0.0, 1.0), &device);
+        let (q, k, v) = (
+            normal([2, 4, 10, 8]),
+            normal([2, 2, 10, 8]),
+            normal([2, 2, 10, 8]),
+        );
+        let f32_out = windowed_attention(q.clone(), k.clone(), v.clone(), Some(3));
+        let bf16 = |x: &Tensor<4>| x.clone().cast(DType::BF16);
+        let half = windowed_attention(bf16(&q), bf16(&k), bf16(&v), Some(3)).cast(DType::F32);
+        let full = causal_attention(q, k, v);
+        let gap = |a: &Tensor<4>, b: &Tensor<4>| {
+            let d = (a.clone() - b.clone()).abs().max().into_data();
+            d.convert::<f32>().try_to_vec::<f32>().unwrap()[0]
+        };
+        assert!(gap(&half, &f32_out) < 3e-2, "{}", gap(&half, &f32_out));
+        assert!(gap(&full, &f32_out) > 0.3, "{}", gap(&full, &f32_out));
+    }
 }

@@ -49,6 +49,7 @@ impl LlamaConfig {
             n_layers: self.num_hidden_layers,
             seq_len: self.max_position_embeddings,
             d_ff: self.intermediate_size,
+            window: self.variant.sliding_window,
         }
     }
 
@@ -317,8 +318,15 @@ mod tests {
         let m = LlamaConfig::from_json("c", &mistral).unwrap();
         assert_eq!(LlamaConfig::from_json("c", &m.to_json()), Ok(m));
         let window = mistral.replace("\"rope_theta\"", "\"sliding_window\": 4, \"rope_theta\"");
-        let err = LlamaConfig::from_json("c", &window).unwrap_err();
-        assert!(err.contains("sliding_window 4 is shorter"), "{err}");
+        let w = LlamaConfig::from_json("c", &window).unwrap();
+        assert_eq!(w.variant.sliding_window, Some(4));
+        assert_eq!(LlamaConfig::from_json("c", &w.to_json()), Ok(w));
+        let zero = window.replace("\"sliding_window\": 4", "\"sliding_window\": 0");
+        let err = LlamaConfig::from_json("c", &zero).unwrap_err();
+        assert!(err.contains("sliding_window"), "{err}");
+        // A Llama's `sliding_window` field means nothing to it.
+        let llama = LlamaConfig::from_json("c", &window.replace("\"mistral\"", "\"llama\""));
+        assert_eq!(llama.unwrap().variant.sliding_window, None);
         let qwen3 = text.replace("\"llama\"", "\"qwen3\"");
         let q = LlamaConfig::from_json("c", &qwen3).unwrap();
         assert!(q.variant.qk_norm && !q.variant.qkv_bias);

@@ -1,6 +1,7 @@
 //! What a Llama-family `model_type` adds to the Llama ([`LlamaVariant`]), read from its
 //! `config.json`: Llama 3's RoPE frequency scaling ([`Llama3Rope`]), Qwen2's q/k/v biases,
-//! Qwen3's per-head q/k RMSNorm — each a layer option of the one decoder, not a copy of it.
+//! Qwen3's per-head q/k RMSNorm, Mistral's sliding window — each a layer option of the one
+//! decoder, not a copy of it.
 
 use serde_json::{Map, Value, json};
 
@@ -14,8 +15,8 @@ pub enum Family {
     Qwen2,
     /// `qwen3` (dense Qwen3): q/k RMSNorm per head, an explicit head width.
     Qwen3,
-    /// `mistral` (Mistral 7B v0.2/v0.3, Mistral NeMo): the Llama's math when its
-    /// `sliding_window` is null or covers every position (v0.1's 4096-token window is refused).
+    /// `mistral` (Mistral 7B v0.1–v0.3, Mistral NeMo): the Llama with a sliding window when
+    /// its `sliding_window` is set (v0.1's 4096 tokens).
     Mistral,
 }
 
@@ -119,12 +120,14 @@ pub struct LlamaVariant {
     /// The head is the embedding (`tie_word_embeddings`: Llama 3.2, small Qwens): one
     /// parameter, its gradient the sum of both uses.
     pub tie_word_embeddings: bool,
+    /// Mistral's `sliding_window` W: query `i` sees keys `i − W < j ≤ i` (every layer).
+    pub sliding_window: Option<usize>,
 }
 
 impl LlamaVariant {
     /// The variant a `config.json` object of `family` describes: `rope` its `rope_parameters`
-    /// (or `rope_scaling`). Refuses, naming the field, what the decoder does not compute: tied
-    /// MLP biases, an output-projection bias, sliding windows, other RoPE types.
+    /// (or `rope_scaling`). Refuses, naming the field, what the decoder does not compute: MLP
+    /// biases, an output-projection bias, Qwen's per-layer sliding windows, other RoPE types.
     pub(crate) fn from_json(
         family: Family,
         obj: &Map<String, Value>,
@@ -139,19 +142,17 @@ impl LlamaVariant {
             return refuse("attention_bias", "output-projection biases");
         }
         if flag("use_sliding_window") {
-            return refuse("use_sliding_window", "sliding windows");
+            return refuse("use_sliding_window", "Qwen's per-layer sliding windows");
         }
-        let positions = obj.get("max_position_embeddings").and_then(Value::as_u64);
-        if family == Family::Mistral
-            && let Some(w) = obj.get("sliding_window").and_then(Value::as_u64)
-            && positions.is_some_and(|p| w < p)
-        {
-            return Err(format!(
-                "sliding_window {w} is shorter than max_position_embeddings {}: sliding-window \
-                 attention is not supported yet",
-                positions.unwrap_or_default()
-            ));
-        }
+        let sliding_window = match (family, obj.get("sliding_window")) {
+            (Family::Mistral, Some(w)) if !w.is_null() => Some(
+                w.as_u64()
+                    .filter(|&w| w > 0)
+                    .ok_or("field `sliding_window`: not a positive integer or null")?
+                    as usize,
+            ),
+            _ => None,
+        };
         let kind = rope
             .and_then(|r| r.get("rope_type"))
             .and_then(Value::as_str);
@@ -170,6 +171,7 @@ impl LlamaVariant {
             qk_norm: family == Family::Qwen3,
             rope_scaling,
             tie_word_embeddings: flag("tie_word_embeddings"),
+            sliding_window,
         })
     }
 
@@ -191,7 +193,7 @@ impl LlamaVariant {
         });
         match self.family {
             Family::Llama => {}
-            Family::Mistral => fields["sliding_window"] = Value::Null,
+            Family::Mistral => fields["sliding_window"] = json!(self.sliding_window),
             Family::Qwen2 | Family::Qwen3 => fields["use_sliding_window"] = json!(false),
         }
         fields
