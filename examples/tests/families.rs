@@ -155,7 +155,9 @@ fn qwen3_qk_norms_match_transformers_in_every_layout_class() {
 
 /// A tied head (Llama 3.2's shape): one parameter whose gradient sums the embedding's and the
 /// head's use, in every layout that supports it yet (ZeRO-3 gathers the table a second time
-/// for the head); tp, pp and activation checkpointing refused, naming `tie_word_embeddings`.
+/// for the head; under tp ± SP each rank's vocabulary shard is also its head's, the logits
+/// gathered); loss parallelism, pp and activation checkpointing refused, naming
+/// `tie_word_embeddings`.
 #[test]
 fn tied_embeddings_match_transformers_where_supported() {
     let supported = [
@@ -165,13 +167,21 @@ fn tied_embeddings_match_transformers_where_supported() {
         layout("dp=2", 3, None, None, ""),
         layout("cp=2", 0, None, None, ""),
         layout("dp_replicate=2,dp=2", 3, None, None, ""),
+        layout("tp=2", 0, None, None, ""),
+        layout("tp=4", 0, None, None, "sp"),
+        layout("dp=2,tp=2", 3, None, None, "sp"),
+        layout("dp=2,cp=2,tp=2", 1, None, None, ""),
     ];
     check("llama32", Family::Llama, &supported);
     let (_, model, batches) = common::llama_fixture("families/llama32");
     assert!(model.lm_head.is_none(), "tied: no lm_head");
     let batch = batches.rows(0, 0, batches.batch, &default_device());
     for (case, world, says) in [
-        (layout("tp=2", 0, None, None, ""), 2, "tie_word_embeddings"),
+        (
+            layout("tp=2", 0, None, None, "lp"),
+            2,
+            "tie_word_embeddings",
+        ),
         (
             layout("pp=2", 0, Some("1f1b"), Some(2), ""),
             2,

@@ -231,6 +231,36 @@ impl ParallelEmbedding {
         }
     }
 
+    /// The table as a tied output head: `x` `[B, T, d]` → logits `[B, T, num]`, `x Wᵀ` (the
+    /// table cast to `x`'s dtype). Vocab-parallel (row-wise), each rank multiplies by its own
+    /// rows — the head column-wise over the embedding's shard —, `x` taken as the embedding's
+    /// output leaves it (the sequence gathered under sequence parallelism; its gradient, each
+    /// rank's from its rows, summed over tp) and the logits all-gathered along the
+    /// vocabulary; the shard's gradient sums both uses with no collective of its own.
+    pub fn tied_head(&self, x: Tensor<3>) -> Tensor<3> {
+        observe(Some(x.dtype()), [Some(self.weight.val().dtype())]);
+        let table = self.weight.val().cast(x.dtype());
+        let logits = |x: Tensor<3>| {
+            let [b, t, d] = x.dims();
+            let v = table.dims()[0];
+            x.reshape([b * t, d])
+                .matmul(table.clone().transpose())
+                .reshape([b, t, v])
+        };
+        let Some(state) = self.key.state() else {
+            return logits(x);
+        };
+        let g = &state.group;
+        match state.applied {
+            Applied::Rowwise { style, .. } => {
+                let x = colwise_input(x, style.output_layout, g);
+                let y = logits(x);
+                relayout(y, StylePlacement::Shard(-1), StylePlacement::Replicate, g)
+            }
+            other => panic!("bonfire-dtensor parallel: a tied head cannot run {other:?}"),
+        }
+    }
+
     /// The rows of the positions of a rank's `t` tokens, `[t, d]`: `0..t`, or its chunks' of
     /// the whole sequence under a context-parallel scope ([`bonfire_cp::positions`]);
     /// under [`SequenceParallel`] this rank's piece of them (`t` must divide evenly), to add

@@ -33,6 +33,13 @@ impl ParallelPlan {
     pub fn entries(&self) -> &[(String, ParallelStyle)] {
         &self.entries
     }
+
+    /// The plan without its entry for `pattern` (a model variant that lacks the module: a
+    /// tied head has no `lm_head`).
+    pub fn without(mut self, pattern: &str) -> Self {
+        self.entries.retain(|(p, _)| p != pattern);
+        self
+    }
 }
 
 impl<S: Into<String>, T: Into<ParallelStyle>> FromIterator<(S, T)> for ParallelPlan {

@@ -144,10 +144,12 @@ pub fn embed(embed_tokens: &ParallelEmbedding, ids: Tensor<2, Int>) -> Tensor<3>
 }
 
 /// `RMSNorm(x)·Eᵀ` with the embedding table `E` `[V, d]` (tied embeddings): `[B, T, d]` to
-/// logits. Entered as the embedding's layer a second time, so that a wrapper that gathers
-/// parameters layer by layer (ZeRO-3) gathers the table again for it — with no float input,
-/// as the embedding itself is entered (its ids): the table's gradient, the sum of both uses,
-/// is then collected once backward is over rather than hooked at one use.
+/// logits ([`ParallelEmbedding::tied_head`]: under tp each rank multiplies by its vocabulary
+/// rows and the logits are gathered). Entered as the embedding's layer a second time, so that
+/// a wrapper that gathers parameters layer by layer (ZeRO-3) gathers the table again for it —
+/// with no float input, as the embedding itself is entered (its ids): the table's gradient,
+/// the sum of both uses, is then collected once backward is over rather than hooked at one
+/// use.
 pub fn tied_head(
     norm: &ParallelRmsNorm,
     embed_tokens: &ParallelEmbedding,
@@ -155,13 +157,7 @@ pub fn tied_head(
 ) -> Tensor<3> {
     let h = layer(norm, &x).forward(x.clone());
     let no_anchor = Tensor::<1, Int>::zeros([1], &h.device());
-    let table = layer(embed_tokens, &no_anchor).weight.val();
-    let [b, t, d] = h.dims();
-    let v = table.dims()[0];
-    let table = table.cast(h.dtype());
-    h.reshape([b * t, d])
-        .matmul(table.transpose())
-        .reshape([b, t, v])
+    layer(embed_tokens, &no_anchor).tied_head(h)
 }
 
 /// `lm_head(RMSNorm(x))`: `[B, T, d]` to logits.

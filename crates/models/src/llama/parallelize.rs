@@ -149,20 +149,28 @@ impl ParallelModel for Llama {
             divisible_tp(tp, "intermediate_size", l.mlp.gate_proj.weight.dims()[0])?;
         }
         let Some(lm_head) = &self.lm_head else {
-            // Tied: the head is the embedding. Under tp the vocab-parallel table would have to
-            // serve as the column-parallel head, under pp it lives on two stages: not yet.
-            for (axis, degree) in [(Axis::Tp, tp), (Axis::Pp, dims.pp())] {
-                if degree > 1 {
-                    return Err(LayoutError::axis(
-                        axis,
-                        degree,
-                        "tie_word_embeddings: a tied head is supported without tp and pp \
-                         (dp, ZeRO 1–3, HSDP, cp, offload) for now"
-                            .to_string(),
-                    ));
-                }
+            // Tied: the head is the embedding — under tp its vocab-parallel shard serves as the
+            // column-parallel head (the logits gathered); under pp it would live on the first
+            // and the last stage: not yet, nor the head's logits kept sharded.
+            if dims.pp() > 1 {
+                return Err(LayoutError::axis(
+                    Axis::Pp,
+                    dims.pp(),
+                    "tie_word_embeddings: a tied head is not split over pipeline stages yet"
+                        .to_string(),
+                ));
             }
-            return Ok(());
+            if tp > 1 && dims.tp_options.loss_parallel {
+                return Err(LayoutError::axis(
+                    Axis::Tp,
+                    tp,
+                    "tie_word_embeddings: the tied head gathers its logits; loss parallelism \
+                     is not supported with it yet"
+                        .to_string(),
+                ));
+            }
+            let vocab = self.model.embed_tokens.weight.dims()[0];
+            return divisible_tp(tp, "vocab_size", vocab);
         };
         divisible_tp(tp, "vocab_size", lm_head.weight.dims()[0])
     }
@@ -186,12 +194,17 @@ impl ParallelModel for Llama {
         let o = dims.tp_options;
         let attention = self.model.layers.first().map(|l| &l.self_attn);
         let replicate_kv = replicates_kv(attention, dims.tp());
-        Some(llama_tp_plan(
+        let plan = llama_tp_plan(
             o.sequence_parallel,
             o.loss_parallel,
             replicate_kv,
             attention,
-        ))
+        );
+        Some(match self.lm_head {
+            Some(_) => plan,
+            // Tied: the embedding's vocab-parallel shard is the head's (`tied_head`).
+            None => plan.without("lm_head"),
+        })
     }
 
     fn layers(&self) -> Vec<String> {
