@@ -1,15 +1,20 @@
-//! What the decoders (the GPT, the Llama) share when they are parallelized: the styles of a
-//! Megatron-style tensor-parallel plan ([`DecoderStyles`]), the divisibility checks, and a
-//! pipeline's token input and (vocab-parallel) loss.
+//! What the decoders (the GPT, the Llama family, the mixtures of experts) share when they are
+//! parallelized: the styles of a Megatron-style tensor-parallel plan ([`DecoderStyles`]), the
+//! divisibility checks, the trainer's token-sequence hooks ([`token_sequence_hooks!`]), the
+//! pipeline pieces ([`Piece`]: an embedding, a layer or a head, each a [`PieceStep`]; named
+//! by [`decoder_pieces`]), a pipeline's token input and (vocab-parallel) loss. A family writes
+//! only its three steps.
 
 use crate::cross_entropy;
 use crate::data::TokenBatch;
 use bonfire_comm::ProcessGroup;
 use bonfire_cp::ContextSplit;
 use bonfire_layout::{Axis, LayoutError, ParallelDims};
+use bonfire_pipeline::Block;
 use bonfire_tp::{
     ColwiseParallel, RowwiseParallel, SequenceParallel, StylePlacement, loss_parallel,
 };
+use burn::module::{Module, ModuleDisplay};
 use burn::tensor::Tensor;
 
 /// The styles of a decoder's tensor-parallel plan: column-wise projections, row-wise ones, a
@@ -112,4 +117,89 @@ pub fn token_loss(group: Option<ProcessGroup>) -> impl Fn(Tensor<3>, &TokenBatch
         Some(g) => loss_parallel(logits, targets.clone(), g),
         None => cross_entropy(logits, targets.clone()),
     }
+}
+
+/// The trainer's hooks of a model trained on [`TokenBatch`]es, the same for every decoder:
+/// `check_batch` ([`check_sequence`]), `sequence_length` and `context_batch` (context
+/// parallelism cuts the sequences). Written inside an `impl ParallelModel for …` with
+/// `type Batch = TokenBatch`.
+#[macro_export]
+macro_rules! token_sequence_hooks {
+    () => {
+        /// Sequence parallelism shards the sequence over tp.
+        fn check_batch(
+            &self,
+            dims: &bonfire_layout::ParallelDims,
+            batch: &$crate::data::TokenBatch,
+        ) -> Result<(), bonfire_layout::LayoutError> {
+            $crate::decoder::check_sequence(dims, batch)
+        }
+
+        fn sequence_length(batch: &$crate::data::TokenBatch) -> Option<usize> {
+            $crate::decoder::sequence_length(batch)
+        }
+
+        fn context_batch(
+            batch: &$crate::data::TokenBatch,
+            split: &bonfire_cp::ContextSplit,
+            rank: usize,
+        ) -> $crate::data::TokenBatch {
+            $crate::decoder::context_batch(batch, split, rank)
+        }
+    };
+}
+
+/// One part of a decoder a pipeline piece runs, `[B, T, w]` → `[B, T, w′]`: its embedding
+/// (token ids as floats `[B, T, 1]` in), one of its layers, its head (logits out). A family
+/// whose pieces carry more than the residual stream (the Mixtral's routing sums) widens `w`.
+pub trait PieceStep {
+    /// The step on `x`.
+    fn step(&self, x: Tensor<3>) -> Tensor<3>;
+}
+
+/// One piece of a decoder as a pipeline block: its embedding, one layer, or its head.
+// A handful of pieces per rank: the size difference of the variants does not matter.
+#[allow(clippy::large_enum_variant)]
+#[derive(Module, Debug)]
+pub enum Piece<E: Module, L: Module, H: Module> {
+    /// The embedding: token ids `[B, T, 1]` as floats → activations.
+    Embed(E),
+    /// One decoder layer.
+    Layer(L),
+    /// The final norm and the head → logits.
+    Head(H),
+}
+
+impl<E, L, H> Block<3> for Piece<E, L, H>
+where
+    E: Module + ModuleDisplay + PieceStep,
+    L: Module + ModuleDisplay + PieceStep,
+    H: Module + ModuleDisplay + PieceStep,
+{
+    fn forward(&self, x: Tensor<3>) -> Tensor<3> {
+        match self {
+            Piece::Embed(e) => e.step(x),
+            Piece::Layer(l) => l.step(x),
+            Piece::Head(h) => h.step(x),
+        }
+    }
+}
+
+/// A decoder's pieces in order, each named by the module path where it begins (parameters in
+/// the model's order): `embed` `(path, part)`, the `layers` `(prefix, parts)` as
+/// `prefix.0`, `prefix.1`, …, then `head`.
+pub fn decoder_pieces<E: Module, L: Module, H: Module>(
+    (embed_path, embed): (&str, E),
+    (prefix, layers): (&str, Vec<L>),
+    (head_path, head): (&str, H),
+) -> Vec<(String, Piece<E, L, H>)> {
+    let mut out = vec![(embed_path.to_string(), Piece::Embed(embed))];
+    out.extend(
+        layers
+            .into_iter()
+            .enumerate()
+            .map(|(i, l)| (format!("{prefix}.{i}"), Piece::Layer(l))),
+    );
+    out.push((head_path.to_string(), Piece::Head(head)));
+    out
 }

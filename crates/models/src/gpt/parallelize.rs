@@ -19,11 +19,10 @@
 use super::block::GptBlock;
 use super::model::{Gpt, embed, head};
 use crate::data::TokenBatch;
-use crate::decoder::{DecoderStyles, check_sequence, divisible, token_input, token_loss};
-use bonfire_cp::ContextSplit;
+use crate::decoder::{DecoderStyles, Piece, PieceStep, decoder_pieces, divisible};
+use crate::decoder::{token_input, token_loss};
 use bonfire_layout::{Axis, LayoutError, ParallelDims};
 use bonfire_parallel::{ParallelModel, Pipeline, PipelineVisitor};
-use bonfire_pipeline::Block;
 use bonfire_tp::ParallelPlan;
 use bonfire_tp::{ParallelEmbedding, ParallelLayerNorm, ParallelLinear};
 use burn::module::Module;
@@ -69,18 +68,7 @@ impl ParallelModel for Gpt {
         Ok(())
     }
 
-    /// Sequence parallelism shards the sequence over tp.
-    fn check_batch(&self, dims: &ParallelDims, batch: &TokenBatch) -> Result<(), LayoutError> {
-        check_sequence(dims, batch)
-    }
-
-    fn sequence_length(batch: &TokenBatch) -> Option<usize> {
-        crate::decoder::sequence_length(batch)
-    }
-
-    fn context_batch(batch: &TokenBatch, split: &ContextSplit, rank: usize) -> TokenBatch {
-        crate::decoder::context_batch(batch, split, rank)
-    }
+    crate::token_sequence_hooks!();
 
     fn tensor_parallel_plan(&self, dims: &ParallelDims) -> Option<ParallelPlan> {
         let o = dims.tp_options;
@@ -131,25 +119,23 @@ pub struct GptHead {
 
 /// One piece of the GPT as a pipeline block: activations are `[B, T, d]`; the embedding
 /// reads token ids as floats `[B, T, 1]`, the head writes logits `[B, T, V]`.
-// A handful of pieces per rank: the size difference of the variants does not matter.
-#[allow(clippy::large_enum_variant)]
-#[derive(Module, Debug)]
-pub enum GptPiece {
-    /// The embeddings: token ids `[B, T, 1]` as floats → `[B, T, d]`.
-    Embed(GptEmbed),
-    /// One transformer block: `[B, T, d]` → `[B, T, d]`.
-    Layer(GptBlock),
-    /// The final norm and head: `[B, T, d]` → logits `[B, T, V]`.
-    Head(GptHead),
+pub type GptPiece = Piece<GptEmbed, GptBlock, GptHead>;
+
+impl PieceStep for GptEmbed {
+    fn step(&self, x: Tensor<3>) -> Tensor<3> {
+        embed(&self.tok_emb, &self.pos_emb, x.squeeze_dim::<2>(2).int())
+    }
 }
 
-impl Block<3> for GptPiece {
-    fn forward(&self, x: Tensor<3>) -> Tensor<3> {
-        match self {
-            GptPiece::Embed(e) => embed(&e.tok_emb, &e.pos_emb, x.squeeze_dim::<2>(2).int()),
-            GptPiece::Layer(block) => block.forward(x),
-            GptPiece::Head(h) => head(&h.ln_f, &h.head, x),
-        }
+impl PieceStep for GptBlock {
+    fn step(&self, x: Tensor<3>) -> Tensor<3> {
+        self.forward(x)
+    }
+}
+
+impl PieceStep for GptHead {
+    fn step(&self, x: Tensor<3>) -> Tensor<3> {
+        head(&self.ln_f, &self.head, x)
     }
 }
 
@@ -163,16 +149,9 @@ pub fn pieces(model: Gpt) -> Vec<(String, GptPiece)> {
         ln_f,
         head,
     } = model;
-    let mut out = vec![(
-        "tok_emb".to_string(),
-        GptPiece::Embed(GptEmbed { tok_emb, pos_emb }),
-    )];
-    out.extend(
-        blocks
-            .into_iter()
-            .enumerate()
-            .map(|(i, b)| (format!("blocks.{i}"), GptPiece::Layer(b))),
-    );
-    out.push(("ln_f".to_string(), GptPiece::Head(GptHead { ln_f, head })));
-    out
+    decoder_pieces(
+        ("tok_emb", GptEmbed { tok_emb, pos_emb }),
+        ("blocks", blocks),
+        ("ln_f", GptHead { ln_f, head }),
+    )
 }

@@ -23,11 +23,10 @@
 
 use super::model::{DecoderLayer, Llama, LlamaAttention, embed, head};
 use crate::data::TokenBatch;
-use crate::decoder::{DecoderStyles, check_sequence, divisible, token_input, token_loss};
-use bonfire_cp::ContextSplit;
+use crate::decoder::{DecoderStyles, Piece, PieceStep, decoder_pieces, divisible};
+use crate::decoder::{token_input, token_loss};
 use bonfire_layout::{Axis, LayoutError, ParallelDims};
 use bonfire_parallel::{ParallelModel, Pipeline, PipelineVisitor};
-use bonfire_pipeline::Block;
 use bonfire_tp::{ParallelEmbedding, ParallelLinear, ParallelRmsNorm};
 use bonfire_tp::{ParallelPlan, ParallelStyle, ReplicateParallel};
 use burn::module::Module;
@@ -175,18 +174,7 @@ impl ParallelModel for Llama {
         divisible_tp(tp, "vocab_size", lm_head.weight.dims()[0])
     }
 
-    /// Sequence parallelism shards the sequence over tp.
-    fn check_batch(&self, dims: &ParallelDims, batch: &TokenBatch) -> Result<(), LayoutError> {
-        check_sequence(dims, batch)
-    }
-
-    fn sequence_length(batch: &TokenBatch) -> Option<usize> {
-        crate::decoder::sequence_length(batch)
-    }
-
-    fn context_batch(batch: &TokenBatch, split: &ContextSplit, rank: usize) -> TokenBatch {
-        crate::decoder::context_batch(batch, split, rank)
-    }
+    crate::token_sequence_hooks!();
 
     /// Key/value projections column-wise when tp divides their heads, whole on every rank
     /// when tp is a multiple of them (see [`llama_tp_plan`]).
@@ -251,25 +239,24 @@ pub struct LlamaHead {
 
 /// One piece of the Llama as a pipeline block: activations are `[B, T, d]`; the embedding
 /// reads token ids as floats `[B, T, 1]`, the head writes logits `[B, T, V]`.
-// A handful of pieces per rank: the size difference of the variants does not matter.
-#[allow(clippy::large_enum_variant)]
-#[derive(Module, Debug)]
-pub enum LlamaPiece {
-    /// `model.embed_tokens`.
-    Embed(ParallelEmbedding),
-    /// `model.layers.i`.
-    Layer(DecoderLayer),
-    /// `model.norm` and `lm_head`.
-    Head(LlamaHead),
+pub type LlamaPiece = Piece<ParallelEmbedding, DecoderLayer, LlamaHead>;
+
+/// The Llama family's embedding step (token ids as floats in).
+impl PieceStep for ParallelEmbedding {
+    fn step(&self, x: Tensor<3>) -> Tensor<3> {
+        embed(self, x.squeeze_dim::<2>(2).int())
+    }
 }
 
-impl Block<3> for LlamaPiece {
-    fn forward(&self, x: Tensor<3>) -> Tensor<3> {
-        match self {
-            LlamaPiece::Embed(e) => embed(e, x.squeeze_dim::<2>(2).int()),
-            LlamaPiece::Layer(l) => l.forward(x),
-            LlamaPiece::Head(h) => head(&h.norm, &h.lm_head, x),
-        }
+impl PieceStep for DecoderLayer {
+    fn step(&self, x: Tensor<3>) -> Tensor<3> {
+        self.forward(x)
+    }
+}
+
+impl PieceStep for LlamaHead {
+    fn step(&self, x: Tensor<3>) -> Tensor<3> {
+        head(&self.norm, &self.lm_head, x)
     }
 }
 
@@ -278,23 +265,13 @@ impl Block<3> for LlamaPiece {
 pub fn pieces(model: Llama) -> Vec<(String, LlamaPiece)> {
     let Llama { model, lm_head } = model;
     let lm_head = lm_head.expect("an untied head: a tied model has no pieces");
-    let mut out = vec![(
-        "model.embed_tokens".to_string(),
-        LlamaPiece::Embed(model.embed_tokens),
-    )];
-    out.extend(
-        model
-            .layers
-            .into_iter()
-            .enumerate()
-            .map(|(i, l)| (format!("model.layers.{i}"), LlamaPiece::Layer(l))),
-    );
-    out.push((
-        "model.norm".to_string(),
-        LlamaPiece::Head(LlamaHead {
-            norm: model.norm,
-            lm_head,
-        }),
-    ));
-    out
+    let head = LlamaHead {
+        norm: model.norm,
+        lm_head,
+    };
+    decoder_pieces(
+        ("model.embed_tokens", model.embed_tokens),
+        ("model.layers", model.layers),
+        ("model.norm", head),
+    )
 }

@@ -19,9 +19,8 @@
 use super::model::Mixtral;
 use super::pipeline;
 use crate::data::TokenBatch;
-use crate::decoder::{check_sequence, divisible, token_input};
+use crate::decoder::{divisible, token_input};
 use crate::llama::parallelize::{attention_tp_plan, check_attention_tp, replicates_kv};
-use bonfire_cp::ContextSplit;
 use bonfire_layout::{Axis, LayoutError, ParallelDims};
 use bonfire_parallel::{ParallelModel, Pipeline, PipelineVisitor};
 use bonfire_tp::ParallelPlan;
@@ -52,17 +51,7 @@ impl ParallelModel for Mixtral {
         divisible(Axis::Tp, tp, "vocab_size", self.lm_head.weight.dims()[0])
     }
 
-    fn check_batch(&self, dims: &ParallelDims, batch: &TokenBatch) -> Result<(), LayoutError> {
-        check_sequence(dims, batch)
-    }
-
-    fn sequence_length(batch: &TokenBatch) -> Option<usize> {
-        crate::decoder::sequence_length(batch)
-    }
-
-    fn context_batch(batch: &TokenBatch, split: &ContextSplit, rank: usize) -> TokenBatch {
-        crate::decoder::context_batch(batch, split, rank)
-    }
+    crate::token_sequence_hooks!();
 
     /// The Llama's attention plan; the router and experts are in no entry (replicated).
     fn tensor_parallel_plan(&self, dims: &ParallelDims) -> Option<ParallelPlan> {

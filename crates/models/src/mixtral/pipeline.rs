@@ -8,10 +8,10 @@
 
 use super::model::{DecoderLayer, Mixtral, balance_of};
 use crate::data::TokenBatch;
+use crate::decoder::{Piece, PieceStep, decoder_pieces};
 use crate::gpt::cross_entropy;
 use crate::llama::{embed, head};
 use bonfire_comm::ProcessGroup;
-use bonfire_pipeline::Block;
 use bonfire_tp::loss_parallel;
 use bonfire_tp::{ParallelEmbedding, ParallelLinear, ParallelRmsNorm};
 use burn::module::Module;
@@ -35,49 +35,42 @@ pub struct MixtralHead {
     experts: usize,
 }
 
-/// One piece of the Mixtral as a pipeline block (see the module docs).
-// A handful of pieces per rank: the size difference of the variants does not matter.
-#[allow(clippy::large_enum_variant)]
-#[derive(Module, Debug)]
-pub enum MixtralPiece {
-    /// `model.embed_tokens`.
-    Embed(MixtralEmbed),
-    /// `model.layers.i`.
-    Layer(DecoderLayer),
-    /// `model.norm` and `lm_head`.
-    Head(MixtralHead),
-}
+/// One piece of the Mixtral as a pipeline block: `[B, T, d + 2E]` between pieces (see the
+/// module docs); the embedding reads token ids as floats `[B, T, 1]`, the head writes
+/// `[B, T, V + 2E]`.
+pub type MixtralPiece = Piece<MixtralEmbed, DecoderLayer, MixtralHead>;
 
-/// `x` `[B, T, w]` cut into its first `w − 2E` columns and its last `2E`.
 fn split(x: Tensor<3>, experts: usize) -> (Tensor<3>, Tensor<3>) {
     let w = x.dims()[2];
     let rest = x.clone().narrow(2, w - 2 * experts, 2 * experts);
     (x.narrow(2, 0, w - 2 * experts), rest)
 }
 
-impl Block<3> for MixtralPiece {
-    fn forward(&self, x: Tensor<3>) -> Tensor<3> {
-        match self {
-            MixtralPiece::Embed(p) => {
-                let h = embed(&p.embed_tokens, x.squeeze_dim::<2>(2).int());
-                let [b, t, _] = h.dims();
-                let zeros = Tensor::<3>::zeros([b, t, 2 * p.experts], &h.device()).cast(h.dtype());
-                Tensor::cat(vec![h, zeros], 2)
-            }
-            MixtralPiece::Layer(l) => {
-                let (h, stats) = split(x, l.mlp.gate.weight.dims()[0]);
-                let (y, r) = l.forward_routed(h);
-                let dtype = stats.dtype();
-                let routed = Tensor::cat(vec![r.probs, r.counts], 2).cast(dtype);
-                Tensor::cat(vec![y, stats + routed], 2)
-            }
-            MixtralPiece::Head(p) => {
-                let (h, stats) = split(x, p.experts);
-                let logits = head(&p.norm, &p.lm_head, h);
-                let dtype = logits.dtype();
-                Tensor::cat(vec![logits, stats.cast(dtype)], 2)
-            }
-        }
+impl PieceStep for MixtralEmbed {
+    fn step(&self, x: Tensor<3>) -> Tensor<3> {
+        let h = embed(&self.embed_tokens, x.squeeze_dim::<2>(2).int());
+        let [b, t, _] = h.dims();
+        let zeros = Tensor::<3>::zeros([b, t, 2 * self.experts], &h.device()).cast(h.dtype());
+        Tensor::cat(vec![h, zeros], 2)
+    }
+}
+
+impl PieceStep for DecoderLayer {
+    fn step(&self, x: Tensor<3>) -> Tensor<3> {
+        let (h, stats) = split(x, self.mlp.gate.weight.dims()[0]);
+        let (y, r) = self.forward_routed(h);
+        let dtype = stats.dtype();
+        let routed = Tensor::cat(vec![r.probs, r.counts], 2).cast(dtype);
+        Tensor::cat(vec![y, stats + routed], 2)
+    }
+}
+
+impl PieceStep for MixtralHead {
+    fn step(&self, x: Tensor<3>) -> Tensor<3> {
+        let (h, stats) = split(x, self.experts);
+        let logits = head(&self.norm, &self.lm_head, h);
+        let dtype = logits.dtype();
+        Tensor::cat(vec![logits, stats.cast(dtype)], 2)
     }
 }
 
@@ -90,29 +83,23 @@ pub fn pieces(model: Mixtral) -> Vec<(String, MixtralPiece)> {
         .first()
         .map_or(0, |l| l.mlp.gate.weight.dims()[0]);
     let Mixtral { model, lm_head, .. } = model;
-    let mut out = vec![(
-        "model.embed_tokens".to_string(),
-        MixtralPiece::Embed(MixtralEmbed {
-            embed_tokens: model.embed_tokens,
-            experts,
-        }),
-    )];
-    out.extend(
-        model
-            .layers
-            .into_iter()
-            .enumerate()
-            .map(|(i, l)| (format!("model.layers.{i}"), MixtralPiece::Layer(l))),
-    );
-    out.push((
-        "model.norm".to_string(),
-        MixtralPiece::Head(MixtralHead {
-            norm: model.norm,
-            lm_head,
-            experts,
-        }),
-    ));
-    out
+    let embed_tokens = model.embed_tokens;
+    let head = MixtralHead {
+        norm: model.norm,
+        lm_head,
+        experts,
+    };
+    decoder_pieces(
+        (
+            "model.embed_tokens",
+            MixtralEmbed {
+                embed_tokens,
+                experts,
+            },
+        ),
+        ("model.layers", model.layers),
+        ("model.norm", head),
+    )
 }
 
 /// The pipeline's loss on the head's output `[B, T, V' + 2E]`: cross-entropy on the logits
