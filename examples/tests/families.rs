@@ -199,25 +199,19 @@ fn tied_embeddings_match_transformers_where_supported() {
     }
 }
 
-/// Qwen3-MoE (`fixtures/qwen3_moe/`): Qwen3's q/k norms and explicit head width with the
-/// Mixtral's experts, routed top 2 of 4 without renormalization (`norm_topk_prob: false`),
-/// expert 3 of layer 0 idle. Loaded from the published per-expert names
+/// A Qwen3-MoE fixture (`fixtures/<fixture>/`) loaded from the published per-expert names
 /// (`mlp.experts.j.gate_proj.weight` …, folded into the fused tensors: equal to loading the
-/// fused `state_dict`), its logits and balance term equal transformers', and it trains equal
-/// to transformers' run in a layout of each class: ep over dp with ZeRO-1 and ZeRO-3, HSDP with
-/// ep, tp = 2, a pipeline, cp = 2 with ep, dp × cp × tp; a run saved at ep = 2 resumes at
-/// ep = 1. Exported, its config reads back and the tensors are the fused `state_dict`'s.
-#[test]
-fn qwen3_moe_matches_transformers_in_every_layout_class() {
+/// fused `state_dict`): its logits and balance term equal transformers', and it trains equal to
+/// transformers' run in each of `layouts`; a run saved at dp = 2 × ep = 2 resumes on one
+/// device; exported (as `name` under `BONFIRE_KEEP_EXPORT`), its config reads back and the
+/// tensors are the fused `state_dict`'s.
+fn check_moe(fixture: &str, name: &str, layouts: &[LayoutArgs]) -> bonfire_models::MixtralConfig {
     use bonfire_models::ModelConfig;
-    use bonfire_models::mixtral::{Mixtral, balance, config::MoeFamily, pretrained as moe};
-    let dir = common::fixture_dir("qwen3_moe");
+    use bonfire_models::mixtral::{Mixtral, balance, pretrained as moe};
+    let dir = common::fixture_dir(fixture);
     let ModelConfig::Mixtral(cfg) = ModelConfig::load(&dir.join("config.json")).unwrap() else {
         panic!("a mixture-of-experts config");
     };
-    assert_eq!(cfg.family, MoeFamily::Qwen3Moe);
-    assert!(!cfg.norm_topk_prob && cfg.base.variant.qk_norm);
-    assert_eq!((cfg.base.intermediate_size, cfg.base.head_dim), (24, 12));
     let device = default_device();
     let model = moe::load_pretrained(Mixtral::new(&cfg, &device), &dir).unwrap();
     let fused = bonfire_models::weights::load(
@@ -230,7 +224,7 @@ fn qwen3_moe_matches_transformers_in_every_layout_class() {
     };
     assert_eq!(flat(&model), flat(&fused), "per-expert and fused files");
     let batches = data::load_batches(dir.join("batch.safetensors"), 64, 8).unwrap();
-    let want = common::fixture_reference("qwen3_moe");
+    let want = common::fixture_reference(fixture);
     let (ids, _) = batches.rows(0, 0, batches.batch, &device);
     let (logits, routing) = model.forward_routed(ids);
     let bal = balance(&routing).into_data().try_to_vec::<f32>().unwrap();
@@ -238,7 +232,49 @@ fn qwen3_moe_matches_transformers_in_every_layout_class() {
     let c = bonfire_comm::testing::assert_close("balance", &bal, &want["balance"], F64).max(
         bonfire_comm::testing::assert_close("logits", &logits, &want["logits"], F64),
     );
-    println!("qwen3_moe logits and balance vs transformers: {c}");
+    println!("{fixture} logits and balance vs transformers: {c}");
+    // AdamW's floor 5e-3·lr (the dense families' 2e-3·lr): Adam's step moves by
+    // lr·ε/(|g|+ε)² per unit of gradient error, and this model has elements whose gradient
+    // cancels to ≈ ε (vocabulary rows its 32 tokens a step rarely reach, the idle expert's
+    // first tokens): f32's error there is measured 3.1e-5 on one device, 3.3e-5 at most over
+    // the layouts (fitted on `qwen3_moe`: 1.5× that), while SGD, the same gradients taken as
+    // they are, stays within 1.2e-7 of transformers.
+    let tol = |optim, lr: f64, _: &bonfire_layout::ParallelDims| match optim {
+        OptimizerKind::Sgd => F64,
+        OptimizerKind::AdamW => bonfire_comm::testing::Tolerance::new(1e-5, 5e-3 * lr as f32),
+    };
+    let worst = common::against_fixture(fixture, &model, &batches, layouts, tol);
+    println!(
+        "{fixture} sgd, adamw vs transformers: {} {}",
+        worst[0], worst[1]
+    );
+    let dims = |mesh: &str| layout(mesh, 0, None, None, "").dims("dp=1").unwrap();
+    let shape = bonfire_models::GptConfig {
+        vocab_size: 64,
+        max_seq_len: 8,
+        ..common::gpt_cfg()
+    };
+    let four = common::random_batches(&shape, 4, 4, 17);
+    let adamw = common::adamw(common::gpt_lr(OptimizerKind::AdamW));
+    let (a, b) = (dims("dp=2,ep=2"), dims("dp=1"));
+    common::resume::check_resume(fixture, &model, &four, 4, (&a, &b), 4, 2, adamw);
+    let reads_back = |path: &std::path::Path| {
+        let back = bonfire_models::mixtral::MixtralConfig::load(path).unwrap();
+        assert_eq!(back, cfg, "{fixture}: the exported config");
+    };
+    let logits = |ids| model.forward(ids);
+    let json = cfg.to_json();
+    let files = format!("{fixture}/state_dict.safetensors");
+    export(name, (&model, &json), &files, reads_back, logits, &batches);
+    cfg
+}
+
+/// Qwen3-MoE (`fixtures/qwen3_moe/`): Qwen3's q/k norms and explicit head width with the
+/// Mixtral's experts, routed top 2 of 4 without renormalization (`norm_topk_prob: false`),
+/// expert 3 of layer 0 idle, in a layout of each class: ep over dp with ZeRO-1 and ZeRO-3,
+/// HSDP with ep, tp = 2, a pipeline, cp = 2 with ep, dp × cp × tp ([`check_moe`]).
+#[test]
+fn qwen3_moe_matches_transformers_in_every_layout_class() {
     let layouts = [
         layout("dp=1", 0, None, None, ""),
         layout("dp=2,ep=2", 1, None, None, ""),
@@ -249,50 +285,35 @@ fn qwen3_moe_matches_transformers_in_every_layout_class() {
         layout("cp=2,ep=2", 0, None, None, ""),
         layout("dp=2,cp=2,tp=2", 1, None, None, ""),
     ];
-    // AdamW's floor 5e-3·lr (the dense families' 2e-3·lr): Adam's step moves by
-    // lr·ε/(|g|+ε)² per unit of gradient error, and this model has elements whose gradient
-    // cancels to ≈ ε (vocabulary rows its 32 tokens a step rarely reach, the idle expert's
-    // first tokens): f32's error there is measured 3.1e-5 on one device, 3.3e-5 at most over
-    // the layouts (fitted: 1.5× that), while SGD, the same gradients taken as they are, stays
-    // within 1.2e-7 of transformers.
-    let tol = |optim, lr: f64, _: &bonfire_layout::ParallelDims| match optim {
-        OptimizerKind::Sgd => F64,
-        OptimizerKind::AdamW => bonfire_comm::testing::Tolerance::new(1e-5, 5e-3 * lr as f32),
-    };
-    let worst = common::against_fixture("qwen3_moe", &model, &batches, &layouts, tol);
-    println!(
-        "qwen3_moe sgd, adamw vs transformers: {} {}",
-        worst[0], worst[1]
+    let cfg = check_moe("qwen3_moe", "qwen3_moe", &layouts);
+    assert_eq!(
+        cfg.family,
+        bonfire_models::mixtral::config::MoeFamily::Qwen3Moe
     );
-    let dims = |mesh: &str| layout(mesh, 0, None, None, "").dims("dp=1").unwrap();
-    let four = common::random_batches(
-        &bonfire_models::GptConfig {
-            vocab_size: 64,
-            max_seq_len: 8,
-            ..common::gpt_cfg()
-        },
-        4,
-        4,
-        17,
-    );
-    let adamw = common::adamw(common::gpt_lr(OptimizerKind::AdamW));
-    let (a, b) = (dims("dp=2,ep=2"), dims("dp=1"));
-    common::resume::check_resume("qwen3_moe", &model, &four, 4, (&a, &b), 4, 2, adamw);
-    let reads_back = |path: &std::path::Path| {
-        let back = bonfire_models::mixtral::MixtralConfig::load(path).unwrap();
-        assert_eq!(back, cfg, "qwen3_moe: the exported config");
-    };
-    let logits = |ids| model.forward(ids);
-    let json = cfg.to_json();
-    let files = "qwen3_moe/state_dict.safetensors";
-    export(
-        "qwen3_moe",
-        (&model, &json),
-        files,
-        reads_back,
-        logits,
-        &batches,
-    );
+    assert!(!cfg.norm_topk_prob && cfg.base.variant.qk_norm);
+    assert_eq!((cfg.base.intermediate_size, cfg.base.head_dim), (24, 12));
+}
+
+/// Qwen3-MoE with a dense layer among the sparse ones (`fixtures/qwen3_moe/dense_layers/`: 3
+/// layers, `mlp_only_layers: [1]` — a SwiGLU MLP of width 40 under transformers' names,
+/// `mlp.gate_proj` …; the balance over the 2 sparse layers): every layout class, the dense
+/// MLP split over tp as the Llama's, a pipeline whose stages mix dense and sparse layers, ep
+/// over the sparse layers only ([`check_moe`]).
+#[test]
+fn qwen3_moe_dense_layers_match_transformers_in_every_layout_class() {
+    let layouts = [
+        layout("dp=1", 0, None, None, ""),
+        layout("dp=2,ep=2", 3, None, None, ""),
+        layout("dp_replicate=2,dp=2,ep=2", 1, None, None, ""),
+        layout("tp=2", 0, None, None, "lp"),
+        layout("pp=2", 0, Some("interleaved"), Some(4), ""),
+        layout("pp=3", 0, Some("1f1b"), Some(2), ""),
+        layout("cp=2,ep=2", 0, None, None, ""),
+        layout("dp=2,cp=2,tp=2", 1, None, None, ""),
+    ];
+    let cfg = check_moe("qwen3_moe/dense_layers", "qwen3_moe_dense", &layouts);
+    assert_eq!(cfg.mlp_only_layers, [1]);
+    assert!(cfg.is_sparse(0) && !cfg.is_sparse(1) && cfg.is_sparse(2));
 }
 
 /// The parity harness trains the Qwen3-MoE fixture (`--config` with `"model_type":

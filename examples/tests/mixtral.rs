@@ -136,7 +136,10 @@ fn per_expert_and_fused_checkpoints_load_the_same_model() {
     );
     let back = moe_pretrained::load_pretrained(Mixtral::new(&cfg, &device), &out).unwrap();
     assert_eq!(flat(&back), flat(&fused));
-    assert_eq!(MixtralConfig::load(out.join("config.json")), Ok(cfg));
+    assert_eq!(
+        MixtralConfig::load(out.join("config.json")),
+        Ok(cfg.clone())
+    );
 
     let mut short: F32Tensors = saved;
     short.remove("model.layers.0.block_sparse_moe.experts.2.w3.weight");

@@ -48,6 +48,11 @@ const FIXTURES: [(&str, &[&str]); 5] = [
             "batch.safetensors",
             "reference.safetensors",
             "state_dict.safetensors",
+            "dense_layers/config.json",
+            "dense_layers/model.safetensors",
+            "dense_layers/batch.safetensors",
+            "dense_layers/reference.safetensors",
+            "dense_layers/state_dict.safetensors",
         ],
     ),
     ("recipe", &["batch.safetensors", "reference.safetensors"]),
@@ -83,7 +88,7 @@ const FIXTURES: [(&str, &[&str]); 5] = [
 ];
 
 /// The families' exports transformers loads besides the Llama's (`tests/families.rs`).
-const FAMILY_EXPORTS: [&str; 7] = [
+const FAMILY_EXPORTS: [&str; 8] = [
     "llama3",
     "qwen2",
     "qwen3",
@@ -91,6 +96,7 @@ const FAMILY_EXPORTS: [&str; 7] = [
     "mistral",
     "mistral_window",
     "qwen3_moe",
+    "qwen3_moe_dense",
 ];
 
 /// The checks of this step: the exports, one regeneration a family, TensorBoard's reader.

@@ -98,7 +98,7 @@ pub fn replay(model: &Mixtral, data: &Batches, rows: usize, steps: usize) -> Vec
     let mut out = Vec::with_capacity(steps);
     for s in 0..steps {
         let (per_row, aux, loss) = forward(&model, data.rows(s, 0, rows, &device));
-        let e = model.model.layers[0].mlp.gate.weight.dims()[0];
+        let e = model.model.layers[0].mlp.num_experts();
         let per_layer: Vec<Vec<f32>> = per_row.iter().map(|r| loads(r, e)).collect();
         let l = per_layer.len();
         let tokens: f64 = per_layer[0].iter().map(|&c| c as f64).sum::<f64>();

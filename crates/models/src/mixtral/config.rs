@@ -44,7 +44,7 @@ impl MoeFamily {
 }
 
 /// Sizes of a Mixtral decoder, named as in Hugging Face's `MixtralConfig`.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct MixtralConfig {
     /// The Llama-family sizes (attention, norms, RoPE; `intermediate_size` is each
     /// expert's width F).
@@ -61,9 +61,13 @@ pub struct MixtralConfig {
     /// `norm_topk_prob`).
     pub norm_topk_prob: bool,
     /// Qwen3-MoE's dense `intermediate_size` (its experts' width is `moe_intermediate_size`,
-    /// `base.intermediate_size` here): every layer is sparse, so no layer uses it; it is
-    /// written back on export.
+    /// `base.intermediate_size` here): the width of its dense layers' MLPs.
     pub dense_intermediate_size: Option<usize>,
+    /// Qwen3-MoE's `decoder_sparse_step`: layer `i` is sparse when `(i + 1) % step == 0`
+    /// (and it is not in `mlp_only_layers`); 1: every layer.
+    pub decoder_sparse_step: usize,
+    /// Qwen3-MoE's `mlp_only_layers`: layers whose feed-forward is a dense MLP.
+    pub mlp_only_layers: Vec<usize>,
 }
 
 impl MixtralConfig {
@@ -98,7 +102,20 @@ impl MixtralConfig {
             family: MoeFamily::Mixtral,
             norm_topk_prob: true,
             dense_intermediate_size: None,
+            decoder_sparse_step: 1,
+            mlp_only_layers: Vec::new(),
         }
+    }
+
+    /// Whether layer `i` routes to experts (else its feed-forward is a dense MLP).
+    pub fn is_sparse(&self, i: usize) -> bool {
+        !self.mlp_only_layers.contains(&i) && (i + 1) % self.decoder_sparse_step == 0
+    }
+
+    /// The dense layers' MLP width (the dense `intermediate_size`).
+    pub fn dense_width(&self) -> usize {
+        self.dense_intermediate_size
+            .unwrap_or(self.base.intermediate_size)
     }
 
     /// The bench size: the Llama bench's body ([`LlamaConfig::bench`]: vocab 4096, hidden
@@ -117,6 +134,8 @@ impl MixtralConfig {
             family: MoeFamily::Mixtral,
             norm_topk_prob: true,
             dense_intermediate_size: None,
+            decoder_sparse_step: 1,
+            mlp_only_layers: Vec::new(),
         }
     }
 
@@ -125,9 +144,10 @@ impl MixtralConfig {
     /// the experts: `num_local_experts` (Qwen3-MoE: `num_experts`), `num_experts_per_tok`,
     /// `router_aux_loss_coef` (defaults transformers': 8, 2, 0.001 for the Mixtral; 128, 8,
     /// 0.001 for Qwen3-MoE, whose experts are `moe_intermediate_size` wide (default 768),
-    /// renormalized when `norm_topk_prob`, default false). What the model lacks is refused
-    /// naming the field: a sliding window shorter than the positions, router jitter noise, a
-    /// tied head, Qwen3-MoE's dense layers (`decoder_sparse_step` ≠ 1, `mlp_only_layers`).
+    /// renormalized when `norm_topk_prob`, default false; its dense layers by
+    /// `decoder_sparse_step` and `mlp_only_layers`). What the model lacks is refused naming
+    /// the field: a sliding window shorter than the positions, router jitter noise, a tied
+    /// head.
     pub fn from_json(what: &str, text: &str) -> Result<Self, String> {
         let bad = |reason: String| format!("{what}: {reason}");
         let v: Value = serde_json::from_str(text).map_err(|e| bad(format!("not JSON: {e}")))?;
@@ -188,21 +208,24 @@ impl MixtralConfig {
                 family,
                 norm_topk_prob: true,
                 dense_intermediate_size: None,
+                decoder_sparse_step: 1,
+                mlp_only_layers: Vec::new(),
             },
             MoeFamily::Qwen3Moe => {
-                if count("decoder_sparse_step", 1)? != 1 {
-                    return Err(bad("decoder_sparse_step is not 1: dense layers among the \
-                                    sparse ones are not supported yet"
-                        .into()));
-                }
-                if field("mlp_only_layers")
-                    .and_then(Value::as_array)
-                    .is_some_and(|l| !l.is_empty())
-                {
-                    return Err(bad("mlp_only_layers is not empty: dense layers among the \
-                                    sparse ones are not supported yet"
-                        .into()));
-                }
+                let mlp_only_layers = match field("mlp_only_layers") {
+                    None => Vec::new(),
+                    Some(l) => l
+                        .as_array()
+                        .and_then(|l| {
+                            l.iter()
+                                .map(|i| i.as_u64().map(|i| i as usize))
+                                .collect::<Option<Vec<usize>>>()
+                        })
+                        .ok_or_else(|| {
+                            bad("field `mlp_only_layers`: not a list of layer indices".into())
+                        })?,
+                };
+                let decoder_sparse_step = count("decoder_sparse_step", 1)?;
                 let dense = base.intermediate_size;
                 base.intermediate_size = count("moe_intermediate_size", 768)?;
                 // Qwen3's attention: per-head q/k RMSNorm before RoPE.
@@ -217,6 +240,8 @@ impl MixtralConfig {
                     family,
                     norm_topk_prob: field("norm_topk_prob").and_then(Value::as_bool) == Some(true),
                     dense_intermediate_size: Some(dense),
+                    decoder_sparse_step,
+                    mlp_only_layers,
                 }
             }
         };
@@ -259,8 +284,9 @@ impl MixtralConfig {
                 let dense = self.dense_intermediate_size.unwrap_or(f);
                 m.insert("intermediate_size".into(), dense.into());
                 m.insert("norm_topk_prob".into(), self.norm_topk_prob.into());
-                m.insert("decoder_sparse_step".into(), 1.into());
-                m.insert("mlp_only_layers".into(), json!([]));
+                let step = self.decoder_sparse_step;
+                m.insert("decoder_sparse_step".into(), step.into());
+                m.insert("mlp_only_layers".into(), json!(self.mlp_only_layers));
             }
         }
         m.remove("mlp_bias");
@@ -270,6 +296,16 @@ impl MixtralConfig {
     /// Checks the sizes: the Llama's, and 1 ≤ k ≤ E, α ≥ 0.
     pub fn validate(&self) -> Result<(), String> {
         self.base.validate()?;
+        let layers = self.base.num_hidden_layers;
+        if let Some(i) = self.mlp_only_layers.iter().find(|&&i| i >= layers) {
+            return Err(format!("mlp_only_layers names layer {i} of {layers}"));
+        }
+        if !(0..layers).any(|i| self.is_sparse(i)) {
+            return Err(format!(
+                "decoder_sparse_step {} and mlp_only_layers {:?} leave no sparse layer",
+                self.decoder_sparse_step, self.mlp_only_layers
+            ));
+        }
         if self.num_experts_per_tok > self.num_local_experts {
             return Err(format!(
                 "num_experts_per_tok {} exceeds num_local_experts {}",
@@ -295,8 +331,13 @@ impl MixtralConfig {
             b.num_attention_heads * b.head_dim,
             b.num_key_value_heads * b.head_dim,
         );
-        let layer = 2 * d + d * q + 2 * d * kv + q * d + e * d + 3 * e * d * f;
-        2 * v * d + d + b.num_hidden_layers * layer
+        let attention = 2 * d + d * q + 2 * d * kv + q * d;
+        let ffn = |i: usize| match self.is_sparse(i) {
+            true => e * d + 3 * e * d * f,
+            false => 3 * d * self.dense_width(),
+        };
+        let layers: usize = (0..b.num_hidden_layers).map(|i| attention + ffn(i)).sum();
+        2 * v * d + d + layers
     }
 }
 
@@ -307,7 +348,10 @@ mod tests {
     #[test]
     fn round_trips_through_json_and_refuses_what_it_lacks() {
         let cfg = MixtralConfig::tiny();
-        assert_eq!(MixtralConfig::from_json("c", &cfg.to_json()), Ok(cfg));
+        assert_eq!(
+            MixtralConfig::from_json("c", &cfg.to_json()),
+            Ok(cfg.clone())
+        );
         let text = cfg.to_json();
         let llama = text.replace("\"mixtral\"", "\"llama\"");
         let err = MixtralConfig::from_json("c", &llama).unwrap_err();
@@ -327,7 +371,7 @@ mod tests {
     }
 
     #[test]
-    fn reads_qwen3_moe_and_refuses_its_dense_layers() {
+    fn reads_qwen3_moe_with_its_dense_layers() {
         let text = r#"{"model_type": "qwen3_moe", "vocab_size": 64, "hidden_size": 32,
             "intermediate_size": 40, "moe_intermediate_size": 24, "num_hidden_layers": 2,
             "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 12,
@@ -345,17 +389,37 @@ mod tests {
             (cfg.num_local_experts, cfg.router_aux_loss_coef),
             (4, 0.001)
         );
-        assert_eq!(MixtralConfig::from_json("c", &cfg.to_json()), Ok(cfg));
+        assert_eq!(
+            MixtralConfig::from_json("c", &cfg.to_json()),
+            Ok(cfg.clone())
+        );
         assert_eq!(cfg.spec().name, "qwen3_moe");
+        let step = text.replace("\"decoder_sparse_step\": 1", "\"decoder_sparse_step\": 2");
+        let s = MixtralConfig::from_json("c", &step).unwrap();
+        assert_eq!((s.is_sparse(0), s.is_sparse(1)), (false, true));
+        assert_eq!(MixtralConfig::from_json("c", &s.to_json()), Ok(s.clone()));
+        // Layer 0 dense: its MLP (3·32·40) in place of the router and 4 experts.
+        assert_eq!(
+            cfg.num_params() + 3 * 32 * 40,
+            s.num_params() + 4 * 32 + 3 * 4 * 32 * 24
+        );
+        let only = text.replace("\"mlp_only_layers\": []", "\"mlp_only_layers\": [1]");
+        let o = MixtralConfig::from_json("c", &only).unwrap();
+        assert_eq!((o.is_sparse(0), o.is_sparse(1)), (true, false));
         for (from, to, said) in [
             (
-                "\"decoder_sparse_step\": 1",
-                "\"decoder_sparse_step\": 2",
-                "decoder_sparse_step",
+                "\"mlp_only_layers\": []",
+                "\"mlp_only_layers\": [2]",
+                "layer 2 of 2",
             ),
             (
                 "\"mlp_only_layers\": []",
-                "\"mlp_only_layers\": [0]",
+                "\"mlp_only_layers\": [0, 1]",
+                "no sparse layer",
+            ),
+            (
+                "\"mlp_only_layers\": []",
+                "\"mlp_only_layers\": 1",
                 "mlp_only_layers",
             ),
             (

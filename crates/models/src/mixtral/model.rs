@@ -47,21 +47,19 @@ impl Mixtral {
     /// A freshly initialized model (N(0, 0.02) weights, unit norms).
     pub fn new(cfg: &MixtralConfig, device: &Device) -> Self {
         let b = &cfg.base;
-        let layer = || {
-            let moe = SparseMoe::new(
-                b.hidden_size,
-                b.intermediate_size,
-                cfg.num_local_experts,
-                cfg.num_experts_per_tok,
-                device,
-            )
-            .with_renormalize(cfg.norm_topk_prob);
-            DecoderLayer::with_mlp(b, moe, device)
+        let (d, e) = (b.hidden_size, cfg.num_local_experts);
+        let layer = |i: usize| {
+            let mlp = match cfg.is_sparse(i) {
+                true => SparseMoe::new(d, b.intermediate_size, e, cfg.num_experts_per_tok, device)
+                    .with_renormalize(cfg.norm_topk_prob),
+                false => SparseMoe::dense(d, cfg.dense_width(), e, device),
+            };
+            DecoderLayer::with_mlp(b, mlp, device)
         };
         Self {
             model: MixtralModel {
                 embed_tokens: ParallelEmbedding::new(b.vocab_size, b.hidden_size, device),
-                layers: (0..b.num_hidden_layers).map(|_| layer()).collect(),
+                layers: (0..b.num_hidden_layers).map(layer).collect(),
                 norm: ParallelRmsNorm::new(b.hidden_size, device).with_eps(b.rms_norm_eps),
             },
             lm_head: ParallelLinear::new(b.hidden_size, b.vocab_size, false, device),
@@ -103,17 +101,18 @@ impl Mixtral {
     }
 }
 
-/// The load-balancing term of the notes over every layer's [`Routing`] ([`balance_of`] of
-/// their sums).
+/// The load-balancing term of the notes over every sparse layer's [`Routing`]
+/// ([`balance_of`] of their sums; dense layers route nothing and count in no L).
 pub fn balance(routing: &[Routing]) -> Tensor<1> {
-    let first = routing.first().expect("at least one layer");
+    let sparse: Vec<&Routing> = routing.iter().filter(|r| r.sparse).collect();
+    let first = sparse.first().expect("at least one sparse layer");
     let mut probs = first.probs.clone();
     let mut counts = first.counts.clone();
-    for r in &routing[1..] {
+    for r in &sparse[1..] {
         probs = probs + r.probs.clone();
         counts = counts + r.counts.clone();
     }
-    balance_of(probs, counts, routing.len())
+    balance_of(probs, counts, sparse.len())
 }
 
 /// The load-balancing term of the notes, sequence-wise, from each token's probabilities and

@@ -1,5 +1,6 @@
 //! The Mixtral's sparse mixture-of-experts feed-forward ([`SparseMoe`], transformers'
-//! `MixtralSparseMoeBlock`, Qwen3-MoE's too): a router picks each token's top k of E experts,
+//! `MixtralSparseMoeBlock`, Qwen3-MoE's too; in the layers a family keeps dense, a SwiGLU MLP
+//! in its place): a router picks each token's top k of E experts,
 //! and only those run on it, weighted by the router's probabilities — renormalized over the k
 //! (the Mixtral; Qwen3-MoE when `norm_topk_prob`) or as they are. Dropless: each expert
 //! takes every token routed to it, however many (none too).
@@ -12,7 +13,7 @@
 //! gradient.
 
 use crate::decoder_layer::FeedForward;
-use crate::llama::model::swiglu;
+use crate::llama::model::{Mlp, swiglu};
 use bonfire_ep::{permute, run_experts, unpermute};
 use bonfire_tp::ParallelLinear;
 use burn::module::{Module, Param};
@@ -62,15 +63,28 @@ pub struct Routing {
     pub probs: Tensor<3>,
     /// `[B, T, E]`: 1 where expert e is among the token's top k, else 0 (no gradient).
     pub counts: Tensor<3>,
+    /// Whether the layer routed (a dense layer reports zeros, and counts in no balance).
+    pub sparse: bool,
 }
 
-/// The sparse MoE feed-forward: router `gate` `[E, d]` (no bias) and the [`Experts`].
+/// A mixture-of-experts model's feed-forward in one layer (transformers' `mlp`): the sparse
+/// block — router `gate` `[E, d]` (no bias) and the [`Experts`] — or, in a layer the family
+/// keeps dense (Qwen3-MoE's `mlp_only_layers`, `decoder_sparse_step`), a SwiGLU MLP. The parts
+/// carry transformers' names: a sparse layer's `gate` and `experts`, a dense one's
+/// `gate_proj`, `up_proj`, `down_proj`.
 #[derive(Module, Debug)]
 pub struct SparseMoe {
-    /// The router: logits `[E]` per token.
-    pub gate: ParallelLinear,
-    /// The experts.
-    pub experts: Experts,
+    /// The router: logits `[E]` per token (a sparse layer).
+    pub gate: Option<ParallelLinear>,
+    /// The experts (a sparse layer).
+    pub experts: Option<Experts>,
+    /// A dense layer's projections `[F, d]`.
+    pub gate_proj: Option<ParallelLinear>,
+    /// A dense layer's projections `[F, d]`.
+    pub up_proj: Option<ParallelLinear>,
+    /// A dense layer's output projection `[d, F]`.
+    pub down_proj: Option<ParallelLinear>,
+    num_experts: usize,
     top_k: usize,
     renormalize: bool,
 }
@@ -80,11 +94,44 @@ impl SparseMoe {
     /// weights renormalized over the k (the Mixtral's router).
     pub fn new(d: usize, f: usize, e: usize, top_k: usize, device: &Device) -> Self {
         Self {
-            gate: ParallelLinear::new(d, e, false, device),
-            experts: Experts::new(e, d, f, device),
+            gate: Some(ParallelLinear::new(d, e, false, device)),
+            experts: Some(Experts::new(e, d, f, device)),
+            gate_proj: None,
+            up_proj: None,
+            down_proj: None,
+            num_experts: e,
             top_k,
             renormalize: true,
         }
+    }
+
+    /// A dense layer of a model with `e` experts a layer: a fresh SwiGLU MLP of width `f`.
+    pub fn dense(d: usize, f: usize, e: usize, device: &Device) -> Self {
+        let Mlp {
+            gate_proj,
+            up_proj,
+            down_proj,
+        } = Mlp::new(d, f, device);
+        Self {
+            gate: None,
+            experts: None,
+            gate_proj: Some(gate_proj),
+            up_proj: Some(up_proj),
+            down_proj: Some(down_proj),
+            num_experts: e,
+            top_k: 0,
+            renormalize: false,
+        }
+    }
+
+    /// Experts a layer of the model has (E; a dense layer's model's too).
+    pub fn num_experts(&self) -> usize {
+        self.num_experts
+    }
+
+    /// Whether this layer routes to experts (else it is dense).
+    pub fn is_sparse(&self) -> bool {
+        self.gate.is_some()
     }
 
     /// The block with the chosen experts weighted by their probabilities as they are
@@ -145,15 +192,19 @@ fn chosen_experts(ranks: Tensor<2>, weights: Tensor<2>, k: usize) -> (Tensor<2, 
 impl FeedForward for SparseMoe {
     type Routing = Routing;
 
-    /// `x` `[B, T, d]`: the weighted sum of each token's chosen experts, and the routing.
+    /// `x` `[B, T, d]`: the weighted sum of each token's chosen experts, and the routing (a
+    /// dense layer: its MLP, and zeros).
     fn forward_routed(&self, x: Tensor<3>) -> (Tensor<3>, Routing) {
+        let (Some(gate), Some(bank)) = (&self.gate, &self.experts) else {
+            return self.dense_forward(x);
+        };
         let [b, t, d] = x.dims();
         let n = b * t;
-        let e = self.gate.weight.dims()[0];
+        let e = gate.weight.dims()[0];
         let dtype = x.dtype();
         // The router's softmax, top k and weights in f32 (as transformers computes them),
         // whatever the compute dtype; the experts in the compute dtype.
-        let logits = self.gate.forward(x.clone()).reshape([n, e]);
+        let logits = gate.forward(x.clone()).reshape([n, e]);
         let p = softmax(logits.cast(DType::F32), 1);
         let ranks = expert_ranks(p.clone());
         let chosen = ranks.clone().lower_elem(self.top_k as f64).float();
@@ -165,15 +216,36 @@ impl FeedForward for SparseMoe {
         let routing = Routing {
             probs: p.reshape([b, t, e]),
             counts: chosen.reshape([b, t, e]),
+            sparse: true,
         };
         let (experts, weights) = chosen_experts(ranks, weights, self.top_k);
         let (grouped, perm) = permute(x.reshape([n, d]), experts, e);
-        let rows = run_experts(grouped, perm.counts(), |i, rows| {
-            self.experts.expert(i, rows)
-        })
-        .unwrap_or_else(|err| panic!("expert parallelism: {err}"));
+        let rows = run_experts(grouped, perm.counts(), |i, rows| bank.expert(i, rows))
+            .unwrap_or_else(|err| panic!("expert parallelism: {err}"));
         let out = unpermute(rows, &perm, weights.cast(dtype));
         (out.reshape([b, t, d]), routing)
+    }
+}
+
+impl SparseMoe {
+    /// A dense layer on `x` `[B, T, d]`: `down(SiLU(gate(x)) ⊙ up(x))`, and a routing of zeros.
+    fn dense_forward(&self, x: Tensor<3>) -> (Tensor<3>, Routing) {
+        fn part(p: &Option<ParallelLinear>) -> &ParallelLinear {
+            p.as_ref().expect("a dense layer's projection")
+        }
+        let [b, t, _] = x.dims();
+        let (gate, up) = (
+            part(&self.gate_proj).forward(x.clone()),
+            part(&self.up_proj).forward(x),
+        );
+        let y = part(&self.down_proj).forward(swiglu(gate, up));
+        let zeros = Tensor::<3>::zeros([b, t, self.num_experts], &y.device());
+        let routing = Routing {
+            probs: zeros.clone(),
+            counts: zeros,
+            sparse: false,
+        };
+        (y, routing)
     }
 }
 
@@ -217,6 +289,14 @@ mod tests {
         assert_eq!(rows(top_k_mask(p, 2)), want);
     }
 
+    fn router(moe: &SparseMoe) -> &ParallelLinear {
+        moe.gate.as_ref().unwrap()
+    }
+
+    fn experts(moe: &SparseMoe) -> &Experts {
+        moe.experts.as_ref().unwrap()
+    }
+
     /// The gradients of (`out` · `r`).sum() for the router and both expert tensors.
     fn grads_of(moe: &SparseMoe, out: Tensor<2>, r: Tensor<2>) -> Vec<Vec<f32>> {
         let grads = (out * r).sum().backward();
@@ -228,9 +308,9 @@ mod tests {
                 .unwrap()
         };
         vec![
-            rows(moe.gate.weight.val().grad(&grads).unwrap()),
-            flat(moe.experts.gate_up_proj.val().grad(&grads)),
-            flat(moe.experts.down_proj.val().grad(&grads)),
+            rows(router(moe).weight.val().grad(&grads).unwrap()),
+            flat(experts(moe).gate_up_proj.val().grad(&grads)),
+            flat(experts(moe).down_proj.val().grad(&grads)),
         ]
     }
 
@@ -243,21 +323,21 @@ mod tests {
         device.seed(3);
         let (d, f, e, k) = (6, 5, 4, 2);
         let mut moe = SparseMoe::new(d, f, e, k, &device);
-        let w = moe.gate.weight.val();
+        let w = router(&moe).weight.val();
         let w = w.slice_assign([3..4, 0..d], Tensor::ones([1, d], &device).neg());
-        moe.gate.weight = Param::from_tensor(w.detach());
+        moe.gate.as_mut().unwrap().weight = Param::from_tensor(w.detach());
         let x = Tensor::<3>::random([2, 5, d], Distribution::Uniform(0.1, 1.0), &device);
         let r = Tensor::<2>::random([10, d], Distribution::Normal(0.0, 1.0), &device);
         let (y, routing) = moe.forward_routed(x.clone());
         let flat = x.reshape([10, d]);
-        let p = softmax(moe.gate.forward(flat.clone()), 1);
+        let p = softmax(router(&moe).forward(flat.clone()), 1);
         let chosen = top_k_mask(p.clone(), k);
         let kept = p * chosen.clone();
         let weights = kept.clone() / kept.sum_dim(1);
         let mut dense = Tensor::<2>::zeros([10, d], &device);
         for expert in 0..e {
             let we = weights.clone().narrow(1, expert, 1);
-            dense = dense + moe.experts.expert(expert, flat.clone()) * we;
+            dense = dense + experts(&moe).expert(expert, flat.clone()) * we;
         }
         let y = y.reshape([10, d]);
         let close = |what: &str, got: &[f32], want: &[f32]| {

@@ -26,6 +26,13 @@ use bonfire_parallel::{ParallelModel, Pipeline, PipelineVisitor};
 use bonfire_tp::ParallelPlan;
 use burn::tensor::Tensor;
 
+impl Mixtral {
+    /// The layers whose feed-forward is a dense MLP.
+    fn dense_layers(&self) -> impl Iterator<Item = &super::model::DecoderLayer> {
+        self.model.layers.iter().filter(|l| !l.mlp.is_sparse())
+    }
+}
+
 impl ParallelModel for Mixtral {
     type Batch = TokenBatch;
 
@@ -48,21 +55,40 @@ impl ParallelModel for Mixtral {
         if let Some(l) = self.model.layers.first() {
             check_attention_tp(&l.self_attn, tp)?;
         }
+        if let Some(p) = self
+            .dense_layers()
+            .next()
+            .and_then(|l| l.mlp.gate_proj.as_ref())
+        {
+            divisible(Axis::Tp, tp, "intermediate_size", p.weight.dims()[0])?;
+        }
         divisible(Axis::Tp, tp, "vocab_size", self.lm_head.weight.dims()[0])
     }
 
     crate::token_sequence_hooks!();
 
-    /// The Llama's attention plan; the router and experts are in no entry (replicated).
+    /// The Llama's attention plan; the router and experts are in no entry (replicated); a
+    /// dense layer's MLP is the Llama's (column-wise in, row-wise out).
     fn tensor_parallel_plan(&self, dims: &ParallelDims) -> Option<ParallelPlan> {
         let o = dims.tp_options;
         let attention = self.model.layers.first().map(|l| &l.self_attn);
-        Some(attention_tp_plan(
+        let mut plan = attention_tp_plan(
             o.sequence_parallel,
             o.loss_parallel,
             replicates_kv(attention, dims.tp()),
             attention,
-        ))
+        );
+        let st = crate::decoder::DecoderStyles::new(o.sequence_parallel, o.loss_parallel);
+        for (i, l) in self.model.layers.iter().enumerate() {
+            if !l.mlp.is_sparse() {
+                let mlp = format!("model.layers.{i}.mlp");
+                plan = plan
+                    .add(format!("{mlp}.gate_proj"), st.colwise)
+                    .add(format!("{mlp}.up_proj"), st.colwise)
+                    .add(format!("{mlp}.down_proj"), st.rowwise);
+            }
+        }
+        Some(plan)
     }
 
     /// The embedding, each decoder layer, the final norm with the head; token ids enter as
@@ -70,27 +96,26 @@ impl ParallelModel for Mixtral {
     /// layers are the checkpointable layers.
     fn pipeline<V: PipelineVisitor<TokenBatch>>(self, visitor: V) -> Option<V::Output> {
         let layers = self.model.layers.len();
-        let experts = self
-            .model
-            .layers
-            .first()
-            .map_or(0, |l| l.mlp.gate.weight.dims()[0]);
+        let sparse = layers - self.dense_layers().count();
+        let experts = self.model.layers.first().map_or(0, |l| l.mlp.num_experts());
         let names: Vec<String> = (0..layers).map(|i| format!("model.layers.{i}")).collect();
         let loss = pipeline::loss(
             self.lm_head.output_shard_group(),
             experts,
-            layers,
+            sparse,
             self.aux_loss_coef(),
         );
         let pieces = Pipeline::new(pipeline::pieces(self), token_input, loss);
         Some(visitor.visit(pieces.with_checkpointable(names)))
     }
 
-    /// Each layer's fused experts (`[E, 2F, d]`, `[E, d, F]`): expert parallelism keeps a
-    /// rank's `E/ep` of them.
+    /// Each sparse layer's fused experts (`[E, 2F, d]`, `[E, d, F]`): expert parallelism
+    /// keeps a rank's `E/ep` of them.
     fn experts(&self) -> Vec<String> {
-        (0..self.model.layers.len())
-            .map(|i| format!("model.layers.{i}.mlp.experts"))
+        let layers = self.model.layers.iter().enumerate();
+        layers
+            .filter(|(_, l)| l.mlp.is_sparse())
+            .map(|(i, _)| format!("model.layers.{i}.mlp.experts"))
             .collect()
     }
 

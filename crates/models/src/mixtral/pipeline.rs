@@ -57,7 +57,7 @@ impl PieceStep for MixtralEmbed {
 
 impl PieceStep for DecoderLayer {
     fn step(&self, x: Tensor<3>) -> Tensor<3> {
-        let (h, stats) = split(x, self.mlp.gate.weight.dims()[0]);
+        let (h, stats) = split(x, self.mlp.num_experts());
         let (y, r) = self.forward_routed(h);
         let dtype = stats.dtype();
         let routed = Tensor::cat(vec![r.probs, r.counts], 2).cast(dtype);
@@ -81,7 +81,7 @@ pub fn pieces(model: Mixtral) -> Vec<(String, MixtralPiece)> {
         .model
         .layers
         .first()
-        .map_or(0, |l| l.mlp.gate.weight.dims()[0]);
+        .map_or(0, |l| l.mlp.num_experts());
     let Mixtral { model, lm_head, .. } = model;
     let embed_tokens = model.embed_tokens;
     let head = MixtralHead {
