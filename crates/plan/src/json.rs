@@ -101,6 +101,17 @@ impl Fields {
         }
     }
 
+    /// A boolean, or `None` when absent.
+    pub fn bool_opt(&mut self, field: &str) -> Result<Option<bool>, PlanError> {
+        match self.take(field) {
+            None => Ok(None),
+            Some(Value::Bool(b)) => Ok(Some(b)),
+            Some(v) => {
+                Err(self.error(field, format!("expected true or false, found {}", show(&v))))
+            }
+        }
+    }
+
     /// A string, or `None` when absent.
     pub fn string_opt(&mut self, field: &str) -> Result<Option<String>, PlanError> {
         match self.take(field) {

@@ -254,6 +254,13 @@ impl PlannedLayout for ParallelDims {
         }
         check_experts(self, model)?;
         let t = self.tp();
+        if model.tied && (t > 1 || self.pp() > 1 || self.recomputes()) {
+            return Err(
+                "a tied head (tied) trains without tp (which needs loss parallelism here), pp \
+                 or activation checkpointing"
+                    .into(),
+            );
+        }
         if self.tp_options.loss_parallel != (t > 1) {
             return Err(format!(
                 "the planner models loss parallelism exactly when tp > 1 (tp={t})"

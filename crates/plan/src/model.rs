@@ -85,22 +85,31 @@ pub struct ModelSpec {
     /// A sliding attention window (Mistral's `sliding_window`): each query sees at most this
     /// many keys, which bounds attention's FLOPs per token; `None`: the whole causal prefix.
     pub window: Option<usize>,
+    /// The head is the embedding table (`tie_word_embeddings`: Llama 3.2, small Qwens): one
+    /// `V × d` table, not two. Bonfire trains it without pp, loss parallelism or activation
+    /// checkpointing, and the planner searches the same.
+    pub tied: bool,
 }
 
 /// The presets' names.
-pub const PRESETS: [&str; 9] = [
+pub const PRESETS: [&str; 14] = [
     "gpt-bench",
     "gpt3-175b",
     "llama3-8b",
     "llama3-70b",
     "llama3-405b",
+    "llama3.1-8b",
+    "llama3.1-70b",
+    "llama3.2-1b",
+    "qwen3-0.6b",
+    "qwen3-8b",
     "qwen3-32b",
     "mistral-7b",
     "mixtral-8x7b",
     "qwen3-30b-a3b",
 ];
 
-const FIELDS: [&str; 14] = [
+const FIELDS: [&str; 15] = [
     "name",
     "arch",
     "attention",
@@ -115,6 +124,7 @@ const FIELDS: [&str; 14] = [
     "n_experts",
     "experts_per_token",
     "window",
+    "tied",
 ];
 
 impl ModelSpec {
@@ -142,6 +152,7 @@ impl ModelSpec {
             seq_len,
             d_ff,
             window: None,
+            tied: false,
         }
     }
 
@@ -161,6 +172,17 @@ impl ModelSpec {
             seq_len: 8192,
             d_ff,
             window: None,
+            tied: false,
+        }
+    }
+
+    /// A dense Qwen3 (vocabulary 151,936, heads of 128, 8 kv heads, 40,960 positions, untied).
+    fn qwen3(name: &str, d_model: usize, n_heads: usize, n_layers: usize, d_ff: usize) -> Self {
+        Self {
+            vocab_size: 151_936,
+            head_dim: 128,
+            seq_len: 40_960,
+            ..Self::llama3(name, d_model, n_heads, n_layers, d_ff)
         }
     }
 
@@ -179,23 +201,37 @@ impl ModelSpec {
             "llama3-8b" => Self::llama3(name, 4096, 32, 32, 14_336),
             "llama3-70b" => Self::llama3(name, 8192, 64, 80, 28_672),
             "llama3-405b" => Self::llama3(name, 16_384, 128, 126, 53_248),
+            // Llama 3.1 (meta-llama/Llama-3.1-8B, -70B config.json): Llama 3's shapes with 131,072
+            // positions (rope_type llama3, which the planner does not see).
+            "llama3.1-8b" => Self {
+                seq_len: 131_072,
+                ..Self::llama3(name, 4096, 32, 32, 14_336)
+            },
+            "llama3.1-70b" => Self {
+                seq_len: 131_072,
+                ..Self::llama3(name, 8192, 64, 80, 28_672)
+            },
+            // Llama 3.2 1B (meta-llama/Llama-3.2-1B config.json): hidden 2048, 32 heads of 64, 8
+            // kv heads, 16 layers, intermediate 8192, 131,072 positions, tied — 1,235,814,400.
+            "llama3.2-1b" => Self {
+                seq_len: 131_072,
+                tied: true,
+                ..Self::llama3(name, 2048, 32, 16, 8192)
+            },
+            // Qwen3-0.6B (Qwen/Qwen3-0.6B config.json): vocabulary 151,936, hidden 1024, 16
+            // heads of 128, 8 kv heads, 28 layers, intermediate 3072, 40,960 positions, tied —
+            // 596,042,752 without the q/k norms (0.44 B without the table).
+            "qwen3-0.6b" => Self {
+                tied: true,
+                ..Self::qwen3(name, 1024, 16, 28, 3072)
+            },
+            // Qwen3-8B (Qwen/Qwen3-8B config.json): hidden 4096, 32 heads of 128, 8 kv heads, 36
+            // layers, intermediate 12,288, untied — 8,190,726,144 without the q/k norms.
+            "qwen3-8b" => Self::qwen3(name, 4096, 32, 36, 12_288),
             // Qwen3-32B (Qwen/Qwen3-32B's config.json): vocabulary 151,936, hidden 5120, 64
             // heads of 128 (8192 wide, not 5120), 8 kv heads, 64 layers, intermediate 25,600,
             // 40,960 positions, untied — 32.76 B parameters.
-            "qwen3-32b" => Self {
-                name: name.to_string(),
-                arch: Arch::Llama,
-                attention: AttentionKind::Fused,
-                vocab_size: 151_936,
-                d_model: 5120,
-                n_heads: 64,
-                n_kv_heads: 8,
-                head_dim: 128,
-                n_layers: 64,
-                seq_len: 40_960,
-                d_ff: 25_600,
-                window: None,
-            },
+            "qwen3-32b" => Self::qwen3(name, 5120, 64, 64, 25_600),
             // Mistral 7B v0.3 (mistralai/Mistral-7B-v0.3's config.json): vocabulary 32,768,
             // hidden 4096, 32 heads, 8 kv heads, 32 layers, intermediate 14,336, 32K
             // positions, no sliding window — 7.25 B parameters.
@@ -223,6 +259,7 @@ impl ModelSpec {
                 seq_len: 32_768,
                 d_ff: 14_336,
                 window: None,
+                tied: false,
             },
             // Qwen3-30B-A3B (Qwen/Qwen3-30B-A3B's config.json): vocabulary 151,936, hidden
             // 2048, 32 heads of 128 (4096 wide), 4 kv heads, 48 layers, 40,960 positions,
@@ -244,6 +281,7 @@ impl ModelSpec {
                 seq_len: 40_960,
                 d_ff: 768,
                 window: None,
+                tied: false,
             },
             _ => return None,
         })
@@ -310,6 +348,7 @@ impl ModelSpec {
             seq_len: f.count("seq_len")?,
             d_ff: f.count("d_ff")?,
             window: f.count_opt("window")?,
+            tied: f.bool_opt("tied")?.unwrap_or(false),
         };
         let what = f.what().to_string();
         f.finish(&FIELDS)?;
@@ -438,7 +477,8 @@ impl ModelSpec {
         if piece == 0 {
             v * d / tp + positions
         } else if piece == self.n_layers + 1 {
-            norm + v * d / tp
+            // A tied head multiplies by the embedding's table: no parameter of its own.
+            norm + if self.tied { 0 } else { v * d / tp }
         } else {
             let (split, whole) = self.block_params();
             split / tp + whole

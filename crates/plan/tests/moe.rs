@@ -327,6 +327,7 @@ fn deepseek_v3_published_layout_fits_behind_intra_node_ep() {
         seq_len: 4096,
         d_ff: 2048,
         window: None,
+        tied: false,
     };
     let mut cluster = h100s(256, 8);
     cluster.intra = LinkSpec {

@@ -81,6 +81,15 @@ fn a_sliding_window_bounds_attention_flops() {
 #[test]
 fn presets_have_their_published_sizes() {
     let params = |n: &str| ModelSpec::preset(n).unwrap().num_params() as f64 / 1e9;
+    // Llama 3.2 1B and Qwen3-0.6B, tied (one table): 1,235,814,400 and 596,042,752 without
+    // the q/k norms (published 1.24 B; 0.6 B, 0.44 B without the table); Qwen3-8B untied:
+    // 8,190,726,144 (8.2 B).
+    let exact = |n: &str| ModelSpec::preset(n).unwrap().num_params();
+    assert_eq!(exact("llama3.2-1b"), 1_235_814_400);
+    assert_eq!(exact("qwen3-0.6b"), 596_042_752);
+    assert_eq!(exact("qwen3-0.6b") - 151_936 * 1024, 440_460_288);
+    assert_eq!(exact("qwen3-8b"), 8_190_726_144);
+    assert_eq!(exact("llama3.1-8b"), exact("llama3-8b"));
     // Qwen3-30B-A3B from its config's shapes: 30,532,110,336 parameters without the q/k
     // norms (published 30.5 B), of which 3.35 B active: attention, norms, the router, the
     // embedding, the head and 8 of 128 experts.
@@ -467,4 +476,35 @@ fn bonfire_attention_is_costed_as_the_engines_run_it() {
         model.on_device(&cpu).attention_under(2),
         AttentionKind::Materialized
     );
+}
+
+/// A tied head is searched as Bonfire trains it: Qwen3-0.6B on one 8-GPU node ranks only
+/// layouts without tp, pp or activation checkpointing (its 0.6 B fit a device with ZeRO or
+/// without), and a description saying `"tied": true` counts one table.
+#[test]
+fn a_tied_model_is_planned_without_tp_pp_or_recompute() {
+    let model = ModelSpec::preset("qwen3-0.6b").unwrap();
+    assert!(model.tied);
+    let node = cluster(1, 8, "h100", "nvlink", "ib");
+    let p = plan(&model, &node, &bf16(8, 4096)).unwrap();
+    assert!(!p.ranked.is_empty());
+    for e in &p.ranked {
+        let l = &e.layout;
+        assert!(l.tp() == 1 && l.pp() == 1 && !l.recompute.is_on(), "{l}");
+    }
+    let untied = ModelSpec {
+        tied: false,
+        ..model.clone()
+    };
+    let q = plan(&untied, &node, &bf16(8, 4096)).unwrap();
+    assert!(
+        q.ranked
+            .iter()
+            .any(|e| e.layout.tp() > 1 || e.layout.pp() > 1)
+    );
+    let json = r#"{"arch": "llama", "vocab_size": 100, "d_model": 8, "n_heads": 2,
+        "n_layers": 1, "seq_len": 4, "d_ff": 16, "tied": true}"#;
+    let tied = ModelSpec::from_json("m", json).unwrap();
+    let two = ModelSpec::from_json("m", &json.replace("true", "false")).unwrap();
+    assert_eq!(two.num_params() - tied.num_params(), 100 * 8);
 }

@@ -50,6 +50,7 @@ impl LlamaConfig {
             seq_len: self.max_position_embeddings,
             d_ff: self.intermediate_size,
             window: self.variant.sliding_window,
+            tied: self.variant.tie_word_embeddings,
         }
     }
 
