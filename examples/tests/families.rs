@@ -19,6 +19,7 @@ mod common;
 
 use bonfire_examples::cli::LayoutArgs;
 use bonfire_examples::default_device;
+use bonfire_examples::harness;
 use bonfire_models::data;
 use bonfire_models::llama::Family;
 use bonfire_models::{pretrained, tensor_file};
@@ -196,6 +197,104 @@ fn tied_embeddings_match_transformers_where_supported() {
             .unwrap_err()
             .to_string();
         assert!(err.contains(says), "{dims}: {err}");
+    }
+}
+
+/// Each new layer kind against plain Burn (`common::plain_llama`: the family's math in Burn
+/// tensor ops on the same parameters, Burn's backward and optimizers — no Bonfire code): Llama
+/// 3's RoPE scaling, Qwen2's biases, Qwen3's q/k norms, Mistral's sliding window and the tied
+/// head, each fixture's model trained 2 steps with SGD and AdamW by plain Burn and by Bonfire
+/// on one device and in one layout per axis it admits (DDP with ZeRO-1, tp = 2 with SP, a
+/// 1F1B pipeline, cp = 2; the tied head without pp): every loss, step-0 gradient and parameter
+/// within the suites' tolerances (SGD's; AdamW's floor 2e-3·lr).
+#[test]
+fn new_layer_kinds_train_as_plain_burn_does() {
+    use common::plain::{Recipe, plain_burn_with};
+    use common::plain_llama::plain_llama_loss;
+    let axes = [
+        layout("dp=1", 0, None, None, ""),
+        layout("dp=2", 1, None, None, ""),
+        layout("tp=2", 0, None, None, "sp"),
+        layout("pp=2", 0, Some("1f1b"), Some(2), ""),
+        layout("cp=2", 0, None, None, ""),
+    ];
+    for family in ["llama3", "qwen2", "qwen3", "mistral_window", "llama32"] {
+        let (cfg, model, batches) = common::llama_fixture(&format!("families/{family}"));
+        for (optim, lr) in [(OptimizerKind::Sgd, 0.5), (OptimizerKind::AdamW, 0.01)] {
+            let recipe = Recipe {
+                optim: optim.into(),
+                lrs: vec![lr; 2],
+                clip: None,
+            };
+            let want = plain_burn_with(&model, &batches, &recipe, |m, ids, targets| {
+                plain_llama_loss(m, &cfg, ids, targets)
+            });
+            let tol = match optim {
+                OptimizerKind::Sgd => common::SGD,
+                OptimizerKind::AdamW => common::adamw(lr),
+            };
+            let tied = model.lm_head.is_none();
+            let pipelined = |c: &&LayoutArgs| c.mesh.as_deref().is_some_and(|m| m.contains("pp"));
+            for case in axes.iter().filter(|c| !(tied && pipelined(c))) {
+                let dims = case.dims("dp=1").unwrap();
+                let name = format!("{family} {dims} {} vs plain Burn", optim.name());
+                let got = harness::train(&model, &batches, &dims, optim, 2, lr)
+                    .unwrap_or_else(|e| panic!("{name}: {e}"));
+                let c = common::assert_same_run(&name, &got, &want, tol);
+                println!("{name}: {c}");
+            }
+        }
+    }
+}
+
+/// Qwen3-MoE's router (top k without renormalization) and its dense layers against plain
+/// Burn (`common::plain_llama::plain_moe_loss`: every expert on every token, weighted; the
+/// balance written out), both fixtures, SGD and AdamW, on one device, dp = 2 × ep = 2 ZeRO-1,
+/// tp = 2, a 1F1B pipeline and cp = 2 × ep = 2.
+#[test]
+fn qwen3_moe_trains_as_plain_burn_does() {
+    use bonfire_models::ModelConfig;
+    use bonfire_models::mixtral::{Mixtral, pretrained as moe};
+    use common::plain::{Recipe, plain_burn_with};
+    let axes = [
+        layout("dp=1", 0, None, None, ""),
+        layout("dp=2,ep=2", 1, None, None, ""),
+        layout("tp=2", 0, None, None, ""),
+        layout("pp=2", 0, Some("1f1b"), Some(2), ""),
+        layout("cp=2,ep=2", 0, None, None, ""),
+    ];
+    for fixture in ["qwen3_moe", "qwen3_moe/dense_layers"] {
+        let dir = common::fixture_dir(fixture);
+        let ModelConfig::Mixtral(cfg) = ModelConfig::load(&dir.join("config.json")).unwrap() else {
+            panic!("a mixture-of-experts config");
+        };
+        let model = moe::load_pretrained(Mixtral::new(&cfg, &default_device()), &dir).unwrap();
+        let batches = data::load_batches(dir.join("batch.safetensors"), 64, 8).unwrap();
+        for (optim, lr) in [(OptimizerKind::Sgd, 0.5), (OptimizerKind::AdamW, 0.01)] {
+            let recipe = Recipe {
+                optim: optim.into(),
+                lrs: vec![lr; 2],
+                clip: None,
+            };
+            let want = plain_burn_with(&model, &batches, &recipe, |m, ids, targets| {
+                common::plain_llama::plain_moe_loss(m, &cfg, ids, targets)
+            });
+            // AdamW as against transformers on these fixtures (`check_moe`).
+            let tol = match optim {
+                OptimizerKind::Sgd => common::SGD,
+                OptimizerKind::AdamW => {
+                    bonfire_comm::testing::Tolerance::new(1e-5, 5e-3 * lr as f32)
+                }
+            };
+            for case in &axes {
+                let dims = case.dims("dp=1").unwrap();
+                let name = format!("{fixture} {dims} {} vs plain Burn", optim.name());
+                let got = harness::train(&model, &batches, &dims, optim, 2, lr)
+                    .unwrap_or_else(|e| panic!("{name}: {e}"));
+                let c = common::assert_same_run(&name, &got, &want, tol);
+                println!("{name}: {c}");
+            }
+        }
     }
 }
 

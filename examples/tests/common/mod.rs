@@ -5,6 +5,7 @@
 #![allow(dead_code)]
 
 pub mod plain;
+pub mod plain_llama;
 pub mod resume;
 
 use bonfire_comm::testing::{Tolerance, assert_close};

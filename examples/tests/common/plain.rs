@@ -105,59 +105,40 @@ pub fn host<const D: usize>(t: Tensor<D>) -> Vec<f32> {
     t.into_data().try_to_vec::<f32>().expect("f32 values")
 }
 
-/// A block's six linear layers under their contract names.
-fn linears(blk: &bonfire_models::gpt::block::GptBlock) -> [(&'static str, &ParallelLinear); 6] {
-    [
-        ("attn.q", &blk.attn.q),
-        ("attn.k", &blk.attn.k),
-        ("attn.v", &blk.attn.v),
-        ("attn.o", &blk.attn.o),
-        ("mlp.fc1", &blk.mlp.fc1),
-        ("mlp.fc2", &blk.mlp.fc2),
-    ]
-}
-
-/// `(name, shape, values)` of `p`, or of its gradient in `grads`.
-fn entry<const D: usize>(
-    name: String,
-    p: &Param<Tensor<D>>,
-    grads: Option<&GradientsParams>,
-) -> (String, Vec<usize>, Vec<f32>) {
-    let v = match grads {
-        Some(g) => host(
-            g.get::<D>(p.id)
-                .unwrap_or_else(|| panic!("no gradient: {name}")),
-        ),
-        None => host(p.val()),
+/// `(name, shape, values)` of every parameter of `m` — its module path, which is its contract
+/// (transformers') name — or of its gradient in `grads`, read with Burn's own visitor.
+fn named<M: Module>(m: &M, grads: Option<&GradientsParams>) -> Vec<(String, Vec<usize>, Vec<f32>)> {
+    struct Named<'a> {
+        path: Vec<String>,
+        grads: Option<&'a GradientsParams>,
+        out: Vec<(String, Vec<usize>, Vec<f32>)>,
+    }
+    impl ModuleVisitor for Named<'_> {
+        fn enter_module(&mut self, name: &str, _: &str) {
+            self.path.push(name.to_string());
+        }
+        fn exit_module(&mut self, _: &str, _: &str) {
+            self.path.pop();
+        }
+        fn visit_float<const D: usize>(&mut self, p: &Param<Tensor<D>>) {
+            let name = self.path.join(".");
+            let v = match self.grads {
+                Some(g) => host(
+                    g.get::<D>(p.id)
+                        .unwrap_or_else(|| panic!("no gradient: {name}")),
+                ),
+                None => host(p.val()),
+            };
+            self.out.push((name, p.dims().to_vec(), v));
+        }
+    }
+    let mut v = Named {
+        path: Vec::new(),
+        grads,
+        out: Vec::new(),
     };
-    (name, p.dims().to_vec(), v)
-}
-
-/// `(name, shape, values)` of every parameter, or of its gradient in `grads`.
-fn named(m: &Gpt, grads: Option<&GradientsParams>) -> Vec<(String, Vec<usize>, Vec<f32>)> {
-    let mut out = vec![
-        entry("tok_emb.weight".into(), &m.tok_emb.weight, grads),
-        entry("pos_emb.weight".into(), &m.pos_emb.weight, grads),
-        entry("head.weight".into(), &m.head.weight, grads),
-    ];
-    for (i, blk) in m.blocks.iter().enumerate() {
-        for (n, l) in linears(blk) {
-            out.push(entry(format!("blocks.{i}.{n}.weight"), &l.weight, grads));
-        }
-    }
-    out.push(entry("ln_f.weight".into(), &m.ln_f.weight, grads));
-    out.push(entry("ln_f.bias".into(), &m.ln_f.bias, grads));
-    for (i, blk) in m.blocks.iter().enumerate() {
-        for (n, ln) in [("ln1", &blk.ln1), ("ln2", &blk.ln2)] {
-            out.push(entry(format!("blocks.{i}.{n}.weight"), &ln.weight, grads));
-            out.push(entry(format!("blocks.{i}.{n}.bias"), &ln.bias, grads));
-        }
-        for (n, l) in linears(blk) {
-            let b = l.bias.as_ref().expect("the block's linears have biases");
-            out.push(entry(format!("blocks.{i}.{n}.bias"), b, grads));
-        }
-    }
-    out
+    m.visit(&mut v);
+    v.out
 }
 
 // ---------------------------------------------------------------------------------------
@@ -167,7 +148,7 @@ fn named(m: &Gpt, grads: Option<&GradientsParams>) -> Vec<(String, Vec<usize>, V
 /// Burn's own optimizer as `spec` says: Burn's `AdamWConfig` with its settings and, with
 /// `no_decay_1d`, a second group of Burn's (`ModuleOptimizer::with_group`) holding `model`'s
 /// 1-d parameters, decayed by nothing — PyTorch's two parameter groups.
-pub fn burn_optimizer(spec: &OptimizerSpec, model: &Gpt) -> ModuleOptimizer {
+pub fn burn_optimizer<M: Module>(spec: &OptimizerSpec, model: &M) -> ModuleOptimizer {
     let a = &spec.adamw;
     let adamw = |wd: f32| {
         AdamWConfig::new()
@@ -195,7 +176,7 @@ pub fn burn_optimizer(spec: &OptimizerSpec, model: &Gpt) -> ModuleOptimizer {
 }
 
 /// Every parameter's name, shape and id.
-fn named_params(m: &Gpt) -> Vec<(String, Vec<usize>, ParamId)> {
+fn named_params<M: Module>(m: &M) -> Vec<(String, Vec<usize>, ParamId)> {
     struct Ids(Vec<(Vec<usize>, ParamId)>);
     impl ModuleVisitor for Ids {
         fn visit_float<const D: usize>(&mut self, p: &Param<Tensor<D>>) {
@@ -214,7 +195,7 @@ fn named_params(m: &Gpt) -> Vec<(String, Vec<usize>, ParamId)> {
 /// The global L2 norm of `grads` (every parameter of `m`, in f64 on the host) and, with
 /// `max`, every gradient multiplied by min(1, max / (norm + 1e-6)) (PyTorch's
 /// `clip_grad_norm_`), written with Burn's `GradientsParams` alone.
-fn clip(m: &Gpt, grads: &mut GradientsParams, max: Option<f64>) -> f64 {
+fn clip<M: Module>(m: &M, grads: &mut GradientsParams, max: Option<f64>) -> f64 {
     struct SumSquares<'a>(&'a GradientsParams, f64);
     impl ModuleVisitor for SumSquares<'_> {
         fn visit_float<const D: usize>(&mut self, p: &Param<Tensor<D>>) {
@@ -251,15 +232,28 @@ pub struct Recipe {
 /// Steps of plain Burn on the whole global batch as `recipe` says, as a harness result (each
 /// step's gradient norm before clipping among it).
 pub fn plain_burn(model: &Gpt, batches: &Batches, recipe: &Recipe) -> Outcome {
-    let device = Device::flex().autodiff();
     let heads = super::gpt_cfg().n_heads;
+    plain_burn_with(model, batches, recipe, |m, ids, targets| {
+        plain_loss(m, ids, targets, heads)
+    })
+}
+
+/// [`plain_burn`] for any module whose plain-Burn loss is `loss` (its parameters named by
+/// their module paths).
+pub fn plain_burn_with<M: Module + Clone>(
+    model: &M,
+    batches: &Batches,
+    recipe: &Recipe,
+    loss: impl Fn(&M, Tensor<2, Int>, Tensor<2, Int>) -> Tensor<1>,
+) -> Outcome {
+    let device = Device::flex().autodiff();
     let mut model = model.clone().fork(&device);
     let mut optimizer = burn_optimizer(&recipe.optim, &model);
     let (mut losses, mut grad0, mut norms) = (Vec::new(), BTreeMap::new(), Vec::new());
     assert!(!recipe.lrs.is_empty());
     for (s, &lr) in recipe.lrs.iter().enumerate() {
         let (ids, targets) = batches.rows(s, 0, batches.batch, &device);
-        let loss = plain_loss(&model, ids, targets, heads);
+        let loss = loss(&model, ids, targets);
         losses.push(host(loss.clone().detach())[0]);
         let mut grads = GradientsParams::from_grads(loss.backward(), &model);
         if s == 0 {
