@@ -61,6 +61,17 @@ fn check(family: &str, want: Family, layouts: &[LayoutArgs]) {
         "{family} sgd, adamw vs transformers: {} {}",
         worst[0], worst[1]
     );
+    // A run saved under DDP with ZeRO-1 resumes under tp = 2 (4 steps of random batches).
+    let shape = bonfire_models::GptConfig {
+        vocab_size: cfg.vocab_size,
+        max_seq_len: 8,
+        ..common::gpt_cfg()
+    };
+    let four = common::random_batches(&shape, 4, 4, 19);
+    let dims = |mesh: &str, zero| layout(mesh, zero, None, None, "").dims("dp=1").unwrap();
+    let (a, b) = (dims("dp=2", 1), dims("tp=2", 0));
+    let adamw = common::adamw(common::gpt_lr(OptimizerKind::AdamW));
+    common::resume::check_resume(family, &model, &four, 4, (&a, &b), 4, 2, adamw);
     let reads_back = |path: &std::path::Path| {
         let back = bonfire_models::llama::LlamaConfig::load(path).unwrap();
         assert_eq!(back, cfg, "{family}: the exported config");
@@ -420,5 +431,36 @@ fn qwen3_moe_dense_layers_match_transformers_in_every_layout_class() {
 /// the result file equals transformers' float64 run.
 #[test]
 fn the_harness_trains_a_qwen3_moe_checkpoint() {
-    common::harness_matches_fixture("qwen3_moe", &[("dp=2", 3), ("dp=2,ep=2", 0)]);
+    let cases = [("dp=2", 3), ("dp=2,ep=2", 0)];
+    common::harness_matches_fixture("qwen3_moe", "state_dict.safetensors", &cases);
+    let cases = [("dp=2,ep=2", 1)];
+    let fixture = "qwen3_moe/dense_layers";
+    common::harness_matches_fixture(fixture, "state_dict.safetensors", &cases);
+}
+
+/// `train --model` on the Qwen3-MoE directories (the published per-expert names; one with a
+/// dense layer) under dp = 2 × tp = 2 ZeRO-3 and dp = 2 × ep = 2 ZeRO-3: each rank reads only
+/// its slices, and `--export` writes the fused `state_dict`, value for value.
+#[test]
+fn train_loads_qwen3_moe_directories_a_slice_per_rank() {
+    common::train_reads_slices_and_exports("qwen3_moe", "dp=2,tp=2", 3);
+    common::train_reads_slices_and_exports("qwen3_moe/dense_layers", "dp=2,ep=2", 3);
+}
+
+/// The parity harness trains the dense families' fixtures (`--config` with their
+/// `model_type`, `--weights` their `model.safetensors`, transformers' names): Mistral's window
+/// under cp = 2 and tp = 2, the tied Llama 3.2 under ZeRO-3 and tp = 2, Qwen3 under dp × tp,
+/// Qwen2 and Llama 3 under cp × tp — each result file equal to transformers' float64 run.
+#[test]
+fn the_harness_trains_the_families_checkpoints() {
+    for (family, cases) in [
+        ("mistral_window", &[("cp=2", 0), ("tp=2", 0)][..]),
+        ("llama32", &[("dp=2", 3), ("tp=2", 0)][..]),
+        ("qwen3", &[("dp=2,tp=2", 1)][..]),
+        ("qwen2", &[("cp=2,tp=2", 0)][..]),
+        ("llama3", &[("cp=2,tp=2", 0)][..]),
+    ] {
+        let fixture = format!("families/{family}");
+        common::harness_matches_fixture(&fixture, "model.safetensors", cases);
+    }
 }

@@ -412,10 +412,8 @@ fn sequence_parallelism_is_refused() {
 /// float64 run.
 #[test]
 fn the_harness_trains_a_mixtral_checkpoint() {
-    common::harness_matches_fixture(
-        "mixtral",
-        &[("dp=2", 3), ("dp=2,ep=2", 0), ("dp=4,ep=4", 0)],
-    );
+    let cases = [("dp=2", 3), ("dp=2,ep=2", 0), ("dp=4,ep=4", 0)];
+    common::harness_matches_fixture("mixtral", "state_dict.safetensors", &cases);
 }
 
 /// The `train` front door takes a Mixtral directory (`--model`, its per-expert
@@ -425,60 +423,7 @@ fn the_harness_trains_a_mixtral_checkpoint() {
 /// sequence parallelism is refused with the model's error.
 #[test]
 fn train_loads_a_mixtral_directory_a_slice_per_rank() {
-    let out = std::env::temp_dir().join(format!("bonfire-mixtral-train-{}", std::process::id()));
-    let (model, export) = (fixture_dir(), out.join("export"));
-    let run = |extra: &[&str]| {
-        let base = [
-            "--model",
-            model.to_str().unwrap(),
-            "--seq",
-            "8",
-            "--batch",
-            "2",
-        ];
-        std::process::Command::new(common::example("train"))
-            .args(base)
-            .args(extra)
-            .args(["--log-every", "0"])
-            .output()
-            .unwrap()
-    };
-    let done = run(&[
-        "--steps",
-        "0",
-        "--mesh",
-        "dp=2,tp=2",
-        "--zero",
-        "3",
-        "--export",
-        export.to_str().unwrap(),
-    ]);
-    let stdout = String::from_utf8_lossy(&done.stdout).into_owned();
-    assert!(
-        done.status.success(),
-        "{stdout}{}",
-        String::from_utf8_lossy(&done.stderr)
-    );
-    let read: Vec<(usize, usize)> = stdout
-        .lines()
-        .filter(|l| l.starts_with("weights rank="))
-        .map(|l| {
-            (
-                common::number_after(l, "read="),
-                common::number_after(l, "total="),
-            )
-        })
-        .collect();
-    assert_eq!(read.len(), 4, "{stdout}");
-    assert!(
-        read.iter().all(|(got, total)| *got > 0 && 2 * got < *total),
-        "{read:?}"
-    );
-    let tensors = |p: PathBuf| tensor_file::read_floats(&p).unwrap();
-    assert_eq!(
-        tensors(export.join("model.safetensors")),
-        tensors(fixture_dir().join("state_dict.safetensors"))
-    );
+    let run = common::train_reads_slices_and_exports("mixtral", "dp=2,tp=2", 3);
     let refused = run(&["--steps", "1", "--mesh", "tp=2", "--sequence-parallel"]);
     let stderr = String::from_utf8_lossy(&refused.stderr).into_owned();
     assert!(!refused.status.success());
@@ -486,7 +431,6 @@ fn train_loads_a_mixtral_directory_a_slice_per_rank() {
         stderr.contains("sequence parallelism is not supported"),
         "{stderr}"
     );
-    std::fs::remove_dir_all(out).ok();
 }
 
 /// `MixtralWeights` on the per-expert fixture answers for the fused names: whole tensors,

@@ -402,10 +402,10 @@ pub fn llama_fixture(
 }
 
 /// The parity harness on the fixture `family` (`--config` its `config.json`, `--weights` its
-/// `state_dict.safetensors`, `--data` its batches) with SGD under each `(mesh, zero)` of
-/// `cases`: the result file (loss, every parameter and its step-0 gradient) equals
-/// transformers' float64 run within [`F64`].
-pub fn harness_matches_fixture(family: &str, cases: &[(&str, usize)]) {
+/// file `weights` under transformers' `state_dict()` names, `--data` its batches) with SGD
+/// under each `(mesh, zero)` of `cases`: the result file (loss, every parameter and its step-0
+/// gradient) equals transformers' float64 run within [`F64`].
+pub fn harness_matches_fixture(family: &str, weights: &str, cases: &[(&str, usize)]) {
     use bonfire_examples::{cli::LayoutArgs, harness};
     let dir = fixture_dir(family);
     let out = std::env::temp_dir().join(format!(
@@ -417,7 +417,7 @@ pub fn harness_matches_fixture(family: &str, cases: &[(&str, usize)]) {
     for &(mesh, zero) in cases {
         let args = harness::HarnessArgs {
             config: dir.join("config.json"),
-            weights: dir.join("state_dict.safetensors"),
+            weights: dir.join(weights),
             data: dir.join("batch.safetensors"),
             dims: LayoutArgs {
                 zero,
@@ -450,6 +450,65 @@ pub fn harness_matches_fixture(family: &str, cases: &[(&str, usize)]) {
         assert_eq!(got.len(), 2 * n + 1, "parameters, their grad0, the loss");
     }
     std::fs::remove_dir_all(out).ok();
+}
+
+/// `train --model` on the fixture directory `fixture` (its `config.json` and per-expert
+/// `model.safetensors`) under `mesh` with ZeRO `zero`, 0 steps, `--export`: every rank reads
+/// a slice of the weights (`weights rank=… read=… total=…`: at most half of them each) and
+/// the export is the fixture's fused `state_dict.safetensors`, value for value. Returns a
+/// runner of `train` on the same directory with more arguments.
+pub fn train_reads_slices_and_exports(
+    fixture: &str,
+    mesh: &str,
+    zero: usize,
+) -> impl Fn(&[&str]) -> std::process::Output {
+    let dir = fixture_dir(fixture);
+    let out = std::env::temp_dir().join(format!(
+        "bonfire-{}-train-{}",
+        fixture.replace('/', "-"),
+        std::process::id()
+    ));
+    let export = out.join("export");
+    let model = dir.to_str().unwrap().to_string();
+    let run = move |extra: &[&str]| {
+        let base = ["--model", &model, "--seq", "8", "--batch", "2"];
+        std::process::Command::new(example("train"))
+            .args(base)
+            .args(extra)
+            .args(["--log-every", "0"])
+            .output()
+            .unwrap()
+    };
+    let zero = zero.to_string();
+    let exported = export.to_str().unwrap();
+    let args = [
+        "--steps", "0", "--mesh", mesh, "--zero", &zero, "--export", exported,
+    ];
+    let done = run(&args);
+    let stdout = String::from_utf8_lossy(&done.stdout).into_owned();
+    assert!(
+        done.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&done.stderr)
+    );
+    let read: Vec<(usize, usize)> = stdout
+        .lines()
+        .filter(|l| l.starts_with("weights rank="))
+        .map(|l| (number_after(l, "read="), number_after(l, "total=")))
+        .collect();
+    assert!(read.len() > 1, "{stdout}");
+    assert!(
+        read.iter()
+            .all(|(got, total)| *got > 0 && 2 * got <= *total),
+        "{read:?}"
+    );
+    let tensors = |p: std::path::PathBuf| bonfire_models::tensor_file::read_floats(&p).unwrap();
+    assert_eq!(
+        tensors(export.join("model.safetensors")),
+        tensors(dir.join("state_dict.safetensors"))
+    );
+    std::fs::remove_dir_all(out).ok();
+    run
 }
 
 /// The reference tensors of fixture `name` (`reference.safetensors`: f32 values of float64
