@@ -443,8 +443,8 @@ fn the_harness_trains_a_qwen3_moe_checkpoint() {
 /// its slices, and `--export` writes the fused `state_dict`, value for value.
 #[test]
 fn train_loads_qwen3_moe_directories_a_slice_per_rank() {
-    common::train_reads_slices_and_exports("qwen3_moe", "dp=2,tp=2", 3);
-    common::train_reads_slices_and_exports("qwen3_moe/dense_layers", "dp=2,ep=2", 3);
+    let _ = common::train_reads_slices_and_exports("qwen3_moe", "dp=2,tp=2", 3);
+    let _ = common::train_reads_slices_and_exports("qwen3_moe/dense_layers", "dp=2,ep=2", 3);
 }
 
 /// The parity harness trains the dense families' fixtures (`--config` with their
