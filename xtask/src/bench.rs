@@ -37,6 +37,8 @@ const BENCH_TARGETS: &[BenchTarget] = &[
     BenchTarget::new("pipeline", "bonfire-examples", "pipeline_gpt"),
     BenchTarget::new("ledger", "bonfire-examples", "ledger"),
     BenchTarget::new("fault", "bonfire-examples", "fault"),
+    // Run by `crate::gemm` (both sides and the ratios); listed for the names.
+    BenchTarget::new("gemm", "bonfire-examples", "gemm"),
 ];
 
 /// Runs `cargo bench -p <package> --bench <bench> -- <extra_args>` for each target named
@@ -64,6 +66,10 @@ pub fn run(target_name: &str, extra_args: &[String]) -> Result {
     if target_name == "train" {
         // Bonfire's rows, then PyTorch's in the same run where it is installed.
         return crate::pytorch::bench_train(extra_args);
+    }
+    if target_name == "gemm" {
+        // Bonfire's products and the measured peak, then PyTorch's, then the ratios.
+        return crate::gemm::bench(extra_args);
     }
     if target_name == "zero" {
         return Err(Failure::usage(

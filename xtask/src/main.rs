@@ -15,6 +15,7 @@ mod bench;
 mod checkpoint_verify;
 mod clients;
 mod compare;
+mod gemm;
 mod gpu;
 mod gpu_kit;
 #[cfg(test)]

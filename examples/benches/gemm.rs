@@ -1,0 +1,148 @@
+//! `cargo xtask bench gemm`: the bench models' matrix products (issue 49, point 1) as Bonfire
+//! runs them on Flex — Burn's matmul, which is the `gemm` crate — on one thread, next to the
+//! machine's measured peak; the xtask runs PyTorch's side (`pytorch/gemm.py`: MKL/oneDNN, one
+//! thread) after it in the same run and prints the ratios.
+//!
+//! Shapes: every linear layer of the bench GPT (d 256, d_ff 1024, vocab 4096) and the bench
+//! Llama (d 256, kv 128, intermediate 688, vocab 4096) at batch 8 × 128 tokens (1,024 rows), each
+//! as its three products — forward `x Wᵀ` `[T, in] × [in, out]`, input gradient `dY W`
+//! `[T, out] × [out, in]`, weight gradient `dYᵀ x` `[out, T] × [T, in]` — in the layouts the
+//! models use (the transposes are views), f32 and bf16. Time from a clock: the median of at
+//! least 5 repetitions and 0.2 s after 2 warm-ups, each forced to finish by reading one element.
+//! Prints `bench gemm side=bonfire shape=… m= n= k= dtype= gflops=` and
+//! `bench gemm peak_gflops=… isa=…` (the FMA micro-kernel: 12 independent 256-bit
+//! accumulators, so the measured figure is the FMA ports × width × clock the core sustains in
+//! AVX2 — AVX-512's intrinsics need Rust 1.89, past the workspace's MSRV. On this machine's
+//! AMD EPYC (Zen 4 executes a 512-bit FMA as two 256-bit halves) that is AVX-512's rate too: a
+//! 512-bit kernel measured 115.4–117.4 GFLOP/s, the 256-bit one 117.3; a core
+//! with two 512-bit FMA units would reach twice the AVX2 figure).
+
+use burn::tensor::{DType, Device, Distribution, Tensor};
+use std::time::{Duration, Instant};
+
+/// `(name, in, out)` of each linear layer of the bench GPT and Llama (`GptConfig::bench`,
+/// `LlamaConfig::bench`).
+const LAYERS: &[(&str, usize, usize)] = &[
+    ("gpt.qkvo", 256, 256),
+    ("gpt.fc1", 256, 1024),
+    ("gpt.fc2", 1024, 256),
+    ("llama.kv", 256, 128),
+    ("llama.gate_up", 256, 688),
+    ("llama.down", 688, 256),
+    ("head", 256, 4096),
+];
+
+/// Rows of every product: batch 8 × 128 tokens.
+const ROWS: usize = 1024;
+
+/// The median seconds of `f`, run until 5 repetitions and 0.2 s (after 2 warm-ups).
+fn time(mut f: impl FnMut()) -> f64 {
+    f();
+    f();
+    let (mut times, start) = (Vec::new(), Instant::now());
+    while times.len() < 5 || start.elapsed() < Duration::from_millis(200) {
+        let t = Instant::now();
+        f();
+        times.push(t.elapsed().as_secs_f64());
+    }
+    times.sort_by(f64::total_cmp);
+    times[times.len() / 2]
+}
+
+/// `a × b` forced to finish (one element read back).
+fn product(a: &Tensor<2>, b: &Tensor<2>) {
+    let y = a.clone().matmul(b.clone());
+    let _ = y.slice([0..1, 0..1]).into_data();
+}
+
+/// The measured f32 FMA peak of one core, GFLOP/s, and the instruction set it used.
+fn peak() -> (f64, &'static str) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("fma") {
+            // SAFETY: the CPU has AVX2 and FMA (checked above).
+            return (time_peak(|n| unsafe { fma256(n) }, 8), "avx2");
+        }
+    }
+    (0.0, "none")
+}
+
+/// GFLOP/s of `kernel(n)`: n iterations of 12 FMAs of `lanes` f32 each.
+fn time_peak(kernel: impl Fn(usize) -> f32, lanes: usize) -> f64 {
+    let n = 20_000_000;
+    let mut sink = 0.0;
+    let seconds = time(|| sink += kernel(n));
+    std::hint::black_box(sink);
+    (2 * 12 * lanes * n) as f64 / seconds / 1e9
+}
+
+macro_rules! fma_kernel {
+    ($name:ident, $feature:literal, $vec:ty, $set1:ident, $fmadd:ident, $store:ident, $lanes:literal) => {
+        /// 12 independent FMA chains, `n` steps each; returns their sum's first lane.
+        #[cfg(target_arch = "x86_64")]
+        #[target_feature(enable = $feature)]
+        unsafe fn $name(n: usize) -> f32 {
+            use std::arch::x86_64::*;
+            let (a, b) = ($set1(0.999_9), $set1(1e-7));
+            let mut acc: [$vec; 12] = [$set1(1.0); 12];
+            for _ in 0..n {
+                for x in acc.iter_mut() {
+                    *x = $fmadd(*x, a, b);
+                }
+            }
+            let mut sum = $set1(0.0);
+            for x in acc {
+                sum = $fmadd(x, $set1(1.0), sum);
+            }
+            let mut out = [0.0f32; $lanes];
+            // SAFETY: `out` holds the vector's lanes.
+            unsafe { $store(out.as_mut_ptr(), sum) };
+            out[0]
+        }
+    };
+}
+
+fma_kernel!(
+    fma256,
+    "avx2,fma",
+    __m256,
+    _mm256_set1_ps,
+    _mm256_fmadd_ps,
+    _mm256_storeu_ps,
+    8
+);
+
+fn main() {
+    let device = Device::flex();
+    device.seed(1);
+    let (peak, isa) = peak();
+    println!("bench gemm peak_gflops={peak:.1} isa={isa} threads=1");
+    let normal = |shape: [usize; 2], dtype: DType| {
+        Tensor::<2>::random(shape, Distribution::Normal(0.0, 1.0), &device).cast(dtype)
+    };
+    for dtype in [DType::F32, DType::BF16] {
+        let name = match dtype {
+            DType::F32 => "f32",
+            _ => "bf16",
+        };
+        for &(layer, d_in, d_out) in LAYERS {
+            let x = normal([ROWS, d_in], dtype);
+            let w = normal([d_out, d_in], dtype);
+            let dy = normal([ROWS, d_out], dtype);
+            let cases = [
+                ("fwd", x.clone(), w.clone().transpose(), (ROWS, d_out, d_in)),
+                ("dx", dy.clone(), w, (ROWS, d_in, d_out)),
+                ("dw", dy.transpose(), x, (d_out, d_in, ROWS)),
+            ];
+            for (part, a, b, (m, n, k)) in cases {
+                let seconds = time(|| product(&a, &b));
+                let gflops = 2.0 * (m * n * k) as f64 / seconds / 1e9;
+                println!(
+                    "bench gemm side=bonfire shape={layer}.{part} m={m} n={n} k={k} dtype={name} \
+                     gflops={gflops:.1} ms={:.3}",
+                    seconds * 1e3
+                );
+            }
+        }
+    }
+}

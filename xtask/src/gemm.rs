@@ -1,0 +1,71 @@
+//! `cargo xtask bench gemm` (issue 49, point 1): the bench models' matrix products on one
+//! thread — Bonfire's (`examples/benches/gemm.rs`: Burn's matmul on Flex, with the machine's
+//! FMA peak measured by a micro-kernel) and PyTorch's (`examples/benches/pytorch/gemm.py`:
+//! MKL / oneDNN) in the same run — then one comparison line per product:
+//! `bench gemm compare shape=… dtype=… bonfire_gflops=… pytorch_gflops=… ratio=… of_peak=…`
+//! (`ratio`: Bonfire's over PyTorch's; `of_peak`: Bonfire's over the measured f32 peak). Where
+//! the Python cannot import torch, one `… skipped=…` line says so and Bonfire's rows stand
+//! alone. Bonfire's side builds in the dev profile, whose dependencies (Burn, `gemm`) are
+//! optimized as in release (`[profile.dev.package."*"] opt-level = 3`).
+
+use crate::process::{self, Result};
+use crate::pytorch::{field, run_echoed};
+use std::process::Command;
+
+/// A product line's `(shape, dtype)`.
+fn key(line: &str) -> (Option<&str>, Option<&str>) {
+    (field(line, "shape"), field(line, "dtype"))
+}
+
+/// Runs both sides and prints the comparison.
+pub fn bench(extra_args: &[String]) -> Result {
+    let mut command = process::cargo();
+    command.args([
+        "bench",
+        "--profile",
+        "dev",
+        "-p",
+        "bonfire-examples",
+        "--bench",
+        "gemm",
+    ]);
+    command.arg("--").args(extra_args);
+    let ours = run_echoed(command)?;
+    let python = match crate::python::with("import torch") {
+        Ok(p) => p,
+        Err(why) => {
+            println!("bench gemm side=pytorch skipped={why}");
+            return Ok(());
+        }
+    };
+    let mut command = Command::new(python);
+    command.arg(process::root().join("examples/benches/pytorch/gemm.py"));
+    let theirs = run_echoed(command)?;
+    let peak = ours
+        .iter()
+        .find_map(|l| field(l, "peak_gflops")?.parse::<f64>().ok())
+        .unwrap_or(0.0);
+    let gflops = |line: &str| field(line, "gflops")?.parse::<f64>().ok();
+    for line in ours.iter().filter(|l| field(l, "side") == Some("bonfire")) {
+        let Some(pytorch) = theirs
+            .iter()
+            .find(|t| key(t) == key(line))
+            .and_then(|t| gflops(t))
+        else {
+            continue;
+        };
+        let Some(bonfire) = gflops(line) else {
+            continue;
+        };
+        let (shape, dtype) = key(line);
+        println!(
+            "bench gemm compare shape={} dtype={} bonfire_gflops={bonfire:.1} \
+             pytorch_gflops={pytorch:.1} ratio={:.2} of_peak={:.2}",
+            shape.unwrap_or_default(),
+            dtype.unwrap_or_default(),
+            bonfire / pytorch,
+            bonfire / peak,
+        );
+    }
+    Ok(())
+}
