@@ -69,7 +69,7 @@ fn peak() -> (f64, &'static str) {
 
 /// GFLOP/s of `kernel(n)`: n iterations of 12 FMAs of `lanes` f32 each.
 fn time_peak(kernel: impl Fn(usize) -> f32, lanes: usize) -> f64 {
-    let n = 20_000_000;
+    let n = std::hint::black_box(20_000_000);
     let mut sink = 0.0;
     let seconds = time(|| sink += kernel(n));
     std::hint::black_box(sink);
@@ -83,7 +83,11 @@ macro_rules! fma_kernel {
         #[target_feature(enable = $feature)]
         unsafe fn $name(n: usize) -> f32 {
             use std::arch::x86_64::*;
-            let (a, b) = ($set1(0.999_9), $set1(1e-7));
+            // Opaque to the optimizer: the chains must run (constants fold them away).
+            let (a, b) = (
+                std::hint::black_box($set1(0.999_9)),
+                std::hint::black_box($set1(1e-7)),
+            );
             let mut acc: [$vec; 12] = [$set1(1.0); 12];
             for _ in 0..n {
                 for x in acc.iter_mut() {
