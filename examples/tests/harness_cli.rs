@@ -279,3 +279,15 @@ fn split_points_by_module_path() {
         "{err}"
     );
 }
+
+/// The contract's `--expert-bias-update RATE` (DeepSeek-V3's balancing bias) is refused, naming
+/// the flag, before anything runs: no model Bonfire loads carries the bias yet.
+#[test]
+fn the_expert_bias_update_is_refused_naming_it() {
+    let dir = tmp_dir("bias", &GptConfig::tiny());
+    let mut a = args(&dir, layout("dp=1"), OptimizerKind::Sgd).unwrap();
+    a.recipe.expert_bias_update = Some(1e-3);
+    let err = harness::run(&a).unwrap_err();
+    assert!(err.contains("--expert-bias-update 0.001"), "{err}");
+    assert!(!a.out.exists());
+}
