@@ -298,6 +298,7 @@ fn the_recipe_matches_pytorch_in_float64() {
             no_decay_1d: true,
             clip_grad_norm: Some(want("max_norm")[0] as f64),
             grad_accum: 2,
+            expert_bias_update: None,
         };
         let params = match optim {
             OptimizerKind::Sgd => common::F64,
