@@ -211,9 +211,8 @@ pub struct RecipeArgs {
     /// backward one at a time, gradients reduced once.
     #[arg(long, default_value_t = 1, value_name = "K")]
     pub grad_accum: usize,
-    /// Auxiliary-loss-free balancing (DeepSeek-V3's): after each optimizer step, every MoE
-    /// layer's `e_score_correction_bias` moves by RATE · sign(mean load − expert load). No
-    /// model Bonfire loads carries that bias yet: refused with the flag named.
+    /// DeepSeek-V3's auxiliary-loss-free balancing, RATE per step: refused (no model loaded
+    /// carries its `e_score_correction_bias` yet).
     #[arg(long, value_name = "RATE")]
     pub expert_bias_update: Option<f64>,
 }
@@ -265,18 +264,14 @@ impl RecipeArgs {
         Ok(bonfire_train::OptimizerSpec { kind, adamw })
     }
 
-    /// `config` with this recipe's schedule, clipping and accumulation; `Err` for a flag no
-    /// model here can take (`--expert-bias-update`).
+    /// `config` with this recipe's schedule, clipping and accumulation.
     pub fn fit(
         &self,
         config: bonfire_train::FitConfig,
     ) -> Result<bonfire_train::FitConfig, String> {
         if let Some(rate) = self.expert_bias_update {
-            return Err(format!(
-                "--expert-bias-update {rate}: no model Bonfire loads has a balancing bias \
-                 (`mlp.gate.e_score_correction_bias`, DeepSeek-V3's); `deepseek_v3` is not \
-                 supported yet"
-            ));
+            let why = "no model Bonfire loads carries DeepSeek-V3's `e_score_correction_bias`";
+            return Err(format!("--expert-bias-update {rate}: {why} yet"));
         }
         Ok(bonfire_train::FitConfig {
             schedule: self.schedule()?,
