@@ -10,6 +10,9 @@
 //! models use (the transposes are views), f32 and bf16. Time from a clock: the median of at
 //! least 5 repetitions and 0.2 s after 0.1 s of warm-up, each forced to finish by reading one
 //! element.
+//! The C allocator is tuned as `train` tunes it (`bonfire_kernels::keep_freed_memory`;
+//! `-- --default-allocator` keeps glibc's defaults, under which the products with 4–16 MB
+//! outputs lose a third to fresh pages).
 //! Prints `bench gemm side=bonfire shape=… m= n= k= dtype= gflops=` and
 //! `bench gemm peak_gflops=… isa=…` (the FMA micro-kernel: 12 independent 256-bit
 //! accumulators, so the measured figure is the FMA ports × width × clock the core sustains in
@@ -125,10 +128,13 @@ fma_kernel!(
 );
 
 fn main() {
+    // As `train` runs: large freed buffers kept (`--default-allocator`: glibc's defaults).
+    let tuned = !std::env::args().any(|a| a == "--default-allocator")
+        && bonfire_kernels::keep_freed_memory();
     let device = Device::flex();
     device.seed(1);
     let (peak, isa) = peak();
-    println!("bench gemm peak_gflops={peak:.1} isa={isa} threads=1");
+    println!("bench gemm peak_gflops={peak:.1} isa={isa} threads=1 allocator_tuned={tuned}");
     let normal = |shape: [usize; 2], dtype: DType| {
         Tensor::<2>::random(shape, Distribution::Normal(0.0, 1.0), &device).cast(dtype)
     };

@@ -292,6 +292,8 @@ fn out_dir(args: &Args) -> PathBuf {
 }
 
 fn main() -> Result<(), String> {
+    // As `train` runs (`bonfire_kernels::keep_freed_memory`).
+    bonfire_kernels::keep_freed_memory();
     let args = Args::parse();
     let world = match args.launcher.as_str() {
         "threads" => None,

@@ -241,6 +241,8 @@ struct Job {
 type Finish<'a> = &'a (dyn Fn(Vec<ParamValues>) -> Result<(), String> + Sync);
 
 fn main() {
+    // Large freed buffers kept for the next step (`bonfire_kernels::keep_freed_memory`).
+    bonfire_kernels::keep_freed_memory();
     main_with(std::env::args_os());
 }
 

@@ -29,6 +29,7 @@ pub mod attention;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 pub mod cube;
 pub mod fused;
+mod host_alloc;
 mod pack;
 mod quantize;
 mod sgd;
@@ -39,6 +40,7 @@ pub use attention::{MASKED, Mask, attention, attention_with_lse};
 pub use fused::{
     causal_softmax, cross_entropy, exp, gelu, layer_norm_core, rms_norm_core, rope, silu_mul,
 };
+pub use host_alloc::keep_freed_memory;
 pub use pack::{pack_scaled, unpack_scaled};
 pub use quantize::quantize_with_feedback;
 pub use sgd::{FusedSgd, FusedSgdConfig};
