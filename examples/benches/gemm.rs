@@ -87,45 +87,31 @@ fn time_peak(kernel: impl Fn(usize) -> f32, lanes: usize) -> f64 {
     (2 * 12 * lanes * n) as f64 / seconds / 1e9
 }
 
-macro_rules! fma_kernel {
-    ($name:ident, $feature:literal, $vec:ty, $set1:ident, $fmadd:ident, $store:ident, $lanes:literal) => {
-        /// 12 independent FMA chains, `n` steps each; returns their sum's first lane.
-        #[cfg(target_arch = "x86_64")]
-        #[target_feature(enable = $feature)]
-        unsafe fn $name(n: usize) -> f32 {
-            use std::arch::x86_64::*;
-            // Opaque to the optimizer: the chains must run (constants fold them away).
-            let (a, b) = (
-                std::hint::black_box($set1(0.999_9)),
-                std::hint::black_box($set1(1e-7)),
-            );
-            let mut acc: [$vec; 12] = [$set1(1.0); 12];
-            for _ in 0..n {
-                for x in acc.iter_mut() {
-                    *x = $fmadd(*x, a, b);
-                }
-            }
-            let mut sum = $set1(0.0);
-            for x in acc {
-                sum = $fmadd(x, $set1(1.0), sum);
-            }
-            let mut out = [0.0f32; $lanes];
-            // SAFETY: `out` holds the vector's lanes.
-            unsafe { $store(out.as_mut_ptr(), sum) };
-            out[0]
+/// 12 independent 256-bit FMA chains, `n` steps each; returns their sum's first lane.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn fma256(n: usize) -> f32 {
+    use std::arch::x86_64::*;
+    // Opaque to the optimizer: the chains must run (constants fold them away).
+    let (a, b) = (
+        std::hint::black_box(_mm256_set1_ps(0.999_9)),
+        std::hint::black_box(_mm256_set1_ps(1e-7)),
+    );
+    let mut acc = [_mm256_set1_ps(1.0); 12];
+    for _ in 0..n {
+        for x in acc.iter_mut() {
+            *x = _mm256_fmadd_ps(*x, a, b);
         }
-    };
+    }
+    let mut sum = _mm256_set1_ps(0.0);
+    for x in acc {
+        sum = _mm256_fmadd_ps(x, _mm256_set1_ps(1.0), sum);
+    }
+    let mut out = [0.0f32; 8];
+    // SAFETY: `out` holds the vector's 8 lanes.
+    unsafe { _mm256_storeu_ps(out.as_mut_ptr(), sum) };
+    out[0]
 }
-
-fma_kernel!(
-    fma256,
-    "avx2,fma",
-    __m256,
-    _mm256_set1_ps,
-    _mm256_fmadd_ps,
-    _mm256_storeu_ps,
-    8
-);
 
 fn main() {
     // As `train` runs: large freed buffers kept (`--default-allocator`: glibc's defaults).

@@ -6,7 +6,9 @@
 //! RoPE frequencies computed here from the config's numbers, the mask built here. Trained by
 //! [`super::plain::plain_burn_with`] (Burn's `backward`, `GradientsParams`, Burn's optimizers).
 
+use bonfire_models::decoder_layer::{DecoderLayer, FeedForward};
 use bonfire_models::llama::{Llama, LlamaConfig};
+use bonfire_models::mixtral::moe::Experts;
 use bonfire_tp::{ParallelLinear, ParallelRmsNorm};
 use burn::tensor::activation::{log_softmax, silu, softmax};
 use burn::tensor::{Int, Tensor, TensorData};
@@ -123,6 +125,43 @@ fn attention(
     linear(&a.o_proj, y.swap_dims(1, 2).reshape([b, t, h * hd]))
 }
 
+/// `down(SiLU(gate(h)) ⊙ up(h))`.
+fn swiglu(
+    gate: &ParallelLinear,
+    up: &ParallelLinear,
+    down: &ParallelLinear,
+    h: Tensor<3>,
+) -> Tensor<3> {
+    linear(down, silu(linear(gate, h.clone())) * linear(up, h))
+}
+
+/// The decoder's residual stream after its layers, before the final norm: the embedding of
+/// `ids` `[B, T]`, then each layer's `x + Attn(RMSNorm₁(x))`, `x + ffn(mlp, RMSNorm₂(x))`.
+fn decoder<F: FeedForward>(
+    table: Tensor<2>,
+    layers: &[DecoderLayer<F>],
+    cfg: &LlamaConfig,
+    ids: Tensor<2, Int>,
+    mut ffn: impl FnMut(&F, Tensor<3>) -> Tensor<3>,
+) -> Tensor<3> {
+    let [b, t] = ids.dims();
+    let d = table.dims()[1];
+    let eps = cfg.rms_norm_eps;
+    let mut x = table.select(0, ids.reshape([b * t])).reshape([b, t, d]);
+    for l in layers {
+        x = x.clone() + attention(&l.self_attn, rms(&l.input_layernorm, x.clone(), eps), cfg);
+        x = x.clone() + ffn(&l.mlp, rms(&l.post_attention_layernorm, x, eps));
+    }
+    x
+}
+
+/// The mean cross-entropy of `logits` `[B, T, V]` against `targets` `[B, T]`.
+fn cross_entropy(logits: Tensor<3>, targets: Tensor<2, Int>) -> Tensor<1> {
+    let [b, t, v] = logits.dims();
+    let logp = log_softmax(logits.reshape([b * t, v]), 1);
+    -logp.gather(1, targets.reshape([b * t, 1])).mean()
+}
+
 /// The mean cross-entropy over all positions of `m` (of `cfg`) on `ids` `[B, T]`.
 pub fn plain_llama_loss(
     m: &Llama,
@@ -132,30 +171,67 @@ pub fn plain_llama_loss(
 ) -> Tensor<1> {
     let [b, t] = ids.dims();
     let table = m.model.embed_tokens.weight.val();
-    let d = table.dims()[1];
-    let eps = cfg.rms_norm_eps;
-    let mut x = table
-        .clone()
-        .select(0, ids.reshape([b * t]))
-        .reshape([b, t, d]);
-    for l in &m.model.layers {
-        x = x.clone() + attention(&l.self_attn, rms(&l.input_layernorm, x.clone(), eps), cfg);
-        let h = rms(&l.post_attention_layernorm, x.clone(), eps);
-        let mlp = &l.mlp;
-        let act = silu(linear(&mlp.gate_proj, h.clone())) * linear(&mlp.up_proj, h);
-        x = x + linear(&mlp.down_proj, act);
-    }
-    let h = rms(&m.model.norm, x, eps);
+    let x = decoder(table.clone(), &m.model.layers, cfg, ids, |mlp, h| {
+        swiglu(&mlp.gate_proj, &mlp.up_proj, &mlp.down_proj, h)
+    });
+    let h = rms(&m.model.norm, x, cfg.rms_norm_eps);
     let logits = match &m.lm_head {
         Some(head) => linear(head, h),
-        None => h
-            .reshape([b * t, d])
-            .matmul(table.transpose())
-            .reshape([b, t, cfg.vocab_size]),
+        None => {
+            let d = table.dims()[1];
+            let flat = h.reshape([b * t, d]).matmul(table.transpose());
+            flat.reshape([b, t, cfg.vocab_size])
+        }
     };
-    let v = logits.dims()[2];
-    let logp = log_softmax(logits.reshape([b * t, v]), 1);
-    -logp.gather(1, targets.reshape([b * t, 1])).mean()
+    cross_entropy(logits, targets)
+}
+
+/// One mixture of experts on `h` `[B, T, d]` in plain Burn: the weighted sum of every expert
+/// on every token (zero where not chosen), the router's probabilities and the top-k
+/// indicators `[B, T, E]`.
+fn experts_on(
+    gate: &ParallelLinear,
+    experts: &Experts,
+    cfg: &bonfire_models::MixtralConfig,
+    h: Tensor<3>,
+) -> (Tensor<3>, Tensor<3>, Tensor<3>) {
+    let [b, t, d] = h.dims();
+    let e = cfg.num_local_experts;
+    let p = softmax(linear(gate, h.clone()), 2);
+    // Expert e's rank: the experts with a larger p, or an equal p and a lower index.
+    let (pe, po) = (
+        p.clone().unsqueeze_dim::<4>(3),
+        p.clone().unsqueeze_dim::<4>(2),
+    );
+    let idx: Vec<f32> = (0..e * e)
+        .map(|i| ((i % e) < (i / e)) as u8 as f32)
+        .collect();
+    let lower = Tensor::<2>::from_data(TensorData::new(idx, [e, e]), &p.device());
+    let ahead =
+        po.clone().greater(pe.clone()).float() + po.equal(pe).float() * lower.unsqueeze::<4>();
+    let chosen = ahead
+        .sum_dim(3)
+        .squeeze_dim::<3>(3)
+        .lower_elem(cfg.num_experts_per_tok as f64)
+        .float();
+    let kept = p.clone() * chosen.clone();
+    let w = match cfg.norm_topk_prob {
+        true => kept.clone() / kept.sum_dim(2),
+        false => kept,
+    };
+    let (gu, down) = (experts.gate_up_proj.val(), experts.down_proj.val());
+    let f = gu.dims()[1] / 2;
+    let flat = h.reshape([b * t, d]);
+    let mut y = Tensor::<3>::zeros([b, t, d], &flat.device());
+    for j in 0..e {
+        let gu_j = gu.clone().narrow(0, j, 1).reshape([2 * f, d]);
+        let down_j = down.clone().narrow(0, j, 1).reshape([d, f]);
+        let hid = flat.clone().matmul(gu_j.transpose());
+        let act = silu(hid.clone().narrow(1, 0, f)) * hid.narrow(1, f, f);
+        let out = act.matmul(down_j.transpose()).reshape([b, t, d]);
+        y = y + out * w.clone().narrow(2, j, 1);
+    }
+    (y, p, chosen)
 }
 
 /// A Qwen3-MoE's (or Mixtral's) loss in plain Burn: the decoder above with each layer's
@@ -169,73 +245,27 @@ pub fn plain_moe_loss(
     ids: Tensor<2, Int>,
     targets: Tensor<2, Int>,
 ) -> Tensor<1> {
-    let base = &cfg.base;
-    let [b, t] = ids.dims();
-    let table = m.model.embed_tokens.weight.val();
-    let d = table.dims()[1];
-    let eps = base.rms_norm_eps;
-    let e = cfg.num_local_experts;
-    let mut x = table.select(0, ids.reshape([b * t])).reshape([b, t, d]);
+    let t = ids.dims()[1];
     let (mut probs, mut counts, mut sparse) = (None::<Tensor<3>>, None::<Tensor<3>>, 0);
-    for l in &m.model.layers {
-        x = x.clone() + attention(&l.self_attn, rms(&l.input_layernorm, x.clone(), eps), base);
-        let h = rms(&l.post_attention_layernorm, x.clone(), eps);
-        let mlp = &l.mlp;
+    let table = m.model.embed_tokens.weight.val();
+    let x = decoder(table, &m.model.layers, &cfg.base, ids, |mlp, h| {
         let (Some(gate), Some(experts)) = (&mlp.gate, &mlp.experts) else {
             let part = |p: &Option<ParallelLinear>| p.clone().expect("a dense projection");
-            let act =
-                silu(linear(&part(&mlp.gate_proj), h.clone())) * linear(&part(&mlp.up_proj), h);
-            x = x + linear(&part(&mlp.down_proj), act);
-            continue;
+            let [g, u, d] = [&mlp.gate_proj, &mlp.up_proj, &mlp.down_proj].map(part);
+            return swiglu(&g, &u, &d, h);
         };
-        let p = softmax(linear(gate, h.clone()), 2); // [B, T, E]
-        // Expert e's rank: the experts with a larger p, or an equal p and a lower index.
-        let (pe, po) = (
-            p.clone().unsqueeze_dim::<4>(3),
-            p.clone().unsqueeze_dim::<4>(2),
-        );
-        let idx: Vec<f32> = (0..e * e)
-            .map(|i| ((i % e) < (i / e)) as u8 as f32)
-            .collect();
-        let lower = Tensor::<2>::from_data(TensorData::new(idx, [e, e]), &p.device());
-        let ahead =
-            po.clone().greater(pe.clone()).float() + po.equal(pe).float() * lower.unsqueeze::<4>();
-        let chosen = ahead
-            .sum_dim(3)
-            .squeeze_dim::<3>(3)
-            .lower_elem(cfg.num_experts_per_tok as f64)
-            .float();
-        let kept = p.clone() * chosen.clone();
-        let w = match cfg.norm_topk_prob {
-            true => kept.clone() / kept.sum_dim(2),
-            false => kept,
-        };
-        let (gu, down) = (experts.gate_up_proj.val(), experts.down_proj.val());
-        let f = gu.dims()[1] / 2;
-        let mut y = Tensor::<3>::zeros([b, t, d], &h.device());
-        for j in 0..e {
-            let gu_j = gu.clone().narrow(0, j, 1).reshape([2 * f, d]);
-            let down_j = down.clone().narrow(0, j, 1).reshape([d, f]);
-            let flat = h.clone().reshape([b * t, d]);
-            let hid = flat.matmul(gu_j.transpose());
-            let act = silu(hid.clone().narrow(1, 0, f)) * hid.narrow(1, f, f);
-            let out = act.matmul(down_j.transpose()).reshape([b, t, d]);
-            y = y + out * w.clone().narrow(2, j, 1);
-        }
-        x = x + y;
-        probs = Some(probs.map_or(p.clone(), |s| s + p));
-        counts = Some(counts.map_or(chosen.clone(), |s| s + chosen));
+        let (y, p, chosen) = experts_on(gate, experts, cfg, h);
+        probs = Some(probs.take().map_or(p.clone(), |s| s + p));
+        counts = Some(counts.take().map_or(chosen.clone(), |s| s + chosen));
         sparse += 1;
-    }
-    let h = rms(&m.model.norm, x, eps);
-    let logits = linear(&m.lm_head, h);
-    let v = logits.dims()[2];
-    let logp = log_softmax(logits.reshape([b * t, v]), 1);
-    let ce = -logp.gather(1, targets.reshape([b * t, 1])).mean();
+        y
+    });
+    let h = rms(&m.model.norm, x, cfg.base.rms_norm_eps);
+    let ce = cross_entropy(linear(&m.lm_head, h), targets);
     // Per sequence over its T tokens of all L sparse layers: E · Σ_e f_e · P_e.
     let rows = (sparse * t) as f64;
     let f = counts.expect("a sparse layer").detach().sum_dim(1) / rows;
     let pm = probs.expect("a sparse layer").sum_dim(1) / rows;
-    let balance = (f * pm).sum_dim(2).mean() * e as f64;
+    let balance = (f * pm).sum_dim(2).mean() * cfg.num_local_experts as f64;
     ce + balance.reshape([1]) * cfg.router_aux_loss_coef
 }

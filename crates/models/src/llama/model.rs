@@ -40,9 +40,15 @@ impl Mlp {
 
     /// The MLP on `[B, T, d]`.
     pub fn forward(&self, x: Tensor<3>) -> Tensor<3> {
-        let (gate, up) = (self.gate_proj.forward(x.clone()), self.up_proj.forward(x));
-        self.down_proj.forward(swiglu(gate, up))
+        swiglu_mlp([&self.gate_proj, &self.up_proj, &self.down_proj], x)
     }
+}
+
+/// `down(SiLU(gate(x)) ⊙ up(x))` on `[B, T, d]` for the projections `[gate, up, down]`: the
+/// [`Mlp`]'s math, and a mixture of experts' dense layers'.
+pub fn swiglu_mlp([gate, up, down]: [&ParallelLinear; 3], x: Tensor<3>) -> Tensor<3> {
+    let (g, u) = (gate.forward(x.clone()), up.forward(x));
+    down.forward(swiglu(g, u))
 }
 
 /// `silu(gate) ⊙ up`: in f32 one fused node (bonfire-kernels), 16-bit in Burn's ops.

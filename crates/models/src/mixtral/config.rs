@@ -88,17 +88,28 @@ impl MixtralConfig {
     /// A tiny model for tests: vocab 64, hidden 32, 4 heads of 8, 2 kv heads, 2 layers,
     /// 4 experts of width 48, top 2, α = 0.02, positions 8.
     pub fn tiny() -> Self {
-        Self {
-            base: LlamaConfig {
+        Self::mixtral(
+            LlamaConfig {
                 vocab_size: 64,
                 hidden_size: 32,
                 intermediate_size: 48,
                 head_dim: 8,
                 ..LlamaConfig::tiny()
             },
-            num_local_experts: 4,
-            num_experts_per_tok: 2,
-            router_aux_loss_coef: 0.02,
+            4,
+            2,
+            0.02,
+        )
+    }
+
+    /// A Mixtral of `base`: `experts` experts a layer, `top_k` per token (renormalized), every
+    /// layer sparse, balance weight `alpha`.
+    fn mixtral(base: LlamaConfig, experts: usize, top_k: usize, alpha: f64) -> Self {
+        Self {
+            base,
+            num_local_experts: experts,
+            num_experts_per_tok: top_k,
+            router_aux_loss_coef: alpha,
             family: MoeFamily::Mixtral,
             norm_topk_prob: true,
             dense_intermediate_size: None,
@@ -123,20 +134,15 @@ impl MixtralConfig {
     /// layer, top 2 — each token's active feed-forward (2 × 344) is the Llama bench's 688 —
     /// and α = 0.02.
     pub fn bench() -> Self {
-        Self {
-            base: LlamaConfig {
+        Self::mixtral(
+            LlamaConfig {
                 intermediate_size: 344,
                 ..LlamaConfig::bench()
             },
-            num_local_experts: 8,
-            num_experts_per_tok: 2,
-            router_aux_loss_coef: 0.02,
-            family: MoeFamily::Mixtral,
-            norm_topk_prob: true,
-            dense_intermediate_size: None,
-            decoder_sparse_step: 1,
-            mlp_only_layers: Vec::new(),
-        }
+            8,
+            2,
+            0.02,
+        )
     }
 
     /// Parses a Hugging Face `config.json` of `"model_type"` `mixtral` or `qwen3_moe`; `what`
@@ -200,17 +206,13 @@ impl MixtralConfig {
                 .ok_or_else(|| bad("`router_aux_loss_coef` is not a number".into()))?,
         };
         let cfg = match family {
-            MoeFamily::Mixtral => Self {
-                base,
-                num_local_experts: count("num_local_experts", 8)?,
-                num_experts_per_tok: count("num_experts_per_tok", 2)?,
-                router_aux_loss_coef: alpha,
-                family,
-                norm_topk_prob: true,
-                dense_intermediate_size: None,
-                decoder_sparse_step: 1,
-                mlp_only_layers: Vec::new(),
-            },
+            MoeFamily::Mixtral => {
+                let (e, k) = (
+                    count("num_local_experts", 8)?,
+                    count("num_experts_per_tok", 2)?,
+                );
+                Self::mixtral(base, e, k, alpha)
+            }
             MoeFamily::Qwen3Moe => {
                 let mlp_only_layers = match field("mlp_only_layers") {
                     None => Vec::new(),

@@ -13,7 +13,7 @@
 //! gradient.
 
 use crate::decoder_layer::FeedForward;
-use crate::llama::model::{Mlp, swiglu};
+use crate::llama::model::{Mlp, swiglu, swiglu_mlp};
 use bonfire_ep::{permute, run_experts, unpermute};
 use bonfire_tp::ParallelLinear;
 use burn::module::{Module, Param};
@@ -234,11 +234,8 @@ impl SparseMoe {
             p.as_ref().expect("a dense layer's projection")
         }
         let [b, t, _] = x.dims();
-        let (gate, up) = (
-            part(&self.gate_proj).forward(x.clone()),
-            part(&self.up_proj).forward(x),
-        );
-        let y = part(&self.down_proj).forward(swiglu(gate, up));
+        let parts = [&self.gate_proj, &self.up_proj, &self.down_proj].map(part);
+        let y = swiglu_mlp(parts, x);
         let zeros = Tensor::<3>::zeros([b, t, self.num_experts], &y.device());
         let routing = Routing {
             probs: zeros.clone(),
