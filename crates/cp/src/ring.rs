@@ -14,7 +14,7 @@
 use super::ContextSplit;
 use bonfire_comm::ProcessGroup;
 use bonfire_dtensor::functional::ring_shift_start;
-use bonfire_kernels::{MASKED, Mask, attention_with_lse, exp};
+use bonfire_kernels::{Mask, attention_with_lse, exp};
 use burn::tensor::{DType, Device, Int, Tensor};
 use std::ops::Range;
 
@@ -362,7 +362,7 @@ fn merge(
 }
 
 /// `[1, 1, Tq, Tk]`: 0 where rank `owner`'s key is visible to rank `me`'s query under `mask`
-/// (at or before it; within its window), [`MASKED`] elsewhere (built on the device from the
+/// (at or before it; within its window), `MASKED` elsewhere (built on the device from the
 /// chunks' positions).
 fn block_bias(
     split: &ContextSplit,
@@ -371,16 +371,11 @@ fn block_bias(
     mask: Mask,
     device: &Device,
 ) -> Tensor<4> {
-    let q = split.position_ids(me, device).unsqueeze_dim::<2>(1);
-    let k = split.position_ids(owner, device).unsqueeze_dim::<2>(0);
-    let t = split.local_len();
-    let (q, k) = (q.expand([t, t]), k.expand([t, t]));
-    let mut hidden = k.clone().greater(q.clone()).float();
-    if let Some(w) = mask.window {
-        // Before the window: q − k ≥ W.
-        hidden = hidden + (q - k).greater_equal_elem(w as i64).float();
-    }
-    (hidden.clamp_max(1.0) * MASKED).unsqueeze::<4>()
+    let (q, k) = (
+        split.position_ids(me, device),
+        split.position_ids(owner, device),
+    );
+    mask.bias_at(q, k).unsqueeze::<4>()
 }
 
 #[cfg(test)]

@@ -39,7 +39,7 @@ fn masked_scores(
     if mask.is_full() {
         return (scores, v);
     }
-    let bias = Tensor::<2>::from_data(mask.values(tq, tk), &scores.device());
+    let bias = mask.bias(tq, tk, &scores.device());
     let bias = bias.cast(scores.dtype()).unsqueeze::<4>();
     (scores + bias, v)
 }

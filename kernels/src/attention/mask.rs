@@ -2,7 +2,7 @@
 //! window (Mistral's), each at an offset between the queries' and the keys' positions (what
 //! ring attention's blocks need).
 
-use burn::tensor::TensorData;
+use burn::tensor::{Device, Int, Tensor, TensorData};
 use std::ops::Range;
 
 /// Added to a masked (query, key) pair's score where a mask is materialized: `exp` of it is 0
@@ -78,6 +78,31 @@ impl Mask {
         lo..hi
     }
 
+    /// [`Mask::values`] built on `device` (no host data): the queries at `offset ..`
+    /// (default `Tk − Tq`), the keys at `0 .. Tk` ([`Mask::bias_at`]).
+    pub fn bias(&self, tq: usize, tk: usize, device: &Device) -> Tensor<2> {
+        let offset = self.offset.unwrap_or(tk.saturating_sub(tq)) as i64;
+        let q = Tensor::<1, Int>::arange(offset..offset + tq as i64, device);
+        self.bias_at(q, Tensor::<1, Int>::arange(0..tk as i64, device))
+    }
+
+    /// `[Tq, Tk]` on the positions' device: 0 where the query at position `q_pos[i]` sees
+    /// the key at `k_pos[j]` (causal: `k ≤ q`; window W: `q − k < W`), [`MASKED`] elsewhere —
+    /// any positions (ring attention's chunks), the offset not applied.
+    pub fn bias_at(&self, q_pos: Tensor<1, Int>, k_pos: Tensor<1, Int>) -> Tensor<2> {
+        let (tq, tk) = (q_pos.dims()[0], k_pos.dims()[0]);
+        let q = q_pos.unsqueeze_dim::<2>(1).expand([tq, tk]);
+        let k = k_pos.unsqueeze_dim::<2>(0).expand([tq, tk]);
+        let mut bias = Tensor::<2>::zeros([tq, tk], &q.device());
+        if self.causal {
+            bias = bias.mask_fill(k.clone().greater(q.clone()), MASKED);
+        }
+        if let Some(w) = self.window {
+            bias = bias.mask_fill((q - k).greater_equal_elem(w as i64), MASKED);
+        }
+        bias
+    }
+
     /// `[Tq, Tk]` f32: 0 where query `a` sees key `c`, [`MASKED`] elsewhere.
     pub fn values(&self, tq: usize, tk: usize) -> TensorData {
         let mut values = vec![MASKED; tq * tk];
@@ -104,6 +129,17 @@ mod tests {
         let ring = w.with_window(Some(6)).at(8);
         assert_eq!((ring.keys(0, 4, 4), ring.keys(1, 4, 4)), (3..4, 4..4));
         assert_eq!(Mask::FULL.keys(1, 2, 4), 0..4);
+        // Built on a device, the same values.
+        let device = Device::flex();
+        for (mask, tq, tk) in [
+            (Mask::CAUSAL, 3, 5),
+            (Mask::FULL, 2, 4),
+            (Mask::CAUSAL.with_window(Some(2)), 6, 6),
+            (Mask::CAUSAL.with_window(Some(6)).at(8), 4, 4),
+        ] {
+            let built = mask.bias(tq, tk, &device).into_data();
+            assert_eq!(built, mask.values(tq, tk), "{mask:?}");
+        }
         let v = Mask::CAUSAL
             .with_window(Some(2))
             .values(3, 3)

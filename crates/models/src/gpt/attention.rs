@@ -1,7 +1,6 @@
 //! Causal multi-head self-attention with separate `q`, `k`, `v`, `o` projections.
 
 use bonfire_kernels::Mask;
-use bonfire_kernels::fused::causal_mask;
 use bonfire_tp::ParallelLinear;
 use burn::module::Module;
 use burn::tensor::activation::softmax;
@@ -105,11 +104,7 @@ pub fn windowed_attention(
     }
     let (k, v) = bonfire_kernels::fallback::repeat_kv_heads(k, v, h);
     let scores = q.matmul(k.swap_dims(2, 3));
-    let device = scores.device();
-    let mask = match window {
-        None => causal_mask(t, t, &device),
-        Some(_) => Tensor::from_data(mask.values(t, t), &device),
-    };
+    let mask = mask.bias(t, t, &scores.device());
     softmax(
         scores / (dh as f64).sqrt() + mask.cast(dtype).unsqueeze::<4>(),
         3,
