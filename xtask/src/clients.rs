@@ -55,6 +55,21 @@ const FIXTURES: [(&str, &[&str]); 5] = [
             "dense_layers/state_dict.safetensors",
         ],
     ),
+    (
+        "deepseek_v3",
+        &[
+            "config.json",
+            "model.safetensors",
+            "batch.safetensors",
+            "reference.safetensors",
+            "state_dict.safetensors",
+            "q_proj/config.json",
+            "q_proj/model.safetensors",
+            "q_proj/batch.safetensors",
+            "q_proj/reference.safetensors",
+            "q_proj/state_dict.safetensors",
+        ],
+    ),
     ("recipe", &["batch.safetensors", "reference.safetensors"]),
     (
         "families",

@@ -14,7 +14,7 @@ pub enum ModelConfig {
     Gpt(GptConfig),
     /// A Hugging Face Llama (`model_type` `llama`).
     Llama(LlamaConfig),
-    /// A Hugging Face mixture of experts (`model_type` `mixtral`, `qwen3_moe`).
+    /// A Hugging Face mixture of experts (`model_type` `mixtral`, `qwen3_moe`, `deepseek_v3`).
     Mixtral(MixtralConfig),
 }
 
@@ -27,7 +27,7 @@ impl ModelConfig {
         let what = path.display().to_string();
         match value.get("model_type").map(|t| t.as_str()) {
             None => GptConfig::from_json(&what, &text).map(Self::Gpt),
-            Some(Some("mixtral" | "qwen3_moe")) => {
+            Some(Some("mixtral" | "qwen3_moe" | "deepseek_v3")) => {
                 MixtralConfig::from_json(&what, &text).map(Self::Mixtral)
             }
             Some(_) => LlamaConfig::from_json(&what, &text).map(Self::Llama),

@@ -6,26 +6,43 @@
 
 use crate::gpt::attention::{merge_heads, split_heads, windowed_attention};
 use crate::llama::{Llama3Rope, LlamaConfig};
+use crate::mla::Mla;
 use bonfire_module::layer;
 use bonfire_tp::{ParallelLinear, ParallelRmsNorm};
 use burn::module::Module;
 use burn::tensor::{DType, Device, Int, Tensor, TensorData};
 
-/// Self-attention with rotary positions and `h / h_kv` query heads per key/value head.
+/// Self-attention with rotary positions: grouped-query attention with `h / h_kv` query heads
+/// per key/value head, or DeepSeek's multi-head latent attention ([`crate::mla`]) — the
+/// projections a family has are `Some`, under transformers' names.
 #[derive(Module, Debug)]
 pub struct LlamaAttention {
-    /// Queries: `[h·hd, d]`.
-    pub q_proj: ParallelLinear,
-    /// Keys: `[h_kv·hd, d]`.
-    pub k_proj: ParallelLinear,
-    /// Values: `[h_kv·hd, d]`.
-    pub v_proj: ParallelLinear,
-    /// Output: `[d, h·hd]`.
+    /// Queries: `[h·hd, d]` (latent attention without a query rank: `[h·(nope+rope), d]`).
+    pub q_proj: Option<ParallelLinear>,
+    /// Keys: `[h_kv·hd, d]` (grouped-query attention).
+    pub k_proj: Option<ParallelLinear>,
+    /// Values: `[h_kv·hd, d]` (grouped-query attention).
+    pub v_proj: Option<ParallelLinear>,
+    /// Output: `[d, h·hd]` (latent attention: `[d, h·v_head_dim]`).
     pub o_proj: ParallelLinear,
     /// Qwen3: RMSNorm of each query head before RoPE, `[hd]`.
     pub q_norm: Option<ParallelRmsNorm>,
     /// Qwen3: RMSNorm of each key head before RoPE, `[hd]`.
     pub k_norm: Option<ParallelRmsNorm>,
+    /// Latent attention: the query's down-projection `[q_lora_rank, d]`.
+    pub q_a_proj: Option<ParallelLinear>,
+    /// Latent attention: its norm `[q_lora_rank]`.
+    pub q_a_layernorm: Option<ParallelRmsNorm>,
+    /// Latent attention: the query's up-projection `[h·(nope+rope), q_lora_rank]`.
+    pub q_b_proj: Option<ParallelLinear>,
+    /// Latent attention: the key/value latent and the shared rotary key
+    /// `[kv_lora_rank + rope, d]`.
+    pub kv_a_proj_with_mqa: Option<ParallelLinear>,
+    /// Latent attention: the latent's norm `[kv_lora_rank]`.
+    pub kv_a_layernorm: Option<ParallelRmsNorm>,
+    /// Latent attention: the latent's up-projection to each head's key and value
+    /// `[h·(nope+v), kv_lora_rank]`.
+    pub kv_b_proj: Option<ParallelLinear>,
     head_dim: usize,
     rope_theta: f64,
     /// Llama 3's RoPE scaling.
@@ -34,6 +51,9 @@ pub struct LlamaAttention {
     /// Mistral's sliding window: query `i` sees keys `i − W < j ≤ i`.
     #[module(skip)]
     sliding_window: Option<usize>,
+    /// Latent attention's sizes.
+    #[module(skip)]
+    mla: Option<Mla>,
 }
 
 impl LlamaAttention {
@@ -47,18 +67,72 @@ impl LlamaAttention {
             v.qk_norm
                 .then(|| ParallelRmsNorm::new(hd, device).with_eps(cfg.rms_norm_eps))
         };
+        if let Some(m) = v.mla {
+            return m.attention(cfg, device);
+        }
+        let linear = |i, o| Some(ParallelLinear::new(i, o, v.qkv_bias, device));
+        // Drawn in this order: q, k, v, o.
+        let (q_proj, k_proj, v_proj) = (linear(d, q), linear(d, kv), linear(d, kv));
+        let o_proj = ParallelLinear::new(q, d, false, device);
         Self {
-            q_proj: ParallelLinear::new(d, q, v.qkv_bias, device),
-            k_proj: ParallelLinear::new(d, kv, v.qkv_bias, device),
-            v_proj: ParallelLinear::new(d, kv, v.qkv_bias, device),
-            o_proj: ParallelLinear::new(q, d, false, device),
+            q_proj,
+            k_proj,
+            v_proj,
             q_norm: norm(),
             k_norm: norm(),
-            head_dim: hd,
+            ..Self::empty(cfg, o_proj)
+        }
+    }
+
+    /// An attention of `cfg`'s rotary settings with only its output projection `o_proj` (the
+    /// constructors fill in their projections).
+    pub(crate) fn empty(cfg: &LlamaConfig, o_proj: ParallelLinear) -> Self {
+        let v = &cfg.variant;
+        Self {
+            q_proj: None,
+            k_proj: None,
+            v_proj: None,
+            o_proj,
+            q_norm: None,
+            k_norm: None,
+            q_a_proj: None,
+            q_a_layernorm: None,
+            q_b_proj: None,
+            kv_a_proj_with_mqa: None,
+            kv_a_layernorm: None,
+            kv_b_proj: None,
+            head_dim: cfg.head_dim,
             rope_theta: cfg.rope_theta,
             rope_scaling: v.rope_scaling,
             sliding_window: v.sliding_window,
+            mla: v.mla,
         }
+    }
+
+    /// Latent attention's sizes (`None`: grouped-query attention).
+    pub fn mla(&self) -> Option<&Mla> {
+        self.mla.as_ref()
+    }
+
+    /// RoPE's θ and scaling.
+    pub(crate) fn rope(&self) -> (f64, Option<Llama3Rope>) {
+        (self.rope_theta, self.rope_scaling)
+    }
+
+    /// A projection every grouped-query attention has.
+    fn gqa(p: &Option<ParallelLinear>) -> &ParallelLinear {
+        p.as_ref()
+            .expect("grouped-query attention's q/k/v projections")
+    }
+
+    /// The query projection (grouped-query attention's).
+    pub fn queries(&self) -> &ParallelLinear {
+        Self::gqa(&self.q_proj)
+    }
+
+    /// The key projection (grouped-query attention's).
+    pub fn keys(&self) -> &ParallelLinear {
+        Self::gqa(&self.k_proj)
     }
 
     /// Features per head (hd).
@@ -68,7 +142,10 @@ impl LlamaAttention {
 
     /// The key/value heads of the whole layer.
     pub fn kv_heads(&self) -> usize {
-        self.k_proj.weight.dims()[0] / self.head_dim
+        match self.mla {
+            Some(m) => m.heads(self),
+            None => self.keys().weight.dims()[0] / self.head_dim,
+        }
     }
 
     /// `x` `[B, T, d]` → `[B, T, d]`. Query head `j` attends with kv head `⌊j·h_kv/h⌋`; the
@@ -78,16 +155,19 @@ impl LlamaAttention {
     /// context-parallel scope the sequence is this rank's chunks (RoPE at their positions) and
     /// attention is ring attention over the whole sequence.
     pub fn forward(&self, x: Tensor<3>) -> Tensor<3> {
+        if let Some(m) = &self.mla {
+            return m.forward(self, x);
+        }
         let hd = self.head_dim;
         let q = head_norm(
             &self.q_norm,
-            split_heads(self.q_proj.forward(x.clone()), hd),
+            split_heads(self.queries().forward(x.clone()), hd),
         );
         let k = head_norm(
             &self.k_norm,
-            split_heads(self.k_proj.forward(x.clone()), hd),
+            split_heads(self.keys().forward(x.clone()), hd),
         );
-        let v = split_heads(self.v_proj.forward(x), hd);
+        let v = split_heads(Self::gqa(&self.v_proj).forward(x), hd);
         let positions = bonfire_cp::positions(q.dims()[2]);
         let rope = (self.rope_theta, self.rope_scaling);
         let (cos, sin) = rope_tables(&positions, hd, rope, &q.device());
@@ -98,7 +178,7 @@ impl LlamaAttention {
         // r·h_kv/tp + ⌊j·h_kv/h⌋) unless tp replicated the kv heads: then they are repeated
         // here, and travel repeated under context parallelism.
         let grouped =
-            self.q_proj.colwise_shard().is_none() || self.k_proj.colwise_shard().is_some();
+            self.queries().colwise_shard().is_none() || self.keys().colwise_shard().is_some();
         let (k, v) = match grouped {
             true => (k, v),
             false => {
@@ -116,8 +196,8 @@ impl LlamaAttention {
     /// For each of this rank's `local_q` query heads, the index among its `local_kv`
     /// key/value heads of the one it attends with.
     fn kv_of_queries(&self, local_q: usize, local_kv: usize, device: &Device) -> Tensor<1, Int> {
-        let (rank, tp) = self.q_proj.colwise_shard().unwrap_or((0, 1));
-        let (kv_start, h_kv) = match self.k_proj.colwise_shard() {
+        let (rank, tp) = self.queries().colwise_shard().unwrap_or((0, 1));
+        let (kv_start, h_kv) = match self.keys().colwise_shard() {
             Some((r, n)) => (r * local_kv, local_kv * n),
             None => (0, local_kv),
         };

@@ -30,6 +30,7 @@ pub mod decoder_layer;
 pub mod gpt;
 pub mod llama;
 pub mod mixtral;
+pub mod mla;
 pub mod pretrained;
 pub mod tensor_file;
 pub mod weights;

@@ -435,15 +435,20 @@ fn compute_device<M: Module>(model: &M, config: &ZeroConfig) -> Device {
     }
 }
 
-/// `model` with every float parameter replaced by a value-less placeholder (same id, shape)
-/// on `device`; it materializes zeros only if something reads it.
+/// `model` with every trained float parameter replaced by a value-less placeholder (same id,
+/// shape) on `device`; it materializes zeros only if something reads it. State that trains
+/// not (a parameter without gradient: DeepSeek's balancing bias) is no part of the shards and
+/// keeps its values, whole on every rank.
 pub(crate) fn hollow<M: Module>(model: M, device: &Device) -> M {
     struct Hollow<'a>(&'a Device);
     impl ModuleMapper for Hollow<'_> {
         fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
+            if !param.is_require_grad() {
+                return param;
+            }
             let id = param.id;
             let shape = param.lazy_shape();
-            let rg = param.is_require_grad();
+            let rg = true;
             drop(param);
             let dims = shape.clone();
             Param::uninitialized(

@@ -103,9 +103,10 @@ fn attention(
         cfg.head_dim,
     );
     let heads = |y: Tensor<3>, n: usize| y.reshape([b, t, n, hd]).swap_dims(1, 2);
-    let mut q = heads(linear(&a.q_proj, x.clone()), h);
-    let mut k = heads(linear(&a.k_proj, x.clone()), hkv);
-    let v = heads(linear(&a.v_proj, x), hkv);
+    let proj = |p: &Option<ParallelLinear>| p.clone().expect("grouped-query attention");
+    let mut q = heads(linear(&proj(&a.q_proj), x.clone()), h);
+    let mut k = heads(linear(&proj(&a.k_proj), x.clone()), hkv);
+    let v = heads(linear(&proj(&a.v_proj), x), hkv);
     if let (Some(qn), Some(kn)) = (&a.q_norm, &a.k_norm) {
         q = rms(qn, q, cfg.rms_norm_eps);
         k = rms(kn, k, cfg.rms_norm_eps);
@@ -190,14 +191,16 @@ pub fn plain_llama_loss(
 /// on every token (zero where not chosen), the router's probabilities and the top-k
 /// indicators `[B, T, E]`.
 fn experts_on(
-    gate: &ParallelLinear,
+    gate: &bonfire_models::mixtral::Router,
     experts: &Experts,
     cfg: &bonfire_models::MixtralConfig,
     h: Tensor<3>,
 ) -> (Tensor<3>, Tensor<3>, Tensor<3>) {
     let [b, t, d] = h.dims();
     let e = cfg.num_local_experts;
-    let p = softmax(linear(gate, h.clone()), 2);
+    let w = gate.weight.val();
+    let logits = h.clone().reshape([b * t, d]).matmul(w.transpose());
+    let p = softmax(logits.reshape([b, t, e]), 2);
     // Expert e's rank: the experts with a larger p, or an equal p and a lower index.
     let (pe, po) = (
         p.clone().unsqueeze_dim::<4>(3),

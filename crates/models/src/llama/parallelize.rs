@@ -66,12 +66,21 @@ pub fn attention_tp_plan(
         false => st.colwise.into(),
     };
     let mut plan = ParallelPlan::new().add("model.embed_tokens", st.embedding);
-    for (part, style) in [
-        ("self_attn.q_proj", st.colwise.into()),
-        ("self_attn.k_proj", kv),
-        ("self_attn.v_proj", kv),
-    ] {
-        plan = plan.add(format!("model.layers.*.{part}"), style);
+    let parts = match attention.and_then(LlamaAttention::mla) {
+        // Latent attention splits its heads: the query's last projection and the latent's
+        // up-projection; the down-projections and their norms stay whole.
+        Some(m) => vec![
+            (m.query_projection(), st.colwise.into()),
+            ("kv_b_proj", st.colwise.into()),
+        ],
+        None => vec![
+            ("q_proj", st.colwise.into()),
+            ("k_proj", kv),
+            ("v_proj", kv),
+        ],
+    };
+    for (part, style) in parts {
+        plan = plan.add(format!("model.layers.*.self_attn.{part}"), style);
     }
     plan = plan
         .add("model.layers.*.self_attn.o_proj", st.rowwise)
@@ -99,9 +108,12 @@ pub fn attention_tp_plan(
 }
 
 /// Query heads and key/value heads of `a` must split over tp (the kv heads evenly, or tp a
-/// multiple of them: then they stay whole on every rank).
+/// multiple of them: then they stay whole on every rank); latent attention's heads evenly.
 pub fn check_attention_tp(a: &LlamaAttention, tp: usize) -> Result<(), LayoutError> {
-    let (q, kv) = (a.q_proj.weight.dims()[0], a.k_proj.weight.dims()[0]);
+    if let Some(m) = a.mla() {
+        return divisible_tp(tp, "num_attention_heads", m.heads(a));
+    }
+    let (q, kv) = (a.queries().weight.dims()[0], a.keys().weight.dims()[0]);
     let hd = a.head_dim();
     divisible_tp(tp, "num_attention_heads", q / hd)?;
     if kv / hd < tp && tp % (kv / hd) != 0 {

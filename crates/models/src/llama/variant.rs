@@ -122,6 +122,8 @@ pub struct LlamaVariant {
     pub tie_word_embeddings: bool,
     /// Mistral's `sliding_window` W: query `i` sees keys `i − W < j ≤ i` (every layer).
     pub sliding_window: Option<usize>,
+    /// DeepSeek's multi-head latent attention in place of grouped-query attention.
+    pub mla: Option<crate::mla::Mla>,
 }
 
 impl LlamaVariant {
@@ -172,6 +174,7 @@ impl LlamaVariant {
             rope_scaling,
             tie_word_embeddings: flag("tie_word_embeddings"),
             sliding_window,
+            mla: None,
         })
     }
 

@@ -1,9 +1,11 @@
 //! [`MixtralConfig`]: a sparse mixture-of-experts model's sizes — the Llama's
 //! ([`LlamaConfig`]) plus its experts — read from and written as a Hugging Face `config.json`
-//! of `"model_type"` `mixtral` or `qwen3_moe` ([`MoeFamily`]; the fields of
+//! of `"model_type"` `mixtral`, `qwen3_moe` or `deepseek_v3` ([`MoeFamily`]; the fields of
 //! `shared/notes/parity-harness.md`).
 
+use super::router::Scoring;
 use crate::llama::{Family, LlamaConfig};
+use crate::mla::Mla;
 use bonfire_plan::{Arch, ModelSpec, Moe};
 use serde_json::{Value, json};
 
@@ -16,6 +18,11 @@ pub enum MoeFamily {
     /// `qwen3_moe` (Qwen3-30B-A3B, Qwen3-235B-A22B): Qwen3's q/k norms and explicit head width,
     /// the experts' own width `moe_intermediate_size`, renormalization by `norm_topk_prob`.
     Qwen3Moe,
+    /// `deepseek_v3` (DeepSeek-V3, Kimi K2): multi-head latent attention, the first
+    /// `first_k_dense_replace` layers dense, shared experts beside the routed ones, sigmoid
+    /// scores chosen within groups with a balancing bias ([`DeepseekMoe`]), the loss
+    /// cross-entropy only.
+    DeepseekV3,
 }
 
 impl MoeFamily {
@@ -24,14 +31,19 @@ impl MoeFamily {
         match self {
             MoeFamily::Mixtral => "mixtral",
             MoeFamily::Qwen3Moe => "qwen3_moe",
+            MoeFamily::DeepseekV3 => "deepseek_v3",
         }
     }
 
     /// The family of `model_type`, if it is one of these.
     pub fn parse(model_type: &str) -> Option<Self> {
-        [MoeFamily::Mixtral, MoeFamily::Qwen3Moe]
-            .into_iter()
-            .find(|f| f.model_type() == model_type)
+        [
+            MoeFamily::Mixtral,
+            MoeFamily::Qwen3Moe,
+            MoeFamily::DeepseekV3,
+        ]
+        .into_iter()
+        .find(|f| f.model_type() == model_type)
     }
 
     /// transformers' class (`architectures` in an exported `config.json`).
@@ -39,8 +51,22 @@ impl MoeFamily {
         match self {
             MoeFamily::Mixtral => "MixtralForCausalLM",
             MoeFamily::Qwen3Moe => "Qwen3MoeForCausalLM",
+            MoeFamily::DeepseekV3 => "DeepseekV3ForCausalLM",
         }
     }
+}
+
+/// DeepSeek-V3's routing and shared experts (the `config.json` fields of the same names).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct DeepseekMoe {
+    /// Shared experts: one SwiGLU MLP `n_shared_experts × moe_intermediate_size` wide.
+    pub n_shared_experts: usize,
+    /// Groups of routed experts.
+    pub n_group: usize,
+    /// Groups a token chooses its experts from.
+    pub topk_group: usize,
+    /// The routed experts' weights' factor.
+    pub routed_scaling_factor: f64,
 }
 
 /// Sizes of a Mixtral decoder, named as in Hugging Face's `MixtralConfig`.
@@ -66,8 +92,11 @@ pub struct MixtralConfig {
     /// Qwen3-MoE's `decoder_sparse_step`: layer `i` is sparse when `(i + 1) % step == 0`
     /// (and it is not in `mlp_only_layers`); 1: every layer.
     pub decoder_sparse_step: usize,
-    /// Qwen3-MoE's `mlp_only_layers`: layers whose feed-forward is a dense MLP.
+    /// Qwen3-MoE's `mlp_only_layers`: layers whose feed-forward is a dense MLP (DeepSeek's
+    /// first `first_k_dense_replace`).
     pub mlp_only_layers: Vec<usize>,
+    /// DeepSeek-V3's routing and shared experts.
+    pub deepseek: Option<DeepseekMoe>,
 }
 
 impl MixtralConfig {
@@ -115,7 +144,29 @@ impl MixtralConfig {
             dense_intermediate_size: None,
             decoder_sparse_step: 1,
             mlp_only_layers: Vec::new(),
+            deepseek: None,
         }
+    }
+
+    /// How a sparse layer's router scores its experts.
+    pub fn scoring(&self) -> Scoring {
+        match self.deepseek {
+            None => Scoring::Softmax {
+                renormalize: self.norm_topk_prob,
+            },
+            Some(d) => Scoring::GroupLimited {
+                n_group: d.n_group,
+                topk_group: d.topk_group,
+                scaling: d.routed_scaling_factor,
+                renormalize: self.norm_topk_prob,
+            },
+        }
+    }
+
+    /// The shared experts' MLP width (DeepSeek's; none elsewhere).
+    pub fn shared_width(&self) -> Option<usize> {
+        self.deepseek
+            .map(|d| d.n_shared_experts * self.base.intermediate_size)
     }
 
     /// Whether layer `i` routes to experts (else its feed-forward is a dense MLP).
@@ -244,11 +295,80 @@ impl MixtralConfig {
                     dense_intermediate_size: Some(dense),
                     decoder_sparse_step,
                     mlp_only_layers,
+                    deepseek: None,
                 }
             }
+            MoeFamily::DeepseekV3 => Self::deepseek_from_json(base, &v).map_err(bad)?,
         };
         cfg.validate().map_err(bad)?;
         Ok(cfg)
+    }
+
+    /// DeepSeek-V3's fields over the Llama's `base` (transformers' defaults: DeepSeek-V3's;
+    /// `router_aux_loss_coef` means nothing to it: α = 0). Refuses, naming the field, other
+    /// scoring functions and top-k methods, a MoE layer frequency other than 1.
+    fn deepseek_from_json(mut base: LlamaConfig, v: &Value) -> Result<Self, String> {
+        let obj = v.as_object().ok_or("not a JSON object")?;
+        let field = |name: &str| v.get(name).filter(|x| !x.is_null());
+        let count = |name: &str, default: usize| -> Result<usize, String> {
+            match field(name) {
+                None => Ok(default),
+                Some(x) => x
+                    .as_u64()
+                    .filter(|&n| n > 0)
+                    .map(|n| n as usize)
+                    .ok_or_else(|| format!("field `{name}`: not a positive integer")),
+            }
+        };
+        for (name, supported) in [("scoring_func", "sigmoid"), ("topk_method", "noaux_tc")] {
+            if let Some(x) = field(name).and_then(Value::as_str)
+                && x != supported
+            {
+                return Err(format!("{name} `{x}` is not supported ({supported})"));
+            }
+        }
+        if let Some(f) = field("moe_layer_freq").and_then(Value::as_u64)
+            && f != 1
+        {
+            return Err(format!("moe_layer_freq {f} is not supported (1)"));
+        }
+        let mla = Mla::from_json(obj)?;
+        base.variant.mla = Some(mla);
+        base.head_dim = mla.qk_rope_head_dim;
+        base.num_key_value_heads = base.num_attention_heads;
+        let dense = base.intermediate_size;
+        base.intermediate_size = count("moe_intermediate_size", 2048)?;
+        let first_dense = match field("first_k_dense_replace") {
+            None => 3,
+            Some(x) => x
+                .as_u64()
+                .ok_or("field `first_k_dense_replace`: not an integer ≥ 0")?
+                as usize,
+        };
+        let scaling = match field("routed_scaling_factor") {
+            None => 2.5,
+            Some(x) => x
+                .as_f64()
+                .filter(|f| f.is_finite() && *f > 0.0)
+                .ok_or("field `routed_scaling_factor`: not a positive number")?,
+        };
+        Ok(Self {
+            base,
+            num_local_experts: count("n_routed_experts", count("num_local_experts", 256)?)?,
+            num_experts_per_tok: count("num_experts_per_tok", 8)?,
+            router_aux_loss_coef: 0.0,
+            family: MoeFamily::DeepseekV3,
+            norm_topk_prob: field("norm_topk_prob").and_then(Value::as_bool) != Some(false),
+            dense_intermediate_size: Some(dense),
+            decoder_sparse_step: 1,
+            mlp_only_layers: (0..first_dense).collect(),
+            deepseek: Some(DeepseekMoe {
+                n_shared_experts: count("n_shared_experts", 1)?,
+                n_group: count("n_group", 8)?,
+                topk_group: count("topk_group", 4)?,
+                routed_scaling_factor: scaling,
+            }),
+        })
     }
 
     /// Reads a `config.json` file.
@@ -268,14 +388,17 @@ impl MixtralConfig {
         let experts = match family {
             MoeFamily::Mixtral => "num_local_experts",
             MoeFamily::Qwen3Moe => "num_experts",
+            MoeFamily::DeepseekV3 => "n_routed_experts",
         };
         m.insert(experts.into(), self.num_local_experts.into());
         let k = self.num_experts_per_tok;
         m.insert("num_experts_per_tok".into(), k.into());
-        let alpha = self.router_aux_loss_coef;
-        m.insert("router_aux_loss_coef".into(), alpha.into());
-        m.insert("output_router_logits".into(), true.into());
-        m.insert("router_jitter_noise".into(), 0.0.into());
+        if family != MoeFamily::DeepseekV3 {
+            let alpha = self.router_aux_loss_coef;
+            m.insert("router_aux_loss_coef".into(), alpha.into());
+            m.insert("output_router_logits".into(), true.into());
+            m.insert("router_jitter_noise".into(), 0.0.into());
+        }
         match family {
             MoeFamily::Mixtral => {
                 m.insert("sliding_window".into(), Value::Null);
@@ -290,13 +413,68 @@ impl MixtralConfig {
                 m.insert("decoder_sparse_step".into(), step.into());
                 m.insert("mlp_only_layers".into(), json!(self.mlp_only_layers));
             }
+            MoeFamily::DeepseekV3 => self.deepseek_json(m),
         }
         m.remove("mlp_bias");
         serde_json::to_string_pretty(&v).expect("a JSON object")
     }
 
-    /// Checks the sizes: the Llama's, and 1 ≤ k ≤ E, α ≥ 0.
+    /// DeepSeek-V3's fields of an exported `config.json`.
+    fn deepseek_json(&self, m: &mut serde_json::Map<String, Value>) {
+        let (Some(d), Some(mla)) = (self.deepseek, self.base.variant.mla) else {
+            return;
+        };
+        let f = self.base.intermediate_size;
+        let fields = json!({
+            "moe_intermediate_size": f,
+            "intermediate_size": self.dense_width(),
+            "norm_topk_prob": self.norm_topk_prob,
+            "first_k_dense_replace": self.mlp_only_layers.len(),
+            "n_shared_experts": d.n_shared_experts,
+            "n_group": d.n_group,
+            "topk_group": d.topk_group,
+            "routed_scaling_factor": d.routed_scaling_factor,
+        });
+        for fields in [fields, mla.json_fields()] {
+            if let Value::Object(fields) = fields {
+                m.extend(fields);
+            }
+        }
+    }
+
+    /// Checks the sizes: the Llama's, and 1 ≤ k ≤ E, α ≥ 0; DeepSeek's dense layers the
+    /// first ones, its groups dividing the experts (two at least each: a group scores by its
+    /// two best), `topk_group ≤ n_group` and k within the groups a token may choose.
     pub fn validate(&self) -> Result<(), String> {
+        if let Some(d) = self.deepseek {
+            let e = self.num_local_experts;
+            if e % d.n_group != 0 || e / d.n_group < 2 {
+                return Err(format!(
+                    "n_group {} must divide n_routed_experts {e} into groups of 2 or more",
+                    d.n_group
+                ));
+            }
+            if d.topk_group > d.n_group {
+                return Err(format!(
+                    "topk_group {} exceeds n_group {}",
+                    d.topk_group, d.n_group
+                ));
+            }
+            if self.num_experts_per_tok > d.topk_group * e / d.n_group {
+                return Err(format!(
+                    "num_experts_per_tok {} exceeds the experts of topk_group {} groups",
+                    self.num_experts_per_tok, d.topk_group
+                ));
+            }
+            if !self
+                .mlp_only_layers
+                .iter()
+                .enumerate()
+                .all(|(i, &l)| i == l)
+            {
+                return Err("DeepSeek's dense layers are the first ones".into());
+            }
+        }
         self.base.validate()?;
         let layers = self.base.num_hidden_layers;
         if let Some(i) = self.mlp_only_layers.iter().find(|&&i| i >= layers) {
@@ -333,9 +511,14 @@ impl MixtralConfig {
             b.num_attention_heads * b.head_dim,
             b.num_key_value_heads * b.head_dim,
         );
-        let attention = 2 * d + d * q + 2 * d * kv + q * d;
+        let attention = 2 * d
+            + match b.variant.mla {
+                Some(m) => m.num_params(d, b.num_attention_heads),
+                None => d * q + 2 * d * kv + q * d,
+            };
+        let shared = 3 * d * self.shared_width().unwrap_or(0);
         let ffn = |i: usize| match self.is_sparse(i) {
-            true => e * d + 3 * e * d * f,
+            true => e * d + 3 * e * d * f + shared,
             false => 3 * d * self.dense_width(),
         };
         let layers: usize = (0..b.num_hidden_layers).map(|i| attention + ffn(i)).sum();

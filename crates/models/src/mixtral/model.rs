@@ -49,9 +49,9 @@ impl Mixtral {
         let b = &cfg.base;
         let (d, e) = (b.hidden_size, cfg.num_local_experts);
         let layer = |i: usize| {
+            let (f, k) = (b.intermediate_size, cfg.num_experts_per_tok);
             let mlp = match cfg.is_sparse(i) {
-                true => SparseMoe::new(d, b.intermediate_size, e, cfg.num_experts_per_tok, device)
-                    .with_renormalize(cfg.norm_topk_prob),
+                true => SparseMoe::routed(d, f, (e, k), cfg.scoring(), cfg.shared_width(), device),
                 false => SparseMoe::dense(d, cfg.dense_width(), e, device),
             };
             DecoderLayer::with_mlp(b, mlp, device)
@@ -90,14 +90,17 @@ impl Mixtral {
     }
 
     /// Mean cross-entropy over all `B·T` positions (vocab-parallel on sharded logits) plus α
-    /// times the sequence-wise balance ([`balance`]).
+    /// times the sequence-wise balance ([`balance`]; none when α = 0, DeepSeek's).
     pub fn loss(&self, ids: Tensor<2, Int>, targets: Tensor<2, Int>) -> Tensor<1> {
         let (logits, routing) = self.forward_routed(ids);
         let ce = match self.lm_head.output_shard_group() {
             Some(group) => loss_parallel(logits, targets, &group),
             None => cross_entropy(logits, targets),
         };
-        ce + balance(&routing).mul_scalar(self.aux_loss_coef)
+        match self.aux_loss_coef {
+            0.0 => ce,
+            alpha => ce + balance(&routing).mul_scalar(alpha),
+        }
     }
 }
 

@@ -12,13 +12,13 @@
 //! with no token is skipped: the rows of the fused parameters that are its own get a zero
 //! gradient.
 
+use super::router::{Router, Scoring};
 use crate::decoder_layer::FeedForward;
 use crate::llama::model::{Mlp, swiglu, swiglu_mlp};
 use bonfire_ep::{permute, run_experts, unpermute};
 use bonfire_tp::ParallelLinear;
 use burn::module::{Module, Param};
-use burn::tensor::activation::softmax;
-use burn::tensor::{DType, Device, Int, Tensor};
+use burn::tensor::{Device, Int, Tensor};
 
 /// The experts of one layer, stored fused as transformers 5 stores them.
 #[derive(Module, Debug)]
@@ -68,16 +68,19 @@ pub struct Routing {
 }
 
 /// A mixture-of-experts model's feed-forward in one layer (transformers' `mlp`): the sparse
-/// block — router `gate` `[E, d]` (no bias) and the [`Experts`] — or, in a layer the family
-/// keeps dense (Qwen3-MoE's `mlp_only_layers`, `decoder_sparse_step`), a SwiGLU MLP. The parts
-/// carry transformers' names: a sparse layer's `gate` and `experts`, a dense one's
+/// block — the [`Router`] `gate` and the [`Experts`], with DeepSeek's `shared_experts` (a
+/// SwiGLU MLP every token goes through) beside them — or, in a layer the family keeps dense
+/// (Qwen3-MoE's `mlp_only_layers`, DeepSeek's first layers), a SwiGLU MLP. The parts carry
+/// transformers' names: a sparse layer's `gate`, `experts`, `shared_experts`, a dense one's
 /// `gate_proj`, `up_proj`, `down_proj`.
 #[derive(Module, Debug)]
 pub struct SparseMoe {
-    /// The router: logits `[E]` per token (a sparse layer).
-    pub gate: Option<ParallelLinear>,
+    /// The router (a sparse layer).
+    pub gate: Option<Router>,
     /// The experts (a sparse layer).
     pub experts: Option<Experts>,
+    /// DeepSeek's shared experts: one SwiGLU MLP of `n_shared_experts` experts' width.
+    pub shared_experts: Option<Mlp>,
     /// A dense layer's projections `[F, d]`.
     pub gate_proj: Option<ParallelLinear>,
     /// A dense layer's projections `[F, d]`.
@@ -86,22 +89,35 @@ pub struct SparseMoe {
     pub down_proj: Option<ParallelLinear>,
     num_experts: usize,
     top_k: usize,
-    renormalize: bool,
 }
 
 impl SparseMoe {
     /// A fresh block of `e` experts of width `f` on `d`, routing each token to `top_k`, their
     /// weights renormalized over the k (the Mixtral's router).
     pub fn new(d: usize, f: usize, e: usize, top_k: usize, device: &Device) -> Self {
+        let scoring = Scoring::Softmax { renormalize: true };
+        Self::routed(d, f, (e, top_k), scoring, None, device)
+    }
+
+    /// A fresh block of `e` experts of width `f` on `d` routing `top_k` a token as `scoring`
+    /// says, with `shared` shared experts' MLP (its width) beside them.
+    pub fn routed(
+        d: usize,
+        f: usize,
+        (e, top_k): (usize, usize),
+        scoring: Scoring,
+        shared: Option<usize>,
+        device: &Device,
+    ) -> Self {
         Self {
-            gate: Some(ParallelLinear::new(d, e, false, device)),
+            gate: Some(Router::new(d, e, scoring, device)),
             experts: Some(Experts::new(e, d, f, device)),
+            shared_experts: shared.map(|w| Mlp::new(d, w, device)),
             gate_proj: None,
             up_proj: None,
             down_proj: None,
             num_experts: e,
             top_k,
-            renormalize: true,
         }
     }
 
@@ -115,12 +131,12 @@ impl SparseMoe {
         Self {
             gate: None,
             experts: None,
+            shared_experts: None,
             gate_proj: Some(gate_proj),
             up_proj: Some(up_proj),
             down_proj: Some(down_proj),
             num_experts: e,
             top_k: 0,
-            renormalize: false,
         }
     }
 
@@ -132,13 +148,6 @@ impl SparseMoe {
     /// Whether this layer routes to experts (else it is dense).
     pub fn is_sparse(&self) -> bool {
         self.gate.is_some()
-    }
-
-    /// The block with the chosen experts weighted by their probabilities as they are
-    /// (`renormalize` false: Qwen3-MoE's `norm_topk_prob: false`) or divided by their sum.
-    pub fn with_renormalize(mut self, renormalize: bool) -> Self {
-        self.renormalize = renormalize;
-        self
     }
 
     /// Experts per token (k).
@@ -200,30 +209,25 @@ impl FeedForward for SparseMoe {
         };
         let [b, t, d] = x.dims();
         let n = b * t;
-        let e = gate.weight.dims()[0];
+        let e = gate.experts();
         let dtype = x.dtype();
-        // The router's softmax, top k and weights in f32 (as transformers computes them),
+        // The router's scores, choice and weights in f32 (as transformers computes them),
         // whatever the compute dtype; the experts in the compute dtype.
-        let logits = gate.forward(x.clone()).reshape([n, e]);
-        let p = softmax(logits.cast(DType::F32), 1);
-        let ranks = expert_ranks(p.clone());
-        let chosen = ranks.clone().lower_elem(self.top_k as f64).float();
-        let kept = p.clone() * chosen.clone();
-        let weights = match self.renormalize {
-            true => kept.clone() / kept.sum_dim(1), // [N, E], renormalized over the k
-            false => kept,
-        };
+        let choice = gate.route(x.clone().reshape([n, d]), self.top_k);
         let routing = Routing {
-            probs: p.reshape([b, t, e]),
-            counts: chosen.reshape([b, t, e]),
+            probs: choice.scores.reshape([b, t, e]),
+            counts: choice.chosen.reshape([b, t, e]),
             sparse: true,
         };
-        let (experts, weights) = chosen_experts(ranks, weights, self.top_k);
-        let (grouped, perm) = permute(x.reshape([n, d]), experts, e);
+        let (experts, weights) = chosen_experts(choice.ranks, choice.weights, self.top_k);
+        let (grouped, perm) = permute(x.clone().reshape([n, d]), experts, e);
         let rows = run_experts(grouped, perm.counts(), |i, rows| bank.expert(i, rows))
             .unwrap_or_else(|err| panic!("expert parallelism: {err}"));
-        let out = unpermute(rows, &perm, weights.cast(dtype));
-        (out.reshape([b, t, d]), routing)
+        let out = unpermute(rows, &perm, weights.cast(dtype)).reshape([b, t, d]);
+        match &self.shared_experts {
+            Some(shared) => (out + shared.forward(x), routing),
+            None => (out, routing),
+        }
     }
 }
 
@@ -249,6 +253,7 @@ impl SparseMoe {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use burn::tensor::activation::softmax;
     use burn::tensor::{Distribution, TensorData};
 
     fn device() -> Device {
@@ -286,7 +291,7 @@ mod tests {
         assert_eq!(rows(top_k_mask(p, 2)), want);
     }
 
-    fn router(moe: &SparseMoe) -> &ParallelLinear {
+    fn router(moe: &SparseMoe) -> &Router {
         moe.gate.as_ref().unwrap()
     }
 
@@ -327,7 +332,7 @@ mod tests {
         let r = Tensor::<2>::random([10, d], Distribution::Normal(0.0, 1.0), &device);
         let (y, routing) = moe.forward_routed(x.clone());
         let flat = x.reshape([10, d]);
-        let p = softmax(router(&moe).forward(flat.clone()), 1);
+        let p = softmax(router(&moe).logits(flat.clone()), 1);
         let chosen = top_k_mask(p.clone(), k);
         let kept = p * chosen.clone();
         let weights = kept.clone() / kept.sum_dim(1);

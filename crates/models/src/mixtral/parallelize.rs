@@ -5,9 +5,10 @@
 //! - Context parallelism: a rank holds chunks of every sequence; [`super::balance`] sums the
 //!   counts and the probability sums over the scope's cp group.
 //! - Tensor parallelism: the attention's plan is the Llama's ([`attention_tp_plan`]: heads
-//!   split, the embedding vocab-parallel, the head column-wise, loss parallelism); the router
-//!   and the experts stay whole (replicated) on every tp rank, each computing the same
-//!   routing from the same replicated input. Sequence parallelism is refused (it would hand
+//!   split — latent attention's too —, the embedding vocab-parallel, the head column-wise,
+//!   loss parallelism); the router and the routed experts stay whole (replicated) on every tp
+//!   rank, each computing the same routing from the same replicated input; dense layers' MLPs
+//!   and DeepSeek's shared experts split as the Llama's MLP. Sequence parallelism is refused (it would hand
 //!   each tp rank a part of the sequence for the replicated experts).
 //! - Expert parallelism: [`ParallelModel::experts`] names each layer's fused experts; a rank
 //!   keeps its `E/ep` of them and its [`super::moe::SparseMoe`] exchanges the grouped tokens
@@ -62,6 +63,15 @@ impl ParallelModel for Mixtral {
         {
             divisible(Axis::Tp, tp, "intermediate_size", p.weight.dims()[0])?;
         }
+        let shared = self
+            .model
+            .layers
+            .iter()
+            .find_map(|l| l.mlp.shared_experts.as_ref());
+        if let Some(m) = shared {
+            let width = m.gate_proj.weight.dims()[0];
+            divisible(Axis::Tp, tp, "the shared experts' width", width)?;
+        }
         divisible(Axis::Tp, tp, "vocab_size", self.lm_head.weight.dims()[0])
     }
 
@@ -80,13 +90,15 @@ impl ParallelModel for Mixtral {
         );
         let st = crate::decoder::DecoderStyles::new(o.sequence_parallel, o.loss_parallel);
         for (i, l) in self.model.layers.iter().enumerate() {
-            if !l.mlp.is_sparse() {
-                let mlp = format!("model.layers.{i}.mlp");
-                plan = plan
-                    .add(format!("{mlp}.gate_proj"), st.colwise)
-                    .add(format!("{mlp}.up_proj"), st.colwise)
-                    .add(format!("{mlp}.down_proj"), st.rowwise);
-            }
+            let mlp = match (l.mlp.is_sparse(), l.mlp.shared_experts.is_some()) {
+                (false, _) => format!("model.layers.{i}.mlp"),
+                (true, true) => format!("model.layers.{i}.mlp.shared_experts"),
+                (true, false) => continue,
+            };
+            plan = plan
+                .add(format!("{mlp}.gate_proj"), st.colwise)
+                .add(format!("{mlp}.up_proj"), st.colwise)
+                .add(format!("{mlp}.down_proj"), st.rowwise);
         }
         Some(plan)
     }

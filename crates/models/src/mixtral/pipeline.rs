@@ -104,7 +104,7 @@ pub fn pieces(model: Mixtral) -> Vec<(String, MixtralPiece)> {
 
 /// The pipeline's loss on the head's output `[B, T, V' + 2E]`: cross-entropy on the logits
 /// (vocab-parallel over `group` when they stay sharded) + α · the balance of the routing
-/// columns summed over `layers` layers.
+/// columns summed over `layers` layers (none when α = 0).
 pub fn loss(
     group: Option<ProcessGroup>,
     experts: usize,
@@ -117,6 +117,9 @@ pub fn loss(
             Some(g) => loss_parallel(logits, targets.clone(), g),
             None => cross_entropy(logits, targets.clone()),
         };
+        if alpha == 0.0 {
+            return ce;
+        }
         let probs = stats.clone().narrow(2, 0, experts);
         let counts = stats.narrow(2, experts, experts);
         ce + balance_of(probs, counts, layers).mul_scalar(alpha)

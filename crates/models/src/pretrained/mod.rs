@@ -78,8 +78,8 @@ pub fn read_weights(dir: &Path) -> Result<F32Tensors, String> {
     Ok(out)
 }
 
-/// `model` with every parameter taken from `dir`'s weights (same names, same shapes, any
-/// float dtype read as f32). `Err`, before anything is assigned, lists the parameters the
+/// `model` with every parameter and state tensor taken from `dir`'s weights (same names,
+/// same shapes, any float dtype read as f32). `Err`, before anything is assigned, lists the parameters the
 /// files lack, the tensors that are no parameter, and shapes that differ.
 pub fn load_pretrained<M: Module>(model: M, dir: &Path) -> Result<M, String> {
     load_tensors(model, read_weights(dir)?, dir)
@@ -87,7 +87,7 @@ pub fn load_pretrained<M: Module>(model: M, dir: &Path) -> Result<M, String> {
 
 /// [`load_pretrained`] from tensors already read (and renamed) from `dir`.
 pub fn load_tensors<M: Module>(model: M, mut tensors: F32Tensors, dir: &Path) -> Result<M, String> {
-    let infos = params::inventory(&model);
+    let infos = params::all_tensors(&model);
     let (mut missing, mut shapes, mut flat) = (Vec::new(), Vec::new(), Vec::new());
     for info in &infos {
         match tensors.remove(&info.path) {
@@ -115,7 +115,7 @@ pub fn load_tensors<M: Module>(model: M, mut tensors: F32Tensors, dir: &Path) ->
 }
 
 /// Writes `model` to `dir` as `save_pretrained` does: `config_json` as `config.json`, the
-/// parameters (f32, by module path) in one `model.safetensors` when they fit in
+/// parameters and state tensors (f32, by module path) in one `model.safetensors` when they fit in
 /// `max_shard_bytes`, else in shards of at most that size (a parameter larger than it gets
 /// a shard of its own) with `model.safetensors.index.json`. Returns the weight files written.
 pub fn save_pretrained<M: Module>(
@@ -125,7 +125,7 @@ pub fn save_pretrained<M: Module>(
     max_shard_bytes: usize,
 ) -> Result<Vec<PathBuf>, String> {
     std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-    let infos = params::inventory(model);
+    let infos = params::all_tensors(model);
     let values = params::named(&infos, &params::flatten_values(model, &infos));
     let mut shards: Vec<F32Tensors> = vec![F32Tensors::new()];
     let mut size = 0;

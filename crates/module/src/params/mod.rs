@@ -68,9 +68,28 @@ pub fn named(infos: &[ParamInfo], flat: &[f32]) -> Vec<ParamValues> {
 
 /// Every float parameter that requires a gradient, in the module's visit order.
 pub fn inventory<M: Module>(module: &M) -> Vec<ParamInfo> {
+    floats(module, |trainable| trainable)
+}
+
+/// Every float parameter that requires no gradient — a model's state, not trained (DeepSeek's
+/// balancing bias) — in the module's visit order: the wrappers and the optimizer leave them
+/// alone; checkpoints, exports and imports carry them.
+pub fn buffers<M: Module>(module: &M) -> Vec<ParamInfo> {
+    floats(module, |trainable| !trainable)
+}
+
+/// Every float parameter, trained or state ([`inventory`] and [`buffers`] together), in the
+/// module's visit order: what a whole model's file holds.
+pub fn all_tensors<M: Module>(module: &M) -> Vec<ParamInfo> {
+    floats(module, |_| true)
+}
+
+/// The float parameters whose `require_grad` `keep` accepts, in visit order.
+fn floats<M: Module>(module: &M, keep: fn(bool) -> bool) -> Vec<ParamInfo> {
     struct Inventory {
         path: Vec<String>,
         out: Vec<ParamInfo>,
+        keep: fn(bool) -> bool,
     }
     impl ModuleVisitor for Inventory {
         fn enter_module(&mut self, name: &str, _container: &str) {
@@ -80,7 +99,7 @@ pub fn inventory<M: Module>(module: &M) -> Vec<ParamInfo> {
             self.path.pop();
         }
         fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
-            if !param.is_require_grad() {
+            if !(self.keep)(param.is_require_grad()) {
                 return;
             }
             self.out.push(ParamInfo {
@@ -93,6 +112,7 @@ pub fn inventory<M: Module>(module: &M) -> Vec<ParamInfo> {
     let mut v = Inventory {
         path: Vec::new(),
         out: Vec::new(),
+        keep,
     };
     module.visit(&mut v);
     v.out
