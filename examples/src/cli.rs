@@ -211,8 +211,9 @@ pub struct RecipeArgs {
     /// backward one at a time, gradients reduced once.
     #[arg(long, default_value_t = 1, value_name = "K")]
     pub grad_accum: usize,
-    /// DeepSeek-V3's auxiliary-loss-free balancing, RATE per step: refused (no model loaded
-    /// carries its `e_score_correction_bias` yet).
+    /// DeepSeek-V3's auxiliary-loss-free balancing: after each optimizer step every
+    /// `e_score_correction_bias` moves by RATE · sign(mean load − load), the loads of the
+    /// step's whole global batch.
     #[arg(long, value_name = "RATE")]
     pub expert_bias_update: Option<f64>,
 }
@@ -264,19 +265,16 @@ impl RecipeArgs {
         Ok(bonfire_train::OptimizerSpec { kind, adamw })
     }
 
-    /// `config` with this recipe's schedule, clipping and accumulation.
+    /// `config` with this recipe's schedule, clipping, accumulation and bias update.
     pub fn fit(
         &self,
         config: bonfire_train::FitConfig,
     ) -> Result<bonfire_train::FitConfig, String> {
-        if let Some(rate) = self.expert_bias_update {
-            let why = "no model Bonfire loads carries DeepSeek-V3's `e_score_correction_bias`";
-            return Err(format!("--expert-bias-update {rate}: {why} yet"));
-        }
         Ok(bonfire_train::FitConfig {
             schedule: self.schedule()?,
             clip_grad_norm: self.clip_grad_norm,
             grad_accum: self.grad_accum,
+            expert_bias_update: self.expert_bias_update,
             ..config
         })
     }

@@ -120,3 +120,121 @@ fn deepseek_v3_without_a_query_bottleneck_matches_transformers() {
     assert_eq!((mla.q_lora_rank, mla.rope_interleave), (None, false));
     assert!(!cfg.norm_topk_prob && cfg.mlp_only_layers.is_empty());
 }
+
+/// Auxiliary-loss-free balancing (`--expert-bias-update 0.01`) against transformers' run of
+/// the contract's rule in each of `layouts`, SGD and AdamW: losses, parameters and every
+/// routed layer's bias after the last step (an update's step is 0.01 · sign: a load counted
+/// differently anywhere — a replica, a micro-batch, a cp chunk missed or counted twice —
+/// moves a bias by 0.01, far outside F64).
+fn check_balanced(fixture: &str, layouts: &[(LayoutArgs, usize)]) {
+    let (_, model, batches) = load(fixture);
+    let want = common::fixture_reference(fixture);
+    let biases: Vec<String> = params::buffers(&model)
+        .into_iter()
+        .map(|b| b.path)
+        .collect();
+    for (optim, name, lr) in [
+        (OptimizerKind::Sgd, "sgd", 0.5),
+        (OptimizerKind::AdamW, "adamw", 0.01),
+    ] {
+        let tol = match optim {
+            OptimizerKind::Sgd => F64,
+            OptimizerKind::AdamW => bonfire_comm::testing::Tolerance::new(1e-5, 9e-3 * lr as f32),
+        };
+        for (case, accum) in layouts {
+            let dims = case.dims("dp=1").unwrap();
+            let what = format!("{fixture} {dims} accum={accum} {name} balanced vs transformers");
+            let config = bonfire_train::FitConfig {
+                expert_bias_update: Some(0.01),
+                grad_accum: *accum,
+                ..bonfire_train::FitConfig::new(batches.steps(), lr)
+            };
+            let (got, _) =
+                bonfire_examples::harness::train_with(&model, &batches, &dims, optim, &config)
+                    .unwrap_or_else(|e| panic!("{what}: {e}"));
+            let close = bonfire_comm::testing::assert_close;
+            let key = |n: &str| format!("balanced.{name}.{n}");
+            let mut w = close(
+                &format!("{what} loss"),
+                &got.losses,
+                &want[&key("loss")],
+                F64,
+            );
+            for (param, (_, values)) in &got.params {
+                w = w.max(close(
+                    &format!("{what} {param}"),
+                    values,
+                    &want[&key(param)],
+                    tol,
+                ));
+            }
+            assert_eq!(got.state.len(), biases.len(), "{what}: the biases");
+            for b in &biases {
+                w = w.max(close(
+                    &format!("{what} {b}"),
+                    &got.state[b].1,
+                    &want[&key(b)],
+                    F64,
+                ));
+            }
+            println!("{what}: {w}");
+        }
+    }
+}
+
+/// The balancing bias moves as transformers' run of the contract's rule: on one device, with
+/// the loads summed over dp with ep (ZeRO-3), over HSDP's replicas, over a pipeline's
+/// micro-batches, over cp chunks with ep, over dp × cp × tp (tp ranks counting the same rows
+/// once), and with gradient accumulation and every layer recomputed (the recomputation
+/// counts nothing).
+#[test]
+fn deepseek_v3_balancing_bias_moves_as_transformers_does() {
+    let layouts = [
+        (layout("dp=1", 0, None, None, ""), 1),
+        (layout("dp=2,ep=2", 3, None, None, ""), 1),
+        (layout("dp_replicate=2,dp=2,ep=2", 2, None, None, ""), 1),
+        (layout("pp=3", 0, Some("1f1b"), Some(2), ""), 1),
+        (layout("cp=2,ep=2", 0, None, None, ""), 1),
+        (layout("dp=2,cp=2,tp=2", 1, None, None, ""), 1),
+        (layout("dp=2", 0, None, None, "ac"), 2),
+    ];
+    check_balanced("deepseek_v3", &layouts);
+    check_balanced("deepseek_v3/q_proj", &layouts[..2]);
+}
+
+/// Evaluation between steps (forwards that record loads too) leaves the update alone: the
+/// biases after 2 balanced steps with an evaluation of another batch after each equal those
+/// without, bit for bit (the loop forgets what an evaluation recorded before each step).
+#[test]
+fn evaluation_between_steps_leaves_the_balancing_alone() {
+    use bonfire_train::{Evaluation, FitConfig, Launcher, Trainer, fit};
+    let (_, model, batches) = load("deepseek_v3");
+    let dims = layout("dp=2", 0, None, None, "").dims("dp=1").unwrap();
+    let config = FitConfig {
+        expert_bias_update: Some(0.01),
+        ..FitConfig::new(batches.steps(), 0.5)
+    };
+    let data = |s: usize, device: &burn::tensor::Device| batches.rows(s, 0, batches.batch, device);
+    // Evaluated on step 0's batch: other rows than step 1 trains on (the same rows would only
+    // double step 1's loads, which the sign rule cannot see).
+    let eval = |_: usize, device: &burn::tensor::Device| batches.rows(0, 0, batches.batch, device);
+    let run = |evaluate: bool| {
+        let trainer = Trainer::with_optimizer(dims.clone(), OptimizerKind::Sgd);
+        let first = batches.rows(0, 0, batches.batch, &default_device());
+        Launcher::Threads { ranks: 2 }
+            .run("eval", |pg| -> Result<_, bonfire_train::TrainError> {
+                let mut engine = trainer.build(model.clone(), &pg, &first)?;
+                let mut hooks = evaluate.then(|| Evaluation::new(&eval, 1, 1));
+                fit(engine.as_mut(), &data, &config, &mut hooks)?;
+                let evaluated = hooks.map_or(0, |h| h.losses.len());
+                Ok((engine.buffers()?, evaluated))
+            })
+            .unwrap()
+            .remove(0)
+            .unwrap()
+    };
+    let (plain, none) = run(false);
+    let (evaluated, count) = run(true);
+    assert_eq!((none, count), (0, 2), "an evaluation after each step");
+    assert_eq!(plain, evaluated);
+}

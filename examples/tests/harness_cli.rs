@@ -280,14 +280,22 @@ fn split_points_by_module_path() {
     );
 }
 
-/// The contract's `--expert-bias-update RATE` (DeepSeek-V3's balancing bias) is refused, naming
-/// the flag, before anything runs: no model Bonfire loads carries the bias yet.
+/// The contract's `--expert-bias-update RATE` (DeepSeek-V3's balancing bias) on a model
+/// without a balancing bias (the GPT), or with a negative rate, is refused naming the flag,
+/// before anything trains.
 #[test]
-fn the_expert_bias_update_is_refused_naming_it() {
+fn the_expert_bias_update_is_refused_where_nothing_balances() {
     let dir = tmp_dir("bias", &GptConfig::tiny());
     let mut a = args(&dir, layout("dp=1"), OptimizerKind::Sgd).unwrap();
     a.recipe.expert_bias_update = Some(1e-3);
     let err = harness::run(&a).unwrap_err();
     assert!(err.contains("--expert-bias-update 0.001"), "{err}");
+    assert!(err.contains("no balancing bias"), "{err}");
+    a.recipe.expert_bias_update = Some(-1.0);
+    let err = harness::run(&a).unwrap_err();
+    assert!(
+        err.contains("--expert-bias-update -1: expected a number ≥ 0"),
+        "{err}"
+    );
     assert!(!a.out.exists());
 }

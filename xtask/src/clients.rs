@@ -19,7 +19,7 @@ use std::process::Command;
 
 /// The families with a fixture script, and the files it writes (`recipe` reads the Llama
 /// fixture beside it: in the regeneration folder, the one just regenerated).
-const FIXTURES: [(&str, &[&str]); 5] = [
+const FIXTURES: [(&str, &[&str]); 6] = [
     (
         "llama",
         &[

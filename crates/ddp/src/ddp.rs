@@ -527,4 +527,20 @@ impl<M: Module> DataParallel<M> for DistributedDataParallel<M> {
     fn into_model(self) -> Result<M, DdpError> {
         Ok(self.into_parts().0)
     }
+
+    fn buffers(&self) -> Vec<(params::ParamInfo, Vec<f32>)> {
+        params::buffer_values(self.master.as_ref().unwrap_or(self.model()))
+    }
+
+    /// Sets them in the replica and, under mixed precision, in the fp32 master.
+    fn set_buffers(&mut self, values: &[Vec<f32>]) {
+        if let Some(master) = self.master.take() {
+            self.master = Some(params::assign_buffers(master, values));
+        }
+        let model = self
+            .model
+            .take()
+            .expect("the model is present between calls");
+        self.model = Some(params::assign_buffers(model, values));
+    }
 }

@@ -160,6 +160,14 @@ pub trait DataParallel<M: Module> {
     /// where sharded: a collective there) — to compare, export or evaluate.
     fn parameters(&self) -> Result<Vec<ParamValues>, Self::Error>;
 
+    /// The module's state tensors ([`crate::params::buffers`]: parameters without gradient,
+    /// no part of the shards or the optimizer — every rank holds them whole) and their
+    /// values, in module order.
+    fn buffers(&self) -> Vec<(crate::params::ParamInfo, Vec<f32>)>;
+
+    /// Sets the state tensors' values ([`buffers`](Self::buffers)' order), between steps.
+    fn set_buffers(&mut self, values: &[Vec<f32>]);
+
     /// The module with every parameter whole, as a plain single-device model holds it
     /// (gathered where sharded: a collective there).
     fn into_model(self) -> Result<M, Self::Error>

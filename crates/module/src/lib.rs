@@ -12,6 +12,8 @@
 //! - [`graph`]: its gradients — placing operations in Burn's deepest-first backward
 //!   ([`graph::anchored`], [`graph::hooked`], [`graph::SinkHook`]).
 //! - [`weight_grad`]: the zero-bubble pipeline's B/W split of its linear layers.
+//! - [`state`]: its state besides its parameters (parameters without gradient) and the
+//!   statistics a forward records to move it after each optimizer step.
 //! - [`precision`]: its precision — a layout's `MixedPrecision` as Burn dtypes, casts, and
 //!   what the layers really ran in ([`precision::observe`]).
 //! - [`DataParallel`]: the one interface of the engines that hold a whole replica of it (DDP,
@@ -28,6 +30,7 @@ pub mod graph;
 mod layer;
 pub mod params;
 pub mod precision;
+pub mod state;
 pub mod weight_grad;
 
 pub use data_parallel::{DataParallel, Subgroup, scale_and_check, weighted_square_sum};

@@ -358,7 +358,10 @@ impl<M: Module + 'static, const D: usize> Recompute for Region<M, D> {
         RECOMPUTATIONS.with(|n| n.set(n.get() + 1));
         let x = with_autodiff(Tensor::<D>::from_dispatch(x), self.strategy).require_grad();
         let (module, taps) = self.filled(values, Leaves::Tracked);
+        // The forward recorded the region's statistics (a router's loads) the first time.
+        let replay = bonfire_module::state::replaying();
         let y = without_layer_hooks(|| (self.f)(&module, x.clone()));
+        drop(replay);
         drop(module);
         let dy = Tensor::<D>::from_dispatch(grad);
         let grads = y.is_tracked().then(|| (y * dy).sum().backward());

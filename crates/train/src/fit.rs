@@ -194,6 +194,10 @@ pub struct FitConfig {
     /// Gradient accumulation: each replica's rows in this many equal parts, forward and
     /// backward one at a time, reduced once (1: none).
     pub grad_accum: usize,
+    /// Auxiliary-loss-free balancing (DeepSeek-V3): after each optimizer step every
+    /// balancing bias moves by this rate · sign(mean load − load), the loads of the step's
+    /// whole global batch ([`Engine::update_buffers`]); refused for a model without one.
+    pub expert_bias_update: Option<f64>,
 }
 
 impl FitConfig {
@@ -213,6 +217,7 @@ impl FitConfig {
             clip_grad_norm: None,
             grad_norm: false,
             grad_accum: 1,
+            expert_bias_update: None,
         }
     }
 
@@ -231,7 +236,29 @@ impl FitConfig {
                 "--grad-accum 0: expected at least 1 part".into(),
             ));
         }
+        if let Some(r) = self.expert_bias_update
+            && !(r.is_finite() && r >= 0.0)
+        {
+            return Err(TrainError::Recipe(format!(
+                "--expert-bias-update {r}: expected a number ≥ 0"
+            )));
+        }
         Ok(())
+    }
+
+    /// Refuses the bias update for a model with no state tensor to move (a collective:
+    /// every rank asks the engine for the model's state tensors).
+    fn check_state(&self, engine: &mut dyn Engine<impl Sized>) -> Result<(), TrainError> {
+        let Some(rate) = self.expert_bias_update else {
+            return Ok(());
+        };
+        match engine.buffers()?.is_empty() {
+            true => Err(TrainError::Recipe(format!(
+                "--expert-bias-update {rate}: the model has no balancing bias (no \
+                 e_score_correction_bias: DeepSeek-V3's routers have one)"
+            ))),
+            false => Ok(()),
+        }
     }
 }
 
@@ -336,6 +363,7 @@ pub fn fit<B: Rows>(
         .check(config.lr, config.steps)
         .map_err(TrainError::Recipe)?;
     config.check_recipe()?;
+    config.check_state(engine)?;
     engine.set_grad_accum(config.grad_accum);
     let mut reporter = Reporter::new(config, engine.world().rank())?;
     let mut reports = Vec::with_capacity(config.steps.saturating_sub(config.start_step));
@@ -350,6 +378,8 @@ pub fn fit<B: Rows>(
         if rank0 {
             crate::rss::reset_peak();
         }
+        // What evaluation forwards recorded since the last step is no statistic of this one.
+        bonfire_module::state::clear();
         let batch = data.replica_batch(step, engine.replica(), engine.device());
         let (ledger, mut moved) = (TransferLedger::start(), Transfers::default());
         let loss_scale = scaler.as_ref().map(LossScaler::scale);
@@ -376,6 +406,9 @@ pub fn fit<B: Rows>(
         let lr = config.schedule.lr_at(step, config.lr, config.steps);
         if finite {
             engine.step(lr)?;
+            if let Some(rate) = config.expert_bias_update {
+                engine.update_buffers(rate)?;
+            }
         } else if engine.world().rank() == 0 {
             tracing::info!(
                 "step {step}: a gradient overflowed at loss scale {}; step skipped, scale now {}",

@@ -34,12 +34,17 @@ pub struct Outcome {
     /// The global gradient norm of each step, before clipping (when the loop measured it:
     /// with clipping or `FitConfig::grad_norm`).
     pub grad_norms: Vec<f64>,
+    /// State tensor name → (shape, values) after all steps (parameters without gradient:
+    /// DeepSeek-V3's balancing biases; no `grad0`).
+    pub state: BTreeMap<String, (Vec<usize>, Vec<f32>)>,
 }
 
 impl Outcome {
-    /// The contract's output tensors: parameters, `grad0.<name>`, `loss`.
+    /// The contract's output tensors: parameters, `grad0.<name>`, `loss`, and the state
+    /// tensors after the last step.
     pub fn tensors(&self) -> BTreeMap<String, (Vec<usize>, Vec<f32>)> {
         let mut out = self.params.clone();
+        out.extend(self.state.clone());
         for (name, g) in &self.grad0 {
             let shape = self.params[name].0.clone();
             out.insert(format!("grad0.{name}"), (shape, g.clone()));
@@ -148,7 +153,12 @@ where
             let mut grads = FirstGradients::default();
             let reports = fit(engine.as_mut(), data, config, &mut grads)?;
             let params = engine.parameters()?;
+            let state = engine.buffers()?;
             let result = Outcome {
+                state: state
+                    .into_iter()
+                    .map(|p| (p.path, (p.shape, p.values)))
+                    .collect(),
                 params: params
                     .into_iter()
                     .map(|p| (p.path, (p.shape, p.values)))

@@ -280,6 +280,18 @@ impl<M: Module> DataParallel<M> for DpWrapper<M> {
     fn into_model(self) -> Result<M, TrainError> {
         each!(self, w => w.into_model())
     }
+    fn buffers(&self) -> Vec<(bonfire_module::params::ParamInfo, Vec<f32>)> {
+        match self {
+            DpWrapper::Ddp(w) => w.buffers(),
+            DpWrapper::Zero(w) => w.buffers(),
+        }
+    }
+    fn set_buffers(&mut self, values: &[Vec<f32>]) {
+        match self {
+            DpWrapper::Ddp(w) => w.set_buffers(values),
+            DpWrapper::Zero(w) => w.set_buffers(values),
+        }
+    }
 }
 
 /// A data-parallel wrapper lent to a pipeline stage: each micro-batch's forward runs through

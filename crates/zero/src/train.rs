@@ -461,4 +461,18 @@ impl<M: Module> DataParallel<M> for Zero<M> {
     fn into_model(self) -> Result<M> {
         self.full_model()
     }
+
+    /// The state tensors are no part of the shards: the replica (or stage 3's skeleton)
+    /// holds them whole.
+    fn buffers(&self) -> Vec<(params::ParamInfo, Vec<f32>)> {
+        params::buffer_values(self.model())
+    }
+
+    fn set_buffers(&mut self, values: &[Vec<f32>]) {
+        let model = self
+            .model
+            .take()
+            .expect("the model is present between calls");
+        self.model = Some(params::assign_buffers(model, values));
+    }
 }

@@ -274,5 +274,6 @@ pub fn plain_burn_with<M: Module + Clone>(
         grad0,
         losses,
         grad_norms: norms,
+        ..Outcome::default()
     }
 }

@@ -221,6 +221,11 @@ impl FeedForward for SparseMoe {
         };
         let (experts, weights) = chosen_experts(choice.ranks, choice.weights, self.top_k);
         let (grouped, perm) = permute(x.clone().reshape([n, d]), experts, e);
+        if let Some(bias) = &gate.e_score_correction_bias {
+            // Each expert's rows, for the balancing bias's update after the step.
+            let loads = perm.counts().iter().map(|&c| c as f64);
+            bonfire_module::state::record(bias.id, loads);
+        }
         let rows = run_experts(grouped, perm.counts(), |i, rows| bank.expert(i, rows))
             .unwrap_or_else(|err| panic!("expert parallelism: {err}"));
         let out = unpermute(rows, &perm, weights.cast(dtype)).reshape([b, t, d]);

@@ -84,6 +84,53 @@ pub fn all_tensors<M: Module>(module: &M) -> Vec<ParamInfo> {
     floats(module, |_| true)
 }
 
+/// The state tensors of `module` ([`buffers`]) with their values on the host (an export).
+pub fn buffer_values<M: Module>(module: &M) -> Vec<(ParamInfo, Vec<f32>)> {
+    let infos = buffers(module);
+    if infos.is_empty() {
+        return Vec::new();
+    }
+    let values = flatten_values(module, &infos);
+    let mut at = 0;
+    infos
+        .into_iter()
+        .map(|info| {
+            let n = info.numel();
+            at += n;
+            (info, values[at - n..at].to_vec())
+        })
+        .collect()
+}
+
+/// `module` with its state tensors ([`buffers`], in that order) set to `values` (same ids,
+/// devices and dtypes: an import).
+pub fn assign_buffers<M: Module>(module: M, values: &[Vec<f32>]) -> M {
+    struct Assign<'a> {
+        index: HashMap<ParamId, usize>,
+        values: &'a [Vec<f32>],
+    }
+    impl ModuleMapper for Assign<'_> {
+        fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
+            let Some(&i) = self.index.get(&param.id) else {
+                return param;
+            };
+            let (id, old, mapper) = param.consume();
+            let (dims, dtype, device) = (old.dims(), old.dtype(), old.device());
+            drop(old);
+            let reason = bonfire_dtensor::plane::ledger::Reason::Export;
+            let values = self.values[i].clone();
+            let new = bonfire_dtensor::plane::from_host(values, dims, &device, reason);
+            Param::from_mapped_value(id, new.cast(dtype), mapper)
+        }
+    }
+    let infos = buffers(&module);
+    assert_eq!(infos.len(), values.len(), "one value per state tensor");
+    module.map(&mut Assign {
+        index: index_of(&infos),
+        values,
+    })
+}
+
 /// The float parameters whose `require_grad` `keep` accepts, in visit order.
 fn floats<M: Module>(module: &M, keep: fn(bool) -> bool) -> Vec<ParamInfo> {
     struct Inventory {

@@ -15,6 +15,9 @@ use burn::module::Module;
 #[derive(Debug, Clone)]
 pub(crate) struct ModelLayout {
     pub infos: Vec<ParamInfo>,
+    /// The model's state tensors (parameters without gradient), in model order: whole on
+    /// every rank holding them (no plan shards them, no wrapper partitions them).
+    pub buffers: Vec<ParamInfo>,
     shard_dims: Vec<Option<usize>>,
     /// Whether each parameter holds this rank's slice of the experts (dimension 0), split
     /// over `ep` ranks.
@@ -33,6 +36,7 @@ impl ModelLayout {
             .collect();
         let experts = vec![false; infos.len()];
         Self {
+            buffers: params::buffers(model),
             infos,
             shard_dims,
             experts,
@@ -158,6 +162,45 @@ impl ModelLayout {
                 shape: self.whole_shape(i, tp_size),
                 values: flat[offsets[i]..offsets[i + 1]].to_vec(),
             })
+            .collect())
+    }
+
+    /// The model's state tensors whole, in model order, from this rank's `local` ones
+    /// (`local[k]` is state tensor `indices[k]`): as they are when the rank holds every one
+    /// (`world` `None`), else summed over the world with one contribution per tensor (the
+    /// flag on exactly one rank holding it). A collective on the world then.
+    pub fn whole_buffers(
+        &self,
+        local: Vec<Vec<f32>>,
+        indices: &[usize],
+        world: Option<(&ProcessGroup, bool)>,
+    ) -> Result<Vec<ParamValues>, TrainError> {
+        self.check_count(local.len(), indices.len())?;
+        let named = |i: usize, values: Vec<f32>| ParamValues {
+            path: self.buffers[i].path.clone(),
+            shape: self.buffers[i].shape.clone(),
+            values,
+        };
+        let Some((world, contributes)) = world else {
+            return Ok(local
+                .into_iter()
+                .zip(indices)
+                .map(|(v, &i)| named(i, v))
+                .collect());
+        };
+        let mut offsets = vec![0usize];
+        for b in &self.buffers {
+            offsets.push(offsets.last().unwrap() + b.numel());
+        }
+        let mut flat = vec![0.0f32; *offsets.last().unwrap()];
+        if contributes {
+            for (v, &i) in local.iter().zip(indices) {
+                flat[offsets[i]..offsets[i + 1]].copy_from_slice(v);
+            }
+        }
+        world.all_reduce(&mut flat, ReduceOp::Sum)?;
+        Ok((0..self.buffers.len())
+            .map(|i| named(i, flat[offsets[i]..offsets[i + 1]].to_vec()))
             .collect())
     }
 

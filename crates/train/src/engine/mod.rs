@@ -68,6 +68,15 @@ pub trait Engine<B>: Stateful {
     fn gradients(&mut self) -> Result<Vec<ParamValues>, TrainError>;
     /// What this rank's dp wrapper measured (timings, bytes held), for benches and reports.
     fn wrapper_report(&self) -> WrapperReport;
+    /// The model's state tensors (parameters without gradient: DeepSeek-V3's balancing
+    /// biases), whole, in the model's order. A collective under a pipeline (each stage holds
+    /// its own).
+    fn buffers(&mut self) -> Result<Vec<ParamValues>, TrainError>;
+    /// After the optimizer step: auxiliary-loss-free balancing of every state tensor this
+    /// rank's forwards recorded loads for (`bonfire_module::state`), the loads summed over
+    /// the ranks that saw other rows of the step (dp, cp, HSDP's replicas) — each moves by
+    /// `rate` · sign(mean load − load). A collective on those groups.
+    fn update_buffers(&mut self, rate: f64) -> Result<(), TrainError>;
 }
 
 /// The [`Engine`] methods every engine implements alike on its fields `at` ([`RankMesh`]),
@@ -112,6 +121,17 @@ macro_rules! wrapper_methods {
 
         fn wrapper_report(&self) -> $crate::wrapper::WrapperReport {
             self.wrapper.report()
+        }
+
+        fn buffers(
+            &mut self,
+        ) -> Result<Vec<bonfire_module::params::ParamValues>, $crate::TrainError> {
+            let local = self.wrapper.buffers().into_iter().map(|(_, v)| v).collect();
+            self.assemble_buffers(local)
+        }
+
+        fn update_buffers(&mut self, rate: f64) -> Result<(), $crate::TrainError> {
+            $crate::engine::balance_buffers(&mut self.wrapper, &self.at, rate)
         }
     };
 }
@@ -158,6 +178,46 @@ pub(crate) fn clip_by_global_norm<M: burn::module::Module>(
         }
     }
     Ok(norm)
+}
+
+/// [`Engine::update_buffers`] on `wrapper`'s state tensors: this rank's recorded loads
+/// (zero for a tensor without any), summed over the wrapper's group and HSDP's replicas in
+/// f64, then each tensor moved by `rate` · sign(mean − load).
+pub(crate) fn balance_buffers<M: burn::module::Module>(
+    wrapper: &mut crate::wrapper::DpWrapper<M>,
+    at: &RankMesh,
+    rate: f64,
+) -> Result<(), TrainError> {
+    use bonfire_module::DataParallel;
+    let recorded = bonfire_module::state::take();
+    let held = wrapper.buffers();
+    if held.is_empty() {
+        return Ok(());
+    }
+    let mut loads: Vec<f64> = Vec::new();
+    for (info, _) in &held {
+        let mut l = recorded.get(&info.id).cloned().unwrap_or_default();
+        l.resize(info.numel(), 0.0);
+        loads.extend(l);
+    }
+    wrapper
+        .process_group()
+        .all_reduce(&mut loads, bonfire_comm::ReduceOp::Sum)?;
+    if let Some(replicas) = at.replicate_group() {
+        replicas.all_reduce(&mut loads, bonfire_comm::ReduceOp::Sum)?;
+    }
+    let mut start = 0;
+    let values: Vec<Vec<f32>> = held
+        .into_iter()
+        .map(|(info, mut v)| {
+            let n = info.numel();
+            bonfire_module::state::balance_step(&mut v, &loads[start..start + n], rate);
+            start += n;
+            v
+        })
+        .collect();
+    wrapper.set_buffers(&values);
+    Ok(())
 }
 
 /// The [`Stateful`] methods every engine implements alike on the same fields as

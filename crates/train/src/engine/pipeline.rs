@@ -96,30 +96,39 @@ pub(crate) fn split_points(
 }
 
 /// The model parameters each piece holds, as index ranges into the model's inventory; fails
-/// unless the pieces hold exactly the model's parameters in its order.
+/// unless the pieces hold exactly the model's parameters in its order. `state`: the same for
+/// the state tensors (parameters without gradient) and the model's list of them.
 fn piece_params<P: burn::module::Module>(
     pieces: &[(String, P)],
     layout: &ModelLayout,
+    state: bool,
 ) -> Result<Vec<Range<usize>>, TrainError> {
+    let (model, what) = match state {
+        false => (&layout.infos, "parameters"),
+        true => (&layout.buffers, "state tensors"),
+    };
     let mut at = 0;
     let mut out = Vec::with_capacity(pieces.len());
     for (name, piece) in pieces {
-        let own = params::inventory(piece);
-        let want = layout.infos.get(at..at + own.len());
+        let own = match state {
+            false => params::inventory(piece),
+            true => params::buffers(piece),
+        };
+        let want = model.get(at..at + own.len());
         let same = want.is_some_and(|w| w.iter().zip(&own).all(|(a, b)| a.shape == b.shape));
         if !same {
             return Err(TrainError::Model(format!(
-                "pipeline piece `{name}` does not hold the model's parameters {at}.. in order \
-                 (pieces must cover the model's parameters, in the model's order)"
+                "pipeline piece `{name}` does not hold the model's {what} {at}.. in order \
+                 (pieces must cover the model's {what}, in the model's order)"
             )));
         }
         out.push(at..at + own.len());
         at += own.len();
     }
-    if at != layout.infos.len() {
+    if at != model.len() {
         return Err(TrainError::Model(format!(
-            "the pipeline pieces hold {at} of the model's {} parameters",
-            layout.infos.len()
+            "the pipeline pieces hold {at} of the model's {} {what}",
+            model.len()
         )));
     }
     Ok(out)
@@ -153,19 +162,24 @@ impl<B: Rows> PipelineVisitor<B> for BuildEngine<B> {
             dims.pp_options.split_points.as_deref(),
             dims.pp(),
         )?;
-        let ranges = piece_params(&pipeline.pieces, &ctx.layout)?;
+        let ranges = piece_params(&pipeline.pieces, &ctx.layout, false)?;
+        let buffer_ranges = piece_params(&pipeline.pieces, &ctx.layout, true)?;
         let ac = dims.recompute;
         let flags = recompute_flags(&names, &pipeline.checkpointable, ac);
         let stage_starts: Vec<usize> = std::iter::once(0).chain(points.iter().copied()).collect();
         let pp_rank = ctx.at.coord(Axis::Pp);
-        // The model parameters of this rank's chunks, in the wrapper's order.
-        let indices: Vec<usize> = (0..schedule.stage_map.chunks())
-            .flat_map(|c| {
-                let s = schedule.stage_map.stage(pp_rank, c);
-                let end = stage_starts.get(s + 1).copied().unwrap_or(names.len());
-                ranges[stage_starts[s]].start..ranges[end - 1].end
-            })
-            .collect();
+        // The model parameters (and state tensors) of this rank's chunks, in the wrapper's
+        // order.
+        let held = |ranges: &[Range<usize>]| -> Vec<usize> {
+            (0..schedule.stage_map.chunks())
+                .flat_map(|c| {
+                    let s = schedule.stage_map.stage(pp_rank, c);
+                    let end = stage_starts.get(s + 1).copied().unwrap_or(names.len());
+                    ranges[stage_starts[s]].start..ranges[end - 1].end
+                })
+                .collect()
+        };
+        let (indices, buffer_indices) = (held(&ranges), held(&buffer_ranges));
         // Which pieces of each of this rank's chunks recompute.
         let recompute: Vec<Vec<bool>> = (0..schedule.stage_map.chunks())
             .map(|c| {
@@ -184,6 +198,7 @@ impl<B: Rows> PipelineVisitor<B> for BuildEngine<B> {
             schedule,
             wrapper,
             indices,
+            buffer_indices,
             recompute,
             layout: ctx.layout,
             input: pipeline.input,
@@ -199,6 +214,8 @@ struct PipelineEngine<P: Block<D>, const D: usize, B> {
     wrapper: DpWrapper<Vec<Vec<P>>>,
     /// The model parameter of each of the wrapper's parameters.
     indices: Vec<usize>,
+    /// The model state tensor of each of the wrapper's.
+    buffer_indices: Vec<usize>,
     /// Whether each piece of each local chunk recomputes (activation checkpointing).
     recompute: Vec<Vec<bool>>,
     layout: ModelLayout,
@@ -246,12 +263,26 @@ impl<P: Block<D>, const D: usize, B: Rows> PipelineEngine<P, D, B> {
         Ok(global[0])
     }
 
+    /// Whether this rank hands its stages' values to the assembly (one rank per stage:
+    /// the first of its dp, cp and tp groups).
+    fn contributes(&self) -> bool {
+        [Axis::DpReplicate, Axis::Dp, Axis::Cp, Axis::Tp]
+            .iter()
+            .all(|&a| self.at.coord(a) == 0)
+    }
+
+    /// Every state tensor whole from this rank's stages' `local` ones (a collective on the
+    /// world).
+    fn assemble_buffers(&self, local: Vec<Vec<f32>>) -> Result<Vec<ParamValues>, TrainError> {
+        let world = (self.at.mesh.world(), self.contributes());
+        self.layout
+            .whole_buffers(local, &self.buffer_indices, Some(world))
+    }
+
     /// Every parameter whole from this rank's `local` ones (a collective on tp, on ep for
     /// the experts, and on the world).
     fn assemble(&self, local: Vec<ParamValues>) -> Result<Vec<ParamValues>, TrainError> {
-        let contributes = [Axis::DpReplicate, Axis::Dp, Axis::Cp, Axis::Tp]
-            .iter()
-            .all(|&a| self.at.coord(a) == 0);
+        let contributes = self.contributes();
         self.layout.whole_assembled(
             local,
             &self.indices,

@@ -23,17 +23,26 @@ pub(crate) struct ReplicaEngine<M: ParallelModel> {
     layout: ModelLayout,
     /// Every model parameter, in order (the wrapper holds them all).
     indices: Vec<usize>,
+    /// Every state tensor, in order (the wrapper holds them all).
+    buffer_indices: Vec<usize>,
 }
 
 impl<M: ParallelModel> ReplicaEngine<M> {
     pub fn new(at: RankMesh, wrapper: DpWrapper<M>, layout: ModelLayout) -> Self {
         let indices = (0..layout.infos.len()).collect();
+        let buffer_indices = (0..layout.buffers.len()).collect();
         Self {
             at,
             wrapper,
             layout,
             indices,
+            buffer_indices,
         }
+    }
+
+    /// Every state tensor whole: this rank holds them all.
+    fn assemble_buffers(&self, local: Vec<Vec<f32>>) -> Result<Vec<ParamValues>, TrainError> {
+        self.layout.whole_buffers(local, &self.buffer_indices, None)
     }
 
     /// Every parameter whole from this rank's `local` ones (a collective on tp, and on ep
