@@ -290,10 +290,16 @@ pub fn main_with(args: impl IntoIterator<Item = std::ffi::OsString>) {
     }
 }
 
-/// `whole` (every parameter) assigned to `model`, a fresh model of the run's configuration.
+/// `whole` (every parameter and state tensor, by name) assigned to `model`, a fresh model of
+/// the run's configuration.
 fn with_values<M: burn::module::Module>(model: M, whole: Vec<ParamValues>) -> M {
-    let infos = params::inventory(&model);
-    let flat: Vec<f32> = whole.into_iter().flat_map(|p| p.values).collect();
+    let infos = params::all_tensors(&model);
+    let mut by_name: std::collections::HashMap<String, Vec<f32>> =
+        whole.into_iter().map(|p| (p.path, p.values)).collect();
+    let flat: Vec<f32> = infos
+        .iter()
+        .flat_map(|i| by_name.remove(&i.path).expect("every tensor of the model"))
+        .collect();
     params::assign_values(model, &infos, &flat)
 }
 
@@ -588,7 +594,8 @@ impl Job {
         ))
     }
 
-    /// After training: the whole parameters handed to `finish` on rank 0 when there is anything to finish (an export, a sample).
+    /// After training: the whole parameters, then the state tensors, handed to `finish` on
+    /// rank 0 when there is anything to finish (an export, a sample).
     fn finish(
         &self,
         engine: &mut dyn Engine<TokenBatch>,
@@ -597,7 +604,8 @@ impl Job {
         if self.cli.export.is_none() && self.sample() == 0 {
             return Ok(());
         }
-        let whole = engine.parameters()?;
+        let mut whole = engine.parameters()?;
+        whole.extend(engine.buffers()?);
         if engine.world().rank() == 0 {
             finish(whole).map_err(TrainError::Io)?;
         }

@@ -7,7 +7,11 @@
 //! RoPE on halves, no renormalization, no dense layer). Each loads from its `config.json`
 //! and the published per-expert `model.safetensors` — equal to the fused `state_dict`, bias
 //! included —, its logits equal transformers', and 2 steps of SGD and of AdamW equal
-//! transformers' on one device and in a layout of each class.
+//! transformers' on one device and in a layout of each class. With auxiliary-loss-free
+//! balancing (`--expert-bias-update`) the biases move as transformers' run of the contract's
+//! rule in every layout class, survive a checkpoint resumed in another layout, come out of
+//! the parity harness; `train --model` reads a slice per rank, and the export — biases
+//! beside the parameters — is what transformers loads.
 
 mod common;
 
@@ -56,6 +60,18 @@ fn load(fixture: &str) -> (MixtralConfig, Mixtral, data::Batches) {
     (cfg, model, batches)
 }
 
+/// AdamW's parameter tolerance: relative 1e-5 with a floor of 9e-3·lr (the dense families'
+/// 2e-3·lr, Qwen3-MoE's 5e-3·lr). AdamW's first step moves an element by lr·g/(|g| + ε), so
+/// where a gradient is near ε (rows of the vocabulary and experts few tokens reach) f32's
+/// gradient error becomes a step difference. Fitted on one device of the main fixture
+/// (6.0e-5 = 6e-3·lr, 1.5× that); judged on what it never saw: the layouts against
+/// transformers, 7.1e-5 at most (tp = 2; `q_proj/` 2.9e-5), the balanced runs 6.2e-5, a
+/// resumed run against one device 7.5e-5. SGD, the same gradients taken as they are, stays
+/// within F64 everywhere.
+fn adamw(lr: f64) -> bonfire_comm::testing::Tolerance {
+    bonfire_comm::testing::Tolerance::new(1e-5, 9e-3 * lr as f32)
+}
+
 /// `fixture`'s logits, then its training in each of `layouts`, against transformers.
 fn check(fixture: &str, layouts: &[LayoutArgs]) -> MixtralConfig {
     let (cfg, model, batches) = load(fixture);
@@ -64,15 +80,9 @@ fn check(fixture: &str, layouts: &[LayoutArgs]) -> MixtralConfig {
     let logits = model.forward(ids).into_data().try_to_vec::<f32>().unwrap();
     let c = bonfire_comm::testing::assert_close("logits", &logits, &want["logits"], F64);
     println!("{fixture} logits vs transformers: {c}");
-    // AdamW's floor 9e-3·lr (the dense families' 2e-3·lr, Qwen3-MoE's 5e-3·lr): the first
-    // step moves an element by lr·g/(|g| + ε), so where a gradient is near ε (rows of the
-    // vocabulary and experts few tokens reach) f32's gradient error becomes a step
-    // difference. Fitted on one device of the main fixture (6.0e-5 = 6e-3·lr, 1.5× that);
-    // judged on the layouts, which it never saw: 7.1e-5 at most (tp = 2), `q_proj/` 2.9e-5.
-    // SGD, the same gradients taken as they are, stays within F64 everywhere.
     let tol = |optim, lr: f64, _: &bonfire_layout::ParallelDims| match optim {
         OptimizerKind::Sgd => F64,
-        OptimizerKind::AdamW => bonfire_comm::testing::Tolerance::new(1e-5, 9e-3 * lr as f32),
+        OptimizerKind::AdamW => adamw(lr),
     };
     let worst = common::against_fixture(fixture, &model, &batches, layouts, tol);
     println!(
@@ -139,7 +149,7 @@ fn check_balanced(fixture: &str, layouts: &[(LayoutArgs, usize)]) {
     ] {
         let tol = match optim {
             OptimizerKind::Sgd => F64,
-            OptimizerKind::AdamW => bonfire_comm::testing::Tolerance::new(1e-5, 9e-3 * lr as f32),
+            OptimizerKind::AdamW => adamw(lr),
         };
         for (case, accum) in layouts {
             let dims = case.dims("dp=1").unwrap();
@@ -237,4 +247,172 @@ fn evaluation_between_steps_leaves_the_balancing_alone() {
     let (evaluated, count) = run(true);
     assert_eq!((none, count), (0, 2), "an evaluation after each step");
     assert_eq!(plain, evaluated);
+}
+
+/// A balanced run (`--expert-bias-update 0.01`) checkpointed after step 0 and resumed in
+/// another layout — dp = 2 × ep = 2 ZeRO-3 → a 3-stage pipeline → one device — equals
+/// transformers' 2 steps: losses, parameters and the biases (a checkpoint holds them,
+/// whole, after the parameters; a bias restored wrong is 0.01 off). Against the reference
+/// rather than against one device: the layouts' f32 runs sit on both sides of it (one
+/// device and the pipeline 6.2e-5 and 5.8e-5 from it under AdamW, 1.2e-4 apart).
+#[test]
+fn deepseek_v3_resumes_its_biases_across_layouts() {
+    use common::resume::leg;
+    let fixture = "deepseek_v3";
+    let (_, model, batches) = load(fixture);
+    let want = common::fixture_reference(fixture);
+    let dims = |mesh: &str, zero, schedule: Option<&str>, m| {
+        layout(mesh, zero, schedule, m, "").dims("dp=1").unwrap()
+    };
+    let chain = [
+        dims("dp=2,ep=2", 3, None, None),
+        dims("pp=3", 0, Some("1f1b"), Some(2)),
+        dims("dp=1", 0, None, None),
+    ];
+    let names: Vec<String> = (params::inventory(&model).into_iter())
+        .chain(params::buffers(&model))
+        .map(|p| p.path)
+        .collect();
+    for (optim, name, lr) in [
+        (OptimizerKind::Sgd, "sgd", 0.5),
+        (OptimizerKind::AdamW, "adamw", 0.01),
+    ] {
+        let recipe = bonfire_train::FitConfig {
+            expert_bias_update: Some(0.01),
+            ..bonfire_train::FitConfig::new(0, lr)
+        };
+        let key = |n: &str| format!("balanced.{name}.{n}");
+        let reference: Vec<f32> = names.iter().flat_map(|n| want[&key(n)].clone()).collect();
+        let tol = match optim {
+            OptimizerKind::Sgd => F64,
+            OptimizerKind::AdamW => adamw(lr),
+        };
+        for pair in chain.windows(2) {
+            let (a, b) = (&pair[0], &pair[1]);
+            let dir = std::env::temp_dir().join(format!(
+                "bonfire-deepseek-resume-{name}-{}",
+                std::process::id()
+            ));
+            let rows = batches.batch;
+            let (mut losses, _) = leg(
+                &model,
+                &batches,
+                rows,
+                a,
+                optim,
+                0..1,
+                None,
+                Some(&dir),
+                &recipe,
+            );
+            let (more, got) = leg(
+                &model,
+                &batches,
+                rows,
+                b,
+                optim,
+                1..2,
+                Some(&dir),
+                None,
+                &recipe,
+            );
+            std::fs::remove_dir_all(&dir).ok();
+            losses.extend(more);
+            let what = format!("{fixture} {a} -> {b} {name} balanced vs transformers");
+            let close = bonfire_comm::testing::assert_close;
+            let c = close(&format!("{what} loss"), &losses, &want[&key("loss")], F64);
+            let c = c.max(close(&format!("{what} tensors"), &got, &reference, tol));
+            println!("resume {what}: {c}");
+        }
+    }
+}
+
+/// `train --model` on the DeepSeek-V3 directory (published per-expert names, the biases
+/// beside them) under dp = 2 × tp = 2 and dp = 2 × ep = 2, ZeRO-3: each rank reads only its
+/// slices, and `--export` writes the fused `state_dict` — biases included — value for value.
+#[test]
+fn train_loads_deepseek_v3_directories_a_slice_per_rank() {
+    let _ = common::train_reads_slices_and_exports("deepseek_v3", "dp=2,tp=2", 3);
+    let _ = common::train_reads_slices_and_exports("deepseek_v3/q_proj", "dp=2,ep=2", 3);
+}
+
+/// Both fixtures exported with `save_pretrained` — the biases beside the parameters — hold
+/// the fused `state_dict`'s tensors, and their configs read back as the same models; under
+/// `BONFIRE_KEEP_EXPORT` transformers loads them (the gate's `clients` step).
+#[test]
+fn deepseek_v3_exports_what_transformers_loads() {
+    for (fixture, name) in [
+        ("deepseek_v3", "deepseek_v3"),
+        ("deepseek_v3/q_proj", "deepseek_v3_q_proj"),
+    ] {
+        let (cfg, model, batches) = load(fixture);
+        let reads_back = |path: &std::path::Path| {
+            assert_eq!(
+                MixtralConfig::load(path).unwrap(),
+                cfg,
+                "{fixture}: its config"
+            );
+        };
+        let logits = |ids| model.forward(ids);
+        let files = format!("{fixture}/state_dict.safetensors");
+        let json = cfg.to_json();
+        common::export::export(name, (&model, &json), &files, reads_back, logits, &batches);
+    }
+}
+
+/// The parity harness trains the DeepSeek-V3 fixture (`--config` of `"model_type":
+/// "deepseek_v3"`, `--weights` its fused `state_dict` with the biases) under dp = 2 × ep = 2
+/// ZeRO-3 with `--expert-bias-update 0.01`: the result file holds every parameter, its
+/// `grad0`, the loss and the biases after the last step (no `grad0` for them), equal to
+/// transformers' run.
+#[test]
+fn the_harness_trains_deepseek_v3_with_its_balancing() {
+    use bonfire_examples::{cli::LayoutArgs, harness};
+    let dir = common::fixture_dir("deepseek_v3");
+    let out = std::env::temp_dir().join(format!("bonfire-deepseek-harness-{}", std::process::id()));
+    let mut args = harness::HarnessArgs {
+        config: dir.join("config.json"),
+        weights: dir.join("state_dict.safetensors"),
+        data: dir.join("batch.safetensors"),
+        dims: LayoutArgs {
+            zero: 3,
+            ..LayoutArgs::mesh("dp=2,ep=2")
+        }
+        .dims("dp=1")
+        .unwrap(),
+        optim: OptimizerKind::Sgd,
+        device: "flex".into(),
+        steps: 2,
+        lr: 0.5,
+        recipe: Default::default(),
+        out: out.join("result.safetensors"),
+    };
+    args.recipe.expert_bias_update = Some(0.01);
+    harness::run(&args).unwrap();
+    let got = harness::read_result(&args.out).unwrap();
+    let want = common::fixture_reference("deepseek_v3");
+    let close = bonfire_comm::testing::assert_close;
+    close("loss", &got["loss"], &want["balanced.sgd.loss"], F64);
+    let (_, model, _) = load("deepseek_v3");
+    let (trained, state) = (params::inventory(&model), params::buffers(&model));
+    for p in trained.iter().chain(&state) {
+        close(
+            &p.path,
+            &got[&p.path],
+            &want[&format!("balanced.sgd.{}", p.path)],
+            F64,
+        );
+    }
+    for p in &trained {
+        let g = format!("grad0.{}", p.path);
+        close(&g, &got[&g], &want[&g], F64);
+    }
+    assert!(
+        !state.is_empty()
+            && state
+                .iter()
+                .all(|b| !got.contains_key(&format!("grad0.{}", b.path)))
+    );
+    assert_eq!(got.len(), 2 * trained.len() + state.len() + 1);
+    std::fs::remove_dir_all(out).ok();
 }

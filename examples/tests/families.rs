@@ -23,12 +23,10 @@ use bonfire_examples::harness;
 use bonfire_models::data;
 use bonfire_models::data::TokenBatch;
 use bonfire_models::llama::Family;
-use bonfire_models::{pretrained, tensor_file};
 use bonfire_parallel::ParallelModel;
 use bonfire_train::OptimizerKind;
 use burn::tensor::{Int, Tensor};
 use common::{F64, layout};
-use std::collections::BTreeMap;
 
 /// Every layout class.
 fn all_layouts() -> Vec<LayoutArgs> {
@@ -81,7 +79,7 @@ fn check(family: &str, want: Family, layouts: &[LayoutArgs]) {
     let logits = |ids| model.forward(ids);
     let json = cfg.to_json();
     let files = format!("{name}/model.safetensors");
-    export(
+    common::export::export(
         family,
         (&model, &json),
         &files,
@@ -89,54 +87,6 @@ fn check(family: &str, want: Family, layouts: &[LayoutArgs]) {
         logits,
         &batches,
     );
-}
-
-/// `model` exported as transformers writes it: the tensors (names, shapes) of the fixture
-/// file `tensors` (under `fixtures/`), its config read back as the model's (`reads_back`); kept with step 0's
-/// logits under `BONFIRE_KEEP_EXPORT`.
-fn export<M: burn::module::Module>(
-    family: &str,
-    (model, config_json): (&M, &str),
-    tensors: &str,
-    reads_back: impl Fn(&std::path::Path),
-    logits: impl Fn(Tensor<2, Int>) -> Tensor<3>,
-    batches: &data::Batches,
-) {
-    let keep = std::env::var_os("BONFIRE_KEEP_EXPORT").map(std::path::PathBuf::from);
-    let tmp = std::env::temp_dir().join(format!("bonfire-{family}-export-{}", std::process::id()));
-    let out = keep.as_ref().map_or(tmp.clone(), |k| k.join(family));
-    pretrained::save_pretrained(model, config_json, &out, usize::MAX).unwrap();
-    let shapes = |p: std::path::PathBuf| -> Vec<(String, Vec<usize>)> {
-        let tensors = tensor_file::read(p).unwrap();
-        tensors
-            .into_iter()
-            .map(|(k, t)| (k, t.shape().to_vec()))
-            .collect()
-    };
-    let fixture = common::fixture_dir(tensors);
-    assert_eq!(
-        shapes(out.join("model.safetensors")),
-        shapes(fixture),
-        "{family}: the export's tensors"
-    );
-    reads_back(&out.join("config.json"));
-    if keep.is_some() {
-        let device = default_device();
-        let (ids, _) = batches.rows(0, 0, batches.batch, &device);
-        let logits = logits(ids.clone());
-        let mut t = BTreeMap::new();
-        let shape = logits.dims().to_vec();
-        t.insert(
-            "logits".to_string(),
-            (shape, logits.into_data().try_to_vec::<f32>().unwrap()),
-        );
-        let ids_shape = ids.dims().to_vec();
-        let ids: Vec<f32> = ids.float().into_data().try_to_vec::<f32>().unwrap();
-        t.insert("input_ids".to_string(), (ids_shape, ids));
-        tensor_file::write_f32(out.join("logits.safetensors"), &t).unwrap();
-    } else {
-        std::fs::remove_dir_all(tmp).ok();
-    }
 }
 
 #[test]
@@ -376,7 +326,7 @@ fn check_moe(fixture: &str, name: &str, layouts: &[LayoutArgs]) -> bonfire_model
     let logits = |ids| model.forward(ids);
     let json = cfg.to_json();
     let files = format!("{fixture}/state_dict.safetensors");
-    export(name, (&model, &json), &files, reads_back, logits, &batches);
+    common::export::export(name, (&model, &json), &files, reads_back, logits, &batches);
     cfg
 }
 

@@ -102,8 +102,9 @@ const FIXTURES: [(&str, &[&str]); 6] = [
     ),
 ];
 
-/// The families' exports transformers loads besides the Llama's (`tests/families.rs`).
-const FAMILY_EXPORTS: [&str; 8] = [
+/// The families' exports transformers loads besides the Llama's (`tests/families.rs`, the
+/// DeepSeek ones `tests/deepseek.rs`).
+const FAMILY_EXPORTS: [&str; 10] = [
     "llama3",
     "qwen2",
     "qwen3",
@@ -112,6 +113,8 @@ const FAMILY_EXPORTS: [&str; 8] = [
     "mistral_window",
     "qwen3_moe",
     "qwen3_moe_dense",
+    "deepseek_v3",
+    "deepseek_v3_q_proj",
 ];
 
 /// The checks of this step: the exports, one regeneration a family, TensorBoard's reader.
@@ -175,6 +178,15 @@ fn family_exports(root: &Path, python: &str, dir: &Path) -> Result {
     );
     let mut test = crate::test::test_cargo();
     test.args(["-p", "bonfire-examples", "--test", "families"])
+        .env("BONFIRE_KEEP_EXPORT", dir);
+    process::run(test)?;
+    let mut test = crate::test::test_cargo();
+    test.args(["-p", "bonfire-examples", "--test", "deepseek"])
+        .args([
+            "--",
+            "--exact",
+            "deepseek_v3_exports_what_transformers_loads",
+        ])
         .env("BONFIRE_KEEP_EXPORT", dir);
     process::run(test)?;
     for family in FAMILY_EXPORTS {

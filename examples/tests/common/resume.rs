@@ -14,9 +14,10 @@ use std::ops::Range;
 use std::path::Path;
 
 /// One leg: `model` trained under `dims` with `optim` on steps `steps` of `batches` (`rows`
-/// rows each) at the suites' rate under `schedule` (over the run up to `steps.end`), resumed
-/// from the checkpoint in `from` and saving to `save` when given. The losses of its steps and
-/// every parameter (whole, flat) after it.
+/// rows each) at the suites' rate with `recipe`'s schedule (over the run up to `steps.end`)
+/// and bias update, resumed from the checkpoint in `from` and saving to `save` when given.
+/// The losses of its steps and every parameter, then every state tensor (whole, flat) after
+/// it.
 #[allow(clippy::too_many_arguments)]
 pub fn leg<M: ParallelModel<Batch = TokenBatch> + Clone + Send + Sync>(
     model: &M,
@@ -27,14 +28,15 @@ pub fn leg<M: ParallelModel<Batch = TokenBatch> + Clone + Send + Sync>(
     steps: Range<usize>,
     from: Option<&Path>,
     save: Option<&Path>,
-    schedule: LrSchedule,
+    recipe: &FitConfig,
 ) -> (Vec<f32>, Vec<f32>) {
     let trainer = Trainer::new(dims.clone(), move || optim.build());
     let data = |s: usize, d: &burn::tensor::Device| batches.rows(s, 0, rows, d);
     let first = data(0, &default_device());
     let config = FitConfig {
         start_step: steps.start,
-        schedule,
+        schedule: recipe.schedule,
+        expert_bias_update: recipe.expert_bias_update,
         ..FitConfig::new(steps.end, super::gpt_lr(optim))
     };
     let out = Launcher::Threads {
@@ -50,11 +52,9 @@ pub fn leg<M: ParallelModel<Batch = TokenBatch> + Clone + Send + Sync>(
             None => Box::new(()),
         };
         let reports = fit(engine.as_mut(), &data, &config, hooks.as_mut())?;
-        let params: Vec<f32> = engine
-            .parameters()?
-            .into_iter()
-            .flat_map(|p| p.values)
-            .collect();
+        let mut whole = engine.parameters()?;
+        whole.extend(engine.buffers()?);
+        let params: Vec<f32> = whole.into_iter().flat_map(|p| p.values).collect();
         Ok((reports.iter().map(|r| r.loss).collect::<Vec<f32>>(), params))
     })
     .unwrap();
@@ -89,13 +89,35 @@ pub fn check_resume_scheduled<M: ParallelModel<Batch = TokenBatch> + Clone + Sen
     model: &M,
     batches: &Batches,
     rows: usize,
-    (a, b): (&ParallelDims, &ParallelDims),
-    (steps, saved_at): (usize, usize),
+    layouts: (&ParallelDims, &ParallelDims),
+    at: (usize, usize),
     adamw: Tolerance,
     schedule: impl Fn(f64) -> LrSchedule,
 ) {
+    let recipe = |lr| FitConfig {
+        schedule: schedule(lr),
+        ..FitConfig::new(0, lr)
+    };
+    let tols = (super::SGD, adamw);
+    check_resume_recipe(name, model, batches, rows, layouts, at, tols, recipe);
+}
+
+/// [`check_resume`] with every leg's schedule and bias update those of `recipe(lr)` (`lr`
+/// the suites' rate of each optimizer), SGD's and AdamW's tolerances `(sgd, adamw)`; the
+/// state tensors compared with the parameters.
+#[allow(clippy::too_many_arguments)]
+pub fn check_resume_recipe<M: ParallelModel<Batch = TokenBatch> + Clone + Send + Sync>(
+    name: &str,
+    model: &M,
+    batches: &Batches,
+    rows: usize,
+    (a, b): (&ParallelDims, &ParallelDims),
+    (steps, saved_at): (usize, usize),
+    (sgd, adamw): (Tolerance, Tolerance),
+    recipe: impl Fn(f64) -> FitConfig,
+) {
     for optim in [OptimizerKind::Sgd, OptimizerKind::AdamW] {
-        let schedule = schedule(super::gpt_lr(optim));
+        let schedule = &recipe(super::gpt_lr(optim));
         let dir = std::env::temp_dir().join(format!(
             "bonfire-{name}-resume-{}-{}",
             optim.name(),
@@ -138,7 +160,7 @@ pub fn check_resume_scheduled<M: ParallelModel<Batch = TokenBatch> + Clone + Sen
         std::fs::remove_dir_all(&dir).ok();
         losses.extend(more);
         let tol = match optim {
-            OptimizerKind::Sgd => super::SGD,
+            OptimizerKind::Sgd => sgd,
             OptimizerKind::AdamW => adamw,
         };
         let what = format!("{name} {a} -> {b} {}", optim.name());

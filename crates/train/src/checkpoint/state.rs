@@ -64,6 +64,11 @@ pub trait Stateful {
     fn dims(&self) -> &ParallelDims;
     /// Every parameter's values, whole, in the model's order. A collective.
     fn parameters(&mut self) -> Result<Vec<ParamValues>, TrainError>;
+    /// The model's state tensors (parameters without gradient: DeepSeek-V3's balancing
+    /// biases), whole, in the model's order (none for most models). A collective under a
+    /// pipeline (each stage holds its own). A checkpoint holds them after the parameters,
+    /// whole, without optimizer state.
+    fn buffers(&mut self) -> Result<Vec<ParamValues>, TrainError>;
     /// What this rank writes to a checkpoint: its own slices of every parameter and of their
     /// optimizer state, copied to the host (replicas and tp-replicated parameters: one rank
     /// writes). No communication.

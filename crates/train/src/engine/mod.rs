@@ -68,10 +68,6 @@ pub trait Engine<B>: Stateful {
     fn gradients(&mut self) -> Result<Vec<ParamValues>, TrainError>;
     /// What this rank's dp wrapper measured (timings, bytes held), for benches and reports.
     fn wrapper_report(&self) -> WrapperReport;
-    /// The model's state tensors (parameters without gradient: DeepSeek-V3's balancing
-    /// biases), whole, in the model's order. A collective under a pipeline (each stage holds
-    /// its own).
-    fn buffers(&mut self) -> Result<Vec<ParamValues>, TrainError>;
     /// After the optimizer step: auxiliary-loss-free balancing of every state tensor this
     /// rank's forwards recorded loads for (`bonfire_module::state`), the loads summed over
     /// the ranks that saw other rows of the step (dp, cp, HSDP's replicas) — each moves by
@@ -121,13 +117,6 @@ macro_rules! wrapper_methods {
 
         fn wrapper_report(&self) -> $crate::wrapper::WrapperReport {
             self.wrapper.report()
-        }
-
-        fn buffers(
-            &mut self,
-        ) -> Result<Vec<bonfire_module::params::ParamValues>, $crate::TrainError> {
-            let local = self.wrapper.buffers().into_iter().map(|(_, v)| v).collect();
-            self.assemble_buffers(local)
         }
 
         fn update_buffers(&mut self, rate: f64) -> Result<(), $crate::TrainError> {
@@ -239,21 +228,40 @@ macro_rules! state_methods {
             self.assemble(local)
         }
 
+        fn buffers(
+            &mut self,
+        ) -> Result<Vec<bonfire_module::params::ParamValues>, $crate::TrainError> {
+            let local = self.wrapper.buffers().into_iter().map(|(_, v)| v).collect();
+            self.assemble_buffers(local)
+        }
+
         fn save_state(&mut self) -> Result<$crate::checkpoint::RankState, $crate::TrainError> {
-            let holding = $crate::engine::state::Holding::at(&self.at, &self.layout, &self.indices);
-            $crate::engine::state::rank_state(&self.wrapper, &holding)
+            use $crate::engine::state;
+            let holding = state::Holding::at(&self.at, &self.layout, &self.indices);
+            let saved = state::rank_state(&self.wrapper, &holding)?;
+            let held = self.wrapper.buffers().into_iter().map(|(_, v)| v).collect();
+            let buffers = (&self.layout, self.buffer_indices.as_slice(), held);
+            Ok(state::with_buffers(saved, buffers, self.writes_buffers()))
         }
 
         fn state_wants(&self) -> $crate::checkpoint::Wants {
-            let holding = $crate::engine::state::Holding::at(&self.at, &self.layout, &self.indices);
-            $crate::engine::state::wants(&self.wrapper, &holding)
+            use $crate::engine::state;
+            let holding = state::Holding::at(&self.at, &self.layout, &self.indices);
+            let wants = state::wants(&self.wrapper, &holding);
+            state::wanting_buffers(wants, &self.layout, &self.buffer_indices)
         }
 
         fn load_state(
             &mut self,
             loaded: $crate::checkpoint::Loaded,
         ) -> Result<(), $crate::TrainError> {
-            $crate::engine::state::load(&mut self.wrapper, loaded)
+            let n = self.buffer_indices.len();
+            let (loaded, buffers) = $crate::engine::state::split_buffers(loaded, n);
+            $crate::engine::state::load(&mut self.wrapper, loaded)?;
+            if n > 0 {
+                self.wrapper.set_buffers(&buffers);
+            }
+            Ok(())
         }
     };
 }

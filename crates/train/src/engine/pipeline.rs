@@ -271,6 +271,11 @@ impl<P: Block<D>, const D: usize, B: Rows> PipelineEngine<P, D, B> {
             .all(|&a| self.at.coord(a) == 0)
     }
 
+    /// Whether this rank writes its stages' state tensors to a checkpoint.
+    fn writes_buffers(&self) -> bool {
+        self.contributes()
+    }
+
     /// Every state tensor whole from this rank's stages' `local` ones (a collective on the
     /// world).
     fn assemble_buffers(&self, local: Vec<Vec<f32>>) -> Result<Vec<ParamValues>, TrainError> {

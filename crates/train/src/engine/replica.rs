@@ -40,6 +40,12 @@ impl<M: ParallelModel> ReplicaEngine<M> {
         }
     }
 
+    /// Whether this rank writes the state tensors to a checkpoint (the world's first: every
+    /// rank holds them all).
+    fn writes_buffers(&self) -> bool {
+        self.at.mesh.world().rank() == 0
+    }
+
     /// Every state tensor whole: this rank holds them all.
     fn assemble_buffers(&self, local: Vec<Vec<f32>>) -> Result<Vec<ParamValues>, TrainError> {
         self.layout.whole_buffers(local, &self.buffer_indices, None)

@@ -321,3 +321,54 @@ fn split_values<M: Module>(
     }
     (dense, expert)
 }
+
+/// `saved` with the state tensors this rank holds (`held[k]` is the model's state tensor
+/// `indices[k]`, of `layout`'s list) after the parameters — named in `params` after them,
+/// whole regions, no optimizer state — written when `writes` (one rank per pipeline stage).
+pub(crate) fn with_buffers(
+    mut saved: RankState,
+    (layout, indices, held): (&ModelLayout, &[usize], Vec<Vec<f32>>),
+    writes: bool,
+) -> RankState {
+    let base = saved.params.len();
+    saved.params.extend(buffer_names(layout));
+    if writes {
+        for (values, &i) in held.into_iter().zip(indices) {
+            saved.slices.push(Slice {
+                param: base + i,
+                region: Region::whole(&layout.buffers[i].shape),
+                values,
+                state: None,
+            });
+        }
+    }
+    saved
+}
+
+/// `wants` with the state tensors this rank holds (the model's `indices`), whole, after the
+/// parameters (their values last, in `indices`' order: [`split_buffers`] takes them off).
+pub(crate) fn wanting_buffers(mut wants: Wants, layout: &ModelLayout, indices: &[usize]) -> Wants {
+    let base = wants.params.len();
+    wants.params.extend(buffer_names(layout));
+    for &i in indices {
+        let whole = Region::whole(&layout.buffers[i].shape);
+        wants.values.push((base + i, whole));
+    }
+    wants
+}
+
+/// The last `n` values of `loaded` (the state tensors [`wanting_buffers`] asked for) apart
+/// from the rest.
+pub(crate) fn split_buffers(mut loaded: Loaded, n: usize) -> (Loaded, Vec<Vec<f32>>) {
+    let at = loaded.values.len() - n;
+    let buffers = loaded.values.split_off(at);
+    (loaded, buffers)
+}
+
+/// The model's state tensors as a checkpoint names them: path and whole shape.
+fn buffer_names(layout: &ModelLayout) -> impl Iterator<Item = (String, Vec<usize>)> + '_ {
+    layout
+        .buffers
+        .iter()
+        .map(|b| (b.path.clone(), b.shape.clone()))
+}
