@@ -19,13 +19,9 @@ mod common;
 
 use bonfire_examples::cli::LayoutArgs;
 use bonfire_examples::default_device;
-use bonfire_examples::harness;
 use bonfire_models::data;
-use bonfire_models::data::TokenBatch;
 use bonfire_models::llama::Family;
-use bonfire_parallel::ParallelModel;
 use bonfire_train::OptimizerKind;
-use burn::tensor::{Int, Tensor};
 use common::{F64, layout};
 
 /// Every layout class.
@@ -188,46 +184,9 @@ fn new_layer_kinds_train_as_plain_burn_does() {
             .filter(|c| !(tied && pipelined(c)))
             .cloned()
             .collect();
-        against_plain(family, &model, &batches, &cases, 2e-3, |m, ids, targets| {
+        common::plain::against_plain(family, &model, &batches, &cases, 2e-3, |m, ids, targets| {
             plain_llama_loss(m, &cfg, ids, targets)
         });
-    }
-}
-
-/// `model` trained 2 steps on `batches` by plain Burn (`loss`, Burn's backward and optimizers)
-/// and by Bonfire in each of `cases`, SGD (lr 0.5) and AdamW (lr 0.01): every loss, step-0
-/// gradient and parameter within SGD's suite tolerance, and AdamW's parameters within
-/// `adamw_floor`·lr.
-fn against_plain<M: ParallelModel<Batch = TokenBatch> + Sync>(
-    what: &str,
-    model: &M,
-    batches: &data::Batches,
-    cases: &[LayoutArgs],
-    adamw_floor: f32,
-    loss: impl Fn(&M, Tensor<2, Int>, Tensor<2, Int>) -> Tensor<1>,
-) {
-    use common::plain::{Recipe, plain_burn_with};
-    for (optim, lr) in [(OptimizerKind::Sgd, 0.5), (OptimizerKind::AdamW, 0.01)] {
-        let recipe = Recipe {
-            optim: optim.into(),
-            lrs: vec![lr; 2],
-            clip: None,
-        };
-        let want = plain_burn_with(model, batches, &recipe, &loss);
-        let tol = match optim {
-            OptimizerKind::Sgd => common::SGD,
-            OptimizerKind::AdamW => {
-                bonfire_comm::testing::Tolerance::new(1e-5, adamw_floor * lr as f32)
-            }
-        };
-        for case in cases {
-            let dims = case.dims("dp=1").unwrap();
-            let name = format!("{what} {dims} {} vs plain Burn", optim.name());
-            let got = harness::train(model, batches, &dims, optim, 2, lr)
-                .unwrap_or_else(|e| panic!("{name}: {e}"));
-            let c = common::assert_same_run(&name, &got, &want, tol);
-            println!("{name}: {c}");
-        }
     }
 }
 
@@ -254,7 +213,7 @@ fn qwen3_moe_trains_as_plain_burn_does() {
         let model = moe::load_pretrained(Mixtral::new(&cfg, &default_device()), &dir).unwrap();
         let batches = data::load_batches(dir.join("batch.safetensors"), 64, 8).unwrap();
         // AdamW as against transformers on these fixtures (`check_moe`).
-        against_plain(fixture, &model, &batches, &axes, 5e-3, |m, ids, targets| {
+        common::plain::against_plain(fixture, &model, &batches, &axes, 5e-3, |m, ids, targets| {
             common::plain_llama::plain_moe_loss(m, &cfg, ids, targets)
         });
     }

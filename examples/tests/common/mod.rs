@@ -6,6 +6,7 @@
 
 pub mod export;
 pub mod plain;
+pub mod plain_deepseek;
 pub mod plain_llama;
 pub mod resume;
 

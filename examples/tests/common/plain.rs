@@ -6,8 +6,10 @@
 //! the training recipe's AdamW settings, Burn's parameter groups for 1-d parameters, and
 //! clipping by the global norm written here with `GradientsParams` alone.
 
-use bonfire_models::data::Batches;
+use bonfire_examples::cli::LayoutArgs;
+use bonfire_models::data::{self, Batches, TokenBatch};
 use bonfire_models::gpt::Gpt;
+use bonfire_parallel::ParallelModel;
 use bonfire_tp::{ParallelLayerNorm, ParallelLinear};
 use bonfire_train::parity::Outcome;
 use bonfire_train::{OptimizerKind, OptimizerSpec};
@@ -105,8 +107,9 @@ pub fn host<const D: usize>(t: Tensor<D>) -> Vec<f32> {
     t.into_data().try_to_vec::<f32>().expect("f32 values")
 }
 
-/// `(name, shape, values)` of every parameter of `m` — its module path, which is its contract
-/// (transformers') name — or of its gradient in `grads`, read with Burn's own visitor.
+/// `(name, shape, values)` of every trained parameter of `m` — its module path, which is its
+/// contract (transformers') name — or of its gradient in `grads`, read with Burn's own
+/// visitor (a parameter that requires no gradient is state, and is left out).
 fn named<M: Module>(m: &M, grads: Option<&GradientsParams>) -> Vec<(String, Vec<usize>, Vec<f32>)> {
     struct Named<'a> {
         path: Vec<String>,
@@ -121,6 +124,9 @@ fn named<M: Module>(m: &M, grads: Option<&GradientsParams>) -> Vec<(String, Vec<
             self.path.pop();
         }
         fn visit_float<const D: usize>(&mut self, p: &Param<Tensor<D>>) {
+            if !p.is_require_grad() {
+                return;
+            }
             let name = self.path.join(".");
             let v = match self.grads {
                 Some(g) => host(
@@ -180,6 +186,9 @@ fn named_params<M: Module>(m: &M) -> Vec<(String, Vec<usize>, ParamId)> {
     struct Ids(Vec<(Vec<usize>, ParamId)>);
     impl ModuleVisitor for Ids {
         fn visit_float<const D: usize>(&mut self, p: &Param<Tensor<D>>) {
+            if !p.is_require_grad() {
+                return; // state, no parameter
+            }
             self.0.push((p.dims().to_vec(), p.id));
         }
     }
@@ -199,6 +208,9 @@ fn clip<M: Module>(m: &M, grads: &mut GradientsParams, max: Option<f64>) -> f64 
     struct SumSquares<'a>(&'a GradientsParams, f64);
     impl ModuleVisitor for SumSquares<'_> {
         fn visit_float<const D: usize>(&mut self, p: &Param<Tensor<D>>) {
+            if !p.is_require_grad() {
+                return; // state, no parameter
+            }
             let g = host(self.0.get::<D>(p.id).expect("a gradient"));
             self.1 += g.iter().map(|&x| (x as f64) * (x as f64)).sum::<f64>();
         }
@@ -206,6 +218,9 @@ fn clip<M: Module>(m: &M, grads: &mut GradientsParams, max: Option<f64>) -> f64 
     struct Scale<'a>(&'a mut GradientsParams, f32);
     impl ModuleVisitor for Scale<'_> {
         fn visit_float<const D: usize>(&mut self, p: &Param<Tensor<D>>) {
+            if !p.is_require_grad() {
+                return; // state, no parameter
+            }
             let g = self.0.remove::<D>(p.id).expect("a gradient");
             self.0.register::<D>(p.id, g * self.1);
         }
@@ -275,5 +290,53 @@ pub fn plain_burn_with<M: Module + Clone>(
         losses,
         grad_norms: norms,
         ..Outcome::default()
+    }
+}
+
+/// `model` trained 2 steps on `batches` by plain Burn (`loss`, Burn's backward and optimizers)
+/// and by Bonfire in each of `cases`, SGD (lr 0.5) and AdamW (lr 0.01): every loss, step-0
+/// gradient and parameter within SGD's suite tolerance, and AdamW's parameters within
+/// `adamw_floor`·lr.
+pub fn against_plain<M: ParallelModel<Batch = TokenBatch> + Sync>(
+    what: &str,
+    model: &M,
+    batches: &data::Batches,
+    cases: &[LayoutArgs],
+    adamw_floor: f32,
+    loss: impl Fn(&M, Tensor<2, Int>, Tensor<2, Int>) -> Tensor<1>,
+) {
+    against_plain_within(what, model, batches, cases, (super::SGD, adamw_floor), loss);
+}
+
+/// [`against_plain`] with SGD's tolerance `sgd`.
+pub fn against_plain_within<M: ParallelModel<Batch = TokenBatch> + Sync>(
+    what: &str,
+    model: &M,
+    batches: &data::Batches,
+    cases: &[LayoutArgs],
+    (sgd, adamw_floor): (bonfire_comm::testing::Tolerance, f32),
+    loss: impl Fn(&M, Tensor<2, Int>, Tensor<2, Int>) -> Tensor<1>,
+) {
+    for (optim, lr) in [(OptimizerKind::Sgd, 0.5), (OptimizerKind::AdamW, 0.01)] {
+        let recipe = Recipe {
+            optim: optim.into(),
+            lrs: vec![lr; 2],
+            clip: None,
+        };
+        let want = plain_burn_with(model, batches, &recipe, &loss);
+        let tol = match optim {
+            OptimizerKind::Sgd => sgd,
+            OptimizerKind::AdamW => {
+                bonfire_comm::testing::Tolerance::new(1e-5, adamw_floor * lr as f32)
+            }
+        };
+        for case in cases {
+            let dims = case.dims("dp=1").unwrap();
+            let name = format!("{what} {dims} {} vs plain Burn", optim.name());
+            let got = bonfire_examples::harness::train(model, batches, &dims, optim, 2, lr)
+                .unwrap_or_else(|e| panic!("{name}: {e}"));
+            let c = super::assert_same_run(&name, &got, &want, tol);
+            println!("{name}: {c}");
+        }
     }
 }

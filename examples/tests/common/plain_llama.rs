@@ -14,7 +14,7 @@ use burn::tensor::activation::{log_softmax, silu, softmax};
 use burn::tensor::{Int, Tensor, TensorData};
 
 /// `x Wᵀ + b` on `[B, T, in]`.
-fn linear(l: &ParallelLinear, x: Tensor<3>) -> Tensor<3> {
+pub(super) fn linear(l: &ParallelLinear, x: Tensor<3>) -> Tensor<3> {
     let [b, t, d_in] = x.dims();
     let w = l.weight.val();
     let d_out = w.dims()[0];
@@ -29,7 +29,7 @@ fn linear(l: &ParallelLinear, x: Tensor<3>) -> Tensor<3> {
 }
 
 /// RMSNorm over the last dim: `x / √(mean(x²) + ε) · w`.
-fn rms<const D: usize>(n: &ParallelRmsNorm, x: Tensor<D>, eps: f64) -> Tensor<D> {
+pub(super) fn rms<const D: usize>(n: &ParallelRmsNorm, x: Tensor<D>, eps: f64) -> Tensor<D> {
     let scale = (x.clone().powi_scalar(2).mean_dim(D - 1) + eps)
         .sqrt()
         .recip();
@@ -77,7 +77,7 @@ fn rope(x: Tensor<4>, freqs: &[f64]) -> Tensor<4> {
 }
 
 /// `[T, T]`: 0 where query i sees key j (j ≤ i, and i − W < j under a window W), −∞ elsewhere.
-fn mask(t: usize, window: Option<usize>, device: &burn::tensor::Device) -> Tensor<2> {
+pub(super) fn mask(t: usize, window: Option<usize>, device: &burn::tensor::Device) -> Tensor<2> {
     let v: Vec<f32> = (0..t * t)
         .map(|i| {
             let (q, k) = (i / t, i % t);
@@ -96,6 +96,9 @@ fn attention(
     x: Tensor<3>,
     cfg: &LlamaConfig,
 ) -> Tensor<3> {
+    if a.mla().is_some() {
+        return super::plain_deepseek::attention(a, x, cfg);
+    }
     let [b, t, _] = x.dims();
     let (h, hkv, hd) = (
         cfg.num_attention_heads,
@@ -127,7 +130,7 @@ fn attention(
 }
 
 /// `down(SiLU(gate(h)) ⊙ up(h))`.
-fn swiglu(
+pub(super) fn swiglu(
     gate: &ParallelLinear,
     up: &ParallelLinear,
     down: &ParallelLinear,
@@ -138,7 +141,7 @@ fn swiglu(
 
 /// The decoder's residual stream after its layers, before the final norm: the embedding of
 /// `ids` `[B, T]`, then each layer's `x + Attn(RMSNorm₁(x))`, `x + ffn(mlp, RMSNorm₂(x))`.
-fn decoder<F: FeedForward>(
+pub(super) fn decoder<F: FeedForward>(
     table: Tensor<2>,
     layers: &[DecoderLayer<F>],
     cfg: &LlamaConfig,
@@ -157,7 +160,7 @@ fn decoder<F: FeedForward>(
 }
 
 /// The mean cross-entropy of `logits` `[B, T, V]` against `targets` `[B, T]`.
-fn cross_entropy(logits: Tensor<3>, targets: Tensor<2, Int>) -> Tensor<1> {
+pub(super) fn cross_entropy(logits: Tensor<3>, targets: Tensor<2, Int>) -> Tensor<1> {
     let [b, t, v] = logits.dims();
     let logp = log_softmax(logits.reshape([b * t, v]), 1);
     -logp.gather(1, targets.reshape([b * t, 1])).mean()
@@ -222,8 +225,15 @@ fn experts_on(
         true => kept.clone() / kept.sum_dim(2),
         false => kept,
     };
+    (every_expert(experts, h, w), p, chosen)
+}
+
+/// Every expert on every token of `h` `[B, T, d]`, weighted by `w` `[B, T, E]` and summed:
+/// `Σ_e w_e · down_e(SiLU(g_e h) ⊙ u_e h)`.
+pub(super) fn every_expert(experts: &Experts, h: Tensor<3>, w: Tensor<3>) -> Tensor<3> {
+    let [b, t, d] = h.dims();
     let (gu, down) = (experts.gate_up_proj.val(), experts.down_proj.val());
-    let f = gu.dims()[1] / 2;
+    let (e, f) = (gu.dims()[0], gu.dims()[1] / 2);
     let flat = h.reshape([b * t, d]);
     let mut y = Tensor::<3>::zeros([b, t, d], &flat.device());
     for j in 0..e {
@@ -234,7 +244,7 @@ fn experts_on(
         let out = act.matmul(down_j.transpose()).reshape([b, t, d]);
         y = y + out * w.clone().narrow(2, j, 1);
     }
-    (y, p, chosen)
+    y
 }
 
 /// A Qwen3-MoE's (or Mixtral's) loss in plain Burn: the decoder above with each layer's

@@ -15,5 +15,5 @@ pub mod router;
 
 pub use config::MixtralConfig;
 pub use model::{Mixtral, balance, balance_of};
-pub use moe::{Routing, SparseMoe, top_k_mask};
-pub use router::{Router, Scoring};
+pub use moe::{Routing, SparseMoe};
+pub use router::{Router, Scoring, top_k_mask};

@@ -156,32 +156,6 @@ impl SparseMoe {
     }
 }
 
-/// `[N, E]`: expert e's rank among token n's experts — the number of experts with a larger
-/// p, or an equal p and a lower index (ties: the lower index first). No gradient.
-pub fn expert_ranks(p: Tensor<2>) -> Tensor<2> {
-    let [_, e] = p.dims();
-    let device = p.device();
-    let p = p.detach();
-    let mine = p.clone().unsqueeze_dim::<3>(2); // [N, E, 1]: p_e
-    let other = p.unsqueeze_dim::<3>(1); // [N, 1, E]: p_e'
-    let idx = Tensor::<1, Int>::arange(0..e as i64, &device);
-    // lower[e, e'] = 1 where e' < e.
-    let lower = idx
-        .clone()
-        .unsqueeze_dim::<2>(0)
-        .lower(idx.unsqueeze_dim::<2>(1))
-        .float()
-        .unsqueeze_dim::<3>(0);
-    let ahead = other.clone().greater(mine.clone()).float() + other.equal(mine).float() * lower;
-    ahead.sum_dim(2).squeeze_dim::<2>(2)
-}
-
-/// `[N, E]` 1 where expert e is among token n's `k` most probable (its rank below `k`), else
-/// 0. No gradient.
-pub fn top_k_mask(p: Tensor<2>, k: usize) -> Tensor<2> {
-    expert_ranks(p).lower_elem(k as f64).float()
-}
-
 /// Each token's k chosen experts `[N, k]` (slot j: the expert of rank j) and their weights
 /// `[N, k]` taken from `weights` `[N, E]`.
 fn chosen_experts(ranks: Tensor<2>, weights: Tensor<2>, k: usize) -> (Tensor<2, Int>, Tensor<2>) {
@@ -258,8 +232,9 @@ impl SparseMoe {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::mixtral::router::top_k_mask;
+    use burn::tensor::Distribution;
     use burn::tensor::activation::softmax;
-    use burn::tensor::{Distribution, TensorData};
 
     fn device() -> Device {
         Device::flex().autodiff()
@@ -270,30 +245,6 @@ mod tests {
             .convert::<f32>()
             .try_into_vec::<f32>()
             .unwrap()
-    }
-
-    /// Ties go to the lower index; exactly k experts per token.
-    #[test]
-    fn top_k_breaks_ties_by_the_lower_index() {
-        let p = Tensor::<2>::from_data(
-            TensorData::new(
-                vec![
-                    0.25f32, 0.25, 0.25, 0.25, //
-                    0.1, 0.3, 0.3, 0.3, //
-                    0.4, 0.1, 0.4, 0.1, //
-                    0.1, 0.2, 0.3, 0.4,
-                ],
-                [4, 4],
-            ),
-            &device(),
-        );
-        let want = [
-            1.0, 1.0, 0.0, 0.0, //
-            0.0, 1.0, 1.0, 0.0, //
-            1.0, 0.0, 1.0, 0.0, //
-            0.0, 0.0, 1.0, 1.0,
-        ];
-        assert_eq!(rows(top_k_mask(p, 2)), want);
     }
 
     fn router(moe: &SparseMoe) -> &Router {

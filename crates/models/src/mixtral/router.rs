@@ -5,10 +5,9 @@
 //! weighted by `routed_scaling_factor`. Logits are in the compute dtype; scores, choice and
 //! weights in f32.
 
-use super::moe::expert_ranks;
 use burn::module::{Module, Param};
 use burn::tensor::activation::{sigmoid, softmax};
-use burn::tensor::{DType, Device, Tensor};
+use burn::tensor::{DType, Device, Int, Tensor};
 
 /// How a router turns logits into each token's choice and weights.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -159,5 +158,68 @@ fn choose(
         ranks,
         chosen,
         weights,
+    }
+}
+
+/// `[N, E]`: expert e's rank among token n's experts — the number of experts with a larger
+/// p, or an equal p and a lower index (ties: the lower index first). No gradient.
+pub fn expert_ranks(p: Tensor<2>) -> Tensor<2> {
+    let [_, e] = p.dims();
+    let device = p.device();
+    let p = p.detach();
+    let mine = p.clone().unsqueeze_dim::<3>(2); // [N, E, 1]: p_e
+    let other = p.unsqueeze_dim::<3>(1); // [N, 1, E]: p_e'
+    let idx = Tensor::<1, Int>::arange(0..e as i64, &device);
+    // lower[e, e'] = 1 where e' < e.
+    let lower = idx
+        .clone()
+        .unsqueeze_dim::<2>(0)
+        .lower(idx.unsqueeze_dim::<2>(1))
+        .float()
+        .unsqueeze_dim::<3>(0);
+    let ahead = other.clone().greater(mine.clone()).float() + other.equal(mine).float() * lower;
+    ahead.sum_dim(2).squeeze_dim::<2>(2)
+}
+
+/// `[N, E]` 1 where expert e is among token n's `k` most probable (its rank below `k`), else
+/// 0. No gradient.
+pub fn top_k_mask(p: Tensor<2>, k: usize) -> Tensor<2> {
+    expert_ranks(p).lower_elem(k as f64).float()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burn::tensor::TensorData;
+
+    fn rows(t: Tensor<2>) -> Vec<f32> {
+        t.into_data()
+            .convert::<f32>()
+            .try_into_vec::<f32>()
+            .unwrap()
+    }
+
+    /// Ties go to the lower index; exactly k experts per token.
+    #[test]
+    fn top_k_breaks_ties_by_the_lower_index() {
+        let p = Tensor::<2>::from_data(
+            TensorData::new(
+                vec![
+                    0.25f32, 0.25, 0.25, 0.25, //
+                    0.1, 0.3, 0.3, 0.3, //
+                    0.4, 0.1, 0.4, 0.1, //
+                    0.1, 0.2, 0.3, 0.4,
+                ],
+                [4, 4],
+            ),
+            &Device::flex(),
+        );
+        let want = [
+            1.0, 1.0, 0.0, 0.0, //
+            0.0, 1.0, 1.0, 0.0, //
+            1.0, 0.0, 1.0, 0.0, //
+            0.0, 0.0, 1.0, 1.0,
+        ];
+        assert_eq!(rows(top_k_mask(p, 2)), want);
     }
 }
