@@ -46,6 +46,9 @@ fn load(fixture: &str) -> (MixtralConfig, Mixtral, data::Batches) {
     .unwrap();
     let all = |m: &Mixtral| params::flatten_values(m, &params::all_tensors(m));
     assert_eq!(all(&model), all(&fused), "per-expert and fused files");
+    // The planner counts what the model holds: latent attention, shared experts, dense layers.
+    let held: usize = params::inventory(&model).iter().map(|p| p.numel()).sum();
+    assert_eq!((cfg.num_params(), cfg.spec().num_params()), (held, held));
     let biases = params::buffers(&model);
     let routed = (0..cfg.base.num_hidden_layers)
         .filter(|&i| cfg.is_sparse(i))

@@ -266,11 +266,14 @@ impl PlannedLayout for ParallelDims {
                 "the planner models loss parallelism exactly when tp > 1 (tp={t})"
             ));
         }
+        let moe = model.moe().unwrap_or_default();
         for (name, n) in [
             ("n_heads", model.n_heads),
             ("n_kv_heads", model.n_kv_heads),
             ("d_ff", model.d_ff),
             ("vocab_size", model.vocab_size),
+            ("shared_ff", moe.shared_ff),
+            ("dense_ff", moe.dense_ff),
         ] {
             // A mixture of experts' experts are whole on every tp rank.
             if name == "d_ff" && model.moe().is_some() {

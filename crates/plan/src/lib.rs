@@ -55,6 +55,7 @@
 pub mod bytes;
 pub mod cluster;
 pub mod cost;
+mod describe;
 pub mod error;
 pub mod experts;
 mod json;
@@ -63,6 +64,7 @@ pub mod layout;
 pub mod machine;
 pub mod memory;
 pub mod model;
+mod presets;
 pub mod search;
 pub mod shape;
 pub mod time;
@@ -75,6 +77,9 @@ pub use layout::{
     Held, PlannedLayout, SEARCHED_SCHEDULES, ScheduleModel, base_layout, context_layout,
     expert_layout, hsdp_layout,
 };
-pub use model::{Arch, AttentionKind, ModelSpec, Moe, PRESETS, RING_KEPT_SCORES, stage_ranges};
+pub use model::{
+    Arch, AttentionKind, LatentAttention, ModelSpec, Moe, RING_KEPT_SCORES, stage_ranges,
+};
+pub use presets::PRESETS;
 pub use search::{Plan, candidates, estimate_all, expert_degrees, plan};
 pub use shape::{ChunkShape, RankShape, rank_shapes};

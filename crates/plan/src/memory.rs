@@ -219,10 +219,19 @@ pub fn held_bytes(
         )
     };
     let recomputed_weights = if layout.recomputes() {
-        // A block's linear weights (its experts, B's anyway, are in the chunk's non-linear).
-        (model.piece_params(layout.tp(), 1)
-            - model.block_expert_params()
-            - model.piece_non_linear_params(layout.tp(), 1)) as f64
+        // A block's linear weights (its experts, B's anyway, are in the chunk's non-linear;
+        // the largest block's where they differ).
+        let linear = |p: usize| {
+            model.piece_params(layout.tp(), p)
+                - model.piece_expert_params(p)
+                - model.piece_non_linear_params(layout.tp(), p)
+        };
+        model
+            .distinct_blocks()
+            .into_iter()
+            .map(linear)
+            .max()
+            .unwrap_or(0) as f64
     } else {
         0.0
     };

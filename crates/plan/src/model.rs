@@ -1,14 +1,12 @@
 //! [`ModelSpec`]: a decoder-only transformer as the cost model sees it — its sizes, its
 //! architecture (Bonfire's GPT, Llama or Mixtral), its parameters per pipeline piece and per
-//! tensor-parallel rank, its FLOPs and the activations it keeps for backward — and the
-//! presets `gpt-bench`, `gpt3-175b`, `llama3-8b`, `llama3-70b`, `llama3-405b`,
-//! `mixtral-8x7b`.
+//! tensor-parallel rank, its FLOPs and the activations it keeps for backward (multi-head
+//! latent attention, shared experts and dense blocks among sparse ones included). Its
+//! presets are in `presets.rs` (`gpt-bench` … `deepseek-v3-671b`, [`crate::PRESETS`]), its
+//! JSON description and checks in `describe.rs`.
 //!
 //! Pieces are the pipeline's unit, as the trainer cuts the GPT: piece 0 is the embeddings,
 //! pieces 1..=L the blocks, piece L + 1 the final norm and the head.
-
-use crate::error::PlanError;
-use crate::json::Fields;
 
 /// The block's architecture.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -26,13 +24,48 @@ pub enum Arch {
     Mixtral(Moe),
 }
 
-/// A mixture of experts' shape: E experts per layer, k of them per token.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// A mixture of experts' shape: E experts per layer, k of them per token; DeepSeek's shared
+/// experts beside them and its first dense layers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Moe {
     /// Experts per layer (E, Hugging Face's `num_local_experts`).
     pub experts: usize,
     /// Experts each token is routed to (k, `num_experts_per_tok`).
     pub top_k: usize,
+    /// The shared experts' width beside the routed ones (DeepSeek: `n_shared_experts ×
+    /// moe_intermediate_size`), every token through them; 0: none. Split over tp as an MLP.
+    pub shared_ff: usize,
+    /// The first blocks are dense (DeepSeek's `first_k_dense_replace`): a SwiGLU MLP of
+    /// [`Self::dense_ff`] in place of the experts.
+    pub dense_layers: usize,
+    /// The dense blocks' MLP width.
+    pub dense_ff: usize,
+}
+
+/// Multi-head latent attention's sizes (DeepSeek-V2/V3): the query through a rank
+/// `q_lora_rank` bottleneck (0: one projection), keys and values from one `kv_lora_rank`
+/// latent a token, `qk_nope + qk_rope` features a query and key head (one rotary key shared
+/// by the heads), `v_head` a value head. Tensor parallelism splits the heads (the up- and
+/// output projections); the down-projections and their norms are whole on every tp rank.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LatentAttention {
+    /// The query's bottleneck (0: none, one `q_proj`).
+    pub q_lora_rank: usize,
+    /// The key/value latent's width.
+    pub kv_lora_rank: usize,
+    /// A head's features without positions.
+    pub qk_nope: usize,
+    /// A head's rotary features.
+    pub qk_rope: usize,
+    /// A value head's width.
+    pub v_head: usize,
+}
+
+impl LatentAttention {
+    /// A query's (and key's) width per head.
+    pub fn qk(&self) -> usize {
+        self.qk_nope + self.qk_rope
+    }
 }
 
 /// How attention keeps its scores for backward.
@@ -89,43 +122,9 @@ pub struct ModelSpec {
     /// `V × d` table, not two. Bonfire trains it without pp, loss parallelism or activation
     /// checkpointing, and the planner searches the same.
     pub tied: bool,
+    /// Multi-head latent attention in place of grouped-query attention (DeepSeek-V3).
+    pub latent: Option<LatentAttention>,
 }
-
-/// The presets' names.
-pub const PRESETS: [&str; 14] = [
-    "gpt-bench",
-    "gpt3-175b",
-    "llama3-8b",
-    "llama3-70b",
-    "llama3-405b",
-    "llama3.1-8b",
-    "llama3.1-70b",
-    "llama3.2-1b",
-    "qwen3-0.6b",
-    "qwen3-8b",
-    "qwen3-32b",
-    "mistral-7b",
-    "mixtral-8x7b",
-    "qwen3-30b-a3b",
-];
-
-const FIELDS: [&str; 15] = [
-    "name",
-    "arch",
-    "attention",
-    "vocab_size",
-    "d_model",
-    "n_heads",
-    "n_kv_heads",
-    "head_dim",
-    "n_layers",
-    "seq_len",
-    "d_ff",
-    "n_experts",
-    "experts_per_token",
-    "window",
-    "tied",
-];
 
 impl ModelSpec {
     /// Bonfire's GPT with `attention` materialized.
@@ -153,259 +152,8 @@ impl ModelSpec {
             d_ff,
             window: None,
             tied: false,
+            latent: None,
         }
-    }
-
-    /// A Llama 3 model (vocabulary 128,256, 8 key/value heads, 8K context) with Bonfire's
-    /// attention ([`AttentionKind::Fused`], resolved per device and dtype).
-    fn llama3(name: &str, d_model: usize, n_heads: usize, n_layers: usize, d_ff: usize) -> Self {
-        Self {
-            name: name.to_string(),
-            arch: Arch::Llama,
-            attention: AttentionKind::Fused,
-            vocab_size: 128_256,
-            d_model,
-            n_heads,
-            n_kv_heads: 8,
-            head_dim: d_model / n_heads,
-            n_layers,
-            seq_len: 8192,
-            d_ff,
-            window: None,
-            tied: false,
-        }
-    }
-
-    /// A dense Qwen3 (vocabulary 151,936, heads of 128, 8 kv heads, 40,960 positions, untied).
-    fn qwen3(name: &str, d_model: usize, n_heads: usize, n_layers: usize, d_ff: usize) -> Self {
-        Self {
-            vocab_size: 151_936,
-            head_dim: 128,
-            seq_len: 40_960,
-            ..Self::llama3(name, d_model, n_heads, n_layers, d_ff)
-        }
-    }
-
-    /// A preset by name (see [`PRESETS`]; sources in `docs/planner.md`).
-    pub fn preset(name: &str) -> Option<Self> {
-        Some(match name {
-            // The bench GPT (`GptConfig::bench`), whose attention is Bonfire's fused op.
-            "gpt-bench" => Self {
-                attention: AttentionKind::Fused,
-                ..Self::gpt(name, 4096, 256, 8, 4, 128, 1024)
-            },
-            // GPT-3 175B (Brown et al. 2020, Table 2.1) with Megatron's padded vocabulary
-            // (Narayanan et al. 2021): 96 layers, d 12288, 96 heads, context 2048.
-            "gpt3-175b" => Self::gpt(name, 51_200, 12_288, 96, 96, 2048, 4 * 12_288),
-            // Llama 3 (Dubey et al. 2024, Table 3).
-            "llama3-8b" => Self::llama3(name, 4096, 32, 32, 14_336),
-            "llama3-70b" => Self::llama3(name, 8192, 64, 80, 28_672),
-            "llama3-405b" => Self::llama3(name, 16_384, 128, 126, 53_248),
-            // Llama 3.1 (meta-llama/Llama-3.1-8B, -70B config.json): Llama 3's shapes with 131,072
-            // positions (rope_type llama3, which the planner does not see).
-            "llama3.1-8b" => Self {
-                seq_len: 131_072,
-                ..Self::llama3(name, 4096, 32, 32, 14_336)
-            },
-            "llama3.1-70b" => Self {
-                seq_len: 131_072,
-                ..Self::llama3(name, 8192, 64, 80, 28_672)
-            },
-            // Llama 3.2 1B (meta-llama/Llama-3.2-1B config.json): hidden 2048, 32 heads of 64, 8
-            // kv heads, 16 layers, intermediate 8192, 131,072 positions, tied — 1,235,814,400.
-            "llama3.2-1b" => Self {
-                seq_len: 131_072,
-                tied: true,
-                ..Self::llama3(name, 2048, 32, 16, 8192)
-            },
-            // Qwen3-0.6B (Qwen/Qwen3-0.6B config.json): vocabulary 151,936, hidden 1024, 16
-            // heads of 128, 8 kv heads, 28 layers, intermediate 3072, 40,960 positions, tied —
-            // 596,042,752 without the q/k norms (0.44 B without the table).
-            "qwen3-0.6b" => Self {
-                tied: true,
-                ..Self::qwen3(name, 1024, 16, 28, 3072)
-            },
-            // Qwen3-8B (Qwen/Qwen3-8B config.json): hidden 4096, 32 heads of 128, 8 kv heads, 36
-            // layers, intermediate 12,288, untied — 8,190,726,144 without the q/k norms.
-            "qwen3-8b" => Self::qwen3(name, 4096, 32, 36, 12_288),
-            // Qwen3-32B (Qwen/Qwen3-32B's config.json): vocabulary 151,936, hidden 5120, 64
-            // heads of 128 (8192 wide, not 5120), 8 kv heads, 64 layers, intermediate 25,600,
-            // 40,960 positions, untied — 32.76 B parameters.
-            "qwen3-32b" => Self::qwen3(name, 5120, 64, 64, 25_600),
-            // Mistral 7B v0.3 (mistralai/Mistral-7B-v0.3's config.json): vocabulary 32,768,
-            // hidden 4096, 32 heads, 8 kv heads, 32 layers, intermediate 14,336, 32K
-            // positions, no sliding window — 7.25 B parameters.
-            "mistral-7b" => Self {
-                vocab_size: 32_768,
-                seq_len: 32_768,
-                ..Self::llama3(name, 4096, 32, 32, 14_336)
-            },
-            // Mixtral 8x7B (mistralai/Mixtral-8x7B-v0.1's config.json): vocabulary 32,000,
-            // hidden 4096, 32 heads, 8 kv heads, 32 layers, 32K positions, 8 experts of
-            // width 14,336, top 2 — 46.7 B parameters, 12.9 B active per token.
-            "mixtral-8x7b" => Self {
-                name: name.to_string(),
-                arch: Arch::Mixtral(Moe {
-                    experts: 8,
-                    top_k: 2,
-                }),
-                attention: AttentionKind::Fused,
-                vocab_size: 32_000,
-                d_model: 4096,
-                n_heads: 32,
-                n_kv_heads: 8,
-                head_dim: 128,
-                n_layers: 32,
-                seq_len: 32_768,
-                d_ff: 14_336,
-                window: None,
-                tied: false,
-            },
-            // Qwen3-30B-A3B (Qwen/Qwen3-30B-A3B's config.json): vocabulary 151,936, hidden
-            // 2048, 32 heads of 128 (4096 wide), 4 kv heads, 48 layers, 40,960 positions,
-            // every layer 128 experts of width 768 (`moe_intermediate_size`), top 8, untied —
-            // 30,532,110,336 parameters without the q/k norms, 3.3 B active per token.
-            "qwen3-30b-a3b" => Self {
-                name: name.to_string(),
-                arch: Arch::Mixtral(Moe {
-                    experts: 128,
-                    top_k: 8,
-                }),
-                attention: AttentionKind::Fused,
-                vocab_size: 151_936,
-                d_model: 2048,
-                n_heads: 32,
-                n_kv_heads: 4,
-                head_dim: 128,
-                n_layers: 48,
-                seq_len: 40_960,
-                d_ff: 768,
-                window: None,
-                tied: false,
-            },
-            _ => return None,
-        })
-    }
-
-    /// A model from a JSON object (`what` names it in errors): `vocab_size`, `d_model`,
-    /// `n_heads`, `n_layers`, `seq_len`, `d_ff` required; `arch` (`gpt` | `llama` |
-    /// `mixtral`, default gpt), `attention` (`materialized` | `flash` | `fused` — see
-    /// [`AttentionKind`] —, default materialized for gpt, Bonfire's fused op (resolved per device and dtype) otherwise), `n_kv_heads` (default `n_heads`), `name` optional; for
-    /// `mixtral` `n_experts` (E) and `experts_per_token` (k) required, `d_ff` each expert's
-    /// width (refused for the others).
-    pub fn from_json(what: &str, text: &str) -> Result<Self, PlanError> {
-        let mut f = Fields::parse(what, text)?;
-        let arch = match f.string_opt("arch")?.as_deref() {
-            None | Some("gpt") => Arch::Gpt,
-            Some("llama") => Arch::Llama,
-            Some("mixtral") => Arch::Mixtral(Moe {
-                experts: f.count("n_experts")?,
-                top_k: f.count("experts_per_token")?,
-            }),
-            Some(other) => {
-                return Err(f.error(
-                    "arch",
-                    format!("`{other}` is unknown (gpt, llama, mixtral)"),
-                ));
-            }
-        };
-        let attention = match f.string_opt("attention")?.as_deref() {
-            None if arch != Arch::Gpt => AttentionKind::Fused,
-            None | Some("materialized") => AttentionKind::Materialized,
-            Some("flash") => AttentionKind::Flash,
-            Some("fused") => AttentionKind::Fused,
-            Some(other) => {
-                return Err(f.error(
-                    "attention",
-                    format!("`{other}` is unknown (materialized, flash, fused)"),
-                ));
-            }
-        };
-        let name = f.string_opt("name")?.unwrap_or_else(|| what.to_string());
-        let n_heads = f.count("n_heads")?;
-        let d_model = f.count("d_model")?;
-        let spec = Self {
-            name,
-            arch,
-            attention,
-            vocab_size: f.count("vocab_size")?,
-            d_model,
-            n_heads,
-            n_kv_heads: f.count_opt("n_kv_heads")?.unwrap_or(n_heads),
-            head_dim: match f.count_opt("head_dim")? {
-                Some(hd) => hd,
-                // Zero heads: refused by `validate`, naming the field.
-                None if n_heads == 0 => 0,
-                None if d_model % n_heads == 0 => d_model / n_heads,
-                None => {
-                    return Err(f.error(
-                        "n_heads",
-                        format!("{n_heads} heads do not divide d_model {d_model} (give head_dim)"),
-                    ));
-                }
-            },
-            n_layers: f.count("n_layers")?,
-            seq_len: f.count("seq_len")?,
-            d_ff: f.count("d_ff")?,
-            window: f.count_opt("window")?,
-            tied: f.bool_opt("tied")?.unwrap_or(false),
-        };
-        let what = f.what().to_string();
-        f.finish(&FIELDS)?;
-        spec.validate(&what)?;
-        Ok(spec)
-    }
-
-    /// Checks the sizes fit together (`what` names the description in errors).
-    pub fn validate(&self, what: &str) -> Result<(), PlanError> {
-        let bad = |field: &str, reason: String| Err(PlanError::field(what, field, reason));
-        for (field, v) in [
-            ("vocab_size", self.vocab_size),
-            ("d_model", self.d_model),
-            ("n_heads", self.n_heads),
-            ("n_kv_heads", self.n_kv_heads),
-            ("head_dim", self.head_dim),
-            ("n_layers", self.n_layers),
-            ("seq_len", self.seq_len),
-            ("d_ff", self.d_ff),
-        ] {
-            if v == 0 {
-                return bad(field, "must be at least 1, got 0".into());
-            }
-        }
-        if self.arch == Arch::Gpt && self.head_dim * self.n_heads != self.d_model {
-            return bad(
-                "head_dim",
-                "the GPT's heads split d_model: head_dim must be d_model / n_heads".into(),
-            );
-        }
-        if self.n_kv_heads > self.n_heads || self.n_heads % self.n_kv_heads != 0 {
-            return bad(
-                "n_kv_heads",
-                format!(
-                    "{} key/value heads must divide the {} heads",
-                    self.n_kv_heads, self.n_heads
-                ),
-            );
-        }
-        if self.arch == Arch::Gpt && self.n_kv_heads != self.n_heads {
-            return bad(
-                "n_kv_heads",
-                "grouped-query attention needs arch `llama`".into(),
-            );
-        }
-        if let Some(moe) = self.moe()
-            && (moe.experts == 0 || moe.top_k == 0 || moe.top_k > moe.experts)
-        {
-            return bad(
-                "experts_per_token",
-                format!(
-                    "{} experts per token of {} experts: k must be between 1 and E (≥ 1)",
-                    moe.top_k, moe.experts
-                ),
-            );
-        }
-        Ok(())
     }
 
     /// The mixture of experts, for a Mixtral; `None` for a dense model.
@@ -423,13 +171,29 @@ impl ModelSpec {
             .map_or(0, |m| 3 * m.experts * self.d_model * self.d_ff)
     }
 
-    /// Expert parameters of piece `piece` (a block's [`Self::block_expert_params`]).
+    /// Expert parameters of piece `piece` (a sparse block's [`Self::block_expert_params`]).
     pub fn piece_expert_params(&self, piece: usize) -> usize {
-        if piece >= 1 && piece <= self.n_layers {
-            self.block_expert_params()
-        } else {
-            0
+        match self.is_sparse_block(piece) {
+            true => self.block_expert_params(),
+            false => 0,
         }
+    }
+
+    /// Whether piece `piece` is a block whose feed-forward is the mixture of experts (a
+    /// Mixtral's blocks after its dense ones).
+    pub fn is_sparse_block(&self, piece: usize) -> bool {
+        self.moe()
+            .is_some_and(|m| piece > m.dense_layers && piece <= self.n_layers)
+    }
+
+    /// The blocks whose sizes bound the others' (every block for a uniform model; a dense and
+    /// a sparse one for DeepSeek's): what a per-block figure takes the largest of.
+    pub fn distinct_blocks(&self) -> Vec<usize> {
+        let mut out = vec![self.n_layers];
+        if self.moe().is_some_and(|m| m.dense_layers > 0) {
+            out.push(1);
+        }
+        out
     }
 
     /// Pipeline pieces: embeddings, the blocks, the head.
@@ -448,17 +212,46 @@ impl ModelSpec {
         self.head_dim * self.n_heads
     }
 
-    /// A block's (split over tp, whole on every tp rank) parameters — the split ones divided
-    /// by `tp` by the caller. GPT: q/k/v/fc1 weights and biases and the o/fc2 weights split,
-    /// norms and the o/fc2 biases whole (Bonfire's TP plan); Llama: every matrix split.
-    fn block_params(&self) -> (usize, usize) {
-        let (d, f, kv, q) = (self.d_model, self.d_ff, self.kv_dim(), self.q_dim());
+    /// An attention's matrix parameters, (split over tp, whole on every tp rank): the q/k/v
+    /// and output projections (split); latent attention's up- and output projections split,
+    /// its down-projections whole.
+    fn attention_matrices(&self) -> (usize, usize) {
+        let d = self.d_model;
+        let Some(l) = self.latent else {
+            return (2 * d * self.q_dim() + 2 * d * self.kv_dim(), 0);
+        };
+        let (h, r) = (self.n_heads, l.kv_lora_rank);
+        let (q_split, q_whole) = match l.q_lora_rank {
+            0 => (d * h * l.qk(), 0),
+            q => (q * h * l.qk(), d * q),
+        };
+        let split = q_split + r * h * (l.qk_nope + l.v_head) + h * l.v_head * d;
+        (split, q_whole + d * (r + l.qk_rope))
+    }
+
+    /// Latent attention's norms (the query's and the latent's, whole on every tp rank).
+    fn latent_norms(&self) -> usize {
+        self.latent.map_or(0, |l| l.q_lora_rank + l.kv_lora_rank)
+    }
+
+    /// Block `piece`'s (split over tp, whole on every tp rank) parameters — the split ones
+    /// divided by `tp` by the caller. GPT: q/k/v/fc1 weights and biases and the o/fc2 weights
+    /// split, norms and the o/fc2 biases whole (Bonfire's TP plan); Llama: every matrix split
+    /// (latent attention's down-projections and norms whole); Mixtral: the attention, a dense
+    /// block's MLP and the shared experts as the Llama's, the router and the experts whole.
+    fn block_params(&self, piece: usize) -> (usize, usize) {
+        let (d, f) = (self.d_model, self.d_ff);
+        let (a_split, a_whole) = self.attention_matrices();
+        let whole = 2 * d + a_whole + self.latent_norms();
         match self.arch {
             Arch::Gpt => (3 * (d * d + d) + d * d + (f * d + f) + d * f, 4 * d + d + d),
-            Arch::Llama => (2 * d * q + 2 * d * kv + 3 * d * f, 2 * d),
+            Arch::Llama => (a_split + 3 * d * f, whole),
+            Arch::Mixtral(m) if !self.is_sparse_block(piece) => {
+                (a_split + 3 * d * m.dense_ff, whole)
+            }
             Arch::Mixtral(m) => (
-                2 * d * q + 2 * d * kv,
-                2 * d + m.experts * d + self.block_expert_params(),
+                a_split + 3 * d * m.shared_ff,
+                whole + m.experts * d + self.block_expert_params(),
             ),
         }
     }
@@ -480,7 +273,7 @@ impl ModelSpec {
             // A tied head multiplies by the embedding's table: no parameter of its own.
             norm + if self.tied { 0 } else { v * d / tp }
         } else {
-            let (split, whole) = self.block_params();
+            let (split, whole) = self.block_params(piece);
             split / tp + whole
         }
     }
@@ -502,11 +295,11 @@ impl ModelSpec {
         }
         match self.arch {
             Arch::Gpt => (3 * d + self.d_ff) / tp + 2 * d + 2 * norm,
-            Arch::Llama => 2 * norm,
+            Arch::Llama => 2 * norm + self.latent_norms(),
             // The experts' products are plain matrix products of their parameters, not
             // linear layers: their gradients come out of B (the caller adds the rank's
             // experts, `E/ep` of them).
-            Arch::Mixtral(_) => 2 * norm,
+            Arch::Mixtral(_) => 2 * norm + self.latent_norms(),
         }
     }
 
@@ -516,9 +309,12 @@ impl ModelSpec {
     }
 
     /// Forward FLOPs of piece `piece` per token on one rank of `tp`, for sequences of `seq`
-    /// tokens: 2 per weight of every matrix product (the embedding lookup has none), plus
-    /// attention's two products (QKᵀ and AV, 2·keys·d each, causal mask not discounted; keys
-    /// is `seq`, or the sliding window where it is shorter).
+    /// tokens: 2 per weight of every matrix product (the embedding lookup has none; latent
+    /// attention's down-projections on every tp rank), plus attention's two products (QKᵀ
+    /// and AV, 2·keys·width each — latent attention's AV over the query width, its values
+    /// padded to it as Bonfire computes them —, causal mask not discounted; keys is `seq`,
+    /// or the sliding window where it is shorter); a sparse block adds its experts
+    /// ([`Self::moe_flops_per_token`]), its shared experts split over tp.
     pub fn piece_flops_per_token(&self, tp: usize, piece: usize, seq: usize) -> f64 {
         let (v, d) = (self.vocab_size as f64, self.d_model as f64);
         if piece == 0 {
@@ -527,14 +323,22 @@ impl ModelSpec {
         if piece == self.n_layers + 1 {
             return 2.0 * v * d / tp as f64;
         }
-        let (f, kv, q) = (self.d_ff as f64, self.kv_dim() as f64, self.q_dim() as f64);
-        let matmuls = match self.arch {
-            Arch::Gpt => 4.0 * d * d + 2.0 * d * f,
-            Arch::Llama => 2.0 * d * q + 2.0 * d * kv + 3.0 * d * f,
-            Arch::Mixtral(_) => 2.0 * d * q + 2.0 * d * kv,
+        let (f, q) = (self.d_ff as f64, self.q_dim() as f64);
+        let (a_split, a_whole) = self.attention_matrices();
+        let (a_split, a_whole) = (a_split as f64, a_whole as f64);
+        let (split, moe) = match self.arch {
+            Arch::Gpt => (4.0 * d * d + 2.0 * d * f, 0.0),
+            Arch::Llama => (a_split + 3.0 * d * f, 0.0),
+            Arch::Mixtral(m) if !self.is_sparse_block(piece) => {
+                (a_split + 3.0 * d * m.dense_ff as f64, 0.0)
+            }
+            Arch::Mixtral(m) => (
+                a_split + 3.0 * d * m.shared_ff as f64,
+                self.moe_flops_per_token(),
+            ),
         };
         let keys = self.window.map_or(seq, |w| w.min(seq)) as f64;
-        (2.0 * matmuls + 4.0 * keys * q) / tp as f64 + self.moe_flops_per_token()
+        (2.0 * split + 4.0 * keys * q) / tp as f64 + 2.0 * a_whole + moe
     }
 
     /// Forward FLOPs per token of a block's mixture of experts (0 for a dense model): the
@@ -573,8 +377,10 @@ impl ModelSpec {
     /// `seq`), after Korthikanti et al. 2022 (§4) without dropout: the two norm inputs (in
     /// f32 what Bonfire's norm cores keep: `x̂`, which the weight's product shares) and
     /// the inputs of the q/k/v and fc1 products (4d, replicated over tp unless sequence
-    /// parallel), q, k, v and the attention output (4d), the MLP's hidden activations (2·d_ff
-    /// GELU, 3·d_ff SwiGLU), and with materialized attention the scores and probabilities
+    /// parallel), q, k, v and the attention output (4d; latent attention: see the code), the
+    /// MLP's hidden activations (2·d_ff GELU, 3·d_ff SwiGLU, a mixture of experts' shared
+    /// experts' 3·shared_ff; its dense blocks keep less than its sparse ones, which this is),
+    /// and with materialized attention the scores and probabilities
     /// (2·heads·seq; [`AttentionKind::Fused`] keeps `d + heads` instead, as in f32 without cp —
     /// resolve it for a layout with [`Self::attention_under`]); everything but the replicated
     /// 4d is split over tp. (q, k, v, the attention output and the fused output are
@@ -585,16 +391,29 @@ impl ModelSpec {
         let mlp = match self.arch {
             Arch::Gpt => 2.0 * f,
             Arch::Llama => 3.0 * f,
-            Arch::Mixtral(_) => 0.0,
+            Arch::Mixtral(m) => 3.0 * m.shared_ff as f64,
         };
         let scores = match self.attention {
             AttentionKind::Materialized => 2.0 * h * seq as f64,
             AttentionKind::Flash => 0.0,
             AttentionKind::Fused => a + h,
         };
+        let (attention, whole) = self.latent.map_or((4.0 * a, 0.0), |l| {
+            // q, k and the values padded to q's width (3a), the latent's up-projection
+            // (h·(nope + v)) and the output projection's input (h·v); whole on every tp rank
+            // the query's bottleneck and the latent, each normed (2·q_rank + 2·kv_rank) and
+            // the rotary key.
+            let (nope, v) = (l.qk_nope as f64, l.v_head as f64);
+            let q_rank = l.q_lora_rank as f64;
+            let kv_rank = l.kv_lora_rank as f64;
+            (
+                3.0 * a + h * (nope + v) + h * v,
+                2.0 * q_rank + 2.0 * kv_rank + l.qk_rope as f64,
+            )
+        });
         let t = tp as f64;
         let replicated = if sp { 4.0 * d / t } else { 4.0 * d };
-        replicated + (4.0 * a + mlp + scores) / t + self.moe_activation_elems()
+        replicated + whole + (attention + mlp + scores) / t + self.moe_activation_elems()
     }
 
     /// Elements a block's mixture of experts keeps per token (0 for a dense model), on every
@@ -675,12 +494,37 @@ impl ModelSpec {
             Arch::Gpt => f,
             Arch::Llama => 2.0 * f,
             // The router's input (the MLP input's d) and output gradient (E) are kept; the
-            // experts are not linear layers (their gradients come out of B).
+            // experts are not linear layers (their gradients come out of B); the shared
+            // experts as an MLP's.
             Arch::Mixtral(m) => {
-                return 3.0 * d + m.experts as f64 + (2.0 * a + 2.0 * kv) / tp as f64;
+                let shared = 3.0 * m.shared_ff as f64;
+                let attention = self
+                    .latent_weight_grad_elems()
+                    .unwrap_or(2.0 * a + 2.0 * kv);
+                return 3.0 * d
+                    + m.experts as f64
+                    + self.latent_whole_weight_grad_elems()
+                    + (attention + shared) / tp as f64;
             }
         };
         4.0 * d + (a + f + a + 2.0 * kv + up) / tp as f64
+    }
+
+    /// Of [`Self::block_weight_grad_elems`], latent attention's split over tp: the query's
+    /// up-projection's output gradient, the latent's up-projection's, the output projection's
+    /// input (`None` without latent attention).
+    fn latent_weight_grad_elems(&self) -> Option<f64> {
+        let l = self.latent?;
+        let h = self.n_heads as f64;
+        Some(h * l.qk() as f64 + h * (l.qk_nope + l.v_head) as f64 + h * l.v_head as f64)
+    }
+
+    /// Of [`Self::block_weight_grad_elems`], latent attention's whole on every tp rank: the
+    /// down-projections' output gradients and the up-projections' inputs.
+    fn latent_whole_weight_grad_elems(&self) -> f64 {
+        self.latent.map_or(0.0, |l| {
+            (2 * l.q_lora_rank + 2 * l.kv_lora_rank + l.qk_rope) as f64
+        })
     }
 
     /// Bytes of the largest single layer's parameters in `param_bytes` per value, on one
@@ -693,9 +537,12 @@ impl ModelSpec {
     /// ZeRO-3 gathers under ep: the layer's other parameters over dp × cp, its experts over
     /// their replicas).
     pub fn largest_layer_params_ep(&self, tp: usize, ep: usize) -> usize {
-        let experts = self.block_expert_params();
-        let block = self.piece_params(tp, 1) - experts + experts / ep;
-        block.max(self.vocab_size * self.d_model / tp)
+        let block = |p: usize| {
+            let experts = self.piece_expert_params(p);
+            self.piece_params(tp, p) - experts + experts / ep
+        };
+        let blocks = self.distinct_blocks().into_iter().map(block).max();
+        blocks.unwrap_or(0).max(self.vocab_size * self.d_model / tp)
     }
 }
 

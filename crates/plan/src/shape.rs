@@ -59,7 +59,7 @@ pub fn rank_shapes(model: &ModelSpec, layout: &ParallelDims, seq: usize) -> Vec<
             RankShape {
                 params: pieces.iter().map(|&p| params(p)).sum(),
                 expert_params: pieces.iter().map(|&p| experts(p)).sum(),
-                moe_blocks: if model.moe().is_some() { blocks } else { 0 },
+                moe_blocks: pieces.iter().filter(|&&p| model.is_sparse_block(p)).count(),
                 blocks,
                 has_embedding: pieces.contains(&0),
                 chunks: chunks

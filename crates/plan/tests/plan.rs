@@ -98,6 +98,15 @@ fn presets_have_their_published_sizes() {
     let experts = 48 * 128 * 3 * 2048 * 768;
     let active = q.num_params() - experts + experts / 16;
     assert!((active as f64 / 1e9 - 3.35).abs() < 0.01, "{active}");
+    // DeepSeek-V3 from its config's shapes: 671,026,404,352 parameters without the
+    // multi-token-prediction module (published 671 B), 37.55 B active (published 37 B): 8 of
+    // 256 experts in each of the 58 sparse layers, the shared expert, the 3 dense layers,
+    // latent attention, the embedding and the head.
+    let ds = ModelSpec::preset("deepseek-v3-671b").unwrap();
+    assert_eq!(ds.num_params(), 671_026_404_352);
+    let experts = 58 * 256 * 3 * 7168 * 2048;
+    let active = ds.num_params() - experts + experts / 32;
+    assert!((active as f64 / 1e9 - 37.55).abs() < 0.01, "{active}");
     // Mistral 7B v0.3 from its config's shapes: 7,248,023,552 parameters (published 7.25 B).
     assert_eq!(
         ModelSpec::preset("mistral-7b").unwrap().num_params(),
@@ -494,6 +503,7 @@ fn a_tied_model_is_planned_without_tp_pp_or_recompute() {
     }
     let untied = ModelSpec {
         tied: false,
+        latent: None,
         ..model.clone()
     };
     let q = plan(&untied, &node, &bf16(8, 4096)).unwrap();

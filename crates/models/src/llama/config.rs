@@ -51,6 +51,7 @@ impl LlamaConfig {
             d_ff: self.intermediate_size,
             window: self.variant.sliding_window,
             tied: self.variant.tie_word_embeddings,
+            latent: None,
         }
     }
 

@@ -6,7 +6,7 @@
 use super::router::Scoring;
 use crate::llama::{Family, LlamaConfig};
 use crate::mla::Mla;
-use bonfire_plan::{Arch, ModelSpec, Moe};
+use bonfire_plan::{Arch, LatentAttention, ModelSpec, Moe};
 use serde_json::{Value, json};
 
 /// A Hugging Face mixture-of-experts family the Mixtral's decoder computes (its `model_type`).
@@ -102,15 +102,40 @@ pub struct MixtralConfig {
 impl MixtralConfig {
     /// The Mixtral as the planner sees it: the Llama's body ([`LlamaConfig::spec`]) with each
     /// MLP a sparse mixture of `num_local_experts` SwiGLU experts of width
-    /// `intermediate_size`, `num_experts_per_tok` of them per token.
+    /// `intermediate_size`, `num_experts_per_tok` of them per token; DeepSeek-V3's shared
+    /// experts, its first dense layers and its latent attention. (Qwen3-MoE's dense layers
+    /// elsewhere than first are counted as sparse: the planner's dense blocks come first.)
     pub fn spec(&self) -> ModelSpec {
+        let first_dense = self
+            .mlp_only_layers
+            .iter()
+            .enumerate()
+            .take_while(|(i, l)| i == *l)
+            .count();
+        let mla = self.base.variant.mla;
+        let body = self.base.spec();
         ModelSpec {
             name: self.family.model_type().into(),
             arch: Arch::Mixtral(Moe {
                 experts: self.num_local_experts,
                 top_k: self.num_experts_per_tok,
+                shared_ff: self.shared_width().unwrap_or(0),
+                dense_layers: first_dense,
+                dense_ff: if first_dense > 0 {
+                    self.dense_width()
+                } else {
+                    0
+                },
             }),
-            ..self.base.spec()
+            head_dim: mla.map_or(body.head_dim, |m| m.qk_head_dim()),
+            latent: mla.map(|m| LatentAttention {
+                q_lora_rank: m.q_lora_rank.unwrap_or(0),
+                kv_lora_rank: m.kv_lora_rank,
+                qk_nope: m.qk_nope_head_dim,
+                qk_rope: m.qk_rope_head_dim,
+                v_head: m.v_head_dim,
+            }),
+            ..body
         }
     }
 
