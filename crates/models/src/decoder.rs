@@ -58,7 +58,8 @@ impl DecoderStyles {
         Self {
             colwise,
             rowwise,
-            embedding,
+            // A tied head's logits as an untied head's.
+            embedding: embedding.logits_layout(head_out),
             head: colwise.output_layout(head_out),
             norm: sequence_parallel.then(SequenceParallel::default),
         }

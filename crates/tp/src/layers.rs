@@ -236,7 +236,8 @@ impl ParallelEmbedding {
     /// rows — the head column-wise over the embedding's shard —, `x` taken as the embedding's
     /// output leaves it (the sequence gathered under sequence parallelism; its gradient, each
     /// rank's from its rows, summed over tp) and the logits all-gathered along the
-    /// vocabulary; the shard's gradient sums both uses with no collective of its own.
+    /// vocabulary, or kept sharded for loss parallelism (the style's `logits_layout`); the
+    /// shard's gradient sums both uses with no collective of its own.
     pub fn tied_head(&self, x: Tensor<3>) -> Tensor<3> {
         observe(Some(x.dtype()), [Some(self.weight.val().dtype())]);
         let table = self.weight.val().cast(x.dtype());
@@ -255,9 +256,22 @@ impl ParallelEmbedding {
             Applied::Rowwise { style, .. } => {
                 let x = colwise_input(x, style.output_layout, g);
                 let y = logits(x);
-                relayout(y, StylePlacement::Shard(-1), StylePlacement::Replicate, g)
+                relayout(y, StylePlacement::Shard(-1), style.logits_layout, g)
             }
             other => panic!("bonfire-dtensor parallel: a tied head cannot run {other:?}"),
+        }
+    }
+
+    /// The group over which this embedding's tied-head logits stay sharded along the
+    /// vocabulary (a vocab-parallel embedding whose style keeps them `Shard(-1)`: loss
+    /// parallelism, [`crate::loss_parallel`]).
+    pub fn logits_shard_group(&self) -> Option<ProcessGroup> {
+        let state = self.key.state()?;
+        match state.applied {
+            Applied::Rowwise { style, .. } if style.logits_layout.shard_dim(3) == Some(2) => {
+                Some(state.group)
+            }
+            _ => None,
         }
     }
 

@@ -120,6 +120,11 @@ pub struct RowwiseParallel {
     pub output_layout: StylePlacement,
     /// As for [`ColwiseParallel::use_local_output`].
     pub use_local_output: bool,
+    /// A vocab-parallel embedding used as a tied head
+    /// ([`ParallelEmbedding::tied_head`](crate::ParallelEmbedding::tied_head)): its logits
+    /// `Replicate` (default, all-gathered along the vocabulary) or `Shard(-1)` (kept sharded
+    /// for loss parallelism).
+    pub logits_layout: StylePlacement,
 }
 
 impl Default for RowwiseParallel {
@@ -128,6 +133,7 @@ impl Default for RowwiseParallel {
             input_layout: StylePlacement::Shard(-1),
             output_layout: StylePlacement::Replicate,
             use_local_output: true,
+            logits_layout: StylePlacement::Replicate,
         }
     }
 }
@@ -155,8 +161,14 @@ impl RowwiseParallel {
         Self {
             input_layout: StylePlacement::Replicate,
             output_layout,
-            use_local_output: true,
+            ..Self::default()
         }
+    }
+    /// The same style with a tied head's logits in `layout` (see
+    /// [`RowwiseParallel::logits_layout`]).
+    pub fn logits_layout(mut self, layout: StylePlacement) -> Self {
+        self.logits_layout = layout;
+        self
     }
 }
 

@@ -479,3 +479,41 @@ fn style_placements_are_dtensor_placements() {
     assert_eq!(StylePlacement::Partial.placement(2), Placement::PARTIAL_SUM);
     assert!(StylePlacement::Shard(-1).same_as(&StylePlacement::Shard(2), 3));
 }
+
+/// A vocab-parallel embedding as a tied head: its logits all-gathered (`Replicate`, the
+/// default) equal the whole table's; under loss parallelism (`logits_layout(Shard(-1))`) each
+/// rank keeps its vocabulary shard of them, gathered by no collective, and names its group.
+#[test]
+fn a_tied_head_gathers_or_keeps_its_logits_sharded() {
+    let device = dev();
+    let (v, d, tp) = (12, 4, 2);
+    let model = Embed {
+        tok: ParallelEmbedding::new(v, d, &device),
+    };
+    let x = input([2, 3, d], &device);
+    let want = vec_of(model.tok.tied_head(x.clone()));
+    for logits in [StylePlacement::Replicate, StylePlacement::Shard(-1)] {
+        world(tp, |pg| {
+            let mesh = DeviceMesh::one_d(&pg, "tp").unwrap();
+            let style =
+                RowwiseParallel::vocab_embedding(StylePlacement::Replicate).logits_layout(logits);
+            let plan = ParallelPlan::new().add("tok", style);
+            let local =
+                parallelize_module(model.clone().fork(&device), &mesh, "tp", &plan).unwrap();
+            let counter = CommCounter::start();
+            let y = local.tok.tied_head(x.clone());
+            let sharded = logits == StylePlacement::Shard(-1);
+            assert_eq!(counter.count(OpKind::AllGather), usize::from(!sharded));
+            assert_eq!(local.tok.logits_shard_group().is_some(), sharded);
+            let y = match sharded {
+                true => {
+                    assert_eq!(y.dims(), [2, 3, v / tp]);
+                    let (shape, values) = (y.dims().to_vec(), vec_of(y));
+                    gather_host(&values, &shape, 2, &pg)
+                }
+                false => vec_of(y),
+            };
+            assert_close(&y, &want, "tied logits");
+        });
+    }
+}

@@ -131,13 +131,14 @@ impl Llama {
         }
     }
 
-    /// Mean cross-entropy over all `B·T` positions (vocab-parallel on sharded logits).
+    /// Mean cross-entropy over all `B·T` positions (vocab-parallel on sharded logits: an
+    /// untied head's, or a tied one's under loss parallelism).
     pub fn loss(&self, ids: Tensor<2, Int>, targets: Tensor<2, Int>) -> Tensor<1> {
-        match self
-            .lm_head
-            .as_ref()
-            .and_then(ParallelLinear::output_shard_group)
-        {
+        let sharded = match &self.lm_head {
+            Some(head) => head.output_shard_group(),
+            None => self.model.embed_tokens.logits_shard_group(),
+        };
+        match sharded {
             Some(group) => loss_parallel(self.forward(ids), targets, &group),
             None => cross_entropy(self.forward(ids), targets),
         }

@@ -161,22 +161,13 @@ impl ParallelModel for Llama {
         }
         let Some(lm_head) = &self.lm_head else {
             // Tied: the head is the embedding — under tp its vocab-parallel shard serves as the
-            // column-parallel head (the logits gathered); under pp it would live on the first
-            // and the last stage: not yet, nor the head's logits kept sharded.
+            // column-parallel head (the logits gathered, or kept sharded under loss
+            // parallelism); under pp it would live on the first and the last stage: not yet.
             if dims.pp() > 1 {
                 return Err(LayoutError::axis(
                     Axis::Pp,
                     dims.pp(),
                     "tie_word_embeddings: a tied head is not split over pipeline stages yet"
-                        .to_string(),
-                ));
-            }
-            if tp > 1 && dims.tp_options.loss_parallel {
-                return Err(LayoutError::axis(
-                    Axis::Tp,
-                    tp,
-                    "tie_word_embeddings: the tied head gathers its logits; loss parallelism \
-                     is not supported with it yet"
                         .to_string(),
                 ));
             }
