@@ -134,6 +134,25 @@ fn deepseek_v3_without_a_query_bottleneck_matches_transformers() {
     assert!(!cfg.norm_topk_prob && cfg.mlp_only_layers.is_empty());
 }
 
+/// YaRN's RoPE scaling (`yarn/`: the main model with `rope_type: yarn`, factor 4 over 2
+/// original positions, mscale 0.707 and mscale_all_dim 1 — cos and sin × 0.964, the softmax
+/// scale × 1.296 —, as DeepSeek-V3's own config asks) on one device, ZeRO-3 × ep, tp = 2, a
+/// pipeline and cp = 2 × ep = 2.
+#[test]
+fn deepseek_v3_with_yarn_matches_transformers() {
+    let layouts = [
+        layout("dp=1", 0, None, None, ""),
+        layout("dp=2,ep=2", 3, None, None, ""),
+        layout("tp=2", 0, None, None, ""),
+        layout("pp=2", 0, Some("1f1b"), Some(2), ""),
+        layout("cp=2,ep=2", 0, None, None, ""),
+    ];
+    let cfg = check("deepseek_v3/yarn", &layouts);
+    let y = cfg.base.variant.mla.unwrap().yarn.unwrap();
+    assert!((y.attention_factor() - 0.9643).abs() < 1e-4, "{y:?}");
+    assert!((y.softmax_factor() - 1.2964).abs() < 1e-4, "{y:?}");
+}
+
 /// Auxiliary-loss-free balancing (`--expert-bias-update 0.01`) against transformers' run of
 /// the contract's rule in each of `layouts`, SGD and AdamW: losses, parameters and every
 /// routed layer's bias after the last step (an update's step is 0.01 · sign: a load counted
@@ -347,6 +366,7 @@ fn deepseek_v3_exports_what_transformers_loads() {
     for (fixture, name) in [
         ("deepseek_v3", "deepseek_v3"),
         ("deepseek_v3/q_proj", "deepseek_v3_q_proj"),
+        ("deepseek_v3/yarn", "deepseek_v3_yarn"),
     ] {
         let (cfg, model, batches) = load(fixture);
         let reads_back = |path: &std::path::Path| {
@@ -443,5 +463,64 @@ fn deepseek_v3_trains_as_plain_burn_does() {
         common::plain::against_plain_within(fixture, &model, &batches, &axes, tols, |m, ids, t| {
             common::plain_deepseek::plain_deepseek_loss(m, &cfg, ids, t)
         });
+    }
+}
+
+/// DeepSeek-V3's own `config.json` (deepseek-ai/DeepSeek-V3, its fields as published: the
+/// older `rope_scaling` with `"type": "yarn"`, `scoring_func`, `topk_method`,
+/// `moe_layer_freq`, the MTP layer count) reads as the model the planner's preset describes
+/// — 671,026,404,352 parameters —, YaRN included; what it does not compute is refused naming
+/// the field.
+#[test]
+fn reads_deepseek_v3s_own_config() {
+    let text = r#"{"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3",
+        "attention_bias": false, "first_k_dense_replace": 3, "hidden_act": "silu",
+        "hidden_size": 7168, "intermediate_size": 18432, "kv_lora_rank": 512,
+        "max_position_embeddings": 163840, "moe_intermediate_size": 2048, "moe_layer_freq": 1,
+        "n_group": 8, "n_routed_experts": 256, "n_shared_experts": 1, "norm_topk_prob": true,
+        "num_attention_heads": 128, "num_experts_per_tok": 8, "num_hidden_layers": 61,
+        "num_key_value_heads": 128, "num_nextn_predict_layers": 1, "q_lora_rank": 1536,
+        "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "rms_norm_eps": 1e-06,
+        "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 1.0,
+            "mscale_all_dim": 1.0, "original_max_position_embeddings": 4096, "type": "yarn"},
+        "rope_theta": 10000, "routed_scaling_factor": 2.5, "scoring_func": "sigmoid",
+        "tie_word_embeddings": false, "topk_group": 4, "topk_method": "noaux_tc",
+        "v_head_dim": 128, "vocab_size": 129280}"#;
+    let cfg = MixtralConfig::from_json("c", text).unwrap();
+    let mla = cfg.base.variant.mla.unwrap();
+    let yarn = mla.yarn.expect("YaRN");
+    assert_eq!(
+        (yarn.factor, yarn.original_max_position_embeddings),
+        (40.0, 4096)
+    );
+    assert_eq!(cfg.num_params(), 671_026_404_352);
+    let preset = bonfire_plan::ModelSpec::preset("deepseek-v3-671b").unwrap();
+    assert_eq!(cfg.spec().num_params(), preset.num_params());
+    assert_eq!(
+        MixtralConfig::from_json("c", &cfg.to_json()),
+        Ok(cfg.clone())
+    );
+    for (from, to, said) in [
+        ("\"sigmoid\"", "\"softmax\"", "scoring_func `softmax`"),
+        ("\"noaux_tc\"", "\"greedy\"", "topk_method `greedy`"),
+        (
+            "\"type\": \"yarn\"",
+            "\"type\": \"linear\"",
+            "rope_type `linear`",
+        ),
+        (
+            "\"moe_layer_freq\": 1",
+            "\"moe_layer_freq\": 2",
+            "moe_layer_freq 2",
+        ),
+        (
+            "\"attention_bias\": false",
+            "\"attention_bias\": true",
+            "attention_bias",
+        ),
+        ("\"n_group\": 8", "\"n_group\": 3", "n_group 3"),
+    ] {
+        let err = MixtralConfig::from_json("c", &text.replace(from, to)).unwrap_err();
+        assert!(err.contains(said), "{err}");
     }
 }

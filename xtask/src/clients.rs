@@ -68,6 +68,11 @@ const FIXTURES: [(&str, &[&str]); 6] = [
             "q_proj/batch.safetensors",
             "q_proj/reference.safetensors",
             "q_proj/state_dict.safetensors",
+            "yarn/config.json",
+            "yarn/model.safetensors",
+            "yarn/batch.safetensors",
+            "yarn/reference.safetensors",
+            "yarn/state_dict.safetensors",
         ],
     ),
     ("recipe", &["batch.safetensors", "reference.safetensors"]),
@@ -104,7 +109,7 @@ const FIXTURES: [(&str, &[&str]); 6] = [
 
 /// The families' exports transformers loads besides the Llama's (`tests/families.rs`, the
 /// DeepSeek ones `tests/deepseek.rs`).
-const FAMILY_EXPORTS: [&str; 10] = [
+const FAMILY_EXPORTS: [&str; 11] = [
     "llama3",
     "qwen2",
     "qwen3",
@@ -115,6 +120,7 @@ const FAMILY_EXPORTS: [&str; 10] = [
     "qwen3_moe_dense",
     "deepseek_v3",
     "deepseek_v3_q_proj",
+    "deepseek_v3_yarn",
 ];
 
 /// The checks of this step: the exports, one regeneration a family, TensorBoard's reader.

@@ -227,12 +227,28 @@ pub fn rope_tables(
     (theta, scaling): (f64, Option<Llama3Rope>),
     device: &Device,
 ) -> (Tensor<2>, Tensor<2>) {
+    let freqs: Vec<f64> = default_freqs(theta, hd)
+        .into_iter()
+        .map(|f| scaling.map_or(f, |s| s.scale(f)))
+        .collect();
+    rope_tables_of(positions, hd, &freqs, device)
+}
+
+/// RoPE's inverse frequencies `θ^(−2j/hd)`, `j < hd/2`.
+pub fn default_freqs(theta: f64, hd: usize) -> Vec<f64> {
+    (0..hd / 2)
+        .map(|j| theta.powf(-2.0 * j as f64 / hd as f64))
+        .collect()
+}
+
+/// [`rope_tables`] of given inverse frequencies `freqs` (`hd/2` of them).
+pub fn rope_tables_of(
+    positions: &[usize],
+    hd: usize,
+    freqs: &[f64],
+    device: &Device,
+) -> (Tensor<2>, Tensor<2>) {
     let (t, half) = (positions.len(), hd / 2);
-    let freq = |j: usize| {
-        let f = theta.powf(-2.0 * j as f64 / hd as f64);
-        scaling.map_or(f, |s| s.scale(f))
-    };
-    let freqs: Vec<f64> = (0..half).map(freq).collect();
     let angle = |i: usize| positions[i / hd] as f64 * freqs[i % hd % half];
     let table = |f: fn(f64) -> f64| {
         let values: Vec<f32> = (0..t * hd).map(|i| f(angle(i)) as f32).collect();

@@ -6,6 +6,7 @@
 //! [`pretrained`] (published checkpoints' per-expert names folded into the fused ones).
 
 pub mod config;
+mod deepseek;
 pub mod model;
 pub mod moe;
 pub mod parallelize;

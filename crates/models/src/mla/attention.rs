@@ -2,7 +2,7 @@
 //! latent projections) and [`Mla::forward`] (see the module above).
 
 use super::Mla;
-use crate::decoder_layer::{LlamaAttention, rope_tables, rotate};
+use crate::decoder_layer::{LlamaAttention, default_freqs, rope_tables_of, rotate};
 use crate::gpt::attention::{merge_heads, split_heads, windowed_attention};
 use crate::llama::LlamaConfig;
 use bonfire_tp::{ParallelLinear, ParallelRmsNorm};
@@ -85,17 +85,34 @@ impl Mla {
         let kv = kv_b.forward(normed.forward(latent.narrow(2, 0, r)));
         let kv = split_heads(kv, nope + vd);
         let positions = bonfire_cp::positions(t);
-        let (cos, sin) = rope_tables(&positions, rope, (a.rope().0, None), &q.device());
+        let theta = a.rope().0;
+        let freqs = match self.yarn {
+            Some(y) => y.inv_freqs(theta, rope),
+            None => default_freqs(theta, rope),
+        };
+        let (cos, sin) = rope_tables_of(&positions, rope, &freqs, &q.device());
+        // YaRN's attention factor multiplies cos and sin: the rotated features.
+        let factor = self.yarn.map_or(1.0, |y| y.attention_factor());
         let rotary = |x: Tensor<4>| {
             let x = match self.rope_interleave {
                 true => deinterleave(x),
                 false => x,
             };
-            rotate(x, &cos, &sin)
+            let y = rotate(x, &cos, &sin);
+            match factor {
+                1.0 => y,
+                f => y.mul_scalar(f),
+            }
         };
         let q_rot = rotary(q.clone().narrow(3, nope, rope));
         let k_rot = rotary(k_rot).repeat_dim(1, h);
-        let q = Tensor::cat(vec![q.narrow(3, 0, nope), q_rot], 3);
+        let mut q = Tensor::cat(vec![q.narrow(3, 0, nope), q_rot], 3);
+        // YaRN's softmax scale: (nope + rope)^−½ · mscale², the kernels applying the first.
+        if let Some(y) = self.yarn
+            && y.softmax_factor() != 1.0
+        {
+            q = q.mul_scalar(y.softmax_factor());
+        }
         let k = Tensor::cat(vec![kv.clone().narrow(3, 0, nope), k_rot], 3);
         let mut v = kv.narrow(3, nope, vd);
         if vd < qk {

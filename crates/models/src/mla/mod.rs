@@ -15,11 +15,14 @@
 //! and forward.
 
 mod attention;
+mod yarn;
+
+pub use yarn::Yarn;
 
 use serde_json::{Map, Value, json};
 
 /// Multi-head latent attention's sizes (the `config.json` fields of the same names).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Mla {
     /// The query's bottleneck (`None`: one projection `q_proj`).
     pub q_lora_rank: Option<usize>,
@@ -34,6 +37,8 @@ pub struct Mla {
     /// Whether RoPE rotates interleaved pairs `(x0, x1), (x2, x3), …` (DeepSeek's layout)
     /// rather than halves.
     pub rope_interleave: bool,
+    /// YaRN's RoPE scaling (`rope_type: yarn`: DeepSeek-V3's own config).
+    pub yarn: Option<Yarn>,
 }
 
 impl Mla {
@@ -42,7 +47,9 @@ impl Mla {
         self.qk_nope_head_dim + self.qk_rope_head_dim
     }
 
-    /// Reads the fields of a `config.json` object (transformers' defaults: DeepSeek-V3's).
+    /// Reads the fields of a `config.json` object (transformers' defaults: DeepSeek-V3's),
+    /// its RoPE (`rope_parameters` or `rope_scaling`, of `rope_type` or `type` default or
+    /// yarn; others refused).
     pub fn from_json(obj: &Map<String, Value>) -> Result<Self, String> {
         let field = |name: &str| obj.get(name).filter(|v| !v.is_null());
         let count = |name: &str, default: usize| match field(name) {
@@ -64,6 +71,15 @@ impl Mla {
             qk_rope_head_dim: count("qk_rope_head_dim", 64)?,
             v_head_dim: count("v_head_dim", 128)?,
             rope_interleave: field("rope_interleave").and_then(Value::as_bool) != Some(false),
+            yarn: match rope_kind(obj) {
+                (None | Some("default"), _) => None,
+                (Some("yarn"), Some(rope)) => Some(Yarn::from_json(rope)?),
+                (Some(other), _) => {
+                    return Err(format!(
+                        "rope_type `{other}` is not supported (default, yarn)"
+                    ));
+                }
+            },
         };
         mla.validate()?;
         Ok(mla)
@@ -122,4 +138,18 @@ impl Mla {
             None => "q_proj",
         }
     }
+}
+
+/// A config's RoPE object (`rope_parameters`, or the older `rope_scaling`) and its type
+/// (`rope_type`, or the older `type`).
+pub fn rope_kind(obj: &Map<String, Value>) -> (Option<&str>, Option<&Value>) {
+    let rope = ["rope_parameters", "rope_scaling"]
+        .iter()
+        .find_map(|f| obj.get(*f).filter(|v| !v.is_null()));
+    let kind = rope.and_then(|r| {
+        ["rope_type", "type"]
+            .iter()
+            .find_map(|f| r.get(*f).and_then(Value::as_str))
+    });
+    (kind, rope)
 }
