@@ -27,6 +27,7 @@ pub mod config;
 pub mod data;
 pub mod decoder;
 pub mod decoder_layer;
+pub mod fields;
 pub mod gpt;
 pub mod llama;
 pub mod mixtral;

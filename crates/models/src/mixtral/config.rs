@@ -4,6 +4,7 @@
 //! `shared/notes/parity-harness.md`).
 
 use super::router::Scoring;
+use crate::fields;
 use crate::llama::{Family, LlamaConfig};
 use bonfire_plan::{Arch, LatentAttention, ModelSpec, Moe};
 use serde_json::{Value, json};
@@ -250,17 +251,8 @@ impl MixtralConfig {
                 family.model_type()
             )));
         }
-        let field = |name: &str| v.get(name).filter(|x| !x.is_null());
-        let count = |name: &str, default: usize| -> Result<usize, String> {
-            match field(name) {
-                None => Ok(default),
-                Some(x) => x
-                    .as_u64()
-                    .filter(|&n| n > 0)
-                    .map(|n| n as usize)
-                    .ok_or_else(|| bad(format!("field `{name}`: not a positive integer"))),
-            }
-        };
+        let field = |name: &str| fields::field(&v, name);
+        let count = |name: &str, default: usize| fields::count(&v, name, default).map_err(bad);
         if let Some(w) = field("sliding_window").and_then(Value::as_u64)
             && (w as usize) < base.max_position_embeddings
             && family == MoeFamily::Mixtral

@@ -3,6 +3,7 @@
 //! shared experts ([`DeepseekMoe`]), the first dense layers — read and written.
 
 use super::config::{DeepseekMoe, MixtralConfig, MoeFamily};
+use crate::fields;
 use crate::llama::LlamaConfig;
 use crate::mla::Mla;
 use serde_json::{Value, json};
@@ -13,17 +14,8 @@ impl MixtralConfig {
     /// scoring functions and top-k methods, a MoE layer frequency other than 1.
     pub(super) fn deepseek_from_json(mut base: LlamaConfig, v: &Value) -> Result<Self, String> {
         let obj = v.as_object().ok_or("not a JSON object")?;
-        let field = |name: &str| v.get(name).filter(|x| !x.is_null());
-        let count = |name: &str, default: usize| -> Result<usize, String> {
-            match field(name) {
-                None => Ok(default),
-                Some(x) => x
-                    .as_u64()
-                    .filter(|&n| n > 0)
-                    .map(|n| n as usize)
-                    .ok_or_else(|| format!("field `{name}`: not a positive integer")),
-            }
-        };
+        let field = |name: &str| fields::field(v, name);
+        let count = |name: &str, default: usize| fields::count(v, name, default);
         for (name, supported) in [("scoring_func", "sigmoid"), ("topk_method", "noaux_tc")] {
             if let Some(x) = field(name).and_then(Value::as_str)
                 && x != supported

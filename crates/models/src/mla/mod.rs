@@ -51,15 +51,9 @@ impl Mla {
     /// its RoPE (`rope_parameters` or `rope_scaling`, of `rope_type` or `type` default or
     /// yarn; others refused).
     pub fn from_json(obj: &Map<String, Value>) -> Result<Self, String> {
-        let field = |name: &str| obj.get(name).filter(|v| !v.is_null());
-        let count = |name: &str, default: usize| match field(name) {
-            None => Ok(default),
-            Some(v) => v
-                .as_u64()
-                .filter(|&n| n > 0)
-                .map(|n| n as usize)
-                .ok_or_else(|| format!("field `{name}`: not a positive integer")),
-        };
+        let v = Value::Object(obj.clone());
+        let field = |name: &str| crate::fields::field(&v, name);
+        let count = |name: &str, default: usize| crate::fields::count(&v, name, default);
         let q_lora_rank = match obj.get("q_lora_rank") {
             Some(Value::Null) => None,
             _ => Some(count("q_lora_rank", 1536)?),
