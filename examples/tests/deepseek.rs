@@ -524,3 +524,42 @@ fn reads_deepseek_v3s_own_config() {
         assert!(err.contains(said), "{err}");
     }
 }
+
+/// A checkpoint's multi-token-prediction layer (DeepSeek-V3's `model.layers.61.*`: the
+/// `num_nextn_predict_layers` after `num_hidden_layers`) is left out on load, as transformers
+/// leaves it, by both readers (the whole directory and the slice reader `train` uses); with
+/// the field at 0 the same tensor is refused as unexpected.
+#[test]
+fn multi_token_prediction_layers_are_left_out() {
+    use bonfire_models::tensor_file;
+    use bonfire_parallel::ParameterSource;
+    let src = common::fixture_dir("deepseek_v3");
+    let dir = std::env::temp_dir().join(format!("bonfire-deepseek-mtp-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut tensors = tensor_file::read_floats(&src.join("model.safetensors")).unwrap();
+    tensors.insert(
+        "model.layers.3.eh_proj.weight".into(),
+        (vec![2, 2], vec![1.0; 4]),
+    );
+    tensor_file::write_f32(dir.join("model.safetensors"), &tensors).unwrap();
+    let config = std::fs::read_to_string(src.join("config.json")).unwrap();
+    assert!(config.contains("\"num_nextn_predict_layers\": 1"));
+    let (cfg, model, _) = load("deepseek_v3");
+    let wanted: Vec<(String, Vec<usize>)> = params::all_tensors(&model)
+        .into_iter()
+        .map(|p| (p.path, p.shape))
+        .collect();
+    for (mtp, loads) in [(1, true), (0, false)] {
+        let field = format!("\"num_nextn_predict_layers\": {mtp}");
+        let text = config.replace("\"num_nextn_predict_layers\": 1", &field);
+        std::fs::write(dir.join("config.json"), text).unwrap();
+        let fresh = Mixtral::new(&cfg, &default_device());
+        let whole = moe::load_pretrained(fresh, &dir);
+        let slices = moe::MixtralWeights::open(&dir).unwrap().check(&wanted);
+        assert_eq!((whole.is_ok(), slices.is_ok()), (loads, loads), "{mtp}");
+        if let Err(e) = slices {
+            assert!(e.contains("model.layers.3.eh_proj.weight"), "{e}");
+        }
+    }
+    std::fs::remove_dir_all(dir).ok();
+}

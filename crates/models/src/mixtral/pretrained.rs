@@ -117,12 +117,32 @@ pub fn fuse_experts(mut tensors: F32Tensors) -> Result<F32Tensors, String> {
 }
 
 /// `model` with every parameter taken from the Hugging Face directory `dir`, whose experts
-/// are fused or per expert (see the module docs); errors as
-/// [`crate::pretrained::load_pretrained`]'s.
+/// are fused or per expert (see the module docs), its multi-token-prediction layers left out
+/// ([`prediction_layers`]); errors as [`crate::pretrained::load_pretrained`]'s.
 pub fn load_pretrained(model: Mixtral, dir: &Path) -> Result<Mixtral, String> {
-    let tensors =
+    let mut tensors =
         fuse_experts(read_weights(dir)?).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let mtp = prediction_layers(dir)?;
+    tensors.retain(|name, _| !mtp(name));
     load_tensors(model, tensors, dir)
+}
+
+/// Which tensors of `dir`'s weights are DeepSeek-V3's multi-token-prediction modules: the
+/// `num_nextn_predict_layers` layers after `num_hidden_layers` (`model.layers.61.*` in the
+/// published checkpoint), which transformers drops on load too; none without the field.
+pub fn prediction_layers(dir: &Path) -> Result<impl Fn(&str) -> bool + use<>, String> {
+    let text = crate::read_config(&dir.join("config.json"))?;
+    let v: serde_json::Value = serde_json::from_str(&text)
+        .map_err(|e| format!("{}: config.json is no JSON: {e}", dir.display()))?;
+    let count = |f: &str| crate::fields::count(&v, f, 0).unwrap_or(0);
+    let (layers, mtp) = (
+        count("num_hidden_layers"),
+        count("num_nextn_predict_layers"),
+    );
+    let prefixes: Vec<String> = (layers..layers + mtp)
+        .map(|i| format!("model.layers.{i}."))
+        .collect();
+    Ok(move |name: &str| prefixes.iter().any(|p| name.starts_with(p)))
 }
 
 /// A mixture-of-experts directory's weights for [`bonfire_train::checkpoint::load_parameters`]: fused
@@ -138,7 +158,7 @@ pub struct MixtralWeights {
 impl MixtralWeights {
     /// Opens `dir`'s weight files ([`Weights::open`]).
     pub fn open(dir: &Path) -> Result<Self, String> {
-        let weights = Weights::open(dir)?;
+        let weights = Weights::open(dir)?.without(prediction_layers(dir)?);
         let per_expert = ExpertNames::detect(weights.names());
         Ok(Self {
             weights,

@@ -97,6 +97,13 @@ impl Weights {
             tensors,
         })
     }
+
+    /// The weights without the tensors `drop` names (a checkpoint's modules the model does
+    /// not train: DeepSeek-V3's multi-token prediction).
+    pub fn without(mut self, drop: impl Fn(&str) -> bool) -> Self {
+        self.tensors.retain(|name, _| !drop(name));
+        self
+    }
 }
 
 /// The tensors a safetensors file's header lists (file number `k`).
