@@ -563,3 +563,43 @@ fn multi_token_prediction_layers_are_left_out() {
     }
     std::fs::remove_dir_all(dir).ok();
 }
+
+/// Under bf16 mixed precision (DDP and ZeRO-1, dp = 2) DeepSeek-V3 trains with its balancing:
+/// losses within 2e-2 of transformers' float64 run, and every bias moved by whole steps of the
+/// rate from where it started — its updates not rounded to bf16 (the dtype of state in the
+/// compute copy is `precision::cast_module`'s unit test's).
+#[test]
+fn deepseek_v3_balances_under_bf16() {
+    let (_, model, batches) = load("deepseek_v3");
+    let start: Vec<f32> = params::flatten_values(&model, &params::buffers(&model));
+    let config = bonfire_train::FitConfig {
+        expert_bias_update: Some(0.01),
+        ..bonfire_train::FitConfig::new(batches.steps(), 0.5)
+    };
+    let want = common::fixture_reference("deepseek_v3");
+    for zero in [0, 1] {
+        let mut case = layout("dp=2", zero, None, None, "");
+        case.precision = Some("bf16".into());
+        let dims = case.dims("dp=1").unwrap();
+        let (got, _) = bonfire_examples::harness::train_with(
+            &model,
+            &batches,
+            &dims,
+            OptimizerKind::Sgd,
+            &config,
+        )
+        .unwrap();
+        for (l, w) in got.losses.iter().zip(&want["balanced.sgd.loss"]) {
+            assert!((l - w).abs() < 2e-2, "{dims}: loss {l} vs {w}");
+        }
+        let end: Vec<f32> = got.state.values().flat_map(|(_, v)| v.clone()).collect();
+        assert_eq!(end.len(), start.len());
+        for (e, s) in end.iter().zip(&start) {
+            let steps = (e - s) / 0.01;
+            assert!(
+                (steps - steps.round()).abs() < 1e-4 && steps.abs() < 2.0 + 1e-4,
+                "{e} vs {s}"
+            );
+        }
+    }
+}

@@ -45,14 +45,17 @@ impl PrecisionDTypes for MixedPrecision {
     }
 }
 
-/// `module` with every float parameter cast to `dtype` (same ids; a parameter that required
-/// gradients is a fresh leaf that requires them). A parameter already in `dtype` is kept.
+/// `module` with every trained float parameter cast to `dtype` (same ids; a fresh leaf that
+/// requires gradients). A parameter already in `dtype` is kept, and so is state — a
+/// parameter without gradient (DeepSeek's balancing bias, which transformers keeps in fp32
+/// and the router casts itself): the wrappers keep it whole, in its own dtype, as ZeRO's
+/// compute copy (cast from the flat parameters) does.
 pub fn cast_module<M: Module>(module: M, dtype: DType) -> M {
     struct Cast(DType);
     impl ModuleMapper for Cast {
         fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
             let (id, old, mapper) = param.consume();
-            if old.dtype() == self.0 {
+            if old.dtype() == self.0 || !old.is_require_grad() {
                 return Param::from_mapped_value(id, old, mapper);
             }
             let require_grad = old.is_require_grad();
@@ -64,4 +67,33 @@ pub fn cast_module<M: Module>(module: M, dtype: DType) -> M {
         }
     }
     module.map(&mut Cast(dtype))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burn::module::Module;
+    use burn::tensor::Device;
+
+    #[derive(Module, Debug)]
+    struct Two {
+        trained: Param<Tensor<2>>,
+        state: Param<Tensor<1>>,
+    }
+
+    /// A 16-bit compute copy casts what trains and keeps state (a parameter without gradient)
+    /// in its dtype, ids unchanged.
+    #[test]
+    fn a_compute_copy_keeps_state_in_its_dtype() {
+        let device = Device::flex().autodiff();
+        let m = Two {
+            trained: Param::from_tensor(Tensor::ones([2, 3], &device)),
+            state: Param::from_tensor(Tensor::ones([3], &device)).set_require_grad(false),
+        };
+        let ids = (m.trained.id, m.state.id);
+        let half = cast_module(m, DType::BF16);
+        assert_eq!(half.trained.val().dtype(), DType::BF16);
+        assert_eq!(half.state.val().dtype(), DType::F32);
+        assert_eq!((half.trained.id, half.state.id), ids);
+    }
 }
