@@ -9,7 +9,7 @@
 //! over tp), tp = 4 over 2 kv heads (kv projections and norms whole on every rank), a
 //! pipeline, cp = 2 (ring attention), HSDP, and dp × tp × cp. Tied embeddings (a Llama 3.2
 //! shape: the head is the embedding table, one parameter) in the layouts it supports yet — DDP,
-//! ZeRO 1–3, HSDP, cp, offload, tp ± SP ± LP — and pp and activation checkpointing refused naming it. Exported with
+//! ZeRO 1–3, HSDP, cp, offload, tp ± SP ± LP, activation checkpointing — and pp refused naming it. Exported with
 //! `save_pretrained`, each has the fixture's tensors, names and shapes and its config reads back
 //! as the same model; with `BONFIRE_KEEP_EXPORT=DIR` the exports and their logits are left in
 //! `DIR/<family>` for transformers' `AutoModelForCausalLM` (`fixtures/llama/check_export.py`,
@@ -116,8 +116,9 @@ fn qwen3_qk_norms_match_transformers_in_every_layout_class() {
 /// A tied head (Llama 3.2's shape): one parameter whose gradient sums the embedding's and the
 /// head's use, in every layout that supports it yet (ZeRO-3 gathers the table a second time
 /// for the head; under tp ± SP each rank's vocabulary shard is also its head's, the logits
-/// gathered — or kept sharded under loss parallelism); pp and activation checkpointing
-/// refused, naming `tie_word_embeddings` and the pieces.
+/// gathered — or kept sharded under loss parallelism); with activation checkpointing (the
+/// head piece holds the embedding's table again, the same parameter); pp refused, naming
+/// `tie_word_embeddings`.
 #[test]
 fn tied_embeddings_match_transformers_where_supported() {
     let supported = [
@@ -133,27 +134,23 @@ fn tied_embeddings_match_transformers_where_supported() {
         layout("dp=2,tp=2", 3, None, None, "sp"),
         layout("dp=2,tp=2", 1, None, None, "sp,lp"),
         layout("dp=2,cp=2,tp=2", 1, None, None, ""),
+        layout("dp=1", 0, None, None, "ac"),
+        layout("dp=2", 3, None, None, "ac"),
+        layout("dp=2,tp=2", 1, None, None, "sp,lp,ac"),
     ];
     check("llama32", Family::Llama, &supported);
     let (_, model, batches) = common::llama_fixture("families/llama32");
     assert!(model.lm_head.is_none(), "tied: no lm_head");
     let batch = batches.rows(0, 0, batches.batch, &default_device());
-    for (case, world, says) in [
-        (
-            layout("pp=2", 0, Some("1f1b"), Some(2), ""),
-            2,
-            "tie_word_embeddings",
-        ),
-        (layout("dp=1", 0, None, None, "ac"), 1, "pipeline pieces"),
-    ] {
-        let dims = case.dims("dp=1").unwrap();
-        let err = bonfire_train::Trainer::new(dims.clone(), || OptimizerKind::Sgd.build())
-            .check(&model, world, &batch)
-            .map(|_| ())
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains(says), "{dims}: {err}");
-    }
+    let dims = layout("pp=2", 0, Some("1f1b"), Some(2), "")
+        .dims("dp=1")
+        .unwrap();
+    let err = bonfire_train::Trainer::new(dims.clone(), || OptimizerKind::Sgd.build())
+        .check(&model, 2, &batch)
+        .map(|_| ())
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("tie_word_embeddings"), "{dims}: {err}");
 }
 
 /// Each new layer kind against plain Burn (`common::plain_llama`: the family's math in Burn

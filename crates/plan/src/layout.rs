@@ -254,11 +254,9 @@ impl PlannedLayout for ParallelDims {
         }
         check_experts(self, model)?;
         let t = self.tp();
-        if model.tied && (t > 1 || self.pp() > 1 || self.recomputes()) {
+        if model.tied && self.pp() > 1 {
             return Err(
-                "a tied head (tied) trains without tp (which needs loss parallelism here), pp \
-                 or activation checkpointing"
-                    .into(),
+                "a tied head (tied) trains without pp (its table would live on two stages)".into(),
             );
         }
         if self.tp_options.loss_parallel != (t > 1) {

@@ -119,8 +119,8 @@ pub struct ModelSpec {
     /// many keys, which bounds attention's FLOPs per token; `None`: the whole causal prefix.
     pub window: Option<usize>,
     /// The head is the embedding table (`tie_word_embeddings`: Llama 3.2, small Qwens): one
-    /// `V × d` table, not two. Bonfire trains it without pp, loss parallelism or activation
-    /// checkpointing, and the planner searches the same.
+    /// `V × d` table, not two. Bonfire trains it without pp (with tp, loss parallelism and
+    /// activation checkpointing), and the planner searches the same.
     pub tied: bool,
     /// Multi-head latent attention in place of grouped-query attention (DeepSeek-V3).
     pub latent: Option<LatentAttention>,

@@ -114,8 +114,7 @@ pub fn candidates(
 
 /// The searched variants of `base` (its degrees): each schedule and micro-batch count (with
 /// a pipeline), ZeRO stage (with more than one replica; only 1–3 under HSDP, whose DDP is
-/// plain dp's), ± sequence parallelism (tp > 1), ± recompute of every block (not for a tied
-/// head), each requested
+/// plain dp's), ± sequence parallelism (tp > 1), ± recompute of every block, each requested
 /// precision.
 fn variants(model: &ModelSpec, req: &Request, base: ParallelDims) -> Vec<ParallelDims> {
     let (dp, tp, pp) = (base.data_replicas(), base.tp(), base.pp());
@@ -151,12 +150,7 @@ fn variants(model: &ModelSpec, req: &Request, base: ParallelDims) -> Vec<Paralle
                     if l.check_sequence(req.seq).is_err() {
                         continue;
                     }
-                    // A tied head's model has no checkpointable pieces yet.
-                    let recomputes: &[Recompute] = match model.tied {
-                        true => &[Recompute::Off],
-                        false => &[Recompute::Off, Recompute::Every(1)],
-                    };
-                    for &ac in recomputes {
+                    for ac in [Recompute::Off, Recompute::Every(1)] {
                         for &precision in &req.precisions {
                             out.push(l.clone().with_recompute(ac).with_precision(precision));
                         }

@@ -487,20 +487,19 @@ fn bonfire_attention_is_costed_as_the_engines_run_it() {
     );
 }
 
-/// A tied head is searched as Bonfire trains it: Qwen3-0.6B on one 8-GPU node ranks only
-/// layouts without tp, pp or activation checkpointing (its 0.6 B fit a device with ZeRO or
-/// without), and a description saying `"tied": true` counts one table.
+/// A tied head is searched as Bonfire trains it: Qwen3-0.6B on one 8-GPU node ranks
+/// layouts without pp — with tp (the logits kept sharded under loss parallelism) and
+/// activation checkpointing among them —, and a description saying `"tied": true` counts one
+/// table.
 #[test]
-fn a_tied_model_is_planned_without_tp_pp_or_recompute() {
+fn a_tied_model_is_planned_without_pp() {
     let model = ModelSpec::preset("qwen3-0.6b").unwrap();
     assert!(model.tied);
     let node = cluster(1, 8, "h100", "nvlink", "ib");
     let p = plan(&model, &node, &bf16(8, 4096)).unwrap();
-    assert!(!p.ranked.is_empty());
-    for e in &p.ranked {
-        let l = &e.layout;
-        assert!(l.tp() == 1 && l.pp() == 1 && !l.recompute.is_on(), "{l}");
-    }
+    assert!(p.ranked.iter().all(|e| e.layout.pp() == 1));
+    assert!(p.ranked.iter().any(|e| e.layout.tp() > 1));
+    assert!(p.ranked.iter().any(|e| e.layout.recompute.is_on()));
     let untied = ModelSpec {
         tied: false,
         latent: None,

@@ -21,7 +21,7 @@
 //! are summed over tp. (That keeps h_kv·hd·d values of each projection per rank where
 //! Megatron keeps hd·d; the planner does not search tp above the kv heads yet.)
 
-use super::model::{DecoderLayer, Llama, LlamaAttention, embed, head};
+use super::model::{DecoderLayer, Llama, LlamaAttention, embed, head, tied_head};
 use crate::data::TokenBatch;
 use crate::decoder::{DecoderStyles, Piece, PieceStep, decoder_pieces, divisible};
 use crate::decoder::{token_input, token_loss};
@@ -219,25 +219,34 @@ impl ParallelModel for Llama {
 
     /// The embedding, each decoder layer, the final norm with the head; token ids enter as
     /// floats `[B, T, 1]`; the loss is cross-entropy, vocab-parallel when the head's logits
-    /// stay sharded. The decoder layers are the checkpointable layers.
-    /// A tied model has no pieces yet (its head needs the first piece's table).
+    /// stay sharded. The decoder layers are the checkpointable layers. A tied model's head
+    /// piece holds the embedding's table again — the same parameter, whose gradient sums
+    /// both uses on a rank that runs both pieces (activation checkpointing; a pipeline, which
+    /// would put them on two stages, is refused by `check_layout`).
     fn pipeline<V: PipelineVisitor<TokenBatch>>(self, visitor: V) -> Option<V::Output> {
         let layers: Vec<String> = (0..self.model.layers.len())
             .map(|i| format!("model.layers.{i}"))
             .collect();
-        let loss = token_loss(self.lm_head.as_ref()?.output_shard_group());
+        let sharded = match &self.lm_head {
+            Some(head) => head.output_shard_group(),
+            None => self.model.embed_tokens.logits_shard_group(),
+        };
+        let loss = token_loss(sharded);
         let pipeline = Pipeline::new(pieces(self), token_input, loss);
         Some(visitor.visit(pipeline.with_checkpointable(layers)))
     }
 }
 
-/// The final norm and the output projection (the last piece).
+/// The final norm and the output projection (the last piece): `lm_head`, or a tied model's
+/// embedding table (the same parameter as the first piece's).
 #[derive(Module, Debug)]
 pub struct LlamaHead {
     /// `model.norm`.
     pub norm: ParallelRmsNorm,
-    /// `lm_head`.
-    pub lm_head: ParallelLinear,
+    /// `lm_head` (untied).
+    pub lm_head: Option<ParallelLinear>,
+    /// `model.embed_tokens` (tied).
+    pub tied: Option<ParallelEmbedding>,
 }
 
 /// One piece of the Llama as a pipeline block: activations are `[B, T, d]`; the embedding
@@ -259,7 +268,11 @@ impl PieceStep for DecoderLayer {
 
 impl PieceStep for LlamaHead {
     fn step(&self, x: Tensor<3>) -> Tensor<3> {
-        head(&self.norm, &self.lm_head, x)
+        match (&self.lm_head, &self.tied) {
+            (Some(lm_head), _) => head(&self.norm, lm_head, x),
+            (None, Some(table)) => tied_head(&self.norm, table, x),
+            (None, None) => unreachable!("a head piece has a head"),
+        }
     }
 }
 
@@ -267,9 +280,9 @@ impl PieceStep for LlamaHead {
 /// `model.embed_tokens`, `model.layers.0`, …, `model.norm` (parameters in the model's order).
 pub fn pieces(model: Llama) -> Vec<(String, LlamaPiece)> {
     let Llama { model, lm_head } = model;
-    let lm_head = lm_head.expect("an untied head: a tied model has no pieces");
     let head = LlamaHead {
         norm: model.norm,
+        tied: lm_head.is_none().then(|| model.embed_tokens.clone()),
         lm_head,
     };
     decoder_pieces(
