@@ -142,7 +142,7 @@ impl LlamaConfig {
                 })
         };
         let optional = |field: &str| obj.get(field).filter(|v| !v.is_null());
-        let rope = optional("rope_parameters").or_else(|| optional("rope_scaling"));
+        let rope = crate::fields::rope(&v);
         let family = Family::parse(model_type).unwrap_or_default();
         let variant = LlamaVariant::from_json(family, obj, rope).map_err(bad)?;
         let theta = rope

@@ -155,13 +155,7 @@ impl LlamaVariant {
             ),
             _ => None,
         };
-        // `rope_type`, or the older `type` (a `rope_scaling` of `"type": "linear"` is no
-        // default RoPE).
-        let kind = rope.and_then(|r| {
-            ["rope_type", "type"]
-                .iter()
-                .find_map(|f| r.get(*f).and_then(Value::as_str))
-        });
+        let kind = rope.and_then(crate::fields::rope_type);
         let rope_scaling = match kind {
             None | Some("default") => None,
             Some("llama3") => Some(Llama3Rope::from_json(rope.expect("a rope_type"))?),

@@ -13,7 +13,6 @@ impl MixtralConfig {
     /// `router_aux_loss_coef` means nothing to it: α = 0). Refuses, naming the field, other
     /// scoring functions and top-k methods, a MoE layer frequency other than 1.
     pub(super) fn deepseek_from_json(mut base: LlamaConfig, v: &Value) -> Result<Self, String> {
-        let obj = v.as_object().ok_or("not a JSON object")?;
         let field = |name: &str| fields::field(v, name);
         let count = |name: &str, default: usize| fields::count(v, name, default);
         for (name, supported) in [("scoring_func", "sigmoid"), ("topk_method", "noaux_tc")] {
@@ -28,7 +27,7 @@ impl MixtralConfig {
         {
             return Err(format!("moe_layer_freq {f} is not supported (1)"));
         }
-        let mla = Mla::from_json(obj)?;
+        let mla = Mla::from_json(v)?;
         base.variant.mla = Some(mla);
         base.head_dim = mla.qk_rope_head_dim;
         base.num_key_value_heads = base.num_attention_heads;
@@ -96,9 +95,11 @@ impl MixtralConfig {
     /// `v` as JSON with its RoPE object's type (`rope_type` or `type`) made default.
     pub(super) fn default_rope(v: &Value) -> String {
         let mut v = v.clone();
-        for field in ["rope_parameters", "rope_scaling"] {
+        for field in fields::ROPE_FIELDS {
             if let Some(Value::Object(rope)) = v.get_mut(field) {
-                rope.remove("type");
+                for kind in fields::ROPE_TYPE_FIELDS {
+                    rope.remove(kind);
+                }
                 rope.insert("rope_type".into(), "default".into());
             }
         }

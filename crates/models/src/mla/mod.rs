@@ -19,7 +19,8 @@ mod yarn;
 
 pub use yarn::Yarn;
 
-use serde_json::{Map, Value, json};
+use crate::fields;
+use serde_json::{Value, json};
 
 /// Multi-head latent attention's sizes (the `config.json` fields of the same names).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -50,11 +51,11 @@ impl Mla {
     /// Reads the fields of a `config.json` object (transformers' defaults: DeepSeek-V3's),
     /// its RoPE (`rope_parameters` or `rope_scaling`, of `rope_type` or `type` default or
     /// yarn; others refused).
-    pub fn from_json(obj: &Map<String, Value>) -> Result<Self, String> {
-        let v = Value::Object(obj.clone());
-        let field = |name: &str| crate::fields::field(&v, name);
-        let count = |name: &str, default: usize| crate::fields::count(&v, name, default);
-        let q_lora_rank = match obj.get("q_lora_rank") {
+    pub fn from_json(v: &Value) -> Result<Self, String> {
+        let field = |name: &str| fields::field(v, name);
+        let count = |name: &str, default: usize| fields::count(v, name, default);
+        let rope = fields::rope(v);
+        let q_lora_rank = match v.get("q_lora_rank") {
             Some(Value::Null) => None,
             _ => Some(count("q_lora_rank", 1536)?),
         };
@@ -65,7 +66,7 @@ impl Mla {
             qk_rope_head_dim: count("qk_rope_head_dim", 64)?,
             v_head_dim: count("v_head_dim", 128)?,
             rope_interleave: field("rope_interleave").and_then(Value::as_bool) != Some(false),
-            yarn: match rope_kind(obj) {
+            yarn: match (rope.and_then(fields::rope_type), rope) {
                 (None | Some("default"), _) => None,
                 (Some("yarn"), Some(rope)) => Some(Yarn::from_json(rope)?),
                 (Some(other), _) => {
@@ -132,18 +133,4 @@ impl Mla {
             None => "q_proj",
         }
     }
-}
-
-/// A config's RoPE object (`rope_parameters`, or the older `rope_scaling`) and its type
-/// (`rope_type`, or the older `type`).
-pub fn rope_kind(obj: &Map<String, Value>) -> (Option<&str>, Option<&Value>) {
-    let rope = ["rope_parameters", "rope_scaling"]
-        .iter()
-        .find_map(|f| obj.get(*f).filter(|v| !v.is_null()));
-    let kind = rope.and_then(|r| {
-        ["rope_type", "type"]
-            .iter()
-            .find_map(|f| r.get(*f).and_then(Value::as_str))
-    });
-    (kind, rope)
 }

@@ -90,15 +90,11 @@ pub fn buffer_values<M: Module>(module: &M) -> Vec<(ParamInfo, Vec<f32>)> {
     if infos.is_empty() {
         return Vec::new();
     }
-    let values = flatten_values(module, &infos);
-    let mut at = 0;
+    let values = named(&infos, &flatten_values(module, &infos));
     infos
         .into_iter()
-        .map(|info| {
-            let n = info.numel();
-            at += n;
-            (info, values[at - n..at].to_vec())
-        })
+        .zip(values)
+        .map(|(info, p)| (info, p.values))
         .collect()
 }
 

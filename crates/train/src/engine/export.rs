@@ -144,23 +144,18 @@ impl ModelLayout {
         let sizes: Vec<usize> = (0..self.infos.len())
             .map(|i| self.whole_shape(i, tp_size).iter().product())
             .collect();
-        let mut offsets = vec![0usize];
-        for n in &sizes {
-            offsets.push(offsets.last().unwrap() + n);
-        }
-        let mut flat = vec![0.0f32; *offsets.last().unwrap()];
+        let mut pieces = Vec::with_capacity(indices.len());
         for (p, &i) in local.into_iter().zip(indices) {
-            let whole = self.whole(i, p.values, tp, ep)?;
-            if contributes {
-                flat[offsets[i]..offsets[i + 1]].copy_from_slice(&whole);
-            }
+            pieces.push((i, self.whole(i, p.values, tp, ep)?));
         }
-        world.all_reduce(&mut flat, ReduceOp::Sum)?;
-        Ok((0..self.infos.len())
-            .map(|i| ParamValues {
+        let summed = sum_over_world(&sizes, pieces, contributes, world)?;
+        Ok(summed
+            .into_iter()
+            .enumerate()
+            .map(|(i, values)| ParamValues {
                 path: self.infos[i].path.clone(),
                 shape: self.whole_shape(i, tp_size),
-                values: flat[offsets[i]..offsets[i + 1]].to_vec(),
+                values,
             })
             .collect())
     }
@@ -181,26 +176,16 @@ impl ModelLayout {
             shape: self.buffers[i].shape.clone(),
             values,
         };
+        let pieces = indices.iter().copied().zip(local);
         let Some((world, contributes)) = world else {
-            return Ok(local
-                .into_iter()
-                .zip(indices)
-                .map(|(v, &i)| named(i, v))
-                .collect());
+            return Ok(pieces.map(|(i, v)| named(i, v)).collect());
         };
-        let mut offsets = vec![0usize];
-        for b in &self.buffers {
-            offsets.push(offsets.last().unwrap() + b.numel());
-        }
-        let mut flat = vec![0.0f32; *offsets.last().unwrap()];
-        if contributes {
-            for (v, &i) in local.iter().zip(indices) {
-                flat[offsets[i]..offsets[i + 1]].copy_from_slice(v);
-            }
-        }
-        world.all_reduce(&mut flat, ReduceOp::Sum)?;
-        Ok((0..self.buffers.len())
-            .map(|i| named(i, flat[offsets[i]..offsets[i + 1]].to_vec()))
+        let sizes: Vec<usize> = self.buffers.iter().map(ParamInfo::numel).collect();
+        let summed = sum_over_world(&sizes, pieces.collect(), contributes, world)?;
+        Ok(summed
+            .into_iter()
+            .enumerate()
+            .map(|(i, v)| named(i, v))
             .collect())
     }
 
@@ -213,4 +198,31 @@ impl ModelLayout {
             )))
         }
     }
+}
+
+/// Tensors of `sizes` (every one of the model's) from the ranks that hold them: this rank's
+/// `pieces` (tensor index, whole values) placed in one flat vector when it `contributes`
+/// (zeros elsewhere) and summed over `world`, so that each tensor is the one rank's that
+/// contributes it. A collective on `world`.
+fn sum_over_world(
+    sizes: &[usize],
+    pieces: Vec<(usize, Vec<f32>)>,
+    contributes: bool,
+    world: &ProcessGroup,
+) -> Result<Vec<Vec<f32>>, TrainError> {
+    let mut offsets = vec![0usize];
+    for n in sizes {
+        offsets.push(offsets.last().unwrap() + n);
+    }
+    let mut flat = vec![0.0f32; *offsets.last().unwrap()];
+    if contributes {
+        for (i, values) in pieces {
+            flat[offsets[i]..offsets[i + 1]].copy_from_slice(&values);
+        }
+    }
+    world.all_reduce(&mut flat, ReduceOp::Sum)?;
+    Ok(offsets
+        .windows(2)
+        .map(|w| flat[w[0]..w[1]].to_vec())
+        .collect())
 }
