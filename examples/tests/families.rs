@@ -8,8 +8,8 @@
 //! sequence parallelism (biases sharded with their columns; the q/k norms' gradients summed
 //! over tp), tp = 4 over 2 kv heads (kv projections and norms whole on every rank), a
 //! pipeline, cp = 2 (ring attention), HSDP, and dp × tp × cp. Tied embeddings (a Llama 3.2
-//! shape: the head is the embedding table, one parameter) in the layouts it supports yet — DDP,
-//! ZeRO 1–3, HSDP, cp, offload, tp ± SP ± LP, activation checkpointing — and pp refused naming it. Exported with
+//! shape: the head is the embedding table, one parameter) in every layout class, pipelines
+//! included (the first stage owns the table, the last borrows it each step). Exported with
 //! `save_pretrained`, each has the fixture's tensors, names and shapes and its config reads back
 //! as the same model; with `BONFIRE_KEEP_EXPORT=DIR` the exports and their logits are left in
 //! `DIR/<family>` for transformers' `AutoModelForCausalLM` (`fixtures/llama/check_export.py`,
@@ -114,13 +114,16 @@ fn qwen3_qk_norms_match_transformers_in_every_layout_class() {
 }
 
 /// A tied head (Llama 3.2's shape): one parameter whose gradient sums the embedding's and the
-/// head's use, in every layout that supports it yet (ZeRO-3 gathers the table a second time
-/// for the head; under tp ± SP each rank's vocabulary shard is also its head's, the logits
-/// gathered — or kept sharded under loss parallelism); with activation checkpointing (the
-/// head piece holds the embedding's table again, the same parameter); pp refused, naming
-/// `tie_word_embeddings`.
+/// head's use, in every layout class (ZeRO-3 gathers the table a second time for the head;
+/// under tp ± SP each rank's vocabulary shard is also its head's, the logits gathered — or
+/// kept sharded under loss parallelism); with activation checkpointing (the head piece
+/// borrows the embedding's table: on one rank the same parameter); under every pipeline
+/// schedule the first stage owns the table and lends it to the last each step, which hands
+/// its gradient back (`bonfire_module::tied`) — on another rank (1F1B, GPipe, interleaved,
+/// ZB-H1; with ZeRO-3, whose surrogate backward reduce-scatters it; with tp's shards; with cp)
+/// or on the same one (ZB-V). A run saved under pp = 2 × dp = 2 resumes under tp = 2.
 #[test]
-fn tied_embeddings_match_transformers_where_supported() {
+fn tied_embeddings_match_transformers_in_every_layout_class() {
     let supported = [
         layout("dp=1", 0, None, None, ""),
         layout("dp=2", 0, None, None, ""),
@@ -137,20 +140,30 @@ fn tied_embeddings_match_transformers_where_supported() {
         layout("dp=1", 0, None, None, "ac"),
         layout("dp=2", 3, None, None, "ac"),
         layout("dp=2,tp=2", 1, None, None, "sp,lp,ac"),
+        layout("pp=2", 0, Some("1f1b"), Some(2), ""),
+        layout("pp=2", 0, Some("gpipe"), Some(2), "ac"),
+        layout("pp=2", 0, Some("interleaved"), Some(2), ""),
+        layout("pp=2", 0, Some("zb-h1"), Some(2), ""),
+        layout("pp=2", 0, Some("zb-v"), Some(2), ""),
+        layout("pp=2,dp=2", 3, Some("1f1b"), Some(2), ""),
+        layout("pp=2,tp=2", 0, Some("1f1b"), Some(2), "sp,lp"),
+        layout("pp=2,cp=2", 1, Some("1f1b"), Some(2), ""),
+        layout("pp=2,dp=2,tp=2", 2, Some("interleaved"), Some(2), "sp"),
     ];
     check("llama32", Family::Llama, &supported);
-    let (_, model, batches) = common::llama_fixture("families/llama32");
+    let (cfg, model, _) = common::llama_fixture("families/llama32");
     assert!(model.lm_head.is_none(), "tied: no lm_head");
-    let batch = batches.rows(0, 0, batches.batch, &default_device());
-    let dims = layout("pp=2", 0, Some("1f1b"), Some(2), "")
-        .dims("dp=1")
-        .unwrap();
-    let err = bonfire_train::Trainer::new(dims.clone(), || OptimizerKind::Sgd.build())
-        .check(&model, 2, &batch)
-        .map(|_| ())
-        .unwrap_err()
-        .to_string();
-    assert!(err.contains("tie_word_embeddings"), "{dims}: {err}");
+    let shape = bonfire_models::GptConfig {
+        vocab_size: cfg.vocab_size,
+        max_seq_len: 8,
+        ..common::gpt_cfg()
+    };
+    let four = common::random_batches(&shape, 4, 4, 19);
+    let a = layout("pp=2,dp=2", 1, Some("1f1b"), Some(2), "");
+    let b = layout("tp=2", 0, None, None, "");
+    let (a, b) = (a.dims("dp=1").unwrap(), b.dims("dp=1").unwrap());
+    let adamw = common::adamw(common::gpt_lr(OptimizerKind::AdamW));
+    common::resume::check_resume("llama32-pp", &model, &four, 4, (&a, &b), 4, 2, adamw);
 }
 
 /// Each new layer kind against plain Burn (`common::plain_llama`: the family's math in Burn
@@ -158,7 +171,7 @@ fn tied_embeddings_match_transformers_where_supported() {
 /// 3's RoPE scaling, Qwen2's biases, Qwen3's q/k norms, Mistral's sliding window and the tied
 /// head, each fixture's model trained 2 steps with SGD and AdamW by plain Burn and by Bonfire
 /// on one device and in one layout per axis it admits (DDP with ZeRO-1, tp = 2 with SP, a
-/// 1F1B pipeline, cp = 2; the tied head without pp): every loss, step-0 gradient and parameter
+/// 1F1B pipeline, cp = 2): every loss, step-0 gradient and parameter
 /// within the suites' tolerances (SGD's; AdamW's floor 2e-3·lr).
 #[test]
 fn new_layer_kinds_train_as_plain_burn_does() {
@@ -172,13 +185,7 @@ fn new_layer_kinds_train_as_plain_burn_does() {
     ];
     for family in ["llama3", "qwen2", "qwen3", "mistral_window", "llama32"] {
         let (cfg, model, batches) = common::llama_fixture(&format!("families/{family}"));
-        let tied = model.lm_head.is_none();
-        let pipelined = |c: &&LayoutArgs| c.mesh.as_deref().is_some_and(|m| m.contains("pp"));
-        let cases: Vec<LayoutArgs> = (axes.iter())
-            .filter(|c| !(tied && pipelined(c)))
-            .cloned()
-            .collect();
-        common::plain::against_plain(family, &model, &batches, &cases, 2e-3, |m, ids, targets| {
+        common::plain::against_plain(family, &model, &batches, &axes, 2e-3, |m, ids, targets| {
             plain_llama_loss(m, &cfg, ids, targets)
         });
     }
@@ -353,13 +360,13 @@ fn train_loads_qwen3_moe_directories_a_slice_per_rank() {
 
 /// The parity harness trains the dense families' fixtures (`--config` with their
 /// `model_type`, `--weights` their `model.safetensors`, transformers' names): Mistral's window
-/// under cp = 2 and tp = 2, the tied Llama 3.2 under ZeRO-3 and tp = 2, Qwen3 under dp × tp,
+/// under cp = 2 and tp = 2, the tied Llama 3.2 under ZeRO-3, tp = 2 and pp × dp, Qwen3 under dp × tp,
 /// Qwen2 and Llama 3 under cp × tp — each result file equal to transformers' float64 run.
 #[test]
 fn the_harness_trains_the_families_checkpoints() {
     for (family, cases) in [
         ("mistral_window", &[("cp=2", 0), ("tp=2", 0)][..]),
-        ("llama32", &[("dp=2", 3), ("tp=2", 0)][..]),
+        ("llama32", &[("dp=2", 3), ("tp=2", 0), ("pp=2,dp=2", 1)][..]),
         ("qwen3", &[("dp=2,tp=2", 1)][..]),
         ("qwen2", &[("cp=2,tp=2", 0)][..]),
         ("llama3", &[("cp=2,tp=2", 0)][..]),

@@ -427,9 +427,20 @@ fn checkpoints_resume_in_another_layout() {
 /// `Engine::evaluate` in every kind of layout equals the loss plain Burn computes on one
 /// device (no Bonfire engine: `Llama::loss` and Burn's SGD), before and after a step, and an
 /// evaluation between steps leaves training exactly as it was: the loss of the step after it
-/// equals plain Burn's too.
+/// equals plain Burn's too. The same with a tied head, whose last pipeline stage evaluates
+/// with the table the first stage lends it after the step.
 #[test]
 fn evaluation_in_every_kind_of_layout_equals_plain_burn() {
+    let f = fixture();
+    evaluation_equals_plain_burn(&f.model);
+    let mut tied = cfg();
+    tied.variant.tie_word_embeddings = true;
+    let model = common::seeded(5, &default_device(), |d| Llama::new(&tied, d));
+    assert!(model.lm_head.is_none());
+    evaluation_equals_plain_burn(&model);
+}
+
+fn evaluation_equals_plain_burn(start: &Llama) {
     use bonfire_module::params;
     use bonfire_parallel::DataSource;
     use bonfire_train::{Launcher, Trainer};
@@ -439,7 +450,7 @@ fn evaluation_in_every_kind_of_layout_equals_plain_burn() {
     let lr = common::gpt_lr(OptimizerKind::Sgd);
     let batch = |s: usize, d: &burn::tensor::Device| f.batches.rows(s, 0, ROWS, d);
     // Plain Burn: eval on batch 2, a step on batch 0, eval again, the loss of batch 1.
-    let mut model = f.model.clone();
+    let mut model = start.clone();
     let loss_of = |m: &Llama, s: usize| {
         let (ids, targets) = batch(s, &device);
         m.loss(ids, targets)
@@ -469,7 +480,7 @@ fn evaluation_in_every_kind_of_layout_equals_plain_burn() {
             ranks: dims.world_size(),
         }
         .run("evaluate", |pg| {
-            let mut engine = trainer.build(f.model.clone(), &pg, &first)?;
+            let mut engine = trainer.build(start.clone(), &pg, &first)?;
             let (replica, d) = (engine.replica(), engine.device().clone());
             let eval = batch.replica_batch(2, replica, &d);
             let e0 = engine.evaluate(&eval)?;

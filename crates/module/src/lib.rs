@@ -12,6 +12,7 @@
 //! - [`graph`]: its gradients — placing operations in Burn's deepest-first backward
 //!   ([`graph::anchored`], [`graph::hooked`], [`graph::SinkHook`]).
 //! - [`weight_grad`]: the zero-bubble pipeline's B/W split of its linear layers.
+//! - [`tied`]: a parameter two pipeline stages use (a tied embedding and head), kept one.
 //! - [`state`]: its state besides its parameters (parameters without gradient) and the
 //!   statistics a forward records to move it after each optimizer step.
 //! - [`precision`]: its precision — a layout's `MixedPrecision` as Burn dtypes, casts, and
@@ -31,6 +32,7 @@ mod layer;
 pub mod params;
 pub mod precision;
 pub mod state;
+pub mod tied;
 pub mod weight_grad;
 
 pub use data_parallel::{DataParallel, Subgroup, scale_and_check, weighted_square_sum};

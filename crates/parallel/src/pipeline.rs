@@ -5,6 +5,7 @@
 
 use crate::data::Rows;
 use bonfire_pipeline::Block;
+use burn::module::ParamId;
 use burn::tensor::Tensor;
 use std::sync::Arc;
 
@@ -32,6 +33,11 @@ pub struct Pipeline<P, const D: usize, B> {
     pub loss: LossFn<B, D>,
     /// The pieces that are checkpointable layers (by name).
     pub checkpointable: Vec<String>,
+    /// Parameters a later piece uses again without holding them (`(parameter, piece name)`:
+    /// a tied head, which holds the embedding's table as a `bonfire_module::tied::Borrowed`);
+    /// under a pipeline their owner's values are lent to that piece's stage each step and
+    /// its gradient handed back.
+    pub borrowed: Vec<(ParamId, String)>,
 }
 
 impl<P: Block<D>, const D: usize, B: Rows> Pipeline<P, D, B> {
@@ -47,6 +53,7 @@ impl<P: Block<D>, const D: usize, B: Rows> Pipeline<P, D, B> {
             input: Arc::new(input),
             loss: Arc::new(loss),
             checkpointable: Vec::new(),
+            borrowed: Vec::new(),
         }
     }
 
@@ -63,6 +70,13 @@ impl<P: Block<D>, const D: usize, B: Rows> Pipeline<P, D, B> {
         names: impl IntoIterator<Item = S>,
     ) -> Self {
         self.checkpointable = names.into_iter().map(Into::into).collect();
+        self
+    }
+
+    /// Says that piece `piece` (by name) uses parameter `param` of an earlier piece without
+    /// holding it (see [`Pipeline::borrowed`]).
+    pub fn with_borrowed(mut self, param: ParamId, piece: impl Into<String>) -> Self {
+        self.borrowed.push((param, piece.into()));
         self
     }
 }

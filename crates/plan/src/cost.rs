@@ -165,6 +165,7 @@ pub fn rank_memory(
     let s = &shapes[r];
     let tokens = micro_batch_tokens(req, layout);
     let state = rank_state(layout, s.params, s.expert_params);
+    let head_rank = s.chunks.iter().any(|c| c.has_head);
     // The DDP engine's running sums of earlier micro-batches' gradients, live at the peak in
     // a pipeline's steady state (beside the reduced buckets the state counts).
     let sums = match schedule {
@@ -197,9 +198,27 @@ pub fn rank_memory(
         state,
         peak_grads: gradients_at_peak(layout, &state),
         activations: activation_bytes(model, layout, &s.chunks, &held, tokens, req.seq),
-        transient: transient_bytes(model, layout, s.params) + sums,
+        transient: transient_bytes(model, layout, s.params)
+            + sums
+            + if head_rank {
+                3.0 * tied_table_bytes(model, layout)
+            } else {
+                0.0
+            },
         sum_transient,
         sum_activations,
+    }
+}
+
+/// Under a pipeline, a tied head's table as it travels between the first stage, which owns
+/// it, and the last, which borrows it each step (f32, the rank's tp shard): sent there
+/// before the forwards, its gradient sent back after the backwards; the borrowing rank holds
+/// its stale initial values, the lent copy and the gradient's sum (`bonfire_module::tied`).
+/// Zero otherwise.
+pub fn tied_table_bytes(model: &ModelSpec, layout: &ParallelDims) -> f64 {
+    match model.tied && layout.pp() > 1 {
+        true => (model.vocab_size * model.d_model / layout.tp()) as f64 * 4.0,
+        false => 0.0,
     }
 }
 
@@ -262,7 +281,7 @@ fn step_time(
                 1.0
             };
         let link = cluster.group_link(layout.pp(), layout.replicas() * layout.tp());
-        2.0 * chunks * m * p2p(msg, link)
+        2.0 * chunks * m * p2p(msg, link) + 2.0 * p2p(tied_table_bytes(model, layout), link)
     } else {
         0.0
     };

@@ -254,11 +254,6 @@ impl PlannedLayout for ParallelDims {
         }
         check_experts(self, model)?;
         let t = self.tp();
-        if model.tied && self.pp() > 1 {
-            return Err(
-                "a tied head (tied) trains without pp (its table would live on two stages)".into(),
-            );
-        }
         if self.tp_options.loss_parallel != (t > 1) {
             return Err(format!(
                 "the planner models loss parallelism exactly when tp > 1 (tp={t})"

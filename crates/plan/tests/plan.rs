@@ -488,29 +488,46 @@ fn bonfire_attention_is_costed_as_the_engines_run_it() {
 }
 
 /// A tied head is searched as Bonfire trains it: Qwen3-0.6B on one 8-GPU node ranks
-/// layouts without pp — with tp (the logits kept sharded under loss parallelism) and
-/// activation checkpointing among them —, and a description saying `"tied": true` counts one
-/// table.
+/// layouts with tp (the logits kept sharded under loss parallelism), activation checkpointing
+/// and pp (the first stage owning the table, the last borrowing it each step), and a tied
+/// pipeline's head rank costs its borrowed table — the stale copy, the lent one and the
+/// gradient's sum, 3·V·d/tp·4 bytes — where the untied one holds the head's state; its step
+/// two transfers of the table more. A description saying `"tied": true` counts one table.
 #[test]
-fn a_tied_model_is_planned_without_pp() {
+fn a_tied_model_is_planned_in_every_axis() {
     let model = ModelSpec::preset("qwen3-0.6b").unwrap();
     assert!(model.tied);
     let node = cluster(1, 8, "h100", "nvlink", "ib");
-    let p = plan(&model, &node, &bf16(8, 4096)).unwrap();
-    assert!(p.ranked.iter().all(|e| e.layout.pp() == 1));
+    let req = bf16(8, 4096);
+    let p = plan(&model, &node, &req).unwrap();
+    assert!(p.ranked.iter().any(|e| e.layout.pp() > 1));
     assert!(p.ranked.iter().any(|e| e.layout.tp() > 1));
     assert!(p.ranked.iter().any(|e| e.layout.recompute.is_on()));
     let untied = ModelSpec {
         tied: false,
-        latent: None,
         ..model.clone()
     };
-    let q = plan(&untied, &node, &bf16(8, 4096)).unwrap();
-    assert!(
-        q.ranked
-            .iter()
-            .any(|e| e.layout.tp() > 1 || e.layout.pp() > 1)
-    );
+    let e = p.ranked.iter().find(|e| e.layout.pp() == 2).unwrap();
+    let layout = &e.layout;
+    let shapes = |m: &ModelSpec| bonfire_plan::shape::rank_shapes(m, layout, req.seq);
+    let on_rank = |m: &ModelSpec, r: usize| {
+        let on = m.on_device(&node.device);
+        bonfire_plan::rank_memory(&on, &req, layout, &shapes(m), r)
+    };
+    let heads: Vec<bool> = shapes(&model)
+        .iter()
+        .map(|s| s.chunks.iter().any(|c| c.has_head))
+        .collect();
+    let head = heads.iter().position(|&h| h).unwrap();
+    let (t, u) = (on_rank(&model, head), on_rank(&untied, head));
+    let table = (model.vocab_size * model.d_model / layout.tp()) as f64 * 4.0;
+    assert_eq!(t.transient - u.transient, 3.0 * table);
+    assert!(t.state.total() < u.state.total());
+    if let Some(other) = heads.iter().position(|&h| !h) {
+        assert_eq!(on_rank(&model, other), on_rank(&untied, other));
+    }
+    let time = |m: &ModelSpec| bonfire_plan::estimate(m, &node, &req, layout, &shapes(m)).time;
+    assert!(time(&model).pp_comm > time(&untied).pp_comm);
     let json = r#"{"arch": "llama", "vocab_size": 100, "d_model": 8, "n_heads": 2,
         "n_layers": 1, "seq_len": 4, "d_ff": 16, "tied": true}"#;
     let tied = ModelSpec::from_json("m", json).unwrap();

@@ -240,7 +240,7 @@ impl ParallelEmbedding {
     /// shard's gradient sums both uses with no collective of its own.
     pub fn tied_head(&self, x: Tensor<3>) -> Tensor<3> {
         observe(Some(x.dtype()), [Some(self.weight.val().dtype())]);
-        let table = self.weight.val().cast(x.dtype());
+        let table = bonfire_module::tied::table(&self.weight).cast(x.dtype());
         let logits = |x: Tensor<3>| {
             let [b, t, d] = x.dims();
             let v = table.dims()[0];

@@ -303,6 +303,8 @@ impl<M: Module, W: DataParallel<M>> StageParams<M> for Staged<'_, W> {
         self.0.forward_micro(f)
     }
     fn accumulate(&mut self, grads: &mut Gradients) -> Result<(), PipelineError> {
+        // A borrowed parameter's uses (a tied head) go to the engine, not the wrapper.
+        bonfire_module::tied::collect(grads);
         self.0
             .accumulate(grads)
             .map_err(|e| PipelineError::Invalid(e.to_string()))

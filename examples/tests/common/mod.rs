@@ -423,6 +423,9 @@ pub fn harness_matches_fixture(family: &str, weights: &str, cases: &[(&str, usiz
             data: dir.join("batch.safetensors"),
             dims: LayoutArgs {
                 zero,
+                // A pipeline runs 1F1B over 2 micro-batches.
+                schedule: mesh.contains("pp").then(|| "1f1b".to_string()),
+                microbatches: mesh.contains("pp").then_some(2),
                 ..LayoutArgs::mesh(mesh)
             }
             .dims("dp=1")

@@ -26,6 +26,7 @@ use crate::data::TokenBatch;
 use crate::decoder::{DecoderStyles, Piece, PieceStep, decoder_pieces, divisible};
 use crate::decoder::{token_input, token_loss};
 use bonfire_layout::{Axis, LayoutError, ParallelDims};
+use bonfire_module::tied::Borrowed;
 use bonfire_parallel::{ParallelModel, Pipeline, PipelineVisitor};
 use bonfire_tp::{ParallelEmbedding, ParallelLinear, ParallelRmsNorm};
 use bonfire_tp::{ParallelPlan, ParallelStyle, ReplicateParallel};
@@ -162,15 +163,7 @@ impl ParallelModel for Llama {
         let Some(lm_head) = &self.lm_head else {
             // Tied: the head is the embedding — under tp its vocab-parallel shard serves as the
             // column-parallel head (the logits gathered, or kept sharded under loss
-            // parallelism); under pp it would live on the first and the last stage: not yet.
-            if dims.pp() > 1 {
-                return Err(LayoutError::axis(
-                    Axis::Pp,
-                    dims.pp(),
-                    "tie_word_embeddings: a tied head is not split over pipeline stages yet"
-                        .to_string(),
-                ));
-            }
+            // parallelism); under pp the first stage owns it and lends it to the last.
             let vocab = self.model.embed_tokens.weight.dims()[0];
             return divisible_tp(tp, "vocab_size", vocab);
         };
@@ -220,9 +213,9 @@ impl ParallelModel for Llama {
     /// The embedding, each decoder layer, the final norm with the head; token ids enter as
     /// floats `[B, T, 1]`; the loss is cross-entropy, vocab-parallel when the head's logits
     /// stay sharded. The decoder layers are the checkpointable layers. A tied model's head
-    /// piece holds the embedding's table again — the same parameter, whose gradient sums
-    /// both uses on a rank that runs both pieces (activation checkpointing; a pipeline, which
-    /// would put them on two stages, is refused by `check_layout`).
+    /// piece borrows the embedding's table: on one rank (activation checkpointing) the same
+    /// parameter, whose gradient sums both uses; under a pipeline the first stage owns it
+    /// and lends it to the last each step (`bonfire_module::tied`).
     fn pipeline<V: PipelineVisitor<TokenBatch>>(self, visitor: V) -> Option<V::Output> {
         let layers: Vec<String> = (0..self.model.layers.len())
             .map(|i| format!("model.layers.{i}"))
@@ -232,7 +225,14 @@ impl ParallelModel for Llama {
             None => self.model.embed_tokens.logits_shard_group(),
         };
         let loss = token_loss(sharded);
-        let pipeline = Pipeline::new(pieces(self), token_input, loss);
+        let tied = self
+            .lm_head
+            .is_none()
+            .then_some(self.model.embed_tokens.weight.id);
+        let mut pipeline = Pipeline::new(pieces(self), token_input, loss);
+        if let Some(table) = tied {
+            pipeline = pipeline.with_borrowed(table, "model.norm");
+        }
         Some(visitor.visit(pipeline.with_checkpointable(layers)))
     }
 }
@@ -245,8 +245,9 @@ pub struct LlamaHead {
     pub norm: ParallelRmsNorm,
     /// `lm_head` (untied).
     pub lm_head: Option<ParallelLinear>,
-    /// `model.embed_tokens` (tied).
-    pub tied: Option<ParallelEmbedding>,
+    /// `model.embed_tokens` (tied), borrowed from the first piece: not a parameter of its
+    /// own (`bonfire_module::tied`).
+    pub tied: Option<Borrowed<ParallelEmbedding>>,
 }
 
 /// One piece of the Llama as a pipeline block: activations are `[B, T, d]`; the embedding
@@ -270,7 +271,7 @@ impl PieceStep for LlamaHead {
     fn step(&self, x: Tensor<3>) -> Tensor<3> {
         match (&self.lm_head, &self.tied) {
             (Some(lm_head), _) => head(&self.norm, lm_head, x),
-            (None, Some(table)) => tied_head(&self.norm, table, x),
+            (None, Some(table)) => tied_head(&self.norm, table.module(), x),
             (None, None) => unreachable!("a head piece has a head"),
         }
     }
@@ -282,7 +283,9 @@ pub fn pieces(model: Llama) -> Vec<(String, LlamaPiece)> {
     let Llama { model, lm_head } = model;
     let head = LlamaHead {
         norm: model.norm,
-        tied: lm_head.is_none().then(|| model.embed_tokens.clone()),
+        tied: lm_head
+            .is_none()
+            .then(|| Borrowed::new(model.embed_tokens.clone())),
         lm_head,
     };
     decoder_pieces(

@@ -10,6 +10,7 @@ pub(crate) mod pipeline;
 pub(crate) mod recompute;
 pub(crate) mod replica;
 pub(crate) mod state;
+pub(crate) mod tie;
 
 use crate::checkpoint::Stateful;
 use crate::error::TrainError;

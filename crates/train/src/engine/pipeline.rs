@@ -6,6 +6,7 @@
 
 use super::export::ModelLayout;
 use super::recompute::{Recomputing, recompute_flags};
+use super::tie::Tie;
 use super::{Engine, state_methods, wrapper_methods};
 use crate::checkpoint::Stateful;
 use crate::error::TrainError;
@@ -17,6 +18,7 @@ use bonfire_layout::LayoutError;
 use bonfire_module::DataParallel;
 use bonfire_module::PrecisionDTypes;
 use bonfire_module::params::{self, ParamValues};
+use bonfire_module::tied::LendGuard;
 use bonfire_parallel::{InputFn, LossFn, Pipeline, PipelineVisitor, Rows};
 use bonfire_pipeline::Generate;
 use bonfire_pipeline::{
@@ -162,6 +164,13 @@ impl<B: Rows> PipelineVisitor<B> for BuildEngine<B> {
             dims.pp_options.split_points.as_deref(),
             dims.pp(),
         )?;
+        let stage_of = |piece: usize| points.iter().filter(|&&p| p <= piece).count();
+        let ties = super::tie::ties(
+            &pipeline.pieces,
+            &pipeline.borrowed,
+            stage_of,
+            schedule.stage_map,
+        )?;
         let ranges = piece_params(&pipeline.pieces, &ctx.layout, false)?;
         let buffer_ranges = piece_params(&pipeline.pieces, &ctx.layout, true)?;
         let ac = dims.recompute;
@@ -201,6 +210,7 @@ impl<B: Rows> PipelineVisitor<B> for BuildEngine<B> {
             buffer_indices,
             recompute,
             layout: ctx.layout,
+            ties,
             input: pipeline.input,
             loss: pipeline.loss,
             context,
@@ -219,6 +229,8 @@ struct PipelineEngine<P: Block<D>, const D: usize, B> {
     /// Whether each piece of each local chunk recomputes (activation checkpointing).
     recompute: Vec<Vec<bool>>,
     layout: ModelLayout,
+    /// Parameters a later stage borrows from an earlier one (a tied head).
+    ties: Vec<Tie>,
     input: InputFn<B, D>,
     loss: LossFn<B, D>,
     /// How batches are cut under context parallelism.
@@ -261,6 +273,15 @@ impl<P: Block<D>, const D: usize, B: Rows> PipelineEngine<P, D, B> {
             .world()
             .all_reduce(&mut global, ReduceOp::Sum)?;
         Ok(global[0])
+    }
+
+    /// The borrowed parameters' current values lent to the stages that borrow them (see
+    /// [`Tie::lend`]), one entry per tie.
+    fn lend(&mut self, track: bool) -> Result<Vec<Option<LendGuard>>, TrainError> {
+        let ties = self.ties.clone();
+        ties.iter()
+            .map(|t| t.lend(&mut self.wrapper, &self.at, track))
+            .collect()
     }
 
     /// Whether this rank hands its stages' values to the assembly (one rank per stage:
@@ -337,6 +358,7 @@ impl<P: Block<D> + 'static, const D: usize, B: Rows> Engine<B> for PipelineEngin
         let _experts = self.at.expert_scope();
         let parts = self.at.accumulation_parts(batch.rows())?;
         let share = 1.0 / parts.len() as f32;
+        let lent = self.lend(true)?;
         let mut total: Option<f64> = None;
         // Gradient accumulation: the whole schedule once per part, its micro-batches' loss
         // weights scaled by 1/K; the wrapper reduces once, after the last part.
@@ -346,6 +368,9 @@ impl<P: Block<D> + 'static, const D: usize, B: Rows> Engine<B> for PipelineEngin
                 *total.get_or_insert(0.0) += loss;
             }
         }
+        for (tie, lent) in self.ties.iter().zip(lent) {
+            tie.give_back(&mut self.wrapper, &self.at, lent)?;
+        }
         self.wrapper.reduce()?;
         Ok((self.global_loss(total)? / self.at.loss_scale as f64) as f32)
     }
@@ -354,6 +379,7 @@ impl<P: Block<D> + 'static, const D: usize, B: Rows> Engine<B> for PipelineEngin
         let (batch, _context) = self.at.context(batch, self.context);
         let _experts = self.at.expert_scope();
         let (micro, inputs, weights) = self.microbatches(&batch);
+        let _lent = self.lend(false)?;
         let loss_fn = self.loss.clone();
         let pp_rank = self.at.coord(Axis::Pp);
         let forwards = Schedule::forward_only(self.schedule.stage_map, self.schedule.microbatches);
