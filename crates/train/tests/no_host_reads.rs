@@ -24,7 +24,8 @@ const FORBIDDEN: &[&str] = &[
 
 /// The data-plane functions the sources above the collective layer may call, by path: the
 /// host crossings that record their bytes in the ledger by reason (`to_data`, `from_data`,
-/// `to_device`, `to_host`, `from_host`), the collectives (staged and counted as `Collective`)
+/// `to_device`, `to_host`, `from_host`), the collectives (staged and counted as `Collective`),
+/// point-to-point sends and receives
 /// and the ledger's own. A host accessor of [`FORBIDDEN`] is allowed only as one of these.
 const PLANE_CALLS: &[&str] = &[
     "plane::to_data",
@@ -38,6 +39,9 @@ const PLANE_CALLS: &[&str] = &[
     "plane::reduce_scatter_async",
     "plane::all_gather",
     "plane::broadcast",
+    // Point-to-point (a tied head's table between pipeline stages), counted as `Send`/`Recv`.
+    "plane::send",
+    "plane::recv",
     "plane::counts_to_host",
     "plane::indices_from_host",
     "plane::ledger::current",

@@ -103,15 +103,12 @@ impl MixtralConfig {
     /// The Mixtral as the planner sees it: the Llama's body ([`LlamaConfig::spec`]) with each
     /// MLP a sparse mixture of `num_local_experts` SwiGLU experts of width
     /// `intermediate_size`, `num_experts_per_tok` of them per token; DeepSeek-V3's shared
-    /// experts, its first dense layers and its latent attention. (Qwen3-MoE's dense layers
-    /// elsewhere than first are counted as sparse: the planner's dense blocks come first.)
+    /// experts, its dense layers (DeepSeek's first ones, Qwen3-MoE's `mlp_only_layers` and
+    /// `decoder_sparse_step`'s) and its latent attention. The planner places the dense blocks
+    /// first: parameters and FLOPs are exact, a pipeline's stages see them there.
     pub fn spec(&self) -> ModelSpec {
-        let first_dense = self
-            .mlp_only_layers
-            .iter()
-            .enumerate()
-            .take_while(|(i, l)| i == *l)
-            .count();
+        let n = self.base.num_hidden_layers;
+        let first_dense = (0..n).filter(|&i| !self.is_sparse(i)).count();
         let mla = self.base.variant.mla;
         let body = self.base.spec();
         ModelSpec {
@@ -523,6 +520,10 @@ mod tests {
         let only = text.replace("\"mlp_only_layers\": []", "\"mlp_only_layers\": [1]");
         let o = MixtralConfig::from_json("c", &only).unwrap();
         assert_eq!((o.is_sparse(0), o.is_sparse(1)), (true, false));
+        // The planner counts each dense layer wherever it stands (placed first).
+        for c in [&cfg, &s, &o] {
+            assert_eq!(c.spec().num_params(), c.num_params(), "{c:?}");
+        }
         for (from, to, said) in [
             (
                 "\"mlp_only_layers\": []",
