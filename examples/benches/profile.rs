@@ -11,7 +11,10 @@
 //! `part=model` (the whole forward and backward) and `part=sgd` (the optimizer step), so that
 //! the pieces can be compared with the whole step, and one line splitting the step by kind:
 //! `bench profile split model=… matmul_ms=… attention_ms=… elementwise_ms=… optimizer_ms=…
-//! total_ms=…` (see [`Split`]).
+//! total_ms=…` (see [`Split`]). Per layout (`cargo xtask bench profile -- --layouts
+//! ddp,zero3,tp,…`), xtask runs the train bench instead, whose `bench profile split
+//! layout=…` lines split each layout's step into compute, communication, point-to-point
+//! (a pipeline's transfers and bubble) and the optimizer, as each rank's loop measured it.
 
 mod common;
 use bonfire_examples::default_device;

@@ -28,7 +28,13 @@
 //! after backward, the exposed communication; the rest of a step is the optimizer and the
 //! data), `hidden` (ddp, zero2: the fraction of bucket communication time that ran
 //! while backward was still computing, from the same timings, whose Chrome traces go to
-//! `target/bench-train/`).
+//! `target/bench-train/`). Then, per layout, where the slowest rank's step went:
+//! `bench profile split model=… layout=… ranks=N compute_ms=… comm_ms=… p2p_ms=…
+//! optimizer_ms=… other_ms=… step_ms=…` — medians over the timed steps of the loop's
+//! `StepPhases` (forward and backward less communication; blocked in collectives and waits;
+//! blocked in point-to-point sends and receives, a pipeline's transfers and bubble; clipping
+//! and the optimizer less communication; the rest: data and hooks). `cargo xtask bench
+//! profile -- --layouts …` runs this bench for them.
 
 mod common;
 use bonfire_comm::{ReduceOp, World};
@@ -36,18 +42,17 @@ use bonfire_ddp::DdpConfig;
 use bonfire_dtensor::timing::{StepTiming, chrome_trace};
 use bonfire_examples::default_device;
 use bonfire_kernels::{FusedAdamWConfig, FusedSgdConfig};
-use bonfire_layout::ZeroStage;
-use bonfire_layout::{Axis, ParallelDims};
+use bonfire_layout::ParallelDims;
 use bonfire_models::data::{Batches, TokenBatch};
 use bonfire_models::llama::{Llama, LlamaConfig};
 use bonfire_models::mixtral::{Mixtral, MixtralConfig};
 use bonfire_models::{Gpt, GptConfig};
 use bonfire_parallel::ParallelModel;
-use bonfire_pipeline::ScheduleKind;
 use bonfire_train::Trainer;
 use bonfire_zero::ZeroConfig;
 use burn::tensor::Device;
 use clap::Parser;
+use common::layouts;
 use common::throughput::{self, Hosts, RankRun, RunArgs, median};
 use std::path::PathBuf;
 
@@ -56,9 +61,6 @@ mod experts;
 #[path = "train/routing.rs"]
 mod routing;
 
-const LAYOUTS: &[&str] = &[
-    "single", "ddp", "zero1", "zero2", "zero3", "tp", "tp-sp", "pp-1f1b", "pp-zb-h1", "pp-zb-v",
-];
 /// The Mixtral's default layouts: one rank, dp, ZeRO and tp (it refuses sequence
 /// parallelism), then `ddp-epK` (DDP over every rank, expert parallelism K) for K = 2 and 4
 /// where the ranks split by K.
@@ -99,46 +101,9 @@ struct Args {
     bench: bool,
 }
 
-/// A layout's mesh and options, and its rank count.
+/// A layout's mesh and options, and its rank count (see [`layouts::layout`]).
 fn layout(name: &str, args: &Args) -> Result<(ParallelDims, usize), String> {
-    let n = args.run.ranks;
-    let dp = || ParallelDims::new().with_degree(Axis::Dp, n);
-    let tp = || ParallelDims::new().with_degree(Axis::Tp, n);
-    let pp = |schedule: &str| {
-        let kind = ScheduleKind::parse(schedule).expect("a known schedule");
-        ParallelDims::new()
-            .with_degree(Axis::Pp, n)
-            .with_schedule(kind)
-            .with_microbatches(args.microbatches)
-    };
-    Ok(match name {
-        "single" => (ParallelDims::new(), 1),
-        "ddp" => (dp(), n),
-        "zero1" => (dp().with_zero(ZeroStage::Zero1), n),
-        "zero2" => (dp().with_zero(ZeroStage::Zero2), n),
-        "zero3" => (dp().with_zero(ZeroStage::Zero3), n),
-        "tp" => (tp(), n),
-        "tp-sp" => (tp().with_sequence_parallel(true), n),
-        "pp-1f1b" => (pp("1f1b"), n),
-        "pp-zb-h1" => (pp("zb-h1"), n),
-        "pp-zb-v" => (pp("zb-v"), n),
-        other => match other.rsplit_once("-ep") {
-            Some((base @ ("ddp" | "zero1" | "zero2" | "zero3"), k)) => match k.parse() {
-                Ok(ep) if ep > 1 && n % ep == 0 => {
-                    let (dims, ranks) = layout(base, args)?;
-                    (dims.with_degree(Axis::Ep, ep), ranks)
-                }
-                _ => return Err(format!("{other}: ep must be above 1 and divide {n} ranks")),
-            },
-            _ => {
-                return Err(format!(
-                    "unknown layout `{other}`; known: {}, and for the Mixtral \
-                     ddp-epK, zero1-epK, zero2-epK, zero3-epK",
-                    LAYOUTS.join(", ")
-                ));
-            }
-        },
-    })
+    layouts::layout(name, args.run.ranks, args.microbatches)
 }
 
 /// One layout's measurement.
@@ -150,6 +115,8 @@ struct Measured {
     /// Under ep: a rank's all-to-all bytes, time (ms) and calls per step
     /// ([`experts::summary`]).
     a2a: Option<[f64; 3]>,
+    /// Where the slowest rank's step went ([`throughput::Steps::split`]).
+    split: [f64; 6],
 }
 
 fn measure<M: ParallelModel<Batch = TokenBatch> + Sync>(
@@ -226,6 +193,7 @@ fn measure<M: ParallelModel<Batch = TokenBatch> + Sync>(
         }
     }
     let step_ms = steps.slowest(&per_rank);
+    let split = steps.split(&per_rank);
     let tokens = (rows_per_step * data.seq) as f64;
     // Steps the dp wrapper timed (the pipeline's engine times none).
     let timings = per_rank
@@ -238,6 +206,7 @@ fn measure<M: ParallelModel<Batch = TokenBatch> + Sync>(
         tokens_per_s: tokens / (step_ms / 1e3),
         timings,
         a2a: (!a2a.is_empty()).then(|| experts::summary(&a2a, steps)),
+        split,
     })
 }
 
@@ -311,7 +280,7 @@ fn main() -> Result<(), String> {
             .chain(ep)
             .collect()
     } else {
-        LAYOUTS.iter().map(|s| s.to_string()).collect()
+        layouts::LAYOUTS.iter().map(|s| s.to_string()).collect()
     };
     for name in &names {
         layout(name, &args)?;
@@ -438,6 +407,13 @@ fn run_all<M: ParallelModel<Batch = TokenBatch> + Sync>(
         }
         if lead {
             println!("{line}");
+            let [compute, comm, p2p, optimizer, other, step] = m.split;
+            println!(
+                "bench profile split model={model_name} layout={name} ranks={} \
+                 compute_ms={compute:.1} comm_ms={comm:.1} p2p_ms={p2p:.1} \
+                 optimizer_ms={optimizer:.1} other_ms={other:.1} step_ms={step:.1}",
+                dims.world_size()
+            );
         }
     }
     Ok(())

@@ -225,3 +225,54 @@ fn every_layout_on_4_ranks() {
 fn every_layout_on_8_ranks() {
     same_curves(sweep(8));
 }
+
+/// Every step's report on every rank of `dims`, `n` steps.
+fn reports(dims: &ParallelDims, n: usize) -> Vec<Vec<bonfire_train::StepReport>> {
+    let device = default_device();
+    let trainer = Trainer::new(dims.clone(), || OptimizerKind::AdamW.build());
+    Launcher::Threads {
+        ranks: dims.world_size(),
+    }
+    .run("phases", |pg| {
+        let mut engine = trainer.build(model(), &pg, &data(0, &device))?;
+        fit(engine.as_mut(), &data, &FitConfig::new(n, LR), &mut ())
+    })
+    .unwrap()
+    .into_iter()
+    .map(|r| r.unwrap_or_else(|e| panic!("{dims}: {e}")))
+    .collect()
+}
+
+/// The loop's step phases account for the step: compute, communication, point-to-point and
+/// the optimizer are each non-negative and sum to at most the step's wall time; one rank
+/// blocks in no point-to-point call, DDP blocks in its collectives on every step, a
+/// pipeline's ranks in their sends and receives.
+#[test]
+fn step_phases_account_for_each_step() {
+    let mesh = |m: &str, schedule: Option<&str>| {
+        let micro = schedule.map(|_| 2);
+        common::layout(m, 0, schedule, micro, "")
+            .dims("dp=1")
+            .unwrap()
+    };
+    for (dims, comm, p2p) in [
+        (mesh("dp=1", None), false, false),
+        (mesh("dp=2", None), true, false),
+        (mesh("pp=2", Some("1f1b")), false, true),
+    ] {
+        for (rank, steps) in reports(&dims, 3).iter().enumerate() {
+            for r in steps {
+                let p = r.phases;
+                let sum = p.compute_ms + p.comm_ms + p.p2p_ms + p.optimizer_ms;
+                let parts = [p.compute_ms, p.comm_ms, p.p2p_ms, p.optimizer_ms];
+                assert!(parts.iter().all(|&x| x >= 0.0), "{dims} rank {rank}: {p:?}");
+                assert!(p.compute_ms > 0.0 && p.optimizer_ms > 0.0, "{dims}: {p:?}");
+                assert!(sum <= r.step_ms + 1e-6, "{dims}: {p:?} in {} ms", r.step_ms);
+                assert_eq!(p.p2p_ms > 0.0, p2p, "{dims} rank {rank}: {p:?}");
+                if comm {
+                    assert!(p.comm_ms > 0.0, "{dims} rank {rank}: {p:?}");
+                }
+            }
+        }
+    }
+}

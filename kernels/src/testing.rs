@@ -42,6 +42,7 @@ pub fn run_all(device: &Device) -> Vec<String> {
         pack_matches_fallback(device),
         quantize_matches_fallback(device),
         fused_adamw_matches_burns(device),
+        attention_matches_fallback(device),
     ]
 }
 
@@ -128,4 +129,180 @@ pub fn fused_adamw_matches_burns(device: &Device) -> String {
     assert_eq!(sa.time, sb.time);
     assert_eq!(sa.moment_1.dims(), sb.moment_1.dims());
     format!("fused AdamW: within {worst:e} of Burn's AdamW after 5 steps (bound 1e-6)")
+}
+
+/// The fused attention's kernels against the plain-Burn reference on `device` (the
+/// materialized masked softmax, Burn's autodiff): output, log-sum-exp and the gradients of
+/// `q`, `k`, `v` — of the output weighted by a fixed tensor plus the log-sum-exp weighted by
+/// another — within 1e-5 of the reference's largest magnitude, for grouped kv heads, causal
+/// and full masks, fewer queries than keys, sliding windows (at an offset too); and a query
+/// that sees no key gets output 0 and log-sum-exp −∞ with finite gradients.
+pub fn attention_matches_fallback(device: &Device) -> String {
+    use crate::{Mask, attention_with_lse};
+    let device = &device.clone().autodiff();
+    let cases = [
+        (4, 2, 37, 37, Mask::CAUSAL),
+        (2, 2, 20, 20, Mask::FULL),
+        (4, 1, 5, 37, Mask::CAUSAL),
+        (2, 1, 40, 40, Mask::CAUSAL.with_window(Some(5))),
+        (2, 1, 37, 37, Mask::CAUSAL.with_window(Some(50)).at(40)),
+    ];
+    let leaf = |shape: [usize; 4], seed: u32| {
+        let n = shape.iter().product();
+        let v: Vec<f32> = values(n, seed).iter().map(|x| x * 0.5).collect();
+        Tensor::<4>::from_data(TensorData::new(v, shape), device).require_grad()
+    };
+    let mut worst = 0.0f32;
+    for (h, h_kv, tq, tk, mask) in cases {
+        let dh = 16;
+        let scale = 1.0 / (dh as f64).sqrt();
+        let run = |reference: bool| {
+            let [q, k, v] = [
+                leaf([2, h, tq, dh], 1),
+                leaf([2, h_kv, tk, dh], 2),
+                leaf([2, h_kv, tk, dh], 3),
+            ];
+            let (w, wl) = (leaf([2, h, tq, dh], 4).detach(), leaf([2, h, tq, 1], 5));
+            let (out, lse) = match reference {
+                true => crate::attention::fallback::attention_with_lse(
+                    q.clone(),
+                    k.clone(),
+                    v.clone(),
+                    scale,
+                    mask,
+                ),
+                false => attention_with_lse(q.clone(), k.clone(), v.clone(), scale, mask),
+            };
+            let lse = lse.unsqueeze_dim::<4>(3);
+            let g = ((out.clone() * w).sum() + (lse.clone() * wl.detach()).sum()).backward();
+            let grads = [&q, &k, &v].map(|x| host(x.grad(&g).expect("a gradient")));
+            [
+                host(out),
+                host(lse),
+                grads[0].clone(),
+                grads[1].clone(),
+                grads[2].clone(),
+            ]
+        };
+        let (ours, reference) = (run(false), run(true));
+        for (name, (a, b)) in ["out", "lse", "dq", "dk", "dv"]
+            .iter()
+            .zip(ours.iter().zip(&reference))
+        {
+            let scale = b.iter().fold(0.0f32, |m, x| m.max(x.abs())).max(1e-30);
+            let diff = a
+                .iter()
+                .zip(b)
+                .map(|(x, y)| (x - y).abs())
+                .fold(0.0f32, f32::max);
+            let case = format!("h {h} h_kv {h_kv} tq {tq} tk {tk} {mask:?}");
+            assert!(
+                diff <= 1e-5 * scale,
+                "attention {name} ({case}): {diff} of {scale}"
+            );
+            worst = worst.max(diff / scale);
+        }
+    }
+    // Queries at 40..47 over keys 0..37 with W = 8: from the fifth on they see no key.
+    let mask = Mask::CAUSAL.with_window(Some(8)).at(40);
+    let [q, k, v] = [
+        leaf([1, 2, 8, 16], 6),
+        leaf([1, 1, 37, 16], 7),
+        leaf([1, 1, 37, 16], 8),
+    ];
+    let (out, lse) = attention_with_lse(q.clone(), k.clone(), v.clone(), 0.25, mask);
+    let (o, l) = (host(out.clone()), host(lse.clone()));
+    for (row, &x) in l.iter().enumerate() {
+        let sees = row % 8 < 4;
+        assert_eq!(x.is_finite(), sees, "lse of row {row}: {x}");
+        let zero = o[row * 16..(row + 1) * 16].iter().all(|&y| y == 0.0);
+        assert_eq!(zero, !sees, "output of row {row}");
+    }
+    let g = out.sum().backward();
+    for x in [&q, &k, &v] {
+        assert!(
+            host(x.grad(&g).expect("a gradient"))
+                .iter()
+                .all(|g| g.is_finite())
+        );
+    }
+    let halves = attention_16bit_matches(device);
+    format!(
+        "fused attention: within {worst:e} of the reference (bound 1e-5), 5 masks; no-key rows \
+         0 and −∞; {halves}"
+    )
+}
+
+/// The kernels in each 16-bit type the device stores against the f32 reference on the same
+/// rounded inputs: output and gradients within 4 units of the type's rounding (2⁻¹¹ for f16,
+/// 2⁻⁸ for bf16) of the reference's largest magnitude — the kernels accumulate in f32, so
+/// what remains is the rounding of their results and of the reference's inputs' gradients.
+fn attention_16bit_matches(device: &Device) -> String {
+    use crate::{Mask, attention};
+    let stored: Vec<DType> = [DType::F16, DType::BF16]
+        .into_iter()
+        .filter(|&d| crate::stores(device, d))
+        .collect();
+    let mut out = Vec::new();
+    for dtype in stored {
+        let unit = if dtype == DType::F16 {
+            2f32.powi(-11)
+        } else {
+            2f32.powi(-8)
+        };
+        let leaf = |shape: [usize; 4], seed: u32| {
+            let n = shape.iter().product();
+            let v: Vec<f32> = values(n, seed).iter().map(|x| x * 0.5).collect();
+            Tensor::<4>::from_data(TensorData::new(v, shape), device).cast(dtype)
+        };
+        let mask = Mask::CAUSAL.with_window(Some(9));
+        let [q, k, v] = [
+            leaf([2, 4, 21, 16], 1),
+            leaf([2, 2, 21, 16], 2),
+            leaf([2, 2, 21, 16], 3),
+        ];
+        let w = leaf([2, 4, 21, 16], 4).cast(DType::F32);
+        let run = |ty: DType, reference: bool| {
+            let [q, k, v] = [&q, &k, &v].map(|t| t.clone().cast(ty).require_grad());
+            let o = match reference {
+                true => crate::attention::fallback::attention(
+                    q.clone(),
+                    k.clone(),
+                    v.clone(),
+                    0.25,
+                    mask,
+                ),
+                false => attention(q.clone(), k.clone(), v.clone(), 0.25, mask),
+            };
+            assert_eq!(o.dtype(), ty);
+            let g = (o.clone().cast(DType::F32) * w.clone()).sum().backward();
+            let grads = [&q, &k, &v].map(|x| host(x.grad(&g).expect("a gradient")));
+            [
+                host(o),
+                grads[0].clone(),
+                grads[1].clone(),
+                grads[2].clone(),
+            ]
+        };
+        let (ours, reference) = (run(dtype, false), run(DType::F32, true));
+        let mut worst = 0.0f32;
+        for (name, (a, b)) in ["out", "dq", "dk", "dv"]
+            .iter()
+            .zip(ours.iter().zip(&reference))
+        {
+            let scale = b.iter().fold(0.0f32, |m, x| m.max(x.abs()));
+            let diff = a
+                .iter()
+                .zip(b)
+                .map(|(x, y)| (x - y).abs())
+                .fold(0.0f32, f32::max);
+            assert!(
+                diff <= 4.0 * unit * scale,
+                "attention {dtype:?} {name}: {diff} of {scale}"
+            );
+            worst = worst.max(diff / scale / unit);
+        }
+        out.push(format!("{dtype:?} within {worst:.2} roundings"));
+    }
+    out.join(", ")
 }

@@ -36,3 +36,8 @@ fn quantize_matches_the_fallback_exactly() {
 fn fused_adamw_matches_burns_adamw() {
     println!("{}", testing::fused_adamw_matches_burns(&wgpu()));
 }
+
+#[test]
+fn fused_attention_matches_the_reference() {
+    println!("{}", testing::attention_matches_fallback(&wgpu()));
+}

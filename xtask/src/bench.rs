@@ -63,6 +63,11 @@ pub fn run(target_name: &str, extra_args: &[String]) -> Result {
         // Two revisions, built apart, measured interleaved (`compare.rs`).
         return crate::compare::run(extra_args);
     }
+    if target_name == "profile" && extra_args.iter().any(|a| a.starts_with("--layouts")) {
+        // The split per layout: the train bench's layouts, each step's phases.
+        let train = BENCH_TARGETS.iter().find(|t| t.name == "train");
+        return run_target(train.expect("the train bench"), extra_args);
+    }
     if target_name == "train" {
         // Bonfire's rows, then PyTorch's in the same run where it is installed.
         return crate::pytorch::bench_train(extra_args);

@@ -219,6 +219,8 @@ impl ProcessGroup {
         let started: Instant = self.inner.recorder.start(fp);
         let ctx = self.context(fp);
         let result = f(&ctx);
+        let p2p = matches!(fp.op, OpKind::Send | OpKind::Recv);
+        crate::blocked::add(p2p, started.elapsed());
         self.inner.recorder.finish(started, result.is_ok());
         if let Err(e) = &result {
             tracing::error!(group = %self.inner.name, rank = self.rank(), "{e}");

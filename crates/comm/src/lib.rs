@@ -42,6 +42,7 @@
 //! ```
 
 mod backend;
+pub mod blocked;
 mod collective;
 pub mod device;
 mod dtype;

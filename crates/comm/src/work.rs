@@ -54,9 +54,11 @@ impl<T> Work<T> {
     /// Blocks until the call finishes and returns its result. The call itself is bounded by
     /// the group's timeout, so this returns too.
     pub fn wait(self) -> Result<T> {
+        let start = Instant::now();
         let mut guard = self.lock();
         loop {
             if let Some(result) = guard.take() {
+                crate::blocked::add(false, start.elapsed());
                 return result;
             }
             guard = self
@@ -78,12 +80,14 @@ impl<T> Work<T> {
 
     /// Like [`Work::wait`] but gives the handle back if the call is still running after `d`.
     pub fn wait_timeout(self, d: Duration) -> std::result::Result<Result<T>, Work<T>> {
+        let start = Instant::now();
         let guard = self.lock();
         let (mut guard, _) = self
             .slot
             .done
             .wait_timeout_while(guard, d, |r| r.is_none())
             .unwrap_or_else(|e| e.into_inner());
+        crate::blocked::add(false, start.elapsed());
         match guard.take() {
             Some(result) => Ok(result),
             None => {

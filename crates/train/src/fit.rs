@@ -55,6 +55,42 @@ pub struct StepReport {
     /// Whether the optimizer step was skipped (an infinite or NaN gradient under loss
     /// scaling).
     pub skipped: bool,
+    /// Where this rank's step went.
+    pub phases: StepPhases,
+}
+
+/// Where one rank's step went, in milliseconds, from the clock and the time its thread was
+/// blocked in communication (`bonfire_comm::blocked`): the rest of the step is the data and
+/// the hooks.
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
+pub struct StepPhases {
+    /// Forward and backward, less the time blocked in communication inside them.
+    pub compute_ms: f64,
+    /// Blocked in collectives and in waits on asynchronous ones (DDP's exposed reduction,
+    /// ZeRO's gathers, tp's and cp's exchanges), in the step's every phase.
+    pub comm_ms: f64,
+    /// Blocked in point-to-point sends and receives: a pipeline's transfers and its bubble.
+    pub p2p_ms: f64,
+    /// Clipping, the optimizer step and the state update, less their communication.
+    pub optimizer_ms: f64,
+}
+
+impl StepPhases {
+    /// `compute` and `optimizer` (wall times of the two phases) with the communication each
+    /// was blocked in taken out.
+    fn split(
+        (compute, in_compute): (f64, bonfire_comm::blocked::Blocked),
+        (optimizer, in_optimizer): (f64, bonfire_comm::blocked::Blocked),
+    ) -> Self {
+        let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
+        let all = |b: bonfire_comm::blocked::Blocked| ms(b.collective) + ms(b.p2p);
+        Self {
+            compute_ms: (compute - all(in_compute)).max(0.0),
+            comm_ms: ms(in_compute.collective) + ms(in_optimizer.collective),
+            p2p_ms: ms(in_compute.p2p) + ms(in_optimizer.p2p),
+            optimizer_ms: (optimizer - all(in_optimizer)).max(0.0),
+        }
+    }
 }
 
 /// Called by the loop at fixed points of each step (collectives inside are fine: every rank
@@ -384,6 +420,7 @@ pub fn fit<B: Rows>(
         let (ledger, mut moved) = (TransferLedger::start(), Transfers::default());
         let loss_scale = scaler.as_ref().map(LossScaler::scale);
         engine.set_loss_scale(loss_scale.unwrap_or(1.0));
+        let computing = (Instant::now(), bonfire_comm::blocked::take());
         let loss = engine.forward_backward(&batch)?;
         drop(batch);
         let finite = match (&mut scaler, loss_scale) {
@@ -394,10 +431,12 @@ pub fn fit<B: Rows>(
             }
             _ => true,
         };
+        let computed = (ms_since(computing.0), bonfire_comm::blocked::take());
         moved.add(&ledger.snapshot());
         drop(ledger);
         hooks.after_backward(step, engine)?;
         let ledger = TransferLedger::start();
+        let stepping = (Instant::now(), bonfire_comm::blocked::take());
         let measure = config.clip_grad_norm.is_some() || config.grad_norm;
         let grad_norm = match finite && measure {
             true => Some(engine.clip_gradients(config.clip_grad_norm)?),
@@ -416,6 +455,7 @@ pub fn fit<B: Rows>(
                 scaler.as_ref().map_or(1.0, LossScaler::scale)
             );
         }
+        let stepped = (ms_since(stepping.0), bonfire_comm::blocked::take());
         moved.add(&ledger.snapshot());
         drop(ledger);
         let seconds = start.elapsed().as_secs_f64();
@@ -432,6 +472,7 @@ pub fn fit<B: Rows>(
             peak_rss_bytes: rank0.then(crate::rss::peak_bytes).flatten(),
             loss_scale,
             skipped: !finite,
+            phases: StepPhases::split(computed, stepped),
         };
         reporter.report(&report, step + 1 == config.steps)?;
         hooks.after_step(&report, engine)?;
@@ -448,4 +489,9 @@ pub fn fit<B: Rows>(
     hooks.finish(engine)?;
     reporter.finish();
     Ok(reports)
+}
+
+/// Milliseconds since `start`.
+fn ms_since(start: Instant) -> f64 {
+    start.elapsed().as_secs_f64() * 1e3
 }

@@ -90,7 +90,7 @@ pub use engine::Engine;
 pub use error::{CheckpointError, TrainError};
 pub use eval::Evaluation;
 pub use fault::{FaultTolerance, KillAt, fit_fault_tolerant};
-pub use fit::{FitConfig, Hooks, StepReport, fit};
+pub use fit::{FitConfig, Hooks, StepPhases, StepReport, fit};
 pub use launch::Launcher;
 pub use mesh::RankMesh;
 pub use optim::{AdamWSettings, OptimizerKind, OptimizerSpec};

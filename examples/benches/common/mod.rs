@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod formula;
+pub mod layouts;
 pub mod ledger;
 pub mod measure;
 pub mod throughput;

@@ -8,7 +8,7 @@ use bonfire_data::generated::Rng;
 use bonfire_models::data::Batches;
 use bonfire_models::data::TokenBatch;
 use bonfire_parallel::ParallelModel;
-use bonfire_train::{FitConfig, Launcher, TrainError, Trainer, WrapperReport, fit};
+use bonfire_train::{FitConfig, Launcher, StepPhases, TrainError, Trainer, WrapperReport, fit};
 use burn::tensor::Device;
 
 /// `steps` global batches of `rows` random sequences of `seq` tokens (ids and targets
@@ -83,6 +83,30 @@ impl Steps {
         self.warmup + self.timed
     }
 
+    /// The median over the timed steps of each phase of the slowest rank's step (ms):
+    /// compute, communication, point-to-point, optimizer, the rest (data, hooks), the step.
+    pub fn split(&self, per_rank: &[RankRun]) -> [f64; 6] {
+        let at = |s: usize| {
+            let r = per_rank
+                .iter()
+                .max_by(|a, b| a.step_ms[s].total_cmp(&b.step_ms[s]))
+                .expect("a rank");
+            let p = r.phases[s];
+            let known = p.compute_ms + p.comm_ms + p.p2p_ms + p.optimizer_ms;
+            let step = r.step_ms[s];
+            [
+                p.compute_ms,
+                p.comm_ms,
+                p.p2p_ms,
+                p.optimizer_ms,
+                step - known,
+                step,
+            ]
+        };
+        let steps: Vec<[f64; 6]> = (self.warmup..self.total()).map(at).collect();
+        std::array::from_fn(|k| median(steps.iter().map(|s| s[k]).collect()))
+    }
+
     /// The median over the timed steps of the slowest rank's step time (ms).
     pub fn slowest(&self, per_rank: &[RankRun]) -> f64 {
         median(
@@ -101,6 +125,8 @@ pub struct RankRun {
     pub report: WrapperReport,
     /// Every step's global loss, in step order.
     pub losses: Vec<f32>,
+    /// Where every step went on this rank, in step order.
+    pub phases: Vec<StepPhases>,
 }
 
 /// Where the ranks of a run live.
@@ -160,6 +186,7 @@ pub fn train_at<M: ParallelModel<Batch = TokenBatch> + Sync>(
             step_ms: reports.iter().map(|r| r.step_ms).collect(),
             report: engine.wrapper_report(),
             losses: reports.iter().map(|r| r.loss).collect(),
+            phases: reports.iter().map(|r| r.phases).collect(),
         })
     };
     let out = match hosts {

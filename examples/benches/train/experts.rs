@@ -159,6 +159,7 @@ pub fn train(
             step_ms: reports.iter().map(|r| r.step_ms).collect(),
             report: engine.wrapper_report(),
             losses: reports.iter().map(|r| r.loss).collect(),
+            phases: reports.iter().map(|r| r.phases).collect(),
         };
         Ok::<_, TrainError>((run, probe.steps))
     };

@@ -11,10 +11,14 @@
 //! On Flex in f32 both directions are host kernels ([`flex`]) over tiles of 64 keys with an
 //! online softmax — no `Tq × Tk` matrix, the kv heads never repeated, keys a query cannot see
 //! (past a causal query's last one, before its window) never touched; a query that sees no
-//! key of the call gets output 0 and log-sum-exp −∞. Every other case runs plain Burn ([`fallback`]): a 16-bit
-//! dtype (the whole op, on Burn's own autodiff, as the models ran before), a CubeCL device
-//! (the extension's forward and backward as whole-tensor Burn ops).
+//! key of the call gets output 0 and log-sum-exp −∞. On a CubeCL device (wgpu, CUDA) both
+//! directions are kernels of their own ([`cube`]: one unit per query or key row, the same
+//! semantics), in f32 and in the 16-bit types the device stores (accumulating in f32). A
+//! 16-bit dtype elsewhere, and [`attention_with_lse`] in 16 bits, run plain Burn ([`fallback`]:
+//! the whole op, on Burn's own autodiff, as the models ran before).
 
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+mod cube;
 pub mod fallback;
 mod flex;
 mod mask;
@@ -80,7 +84,8 @@ pub trait AttentionBackend: Backend {
 /// full mask): causal, the queries are the last `Tq` of the `Tk` positions, query `i` attends
 /// to keys `0 ..= i + (Tk − Tq)` (the convention of [`crate::causal_softmax`]); with a window
 /// `W` only to the last `W` of those.
-/// Returns `[B, h, Tq, dh]`. f32 runs the fused op; other dtypes [`fallback::attention`].
+/// Returns `[B, h, Tq, dh]`. What [`fused_takes`] runs the fused op; the rest
+/// [`fallback::attention`].
 pub fn attention(
     q: Tensor<4>,
     k: Tensor<4>,
@@ -90,7 +95,7 @@ pub fn attention(
 ) -> Tensor<4> {
     let mask = mask.into();
     check_shapes(&q, &k, &v);
-    if [q.dtype(), k.dtype(), v.dtype()] != [DType::F32; 3] {
+    if !fused_takes(&q, &k, &v) {
         return fallback::attention(q, k, v, scale, mask);
     }
     let (out, _lse) = <Dispatch as AttentionBackend>::attention_forward(
@@ -132,6 +137,25 @@ pub fn attention_with_lse(
         ));
     let lse = packed.clone().narrow(3, dh, 1).reshape([b, h, tq]);
     (packed.narrow(3, 0, dh), lse)
+}
+
+/// Whether [`attention`] runs these inputs fused (else its plain-Burn [`fallback`]): f32
+/// everywhere, and on a CubeCL device the 16-bit type it stores (one dtype for the three; the
+/// kernels accumulate in f32 and keep the log-sum-exp in f32 — the packed form of
+/// [`attention_with_lse`], whose log-sum-exp shares the output's dtype, stays f32-only).
+pub fn fused_takes(q: &Tensor<4>, k: &Tensor<4>, v: &Tensor<4>) -> bool {
+    let dtype = q.dtype();
+    if k.dtype() != dtype || v.dtype() != dtype {
+        return false;
+    }
+    if dtype == DType::F32 {
+        return true;
+    }
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    if matches!(dtype, DType::F16 | DType::BF16) && crate::cube::is_cube(&q.device()) {
+        return crate::stores(&q.device(), dtype);
+    }
+    false
 }
 
 /// Panics naming the shapes unless `q` is `[B, h, Tq, dh]` and `k`, `v` `[B, h_kv, Tk, dh]`
@@ -273,7 +297,7 @@ impl AttentionBackend for burn::backend::Cube {
         scale: f64,
         mask: Mask,
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
-        fallback::forward::<Self>(q, k, v, scale, mask)
+        cube::attention_forward(q, k, v, scale, mask)
     }
 
     fn attention_forward_packed(
@@ -298,7 +322,7 @@ impl AttentionBackend for burn::backend::Cube {
         scale: f64,
         mask: Mask,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
-        fallback::backward::<Self>(q, k, v, out, lse, grad, dlse, scale, mask)
+        cube::attention_backward(q, k, v, out, lse, grad, dlse, scale, mask)
     }
 }
 

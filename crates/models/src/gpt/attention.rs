@@ -4,7 +4,7 @@ use bonfire_kernels::Mask;
 use bonfire_tp::ParallelLinear;
 use burn::module::Module;
 use burn::tensor::activation::softmax;
-use burn::tensor::{DType, Device, Tensor};
+use burn::tensor::{Device, Tensor};
 
 /// Causal multi-head self-attention over `[B, T, d]` activations: `q`, `k`, `v`, `o` are
 /// `d → d` projections with biases.
@@ -77,7 +77,8 @@ pub fn merge_heads(y: Tensor<4>) -> Tensor<3> {
 ///
 /// In f32 the whole of it is one fused op ([`bonfire_kernels::attention`]: tiles of keys, an
 /// online softmax, no `T × T` matrix kept, one autodiff node, the kv heads never repeated).
-/// In 16-bit types it stays Burn's ops — `q kᵀ`, the scale, the mask and the softmax rounding
+/// On a CubeCL device 16-bit types run it fused too (the kernels accumulate in f32). On Flex
+/// they stay Burn's ops — `q kᵀ`, the scale, the mask and the softmax rounding
 /// after each, then `p v` — with the kv heads repeated (`h_kv < h` is refused otherwise): a
 /// fused op's different rounding moves the bf16 tensor-parallel AdamW parity suite
 /// (`tests/mixed_precision.rs`) past its empirical bound (0.24 against 0.2, measured with the
@@ -99,7 +100,7 @@ pub fn windowed_attention(
     let [_, h, t, dh] = q.dims();
     let dtype = q.dtype();
     let mask = Mask::CAUSAL.with_window(window);
-    if dtype == DType::F32 {
+    if bonfire_kernels::attention::fused_takes(&q, &k, &v) {
         return bonfire_kernels::attention(q, k, v, 1.0 / (dh as f64).sqrt(), mask);
     }
     let (k, v) = bonfire_kernels::fallback::repeat_kv_heads(k, v, h);
@@ -115,7 +116,7 @@ pub fn windowed_attention(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use burn::tensor::Distribution;
+    use burn::tensor::{DType, Distribution};
 
     /// The 16-bit path applies the window as the fused f32 op does: bf16 within bf16's
     /// rounding of the f32 result, and far from the unwindowed one.
