@@ -41,3 +41,8 @@ fn fused_adamw_matches_burns_adamw() {
 fn fused_attention_matches_the_reference() {
     println!("{}", testing::attention_matches_fallback(&wgpu()));
 }
+
+#[test]
+fn fused_ops_match_the_reference() {
+    println!("{}", testing::fused_ops_match_reference(&wgpu()));
+}

@@ -1,8 +1,10 @@
-//! [`FusedBackend`] for each backend: Flex's host kernels, CubeCL's Burn math, and the
-//! autodiff nodes over either.
+//! [`FusedBackend`] for each backend: Flex's host kernels, CubeCL's kernels (SwiGLU, RoPE, the
+//! norms; Burn math for the rest), and the autodiff nodes over either.
 
 use super::backend::FusedBackend;
 use super::cross_entropy::{self, cross_entropy_forward};
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+use super::cube;
 use super::softmax::{self, causal_softmax_forward};
 use super::{gelu, host, norm, rope, swiglu};
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
@@ -136,14 +138,17 @@ impl FusedBackend for burn::backend::Cube {
         <Self as burn::backend::ops::FloatTensorOps<Self>>::float_exp(x)
     }
     fn norm_core(x: FloatTensor<Self>, eps: f64, centered: bool) -> FloatTensor<Self> {
-        norm::stats_fallback::<Self>(x, eps, centered).0
+        Self::norm_core_stats(x, eps, centered).0
     }
     fn norm_core_stats(
         x: FloatTensor<Self>,
         eps: f64,
         centered: bool,
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
-        norm::stats_fallback::<Self>(x, eps, centered)
+        match cube::takes(x.dtype) {
+            true => cube::norm_stats(x, eps, centered),
+            false => norm::stats_fallback::<Self>(x, eps, centered),
+        }
     }
     fn norm_core_backward(
         xhat: FloatTensor<Self>,
@@ -151,31 +156,46 @@ impl FusedBackend for burn::backend::Cube {
         grad: FloatTensor<Self>,
         centered: bool,
     ) -> FloatTensor<Self> {
-        norm::backward_fallback::<Self>(xhat, rstd, grad, centered)
+        match cube::takes(grad.dtype) {
+            true => cube::norm_backward(xhat, rstd, grad, centered),
+            false => norm::backward_fallback::<Self>(xhat, rstd, grad, centered),
+        }
     }
     fn silu_mul(gate: FloatTensor<Self>, up: FloatTensor<Self>) -> FloatTensor<Self> {
-        swiglu::forward_fallback::<Self>(gate, up)
+        match cube::takes(gate.dtype) {
+            true => cube::silu_mul(gate, up),
+            false => swiglu::forward_fallback::<Self>(gate, up),
+        }
     }
     fn silu_mul_backward(
         gate: FloatTensor<Self>,
         up: FloatTensor<Self>,
         grad: FloatTensor<Self>,
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
-        swiglu::backward_fallback::<Self>(gate, up, grad)
+        match cube::takes(gate.dtype) {
+            true => cube::silu_mul_backward(gate, up, grad),
+            false => swiglu::backward_fallback::<Self>(gate, up, grad),
+        }
     }
     fn rope(
         x: FloatTensor<Self>,
         cos: FloatTensor<Self>,
         sin: FloatTensor<Self>,
     ) -> FloatTensor<Self> {
-        rope::fallback::<Self>(x, cos, sin, false)
+        match cube::takes(x.dtype) {
+            true => cube::rope(x, cos, sin, false),
+            false => rope::fallback::<Self>(x, cos, sin, false),
+        }
     }
     fn rope_backward(
         grad: FloatTensor<Self>,
         cos: FloatTensor<Self>,
         sin: FloatTensor<Self>,
     ) -> FloatTensor<Self> {
-        rope::fallback::<Self>(grad, cos, sin, true)
+        match cube::takes(grad.dtype) {
+            true => cube::rope(grad, cos, sin, true),
+            false => rope::fallback::<Self>(grad, cos, sin, true),
+        }
     }
     fn cross_entropy_lse(
         logits: FloatTensor<Self>,

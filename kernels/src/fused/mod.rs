@@ -17,6 +17,8 @@
 
 mod backend;
 mod cross_entropy;
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+mod cube;
 mod dtype;
 mod gelu;
 

@@ -1,0 +1,321 @@
+//! The fused ops' kernels on a CubeCL device (wgpu, CUDA): SwiGLU's `silu(gate) ⊙ up`, RoPE and
+//! the norms' core, each direction one launch, one unit per element (SwiGLU, RoPE) or per row
+//! (the norms: their statistics, `x̂`, `rstd`, and the backward's two row means), in the
+//! tensors' float type (f32, f16, bf16) with f32 arithmetic. What Burn's ops do in three to
+//! eight kernels with their intermediate tensors (the plain-Burn fallbacks, which are the
+//! tests' reference: `testing::fused_ops_match_fallback`).
+
+use crate::cube::{empty, grid};
+use burn::backend::Cube;
+use burn::backend::tensor::FloatTensor;
+use burn::tensor::DType;
+use burn_cubecl::kernel::into_contiguous;
+use burn_cubecl::tensor::CubeTensor;
+use cubecl::prelude::*;
+use half::{bf16, f16};
+
+#[cube]
+fn sigmoid(x: f32) -> f32 {
+    1.0f32 / (1.0f32 + (-x).exp())
+}
+
+#[cube(launch_unchecked)]
+fn silu_mul_kernel<E: Float>(gate: &[E], up: &[E], out: &mut [E]) {
+    let i = ABSOLUTE_POS;
+    if i < out.len() {
+        let g = f32::cast_from(gate[i]);
+        out[i] = E::cast_from(g * sigmoid(g) * f32::cast_from(up[i]));
+    }
+}
+
+#[cube(launch_unchecked)]
+fn silu_mul_backward_kernel<E: Float>(
+    gate: &[E],
+    up: &[E],
+    grad: &[E],
+    d_gate: &mut [E],
+    d_up: &mut [E],
+) {
+    let i = ABSOLUTE_POS;
+    if i < grad.len() {
+        let x = f32::cast_from(gate[i]);
+        let g = f32::cast_from(grad[i]);
+        let s = sigmoid(x);
+        d_up[i] = E::cast_from(g * x * s);
+        d_gate[i] = E::cast_from(g * f32::cast_from(up[i]) * s * (1.0f32 + x * (1.0f32 - s)));
+    }
+}
+
+/// `x·cos + rotate_half(x)·sin` on `[.., T, hd]` with tables `[T, hd]` (f32); with
+/// `transposed`, the backward's `g·cos + [g₂·sin₂, −g₁·sin₁]`.
+#[cube(launch_unchecked)]
+fn rope_kernel<E: Float>(
+    x: &[E],
+    cos: &[f32],
+    sin: &[f32],
+    out: &mut [E],
+    t: usize,
+    hd: usize,
+    #[comptime] transposed: bool,
+) {
+    let i = ABSOLUTE_POS;
+    if i < out.len() {
+        let c = i % hd;
+        let row = (i / hd) % t;
+        let half = hd / 2;
+        let at = row * hd + c;
+        let mut v = f32::cast_from(x[i]) * cos[at];
+        if transposed {
+            if c < half {
+                v += f32::cast_from(x[i + half]) * sin[at + half];
+            } else {
+                v -= f32::cast_from(x[i - half]) * sin[at - half];
+            }
+        } else if c < half {
+            v -= f32::cast_from(x[i + half]) * sin[at];
+        } else {
+            v += f32::cast_from(x[i - half]) * sin[at];
+        }
+        out[i] = E::cast_from(v);
+    }
+}
+
+/// Row `r` of width `d` normalized: `x̂ = (x − mean)·rstd` (`mean` 0 unless `centered`),
+/// `rstd = 1/√(mean((x − mean)²) + eps)`.
+#[cube(launch_unchecked)]
+fn norm_kernel<E: Float>(
+    x: &[E],
+    xhat: &mut [E],
+    rstd: &mut [E],
+    d: usize,
+    eps: f32,
+    #[comptime] centered: bool,
+) {
+    let r = ABSOLUTE_POS;
+    if r < rstd.len() {
+        let base = r * d;
+        let n = f32::cast_from(d);
+        let mut mean = 0.0f32;
+        if centered {
+            for j in 0..d {
+                mean += f32::cast_from(x[base + j]);
+            }
+            mean /= n;
+        }
+        let mut ms = 0.0f32;
+        for j in 0..d {
+            let v = f32::cast_from(x[base + j]) - mean;
+            ms += v * v;
+        }
+        let s = 1.0f32 / (ms / n + eps).sqrt();
+        for j in 0..d {
+            xhat[base + j] = E::cast_from((f32::cast_from(x[base + j]) - mean) * s);
+        }
+        rstd[r] = E::cast_from(s);
+    }
+}
+
+/// `rstd·(g − mean(g) − x̂·mean(g ⊙ x̂))` per row (RMS: without `mean(g)`).
+#[cube(launch_unchecked)]
+fn norm_backward_kernel<E: Float>(
+    xhat: &[E],
+    rstd: &[E],
+    grad: &[E],
+    dx: &mut [E],
+    d: usize,
+    #[comptime] centered: bool,
+) {
+    let r = ABSOLUTE_POS;
+    if r < rstd.len() {
+        let base = r * d;
+        let n = f32::cast_from(d);
+        let mut mg = 0.0f32;
+        let mut mgx = 0.0f32;
+        for j in 0..d {
+            let g = f32::cast_from(grad[base + j]);
+            mg += g;
+            mgx += g * f32::cast_from(xhat[base + j]);
+        }
+        mgx /= n;
+        if !centered {
+            mg = 0.0f32;
+        }
+        mg /= n;
+        let s = f32::cast_from(rstd[r]);
+        for j in 0..d {
+            let g = f32::cast_from(grad[base + j]);
+            dx[base + j] = E::cast_from((g - mg - f32::cast_from(xhat[base + j]) * mgx) * s);
+        }
+    }
+}
+
+/// Whether the kernels take `dtype` (the float types a device may store; f64 and the rest run
+/// the fallbacks).
+pub(super) fn takes(dtype: DType) -> bool {
+    matches!(dtype, DType::F32 | DType::F16 | DType::BF16)
+}
+
+/// `t` contiguous and of `dtype`.
+fn prepared(t: CubeTensor, dtype: DType) -> CubeTensor {
+    use burn::backend::ops::FloatTensorOps;
+    let t = match t.dtype == dtype {
+        true => t,
+        false => <Cube as FloatTensorOps<Cube>>::float_cast(t, dtype.into()),
+    };
+    into_contiguous(t)
+}
+
+/// Runs `$body` with `$e` the Rust float type of `$dtype`.
+macro_rules! with_float {
+    ($dtype:expr, $e:ident => $body:expr) => {
+        match $dtype {
+            DType::F32 => {
+                type $e = f32;
+                $body
+            }
+            DType::F16 => {
+                type $e = f16;
+                $body
+            }
+            DType::BF16 => {
+                type $e = bf16;
+                $body
+            }
+            other => panic!("fused op on a CubeCL device: no kernel for {other:?}"),
+        }
+    };
+}
+
+/// `silu(gate) ⊙ up`.
+pub(super) fn silu_mul(gate: FloatTensor<Cube>, up: FloatTensor<Cube>) -> FloatTensor<Cube> {
+    let dtype = gate.dtype;
+    let [gate, up] = [gate, up].map(|t| prepared(t, dtype));
+    let out = empty(&gate, gate.meta.shape().clone(), dtype);
+    let (count, dim) = grid(&gate.client, out.meta.num_elements());
+    let client = gate.client.clone();
+    with_float!(dtype, E => {
+        // SAFETY: the three buffers hold the same number of elements; unit `i` touches `i`.
+        unsafe {
+            silu_mul_kernel::launch_unchecked::<E>(
+                &client, count, dim,
+                gate.into_buffer_arg(), up.into_buffer_arg(), out.clone().into_buffer_arg(),
+            );
+        }
+    });
+    out
+}
+
+/// `(d_gate, d_up)` of [`silu_mul`].
+pub(super) fn silu_mul_backward(
+    gate: FloatTensor<Cube>,
+    up: FloatTensor<Cube>,
+    grad: FloatTensor<Cube>,
+) -> (FloatTensor<Cube>, FloatTensor<Cube>) {
+    let dtype = gate.dtype;
+    let [gate, up, grad] = [gate, up, grad].map(|t| prepared(t, dtype));
+    let shape = grad.meta.shape().clone();
+    let (d_gate, d_up) = (
+        empty(&grad, shape.clone(), dtype),
+        empty(&grad, shape, dtype),
+    );
+    let (count, dim) = grid(&grad.client, d_gate.meta.num_elements());
+    let client = grad.client.clone();
+    with_float!(dtype, E => {
+        // SAFETY: the five buffers hold the same number of elements; unit `i` touches `i`.
+        unsafe {
+            silu_mul_backward_kernel::launch_unchecked::<E>(
+                &client, count, dim,
+                gate.into_buffer_arg(), up.into_buffer_arg(), grad.into_buffer_arg(),
+                d_gate.clone().into_buffer_arg(), d_up.clone().into_buffer_arg(),
+            );
+        }
+    });
+    (d_gate, d_up)
+}
+
+/// RoPE on `x` `[B, h, T, hd]` with tables `[T, hd]`, or (`transposed`) its backward.
+pub(super) fn rope(
+    x: FloatTensor<Cube>,
+    cos: FloatTensor<Cube>,
+    sin: FloatTensor<Cube>,
+    transposed: bool,
+) -> FloatTensor<Cube> {
+    let dtype = x.dtype;
+    let x = prepared(x, dtype);
+    let [cos, sin] = [cos, sin].map(|t| prepared(t, DType::F32));
+    let shape = x.meta.shape().clone();
+    let (t, hd) = (shape[2], shape[3]);
+    let out = empty(&x, shape, dtype);
+    let (count, dim) = grid(&x.client, out.meta.num_elements());
+    let client = x.client.clone();
+    with_float!(dtype, E => {
+        // SAFETY: `x` and `out` hold `B·h·T·hd` elements, the tables `T·hd`; unit `i` reads
+        // `x[i ± hd/2]` within its own row of `hd` and the tables at its (position, column).
+        unsafe {
+            rope_kernel::launch_unchecked::<E>(
+                &client, count, dim,
+                x.into_buffer_arg(), cos.into_buffer_arg(), sin.into_buffer_arg(),
+                out.clone().into_buffer_arg(), t, hd, transposed,
+            );
+        }
+    });
+    out
+}
+
+/// `(x̂, rstd)` of the norms' core over the last dim (`rstd` `[.., 1]`).
+pub(super) fn norm_stats(
+    x: FloatTensor<Cube>,
+    eps: f64,
+    centered: bool,
+) -> (FloatTensor<Cube>, FloatTensor<Cube>) {
+    let dtype = x.dtype;
+    let x = prepared(x, dtype);
+    let shape = x.meta.shape().clone();
+    let d = shape[shape.num_dims() - 1];
+    let mut stats = shape.clone();
+    stats[shape.num_dims() - 1] = 1;
+    let rows = stats.num_elements();
+    let (xhat, rstd) = (empty(&x, shape, dtype), empty(&x, stats, dtype));
+    let (count, dim) = grid(&x.client, rows);
+    let client = x.client.clone();
+    with_float!(dtype, E => {
+        // SAFETY: `x`, `xhat` hold `rows · d` elements, `rstd` `rows`; unit `r` touches row `r`.
+        unsafe {
+            norm_kernel::launch_unchecked::<E>(
+                &client, count, dim,
+                x.into_buffer_arg(), xhat.clone().into_buffer_arg(),
+                rstd.clone().into_buffer_arg(), d, eps as f32, centered,
+            );
+        }
+    });
+    (xhat, rstd)
+}
+
+/// The input gradient of the norms' core from `x̂`, `rstd` and the output gradient.
+pub(super) fn norm_backward(
+    xhat: FloatTensor<Cube>,
+    rstd: FloatTensor<Cube>,
+    grad: FloatTensor<Cube>,
+    centered: bool,
+) -> FloatTensor<Cube> {
+    let dtype = grad.dtype;
+    let [xhat, rstd, grad] = [xhat, rstd, grad].map(|t| prepared(t, dtype));
+    let shape = grad.meta.shape().clone();
+    let d = shape[shape.num_dims() - 1];
+    let rows = rstd.meta.num_elements();
+    let dx = empty(&grad, shape, dtype);
+    let (count, dim) = grid(&grad.client, rows);
+    let client = grad.client.clone();
+    with_float!(dtype, E => {
+        // SAFETY: `xhat`, `grad`, `dx` hold `rows · d` elements, `rstd` `rows`; unit `r`
+        // touches row `r`.
+        unsafe {
+            norm_backward_kernel::launch_unchecked::<E>(
+                &client, count, dim,
+                xhat.into_buffer_arg(), rstd.into_buffer_arg(), grad.into_buffer_arg(),
+                dx.clone().into_buffer_arg(), d, centered,
+            );
+        }
+    });
+    dx
+}
