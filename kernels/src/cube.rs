@@ -79,3 +79,39 @@ fn client_stores(client: &Client, dtype: DType) -> bool {
     };
     uses.contains(TypeUsage::Buffer) && uses.contains(TypeUsage::Conversion)
 }
+
+/// `t` contiguous and of `dtype` (cast where it is another float type).
+pub(crate) fn prepared(t: CubeTensor, dtype: DType) -> CubeTensor {
+    use burn::backend::ops::FloatTensorOps;
+    let t = match t.dtype == dtype {
+        true => t,
+        false => <burn::backend::Cube as FloatTensorOps<burn::backend::Cube>>::float_cast(
+            t,
+            dtype.into(),
+        ),
+    };
+    into_contiguous(t)
+}
+
+/// Runs `$body` with `$e` the Rust float type of `$dtype` (f32, f16, bf16; another dtype
+/// panics naming it: callers check first).
+macro_rules! with_float {
+    ($dtype:expr, $e:ident => $body:expr) => {
+        match $dtype {
+            burn::tensor::DType::F32 => {
+                type $e = f32;
+                $body
+            }
+            burn::tensor::DType::F16 => {
+                type $e = half::f16;
+                $body
+            }
+            burn::tensor::DType::BF16 => {
+                type $e = half::bf16;
+                $body
+            }
+            other => panic!("a CubeCL kernel: no kernel for {other:?}"),
+        }
+    };
+}
+pub(crate) use with_float;

@@ -18,14 +18,12 @@
 //! and tensor-core products are what a GPU needs for speed (measured in the GPU kit).
 
 use super::Mask;
-use crate::cube::{empty, grid};
+use crate::cube::{empty, grid, prepared, with_float};
 use burn::backend::Cube;
 use burn::backend::tensor::FloatTensor;
 use burn::tensor::{DType, Shape};
-use burn_cubecl::kernel::into_contiguous;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
-use half::{bf16, f16};
 
 /// The sizes and the mask of a call, as the kernels read them.
 #[derive(CubeLaunch, CubeType, Clone, Copy)]
@@ -280,37 +278,6 @@ impl Call {
         let [h, group, tq, tk, off, window] = self.sizes;
         SizesLaunch::new(h, group, tq, tk, off, window, self.scale, f32::NEG_INFINITY)
     }
-}
-
-/// `t` contiguous and of `dtype`.
-fn prepared(t: CubeTensor, dtype: DType) -> CubeTensor {
-    use burn::backend::ops::FloatTensorOps;
-    let t = match t.dtype == dtype {
-        true => t,
-        false => <Cube as FloatTensorOps<Cube>>::float_cast(t, dtype.into()),
-    };
-    into_contiguous(t)
-}
-
-/// Runs `$body` with `$e` the Rust float type of `$dtype`.
-macro_rules! with_float {
-    ($dtype:expr, $e:ident => $body:expr) => {
-        match $dtype {
-            DType::F32 => {
-                type $e = f32;
-                $body
-            }
-            DType::F16 => {
-                type $e = f16;
-                $body
-            }
-            DType::BF16 => {
-                type $e = bf16;
-                $body
-            }
-            other => panic!("attention on a CubeCL device: no kernel for {other:?}"),
-        }
-    };
 }
 
 /// The output `[B, h, Tq, dh]` (in the inputs' type) and the log-sum-exp `[B, h, Tq]` (f32).

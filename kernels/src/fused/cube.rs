@@ -1,18 +1,18 @@
-//! The fused ops' kernels on a CubeCL device (wgpu, CUDA): SwiGLU's `silu(gate) ⊙ up`, RoPE and
-//! the norms' core, each direction one launch, one unit per element (SwiGLU, RoPE) or per row
+//! The fused ops' kernels on a CubeCL device (wgpu, CUDA): SwiGLU's `silu(gate) ⊙ up`, RoPE,
+//! the norms' core and the cross-entropy (each row's log-sum-exp online over the vocabulary:
+//! no `[N, V]` exponentials kept), each direction one launch, one unit per element (SwiGLU, RoPE) or per row
 //! (the norms: their statistics, `x̂`, `rstd`, and the backward's two row means), in the
 //! tensors' float type (f32, f16, bf16) with f32 arithmetic. What Burn's ops do in three to
 //! eight kernels with their intermediate tensors (the plain-Burn fallbacks, which are the
 //! tests' reference: `testing::fused_ops_match_fallback`).
 
-use crate::cube::{empty, grid};
+use crate::cube::{empty, grid, prepared, with_float};
 use burn::backend::Cube;
 use burn::backend::tensor::FloatTensor;
 use burn::tensor::DType;
 use burn_cubecl::kernel::into_contiguous;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
-use half::{bf16, f16};
 
 #[cube]
 fn sigmoid(x: f32) -> f32 {
@@ -149,41 +149,64 @@ fn norm_backward_kernel<E: Float>(
     }
 }
 
+/// Row `r` of `logits` `[N, V]`: its log-sum-exp (online, in f32) and its loss
+/// `lse − logits[r, target]`.
+#[cube(launch_unchecked)]
+fn cross_entropy_rows<E: Float>(
+    logits: &[E],
+    targets: &[i32],
+    lse: &mut [E],
+    loss: &mut [f32],
+    v: usize,
+) {
+    let r = ABSOLUTE_POS;
+    if r < loss.len() {
+        let base = r * v;
+        let mut m = f32::new(-3.0e38);
+        let mut l = 0.0f32;
+        for c in 0..v {
+            let x = f32::cast_from(logits[base + c]);
+            if x > m {
+                l *= (m - x).exp();
+                m = x;
+            }
+            l += (x - m).exp();
+        }
+        let s = m + l.ln();
+        lse[r] = E::cast_from(s);
+        let t = usize::cast_from(targets[r]);
+        loss[r] = s - f32::cast_from(logits[base + t]);
+    }
+}
+
+/// `(softmax(logits) − onehot(targets)) · grad[0] / N`, one unit per element (the loss's
+/// gradient read on the device: no host synchronization).
+#[cube(launch_unchecked)]
+fn cross_entropy_grad<E: Float>(
+    logits: &[E],
+    lse: &[E],
+    targets: &[i32],
+    grad: &[E],
+    out: &mut [E],
+    v: usize,
+    n: usize,
+) {
+    let i = ABSOLUTE_POS;
+    if i < out.len() {
+        let r = i / v;
+        let s = f32::cast_from(grad[0]) / f32::cast_from(n);
+        let mut d = (f32::cast_from(logits[i]) - f32::cast_from(lse[r])).exp() * s;
+        if i % v == usize::cast_from(targets[r]) {
+            d -= s;
+        }
+        out[i] = E::cast_from(d);
+    }
+}
+
 /// Whether the kernels take `dtype` (the float types a device may store; f64 and the rest run
 /// the fallbacks).
 pub(super) fn takes(dtype: DType) -> bool {
     matches!(dtype, DType::F32 | DType::F16 | DType::BF16)
-}
-
-/// `t` contiguous and of `dtype`.
-fn prepared(t: CubeTensor, dtype: DType) -> CubeTensor {
-    use burn::backend::ops::FloatTensorOps;
-    let t = match t.dtype == dtype {
-        true => t,
-        false => <Cube as FloatTensorOps<Cube>>::float_cast(t, dtype.into()),
-    };
-    into_contiguous(t)
-}
-
-/// Runs `$body` with `$e` the Rust float type of `$dtype`.
-macro_rules! with_float {
-    ($dtype:expr, $e:ident => $body:expr) => {
-        match $dtype {
-            DType::F32 => {
-                type $e = f32;
-                $body
-            }
-            DType::F16 => {
-                type $e = f16;
-                $body
-            }
-            DType::BF16 => {
-                type $e = bf16;
-                $body
-            }
-            other => panic!("fused op on a CubeCL device: no kernel for {other:?}"),
-        }
-    };
 }
 
 /// `silu(gate) ⊙ up`.
@@ -318,4 +341,77 @@ pub(super) fn norm_backward(
         }
     });
     dx
+}
+
+/// Token ids as a contiguous i32 tensor.
+fn ids(t: CubeTensor) -> CubeTensor {
+    use burn::backend::ops::IntTensorOps;
+    let t = match t.dtype == DType::I32 {
+        true => t,
+        false => <Cube as IntTensorOps<Cube>>::int_cast(t, burn::tensor::IntDType::I32),
+    };
+    into_contiguous(t)
+}
+
+/// The mean cross-entropy `[1]` of `logits` `[N, V]` and each row's log-sum-exp `[N, 1]`, in
+/// the logits' type.
+pub(super) fn cross_entropy(
+    logits: FloatTensor<Cube>,
+    targets: CubeTensor,
+) -> (FloatTensor<Cube>, FloatTensor<Cube>) {
+    use burn::backend::ops::FloatTensorOps;
+    let dtype = logits.dtype;
+    let (logits, targets) = (prepared(logits, dtype), ids(targets));
+    let shape = logits.meta.shape().clone();
+    let (n, v) = (shape[0], shape[1]);
+    let lse = empty(&logits, burn::tensor::Shape::new([n, 1]), dtype);
+    let loss = empty(&logits, burn::tensor::Shape::new([n]), DType::F32);
+    let (count, dim) = grid(&logits.client, n);
+    let client = logits.client.clone();
+    with_float!(dtype, E => {
+        // SAFETY: `logits` holds `n · v` elements, `targets` and `loss` `n`, `lse` `n`; unit
+        // `r` reads row `r` (its target, an id below `v`, inside it) and writes its own entries.
+        unsafe {
+            cross_entropy_rows::launch_unchecked::<E>(
+                &client, count, dim,
+                logits.into_buffer_arg(), targets.into_buffer_arg(),
+                lse.clone().into_buffer_arg(), loss.clone().into_buffer_arg(), v,
+            );
+        }
+    });
+    let mean = <Cube as FloatTensorOps<Cube>>::float_mean(loss);
+    (
+        <Cube as FloatTensorOps<Cube>>::float_cast(mean, dtype.into()),
+        lse,
+    )
+}
+
+/// The logits' gradient of [`cross_entropy`] from the kept log-sum-exp and the loss's
+/// gradient `[1]`.
+pub(super) fn cross_entropy_backward(
+    logits: FloatTensor<Cube>,
+    lse: FloatTensor<Cube>,
+    targets: CubeTensor,
+    grad: FloatTensor<Cube>,
+) -> FloatTensor<Cube> {
+    let dtype = logits.dtype;
+    let [logits, lse, grad] = [logits, lse, grad].map(|t| prepared(t, dtype));
+    let targets = ids(targets);
+    let shape = logits.meta.shape().clone();
+    let (n, v) = (shape[0], shape[1]);
+    let out = empty(&logits, shape, dtype);
+    let (count, dim) = grid(&logits.client, n * v);
+    let client = logits.client.clone();
+    with_float!(dtype, E => {
+        // SAFETY: `logits` and `out` hold `n · v` elements, `lse` and `targets` `n`, `grad` 1;
+        // unit `i` writes element `i`.
+        unsafe {
+            cross_entropy_grad::launch_unchecked::<E>(
+                &client, count, dim,
+                logits.into_buffer_arg(), lse.into_buffer_arg(), targets.into_buffer_arg(),
+                grad.into_buffer_arg(), out.clone().into_buffer_arg(), v, n,
+            );
+        }
+    });
+    out
 }

@@ -126,7 +126,7 @@ impl FusedBackend for burn::backend::Cube {
         causal_softmax_forward::<Self>(scores, scale)
     }
     fn cross_entropy(logits: FloatTensor<Self>, targets: IntTensor<Self>) -> FloatTensor<Self> {
-        cross_entropy_forward::<Self>(logits, targets).0
+        Self::cross_entropy_lse(logits, targets).0
     }
     fn gelu_erf(x: FloatTensor<Self>) -> FloatTensor<Self> {
         <Self as burn::backend::ops::ActivationOps<Self>>::gelu(x)
@@ -201,7 +201,10 @@ impl FusedBackend for burn::backend::Cube {
         logits: FloatTensor<Self>,
         targets: IntTensor<Self>,
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
-        cross_entropy_forward::<Self>(logits, targets)
+        match cube::takes(logits.dtype) {
+            true => cube::cross_entropy(logits, targets),
+            false => cross_entropy_forward::<Self>(logits, targets),
+        }
     }
     fn cross_entropy_backward(
         logits: FloatTensor<Self>,
@@ -209,7 +212,10 @@ impl FusedBackend for burn::backend::Cube {
         targets: IntTensor<Self>,
         grad: FloatTensor<Self>,
     ) -> FloatTensor<Self> {
-        cross_entropy::cross_entropy_backward::<Self>(logits, lse, targets, grad)
+        match cube::takes(logits.dtype) {
+            true => cube::cross_entropy_backward(logits, lse, targets, grad),
+            false => cross_entropy::cross_entropy_backward::<Self>(logits, lse, targets, grad),
+        }
     }
 }
 
