@@ -10,7 +10,7 @@
 backward, ms a call over 10 calls after 2 warm-ups. `gemm`: torch.matmul (cuBLAS/cuBLASLt) on bf16 random normal operands, the chain
 `x <- (x @ B) @ C` of `reps` links after 3 warm-ups timed with CUDA events (as `gpu_check`
 times CubeCL's), TFLOP/s over both products. `bench-1b`: transformers' LlamaForCausalLM with
-Llama-3.2-1B's shape and an untied head (as Bonfire's bench), f32 parameters, bf16 autocast,
+Llama-3.2-1B's shape and its tied head (as Bonfire's bench), f32 parameters, bf16 autocast,
 SDPA attention, fused AdamW (lr 1e-4, betas 0.9/0.95, eps 1e-6, weight decay 0.1): the fastest
 stock options a user gets. Step time is the median of the timed steps, each ended by a
 synchronisation; peak bytes are the caching allocator's.
@@ -86,7 +86,7 @@ def llama_1b():
         max_position_embeddings=2048,
         rope_theta=500000.0,
         rms_norm_eps=1e-5,
-        tie_word_embeddings=False,
+        tie_word_embeddings=True,
     )
     cfg._attn_implementation = "sdpa"
     torch.manual_seed(0)

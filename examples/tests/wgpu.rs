@@ -245,3 +245,21 @@ fn offload_keeps_the_state_on_flex_and_the_model_on_wgpu() {
         })
         .unwrap();
 }
+
+/// The kit's 1 B bench model is Llama-3.2-1B's shape with its tied head (1,235,814,400
+/// parameters, the planner's preset), and its MFU counts the same training FLOPs a token as
+/// the untied model's (the tied table multiplies as the head; the untied one's input table
+/// is a lookup).
+#[test]
+fn the_1b_bench_is_llama_3_2_1b_tied() {
+    let tied = device_checks::llama_1b();
+    assert!(tied.variant.tie_word_embeddings);
+    assert_eq!(tied.num_params(), 1_235_814_400);
+    let preset = bonfire_plan::ModelSpec::preset("llama3.2-1b").unwrap();
+    assert_eq!(tied.num_params(), preset.num_params());
+    let mut untied = tied;
+    untied.variant.tie_word_embeddings = false;
+    let t = tied.max_position_embeddings;
+    let flops = |c| device_checks::flops_per_token(c, c.num_params(), t);
+    assert_eq!(flops(&tied), flops(&untied));
+}

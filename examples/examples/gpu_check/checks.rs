@@ -250,17 +250,26 @@ pub fn llama_1b() -> LlamaConfig {
         rms_norm_eps: 1e-5,
         rope_theta: 500_000.0,
         max_position_embeddings: 2048,
-        // Without Llama 3's RoPE scaling, as PyTorch's side (gpu_bench.py) builds it: the
-        // scaling changes the tables, not the work.
-        variant: bonfire_models::llama::LlamaVariant::default(),
+        // Tied, as Llama-3.2-1B is (one table: 1,235,814,400 parameters); without Llama 3's
+        // RoPE scaling, as PyTorch's side (gpu_bench.py) builds it: the scaling changes the
+        // tables, not the work.
+        variant: bonfire_models::llama::LlamaVariant {
+            tie_word_embeddings: true,
+            ..Default::default()
+        },
     }
 }
 
 /// Training FLOPs a token (the count MFU is taken over, docs/gpu.md): 6·N + 12·L·d·T, N the
-/// parameters that multiply (all but the input embedding, a lookup), L layers, d the width of
-/// attention (heads × head_dim), T the sequence length (attention's scores and their use).
+/// parameters that multiply (all but the input embedding, a lookup — a tied table multiplies
+/// as the head, so all of them), L layers, d the width of attention (heads × head_dim), T the
+/// sequence length (attention's scores and their use).
 pub fn flops_per_token(cfg: &LlamaConfig, params: usize, seq: usize) -> f64 {
-    let n = (params - cfg.vocab_size * cfg.hidden_size) as f64;
+    let lookup = match cfg.variant.tie_word_embeddings {
+        true => 0,
+        false => cfg.vocab_size * cfg.hidden_size,
+    };
+    let n = (params - lookup) as f64;
     let attention = cfg.num_attention_heads * cfg.head_dim;
     6.0 * n + 12.0 * (cfg.num_hidden_layers * attention * seq) as f64
 }
