@@ -263,3 +263,35 @@ fn the_1b_bench_is_llama_3_2_1b_tied() {
     let flops = |c| device_checks::flops_per_token(c, c.num_params(), t);
     assert_eq!(flops(&tied), flops(&untied));
 }
+
+/// The kit's `offload` check on a tiny Llama on wgpu: ZeRO-Offload over one rank (f16 on the
+/// device, f32 masters and AdamW state on the host) runs its steps, its losses finite; the
+/// 8 B shape is Llama-3.1-8B's (the planner's preset).
+#[test]
+fn the_offload_check_trains_on_one_rank() {
+    let cfg = bonfire_models::llama::LlamaConfig {
+        vocab_size: 64,
+        hidden_size: 16,
+        intermediate_size: 32,
+        num_hidden_layers: 2,
+        num_attention_heads: 4,
+        num_key_value_heads: 2,
+        head_dim: 4,
+        max_position_embeddings: 8,
+        ..device_checks::llama_8b()
+    };
+    // lavapipe multiplies no bf16: f16 stands in for the kit's bf16.
+    let f16 = bonfire_layout::MixedPrecision::f16();
+    let run = device_checks::offload_llama(&wgpu().autodiff(), &cfg, f16, (2, 3));
+    let (speed, params) = run.unwrap();
+    assert_eq!(params, cfg.num_params());
+    let (first, last) = speed.losses;
+    // Random batches each step at the kit's lr 1e-4: the losses need not fall (offload's
+    // arithmetic is the parity suites'); they must be finite.
+    assert!(first.is_finite() && last.is_finite(), "{first} -> {last}");
+    assert!(speed.tokens_per_s > 0.0);
+    let big = device_checks::llama_8b();
+    assert_eq!(big.num_params(), 8_030_261_248);
+    let preset = bonfire_plan::ModelSpec::preset("llama3.1-8b").unwrap();
+    assert_eq!(big.num_params(), preset.num_params());
+}

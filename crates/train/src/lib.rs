@@ -79,6 +79,7 @@ mod mesh;
 mod optim;
 pub mod parity;
 mod rss;
+pub use rss::peak_bytes as peak_rss_bytes;
 mod scaler;
 pub mod schedule;
 mod tensorboard;

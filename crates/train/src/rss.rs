@@ -10,7 +10,7 @@ pub(crate) fn reset_peak() {
 
 /// The process's resident high-water mark since the last [`reset_peak`], in bytes (`None`
 /// where the system does not say).
-pub(crate) fn peak_bytes() -> Option<u64> {
+pub fn peak_bytes() -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
     let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
     let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;

@@ -290,6 +290,47 @@ pub fn bench_1b(device: &Device, batch: usize, steps: usize) -> Result<(Speed, u
     ))
 }
 
+/// Llama-3.1-8B's shape (hidden 4096, 32 layers, 32 heads, 8 kv heads, intermediate 14,336,
+/// vocabulary 128,256, untied: 8,030,261,248 parameters) at 2,048 positions, without Llama
+/// 3's RoPE scaling (the tables, not the work).
+pub fn llama_8b() -> LlamaConfig {
+    LlamaConfig {
+        vocab_size: 128_256,
+        hidden_size: 4096,
+        intermediate_size: 14_336,
+        num_hidden_layers: 32,
+        num_attention_heads: 32,
+        num_key_value_heads: 8,
+        head_dim: 128,
+        rms_norm_eps: 1e-5,
+        rope_theta: 500_000.0,
+        max_position_embeddings: 2048,
+        variant: bonfire_models::llama::LlamaVariant::default(),
+    }
+}
+
+/// ZeRO-Offload on one rank of `device`: the Llama of `cfg` computing in `precision` on the
+/// device (the kit: bf16), its f32 master weights and AdamW state on the host (ZeRO-1 with
+/// offload over a group of one: the optimizer steps on the host, the updated values go back
+/// each step), `batch` rows of the model's positions, `steps` timed after 2. Its speed and
+/// parameter count.
+pub fn offload_llama(
+    device: &Device,
+    cfg: &LlamaConfig,
+    precision: MixedPrecision,
+    (batch, steps): (usize, usize),
+) -> Result<(Speed, usize), String> {
+    let model = Llama::new(cfg, device);
+    let n = burn::module::Module::num_params(&model);
+    let layout = dims("dp=1", 1, true).with_precision(precision);
+    let trainer = Trainer::new(layout, bench_adamw);
+    let shape = (cfg.vocab_size, cfg.max_position_embeddings, 1e-4);
+    Ok((
+        speed("llama-offload", &model, &trainer, shape, (batch, steps))?,
+        n,
+    ))
+}
+
 /// bf16 matrix products of `[m, k] × [k, n]` and `[m, n] × [n, k]` on `device`, timed: a chain
 /// `x ← (x·B)·C` of `reps` links after 3 warm-ups (each product needs the one before, so none
 /// can be skipped or reordered), the host clock read after the device finished (the sum of the

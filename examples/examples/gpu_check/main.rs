@@ -131,6 +131,16 @@ const CHECKS: &[Check] = &[
                tokens/s, MFU, peak device bytes; PyTorch's (transformers, SDPA, fused AdamW)",
         run: gpu::bench_1b,
     },
+    Check {
+        name: "offload",
+        min_gpus: 1,
+        timeout_s: 420,
+        needs: "nvrtc",
+        what: "ZeRO-Offload on one GPU: Llama-3.1-8B's shape in bf16 on the device, its f32 \
+               masters and AdamW state on the host; tokens/s, peak device and host bytes \
+               (run alone: `run --only offload`, it needs ~100 GB of host memory)",
+        run: gpu::offload,
+    },
 ];
 
 #[derive(Parser, Debug)]
@@ -489,6 +499,30 @@ mod gpu {
         Ok(lines)
     }
 
+    pub fn offload(cli: &Cli) -> Result<Vec<String>, String> {
+        let device = bonfire_examples::harness::cuda_device()?.autodiff();
+        let cfg = device_checks::llama_8b();
+        let peak = super::pytorch::PeakMemory::start();
+        let bf16 = bonfire_layout::MixedPrecision::bf16();
+        let shape = (cli.batch.min(2), cli.steps.min(3));
+        let run = device_checks::offload_llama(&device, &cfg, bf16, shape);
+        let device_peak = peak.stop();
+        let (speed, params) = run?;
+        let flops = device_checks::flops_per_token(&cfg, params, cfg.max_position_embeddings);
+        Ok(vec![format!(
+            "offload model=llama-8b params={params} batch={} step_ms={:.1} tokens_per_s={:.0} \
+             mfu={:.3} peak_device_bytes={device_peak} peak_host_bytes={} loss_first={:.3} \
+             loss_last={:.3}",
+            cli.batch.min(2),
+            speed.step_ms,
+            speed.tokens_per_s,
+            speed.tokens_per_s * flops / super::pytorch::H200_BF16_FLOPS,
+            bonfire_train::peak_rss_bytes().unwrap_or(0),
+            speed.losses.0,
+            speed.losses.1
+        )])
+    }
+
     /// MFU of the 1 B Llama of `params` parameters training at `tokens_per_s`.
     fn mfu_1b(params: usize, tokens_per_s: f64) -> f64 {
         let cfg = device_checks::llama_1b();
@@ -560,6 +594,7 @@ mod gpu {
         bench,
         gemm,
         attention,
-        bench_1b
+        bench_1b,
+        offload
     );
 }
