@@ -5,7 +5,8 @@
 //! checks the GPU kit runs on CUDA, `examples/gpu_check/checks.rs`); and the transfer ledger
 //! of one training step shows each bucket staged down and up exactly once (under tensor
 //! parallelism, each activation all-reduce and the logits' all-gather once), and no parameter
-//! or optimizer round trip. Run with `--features wgpu` (`cargo xtask test` does).
+//! or optimizer round trip, and its sync counter one host read a loss value. Run with
+//! `--features wgpu` (`cargo xtask test` does).
 
 #![cfg(feature = "wgpu")]
 
@@ -153,6 +154,18 @@ fn one_staged_copy_down_and_up_per_bucket() {
                 of(Down, Reason::Report),
                 report,
                 "{dims} rank {rank}: the loss"
+            );
+            // The sync counter: one host read a loss value, none of a parameter or a state.
+            let reads = |r| t.reads_of(r);
+            assert_eq!(
+                reads(Reason::Report),
+                report / 4,
+                "{dims} rank {rank}: syncs"
+            );
+            assert_eq!(
+                reads(Reason::Export) + reads(Reason::Checkpoint),
+                0,
+                "{dims}"
             );
             if dims.pp() > 1 {
                 // The stage boundary: activations down and up forward, their gradients

@@ -42,6 +42,9 @@ pub struct StepReport {
     pub d2h_bytes: u64,
     /// Bytes they moved host→device (the transfer ledger; zero on a host device).
     pub h2d_bytes: u64,
+    /// Device→host reads they made: each one a host synchronization (the transfer ledger;
+    /// zero on a host device).
+    pub d2h_reads: u64,
     /// Bytes this rank's collectives carried in the step.
     pub payload_bytes: u64,
     /// The most bytes of host memory this process held resident during the step (Linux's
@@ -468,6 +471,7 @@ pub fn fit<B: Rows>(
             tokens_per_s: config.tokens_per_step.map(|t| t as f64 / seconds),
             d2h_bytes: moved.total(Direction::DeviceToHost),
             h2d_bytes: moved.total(Direction::HostToDevice),
+            d2h_reads: moved.reads_total(),
             payload_bytes: moved.payload,
             peak_rss_bytes: rank0.then(crate::rss::peak_bytes).flatten(),
             loss_scale,

@@ -1,5 +1,6 @@
 //! The transfer ledger: every host↔device byte Bonfire moves, counted by direction and
-//! reason, and the payload its collectives carry.
+//! reason, each device→host read (a host synchronization) counted by reason, and the payload
+//! its collectives carry.
 //!
 //! A [`TransferLedger`] counts what the current thread — and the helper threads that join it
 //! with [`LedgerHandle::enter`] (ZeRO-3's prefetcher) — moves while it is alive, like
@@ -65,6 +66,7 @@ impl Reason {
 #[derive(Debug, Default)]
 struct Counts {
     moved: BTreeMap<(Direction, Reason), u64>,
+    reads: BTreeMap<Reason, u64>,
     payload: u64,
     carried: BTreeMap<OpKind, u64>,
 }
@@ -86,7 +88,12 @@ fn each(f: impl Fn(&mut Counts)) {
 /// Records `bytes` crossing in `direction` for `reason` on every ledger of this thread.
 pub fn record(direction: Direction, reason: Reason, bytes: usize) {
     if bytes > 0 {
-        each(|c| *c.moved.entry((direction, reason)).or_insert(0) += bytes as u64);
+        each(|c| {
+            *c.moved.entry((direction, reason)).or_insert(0) += bytes as u64;
+            if direction == Direction::DeviceToHost {
+                *c.reads.entry(reason).or_insert(0) += 1;
+            }
+        });
     }
 }
 
@@ -124,6 +131,7 @@ impl TransferLedger {
         let c = self.counts.lock().unwrap();
         Transfers {
             moved: c.moved.clone(),
+            reads: c.reads.clone(),
             payload: c.payload,
             by_op: c.carried.clone(),
         }
@@ -171,6 +179,9 @@ impl Drop for LedgerGuard {
 pub struct Transfers {
     /// Bytes moved between host and device, per direction and reason.
     pub moved: BTreeMap<(Direction, Reason), u64>,
+    /// Device→host reads by reason: each one waits for the device to finish what it was
+    /// asked (a host synchronization).
+    pub reads: BTreeMap<Reason, u64>,
     /// Bytes carried by collectives and pipeline sends, whether staged or not.
     pub payload: u64,
     /// The part of `payload` recorded by kind of call (the data plane's and the differentiable
@@ -184,6 +195,9 @@ impl Transfers {
     pub fn add(&mut self, other: &Transfers) {
         for (key, bytes) in &other.moved {
             *self.moved.entry(*key).or_insert(0) += bytes;
+        }
+        for (reason, n) in &other.reads {
+            *self.reads.entry(*reason).or_insert(0) += n;
         }
         self.payload += other.payload;
         for (op, bytes) in &other.by_op {
@@ -201,6 +215,14 @@ impl Transfers {
             .filter(|((d, _), _)| *d == direction)
             .map(|(_, b)| b)
             .sum()
+    }
+    /// Device→host reads (host synchronizations) for `reason`.
+    pub fn reads_of(&self, reason: Reason) -> u64 {
+        self.reads.get(&reason).copied().unwrap_or(0)
+    }
+    /// Device→host reads for every reason.
+    pub fn reads_total(&self) -> u64 {
+        self.reads.values().sum()
     }
     /// Bytes moved in `direction` for `reason`.
     pub fn of(&self, direction: Direction, reason: Reason) -> u64 {
