@@ -116,7 +116,7 @@ struct Measured {
     /// ([`experts::summary`]).
     a2a: Option<[f64; 3]>,
     /// Where the slowest rank's step went ([`throughput::Steps::split`]).
-    split: [f64; 6],
+    split: [f64; 5],
 }
 
 fn measure<M: ParallelModel<Batch = TokenBatch> + Sync>(
@@ -407,12 +407,13 @@ fn run_all<M: ParallelModel<Batch = TokenBatch> + Sync>(
         }
         if lead {
             println!("{line}");
-            let [compute, comm, p2p, optimizer, other, step] = m.split;
+            let [compute, comm, p2p, optimizer, other] = m.split;
             println!(
                 "bench profile split model={model_name} layout={name} ranks={} \
                  compute_ms={compute:.1} comm_ms={comm:.1} p2p_ms={p2p:.1} \
-                 optimizer_ms={optimizer:.1} other_ms={other:.1} step_ms={step:.1}",
-                dims.world_size()
+                 optimizer_ms={optimizer:.1} other_ms={other:.1} step_ms={:.1}",
+                dims.world_size(),
+                m.step_ms
             );
         }
     }

@@ -32,16 +32,18 @@ pub fn values(n: usize, seed: u32) -> Vec<f32> {
         .collect()
 }
 
-/// The largest `|a − b|` and the largest `|b|` (the reference's magnitude).
-fn largest_difference(a: &[f32], b: &[f32]) -> (f32, f32) {
-    assert_eq!(a.len(), b.len(), "sizes differ");
+/// Panics naming `what` unless the largest `|a − b|` is at most `bound` times the reference
+/// `b`'s largest magnitude; returns that difference over the magnitude.
+fn within(what: &str, a: &[f32], b: &[f32], bound: f32) -> f32 {
+    assert_eq!(a.len(), b.len(), "{what}: sizes differ");
     let scale = b.iter().fold(0.0f32, |m, x| m.max(x.abs()));
     let diff = a
         .iter()
         .zip(b)
         .map(|(x, y)| (x - y).abs())
         .fold(0.0f32, f32::max);
-    (diff, scale)
+    assert!(diff <= bound * scale, "{what}: {diff} of {scale}");
+    diff / scale.max(1e-30)
 }
 
 /// What a kernel in `dtype` may differ from the f32 reference by, relative to its largest
@@ -212,14 +214,9 @@ pub fn attention_matches_fallback(device: &Device) -> String {
             .iter()
             .zip(ours.iter().zip(&reference))
         {
-            let (diff, scale) = largest_difference(a, b);
-            let scale = scale.max(1e-30);
             let case = format!("h {h} h_kv {h_kv} tq {tq} tk {tk} {mask:?}");
-            assert!(
-                diff <= 1e-5 * scale,
-                "attention {name} ({case}): {diff} of {scale}"
-            );
-            worst = worst.max(diff / scale);
+            let what = format!("attention {name} ({case})");
+            worst = worst.max(within(&what, a, b, bound(DType::F32)));
         }
     }
     // Queries at 40..47 over keys 0..37 with W = 8: from the fifth on they see no key.
@@ -306,12 +303,8 @@ fn attention_16bit_matches(device: &Device) -> String {
             .iter()
             .zip(ours.iter().zip(&reference))
         {
-            let (diff, scale) = largest_difference(a, b);
-            assert!(
-                diff <= bound(dtype) * scale,
-                "attention {dtype:?} {name}: {diff} of {scale}"
-            );
-            worst = worst.max(diff / scale / unit);
+            let what = format!("attention {dtype:?} {name}");
+            worst = worst.max(within(&what, a, b, bound(dtype)) / unit);
         }
         out.push(format!("{dtype:?} within {worst:.2} roundings"));
     }
@@ -414,15 +407,10 @@ pub fn fused_ops_match_reference(device: &Device) -> String {
             out
         };
         for dtype in std::iter::once(DType::F32).chain(stored.iter().copied()) {
-            let bound = bound(dtype);
             for (k, (a, b)) in run(dtype, true).iter().zip(&run(dtype, false)).enumerate() {
-                let (diff, scale) = largest_difference(a, b);
-                assert!(
-                    diff <= bound * scale,
-                    "{name} {dtype:?} #{k}: {diff} of {scale}"
-                );
+                let ratio = within(&format!("{name} {dtype:?} #{k}"), a, b, bound(dtype));
                 if dtype == DType::F32 {
-                    worst = worst.max(diff / scale);
+                    worst = worst.max(ratio);
                 }
             }
         }
@@ -466,13 +454,9 @@ fn cross_entropy_matches_reference(device: &Device, halves: &[DType]) -> String 
             [host(loss), host(x.grad(&g).expect("a gradient"))]
         };
         for (k, (a, b)) in run(true).iter().zip(&run(false)).enumerate() {
-            let (diff, scale) = largest_difference(a, b);
-            assert!(
-                diff <= bound * scale,
-                "cross_entropy {dtype:?} #{k}: {diff} of {scale}"
-            );
+            let ratio = within(&format!("cross_entropy {dtype:?} #{k}"), a, b, bound);
             if dtype == DType::F32 {
-                worst = worst.max(diff / scale);
+                worst = worst.max(ratio);
             }
         }
     }

@@ -84,8 +84,8 @@ impl Steps {
     }
 
     /// The median over the timed steps of each phase of the slowest rank's step (ms):
-    /// compute, communication, point-to-point, optimizer, the rest (data, hooks), the step.
-    pub fn split(&self, per_rank: &[RankRun]) -> [f64; 6] {
+    /// compute, communication, point-to-point, optimizer, and the rest (data, hooks).
+    pub fn split(&self, per_rank: &[RankRun]) -> [f64; 5] {
         let at = |s: usize| {
             let r = per_rank
                 .iter()
@@ -93,17 +93,15 @@ impl Steps {
                 .expect("a rank");
             let p = r.phases[s];
             let known = p.compute_ms + p.comm_ms + p.p2p_ms + p.optimizer_ms;
-            let step = r.step_ms[s];
             [
                 p.compute_ms,
                 p.comm_ms,
                 p.p2p_ms,
                 p.optimizer_ms,
-                step - known,
-                step,
+                r.step_ms[s] - known,
             ]
         };
-        let steps: Vec<[f64; 6]> = (self.warmup..self.total()).map(at).collect();
+        let steps: Vec<[f64; 5]> = (self.warmup..self.total()).map(at).collect();
         std::array::from_fn(|k| median(steps.iter().map(|s| s[k]).collect()))
     }
 

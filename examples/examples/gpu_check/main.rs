@@ -476,7 +476,7 @@ mod gpu {
             cli.batch,
             speed.step_ms,
             speed.tokens_per_s,
-            mfu_1b(params, speed.tokens_per_s),
+            mfu(&device_checks::llama_1b(), params, speed.tokens_per_s),
             speed.losses.0,
             speed.losses.1
         );
@@ -504,29 +504,27 @@ mod gpu {
         let cfg = device_checks::llama_8b();
         let peak = super::pytorch::PeakMemory::start();
         let bf16 = bonfire_layout::MixedPrecision::bf16();
-        let shape = (cli.batch.min(2), cli.steps.min(3));
-        let run = device_checks::offload_llama(&device, &cfg, bf16, shape);
+        let (batch, steps) = (cli.batch.min(2), cli.steps.min(3));
+        let run = device_checks::offload_llama(&device, &cfg, bf16, (batch, steps));
         let device_peak = peak.stop();
         let (speed, params) = run?;
-        let flops = device_checks::flops_per_token(&cfg, params, cfg.max_position_embeddings);
         Ok(vec![format!(
-            "offload model=llama-8b params={params} batch={} step_ms={:.1} tokens_per_s={:.0} \
-             mfu={:.3} peak_device_bytes={device_peak} peak_host_bytes={} loss_first={:.3} \
-             loss_last={:.3}",
-            cli.batch.min(2),
+            "offload model=llama-8b params={params} batch={batch} step_ms={:.1} \
+             tokens_per_s={:.0} mfu={:.3} peak_device_bytes={device_peak} peak_host_bytes={} \
+             loss_first={:.3} loss_last={:.3}",
             speed.step_ms,
             speed.tokens_per_s,
-            speed.tokens_per_s * flops / super::pytorch::H200_BF16_FLOPS,
+            mfu(&cfg, params, speed.tokens_per_s),
             bonfire_train::peak_rss_bytes().unwrap_or(0),
             speed.losses.0,
             speed.losses.1
         )])
     }
 
-    /// MFU of the 1 B Llama of `params` parameters training at `tokens_per_s`.
-    fn mfu_1b(params: usize, tokens_per_s: f64) -> f64 {
-        let cfg = device_checks::llama_1b();
-        let flops = device_checks::flops_per_token(&cfg, params, cfg.max_position_embeddings);
+    /// MFU of the Llama of `cfg` (`params` parameters) training at `tokens_per_s` over its
+    /// positions.
+    fn mfu(cfg: &bonfire_models::llama::LlamaConfig, params: usize, tokens_per_s: f64) -> f64 {
+        let flops = device_checks::flops_per_token(cfg, params, cfg.max_position_embeddings);
         tokens_per_s * flops / super::pytorch::H200_BF16_FLOPS
     }
 
@@ -557,7 +555,7 @@ mod gpu {
             let line = format!(
                 "bench-1b engine=pytorch-{mode} {} mfu={:.3} peak_device_bytes={peak}",
                 out.trim().trim_start_matches(&key).trim(),
-                mfu_1b(params as usize, tokens)
+                mfu(&device_checks::llama_1b(), params as usize, tokens)
             );
             eprintln!("{line}");
             Ok((line, tokens))

@@ -273,7 +273,8 @@ impl Call {
         }
     }
 
-    /// The kernels' [`Sizes`].
+    /// The kernels' [`Sizes`], one per launch (a launch takes its argument by value and the
+    /// derived launch type is not `Clone`).
     fn sizes(&self) -> SizesLaunch {
         let [h, group, tq, tk, off, window] = self.sizes;
         SizesLaunch::new(h, group, tq, tk, off, window, self.scale, f32::NEG_INFINITY)
