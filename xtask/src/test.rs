@@ -111,11 +111,7 @@ pub fn run(skip_lint: bool, full: bool) -> Result {
     let mut passed = Vec::new();
     let mut skipped = Vec::new();
     for step in &steps {
-        match crate::process::free_bytes(std::path::Path::new(".")) {
-            // A full disk kills the linker with a bus error; the banner says how close it is.
-            Some(free) => println!("==> {} (disk free: {:.1} GB)", step.name, free as f64 / 1e9),
-            None => println!("==> {}", step.name),
-        }
+        println!("==> {}{}", step.name, disk_free());
         let started = Instant::now();
         let outcome = (step.run)().and_then(|outcome| must_run(step.name, outcome, in_ci()));
         times.push((step.name, started.elapsed()));
@@ -137,7 +133,7 @@ pub fn run(skip_lint: bool, full: bool) -> Result {
                 if crate::tally::failed() == 0 {
                     crate::tally::add(0, 1);
                 }
-                println!("{}", durations(&times, gate.elapsed()));
+                println!("{}{}", durations(&times, gate.elapsed()), disk_free());
                 println!("{}", crate::tally::total());
                 return Err(Failure {
                     message: String::new(),
@@ -155,7 +151,7 @@ pub fn run(skip_lint: bool, full: bool) -> Result {
         summary.push_str(" (lint skipped by --skip-lint)");
     }
     println!("{summary}");
-    println!("{}", durations(&times, gate.elapsed()));
+    println!("{}{}", durations(&times, gate.elapsed()), disk_free());
     if gate.elapsed() > BUDGET {
         println!(
             "xtask test: WARNING — the gate took {}, over its {} budget: make the slowest \
@@ -182,6 +178,14 @@ fn must_run(name: &str, outcome: Outcome, in_ci: bool) -> Result<Outcome> {
         }),
         outcome => Ok(outcome),
     }
+}
+
+/// ` (disk free: 12.3 GB)`, or nothing where `df` cannot tell. A full disk kills the linker
+/// with a bus error (CI, stops 37 and 55); each banner and the last line say how close it is.
+fn disk_free() -> String {
+    crate::process::free_bytes(std::path::Path::new("."))
+        .map(|free| format!(" (disk free: {:.1} GB)", free as f64 / 1e9))
+        .unwrap_or_default()
 }
 
 /// Whether this run is CI's (`CI=true`).
