@@ -52,14 +52,42 @@ pub(crate) fn grid(client: &Client, n: usize) -> (CubeCount, CubeDim) {
     (cubecl::calculate_cube_count_elemwise(client, n, dim), dim)
 }
 
+/// One cube a row for `rows` rows: the count, the cube, and its units — 256, or the device's
+/// most if fewer, rounded down to a power of two (the row kernels' shared-memory trees). The
+/// units stride over their row, adjacent units on adjacent elements. (A unit a row, the first
+/// version, left a GPU nearly idle: 4,096 rows — the 1 B Llama's 2 × 2,048 tokens — are 4,096
+/// units of a device that runs some 270 thousand, and a warp's loads fell in 32 rows at once.)
+pub(crate) fn row_grid(client: &Client, rows: usize) -> (CubeCount, CubeDim, usize) {
+    let most = client.properties().hardware.max_units_per_cube.max(1) as usize;
+    let units = 1usize << 256usize.min(most).ilog2();
+    let dim = CubeDim::new_1d(units as u32);
+    let count = cubecl::calculate_cube_count_elemwise(client, rows * units, dim);
+    (count, dim, units)
+}
+
 /// The number of elements of a (contiguous) `CubeTensor`.
 pub fn len(tensor: &CubeTensor) -> usize {
     tensor.meta.num_elements()
 }
 
-/// Whether the CubeCL `device` stores `dtype` in buffers and converts it (see [`crate::stores`]).
+/// Whether the CubeCL `device` stores `dtype` in buffers and converts it (see [`crate::stores`]);
+/// asked once per device and type (the models ask at every fused op: [`crate::fuses`]).
 pub(crate) fn stores(device: &Device, dtype: DType) -> bool {
-    client_stores(&to_cube(Tensor::<1>::zeros([1], device)).client, dtype)
+    use std::sync::Mutex;
+    static KNOWN: Mutex<Vec<(Device, DType, bool)>> = Mutex::new(Vec::new());
+    let known = |list: &[(Device, DType, bool)]| {
+        let hit = list.iter().find(|(d, t, _)| d == device && *t == dtype);
+        hit.map(|&(_, _, s)| s)
+    };
+    if let Some(s) = known(&KNOWN.lock().expect("the stores cache")) {
+        return s;
+    }
+    let s = client_stores(&to_cube(Tensor::<1>::zeros([1], device)).client, dtype);
+    KNOWN
+        .lock()
+        .expect("the stores cache")
+        .push((device.clone(), dtype, s));
+    s
 }
 
 /// [`stores`] for the device of `t` (asked through its own client: nothing allocated).

@@ -70,6 +70,18 @@ pub fn runs_kernels(device: &Device) -> bool {
     }
 }
 
+/// Whether the fused kernels compute `dtype` on `device` as one node (else their callers keep
+/// Burn's ops): f32 everywhere; f16 and bf16 on a CubeCL device that stores them, whose
+/// kernels load the 16-bit values and compute in f32. Flex's fused paths are f32 only (in 16
+/// bits their fallback is Burn's ops inside one node: the models use those ops directly).
+pub fn fuses(device: &Device, dtype: DType) -> bool {
+    match dtype {
+        DType::F32 => true,
+        DType::F16 | DType::BF16 => runs_kernels(device) && stores(device, dtype),
+        _ => false,
+    }
+}
+
 /// Whether `device` can hold tensors of `dtype` and convert them to and from f32: always off
 /// a CubeCL device; on one, what its runtime reports (Vulkan drivers often lack bf16, and a
 /// cast Burn lowers to an unsupported type returns garbage rather than an error).

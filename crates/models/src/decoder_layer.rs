@@ -258,9 +258,10 @@ pub fn rope_tables_of(
 }
 
 /// `x·cos + rotate_half(x)·sin` on `[B, h, T, hd]`, `rotate_half(x) = [−x₂, x₁]`.
-/// In f32 one fused node (bonfire-kernels); 16-bit in Burn's ops.
+/// One fused node where bonfire-kernels fuses the type on the device (f32; 16-bit on CubeCL,
+/// with f32 tables: [`bonfire_kernels::fuses`]), else Burn's ops.
 pub fn rotate(x: Tensor<4>, cos: &Tensor<2>, sin: &Tensor<2>) -> Tensor<4> {
-    if x.dtype() == DType::F32 {
+    if bonfire_kernels::fused::takes(&x) {
         return bonfire_kernels::rope(
             x,
             cos.clone().cast(DType::F32),

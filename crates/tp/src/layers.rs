@@ -350,9 +350,10 @@ fn colwise_input<const D: usize>(
 }
 
 /// LayerNorm over the last dim: biased variance, `eps` (1e-5 by default), then `weight` and
-/// `bias`. Position-wise, so [`SequenceParallel`] runs it on a sequence shard. In f32 the
+/// `bias`. Position-wise, so [`SequenceParallel`] runs it on a sequence shard. The
 /// normalization is one fused node ([`bonfire_kernels::fused::layer_norm_core`], keeping `x̂`
-/// and a `rstd` a row); in other dtypes Burn's ops.
+/// and a `rstd` a row) where bonfire-kernels fuses the type on the device (f32; 16-bit on
+/// CubeCL), else Burn's ops.
 #[derive(Module, Debug)]
 pub struct ParallelLayerNorm {
     /// The scale `[d]` (replicated).
@@ -388,9 +389,9 @@ impl ParallelLayerNorm {
     pub fn forward<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
         let params = [&self.weight, &self.bias].map(|p| Some(p.val().dtype()));
         observe(Some(x.dtype()), params);
-        let normed = match x.dtype() {
-            DType::F32 => bonfire_kernels::fused::layer_norm_core(x, self.eps),
-            _ => {
+        let normed = match bonfire_kernels::fused::takes(&x) {
+            true => bonfire_kernels::fused::layer_norm_core(x, self.eps),
+            false => {
                 let (var, mean) = x.clone().var_mean_bias(D - 1);
                 (x - mean) / (var + self.eps).sqrt()
             }
@@ -400,8 +401,9 @@ impl ParallelLayerNorm {
     }
 }
 
-/// RMSNorm over the last dim: `x / sqrt(mean(x²) + eps) · weight`; in f32 the normalization
-/// is one fused node ([`bonfire_kernels::fused::rms_norm_core`]), in other dtypes Burn's ops.
+/// RMSNorm over the last dim: `x / sqrt(mean(x²) + eps) · weight`; the normalization one
+/// fused node ([`bonfire_kernels::fused::rms_norm_core`]) where bonfire-kernels fuses the type
+/// on the device (f32; 16-bit on CubeCL), else Burn's ops.
 #[derive(Module, Debug)]
 pub struct ParallelRmsNorm {
     /// The scale `[d]` (replicated).
@@ -430,9 +432,9 @@ impl ParallelRmsNorm {
     /// The normalized `x` `[..., d]`, same shape (a sequence shard under [`SequenceParallel`]).
     pub fn forward<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
         observe(Some(x.dtype()), [Some(self.weight.val().dtype())]);
-        let normed = match x.dtype() {
-            DType::F32 => bonfire_kernels::fused::rms_norm_core(x, self.eps),
-            _ => {
+        let normed = match bonfire_kernels::fused::takes(&x) {
+            true => bonfire_kernels::fused::rms_norm_core(x, self.eps),
+            false => {
                 let rms = (x.clone().powi_scalar(2).mean_dim(D - 1) + self.eps).sqrt();
                 x / rms
             }

@@ -145,17 +145,7 @@ pub fn attention_with_lse(
 /// [`attention_with_lse`], whose log-sum-exp shares the output's dtype, stays f32-only).
 pub fn fused_takes(q: &Tensor<4>, k: &Tensor<4>, v: &Tensor<4>) -> bool {
     let dtype = q.dtype();
-    if k.dtype() != dtype || v.dtype() != dtype {
-        return false;
-    }
-    if dtype == DType::F32 {
-        return true;
-    }
-    #[cfg(any(feature = "wgpu", feature = "cuda"))]
-    if matches!(dtype, DType::F16 | DType::BF16) && crate::cube::is_cube(&q.device()) {
-        return crate::stores(&q.device(), dtype);
-    }
-    false
+    k.dtype() == dtype && v.dtype() == dtype && crate::fuses(&q.device(), dtype)
 }
 
 /// Panics naming the shapes unless `q` is `[B, h, Tq, dh]` and `k`, `v` `[B, h_kv, Tk, dh]`

@@ -1,12 +1,14 @@
 //! The fused ops' kernels on a CubeCL device (wgpu, CUDA): SwiGLU's `silu(gate) ⊙ up`, RoPE,
-//! the norms' core and the cross-entropy (each row's log-sum-exp online over the vocabulary:
-//! no `[N, V]` exponentials kept), each direction one launch, one unit per element (SwiGLU, RoPE) or per row
-//! (the norms: their statistics, `x̂`, `rstd`, and the backward's two row means), in the
-//! tensors' float type (f32, f16, bf16) with f32 arithmetic. What Burn's ops do in three to
-//! eight kernels with their intermediate tensors (the plain-Burn fallbacks, which are the
-//! tests' reference: `testing::fused_ops_match_fallback`).
+//! the norms' core and the cross-entropy (each row's log-sum-exp in two passes over the
+//! vocabulary: no `[N, V]` exponentials kept), each direction one launch — one unit an
+//! element (SwiGLU, RoPE, the cross-entropy's gradient) or one cube a row (the norms'
+//! statistics, `x̂`, `rstd` and the backward's two row means; the log-sum-exp), its units
+//! striding over the row and reducing in shared memory — in the tensors' float type (f32,
+//! f16, bf16) with f32 arithmetic. What Burn's ops do in three to eight kernels with their
+//! intermediate tensors (the plain-Burn fallbacks, which are the tests' reference:
+//! `testing::fused_ops_match_fallback`).
 
-use crate::cube::{empty, grid, prepared, with_float};
+use crate::cube::{empty, grid, prepared, row_grid, with_float};
 use burn::backend::Cube;
 use burn::backend::tensor::FloatTensor;
 use burn::tensor::DType;
@@ -80,7 +82,54 @@ fn rope_kernel<E: Float>(
     }
 }
 
-/// Row `r` of width `d` normalized: `x̂ = (x − mean)·rstd` (`mean` 0 unless `centered`),
+/// The sum of each unit's `value` over this cube's `units` units (a power of two), handed to
+/// every unit: a tree in shared memory, `log2(units)` steps.
+#[cube]
+fn cube_sum(value: f32, #[comptime] units: usize) -> f32 {
+    let mut acc = Shared::<[f32]>::new_slice(units);
+    let u = UNIT_POS as usize;
+    acc[u] = value;
+    sync_cube();
+    let mut half = (units / 2).runtime();
+    while half > 0 {
+        if u < half {
+            let a = acc[u];
+            let b = acc[u + half];
+            acc[u] = a + b;
+        }
+        sync_cube();
+        half /= 2;
+    }
+    let total = acc[0];
+    // Every unit has read the total before a later reduction writes over the buffer.
+    sync_cube();
+    total
+}
+
+/// [`cube_sum`] with the largest value instead of the sum.
+#[cube]
+fn cube_max(value: f32, #[comptime] units: usize) -> f32 {
+    let mut acc = Shared::<[f32]>::new_slice(units);
+    let u = UNIT_POS as usize;
+    acc[u] = value;
+    sync_cube();
+    let mut half = (units / 2).runtime();
+    while half > 0 {
+        if u < half {
+            let a = acc[u];
+            let b = acc[u + half];
+            acc[u] = max(a, b);
+        }
+        sync_cube();
+        half /= 2;
+    }
+    let total = acc[0];
+    sync_cube();
+    total
+}
+
+/// Row `CUBE_POS` of width `d` normalized, by one cube whose units stride over the row
+/// (adjacent units, adjacent elements): `x̂ = (x − mean)·rstd` (`mean` 0 unless `centered`),
 /// `rstd = 1/√(mean((x − mean)²) + eps)`.
 #[cube(launch_unchecked)]
 fn norm_kernel<E: Float>(
@@ -90,32 +139,43 @@ fn norm_kernel<E: Float>(
     d: usize,
     eps: f32,
     #[comptime] centered: bool,
+    #[comptime] units: usize,
 ) {
-    let r = ABSOLUTE_POS;
+    let r = CUBE_POS;
     if r < rstd.len() {
         let base = r * d;
+        let u = UNIT_POS as usize;
         let n = f32::cast_from(d);
         let mut mean = 0.0f32;
         if centered {
-            for j in 0..d {
-                mean += f32::cast_from(x[base + j]);
+            let mut part = 0.0f32;
+            let mut j = u;
+            while j < d {
+                part += f32::cast_from(x[base + j]);
+                j += units;
             }
-            mean /= n;
+            mean = cube_sum(part, units) / n;
         }
-        let mut ms = 0.0f32;
-        for j in 0..d {
+        let mut part = 0.0f32;
+        let mut j = u;
+        while j < d {
             let v = f32::cast_from(x[base + j]) - mean;
-            ms += v * v;
+            part += v * v;
+            j += units;
         }
-        let s = 1.0f32 / (ms / n + eps).sqrt();
-        for j in 0..d {
+        let s = 1.0f32 / (cube_sum(part, units) / n + eps).sqrt();
+        let mut j = u;
+        while j < d {
             xhat[base + j] = E::cast_from((f32::cast_from(x[base + j]) - mean) * s);
+            j += units;
         }
-        rstd[r] = E::cast_from(s);
+        if u == 0 {
+            rstd[r] = E::cast_from(s);
+        }
     }
 }
 
-/// `rstd·(g − mean(g) − x̂·mean(g ⊙ x̂))` per row (RMS: without `mean(g)`).
+/// `rstd·(g − mean(g) − x̂·mean(g ⊙ x̂))` per row (RMS: without `mean(g)`), a cube a row.
 #[cube(launch_unchecked)]
 fn norm_backward_kernel<E: Float>(
     xhat: &[E],
@@ -124,33 +184,39 @@ fn norm_backward_kernel<E: Float>(
     dx: &mut [E],
     d: usize,
     #[comptime] centered: bool,
+    #[comptime] units: usize,
 ) {
-    let r = ABSOLUTE_POS;
+    let r = CUBE_POS;
     if r < rstd.len() {
         let base = r * d;
+        let u = UNIT_POS as usize;
         let n = f32::cast_from(d);
-        let mut mg = 0.0f32;
-        let mut mgx = 0.0f32;
-        for j in 0..d {
+        let mut part_g = 0.0f32;
+        let mut part_gx = 0.0f32;
+        let mut j = u;
+        while j < d {
             let g = f32::cast_from(grad[base + j]);
-            mg += g;
-            mgx += g * f32::cast_from(xhat[base + j]);
+            part_g += g;
+            part_gx += g * f32::cast_from(xhat[base + j]);
+            j += units;
         }
-        mgx /= n;
-        if !centered {
-            mg = 0.0f32;
+        let mgx = cube_sum(part_gx, units) / n;
+        let mut mg = 0.0f32;
+        if centered {
+            mg = cube_sum(part_g, units) / n;
         }
-        mg /= n;
         let s = f32::cast_from(rstd[r]);
-        for j in 0..d {
+        let mut j = u;
+        while j < d {
             let g = f32::cast_from(grad[base + j]);
             dx[base + j] = E::cast_from((g - mg - f32::cast_from(xhat[base + j]) * mgx) * s);
+            j += units;
         }
     }
 }
 
-/// Row `r` of `logits` `[N, V]`: its log-sum-exp (online, in f32) and its loss
-/// `lse − logits[r, target]`.
+/// Row `CUBE_POS` of `logits` `[N, V]`, a cube a row: its log-sum-exp (in f32: the row's
+/// largest value, then the sum of exponentials below it) and its loss `lse − logits[r, target]`.
 #[cube(launch_unchecked)]
 fn cross_entropy_rows<E: Float>(
     logits: &[E],
@@ -158,24 +224,31 @@ fn cross_entropy_rows<E: Float>(
     lse: &mut [E],
     loss: &mut [f32],
     v: usize,
+    #[comptime] units: usize,
 ) {
-    let r = ABSOLUTE_POS;
+    let r = CUBE_POS;
     if r < loss.len() {
         let base = r * v;
-        let mut m = f32::new(-3.0e38);
-        let mut l = 0.0f32;
-        for c in 0..v {
-            let x = f32::cast_from(logits[base + c]);
-            if x > m {
-                l *= (m - x).exp();
-                m = x;
-            }
-            l += (x - m).exp();
+        let u = UNIT_POS as usize;
+        let mut part = f32::new(-3.0e38);
+        let mut c = u;
+        while c < v {
+            part = max(part, f32::cast_from(logits[base + c]));
+            c += units;
         }
-        let s = m + l.ln();
-        lse[r] = E::cast_from(s);
-        let t = usize::cast_from(targets[r]);
-        loss[r] = s - f32::cast_from(logits[base + t]);
+        let m = cube_max(part, units);
+        let mut part = 0.0f32;
+        let mut c = u;
+        while c < v {
+            part += (f32::cast_from(logits[base + c]) - m).exp();
+            c += units;
+        }
+        let s = m + cube_sum(part, units).ln();
+        if u == 0 {
+            lse[r] = E::cast_from(s);
+            let t = usize::cast_from(targets[r]);
+            loss[r] = s - f32::cast_from(logits[base + t]);
+        }
     }
 }
 
@@ -299,15 +372,15 @@ pub(super) fn norm_stats(
     stats[shape.num_dims() - 1] = 1;
     let rows = stats.num_elements();
     let (xhat, rstd) = (empty(&x, shape, dtype), empty(&x, stats, dtype));
-    let (count, dim) = grid(&x.client, rows);
+    let (count, dim, units) = row_grid(&x.client, rows);
     let client = x.client.clone();
     with_float!(dtype, E => {
-        // SAFETY: `x`, `xhat` hold `rows · d` elements, `rstd` `rows`; unit `r` touches row `r`.
+        // SAFETY: `x`, `xhat` hold `rows · d` elements, `rstd` `rows`; cube `r` touches row `r`.
         unsafe {
             norm_kernel::launch_unchecked::<E>(
                 &client, count, dim,
                 x.into_buffer_arg(), xhat.clone().into_buffer_arg(),
-                rstd.clone().into_buffer_arg(), d, eps as f32, centered,
+                rstd.clone().into_buffer_arg(), d, eps as f32, centered, units,
             );
         }
     });
@@ -327,16 +400,16 @@ pub(super) fn norm_backward(
     let d = shape[shape.num_dims() - 1];
     let rows = rstd.meta.num_elements();
     let dx = empty(&grad, shape, dtype);
-    let (count, dim) = grid(&grad.client, rows);
+    let (count, dim, units) = row_grid(&grad.client, rows);
     let client = grad.client.clone();
     with_float!(dtype, E => {
-        // SAFETY: `xhat`, `grad`, `dx` hold `rows · d` elements, `rstd` `rows`; unit `r`
+        // SAFETY: `xhat`, `grad`, `dx` hold `rows · d` elements, `rstd` `rows`; cube `r`
         // touches row `r`.
         unsafe {
             norm_backward_kernel::launch_unchecked::<E>(
                 &client, count, dim,
                 xhat.into_buffer_arg(), rstd.into_buffer_arg(), grad.into_buffer_arg(),
-                dx.clone().into_buffer_arg(), d, centered,
+                dx.clone().into_buffer_arg(), d, centered, units,
             );
         }
     });
@@ -366,16 +439,16 @@ pub(super) fn cross_entropy(
     let (n, v) = (shape[0], shape[1]);
     let lse = empty(&logits, burn::tensor::Shape::new([n, 1]), dtype);
     let loss = empty(&logits, burn::tensor::Shape::new([n]), DType::F32);
-    let (count, dim) = grid(&logits.client, n);
+    let (count, dim, units) = row_grid(&logits.client, n);
     let client = logits.client.clone();
     with_float!(dtype, E => {
-        // SAFETY: `logits` holds `n · v` elements, `targets` and `loss` `n`, `lse` `n`; unit
+        // SAFETY: `logits` holds `n · v` elements, `targets` and `loss` `n`, `lse` `n`; cube
         // `r` reads row `r` (its target, an id below `v`, inside it) and writes its own entries.
         unsafe {
             cross_entropy_rows::launch_unchecked::<E>(
                 &client, count, dim,
                 logits.into_buffer_arg(), targets.into_buffer_arg(),
-                lse.clone().into_buffer_arg(), loss.clone().into_buffer_arg(), v,
+                lse.clone().into_buffer_arg(), loss.clone().into_buffer_arg(), v, units,
             );
         }
     });

@@ -40,6 +40,12 @@ use burn::tensor::{Int, Tensor};
 pub(crate) use dtype::{narrow_to, widen};
 pub use softmax::causal_mask;
 
+/// Whether the fused ops take `x` as one node ([`crate::fuses`] of its device and dtype): the
+/// models' switch between a fused op and Burn's ops.
+pub fn takes<const D: usize>(x: &Tensor<D>) -> bool {
+    crate::fuses(&x.device(), x.dtype())
+}
+
 /// `softmax(scale · scores + causal mask)` over the last dim of `[B, h, Tq, Tk]` (a query
 /// attends to the keys at or before it; with `Tk > Tq` the queries are the last `Tq`).
 pub fn causal_softmax(scores: Tensor<4>, scale: f64) -> Tensor<4> {

@@ -13,7 +13,7 @@ use bonfire_tp::loss_parallel;
 use bonfire_tp::{ParallelEmbedding, ParallelLinear, ParallelRmsNorm};
 use burn::module::Module;
 use burn::tensor::activation::silu;
-use burn::tensor::{DType, Device, Int, Tensor};
+use burn::tensor::{Device, Int, Tensor};
 
 pub use crate::decoder_layer::{LlamaAttention, rope_tables, rotate};
 
@@ -51,11 +51,12 @@ pub fn swiglu_mlp([gate, up, down]: [&ParallelLinear; 3], x: Tensor<3>) -> Tenso
     down.forward(swiglu(g, u))
 }
 
-/// `silu(gate) ⊙ up`: in f32 one fused node (bonfire-kernels), 16-bit in Burn's ops.
+/// `silu(gate) ⊙ up`: one fused node where bonfire-kernels fuses the type on the device (f32;
+/// 16-bit on CubeCL: [`bonfire_kernels::fuses`]), else Burn's ops.
 pub fn swiglu<const D: usize>(gate: Tensor<D>, up: Tensor<D>) -> Tensor<D> {
-    match gate.dtype() {
-        DType::F32 => bonfire_kernels::silu_mul(gate, up),
-        _ => silu(gate) * up,
+    match gate.dtype() == up.dtype() && bonfire_kernels::fused::takes(&gate) {
+        true => bonfire_kernels::silu_mul(gate, up),
+        false => silu(gate) * up,
     }
 }
 
