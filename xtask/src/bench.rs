@@ -72,6 +72,10 @@ pub fn run(target_name: &str, extra_args: &[String]) -> Result {
         // Bonfire's rows, then PyTorch's in the same run where it is installed.
         return crate::pytorch::bench_train(extra_args);
     }
+    if target_name == "gpu" {
+        // The GPU kit's measuring checks, where this machine has a GPU.
+        return crate::gpu_bench::bench(extra_args);
+    }
     if target_name == "gemm" {
         // Bonfire's products and the measured peak, then PyTorch's, then the ratios.
         return crate::gemm::bench(extra_args);

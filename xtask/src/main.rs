@@ -17,6 +17,7 @@ mod clients;
 mod compare;
 mod gemm;
 mod gpu;
+mod gpu_bench;
 mod gpu_kit;
 #[cfg(test)]
 mod imports;

@@ -116,8 +116,8 @@ pub fn parity(
 /// [`parity`] on a device whose f32 products are TF32's (CUDA, [`TF32`]): every layout on
 /// `device` against the same device's one-rank run (the engines on the same arithmetic:
 /// under SGD within [`tolerance`], per element; under AdamW normwise), and that one-rank run
-/// against Flex's normwise within [`TF32`] (under AdamW the parameters are not compared:
-/// [`ADAMW_TF32_FLOOR`]).
+/// against Flex's normwise within [`TF32`], tensor by tensor. Under AdamW the parameters are
+/// compared by their updates ([`ADAMW_TF32_UPDATE`]), not element by element.
 pub fn parity_tf32(
     model: &Gpt,
     batches: &Batches,
@@ -126,33 +126,54 @@ pub fn parity_tf32(
 ) -> Vec<String> {
     assert!(!layouts.is_empty(), "no layout to check");
     let on_device = params::fork(model.clone(), device);
+    let infos = params::inventory(model);
+    let initial = params::named(&infos, &params::flatten_values(model, &infos));
+    let initial = initial.into_iter().map(|p| (p.path, p.values)).collect();
     let one = dims("dp=1", 0, false);
     let mut lines = Vec::new();
     for optim in [OptimizerKind::Sgd, OptimizerKind::AdamW] {
+        // Per element under SGD; under AdamW by the updates (below).
         let floor = match optim {
             OptimizerKind::Sgd => 0.0,
-            OptimizerKind::AdamW => ADAMW_TF32_FLOOR,
+            OptimizerKind::AdamW => f32::INFINITY,
         };
-        let note = match floor.is_finite() {
-            true => "",
-            false => " (losses and step-0 gradients; parameters not compared)",
+        let compare = |what: &str, got: &Outcome, want: &Outcome| {
+            let closeness =
+                bonfire_train::parity::assert_same_run_normwise(what, got, want, TF32, floor);
+            match optim {
+                OptimizerKind::Sgd => format!("{closeness}"),
+                OptimizerKind::AdamW => {
+                    let updates = bonfire_train::parity::assert_updates_agree(
+                        what,
+                        got,
+                        want,
+                        &initial,
+                        ADAMW_TF32_UPDATE,
+                    );
+                    format!("{closeness}; {updates} (bound {ADAMW_TF32_UPDATE})")
+                }
+            }
         };
         let reference = train(&on_device, batches, &one, optim);
-        let what = format!("{one} {} {device:?} vs flex{note}", optim.name());
+        let what = format!("{one} {} {device:?} vs flex", optim.name());
         let flex = train(model, batches, &one, optim);
-        let closeness =
-            bonfire_train::parity::assert_same_run_normwise(&what, &reference, &flex, TF32, floor);
-        lines.push(format!("parity {what}: {closeness}"));
+        lines.push(format!(
+            "parity {what}: {}",
+            compare(&what, &reference, &flex)
+        ));
         for dims in layouts.iter().filter(|d| **d != one) {
-            let what = format!("{dims} {} vs {one} on {device:?}{note}", optim.name());
+            let what = format!("{dims} {} vs {one} on {device:?}", optim.name());
             let got = train(&on_device, batches, dims, optim);
             // The engines on the same arithmetic: under SGD the layouts' own per-element
-            // tolerance (measured on the H200: 4.8e-7 at most); under AdamW normwise.
+            // tolerance (measured on the H200: 4.8e-7 at most); under AdamW as against Flex.
             let closeness = match optim {
-                OptimizerKind::Sgd => assert_same_run(&what, &got, &reference, tolerance(optim)),
-                OptimizerKind::AdamW => bonfire_train::parity::assert_same_run_normwise(
-                    &what, &got, &reference, TF32, floor,
-                ),
+                OptimizerKind::Sgd => {
+                    format!(
+                        "{}",
+                        assert_same_run(&what, &got, &reference, tolerance(optim))
+                    )
+                }
+                OptimizerKind::AdamW => compare(&what, &got, &reference),
             };
             lines.push(format!("parity {what}: {closeness}"));
         }
@@ -226,7 +247,7 @@ fn speed<M: ParallelModel<Batch = TokenBatch> + Sync>(
 }
 
 /// AdamW as the benches run it: β 0.9/0.95, ε 1e-6, weight decay 0.1, Bonfire's fused kernel.
-fn bench_adamw() -> burn::optim::ModuleOptimizer {
+pub fn bench_adamw() -> burn::optim::ModuleOptimizer {
     FusedAdamWConfig::new()
         .with_beta_1(0.9)
         .with_beta_2(0.95)
@@ -278,16 +299,24 @@ pub fn flops_per_token(cfg: &LlamaConfig, params: usize, seq: usize) -> f64 {
 /// AdamW state ([`bench_adamw`], lr 1e-4), `batch` rows of 2,048 tokens, `steps` timed after 2.
 /// Its speed and its parameter count.
 pub fn bench_1b(device: &Device, batch: usize, steps: usize) -> Result<(Speed, usize), String> {
-    let cfg = llama_1b();
-    let model = Llama::new(&cfg, device); // drawn on the device (seeding draws on the host)
-    let n = burn::module::Module::num_params(&model);
     let layout = dims("dp=1", 0, false).with_precision(MixedPrecision::bf16());
+    train_llama(device, &llama_1b(), layout, (batch, steps))
+}
+
+/// The Llama of `cfg`, drawn on `device` (seeding draws on the host), trained under `layout`
+/// with [`bench_adamw`] at lr 1e-4 on `batch` random rows of its positions, `steps` timed
+/// after 2. Its speed and its parameter count.
+pub fn train_llama(
+    device: &Device,
+    cfg: &LlamaConfig,
+    layout: ParallelDims,
+    (batch, steps): (usize, usize),
+) -> Result<(Speed, usize), String> {
+    let model = Llama::new(cfg, device);
+    let n = burn::module::Module::num_params(&model);
     let trainer = Trainer::new(layout, bench_adamw);
     let shape = (cfg.vocab_size, cfg.max_position_embeddings, 1e-4);
-    Ok((
-        speed("llama-1b", &model, &trainer, shape, (batch, steps))?,
-        n,
-    ))
+    Ok((speed("llama", &model, &trainer, shape, (batch, steps))?, n))
 }
 
 /// Llama-3.1-8B's shape (hidden 4096, 32 layers, 32 heads, 8 kv heads, intermediate 14,336,
@@ -318,17 +347,10 @@ pub fn offload_llama(
     device: &Device,
     cfg: &LlamaConfig,
     precision: MixedPrecision,
-    (batch, steps): (usize, usize),
+    run: (usize, usize),
 ) -> Result<(Speed, usize), String> {
-    let model = Llama::new(cfg, device);
-    let n = burn::module::Module::num_params(&model);
     let layout = dims("dp=1", 1, true).with_precision(precision);
-    let trainer = Trainer::new(layout, bench_adamw);
-    let shape = (cfg.vocab_size, cfg.max_position_embeddings, 1e-4);
-    Ok((
-        speed("llama-offload", &model, &trainer, shape, (batch, steps))?,
-        n,
-    ))
+    train_llama(device, cfg, layout, run)
 }
 
 /// bf16 matrix products of `[m, k] × [k, n]` and `[m, n] × [n, k]` on `device`, timed: a chain
@@ -473,14 +495,18 @@ pub use bonfire_train::parity::F64;
 /// step-0 gradients up to 1.0e-3 from Flex's. Four unit roundoffs: 2e-3.
 pub const TF32: f32 = 2e-3;
 
-/// Under AdamW on CUDA the parameters are not compared (only their shapes and that they are
-/// finite): Adam's normalised step turns TF32's rounding of a near-zero gradient into a whole
-/// step of the other sign. Measured on the H200, one rank against Flex after 2 steps at
-/// lr 0.01: an fc1 weight 0.24·lr apart, another 1.0·lr (−0.0294 vs −0.0394) — no bound
-/// below the 2·lr·steps Adam can move at all. The step-0 gradients (before any update) and
-/// both losses (the second after the first update) are compared normwise, as under SGD, whose
-/// parameters are compared too.
-pub const ADAMW_TF32_FLOOR: f32 = f32::INFINITY;
+/// Under AdamW on CUDA the parameters are compared by their updates, tensor by tensor
+/// ([`bonfire_train::parity::assert_updates_agree`]): the two updates within this share of
+/// the reference's, in the 2-norm. Not element by element: Adam's normalised step turns
+/// TF32's rounding of a near-zero gradient into a whole step of the other sign (measured on
+/// the H200, one rank against Flex after 2 steps at lr 0.01: an fc1 weight 0.24·lr apart,
+/// another 1.0·lr — no per-element bound below the 2·lr·steps Adam can move at all). A few
+/// flipped elements of a tensor move its update little (k of n flipped: about 2·√(k/n)); a
+/// wrong gradient moves all of it (≥ 1). 0.25 admits ~1.5 % of a tensor flipped; not yet
+/// measured on a GPU (the kit prints each ratio). A tensor whose gradient is rounding noise in
+/// both runs (the key bias's: its update measured 1.3 of the reference's apart on lavapipe,
+/// f32 against Flex) is listed, not compared; its gradient is checked normwise.
+pub const ADAMW_TF32_UPDATE: f64 = 0.25;
 
 /// The parity harness on `device` (a `--device` name) under `layout`, on the Llama fixture in
 /// `fixture` (`config.json` and `model.safetensors` as transformers' `save_pretrained` wrote
