@@ -38,7 +38,8 @@ pub mod testing;
 pub use adamw::{FusedAdamW, FusedAdamWConfig};
 pub use attention::{MASKED, Mask, attention, attention_with_lse};
 pub use fused::{
-    causal_softmax, cross_entropy, exp, gelu, layer_norm_core, rms_norm_core, rope, silu_mul,
+    causal_softmax, cross_entropy, exp, gelu, layer_norm_core, log_sum_exp, rms_norm_core, rope,
+    silu_mul,
 };
 pub use host_alloc::keep_freed_memory;
 pub use pack::{pack_scaled, unpack_scaled};

@@ -1,12 +1,14 @@
 //! The benches' named layouts (`cargo xtask bench train`, `bench profile --layouts`): one
-//! rank, DDP, ZeRO 1–3, tp ± SP and the pipelines over every rank, and expert parallelism's
-//! `…-epK`.
+//! rank, DDP, ZeRO 1–3, tp ± SP ± loss parallelism (`-lp`: the head's logits kept sharded by
+//! vocabulary, as torchtitan's tp does by default) and the pipelines over every rank, and
+//! expert parallelism's `…-epK`.
 
 use bonfire_layout::{Axis, ParallelDims, ScheduleKind, ZeroStage};
 
 /// Every dense layout, in the benches' order.
 pub const LAYOUTS: &[&str] = &[
-    "single", "ddp", "zero1", "zero2", "zero3", "tp", "tp-sp", "pp-1f1b", "pp-zb-h1", "pp-zb-v",
+    "single", "ddp", "zero1", "zero2", "zero3", "tp", "tp-sp", "tp-lp", "tp-sp-lp", "pp-1f1b",
+    "pp-zb-h1", "pp-zb-v",
 ];
 
 /// Layout `name`'s mesh and options on `n` ranks (pipelines over `microbatches`), and its
@@ -29,6 +31,11 @@ pub fn layout(name: &str, n: usize, microbatches: usize) -> Result<(ParallelDims
         "zero3" => (dp().with_zero(ZeroStage::Zero3), n),
         "tp" => (tp(), n),
         "tp-sp" => (tp().with_sequence_parallel(true), n),
+        "tp-lp" => (tp().with_loss_parallel(true), n),
+        "tp-sp-lp" => (
+            tp().with_sequence_parallel(true).with_loss_parallel(true),
+            n,
+        ),
         "pp-1f1b" => (pp("1f1b"), n),
         "pp-zb-h1" => (pp("zb-h1"), n),
         "pp-zb-v" => (pp("zb-v"), n),

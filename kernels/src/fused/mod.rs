@@ -63,6 +63,20 @@ pub fn cross_entropy(logits: Tensor<2>, targets: Tensor<1, Int>) -> Tensor<1> {
     ))
 }
 
+/// Each row's log-sum-exp of `logits` `[N, V]`, `[N]`, without gradient: the fused
+/// cross-entropy's forward pass (one pass on Flex in f32, a cube a row on CubeCL), on the
+/// inner backend (the result carries no autodiff).
+pub fn log_sum_exp(logits: Tensor<2>) -> Tensor<1> {
+    let logits = logits.inner();
+    let n = logits.dims()[0];
+    let targets = Tensor::<1, Int>::zeros([n], &logits.device());
+    let (_, lse) = <Dispatch as FusedBackend>::cross_entropy_lse(
+        logits.into_dispatch(),
+        targets.into_dispatch(),
+    );
+    Tensor::<2>::from_dispatch(lse).reshape([n])
+}
+
 /// The exact (erf) GELU.
 pub fn gelu<const D: usize>(x: Tensor<D>) -> Tensor<D> {
     Tensor::from_dispatch(<Dispatch as FusedBackend>::gelu_erf(x.into_dispatch()))
