@@ -82,10 +82,10 @@ fn rope_kernel<E: Float>(
     }
 }
 
-/// The sum of each unit's `value` over this cube's `units` units (a power of two), handed to
-/// every unit: a tree in shared memory, `log2(units)` steps.
+/// The sum (or, `max_of`, the largest) of each unit's `value` over this cube's `units` units
+/// (a power of two), handed to every unit: a tree in shared memory, `log2(units)` steps.
 #[cube]
-fn cube_sum(value: f32, #[comptime] units: usize) -> f32 {
+fn cube_reduce(value: f32, #[comptime] units: usize, #[comptime] max_of: bool) -> f32 {
     let mut acc = Shared::<[f32]>::new_slice(units);
     let u = UNIT_POS as usize;
     acc[u] = value;
@@ -95,7 +95,11 @@ fn cube_sum(value: f32, #[comptime] units: usize) -> f32 {
         if u < half {
             let a = acc[u];
             let b = acc[u + half];
-            acc[u] = a + b;
+            if max_of {
+                acc[u] = max(a, b);
+            } else {
+                acc[u] = a + b;
+            }
         }
         sync_cube();
         half /= 2;
@@ -106,26 +110,10 @@ fn cube_sum(value: f32, #[comptime] units: usize) -> f32 {
     total
 }
 
-/// [`cube_sum`] with the largest value instead of the sum.
+/// [`cube_reduce`]'s sum.
 #[cube]
-fn cube_max(value: f32, #[comptime] units: usize) -> f32 {
-    let mut acc = Shared::<[f32]>::new_slice(units);
-    let u = UNIT_POS as usize;
-    acc[u] = value;
-    sync_cube();
-    let mut half = (units / 2).runtime();
-    while half > 0 {
-        if u < half {
-            let a = acc[u];
-            let b = acc[u + half];
-            acc[u] = max(a, b);
-        }
-        sync_cube();
-        half /= 2;
-    }
-    let total = acc[0];
-    sync_cube();
-    total
+fn cube_sum(value: f32, #[comptime] units: usize) -> f32 {
+    cube_reduce(value, units, false)
 }
 
 /// Row `CUBE_POS` of width `d` normalized, by one cube whose units stride over the row
@@ -236,7 +224,7 @@ fn cross_entropy_rows<E: Float>(
             part = max(part, f32::cast_from(logits[base + c]));
             c += units;
         }
-        let m = cube_max(part, units);
+        let m = cube_reduce(part, units, true);
         let mut part = 0.0f32;
         let mut c = u;
         while c < v {
