@@ -35,11 +35,14 @@ static HEAP: RankAllocator = RankAllocator;
 /// The test set's misses at its first run (commit recorded in docs/planner.md), out of 70
 /// ratios: the planner overestimates the peak of these recompute and tp rows on shapes it
 /// was not tuned on. Kept as measured, not refitted: each must stay within `MOVED` of this.
+/// gqa/tp2+sp+ac moved from 0.796 to 0.847 on 2026-12-05, reported: the vocabulary-parallel
+/// loss became the fused cross-entropy (fewer logits-sized buffers) and the planner counts
+/// its one buffer (derived from the implementation, not fitted to this row).
 const KNOWN_MISSES: [KnownMiss; 8] = [
     ("thin-long/zero1+ac", 0, "peak", 0.839),
     ("thin-long/zero1+ac", 1, "peak", 0.839),
-    ("gqa/tp2+sp+ac", 0, "peak", 0.796),
-    ("gqa/tp2+sp+ac", 1, "peak", 0.796),
+    ("gqa/tp2+sp+ac", 0, "peak", 0.847),
+    ("gqa/tp2+sp+ac", 1, "peak", 0.847),
     ("gqa/dp2xtp2-zero1", 0, "peak", 0.822),
     ("gqa/dp2xtp2-zero1", 1, "peak", 0.828),
     ("gqa/dp2xtp2-zero1", 2, "peak", 0.822),

@@ -128,9 +128,12 @@ pub fn gradients_at_peak(layout: &ParallelDims, state: &FormulaBytes) -> f64 {
 /// tokens (sequences of `seq`) with `held` of them in flight per local chunk (or one, without
 /// a pipeline): [`held_bytes`], and while a backward runs one block's activations as it is
 /// recomputed and, on the rank with the head, more logits-sized buffers at the loss's
-/// backward: two (its gradient and the kept probabilities), three with the
-/// vocabulary-parallel loss of tp (measured), and under a half param dtype the half-precision
-/// logits the f32 ones are cast from.
+/// backward: two without tp (the logits the fused cross-entropy keeps and its gradient,
+/// measured); one under tp, whose vocabulary-parallel loss (`loss_parallel`) runs the fused
+/// cross-entropy on a copy of the rank's slice with one more column — a buffer nothing else
+/// holds, so its gradient is written into it, and the head's own output is freed after the
+/// forward (three until 2026-12-05, when that loss was Burn's ops, measured); and under a half
+/// param dtype the half-precision logits the f32 ones are cast from.
 pub fn activation_bytes(
     model: &ModelSpec,
     layout: &ParallelDims,
@@ -145,7 +148,7 @@ pub fn activation_bytes(
         bytes += block_elems(model, layout, seq) * tokens * ab;
     }
     if chunks.iter().any(|c| c.has_head) {
-        let buffers = if layout.tp() > 1 { 3.0 } else { 2.0 };
+        let buffers = if layout.tp() > 1 { 1.0 } else { 2.0 };
         // Under a half param dtype the head's logits come out in it and are cast to f32 for
         // the loss: the half copy is live beside the f32 ones (derived, not fitted).
         let half = if layout.precision.is_mixed() {
