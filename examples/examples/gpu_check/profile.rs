@@ -106,6 +106,13 @@ fn timed(device: &Device, reps: usize, mut run: impl FnMut()) -> Result<f64, Str
     Ok(median(times))
 }
 
+/// A fresh tracked input of `shape`: standard normal, in `dtype`.
+fn tracked<const D: usize>(shape: [usize; D], dtype: DType, device: &Device) -> Tensor<D> {
+    Tensor::<D>::random(shape, Distribution::Normal(0.0, 1.0), device)
+        .cast(dtype)
+        .require_grad()
+}
+
 /// The median ms of `f`'s forward and the backward of its output's sum.
 fn fwd_bwd<const D: usize>(
     device: &Device,
@@ -133,11 +140,7 @@ pub fn profile(
     );
     let (v, f, hd) = (cfg.vocab_size, cfg.intermediate_size, cfg.head_dim);
     let (q, kv) = (cfg.num_attention_heads * hd, cfg.num_key_value_heads * hd);
-    let leaf = |shape: [usize; 3]| {
-        Tensor::<3>::random(shape, Distribution::Normal(0.0, 1.0), device)
-            .cast(dtype)
-            .require_grad()
-    };
+    let leaf = |shape: [usize; 3]| tracked(shape, dtype, device);
     let linear = |i, o| cast_module(ParallelLinear::new(i, o, false, device), dtype);
     let (x, xq, xf) = (
         leaf([batch, t, d]),
@@ -157,11 +160,7 @@ pub fn profile(
     let head = linear(d, v);
     let head_ms = fwd_bwd(device, reps, || head.forward(x.clone()))?;
 
-    let heads = |n: usize| {
-        Tensor::<4>::random([batch, n, t, hd], Distribution::Normal(0.0, 1.0), device)
-            .cast(dtype)
-            .require_grad()
-    };
+    let heads = |n: usize| tracked([batch, n, t, hd], dtype, device);
     let (qh, kh, vh) = (
         heads(cfg.num_attention_heads),
         heads(cfg.num_key_value_heads),
@@ -183,9 +182,8 @@ pub fn profile(
         dtype,
     );
     let norm_ms = fwd_bwd(device, reps, || norm.forward(x.clone()))?;
-    let ids =
-        |d: &Device| Tensor::<2, Int>::random([batch, t], Distribution::Uniform(0.0, v as f64), d);
-    let (tokens, targets) = (ids(device), ids(device));
+    let ids = || Tensor::<2, Int>::random([batch, t], Distribution::Uniform(0.0, v as f64), device);
+    let (tokens, targets) = (ids(), ids());
     let embedding = cast_module(ParallelEmbedding::new(v, d, device), dtype);
     let embed_ms = fwd_bwd(device, reps, || embedding.forward(tokens.clone()))?;
     let logits = leaf([batch, t, v]);
