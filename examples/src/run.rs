@@ -90,7 +90,7 @@ impl RunRecord {
         if run.data != self.data {
             return differs("data", run.data.clone(), self.data.clone());
         }
-        if run.global_rows % dp != 0 {
+        if !run.global_rows.is_multiple_of(dp) {
             return Err(format!(
                 "--resume: the run's global batch of {} rows does not split over dp={dp}",
                 run.global_rows

@@ -104,8 +104,8 @@ fn layouts(world: usize) -> Vec<Vec<LayoutArgs>> {
     let zeros = [0, 1, 2, 3];
     let tps = [(false, false), (true, false), (false, true), (true, true)];
     let mut out = Vec::new();
-    for pp in (1..=world).filter(|p| world % p == 0) {
-        for dp in (1..=world / pp).filter(|d| (world / pp) % d == 0) {
+    for pp in (1..=world).filter(|p| world.is_multiple_of(*p)) {
+        for dp in (1..=world / pp).filter(|d| (world / pp).is_multiple_of(*d)) {
             let tp = world / pp / dp;
             let schedules: Vec<&str> = ["gpipe", "1f1b", "interleaved", "zb", "zb-v"]
                 .into_iter()

@@ -497,7 +497,7 @@ impl ProcessGroup {
     /// Asynchronous [`ProcessGroup::reduce_scatter`]; the handle gives this rank's piece.
     pub fn reduce_scatter_async<T: Element>(&self, send: Vec<T>, op: ReduceOp) -> Work<Vec<T>> {
         self.run_async(move |pg| {
-            if send.len() % pg.size() != 0 {
+            if !send.len().is_multiple_of(pg.size()) {
                 return Err(pg.invalid(
                     OpKind::ReduceScatter,
                     format!(

@@ -155,19 +155,19 @@ impl<F: Fn(&str) -> Option<String>> Vars<F> {
 
     /// torchrun-style variables, when also set under an MPI launcher, must agree with it.
     fn check_torchrun_agrees(&self, detected_by: &str, rank: usize, size: usize) -> Result<()> {
-        if let Some(r) = self.num("RANK")? {
-            if r != rank {
-                return Err(invalid(format!(
-                    "RANK={r} disagrees with {detected_by}={rank}; unset RANK or fix the launch"
-                )));
-            }
+        if let Some(r) = self.num("RANK")?
+            && r != rank
+        {
+            return Err(invalid(format!(
+                "RANK={r} disagrees with {detected_by}={rank}; unset RANK or fix the launch"
+            )));
         }
-        if let Some(s) = self.num("WORLD_SIZE")? {
-            if s != size {
-                return Err(invalid(format!(
-                    "WORLD_SIZE={s} disagrees with the {size} processes of the MPI launch"
-                )));
-            }
+        if let Some(s) = self.num("WORLD_SIZE")?
+            && s != size
+        {
+            return Err(invalid(format!(
+                "WORLD_SIZE={s} disagrees with the {size} processes of the MPI launch"
+            )));
         }
         Ok(())
     }

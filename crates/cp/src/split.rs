@@ -18,7 +18,7 @@ impl ContextSplit {
     /// `cp` (not) equal chunks.
     pub fn new(seq: usize, cp: usize, balanced: bool) -> Result<Self, String> {
         let chunks = if balanced { 2 * cp } else { cp };
-        if cp == 0 || seq == 0 || seq % chunks != 0 {
+        if cp == 0 || seq == 0 || !seq.is_multiple_of(chunks) {
             let how = if balanced { "2·cp" } else { "cp" };
             return Err(format!(
                 "a sequence of {seq} tokens does not cut into {how} = {chunks} equal chunks \

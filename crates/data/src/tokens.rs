@@ -128,7 +128,7 @@ impl TokenFile {
                      {}-byte tokens after the header ({} tokens{})",
                     width.bytes(),
                     bytes / width.bytes(),
-                    if bytes % width.bytes() != 0 {
+                    if !bytes.is_multiple_of(width.bytes()) {
                         " and a partial one"
                     } else {
                         ""

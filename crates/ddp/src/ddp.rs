@@ -431,7 +431,7 @@ impl<M: Module> DataParallel<M> for DistributedDataParallel<M> {
         let model = self.optim.step(lr, model, grads);
         self.steps += 1;
         let model = match self.config.sync {
-            SyncMode::Periodic { every } if every > 0 && self.steps % every == 0 => {
+            SyncMode::Periodic { every } if every > 0 && self.steps.is_multiple_of(every) => {
                 let flat = params::flat(&model, &self.infos);
                 let flat = plane::all_reduce(flat, ReduceOp::Avg, &self.pg)?;
                 params::assign_flat(model, &self.infos, &flat)

@@ -301,7 +301,7 @@ impl ParallelDims {
             return Ok(());
         }
         let ranks = self.dp() * self.cp();
-        if ranks % ep != 0 {
+        if !ranks.is_multiple_of(ep) {
             return Err(LayoutError::axis(
                 Axis::Ep,
                 ep,

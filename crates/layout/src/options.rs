@@ -43,7 +43,7 @@ impl Recompute {
     pub fn applies_to(&self, i: usize) -> bool {
         match *self {
             Recompute::Off => false,
-            Recompute::Every(k) => k > 0 && i % k == 0,
+            Recompute::Every(k) => k > 0 && i.is_multiple_of(k),
         }
     }
     /// Whether any layer recomputes.

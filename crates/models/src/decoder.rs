@@ -68,7 +68,7 @@ impl DecoderStyles {
 
 /// `Ok` when `degree` of `axis` divides `value` (`what`, named in the error).
 pub fn divisible(axis: Axis, degree: usize, what: &str, value: usize) -> Result<(), LayoutError> {
-    if value % degree == 0 {
+    if value.is_multiple_of(degree) {
         return Ok(());
     }
     Err(LayoutError::NotDivisible {

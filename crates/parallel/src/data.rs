@@ -78,7 +78,7 @@ impl Replica {
     /// If `count` does not divide `rows` (the trainer checks the batch before building).
     pub fn rows(&self, rows: usize) -> Range<usize> {
         assert!(
-            self.count > 0 && rows % self.count == 0,
+            self.count > 0 && rows.is_multiple_of(self.count),
             "a global batch of {rows} rows does not split over {} replicas",
             self.count
         );

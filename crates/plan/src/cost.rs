@@ -505,7 +505,7 @@ pub fn replica_all_reduce(
 /// Whether `s` is a pipeline schedule the planner tries with `pp` ranks and `m` micro-batches.
 pub fn schedule_fits(s: ScheduleKind, pp: usize, m: usize) -> bool {
     match s {
-        ScheduleKind::Interleaved { .. } => m % pp == 0,
+        ScheduleKind::Interleaved { .. } => m.is_multiple_of(pp),
         _ => true,
     }
 }

@@ -139,7 +139,7 @@ impl ModelSpec {
                 "the GPT's heads split d_model: head_dim must be d_model / n_heads".into(),
             );
         }
-        if self.n_kv_heads > self.n_heads || self.n_heads % self.n_kv_heads != 0 {
+        if self.n_kv_heads > self.n_heads || !self.n_heads.is_multiple_of(self.n_kv_heads) {
             return bad(
                 "n_kv_heads",
                 format!(

@@ -217,13 +217,13 @@ impl PlannedLayout for ParallelDims {
 
     fn check_sequence(&self, seq: usize) -> Result<(), String> {
         let cp = self.cp();
-        if seq % (2 * cp) != 0 {
+        if !seq.is_multiple_of(2 * cp) {
             return Err(format!(
                 "a sequence of {seq} tokens does not cut into 2·cp = {} equal chunks (cp = {cp})",
                 2 * cp
             ));
         }
-        if self.tp_options.sequence_parallel && (seq / cp) % self.tp() != 0 {
+        if self.tp_options.sequence_parallel && !(seq / cp).is_multiple_of(self.tp()) {
             return Err(format!(
                 "sequence parallelism: {} tokens per cp rank do not split over tp={}",
                 seq / cp,
@@ -284,7 +284,7 @@ impl PlannedLayout for ParallelDims {
                 model.pieces()
             ));
         }
-        if global_batch % (self.data_replicas() * self.microbatches()) != 0 {
+        if !global_batch.is_multiple_of(self.data_replicas() * self.microbatches()) {
             let replicate = match self.dp_replicate() {
                 1 => String::new(),
                 r => format!("dp_replicate={r} × "),
@@ -356,7 +356,7 @@ fn check_experts(l: &ParallelDims, model: &ModelSpec) -> Result<(), String> {
         ));
     }
     let ranks = l.dp() * l.cp();
-    if ranks % ep != 0 {
+    if !ranks.is_multiple_of(ep) {
         return Err(format!(
             "ep={ep} does not divide dp × cp = {ranks}, whose ranks it borrows"
         ));

@@ -30,7 +30,7 @@ pub struct Plan {
 }
 
 fn divisors(n: usize) -> impl Iterator<Item = usize> {
-    (1..=n).filter(move |d| n % d == 0)
+    (1..=n).filter(move |d| n.is_multiple_of(*d))
 }
 
 /// Micro-batch counts tried for `pp` stages and `local` sequences per replica: `pp`, `2pp`,
@@ -42,7 +42,7 @@ fn microbatch_counts(pp: usize, local: usize) -> Vec<usize> {
     let mut out = Vec::new();
     let mut m = pp;
     while m <= local {
-        if local % m == 0 {
+        if local.is_multiple_of(m) {
             out.push(m);
         }
         m *= 2;
@@ -55,14 +55,14 @@ fn microbatch_counts(pp: usize, local: usize) -> Vec<usize> {
 fn context_degrees(n: usize, seq: usize) -> impl Iterator<Item = usize> {
     std::iter::successors(Some(1usize), |c| Some(c * 2))
         .take_while(move |&c| c <= n)
-        .filter(move |&c| n % c == 0 && (c == 1 || seq % (2 * c) == 0))
+        .filter(move |&c| n.is_multiple_of(c) && (c == 1 || seq.is_multiple_of(2 * c)))
 }
 
 /// The ep degrees tried for `model` with `ranks` dp × cp ranks: the divisors of `ranks`
 /// that divide its experts (1 among them) for a mixture of experts; only 1 for a dense model.
 pub fn expert_degrees(model: &ModelSpec, ranks: usize) -> impl Iterator<Item = usize> {
     let experts = model.moe().map_or(1, |m| m.experts);
-    divisors(ranks).filter(move |&e| experts % e == 0)
+    divisors(ranks).filter(move |&e| experts.is_multiple_of(e))
 }
 
 /// Every layout the model and the batch admit on the cluster (before memory), and the

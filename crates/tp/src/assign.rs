@@ -200,7 +200,7 @@ impl Site<'_> {
     pub(crate) fn weight_len(&self, dim: usize, what: &str) -> Result<usize, ParallelError> {
         let name = format!("{}.weight", self.path);
         let len = self.survey.params.get(&name).map(|s| s[dim]).unwrap_or(0);
-        if len % self.parts != 0 {
+        if !len.is_multiple_of(self.parts) {
             return Err(ParallelError::NotDivisible {
                 path: name,
                 what: what.into(),

@@ -16,7 +16,7 @@ use burn::tensor::Tensor;
 
 /// `Err` naming `what` unless `len` is divisible by the group size.
 pub fn check_divisible(len: usize, parts: usize, what: &str) -> Result<(), String> {
-    if parts == 0 || len % parts != 0 {
+    if parts == 0 || !len.is_multiple_of(parts) {
         return Err(format!(
             "{what} ({len}) is not divisible by the tensor-parallel size {parts}"
         ));

@@ -74,7 +74,7 @@ impl<B: Rows> Hooks<B> for Evaluation<'_, B> {
         engine: &mut dyn Engine<B>,
     ) -> Result<(), TrainError> {
         let trained = report.step + 1;
-        if self.every > 0 && trained % self.every == 0 {
+        if self.every > 0 && trained.is_multiple_of(self.every) {
             self.run(trained, engine)?;
         }
         Ok(())

@@ -369,7 +369,7 @@ impl Reporter {
             bar.set_message(format!("loss {:.4}{norm}{tps}", r.loss));
             bar.inc(1);
         }
-        if self.log_every > 0 && (r.step % self.log_every == 0 || last) {
+        if self.log_every > 0 && (r.step.is_multiple_of(self.log_every) || last) {
             let line = format!(
                 "step {:>5}  loss {:.4}  lr {:.3e}{norm}{tps}  {:.1} ms",
                 r.step, r.loss, r.lr, r.step_ms

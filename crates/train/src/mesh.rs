@@ -181,7 +181,7 @@ impl RankMesh {
         rows: usize,
     ) -> Result<Vec<(usize, usize)>, TrainError> {
         let k = self.grad_accum.max(1);
-        if rows % k != 0 {
+        if !rows.is_multiple_of(k) {
             return Err(TrainError::Recipe(format!(
                 "--grad-accum {k}: each replica's {rows} rows do not split into {k} equal parts"
             )));

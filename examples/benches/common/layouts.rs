@@ -41,7 +41,7 @@ pub fn layout(name: &str, n: usize, microbatches: usize) -> Result<(ParallelDims
         "pp-zb-v" => (pp("zb-v"), n),
         other => match other.rsplit_once("-ep") {
             Some((base @ ("ddp" | "zero1" | "zero2" | "zero3"), k)) => match k.parse() {
-                Ok(ep) if ep > 1 && n % ep == 0 => {
+                Ok(ep) if ep > 1 && n.is_multiple_of(ep) => {
                     let (dims, ranks) = layout(base, n, microbatches)?;
                     (dims.with_degree(Axis::Ep, ep), ranks)
                 }

@@ -198,14 +198,14 @@ impl NcclComm {
     }
 
     pub(super) fn check_count(&self, what: &str, root: Option<usize>) -> Result<()> {
-        if let Some(root) = root {
-            if root >= self.size {
-                return Err(CommError::InvalidArgument {
-                    group: "nccl".into(),
-                    op: crate::OpKind::Broadcast,
-                    message: format!("{what}: root {root} out of range for {} ranks", self.size),
-                });
-            }
+        if let Some(root) = root
+            && root >= self.size
+        {
+            return Err(CommError::InvalidArgument {
+                group: "nccl".into(),
+                op: crate::OpKind::Broadcast,
+                message: format!("{what}: root {root} out of range for {} ranks", self.size),
+            });
         }
         Ok(())
     }

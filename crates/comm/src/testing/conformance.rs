@@ -47,7 +47,7 @@ pub fn run_dtype<T: Element>(pg: &ProcessGroup) -> Outcome {
 pub fn input(op: ReduceOp, rank: usize, i: usize, salt: usize) -> f64 {
     match op {
         ReduceOp::Product => {
-            if (rank + i + salt) % 3 == 0 {
+            if (rank + i + salt).is_multiple_of(3) {
                 2.0
             } else {
                 1.0

@@ -169,13 +169,12 @@ impl Backend for ThreadBackend {
             Some((peer, s)) => Err(ctx.mismatch(peer, s.fp)),
             None => Ok(()),
         };
-        if outcome.is_ok() {
-            if let Collective::AllToAll {
+        if outcome.is_ok()
+            && let Collective::AllToAll {
                 counts: Some(_), ..
             } = &call
-            {
-                outcome = check_all_to_all_counts(slots, ctx);
-            }
+        {
+            outcome = check_all_to_all_counts(slots, ctx);
         }
         if outcome.is_ok() {
             // SAFETY: every slot's buffers stay valid until the completion barrier; each rank

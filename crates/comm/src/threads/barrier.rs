@@ -104,7 +104,7 @@ impl Barrier {
                     return Ok(());
                 }
                 i = i.wrapping_add(1);
-                if i % 64 == 0 {
+                if i.is_multiple_of(64) {
                     let spun = start.elapsed();
                     if spun > SPIN_FOR + YIELD_FOR {
                         break;

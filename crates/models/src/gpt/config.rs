@@ -89,7 +89,7 @@ impl GptConfig {
         if sizes.contains(&0) {
             return Err(format!("every size must be positive: {self:?}"));
         }
-        if self.d_model % self.n_heads != 0 {
+        if !self.d_model.is_multiple_of(self.n_heads) {
             return Err(format!(
                 "d_model {} is not divisible by n_heads {}",
                 self.d_model, self.n_heads

@@ -218,13 +218,16 @@ impl LlamaConfig {
     /// Checks the sizes: query heads a multiple of the kv heads, an even head width (RoPE
     /// pairs its halves), positive epsilon and θ.
     pub fn validate(&self) -> Result<(), String> {
-        if self.num_attention_heads % self.num_key_value_heads != 0 {
+        if !self
+            .num_attention_heads
+            .is_multiple_of(self.num_key_value_heads)
+        {
             return Err(format!(
                 "num_attention_heads {} is not a multiple of num_key_value_heads {}",
                 self.num_attention_heads, self.num_key_value_heads
             ));
         }
-        if self.head_dim % 2 != 0 {
+        if !self.head_dim.is_multiple_of(2) {
             return Err(format!(
                 "head_dim {} is odd (RoPE needs pairs)",
                 self.head_dim

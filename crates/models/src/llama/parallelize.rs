@@ -117,7 +117,7 @@ pub fn check_attention_tp(a: &LlamaAttention, tp: usize) -> Result<(), LayoutErr
     let (q, kv) = (a.queries().weight.dims()[0], a.keys().weight.dims()[0]);
     let hd = a.head_dim();
     divisible_tp(tp, "num_attention_heads", q / hd)?;
-    if kv / hd < tp && tp % (kv / hd) != 0 {
+    if kv / hd < tp && !tp.is_multiple_of(kv / hd) {
         return Err(LayoutError::axis(
             Axis::Tp,
             tp,

@@ -193,7 +193,7 @@ impl MixtralConfig {
 
     /// Whether layer `i` routes to experts (else its feed-forward is a dense MLP).
     pub fn is_sparse(&self, i: usize) -> bool {
-        !self.mlp_only_layers.contains(&i) && (i + 1) % self.decoder_sparse_step == 0
+        !self.mlp_only_layers.contains(&i) && (i + 1).is_multiple_of(self.decoder_sparse_step)
     }
 
     /// The dense layers' MLP width (the dense `intermediate_size`).
@@ -377,7 +377,7 @@ impl MixtralConfig {
     pub fn validate(&self) -> Result<(), String> {
         if let Some(d) = self.deepseek {
             let e = self.num_local_experts;
-            if e % d.n_group != 0 || e / d.n_group < 2 {
+            if !e.is_multiple_of(d.n_group) || e / d.n_group < 2 {
                 return Err(format!(
                     "n_group {} must divide n_routed_experts {e} into groups of 2 or more",
                     d.n_group

@@ -83,7 +83,7 @@ impl Mla {
     /// The rotary width must be even; the values no wider than a query (they are padded to
     /// its width for the attention kernels).
     pub fn validate(&self) -> Result<(), String> {
-        if self.qk_rope_head_dim % 2 != 0 {
+        if !self.qk_rope_head_dim.is_multiple_of(2) {
             return Err(format!(
                 "qk_rope_head_dim {} is odd (RoPE needs pairs)",
                 self.qk_rope_head_dim
