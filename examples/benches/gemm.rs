@@ -13,13 +13,15 @@
 //! The C allocator is tuned as `train` tunes it (`bonfire_kernels::keep_freed_memory`;
 //! `-- --default-allocator` keeps glibc's defaults, under which the products with 4–16 MB
 //! outputs lose a third to fresh pages).
-//! Prints `bench gemm side=bonfire shape=… m= n= k= dtype= gflops=` and
-//! `bench gemm peak_gflops=… isa=…` (the FMA micro-kernel: 12 independent 256-bit
-//! accumulators, so the measured figure is the FMA ports × width × clock the core sustains in
-//! AVX2 — AVX-512's intrinsics need Rust 1.89, past the workspace's MSRV. On this machine's
-//! AMD EPYC (Zen 4 executes a 512-bit FMA as two 256-bit halves) that is AVX-512's rate too: a
-//! 512-bit kernel measured 115.4–117.4 GFLOP/s, the 256-bit one 117.3; a core
-//! with two 512-bit FMA units would reach twice the AVX2 figure).
+//! Prints `bench gemm side=bonfire shape=… m= n= k= dtype= gflops=` (Bonfire's product,
+//! `bonfire_kernels::matmul`: Burn's in f32, AMX in bf16 where the CPU has it), for bf16 also
+//! `bench gemm side=burn …` (Burn's own product on the same operands: Flex converts bf16 to
+//! f32 and back around its f32 `gemm`), and `bench gemm peak_gflops=… isa=…`: the FMA
+//! micro-kernel, 12 independent accumulators of the widest vectors the core has (AVX-512
+//! where present, else AVX2), so the figure is the FMA ports × width × clock the core
+//! sustains. On the AMD EPYC of earlier runs (Zen 4 executes a 512-bit FMA as two 256-bit
+//! halves) both widths measured the same, 115.4–117.4 GFLOP/s; a core with two 512-bit FMA
+//! units (the Intel Xeon of 2026-12-05) reaches twice its AVX2 figure.
 
 use burn::tensor::{DType, Device, Distribution, Tensor};
 use std::time::{Duration, Instant};
@@ -60,9 +62,13 @@ fn time(mut f: impl FnMut()) -> f64 {
     times[times.len() / 2]
 }
 
-/// `a × b` forced to finish (one element read back).
-fn product(a: &Tensor<2>, b: &Tensor<2>) {
-    let y = a.clone().matmul(b.clone());
+/// `a × b` (Bonfire's product, or Burn's with `burn`) forced to finish (one element read
+/// back).
+fn product(a: &Tensor<2>, b: &Tensor<2>, burn: bool) {
+    let y = match burn {
+        true => a.clone().matmul(b.clone()),
+        false => bonfire_kernels::matmul(a.clone(), b.clone()),
+    };
     let _ = y.slice([0..1, 0..1]).into_data();
 }
 
@@ -70,6 +76,10 @@ fn product(a: &Tensor<2>, b: &Tensor<2>) {
 fn peak() -> (f64, &'static str) {
     #[cfg(target_arch = "x86_64")]
     {
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            // SAFETY: the CPU has AVX-512 F (checked above).
+            return (time_peak(|n| unsafe { fma512(n) }, 16), "avx512");
+        }
         if std::arch::is_x86_feature_detected!("fma") {
             // SAFETY: the CPU has AVX2 and FMA (checked above).
             return (time_peak(|n| unsafe { fma256(n) }, 8), "avx2");
@@ -113,6 +123,27 @@ unsafe fn fma256(n: usize) -> f32 {
     out[0]
 }
 
+/// 12 independent 512-bit FMA chains, `n` steps each; returns their sum's first lane.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn fma512(n: usize) -> f32 {
+    use std::arch::x86_64::*;
+    let (a, b) = (
+        std::hint::black_box(_mm512_set1_ps(0.999_9)),
+        std::hint::black_box(_mm512_set1_ps(1e-7)),
+    );
+    let mut acc = [_mm512_set1_ps(1.0); 12];
+    for _ in 0..n {
+        for x in acc.iter_mut() {
+            *x = _mm512_fmadd_ps(*x, a, b);
+        }
+    }
+    let sum = acc
+        .iter()
+        .fold(_mm512_set1_ps(0.0), |s, &x| _mm512_add_ps(s, x));
+    _mm512_reduce_add_ps(sum) / 16.0
+}
+
 fn main() {
     // As `train` runs: large freed buffers kept (`--default-allocator`: glibc's defaults).
     let tuned = !std::env::args().any(|a| a == "--default-allocator")
@@ -120,7 +151,10 @@ fn main() {
     let device = Device::flex();
     device.seed(1);
     let (peak, isa) = peak();
-    println!("bench gemm peak_gflops={peak:.1} isa={isa} threads=1 allocator_tuned={tuned}");
+    println!(
+        "bench gemm peak_gflops={peak:.1} isa={isa} threads=1 allocator_tuned={tuned} amx={}",
+        bonfire_kernels::amx_ready()
+    );
     let normal = |shape: [usize; 2], dtype: DType| {
         Tensor::<2>::random(shape, Distribution::Normal(0.0, 1.0), &device).cast(dtype)
     };
@@ -139,13 +173,19 @@ fn main() {
                 ("dw", dy.transpose(), x, (d_out, d_in, ROWS)),
             ];
             for (part, a, b, (m, n, k)) in cases {
-                let seconds = time(|| product(&a, &b));
-                let gflops = 2.0 * (m * n * k) as f64 / seconds / 1e9;
-                println!(
-                    "bench gemm side=bonfire shape={layer}.{part} m={m} n={n} k={k} dtype={name} \
-                     gflops={gflops:.1} ms={:.3}",
-                    seconds * 1e3
-                );
+                let sides: &[(&str, bool)] = match dtype {
+                    DType::F32 => &[("bonfire", false)],
+                    _ => &[("bonfire", false), ("burn", true)],
+                };
+                for &(side, burn) in sides {
+                    let seconds = time(|| product(&a, &b, burn));
+                    let gflops = 2.0 * (m * n * k) as f64 / seconds / 1e9;
+                    println!(
+                        "bench gemm side={side} shape={layer}.{part} m={m} n={n} k={k} \
+                         dtype={name} gflops={gflops:.1} ms={:.3}",
+                        seconds * 1e3
+                    );
+                }
             }
         }
     }

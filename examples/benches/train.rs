@@ -96,6 +96,10 @@ struct Args {
     /// 0.1). Default: `adamw` for the Llama (the bench Llama), `sgd` otherwise.
     #[arg(long)]
     optimizer: Option<String>,
+    /// Compute precision: `f32` (default) or `bf16` / `f16` (f32 masters and optimizer state,
+    /// gradients reduced in f32). PyTorch's side stays f32.
+    #[arg(long, default_value = "f32", value_name = "f32|bf16|f16")]
+    precision: String,
     /// Ignored (passed by `cargo bench`).
     #[arg(long, hide = true)]
     bench: bool,
@@ -103,7 +107,10 @@ struct Args {
 
 /// A layout's mesh and options, and its rank count (see [`layouts::layout`]).
 fn layout(name: &str, args: &Args) -> Result<(ParallelDims, usize), String> {
-    layouts::layout(name, args.run.ranks, args.microbatches)
+    let precision = bonfire_layout::MixedPrecision::parse(&args.precision)
+        .ok_or_else(|| format!("--precision {}: expected f32, bf16 or f16", args.precision))?;
+    let (dims, ranks) = layouts::layout(name, args.run.ranks, args.microbatches)?;
+    Ok((dims.with_precision(precision), ranks))
 }
 
 /// One layout's measurement.
@@ -366,10 +373,11 @@ fn run_all<M: ParallelModel<Batch = TokenBatch> + Sync>(
         let (dims, ranks) = layout(name, args)?;
         let model_name = &args.model;
         let mut line = format!(
-            "bench train model={model_name} layout={name} ranks={ranks} step_ms={:.1} tokens_per_s={:.0} backend={backend} optimizer={}",
+            "bench train model={model_name} layout={name} ranks={ranks} step_ms={:.1} tokens_per_s={:.0} backend={backend} optimizer={} precision={}",
             m.step_ms,
             m.tokens_per_s,
-            optimizer(args)?
+            optimizer(args)?,
+            args.precision
         );
         match name.as_str() {
             "single" => single_ms = Some(m.step_ms),

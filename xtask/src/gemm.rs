@@ -3,7 +3,9 @@
 //! FMA peak measured by a micro-kernel) and PyTorch's (`examples/benches/pytorch/gemm.py`:
 //! MKL / oneDNN) in the same run — then one comparison line per product:
 //! `bench gemm compare shape=… dtype=… bonfire_gflops=… pytorch_gflops=… ratio=… of_peak=…`
-//! (`ratio`: Bonfire's over PyTorch's; `of_peak`: Bonfire's over the measured f32 peak). Where
+//! (`ratio`: Bonfire's over PyTorch's; `of_peak`: Bonfire's over the measured f32 peak), and
+//! where the bench timed Burn's own product too (bf16: Bonfire's is AMX's where the CPU has it)
+//! `burn_gflops=… over_burn=…`. Where
 //! the Python cannot import torch, one `… skipped=…` line says so and Bonfire's rows stand
 //! alone. Bonfire's side builds in the bench profile (release): the dev profile's debug
 //! assertions and overflow checks, which apply to the dependencies too, slow `gemm`'s kernels
@@ -51,9 +53,15 @@ pub fn bench(extra_args: &[String]) -> Result {
             continue;
         };
         let (shape, dtype) = key(line);
+        let burn = ours
+            .iter()
+            .filter(|l| field(l, "side") == Some("burn") && key(l) == key(line))
+            .find_map(|l| gflops(l))
+            .map(|b| format!(" burn_gflops={b:.1} over_burn={:.2}", bonfire / b))
+            .unwrap_or_default();
         println!(
             "bench gemm compare shape={} dtype={} bonfire_gflops={bonfire:.1} \
-             pytorch_gflops={pytorch:.1} ratio={:.2} of_peak={:.2}",
+             pytorch_gflops={pytorch:.1} ratio={:.2} of_peak={:.2}{burn}",
             shape.unwrap_or_default(),
             dtype.unwrap_or_default(),
             bonfire / pytorch,

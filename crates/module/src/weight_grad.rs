@@ -230,7 +230,8 @@ pub fn is_deferring() -> bool {
 /// every row as its inner dimension instead of a batch of small ones summed afterwards.
 /// Inside [`deferring`], with a weight that is a parameter leaf and a tracked input, the
 /// weight's gradient is deferred to [`WeightGrads::apply`]; the output and the input's
-/// gradient are bitwise the same.
+/// gradient are bitwise the same. Every product here is `bonfire_kernels::matmul` (Burn's
+/// matmul, but bf16 on Flex through AMX where the CPU has it), the deferred one included.
 pub fn linear_matmul<const D: usize>(x: Tensor<D>, weight: Tensor<2>) -> Tensor<D> {
     let dims = x.dims();
     let [rows, d_in] = [dims[..D - 1].iter().product(), dims[D - 1]];
@@ -239,11 +240,11 @@ pub fn linear_matmul<const D: usize>(x: Tensor<D>, weight: Tensor<2>) -> Tensor<
     out_dims[D - 1] = d_out;
     let x = x.reshape([rows, d_in]);
     if !(weight.is_require_grad() && x.is_tracked() && is_deferring()) {
-        return x.matmul(weight.transpose()).reshape(out_dims);
+        return bonfire_kernels::matmul(x, weight.transpose()).reshape(out_dims);
     }
     let constant = weight.clone().set_require_grad(false);
     let kept = x.clone().inner();
-    let y = x.matmul(constant.transpose());
+    let y = bonfire_kernels::matmul(x, constant.transpose());
     let slot = GradSlot::default();
     let y = Tensor::<2>::from_dispatch(<burn::backend::Dispatch as WeightGradBackend>::keep_grad(
         y.into_dispatch(),
@@ -261,5 +262,5 @@ pub fn linear_matmul<const D: usize>(x: Tensor<D>, weight: Tensor<2>) -> Tensor<
 /// `dW` `[out, in]` of `y = x Wᵀ` from `x` `[rows, in]` and `dy` `[rows, out]`, as autodiff's
 /// backward of `x.matmul(W.transpose())` computes it: `xᵀ·dy` `[in, out]`, transposed back.
 fn weight_grad(x: Tensor<2>, dy: Tensor<2>) -> Tensor<2> {
-    x.transpose().matmul(dy).transpose()
+    bonfire_kernels::matmul(x.transpose(), dy).transpose()
 }

@@ -244,8 +244,7 @@ impl ParallelEmbedding {
         let logits = |x: Tensor<3>| {
             let [b, t, d] = x.dims();
             let v = table.dims()[0];
-            x.reshape([b * t, d])
-                .matmul(table.clone().transpose())
+            bonfire_kernels::matmul(x.reshape([b * t, d]), table.clone().transpose())
                 .reshape([b, t, v])
         };
         let Some(state) = self.key.state() else {

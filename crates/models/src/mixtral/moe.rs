@@ -50,9 +50,9 @@ impl Experts {
         let gate_up = self.gate_up_proj.val().narrow(0, e, 1).reshape([two_f, d]);
         let down = self.down_proj.val().narrow(0, e, 1).reshape([d, f]);
         let (gate_up, down) = (gate_up.cast(dtype), down.cast(dtype));
-        let h = x.matmul(gate_up.transpose());
+        let h = bonfire_kernels::matmul(x, gate_up.transpose());
         let act = swiglu(h.clone().narrow(1, 0, f), h.narrow(1, f, f));
-        act.matmul(down.transpose())
+        bonfire_kernels::matmul(act, down.transpose())
     }
 }
 

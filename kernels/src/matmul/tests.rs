@@ -1,0 +1,123 @@
+//! [`matmul`] against Burn's product: on a CPU with AMX, within one bf16 rounding of it (both
+//! sum in f32 and round once; only the order of the sums differs) in every operand layout
+//! the models pass, values and gradients; without AMX, Burn's product bit for bit.
+
+use super::*;
+use burn::tensor::{Device, Distribution};
+
+fn device() -> Device {
+    Device::flex().autodiff()
+}
+
+fn values(t: Tensor<2>) -> Vec<f32> {
+    t.cast(DType::F32).into_data().try_to_vec::<f32>().unwrap()
+}
+
+/// `got` within one bf16 step (2⁻⁷ relative) of `want`, element by element, or bitwise
+/// equal where AMX is off. Returns the largest difference in units of that step.
+fn agree(what: &str, got: Tensor<2>, want: Tensor<2>) -> f32 {
+    assert_eq!(got.dims(), want.dims(), "{what}: shapes");
+    let (got, want) = (values(got), values(want));
+    if !amx_ready() {
+        assert_eq!(got, want, "{what}: without AMX the product is Burn's");
+        return 0.0;
+    }
+    let scale = want.iter().fold(0f32, |a, b| a.max(b.abs()));
+    let mut worst = 0f32;
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        // One bf16 step of the element, floored at 2⁻¹⁶ of the largest (a sum that cancels
+        // keeps the f32 error of its terms, not of its value).
+        let step = (w.abs().max(scale / 512.0) / 128.0).max(f32::MIN_POSITIVE);
+        let units = (g - w).abs() / step;
+        assert!(units <= 1.0, "{what}: element {i} is {g}, Burn's {w}");
+        worst = worst.max(units);
+    }
+    worst
+}
+
+fn random(shape: [usize; 2], seed: u64) -> Tensor<2> {
+    let device = device();
+    device.seed(seed);
+    Tensor::<2>::random(shape, Distribution::Normal(0.0, 1.0), &device).cast(DType::BF16)
+}
+
+/// Every shape class (below, at and past the 32 × 32 block and its padding; the models'
+/// `688`) in the layouts the linear layers pass: `x Wᵀ` (a transposed right operand), `dy W`
+/// (both row-major), `dyᵀ x` (a transposed left one), and a strided slice.
+#[test]
+fn the_product_is_burns_within_one_bf16_step_in_every_layout() {
+    let mut worst = 0f32;
+    for (m, k, n) in [
+        (1, 1, 1),
+        (3, 5, 7),
+        (37, 70, 45),
+        (64, 688, 96),
+        (96, 256, 688),
+    ] {
+        let (x, w, dy) = (random([m, k], 1), random([n, k], 2), random([m, n], 3));
+        let shape = format!("m={m} k={k} n={n}");
+        let forward = matmul(x.clone(), w.clone().transpose());
+        worst = worst.max(agree(
+            &shape,
+            forward,
+            x.clone().matmul(w.clone().transpose()),
+        ));
+        let dx = matmul(dy.clone(), w.clone());
+        worst = worst.max(agree(&shape, dx, dy.clone().matmul(w.clone())));
+        let dw = matmul(dy.clone().transpose(), x.clone());
+        worst = worst.max(agree(&shape, dw, dy.clone().transpose().matmul(x.clone())));
+        // Views into a wider buffer: rows apart by more than their length, an offset.
+        let wide = random([k, 2 * n], 4).slice([0..k, n..2 * n]);
+        let strided = matmul(x.clone(), wide.clone());
+        worst = worst.max(agree(&shape, strided, x.clone().matmul(wide)));
+        let tall = random([2 * n, k], 10).slice([n..2 * n, 0..k]).transpose();
+        let strided = matmul(x.clone(), tall.clone());
+        worst = worst.max(agree(&shape, strided, x.matmul(tall)));
+        let rows = random([m, 2 * k], 11).slice([0..m, k..2 * k]);
+        let strided = matmul(rows.clone(), w.clone().transpose());
+        worst = worst.max(agree(&shape, strided, rows.matmul(w.transpose())));
+    }
+    println!(
+        "largest difference: {worst} bf16 steps (AMX: {})",
+        amx_ready()
+    );
+}
+
+/// One autodiff node whose backward runs the same product: the input's and the weight's
+/// gradients of `x Wᵀ` are Burn's within one bf16 step; with a constant weight only the
+/// input gets one.
+#[test]
+fn its_gradients_are_burns() {
+    let (m, k, n) = (40, 72, 48);
+    let g = random([m, n], 7);
+    let grads = |product: fn(Tensor<2>, Tensor<2>) -> Tensor<2>, track_w: bool| {
+        let x = random([m, k], 5).require_grad();
+        let mut w = random([n, k], 6);
+        if track_w {
+            w = w.require_grad();
+        }
+        let y = product(x.clone(), w.clone().transpose());
+        let grads = (y.cast(DType::F32) * g.clone().cast(DType::F32))
+            .sum()
+            .backward();
+        (x.grad(&grads).unwrap(), w.grad(&grads))
+    };
+    let burn = |a: Tensor<2>, b: Tensor<2>| a.matmul(b);
+    let (dx, dw) = grads(matmul, true);
+    let (want_dx, want_dw) = grads(burn, true);
+    agree("dx", dx, want_dx);
+    agree("dW", dw.unwrap(), want_dw.unwrap());
+    let (dx, dw) = grads(matmul, false);
+    agree("dx, constant W", dx, grads(burn, false).0);
+    assert!(dw.is_none(), "a constant weight got a gradient");
+}
+
+/// f32 is Burn's product itself, bit for bit, AMX or not.
+#[test]
+fn f32_is_burns_product() {
+    let (a, b) = (
+        random([33, 65], 8).cast(DType::F32),
+        random([65, 17], 9).cast(DType::F32),
+    );
+    assert_eq!(values(matmul(a.clone(), b.clone())), values(a.matmul(b)));
+}
