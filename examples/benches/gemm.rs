@@ -14,7 +14,7 @@
 //! `-- --default-allocator` keeps glibc's defaults, under which the products with 4–16 MB
 //! outputs lose a third to fresh pages).
 //! Prints `bench gemm side=bonfire shape=… m= n= k= dtype= gflops=` (Bonfire's product,
-//! `bonfire_kernels::matmul`: Burn's in f32, AMX in bf16 where the CPU has it), for bf16 also
+//! `bonfire_kernels::matmul`: Burn's in f32, in bf16 the CPU's bf16 kernel, `bf16_kernel=`), for bf16 also
 //! `bench gemm side=burn …` (Burn's own product on the same operands: Flex converts bf16 to
 //! f32 and back around its f32 `gemm`), and `bench gemm peak_gflops=… isa=…`: the FMA
 //! micro-kernel, 12 independent accumulators of the widest vectors the core has (AVX-512
@@ -152,8 +152,9 @@ fn main() {
     device.seed(1);
     let (peak, isa) = peak();
     println!(
-        "bench gemm peak_gflops={peak:.1} isa={isa} threads=1 allocator_tuned={tuned} amx={}",
-        bonfire_kernels::amx_ready()
+        "bench gemm peak_gflops={peak:.1} isa={isa} threads=1 allocator_tuned={tuned} \
+         bf16_kernel={}",
+        bonfire_kernels::bf16_kernel().map_or("burn", |k| k.name())
     );
     let normal = |shape: [usize; 2], dtype: DType| {
         Tensor::<2>::random(shape, Distribution::Normal(0.0, 1.0), &device).cast(dtype)

@@ -16,8 +16,9 @@
 //! - [`attention`]: fused scaled dot-product attention (full, causal or a sliding window:
 //!   [`Mask`]; grouped-query), one autodiff node with a flash-attention-2 backward; on Flex in
 //!   f32 tiled host kernels with an online softmax and no `T × T` matrix.
-//! - [`matmul`]: the linear layers' 2-d product, in bf16 on Flex through Intel AMX where the
-//!   CPU has it ([`amx_ready`]; Burn's product, f32 → f32, runs elsewhere), one autodiff node.
+//! - [`matmul`]: the linear layers' 2-d product, in bf16 on Flex through the CPU's bf16
+//!   instructions where it has them ([`bf16_kernel`]: AMX, or AVX-512 BF16 on request; Burn's
+//!   product elsewhere and in f32), one autodiff node.
 //!
 //! Every op takes and returns Burn tensors. On a CubeCL device (features `wgpu`, `cuda`) it
 //! launches its kernel on the tensors' own buffers; on every other device, for a dtype the
@@ -45,7 +46,7 @@ pub use fused::{
     silu_mul,
 };
 pub use host_alloc::keep_freed_memory;
-pub use matmul::{ProductBackend, amx_ready, matmul};
+pub use matmul::{Bf16Kernel, ProductBackend, bf16_kernel, matmul};
 pub use pack::{pack_scaled, unpack_scaled};
 pub use quantize::quantize_with_feedback;
 pub use sgd::{FusedSgd, FusedSgdConfig};

@@ -1,10 +1,11 @@
 //! [`matmul`]: the models' 2-d matrix product (their linear layers' `x Wᵀ` and its two
-//! backward products), in bf16 on Flex through Intel AMX where the CPU has it (`amx.rs`), and
-//! Burn's `matmul` everywhere else.
+//! backward products), in bf16 on Flex through a kernel of the CPU's bf16 instructions where
+//! it has them ([`bf16_kernel`]: Intel AMX, `amx.rs`; on request AVX-512 BF16's dot products,
+//! `dot.rs`; both over the operand layout of `pack.rs`), and Burn's `matmul` everywhere else.
 //!
 //! Flex multiplies bf16 by converting both operands to f32, running its f32 `gemm` and
 //! converting back: the f32 rate (~100–150 GFLOP/s on one core) where oneDNN's AMX kernels
-//! reach 600–1,400 on the bench models' shapes (`cargo xtask bench gemm`). The op is one
+//! reach 600–1,500 on the bench models' shapes (`cargo xtask bench gemm`). The op is one
 //! autodiff node ([`ProductBackend::product`]) whose backward runs the same product for
 //! `dlhs = grad · rhsᵀ` and `drhs = lhsᵀ · grad` (transposes are views), keeping what Burn's
 //! matmul keeps (the left operand only when the right one is tracked, and the converse).
@@ -13,6 +14,10 @@
 
 #[cfg(all(target_arch = "x86_64", target_os = "linux", target_env = "gnu"))]
 mod amx;
+#[cfg(target_arch = "x86_64")]
+mod dot;
+#[cfg(target_arch = "x86_64")]
+mod pack;
 
 use burn::backend::autodiff::NodeId;
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
@@ -24,24 +29,66 @@ use burn::backend::tensor::FloatTensor;
 use burn::backend::{Autodiff, Backend, Dispatch, Flex, backend_extension};
 use burn::tensor::{DType, Tensor};
 
-/// Whether bf16 products on Flex run on AMX in this process (the CPU has it, Linux granted
-/// it, `BONFIRE_AMX` is not `0`).
-pub fn amx_ready() -> bool {
-    #[cfg(all(target_arch = "x86_64", target_os = "linux", target_env = "gnu"))]
-    {
-        amx::ready()
+/// A kernel of the CPU's bf16 instructions for [`matmul`] on Flex.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Bf16Kernel {
+    /// Intel AMX's tiles (`TDPBF16PS`): Sapphire Rapids and later.
+    Amx,
+    /// AVX-512 BF16's dot products (`VDPBF16PS`): AMD Zen 4 and later, Intel Cooper Lake.
+    Avx512Bf16,
+}
+
+impl Bf16Kernel {
+    /// `amx` or `avx512bf16`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Amx => "amx",
+            Self::Avx512Bf16 => "avx512bf16",
+        }
     }
-    #[cfg(not(all(target_arch = "x86_64", target_os = "linux", target_env = "gnu")))]
-    {
+
+    /// Whether this process can run the kernel (the CPU has it; for AMX, Linux granted it).
+    pub fn available(self) -> bool {
+        #[cfg(all(target_arch = "x86_64", target_os = "linux", target_env = "gnu"))]
+        if self == Self::Amx {
+            return amx::ready();
+        }
+        #[cfg(target_arch = "x86_64")]
+        if self == Self::Avx512Bf16 {
+            return dot::ready();
+        }
         false
     }
 }
 
-/// `lhs · rhs` for `[m, k] × [k, n]`: on Flex in bf16 with AMX ([`amx_ready`]) one autodiff
-/// node over the AMX kernel (f32 sums, rounded once to bf16); otherwise `lhs.matmul(rhs)`.
+/// The kernel bf16 products on Flex take in this process: AMX where the CPU has it, or the one
+/// `BONFIRE_BF16_MATMUL` names (`amx`, `avx512bf16`) where the CPU has it; `None` — Burn's
+/// product — otherwise or with `BONFIRE_BF16_MATMUL=burn` (to reproduce a run made on another
+/// CPU). AVX-512 BF16 is not the default: on the one core measured (an Intel Xeon, whose
+/// `VDPBF16PS` runs at its f32 FMA rate) it ran at 0.70–1.00 of Burn's product; the CPUs
+/// where it should win (AMD Zen 4: dot products at twice the FMA rate) are not yet measured.
+/// Asked once a process.
+pub fn bf16_kernel() -> Option<Bf16Kernel> {
+    static KERNEL: std::sync::OnceLock<Option<Bf16Kernel>> = std::sync::OnceLock::new();
+    *KERNEL.get_or_init(|| {
+        let wanted = std::env::var("BONFIRE_BF16_MATMUL").unwrap_or_default();
+        let kernels = [Bf16Kernel::Amx, Bf16Kernel::Avx512Bf16];
+        let named = kernels.into_iter().find(|k| k.name() == wanted);
+        match wanted.as_str() {
+            "burn" => None,
+            _ => named
+                .into_iter()
+                .chain([Bf16Kernel::Amx])
+                .find(|k| k.available()),
+        }
+    })
+}
+
+/// `lhs · rhs` for `[m, k] × [k, n]`: on Flex in bf16 with a [`bf16_kernel`], one autodiff
+/// node over it (f32 sums, rounded once to bf16); otherwise `lhs.matmul(rhs)`.
 pub fn matmul(lhs: Tensor<2>, rhs: Tensor<2>) -> Tensor<2> {
     let bf16 = lhs.dtype() == DType::BF16 && rhs.dtype() == DType::BF16;
-    if !(bf16 && amx_ready() && is_flex(&lhs.device())) {
+    if !(bf16 && bf16_kernel().is_some() && is_flex(&lhs.device())) {
         return lhs.matmul(rhs);
     }
     Tensor::from_dispatch(<Dispatch as ProductBackend>::product(
@@ -73,17 +120,24 @@ pub trait ProductBackend: Backend {
 
 impl ProductBackend for Flex {
     fn product(lhs: FloatTensor<Self>, rhs: FloatTensor<Self>) -> FloatTensor<Self> {
-        #[cfg(all(target_arch = "x86_64", target_os = "linux", target_env = "gnu"))]
-        if lhs.dtype() == DType::BF16 && rhs.dtype() == DType::BF16 && amx::ready() {
-            return flex_amx(&lhs, &rhs);
+        #[cfg(target_arch = "x86_64")]
+        if lhs.dtype() == DType::BF16
+            && rhs.dtype() == DType::BF16
+            && let Some(kernel) = bf16_kernel()
+        {
+            return flex_bf16(kernel, &lhs, &rhs);
         }
         Flex::float_matmul(lhs, rhs)
     }
 }
 
-/// [`amx::matmul`] on Flex tensors (any strides).
-#[cfg(all(target_arch = "x86_64", target_os = "linux", target_env = "gnu"))]
-fn flex_amx(lhs: &FloatTensor<Flex>, rhs: &FloatTensor<Flex>) -> FloatTensor<Flex> {
+/// `kernel` (available) on Flex tensors (any strides).
+#[cfg(target_arch = "x86_64")]
+fn flex_bf16(
+    kernel: Bf16Kernel,
+    lhs: &FloatTensor<Flex>,
+    rhs: &FloatTensor<Flex>,
+) -> FloatTensor<Flex> {
     use burn::tensor::{TensorData, bf16};
     // An operand with neither stride 1 (no linear layer passes one) is copied contiguous.
     let unit = |t: &FloatTensor<Flex>| match t.layout().strides().contains(&1) {
@@ -91,14 +145,14 @@ fn flex_amx(lhs: &FloatTensor<Flex>, rhs: &FloatTensor<Flex>) -> FloatTensor<Fle
         false => t.to_contiguous(),
     };
     let (lhs, rhs) = (unit(lhs), unit(rhs));
-    fn operand(t: &FloatTensor<Flex>) -> amx::Operand<'_> {
+    fn operand(t: &FloatTensor<Flex>) -> pack::Operand<'_> {
         let layout = t.layout();
         let (shape, strides) = (layout.shape(), layout.strides());
         assert!(
             shape.num_dims() == 2 && strides.iter().all(|&s| s >= 0),
             "bonfire-kernels: matmul takes 2-d tensors with non-negative strides"
         );
-        amx::Operand {
+        pack::Operand {
             data: t.storage::<bf16>(),
             offset: layout.start_offset(),
             rows: shape[0],
@@ -113,7 +167,13 @@ fn flex_amx(lhs: &FloatTensor<Flex>, rhs: &FloatTensor<Flex>) -> FloatTensor<Fle
         "bonfire-kernels: matmul's inner dimensions differ"
     );
     let mut out = vec![bf16::ZERO; a.rows * b.cols];
-    amx::matmul(&a, &b, &mut out);
+    match kernel {
+        #[cfg(all(target_os = "linux", target_env = "gnu"))]
+        Bf16Kernel::Amx => amx::matmul(&a, &b, &mut out),
+        Bf16Kernel::Avx512Bf16 => dot::matmul(&a, &b, &mut out),
+        #[allow(unreachable_patterns)]
+        other => unreachable!("{other:?} is not available here"),
+    }
     FloatTensor::<Flex>::from_data(TensorData::new(out, [a.rows, b.cols]))
 }
 

@@ -1,6 +1,7 @@
-//! [`matmul`] against Burn's product: on a CPU with AMX, within one bf16 rounding of it (both
-//! sum in f32 and round once; only the order of the sums differs) in every operand layout
-//! the models pass, values and gradients; without AMX, Burn's product bit for bit.
+//! [`matmul`] against Burn's product: each [`Bf16Kernel`] the CPU has within one bf16
+//! rounding of it (both sum in f32 and round once; only the order of the sums differs) in
+//! every operand layout the models pass, values and gradients; without one, Burn's product
+//! bit for bit.
 
 use super::*;
 use burn::tensor::{Device, Distribution};
@@ -14,12 +15,15 @@ fn values(t: Tensor<2>) -> Vec<f32> {
 }
 
 /// `got` within one bf16 step (2⁻⁷ relative) of `want`, element by element, or bitwise
-/// equal where AMX is off. Returns the largest difference in units of that step.
-fn agree(what: &str, got: Tensor<2>, want: Tensor<2>) -> f32 {
+/// equal where no kernel runs (`exact`). Returns the largest difference in units of that step.
+fn agree(what: &str, got: Tensor<2>, want: Tensor<2>, exact: bool) -> f32 {
     assert_eq!(got.dims(), want.dims(), "{what}: shapes");
     let (got, want) = (values(got), values(want));
-    if !amx_ready() {
-        assert_eq!(got, want, "{what}: without AMX the product is Burn's");
+    if exact {
+        assert_eq!(
+            got, want,
+            "{what}: without a bf16 kernel the product is Burn's"
+        );
         return 0.0;
     }
     let scale = want.iter().fold(0f32, |a, b| a.max(b.abs()));
@@ -41,46 +45,64 @@ fn random(shape: [usize; 2], seed: u64) -> Tensor<2> {
     Tensor::<2>::random(shape, Distribution::Normal(0.0, 1.0), &device).cast(DType::BF16)
 }
 
-/// Every shape class (below, at and past the 32 × 32 block and its padding; the models'
-/// `688`) in the layouts the linear layers pass: `x Wᵀ` (a transposed right operand), `dy W`
-/// (both row-major), `dyᵀ x` (a transposed left one), and a strided slice.
+/// `lhs · rhs` by `kernel` (`None`: [`matmul`], the process's choice), untracked.
+fn product(kernel: Option<Bf16Kernel>, lhs: Tensor<2>, rhs: Tensor<2>) -> Tensor<2> {
+    match kernel {
+        None => matmul(lhs, rhs),
+        Some(kernel) => {
+            let flex = |t: Tensor<2>| t.inner().try_into_primitive::<Flex>().unwrap();
+            Tensor::from_primitive::<Flex>(flex_bf16(kernel, &flex(lhs), &flex(rhs)))
+        }
+    }
+}
+
+/// Every shape class (below, at and past the blocks and their padding; the models' `688`) in
+/// the layouts the linear layers pass: `x Wᵀ` (a transposed right operand), `dy W` (both
+/// row-major), `dyᵀ x` (a transposed left one), and strided slices — by every kernel the CPU
+/// has and by the process's choice.
 #[test]
 fn the_product_is_burns_within_one_bf16_step_in_every_layout() {
-    let mut worst = 0f32;
-    for (m, k, n) in [
-        (1, 1, 1),
-        (3, 5, 7),
-        (37, 70, 45),
-        (64, 688, 96),
-        (96, 256, 688),
-    ] {
-        let (x, w, dy) = (random([m, k], 1), random([n, k], 2), random([m, n], 3));
-        let shape = format!("m={m} k={k} n={n}");
-        let forward = matmul(x.clone(), w.clone().transpose());
-        worst = worst.max(agree(
-            &shape,
-            forward,
-            x.clone().matmul(w.clone().transpose()),
-        ));
-        let dx = matmul(dy.clone(), w.clone());
-        worst = worst.max(agree(&shape, dx, dy.clone().matmul(w.clone())));
-        let dw = matmul(dy.clone().transpose(), x.clone());
-        worst = worst.max(agree(&shape, dw, dy.clone().transpose().matmul(x.clone())));
-        // Views into a wider buffer: rows apart by more than their length, an offset.
-        let wide = random([k, 2 * n], 4).slice([0..k, n..2 * n]);
-        let strided = matmul(x.clone(), wide.clone());
-        worst = worst.max(agree(&shape, strided, x.clone().matmul(wide)));
-        let tall = random([2 * n, k], 10).slice([n..2 * n, 0..k]).transpose();
-        let strided = matmul(x.clone(), tall.clone());
-        worst = worst.max(agree(&shape, strided, x.matmul(tall)));
-        let rows = random([m, 2 * k], 11).slice([0..m, k..2 * k]);
-        let strided = matmul(rows.clone(), w.clone().transpose());
-        worst = worst.max(agree(&shape, strided, rows.matmul(w.transpose())));
+    let kernels = [Bf16Kernel::Amx, Bf16Kernel::Avx512Bf16];
+    let runs: Vec<_> = kernels
+        .into_iter()
+        .filter(|k| k.available())
+        .map(Some)
+        .collect();
+    let exact = bf16_kernel().is_none();
+    for kernel in runs.iter().copied().chain([None]) {
+        let mut worst = 0f32;
+        let mut check = |what: &str, a: Tensor<2>, b: Tensor<2>| {
+            let got = product(kernel, a.clone(), b.clone());
+            worst = worst.max(agree(what, got, a.matmul(b), exact && kernel.is_none()));
+        };
+        for (m, k, n) in [
+            (1, 1, 1),
+            (3, 5, 7),
+            (37, 70, 45),
+            (64, 688, 96),
+            (96, 256, 688),
+        ] {
+            let (x, w, dy) = (random([m, k], 1), random([n, k], 2), random([m, n], 3));
+            let shape = format!("{kernel:?} m={m} k={k} n={n}");
+            check(&shape, x.clone(), w.clone().transpose());
+            check(&shape, dy.clone(), w.clone());
+            check(&shape, dy.clone().transpose(), x.clone());
+            // Views into a wider buffer: rows apart by more than their length, an offset.
+            check(
+                &shape,
+                x.clone(),
+                random([k, 2 * n], 4).slice([0..k, n..2 * n]),
+            );
+            let tall = random([2 * n, k], 10).slice([n..2 * n, 0..k]);
+            check(&shape, x.clone(), tall.transpose());
+            let rows = random([m, 2 * k], 11).slice([0..m, k..2 * k]);
+            check(&shape, rows, w.transpose());
+        }
+        println!(
+            "{kernel:?} (None: the process's, {:?}): largest {worst} bf16 steps",
+            bf16_kernel()
+        );
     }
-    println!(
-        "largest difference: {worst} bf16 steps (AMX: {})",
-        amx_ready()
-    );
 }
 
 /// One autodiff node whose backward runs the same product: the input's and the weight's
@@ -105,10 +127,11 @@ fn its_gradients_are_burns() {
     let burn = |a: Tensor<2>, b: Tensor<2>| a.matmul(b);
     let (dx, dw) = grads(matmul, true);
     let (want_dx, want_dw) = grads(burn, true);
-    agree("dx", dx, want_dx);
-    agree("dW", dw.unwrap(), want_dw.unwrap());
+    let exact = bf16_kernel().is_none();
+    agree("dx", dx, want_dx, exact);
+    agree("dW", dw.unwrap(), want_dw.unwrap(), exact);
     let (dx, dw) = grads(matmul, false);
-    agree("dx, constant W", dx, grads(burn, false).0);
+    agree("dx, constant W", dx, grads(burn, false).0, exact);
     assert!(dw.is_none(), "a constant weight got a gradient");
 }
 
