@@ -9,15 +9,7 @@ use cubecl::prelude::*;
 
 /// Whether `device` is a CubeCL device (wgpu, CUDA …), autodiff or not.
 pub fn is_cube(device: &Device) -> bool {
-    fn cube(d: &DispatchDevice) -> bool {
-        match d {
-            DispatchDevice::Cube(_) => true,
-            DispatchDevice::Autodiff(inner) => cube(&inner.clone().inner()),
-            #[allow(unreachable_patterns)]
-            _ => false,
-        }
-    }
-    cube(device.as_dispatch())
+    matches!(crate::base_device(device), DispatchDevice::Cube(_))
 }
 
 /// `tensor` (on a CubeCL device; autodiff is dropped) as a contiguous `CubeTensor`.

@@ -60,7 +60,24 @@ pub mod fallback {
     pub use crate::quantize::fallback::quantize_with_feedback;
 }
 
+use burn::backend::DispatchDevice;
 use burn::tensor::{DType, Device};
+
+/// The backend device under `device`'s autodiff wrappers (itself without them).
+pub fn base_device(device: &Device) -> DispatchDevice {
+    fn strip(d: DispatchDevice) -> DispatchDevice {
+        match d {
+            DispatchDevice::Autodiff(inner) => strip(inner.clone().inner()),
+            d => d,
+        }
+    }
+    strip(device.as_dispatch().clone())
+}
+
+/// Whether `device` is Flex's (Burn's CPU backend), autodiff or not.
+pub fn is_flex(device: &Device) -> bool {
+    matches!(base_device(device), DispatchDevice::Flex(_))
+}
 
 /// Whether ops on `device`'s tensors run Bonfire's CubeCL kernels (a CubeCL device in a build
 /// with its runtime's feature), rather than their plain-Burn fallbacks.

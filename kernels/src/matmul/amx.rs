@@ -15,7 +15,7 @@
 //! `ARCH_REQ_XCOMP_PERM`) before the first tile instruction, or it faults. [`ready`] does all
 //! three once.
 
-use super::pack::{Left, Operand, pack_right, store_rounded, up32};
+use super::pack::{Operand, Packed, store_rounded};
 use burn::tensor::bf16;
 use std::arch::asm;
 use std::arch::x86_64::__cpuid_count;
@@ -64,40 +64,42 @@ const CONFIG: TileConfig = {
     TileConfig(c)
 };
 
-/// Rows of the left operand a block of the loop keeps (in L2) while the right panels pass.
-const BLOCK_ROWS: usize = 256;
-
 /// `a · b` into `out` (`[m, n]` row-major bf16): `a` `[m, k]`, `b` `[k, n]`. Call only where
 /// [`ready`].
 pub(crate) fn matmul(a: &Operand, b: &Operand, out: &mut [bf16]) {
-    let (m, k, n) = (a.rows, a.cols, b.cols);
-    assert!(ready() && b.rows == k && out.len() == m * n);
-    if m == 0 || n == 0 {
+    assert!(ready());
+    let Some(Packed {
+        left,
+        right,
+        mp,
+        kp,
+        np,
+    }) = Packed::new(a, b, out.len())
+    else {
         return;
-    }
-    let (mp, kp, np) = (up32(m), up32(k.max(1)), up32(n));
-    let left = Left::new(a);
-    let right = pack_right(b, kp, np);
+    };
+    let (m, n) = (a.rows, b.cols);
     let mut block = [0f32; 32 * 32];
     // SAFETY: `ready` checked the CPU and the tile permission; the configuration is valid.
     unsafe { asm!("ldtilecfg [{}]", in(reg) &CONFIG as *const TileConfig) };
-    for i0 in (0..mp).step_by(BLOCK_ROWS) {
+    // Row blocks outside: a block's 32 rows stay in L1 while the right operand's panels pass
+    // from L2 (measured against keeping 64–1,024 rows in L2 while each panel passes: 5–15 %
+    // faster on the bench shapes).
+    for i in (0..mp).step_by(32) {
         for j in (0..np).step_by(32) {
-            for i in (i0..mp.min(i0 + BLOCK_ROWS)).step_by(32) {
-                let (rows, lda) = left.row(i);
-                // SAFETY: rows `i..i+32` of `left` (`lda` apart) and panels `j/16, j/16+1` of
-                // `right` hold `kp` values each; `block` is 32 × 32 f32.
-                unsafe {
-                    block_product(
-                        rows,
-                        lda * 2,
-                        right[j / 16 * (kp / 2 * 16)..].as_ptr(),
-                        kp / 2 * 64,
-                        kp / 32,
-                        block.as_mut_ptr(),
-                    );
-                    store_rounded(&block, &mut out[i * n + j..], n, m - i, n - j);
-                }
+            let (rows, lda) = left.row(i);
+            // SAFETY: rows `i..i+32` of `left` (`lda` apart) and panels `j/16, j/16+1` of
+            // `right` hold `kp` values each; `block` is 32 × 32 f32.
+            unsafe {
+                block_product(
+                    rows,
+                    lda * 2,
+                    right[j / 16 * (kp / 2 * 16)..].as_ptr(),
+                    kp / 2 * 64,
+                    kp / 32,
+                    block.as_mut_ptr(),
+                );
+                store_rounded(&block, &mut out[i * n + j..], n, m - i, n - j);
             }
         }
     }

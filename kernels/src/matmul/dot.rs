@@ -12,7 +12,7 @@
 //! on AMD Zen 4 the dot products run at twice its FMA rate (PyTorch measured 1.7–1.9× its f32
 //! peak there); to be measured there before it is anyone's default.
 
-use super::pack::{Left, Operand, pack_right, store_rounded, up32};
+use super::pack::{Operand, Packed, store_rounded};
 use burn::tensor::bf16;
 use std::arch::x86_64::*;
 
@@ -32,14 +32,18 @@ const ROWS: usize = 8;
 /// `a · b` into `out` (`[m, n]` row-major bf16): `a` `[m, k]`, `b` `[k, n]`. Call only where
 /// [`ready`].
 pub(crate) fn matmul(a: &Operand, b: &Operand, out: &mut [bf16]) {
-    let (m, k, n) = (a.rows, a.cols, b.cols);
-    assert!(ready() && b.rows == k && out.len() == m * n);
-    if m == 0 || n == 0 {
+    assert!(ready());
+    let Some(Packed {
+        left,
+        right,
+        mp,
+        kp,
+        np,
+    }) = Packed::new(a, b, out.len())
+    else {
         return;
-    }
-    let (mp, kp, np) = (up32(m), up32(k.max(1)), up32(n));
-    let left = Left::new(a);
-    let right = pack_right(b, kp, np);
+    };
+    let (m, n) = (a.rows, b.cols);
     let panel = kp / 2 * 16;
     let mut block = [0f32; ROWS * 32];
     for j in (0..np).step_by(32) {

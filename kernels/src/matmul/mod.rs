@@ -88,27 +88,13 @@ pub fn bf16_kernel() -> Option<Bf16Kernel> {
 /// node over it (f32 sums, rounded once to bf16); otherwise `lhs.matmul(rhs)`.
 pub fn matmul(lhs: Tensor<2>, rhs: Tensor<2>) -> Tensor<2> {
     let bf16 = lhs.dtype() == DType::BF16 && rhs.dtype() == DType::BF16;
-    if !(bf16 && bf16_kernel().is_some() && is_flex(&lhs.device())) {
+    if !(bf16 && bf16_kernel().is_some() && crate::is_flex(&lhs.device())) {
         return lhs.matmul(rhs);
     }
     Tensor::from_dispatch(<Dispatch as ProductBackend>::product(
         lhs.into_dispatch(),
         rhs.into_dispatch(),
     ))
-}
-
-/// Whether `device` is Flex's (under autodiff or not).
-fn is_flex(device: &burn::tensor::Device) -> bool {
-    use burn::backend::DispatchDevice;
-    fn flex(d: &DispatchDevice) -> bool {
-        match d {
-            DispatchDevice::Flex(_) => true,
-            DispatchDevice::Autodiff(inner) => flex(&inner.clone().inner()),
-            #[allow(unreachable_patterns)]
-            _ => false,
-        }
-    }
-    flex(device.as_dispatch())
 }
 
 /// Backends that run [`matmul`]'s node.

@@ -6,9 +6,7 @@
 //! nothing. And the output's rounding to bf16.
 
 use burn::tensor::bf16;
-use std::arch::x86_64::{
-    __m256i, __m512, _mm256_mask_storeu_epi16, _mm512_cvtneps_pbh, _mm512_maskz_loadu_ps,
-};
+use std::arch::x86_64::*;
 
 /// A 2-d bf16 operand in its buffer: element `(r, c)` at `offset + r·row_stride + c·col_stride`,
 /// one of the strides 1.
@@ -77,23 +75,14 @@ unsafe fn transpose_into(
     out: &mut [u16],
     kp: usize,
 ) {
-    use std::arch::x86_64::*;
     let at = |c: usize, r: usize| src[c * stride + r].to_bits();
     let (k32, m16) = (k / 32 * 32, m / 16 * 16);
     for c0 in (0..k32).step_by(32) {
         for r0 in (0..m16).step_by(16) {
             let mut rows = [_mm512_setzero_si512(); 16];
             for (p, row) in rows.iter_mut().enumerate() {
-                let line = |c: usize| {
-                    let s = &src[c * stride + r0..][..16];
-                    // SAFETY: 16 elements of `s` are 32 bytes.
-                    unsafe { _mm256_loadu_si256(s.as_ptr() as *const __m256i) }
-                };
-                let (a, b) = (line(c0 + 2 * p), line(c0 + 2 * p + 1));
-                let (lo, hi) = (_mm256_unpacklo_epi16(a, b), _mm256_unpackhi_epi16(a, b));
-                let first = _mm256_permute2x128_si256(lo, hi, 0x20);
-                let second = _mm256_permute2x128_si256(lo, hi, 0x31);
-                *row = _mm512_inserti64x4(_mm512_castsi256_si512(first), second, 1);
+                let line = |c: usize| &src[c * stride + r0..][..16];
+                *row = interleave(line(c0 + 2 * p), line(c0 + 2 * p + 1));
             }
             transpose_16x16(&mut rows);
             for (q, row) in rows.iter().enumerate() {
@@ -111,11 +100,24 @@ unsafe fn transpose_into(
     }
 }
 
+/// Two rows of 16 bf16 as 16 pairs `lo[j] | hi[j] << 16`, in order.
+#[target_feature(enable = "avx512f")]
+fn interleave(lo: &[bf16], hi: &[bf16]) -> __m512i {
+    let (lo, hi) = (&lo[..16], &hi[..16]);
+    // SAFETY: 16 bf16 are 32 bytes.
+    let load = |s: &[bf16]| unsafe { _mm256_loadu_si256(s.as_ptr() as *const __m256i) };
+    let (a, b) = (load(lo), load(hi));
+    // Within each 128-bit lane: pairs of columns 0–3 (`unpacklo`) and 4–7 (`unpackhi`).
+    let (l, h) = (_mm256_unpacklo_epi16(a, b), _mm256_unpackhi_epi16(a, b));
+    let first = _mm256_permute2x128_si256(l, h, 0x20);
+    let second = _mm256_permute2x128_si256(l, h, 0x31);
+    _mm512_inserti64x4(_mm512_castsi256_si512(first), second, 1)
+}
+
 /// A 16 × 16 matrix of 32-bit elements, one row a register, transposed in place: pairs
 /// (`unpack…_epi32`), then 2 × 2 blocks (`unpack…_epi64`), then 128-bit lanes twice.
 #[target_feature(enable = "avx512f")]
 fn transpose_16x16(r: &mut [std::arch::x86_64::__m512i; 16]) {
-    use std::arch::x86_64::*;
     let mut t = [_mm512_setzero_si512(); 16];
     for i in 0..8 {
         t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
@@ -154,6 +156,7 @@ pub(crate) fn pack_right(b: &Operand, kp: usize, np: usize) -> Vec<u32> {
     let mut out = vec![0u32; np / 16 * panel];
     let pair = |lo: u16, hi: u16| lo as u32 | (hi as u32) << 16;
     if b.col_stride == 1 {
+        let n16 = n / 16 * 16;
         for i in 0..k.div_ceil(2) {
             let row = |r: usize| {
                 let start = b.offset + r * b.row_stride;
@@ -161,12 +164,20 @@ pub(crate) fn pack_right(b: &Operand, kp: usize, np: usize) -> Vec<u32> {
             };
             let r0 = row(2 * i);
             let r1 = (2 * i + 1 < k).then(|| row(2 * i + 1));
-            for j0 in (0..n).step_by(16) {
-                let dst = &mut out[j0 / 16 * panel + i * 16..][..16.min(n - j0)];
-                for (j, d) in dst.iter_mut().enumerate() {
-                    let hi = r1.map_or(0, |r1| r1[j0 + j].to_bits());
-                    *d = pair(r0[j0 + j].to_bits(), hi);
+            if let Some(r1) = r1 {
+                for j0 in (0..n16).step_by(16) {
+                    let dst = &mut out[j0 / 16 * panel + i * 16..][..16];
+                    // SAFETY: the kernels run only where AVX-512 F is; `dst` is 64 bytes.
+                    unsafe {
+                        let v = interleave(&r0[j0..j0 + 16], &r1[j0..j0 + 16]);
+                        _mm512_storeu_si512(dst.as_mut_ptr() as *mut __m512i, v);
+                    }
                 }
+            }
+            let from = if r1.is_some() { n16 } else { 0 };
+            for j in from..n {
+                let hi = r1.map_or(0, |r1| r1[j].to_bits());
+                out[j / 16 * panel + i * 16 + j % 16] = pair(r0[j].to_bits(), hi);
             }
         }
     } else {
@@ -199,7 +210,6 @@ unsafe fn pair_columns_into(
     out: &mut [u32],
     panel: usize,
 ) {
-    use std::arch::x86_64::*;
     let (k32, n16) = (k / 32 * 32, n / 16 * 16);
     for j0 in (0..n16).step_by(16) {
         for i0 in (0..k32).step_by(32) {
@@ -232,6 +242,38 @@ unsafe fn pair_columns_into(
         for i in from..k.div_ceil(2) {
             out[j / 16 * panel + i * 16 + j % 16] = pair(j, i);
         }
+    }
+}
+
+/// Both operands of `a · b` in the kernels' layout, and the padded sizes.
+pub(crate) struct Packed {
+    pub left: Left,
+    pub right: Vec<u32>,
+    pub mp: usize,
+    pub kp: usize,
+    pub np: usize,
+}
+
+impl Packed {
+    /// `a` `[m, k]` and `b` `[k, n]` for an output of `out_len = m·n`; `None` when it is empty.
+    pub(crate) fn new(a: &Operand, b: &Operand, out_len: usize) -> Option<Self> {
+        let (m, k, n) = (a.rows, a.cols, b.cols);
+        assert!(
+            b.rows == k && out_len == m * n,
+            "bonfire-kernels: matmul's shapes"
+        );
+        if m == 0 || n == 0 {
+            return None;
+        }
+        let (mp, kp, np) = (up32(m), up32(k.max(1)), up32(n));
+        let (left, right) = (Left::new(a), pack_right(b, kp, np));
+        Some(Self {
+            left,
+            right,
+            mp,
+            kp,
+            np,
+        })
     }
 }
 

@@ -35,16 +35,7 @@ pub use ledger::{TransferLedger, Transfers};
 /// Whether `device`'s tensors live in host memory (Burn's CPU backends), so that reading them
 /// moves nothing.
 pub fn is_host(device: &Device) -> bool {
-    use burn::backend::DispatchDevice;
-    fn host(d: &DispatchDevice) -> bool {
-        match d {
-            DispatchDevice::Flex(_) => true,
-            DispatchDevice::Autodiff(inner) => host(&inner.clone().inner()),
-            #[allow(unreachable_patterns)]
-            _ => false,
-        }
-    }
-    host(device.as_dispatch())
+    bonfire_kernels::is_flex(device)
 }
 
 /// `tensor`'s data on the host (its dtype kept), for `reason`: the tensor's own buffer on a
