@@ -9,7 +9,7 @@ use cubecl::prelude::*;
 
 /// Whether `device` is a CubeCL device (wgpu, CUDA …), autodiff or not.
 pub fn is_cube(device: &Device) -> bool {
-    matches!(crate::base_device(device), DispatchDevice::Cube(_))
+    matches!(crate::device::base_device(device), DispatchDevice::Cube(_))
 }
 
 /// `tensor` (on a CubeCL device; autodiff is dropped) as a contiguous `CubeTensor`.

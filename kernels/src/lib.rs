@@ -31,6 +31,7 @@ mod adamw;
 pub mod attention;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 pub mod cube;
+mod device;
 pub mod fused;
 mod host_alloc;
 mod matmul;
@@ -41,6 +42,7 @@ pub mod testing;
 
 pub use adamw::{FusedAdamW, FusedAdamWConfig};
 pub use attention::{MASKED, Mask, attention, attention_with_lse};
+pub use device::{base_device, is_flex};
 pub use fused::{
     causal_softmax, cross_entropy, exp, gelu, layer_norm_core, log_sum_exp, rms_norm_core, rope,
     silu_mul,
@@ -60,24 +62,7 @@ pub mod fallback {
     pub use crate::quantize::fallback::quantize_with_feedback;
 }
 
-use burn::backend::DispatchDevice;
 use burn::tensor::{DType, Device};
-
-/// The backend device under `device`'s autodiff wrappers (itself without them).
-pub fn base_device(device: &Device) -> DispatchDevice {
-    fn strip(d: DispatchDevice) -> DispatchDevice {
-        match d {
-            DispatchDevice::Autodiff(inner) => strip(inner.clone().inner()),
-            d => d,
-        }
-    }
-    strip(device.as_dispatch().clone())
-}
-
-/// Whether `device` is Flex's (Burn's CPU backend), autodiff or not.
-pub fn is_flex(device: &Device) -> bool {
-    matches!(base_device(device), DispatchDevice::Flex(_))
-}
 
 /// Whether ops on `device`'s tensors run Bonfire's CubeCL kernels (a CubeCL device in a build
 /// with its runtime's feature), rather than their plain-Burn fallbacks.

@@ -88,7 +88,7 @@ pub fn bf16_kernel() -> Option<Bf16Kernel> {
 /// node over it (f32 sums, rounded once to bf16); otherwise `lhs.matmul(rhs)`.
 pub fn matmul(lhs: Tensor<2>, rhs: Tensor<2>) -> Tensor<2> {
     let bf16 = lhs.dtype() == DType::BF16 && rhs.dtype() == DType::BF16;
-    if !(bf16 && bf16_kernel().is_some() && crate::is_flex(&lhs.device())) {
+    if !(bf16 && bf16_kernel().is_some() && crate::device::is_flex(&lhs.device())) {
         return lhs.matmul(rhs);
     }
     Tensor::from_dispatch(<Dispatch as ProductBackend>::product(
@@ -125,18 +125,23 @@ fn flex_bf16(
     rhs: &FloatTensor<Flex>,
 ) -> FloatTensor<Flex> {
     use burn::tensor::{TensorData, bf16};
-    // An operand with neither stride 1 (no linear layer passes one) is copied contiguous.
-    let unit = |t: &FloatTensor<Flex>| match t.layout().strides().contains(&1) {
-        true => t.clone(),
-        false => t.to_contiguous(),
+    // An operand with neither stride 1 or with a negative one (a flipped view; no linear
+    // layer passes either) is copied contiguous.
+    let unit = |t: &FloatTensor<Flex>| {
+        let strides = t.layout().strides();
+        match strides.contains(&1) && strides.iter().all(|&s| s >= 0) {
+            true => t.clone(),
+            false => t.to_contiguous(),
+        }
     };
     let (lhs, rhs) = (unit(lhs), unit(rhs));
     fn operand(t: &FloatTensor<Flex>) -> pack::Operand<'_> {
         let layout = t.layout();
         let (shape, strides) = (layout.shape(), layout.strides());
-        assert!(
-            shape.num_dims() == 2 && strides.iter().all(|&s| s >= 0),
-            "bonfire-kernels: matmul takes 2-d tensors with non-negative strides"
+        assert_eq!(
+            shape.num_dims(),
+            2,
+            "bonfire-kernels: matmul takes 2-d tensors"
         );
         pack::Operand {
             data: t.storage::<bf16>(),

@@ -96,7 +96,9 @@ fn the_product_is_burns_within_one_bf16_step_in_every_layout() {
             let tall = random([2 * n, k], 10).slice([n..2 * n, 0..k]);
             check(&shape, x.clone(), tall.transpose());
             let rows = random([m, 2 * k], 11).slice([0..m, k..2 * k]);
-            check(&shape, rows, w.transpose());
+            check(&shape, rows, w.clone().transpose());
+            // A flipped view (a negative stride where Flex keeps one: copied contiguous first).
+            check(&shape, x.clone().flip([0]), w.clone().transpose());
         }
         println!(
             "{kernel:?} (None: the process's, {:?}): largest {worst} bf16 steps",
