@@ -14,8 +14,8 @@
 //! `-- --default-allocator` keeps glibc's defaults, under which the products with 4–16 MB
 //! outputs lose a third to fresh pages).
 //! Prints `bench gemm side=bonfire shape=… m= n= k= dtype= gflops=` (Bonfire's product,
-//! `bonfire_kernels::matmul`: Burn's in f32, in bf16 the CPU's bf16 kernel, `bf16_kernel=`), for bf16 also
-//! `bench gemm side=burn …` (Burn's own product on the same operands: Flex converts bf16 to
+//! `bonfire_kernels::matmul`: Burn's in f32, in bf16 the CPU's bf16 kernel, `bf16_kernel=`),
+//! for bf16 also `bench gemm side=burn …` (Burn's own product on the same operands: Flex converts bf16 to
 //! f32 and back around its f32 `gemm`), and `bench gemm peak_gflops=… isa=…`: the FMA
 //! micro-kernel, 12 independent accumulators of the widest vectors the core has (AVX-512
 //! where present, else AVX2), so the figure is the FMA ports × width × clock the core
@@ -123,7 +123,7 @@ unsafe fn fma256(n: usize) -> f32 {
     out[0]
 }
 
-/// 12 independent 512-bit FMA chains, `n` steps each; returns their sum's first lane.
+/// 12 independent 512-bit FMA chains, `n` steps each; returns their sum's mean lane.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 unsafe fn fma512(n: usize) -> f32 {

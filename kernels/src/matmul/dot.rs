@@ -36,9 +36,9 @@ pub(crate) fn matmul(a: &Operand, b: &Operand, out: &mut [bf16]) {
     let Some(Packed {
         left,
         right,
-        mp,
         kp,
         np,
+        ..
     }) = Packed::new(a, b, out.len())
     else {
         return;
@@ -47,12 +47,9 @@ pub(crate) fn matmul(a: &Operand, b: &Operand, out: &mut [bf16]) {
     let panel = kp / 2 * 16;
     let mut block = [0f32; ROWS * 32];
     for j in (0..np).step_by(32) {
-        for i in (0..mp).step_by(ROWS) {
-            if i >= m {
-                break;
-            }
+        for i in (0..m).step_by(ROWS) {
             let (rows, lda) = left.row(i);
-            // SAFETY: `ready` checked the features; rows `i..i+ROWS < Mp` of `left` hold `kp`
+            // SAFETY: `ready` checked the features; rows `i..i+ROWS ≤ Mp` of `left` hold `kp`
             // values, panels `j/16` and `j/16 + 1` of `right` `kp/2` pairs each.
             unsafe {
                 block_product(

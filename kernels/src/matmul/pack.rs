@@ -21,12 +21,12 @@ pub(crate) struct Operand<'a> {
 }
 
 /// `x` rounded up to a multiple of 32.
-pub(crate) fn up32(x: usize) -> usize {
+fn up32(x: usize) -> usize {
     x.div_ceil(32) * 32
 }
 
 /// The left operand `[m, k]` as zero-padded rows `[Mp, Kp]`.
-pub(crate) fn pack_left(a: &Operand, mp: usize, kp: usize) -> Vec<u16> {
+fn pack_left(a: &Operand, mp: usize, kp: usize) -> Vec<u16> {
     let mut out = vec![0u16; mp * kp];
     if a.col_stride == 1 {
         for (r, row) in out.chunks_exact_mut(kp).take(a.rows).enumerate() {
@@ -150,7 +150,7 @@ fn transpose_16x16(r: &mut [std::arch::x86_64::__m512i; 16]) {
 
 /// The right operand `[k, n]` as panels of 16 columns, each row pair interleaved:
 /// `[Np/16, Kp/2, 16]` of `row 2i | row 2i+1 << 16`.
-pub(crate) fn pack_right(b: &Operand, kp: usize, np: usize) -> Vec<u32> {
+fn pack_right(b: &Operand, kp: usize, np: usize) -> Vec<u32> {
     let (k, n) = (b.rows, b.cols);
     let panel = kp / 2 * 16;
     let mut out = vec![0u32; np / 16 * panel];
@@ -266,7 +266,7 @@ impl Packed {
             return None;
         }
         let (mp, kp, np) = (up32(m), up32(k.max(1)), up32(n));
-        let (left, right) = (Left::new(a), pack_right(b, kp, np));
+        let (left, right) = (Left::new(a, mp, kp), pack_right(b, kp, np));
         Some(Self {
             left,
             right,
@@ -277,44 +277,43 @@ impl Packed {
     }
 }
 
-/// The left operand's rows as a kernel reads them: a pointer to row 0 and the row stride (in
-/// elements), `Kp` values a row and `Mp` rows readable.
+/// The left operand's rows as a kernel reads them: row 0 and the stride between rows (in
+/// elements), `Kp` values a row and `Mp` rows readable — the operand's own rows, or the
+/// packed copy this holds.
 pub(crate) struct Left {
-    packed: Vec<u16>,
-    direct: Option<(*const u16, usize)>,
-    kp: usize,
+    _packed: Vec<u16>,
+    row0: *const u16,
+    stride: usize,
 }
 
 impl Left {
     /// `a`'s rows in place where contiguous with whole blocks of 32 rows and columns, else
-    /// [`pack_left`]ed.
-    pub(crate) fn new(a: &Operand) -> Self {
-        let (m, k) = (a.rows, a.cols);
-        let (mp, kp) = (up32(m), up32(k.max(1)));
-        match a.col_stride == 1 && m % 32 == 0 && k % 32 == 0 {
-            true => {
-                let row0 = a.data[a.offset..].as_ptr() as *const u16;
-                Self {
-                    packed: Vec::new(),
-                    direct: Some((row0, a.row_stride)),
-                    kp,
-                }
+    /// [`pack_left`]ed into `[mp, kp]`.
+    fn new(a: &Operand, mp: usize, kp: usize) -> Self {
+        let whole = a.rows.is_multiple_of(32) && a.cols.is_multiple_of(32);
+        let (packed, row0, stride) = match a.col_stride == 1 && whole {
+            true => (
+                Vec::new(),
+                a.data[a.offset..].as_ptr() as *const u16,
+                a.row_stride,
+            ),
+            false => {
+                let packed = pack_left(a, mp, kp);
+                let row0 = packed.as_ptr();
+                (packed, row0, kp)
             }
-            false => Self {
-                packed: pack_left(a, mp, kp),
-                direct: None,
-                kp,
-            },
+        };
+        Self {
+            _packed: packed,
+            row0,
+            stride,
         }
     }
 
     /// Row `r`'s first element and the stride between rows.
     pub(crate) fn row(&self, r: usize) -> (*const u16, usize) {
-        match self.direct {
-            // SAFETY (of the offset): row `r < Mp` of the operand or of the packed rows.
-            Some((row0, stride)) => (row0.wrapping_add(r * stride), stride),
-            None => (self.packed.as_ptr().wrapping_add(r * self.kp), self.kp),
-        }
+        // The pointer is only formed here; the kernels read rows `r < Mp`.
+        (self.row0.wrapping_add(r * self.stride), self.stride)
     }
 }
 
