@@ -142,6 +142,9 @@ impl Split {
 
 fn main() {
     let args = Args::parse();
+    // As `train` and `bench train` run (`bonfire_kernels::keep_freed_memory`): without it the
+    // large outputs (the head's logits, 16 MB) are fresh pages on every call.
+    bonfire_kernels::keep_freed_memory();
     match args.model.as_str() {
         "gpt" => gpt(&args),
         "llama" => llama::run(args.batch, args.reps),

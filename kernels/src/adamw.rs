@@ -111,6 +111,7 @@ pub(crate) mod fallback {
 mod host {
     use super::FusedAdamWConfig;
     use crate::fused::host::{self as buf, flex_primitive as prim, is_flex_f32 as flex_f32};
+    use crate::simd::vectorized;
     use burn::backend::Flex;
     use burn::optim::{AdamWState, AdaptiveMomentumState, LearningRate};
     use burn::tensor::Tensor;
@@ -162,19 +163,56 @@ mod host {
         let pv = buf::owned(&mut p).expect("writable");
         let mv = buf::owned(&mut m).expect("writable");
         let vv = buf::owned(&mut v).expect("writable");
-        for (((p, m), v), &g) in pv.iter_mut().zip(mv).zip(vv).zip(buf::values(&g)) {
-            *m = *m * b1 + g * f1;
-            *v = *v * b2 + g * g * f2;
-            let delta = (*m / bias_1) / ((*v / bias_2).sqrt() + eps);
-            let decayed = if decay_rate == 0.0 { *p } else { *p * decay };
-            *p = decayed - delta * lr32;
-        }
+        let step = Step {
+            b1,
+            b2,
+            f1,
+            f2,
+            bias_1,
+            bias_2,
+            eps,
+            decay: (decay_rate != 0.0).then_some(decay),
+            lr: lr32,
+        };
+        update(pv, mv, vv, buf::values(&g), &step);
         let momentum = AdaptiveMomentumState::new(
             time,
             Tensor::from_primitive::<Flex>(m),
             Tensor::from_primitive::<Flex>(v),
         );
         (Tensor::from_primitive::<Flex>(p), AdamWState::new(momentum))
+    }
+
+    /// One step's constants, as Burn's `AdamW` computes them.
+    struct Step {
+        b1: f32,
+        b2: f32,
+        f1: f32,
+        f2: f32,
+        bias_1: f32,
+        bias_2: f32,
+        eps: f32,
+        /// `1 − lr·λ`, or `None` without weight decay.
+        decay: Option<f32>,
+        lr: f32,
+    }
+
+    vectorized! {
+        /// Burn's `AdamW` arithmetic on every element: the moments, then the parameter.
+        fn update(p: &mut [f32], m: &mut [f32], v: &mut [f32], g: &[f32], s: &Step) {
+            let n = p.len();
+            let (m, v, g) = (&mut m[..n], &mut v[..n], &g[..n]);
+            for i in 0..n {
+                m[i] = m[i] * s.b1 + g[i] * s.f1;
+                v[i] = v[i] * s.b2 + g[i] * g[i] * s.f2;
+                let delta = (m[i] / s.bias_1) / ((v[i] / s.bias_2).sqrt() + s.eps);
+                let decayed = match s.decay {
+                    Some(decay) => p[i] * decay,
+                    None => p[i],
+                };
+                p[i] = decayed - delta * s.lr;
+            }
+        }
     }
 }
 

@@ -38,6 +38,7 @@ mod matmul;
 mod pack;
 mod quantize;
 mod sgd;
+mod simd;
 pub mod testing;
 
 pub use adamw::{FusedAdamW, FusedAdamWConfig};

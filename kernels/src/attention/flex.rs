@@ -12,6 +12,7 @@
 
 use super::Mask;
 use crate::fused::fast_exp as exp;
+use crate::simd::vectorized;
 use std::ops::Range;
 
 /// Keys (and queries) per tile.
@@ -257,38 +258,19 @@ fn backward_unit_body(d: &Dims, x: &BackwardIn, out: &mut BackwardOut) {
     }
 }
 
-/// `$name` runs `$body` compiled for the best instruction set the CPU has.
-macro_rules! multiversion {
-    ($name:ident, $body:ident, ($($arg:ident: $ty:ty),*)) => {
-        fn $name($($arg: $ty),*) {
-            #[cfg(target_arch = "x86_64")]
-            {
-                #[target_feature(enable = "avx512f,avx2,fma")]
-                fn avx512($($arg: $ty),*) {
-                    $body($($arg),*)
-                }
-                #[target_feature(enable = "avx2,fma")]
-                fn avx2($($arg: $ty),*) {
-                    $body($($arg),*)
-                }
-                if std::arch::is_x86_feature_detected!("avx512f") {
-                    // SAFETY: the CPU has the features the function is compiled for.
-                    return unsafe { avx512($($arg),*) };
-                }
-                if std::arch::is_x86_feature_detected!("avx2")
-                    && std::arch::is_x86_feature_detected!("fma")
-                {
-                    // SAFETY: as above.
-                    return unsafe { avx2($($arg),*) };
-                }
-            }
-            $body($($arg),*)
-        }
-    };
+vectorized! {
+    /// [`forward_unit_body`] at the CPU's vector width.
+    fn forward_unit(d: &Dims, q: &[f32], k: &[f32], v: &[f32], o: &mut [f32], lse: &mut [f32]) {
+        forward_unit_body(d, q, k, v, o, lse)
+    }
 }
 
-multiversion!(forward_unit, forward_unit_body, (d: &Dims, q: &[f32], k: &[f32], v: &[f32], o: &mut [f32], lse: &mut [f32]));
-multiversion!(backward_unit, backward_unit_body, (d: &Dims, x: &BackwardIn, out: &mut BackwardOut));
+vectorized! {
+    /// [`backward_unit_body`] at the CPU's vector width.
+    fn backward_unit(d: &Dims, x: &BackwardIn, out: &mut BackwardOut) {
+        backward_unit_body(d, x, out)
+    }
+}
 
 /// Runs `f` on each of `units`, in order, on the calling thread: a rank computes on one
 /// thread, as every other Flex op here does (Burn is built without `rayon`; the ranks are the

@@ -4,6 +4,7 @@
 use super::backend::FusedBackend;
 use super::gelu::exp;
 use super::host::{self, FlexTensor};
+use crate::simd::vectorized;
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn::backend::autodiff::grads::Gradients;
@@ -74,6 +75,7 @@ pub(super) fn flex_covers(logits: &FlexTensor, targets: &FlexTensor) -> bool {
 
 /// `log Σ exp(row)`, one pass over memory: per chunk its max, the running sum rescaled when
 /// the max grows, then the chunk's `Σ exp(x − max)`.
+#[inline(always)]
 fn row_lse(row: &[f32]) -> f32 {
     let (mut max, mut sum) = (f32::NEG_INFINITY, 0f32);
     for chunk in row.chunks(CHUNK) {
@@ -87,13 +89,36 @@ fn row_lse(row: &[f32]) -> f32 {
     max + sum.ln()
 }
 
+vectorized! {
+    /// Each row's [`row_lse`] (`v` values a row) into `lse`.
+    fn rows_lse(logits: &[f32], v: usize, lse: &mut [f32]) {
+        for (row, l) in logits.chunks_exact(v).zip(lse.iter_mut()) {
+            *l = row_lse(row);
+        }
+    }
+}
+
+vectorized! {
+    /// Each row of `buf` (`v` values) replaced by `(softmax(row) − onehot(target)) · scale`,
+    /// from its log-sum-exp.
+    fn rows_grad(buf: &mut [f32], v: usize, lse: &[f32], ids: &[usize], scale: f32) {
+        for ((row, &l), &t) in buf.chunks_exact_mut(v).zip(lse).zip(ids) {
+            for x in row.iter_mut() {
+                *x = exp(*x - l) * scale;
+            }
+            row[t] -= scale;
+        }
+    }
+}
+
 /// The loss `[1]` and each row's log-sum-exp `[N, 1]` on Flex (see [`flex_covers`]): one
 /// pass over the logits, no exponentials kept (Burn's ops materialize `exp(logits − max)`).
 pub(super) fn forward_flex(logits: FlexTensor, targets: FlexTensor) -> (FlexTensor, FlexTensor) {
     let (n, v) = (logits.shape()[0], logits.shape()[1]);
     let ids = target_ids(&targets, n).expect("checked by flex_covers");
     let logits = host::contiguous(logits);
-    let lse: Vec<f32> = host::values(&logits).chunks_exact(v).map(row_lse).collect();
+    let mut lse = vec![0f32; n];
+    rows_lse(host::values(&logits), v, &mut lse);
     let rows = host::values(&logits).chunks_exact(v);
     let total: f64 = rows
         .zip(&lse)
@@ -118,10 +143,7 @@ pub(super) fn backward_flex(
     let scale = host::values(&grad)[0] / n as f32;
     let mut out = host::writable(logits);
     let buf = host::owned(&mut out).expect("a writable buffer");
-    for ((row, &l), &t) in buf.chunks_exact_mut(v).zip(host::values(&lse)).zip(&ids) {
-        row.iter_mut().for_each(|x| *x = exp(*x - l) * scale);
-        row[t] -= scale;
-    }
+    rows_grad(buf, v, host::values(&lse), &ids, scale);
     out
 }
 

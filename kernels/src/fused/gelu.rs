@@ -1,5 +1,6 @@
 //! The exact (erf) GELU and its derivative on host f32 buffers, written so that the compiler
-//! vectorizes them: no calls into `libm`, no branches. `erf` is Abramowitz & Stegun 7.1.26
+//! vectorizes them (at the CPU's width: `host::map`/`host::zip` are `crate::simd`'s
+//! `vectorized!`): no calls into `libm`, no branches. `erf` is Abramowitz & Stegun 7.1.26
 //! (absolute error ≤ 1.5e-7; its Taylor series near 0), its `exp(−x²)`
 //! and the derivative's `exp(−x²/2)` are the same value, computed once by range reduction
 //! (`2^k · p(r)`, `|r| ≤ ln 2 / 2`, a degree-7 polynomial: relative error below 1e-7).
@@ -69,7 +70,7 @@ pub(crate) fn gelu(x: f32) -> f32 {
 
 /// `g · (Φ(x) + x · φ(x))`.
 #[inline(always)]
-fn gelu_grad(x: f32, g: f32) -> f32 {
+pub(crate) fn gelu_grad(x: f32, g: f32) -> f32 {
     let e = exp(-0.5 * x * x);
     let cdf = 0.5 * (1.0 + erf_with(x * FRAC_1_SQRT_2, e));
     g * (cdf + x * INV_SQRT_2PI * e)

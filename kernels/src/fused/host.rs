@@ -3,6 +3,7 @@
 //! reuses an input's buffer when that tensor is contiguous, starts its buffer and is not
 //! shared; otherwise it is a fresh `Vec`.
 
+use crate::simd::vectorized;
 use burn::backend::tensor::FloatTensor;
 use burn::backend::{Flex, TensorMetadata};
 use burn::tensor::{DType, Tensor, TensorData};
@@ -57,12 +58,22 @@ pub(crate) fn owned(t: &mut FlexTensor) -> Option<&mut [f32]> {
 /// `f` applied to every value of `x`, in place when `x`'s buffer can be reused.
 pub(crate) fn map(mut x: FlexTensor, f: impl Fn(f32) -> f32) -> FlexTensor {
     if let Some(s) = owned(&mut x) {
-        s.iter_mut().for_each(|v| *v = f(*v));
+        map_in_place(s, &f);
         return x;
     }
     let x = contiguous(x);
-    let out = values(&x).iter().map(|&v| f(v)).collect();
+    let mut out = values(&x).to_vec();
+    map_in_place(&mut out, &f);
     from_vec(out, x.shape().to_vec())
+}
+
+vectorized! {
+    /// `v ← f(v)` for every value of `s`.
+    fn map_in_place(s: &mut [f32], f: &impl Fn(f32) -> f32) {
+        for v in s.iter_mut() {
+            *v = f(*v);
+        }
+    }
 }
 
 /// `f(a, b)` element-wise over two tensors of one shape, into `a`'s buffer when it can be
@@ -72,12 +83,23 @@ pub(crate) fn zip(mut a: FlexTensor, b: FlexTensor, f: impl Fn(f32, f32) -> f32)
     let b = contiguous(b);
     let bv = values(&b);
     if let Some(s) = owned(&mut a) {
-        s.iter_mut().zip(bv).for_each(|(x, &y)| *x = f(*x, y));
+        zip_in_place(s, bv, &f);
         return a;
     }
     let a = contiguous(a);
-    let out = values(&a).iter().zip(bv).map(|(&x, &y)| f(x, y)).collect();
+    let mut out = values(&a).to_vec();
+    zip_in_place(&mut out, bv, &f);
     from_vec(out, a.shape().to_vec())
+}
+
+vectorized! {
+    /// `a ← f(a, b)` element-wise (`b` as long as `a`).
+    fn zip_in_place(a: &mut [f32], b: &[f32], f: &impl Fn(f32, f32) -> f32) {
+        let b = &b[..a.len()];
+        for (x, &y) in a.iter_mut().zip(b) {
+            *x = f(*x, y);
+        }
+    }
 }
 
 /// `x` with a buffer of its own, contiguous from the start (itself when it already has one,

@@ -13,6 +13,7 @@
 
 use super::backend::FusedBackend;
 use super::host::{self, FlexTensor};
+use crate::simd::vectorized;
 use burn::backend::autodiff::NodeId;
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::retro_forward::RetroForward;
@@ -76,8 +77,19 @@ fn normalize_row(row: &mut [f32], eps: f32, centered: bool) -> f32 {
     };
     let ms = host::sum_map(row, |v| (v - mean) * (v - mean)) / d;
     let rstd = 1.0 / (ms + eps).sqrt();
-    row.iter_mut().for_each(|v| *v = (*v - mean) * rstd);
+    for v in row.iter_mut() {
+        *v = (*v - mean) * rstd;
+    }
     rstd
+}
+
+vectorized! {
+    /// Every row of `buf` (`d` values each) normalized in place, its `rstd` into `rstd`.
+    fn normalize_rows(buf: &mut [f32], d: usize, eps: f32, centered: bool, rstd: &mut [f32]) {
+        for (row, r) in buf.chunks_exact_mut(d).zip(rstd.iter_mut()) {
+            *r = normalize_row(row, eps, centered);
+        }
+    }
 }
 
 /// `x̂` and each row's `rstd` on Flex f32, `x`'s buffer reused when it can be.
@@ -86,10 +98,8 @@ pub(super) fn stats_flex(x: FlexTensor, eps: f64, centered: bool) -> (FlexTensor
     let d = *shape.last().expect("a norm needs a last dim");
     let mut out = host::writable(x);
     let buf = host::owned(&mut out).expect("a fresh buffer");
-    let rstd: Vec<f32> = buf
-        .chunks_exact_mut(d)
-        .map(|row| normalize_row(row, eps as f32, centered))
-        .collect();
+    let mut rstd = vec![0f32; buf.len() / d];
+    normalize_rows(buf, d, eps as f32, centered, &mut rstd);
     let mut rshape = shape;
     *rshape.last_mut().expect("checked") = 1;
     (out, host::from_vec(rstd, rshape))
@@ -104,9 +114,19 @@ fn backward_row(g: &mut [f32], xhat: &[f32], rstd: f32, centered: bool) {
         false => 0.0,
     };
     let mgx = host::sum_zip(g, xhat, |a, b| a * b) / d;
-    g.iter_mut()
-        .zip(xhat)
-        .for_each(|(g, &x)| *g = rstd * (*g - mg - x * mgx));
+    for (g, &x) in g.iter_mut().zip(xhat) {
+        *g = rstd * (*g - mg - x * mgx);
+    }
+}
+
+vectorized! {
+    /// Every row's `dx` (`d` values each) written over `g`.
+    fn backward_rows(g: &mut [f32], xhat: &[f32], rstd: &[f32], d: usize, centered: bool) {
+        let rows = g.chunks_exact_mut(d).zip(xhat.chunks_exact(d)).zip(rstd);
+        for ((g, x), &r) in rows {
+            backward_row(g, x, r, centered);
+        }
+    }
 }
 
 /// `dx` on Flex f32, into `grad`'s buffer when it can be reused.
@@ -121,10 +141,7 @@ pub(super) fn backward_flex(
     let (xhat, rstd) = (host::contiguous(xhat), host::contiguous(rstd));
     let mut out = host::writable(grad);
     let buf = host::owned(&mut out).expect("a fresh buffer");
-    buf.chunks_exact_mut(d)
-        .zip(host::values(&xhat).chunks_exact(d))
-        .zip(host::values(&rstd))
-        .for_each(|((g, x), &r)| backward_row(g, x, r, centered));
+    backward_rows(buf, host::values(&xhat), host::values(&rstd), d, centered);
     out
 }
 

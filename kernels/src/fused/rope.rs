@@ -6,6 +6,7 @@
 
 use super::backend::FusedBackend;
 use super::host::{self, FlexTensor};
+use crate::simd::vectorized;
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn::backend::autodiff::grads::Gradients;
@@ -95,6 +96,26 @@ fn rotate_row(dst: &mut [f32], src: &[f32], c: &[f32], s: &[f32], transposed: bo
     }
 }
 
+vectorized! {
+    /// Every row of `src` (`hd` values; the tables `c`, `s` cover one repetition of the rows)
+    /// rotated into `out`.
+    fn rotate_all(out: &mut [f32], src: &[f32], c: &[f32], s: &[f32], hd: usize, transposed: bool) {
+        let table = c.len();
+        for (dst, src) in out.chunks_exact_mut(table).zip(src.chunks_exact(table)) {
+            let rows = dst
+                .chunks_exact_mut(hd)
+                .zip(src.chunks_exact(hd))
+                .zip(c.chunks_exact(hd).zip(s.chunks_exact(hd)));
+            for ((d, x), (c, sn)) in rows {
+                match transposed {
+                    false => rotate_row(d, x, c, sn, false),
+                    true => rotate_row(d, x, c, sn, true),
+                }
+            }
+        }
+    }
+}
+
 /// The rotation (or its transpose) on Flex f32 (see [`flex_covers`]).
 pub(super) fn flex(
     x: FlexTensor,
@@ -111,19 +132,7 @@ pub(super) fn flex(
     );
     let (xv, cv, sv) = (host::values(&x), host::values(&cos), host::values(&sin));
     let mut out = vec![0f32; xv.len()];
-    let table = cv.len();
-    for (dst, src) in out.chunks_exact_mut(table).zip(xv.chunks_exact(table)) {
-        let rows = dst
-            .chunks_exact_mut(hd)
-            .zip(src.chunks_exact(hd))
-            .zip(cv.chunks_exact(hd).zip(sv.chunks_exact(hd)));
-        for ((d, s), (c, sn)) in rows {
-            match transposed {
-                false => rotate_row(d, s, c, sn, false),
-                true => rotate_row(d, s, c, sn, true),
-            }
-        }
-    }
+    rotate_all(&mut out, xv, cv, sv, hd, transposed);
     host::from_vec(out, shape)
 }
 

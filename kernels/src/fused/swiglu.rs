@@ -7,6 +7,7 @@
 use super::backend::FusedBackend;
 use super::gelu::exp;
 use super::host::{self, FlexTensor};
+use crate::simd::vectorized;
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn::backend::autodiff::grads::Gradients;
@@ -66,14 +67,23 @@ pub(super) fn backward_flex(
     let n = shape.iter().product::<usize>();
     let mut d_up = vec![0f32; n];
     let dg = host::owned(&mut d_gate).expect("a writable buffer");
-    let (gv, uv) = (host::values(&gate), host::values(&up));
-    for (((dg, du), &x), &u) in dg.iter_mut().zip(d_up.iter_mut()).zip(gv).zip(uv) {
-        let s = sigmoid(x);
-        let g = *dg;
-        *du = g * x * s;
-        *dg = g * u * s * (1.0 + x * (1.0 - s));
-    }
+    silu_mul_grads(dg, &mut d_up, host::values(&gate), host::values(&up));
     (d_gate, host::from_vec(d_up, shape))
+}
+
+vectorized! {
+    /// `d_up = g · x · σ(x)` and `d_gate = g · u · σ(x) · (1 + x (1 − σ(x)))` with `g` read
+    /// from (and `d_gate` written over) `dg`; all four slices one length.
+    fn silu_mul_grads(dg: &mut [f32], d_up: &mut [f32], gate: &[f32], up: &[f32]) {
+        let n = dg.len();
+        let (d_up, gate, up) = (&mut d_up[..n], &gate[..n], &up[..n]);
+        for i in 0..n {
+            let (x, u, g) = (gate[i], up[i], dg[i]);
+            let s = sigmoid(x);
+            d_up[i] = g * x * s;
+            dg[i] = g * u * s * (1.0 + x * (1.0 - s));
+        }
+    }
 }
 
 #[derive(Debug)]

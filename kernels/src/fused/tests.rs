@@ -105,6 +105,35 @@ fn gelu_in_place_on_an_untracked_tensor_is_burns_gelu() {
     close("forward", gelu(x.clone()), burn_gelu(x), 1e-6);
 }
 
+/// The host kernels run at the CPU's vector width (`crate::simd`), and every width computes
+/// the scalar formula's values bit for bit: the GELU forward and backward of a Flex tensor
+/// (AVX-512 or AVX2 where the CPU has them) against `gelu.rs`'s scalar functions called one
+/// value at a time here (the baseline build).
+#[test]
+fn host_gelu_is_the_scalar_formula_bit_for_bit() {
+    let x = Tensor::<2>::random([7, 1031], Distribution::Normal(0.0, 3.0), &device());
+    let g = Tensor::<2>::random([7, 1031], Distribution::Normal(0.0, 1.0), &device());
+    let bits = |t: Tensor<2>| -> Vec<u32> {
+        let v = t.into_data().try_to_vec::<f32>().unwrap();
+        v.iter().map(|v| v.to_bits()).collect()
+    };
+    let (xv, gv) = (bits(x.clone()), bits(g.clone()));
+    let scalar: Vec<u32> = xv
+        .iter()
+        .map(|&v| std::hint::black_box(super::gelu::gelu(f32::from_bits(v))).to_bits())
+        .collect();
+    assert_eq!(bits(gelu(x.clone())), scalar);
+    let xt = x.require_grad();
+    let grads = (gelu(xt.clone()) * g).sum().backward();
+    let scalar: Vec<u32> = (xv.iter().zip(&gv))
+        .map(|(&v, &d)| {
+            let (v, d) = (f32::from_bits(v), f32::from_bits(d));
+            std::hint::black_box(super::gelu::gelu_grad(v, d)).to_bits()
+        })
+        .collect();
+    assert_eq!(bits(xt.grad(&grads).unwrap()), scalar);
+}
+
 #[test]
 fn cross_entropy_over_several_vocabulary_chunks() {
     let x = Tensor::<2>::random([3, 5003], Distribution::Normal(0.0, 4.0), &device());
