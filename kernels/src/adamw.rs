@@ -153,28 +153,10 @@ mod host {
                 buf::from_vec(vec![0.0; n], shape),
             ),
         };
-        let (b1, b2, eps) = (config.beta_1, config.beta_2, config.epsilon);
-        let (f1, f2) = (1.0 - b1, 1.0 - b2);
-        let bias_1 = 1f32 - b1.powi(time as i32);
-        let bias_2 = 1f32 - b2.powi(time as i32);
-        let decay_rate = lr * config.weight_decay as f64;
-        let decay = (1.0 - decay_rate) as f32;
-        let lr32 = lr as f32;
         let pv = buf::owned(&mut p).expect("writable");
         let mv = buf::owned(&mut m).expect("writable");
         let vv = buf::owned(&mut v).expect("writable");
-        let step = Step {
-            b1,
-            b2,
-            f1,
-            f2,
-            bias_1,
-            bias_2,
-            eps,
-            decay: (decay_rate != 0.0).then_some(decay),
-            lr: lr32,
-        };
-        update(pv, mv, vv, buf::values(&g), &step);
+        update(pv, mv, vv, buf::values(&g), &Step::new(config, lr, time));
         let momentum = AdaptiveMomentumState::new(
             time,
             Tensor::from_primitive::<Flex>(m),
@@ -195,6 +177,25 @@ mod host {
         /// `1 − lr·λ`, or `None` without weight decay.
         decay: Option<f32>,
         lr: f32,
+    }
+
+    impl Step {
+        /// Step `time`'s constants (1-based) at learning rate `lr`.
+        fn new(config: &FusedAdamWConfig, lr: LearningRate, time: usize) -> Self {
+            let (b1, b2) = (config.beta_1, config.beta_2);
+            let decay_rate = lr * config.weight_decay as f64;
+            Self {
+                b1,
+                b2,
+                f1: 1.0 - b1,
+                f2: 1.0 - b2,
+                bias_1: 1f32 - b1.powi(time as i32),
+                bias_2: 1f32 - b2.powi(time as i32),
+                eps: config.epsilon,
+                decay: (decay_rate != 0.0).then_some((1.0 - decay_rate) as f32),
+                lr: lr as f32,
+            }
+        }
     }
 
     vectorized! {

@@ -7,6 +7,7 @@ use crate::simd::vectorized;
 use burn::backend::tensor::FloatTensor;
 use burn::backend::{Flex, TensorMetadata};
 use burn::tensor::{DType, Tensor, TensorData};
+use std::mem::MaybeUninit;
 
 /// A Flex float tensor.
 pub(crate) type FlexTensor = FloatTensor<Flex>;
@@ -62,9 +63,20 @@ pub(crate) fn map(mut x: FlexTensor, f: impl Fn(f32) -> f32) -> FlexTensor {
         return x;
     }
     let x = contiguous(x);
-    let mut out = values(&x).to_vec();
-    map_in_place(&mut out, &f);
+    let src = values(&x);
+    let out = filled(src.len(), |out| map_into(src, out, &f));
     from_vec(out, x.shape().to_vec())
+}
+
+/// A vector of `len` values, each written once by `fill` (no zero-fill before): what the
+/// element-wise passes give a shared input instead of a copy to work over in place.
+fn filled(len: usize, fill: impl FnOnce(&mut [MaybeUninit<f32>])) -> Vec<f32> {
+    let mut out = Vec::with_capacity(len);
+    fill(&mut out.spare_capacity_mut()[..len]);
+    // SAFETY: `fill` wrote each of the first `len` values (`map_into`, `zip_into`: one write
+    // per value of their equally long inputs).
+    unsafe { out.set_len(len) };
+    out
 }
 
 vectorized! {
@@ -72,6 +84,16 @@ vectorized! {
     fn map_in_place(s: &mut [f32], f: &impl Fn(f32) -> f32) {
         for v in s.iter_mut() {
             *v = f(*v);
+        }
+    }
+}
+
+vectorized! {
+    /// `out[i] ← f(src[i])` for every value of `src` (`out` as long), writing each once.
+    fn map_into(src: &[f32], out: &mut [MaybeUninit<f32>], f: &impl Fn(f32) -> f32) {
+        let out = &mut out[..src.len()];
+        for (o, &v) in out.iter_mut().zip(src) {
+            o.write(f(v));
         }
     }
 }
@@ -87,8 +109,8 @@ pub(crate) fn zip(mut a: FlexTensor, b: FlexTensor, f: impl Fn(f32, f32) -> f32)
         return a;
     }
     let a = contiguous(a);
-    let mut out = values(&a).to_vec();
-    zip_in_place(&mut out, bv, &f);
+    let av = values(&a);
+    let out = filled(av.len(), |out| zip_into(av, bv, out, &f));
     from_vec(out, a.shape().to_vec())
 }
 
@@ -98,6 +120,16 @@ vectorized! {
         let b = &b[..a.len()];
         for (x, &y) in a.iter_mut().zip(b) {
             *x = f(*x, y);
+        }
+    }
+}
+
+vectorized! {
+    /// `out[i] ← f(a[i], b[i])` (all three as long as `a`), writing each once.
+    fn zip_into(a: &[f32], b: &[f32], out: &mut [MaybeUninit<f32>], f: &impl Fn(f32, f32) -> f32) {
+        let (b, out) = (&b[..a.len()], &mut out[..a.len()]);
+        for ((o, &x), &y) in out.iter_mut().zip(a).zip(b) {
+            o.write(f(x, y));
         }
     }
 }
