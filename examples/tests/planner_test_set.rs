@@ -37,16 +37,18 @@ static HEAP: RankAllocator = RankAllocator;
 /// was not tuned on. Kept as measured, not refitted: each must stay within `MOVED` of this.
 /// gqa/tp2+sp+ac moved from 0.796 to 0.847 on 2026-12-05, reported: the vocabulary-parallel
 /// loss became the fused cross-entropy (fewer logits-sized buffers) and the planner counts
-/// its one buffer (derived from the implementation, not fitted to this row).
-const KNOWN_MISSES: [KnownMiss; 8] = [
-    ("thin-long/zero1+ac", 0, "peak", 0.839),
-    ("thin-long/zero1+ac", 1, "peak", 0.839),
+/// its one buffer (derived from the implementation, not fitted to this row). Later that day,
+/// reported: the f32 products write their outputs once (lower measured peaks) and the loss
+/// buffers without tp went from two to one (fitted on the fit set): thin-long/zero1+ac moved
+/// from 0.839 into the band (0.968 / 0.973) and is no longer a miss; gqa/dp2xtp2-zero1
+/// (its tp count unchanged) moved from 0.822 / 0.828 / 0.822 / 0.823 with the products alone.
+const KNOWN_MISSES: [KnownMiss; 6] = [
     ("gqa/tp2+sp+ac", 0, "peak", 0.847),
     ("gqa/tp2+sp+ac", 1, "peak", 0.847),
-    ("gqa/dp2xtp2-zero1", 0, "peak", 0.822),
-    ("gqa/dp2xtp2-zero1", 1, "peak", 0.828),
-    ("gqa/dp2xtp2-zero1", 2, "peak", 0.822),
-    ("gqa/dp2xtp2-zero1", 3, "peak", 0.823),
+    ("gqa/dp2xtp2-zero1", 0, "peak", 0.810),
+    ("gqa/dp2xtp2-zero1", 1, "peak", 0.804),
+    ("gqa/dp2xtp2-zero1", 2, "peak", 0.804),
+    ("gqa/dp2xtp2-zero1", 3, "peak", 0.804),
 ];
 
 /// The test set's GPT shapes: (name, config, sequences a step).

@@ -127,13 +127,9 @@ pub fn gradients_at_peak(layout: &ParallelDims, state: &FormulaBytes) -> f64 {
 /// What one pipeline rank keeps for backward, in bytes, for micro-batches of `tokens`
 /// tokens (sequences of `seq`) with `held` of them in flight per local chunk (or one, without
 /// a pipeline): [`held_bytes`], and while a backward runs one block's activations as it is
-/// recomputed and, on the rank with the head, more logits-sized buffers at the loss's
-/// backward: two without tp (the logits the fused cross-entropy keeps and its gradient,
-/// measured); one under tp, whose vocabulary-parallel loss (`loss_parallel`) runs the fused
-/// cross-entropy on a copy of the rank's slice with one more column — a buffer nothing else
-/// holds, so its gradient is written into it, and the head's own output is freed after the
-/// forward (three until 2026-12-05, when that loss was Burn's ops, measured); and under a half
-/// param dtype the half-precision logits the f32 ones are cast from.
+/// recomputed and, on the rank with the head, one more logits-sized buffer at the loss
+/// ([`LOSS_BUFFERS`]); under a half param dtype also the half-precision logits the f32 ones
+/// are cast from.
 pub fn activation_bytes(
     model: &ModelSpec,
     layout: &ParallelDims,
@@ -148,7 +144,6 @@ pub fn activation_bytes(
         bytes += block_elems(model, layout, seq) * tokens * ab;
     }
     if chunks.iter().any(|c| c.has_head) {
-        let buffers = if layout.tp() > 1 { 1.0 } else { 2.0 };
         // Under a half param dtype the head's logits come out in it and are cast to f32 for
         // the loss: the half copy is live beside the f32 ones (derived, not fitted).
         let half = if layout.precision.is_mixed() {
@@ -156,10 +151,22 @@ pub fn activation_bytes(
         } else {
             0.0
         };
-        bytes += (buffers + half) * logits_bytes(model, layout, tokens);
+        bytes += (LOSS_BUFFERS + half) * logits_bytes(model, layout, tokens);
     }
     bytes
 }
+
+/// Logits-sized f32 buffers live at the loss beside the kept logits, with or without tp:
+/// one. The fused cross-entropy writes its gradient into the logits it keeps (a buffer
+/// nothing else holds: the head's output without tp, the vocabulary-parallel loss's padded
+/// copy of the rank's slice under tp); the one counted is what the loss and the head's
+/// backward leave live beside it, fitted on the fit set (`examples/tests/planner.rs`).
+/// Without tp it was two until 2026-12-05, when every f32 product on the CPU backend wrote
+/// its output through a zero-filled buffer copied into an aligned one — two logits-sized
+/// buffers for a moment at the head's forward; `bonfire_kernels::matmul` now writes it once
+/// (docs/planner.md, "The f32 products written once"). Under tp it was three until the
+/// vocabulary-parallel loss became the fused cross-entropy (2026-12-05, derived).
+pub const LOSS_BUFFERS: f64 = 1.0;
 
 /// Elements a block keeps per token of a rank under `layout` for sequences of `seq` tokens:
 /// [`ModelSpec::block_activation_elems`] and, under context parallelism, what ring attention
@@ -288,7 +295,7 @@ pub fn gradient_copy_bytes(layout: &ParallelDims, psi: usize, state: &FormulaByt
     match layout.zero {
         ZeroStage::Zero0 => (
             SUM_GRADIENT_COPIES * psi as f64 * layout.precision.param.bytes() as f64,
-            STEP_GRADIENT_COPIES * state.grads,
+            (STEP_GRADIENT_COPIES * state.grads).max(last_bucket_packed(layout, state)),
         ),
         _ => {
             let whole = psi as f64 * layout.precision.reduce.bytes() as f64;
@@ -296,6 +303,25 @@ pub fn gradient_copy_bytes(layout: &ParallelDims, psi: usize, state: &FormulaByt
         }
     }
 }
+
+/// The DDP engine's last bucket packed at the end of backward, beyond the state, where the
+/// engine reduces in backward (no pipeline: a pipeline's engine reduces its sums in the
+/// step): the gradient's other buckets, packed and in flight, and the last bucket both as
+/// autodiff's gradients and as its packed copy — the whole gradient and one more last bucket.
+/// The last bucket holds the first parameters (module order: the embeddings), bucketed at
+/// [`DDP_TAIL_BUCKET_BYTES`], so it is the smaller of that and the whole gradient. Derived
+/// from the engine (`bonfire_ddp`'s `BucketPlan` and reducer); docs/planner.md has the
+/// allocation that a capped run named at this moment.
+fn last_bucket_packed(layout: &ParallelDims, state: &FormulaBytes) -> f64 {
+    if layout.pp() > 1 {
+        return 0.0;
+    }
+    state.grads + state.grads.min(DDP_TAIL_BUCKET_BYTES)
+}
+
+/// The DDP engine's bucket for the first parameters: a quarter (`TAIL_SPLIT`) of the
+/// trainer's 25 MiB cap (`DdpConfig`'s default).
+pub const DDP_TAIL_BUCKET_BYTES: f64 = (25 << 20) as f64 / 4.0;
 
 /// [`gradient_copy_bytes`] for a rank of `psi` parameters of which `experts` are its experts'
 /// (`E/ep` of them). Under ep > 1 with ZeRO 1 or 2 the engine (`bonfire_zero`'s

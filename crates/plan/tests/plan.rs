@@ -7,8 +7,8 @@
 
 use bonfire_plan::MemoryParts;
 use bonfire_plan::memory::{
-    STEP_GRADIENT_COPIES, ZERO_STEP_GRADIENT_COPIES, formula, gradient_copy_bytes,
-    gradients_at_peak,
+    DDP_TAIL_BUCKET_BYTES, STEP_GRADIENT_COPIES, ZERO_STEP_GRADIENT_COPIES, formula,
+    gradient_copy_bytes, gradients_at_peak,
 };
 mod common;
 use bonfire_layout::{MixedPrecision, ScheduleKind, ZeroStage};
@@ -178,11 +178,29 @@ fn the_peak_counts_gradients_where_they_are_live() {
         .total()
     };
     assert_eq!(peak(ZeroStage::Zero0, 20_000.0), 16_000.0 + 20_000.0);
-    // Few activations: the DDP engine's step, with its copies of the gradients.
-    assert_eq!(
-        peak(ZeroStage::Zero0, 500.0),
-        16_000.0 + STEP_GRADIENT_COPIES * 4_000.0
-    );
+    // Few activations: the DDP engine's last bucket packed at the end of backward — the
+    // whole gradient packed or in flight, and the last bucket (here all of it, under the
+    // tail bucket's size) once more — above its step's copies.
+    assert_eq!(peak(ZeroStage::Zero0, 500.0), 16_000.0 + 2.0 * 4_000.0);
+    // A gradient over the tail bucket: one tail bucket more than the gradient.
+    let big = 4 * (25 << 20);
+    let state = formula(ZeroStage::Zero0, big, n, MixedPrecision::f32());
+    let copies = gradient_copy_bytes(
+        &base_layout(n, 1, 1).with_zero(ZeroStage::Zero0),
+        big,
+        &state,
+    )
+    .1;
+    assert_eq!(copies, state.grads + DDP_TAIL_BUCKET_BYTES);
+    // A pipeline's engine reduces its sums in the step: its copies only.
+    let pp = base_layout(1, 1, 2);
+    let copies = gradient_copy_bytes(
+        &pp,
+        psi,
+        &formula(ZeroStage::Zero0, psi, 1, MixedPrecision::f32()),
+    )
+    .1;
+    assert_eq!(copies, STEP_GRADIENT_COPIES * 4_000.0);
     // ZeRO-1/2: parameters and the optimizer's shard at backward's start, no gradient.
     assert_eq!(
         peak(ZeroStage::Zero1, 20_000.0),

@@ -87,8 +87,9 @@ pub fn bf16_kernel() -> Option<Bf16Kernel> {
 /// `lhs · rhs` for `[m, k] × [k, n]`: on Flex in bf16 with a [`bf16_kernel`], one autodiff
 /// node over it (f32 sums, rounded once to bf16); otherwise `lhs.matmul(rhs)`.
 pub fn matmul(lhs: Tensor<2>, rhs: Tensor<2>) -> Tensor<2> {
-    let bf16 = lhs.dtype() == DType::BF16 && rhs.dtype() == DType::BF16;
-    if !(bf16 && bf16_kernel().is_some() && crate::device::is_flex(&lhs.device())) {
+    let both = |d: DType| lhs.dtype() == d && rhs.dtype() == d;
+    let ours = both(DType::F32) || (both(DType::BF16) && bf16_kernel().is_some());
+    if !(ours && crate::device::is_flex(&lhs.device())) {
         return lhs.matmul(rhs);
     }
     Tensor::from_dispatch(<Dispatch as ProductBackend>::product(
@@ -113,8 +114,63 @@ impl ProductBackend for Flex {
         {
             return flex_bf16(kernel, &lhs, &rhs);
         }
+        if lhs.dtype() == DType::F32 && rhs.dtype() == DType::F32 {
+            return flex_f32(&lhs, &rhs);
+        }
         Flex::float_matmul(lhs, rhs)
     }
+}
+
+/// Flex's own f32 product — the same `gemm` call with the same arguments, so the same values
+/// bit for bit — written into an output that is not zero-filled first: Flex allocates it
+/// zeroed (a `memset` of every output before `gemm` overwrites it, 2–7 % of the products' time
+/// on the bench shapes; `gemm` reads nothing of it with `read_dst` off).
+fn flex_f32(lhs: &FloatTensor<Flex>, rhs: &FloatTensor<Flex>) -> FloatTensor<Flex> {
+    use burn::tensor::TensorData;
+    let (a, b) = (lhs.layout(), rhs.layout());
+    assert!(
+        a.shape().num_dims() == 2 && b.shape().num_dims() == 2,
+        "bonfire-kernels: matmul takes 2-d tensors"
+    );
+    let (m, k, n) = (a.shape()[0], a.shape()[1], b.shape()[1]);
+    assert_eq!(
+        k,
+        b.shape()[0],
+        "bonfire-kernels: matmul's inner dimensions differ"
+    );
+    if m * n * k == 0 {
+        return FloatTensor::<Flex>::from_data(TensorData::new(vec![0f32; m * n], [m, n]));
+    }
+    let (lhs_data, rhs_data) = (lhs.storage::<f32>(), rhs.storage::<f32>());
+    let mut out: Vec<f32> = Vec::with_capacity(m * n);
+    // SAFETY: the operands' elements lie in their buffers at their offsets and strides (their
+    // layouts); `out` has room for `m × n` values, which `gemm` writes every one of (`read_dst`
+    // off, `alpha` 0) before the length is set.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            out.as_mut_ptr(),
+            1,
+            n as isize,
+            false,
+            lhs_data.as_ptr().add(a.start_offset()),
+            a.strides()[1],
+            a.strides()[0],
+            rhs_data.as_ptr().add(b.start_offset()),
+            b.strides()[1],
+            b.strides()[0],
+            0.0,
+            1.0,
+            false,
+            false,
+            false,
+            gemm::Parallelism::None,
+        );
+        out.set_len(m * n);
+    }
+    FloatTensor::<Flex>::from_data(TensorData::new(out, [m, n]))
 }
 
 /// `kernel` (available) on Flex tensors (any strides).
