@@ -78,4 +78,5 @@ pub use reduce::ReduceOp;
 pub use shrink::Shrunk;
 pub use threads::{LaunchError, RankFailure, ThreadWorld, launch};
 pub use work::Work;
+pub use work::overlapping;
 pub use world::{LaunchEnv, StartedBy, World};

@@ -119,12 +119,33 @@ thread_local! {
     static CURRENT_QUEUE: Cell<usize> = const { Cell::new(0) };
 }
 
-/// True on a communication thread (one that runs queued asynchronous work).
+thread_local! {
+    /// Set while [`overlapping`] runs its closure on this thread.
+    static OVERLAPPING: Cell<bool> = const { Cell::new(false) };
+}
+
+/// True on a communication thread (one that runs queued asynchronous work) or inside
+/// [`overlapping`].
 ///
 /// Waits there never spin: such a thread exists to overlap computation on the caller's
 /// threads, and a spinning waiter would take the core that computation needs.
 pub(crate) fn on_comm_thread() -> bool {
-    CURRENT_QUEUE.with(|q| q.get()) != 0
+    CURRENT_QUEUE.with(|q| q.get()) != 0 || OVERLAPPING.with(Cell::get)
+}
+
+/// Runs `f` as overlap work: the collectives it makes on this thread wait without spinning,
+/// as on a communication thread. For a helper thread of one's own that communicates while
+/// the rank's thread computes (ZeRO-3's prefetched gathers): with more threads than cores,
+/// a helper spinning in a wait takes the core the computation needs.
+pub fn overlapping<R>(f: impl FnOnce() -> R) -> R {
+    struct Restore(bool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            OVERLAPPING.with(|o| o.set(self.0));
+        }
+    }
+    let _restore = Restore(OVERLAPPING.with(|o| o.replace(true)));
+    f()
 }
 
 /// A lazily started background thread that runs jobs in submission order.
@@ -214,5 +235,26 @@ pub fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
         s.clone()
     } else {
         "non-string panic payload".to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{on_comm_thread, overlapping};
+
+    /// Inside `overlapping` the thread waits as a communication thread does (never
+    /// spinning); the mark is the caller's again afterwards, nested or unwound by a panic.
+    #[test]
+    fn overlapping_marks_the_thread_for_its_closure_only() {
+        assert!(!on_comm_thread());
+        let inner = overlapping(|| {
+            let nested = overlapping(on_comm_thread);
+            (on_comm_thread(), nested)
+        });
+        assert_eq!(inner, (true, true));
+        assert!(!on_comm_thread(), "the mark outlived its closure");
+        let unwound = std::panic::catch_unwind(|| overlapping(|| panic!("inside")));
+        assert!(unwound.is_err());
+        assert!(!on_comm_thread(), "a panic left the mark set");
     }
 }

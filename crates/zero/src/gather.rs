@@ -223,7 +223,7 @@ impl GatherPlan {
         let ledger = bonfire_dtensor::plane::ledger::current();
         let handle = std::thread::spawn(move || {
             let _counting = ledger.enter();
-            ops.into_iter().map(|op| op()).collect()
+            bonfire_comm::overlapping(|| ops.into_iter().map(|op| op()).collect())
         });
         st.inflight = Some((set, handle));
     }
