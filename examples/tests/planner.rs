@@ -392,3 +392,32 @@ fn held_micro_batches_are_those_of_the_generated_schedules() {
         moments
     }
 }
+
+/// The planner's DDP tail bucket (`bonfire_plan::memory::DDP_TAIL_BUCKET_BYTES`, the last
+/// bucket it counts packed at the end of backward) is the engine's: the trainer's default cap
+/// as `BucketPlan` cuts it for the first parameters. 1,024 parameters of 256 KiB: a full
+/// tail bucket holds 25 of them, exactly the constant, and the one with the first parameter
+/// is no larger.
+#[test]
+fn the_planners_ddp_tail_bucket_is_the_engines() {
+    use bonfire_ddp::{BucketPlan, DdpConfig};
+    use bonfire_module::params::ParamInfo;
+    use bonfire_plan::memory::DDP_TAIL_BUCKET_BYTES;
+    let infos: Vec<ParamInfo> = (0..1024)
+        .map(|i| ParamInfo {
+            id: burn::module::ParamId::new(),
+            path: format!("p{i}"),
+            shape: vec![256, 256],
+        })
+        .collect();
+    let plan = BucketPlan::new(&infos, DdpConfig::new().bucket_bytes);
+    let bytes = |b: usize| plan.lens[b] as f64 * 4.0;
+    let first = plan.loc[0].0;
+    // The buckets holding any of the first 100 parameters (within the tail caps).
+    let tail: Vec<usize> = (0..100).map(|i| plan.loc[i].0).collect();
+    let largest = tail.iter().map(|&b| bytes(b)).fold(0.0, f64::max);
+    assert_eq!(largest, DDP_TAIL_BUCKET_BYTES);
+    assert!(bytes(first) <= DDP_TAIL_BUCKET_BYTES);
+    // Past the tail, the whole cap: the planner's bucket is a quarter of it.
+    assert_eq!(bytes(plan.loc[1023].0), 4.0 * DDP_TAIL_BUCKET_BYTES);
+}
