@@ -1,7 +1,8 @@
 //! [`matmul`]: the models' 2-d matrix product (their linear layers' `x Wᵀ` and its two
 //! backward products), in bf16 on Flex through a kernel of the CPU's bf16 instructions where
 //! it has them ([`bf16_kernel`]: Intel AMX, `amx.rs`; on request AVX-512 BF16's dot products,
-//! `dot.rs`; both over the operand layout of `pack.rs`), and Burn's `matmul` everywhere else.
+//! `dot.rs`; both over the operand layout of `pack.rs`), in f32 on Flex through Flex's own
+//! `gemm` call written straight into its output, and Burn's `matmul` everywhere else.
 //!
 //! Flex multiplies bf16 by converting both operands to f32, running its f32 `gemm` and
 //! converting back: the f32 rate (~100–150 GFLOP/s on one core) where oneDNN's AMX kernels
@@ -9,8 +10,9 @@
 //! autodiff node ([`ProductBackend::product`]) whose backward runs the same product for
 //! `dlhs = grad · rhsᵀ` and `drhs = lhsᵀ · grad` (transposes are views), keeping what Burn's
 //! matmul keeps (the left operand only when the right one is tracked, and the converse).
-//! Every other dtype, device or CPU takes `lhs.matmul(rhs)` itself, so f32 runs are Burn's,
-//! bit for bit.
+//! f32 on Flex is Burn's product bit for bit (the same `gemm` call with the same arguments)
+//! without Flex's zero-filled output and its copy into an aligned buffer; every other dtype or
+//! device, and bf16 on a CPU without a kernel, takes `lhs.matmul(rhs)` itself.
 
 #[cfg(all(target_arch = "x86_64", target_os = "linux", target_env = "gnu"))]
 mod amx;
@@ -84,8 +86,8 @@ pub fn bf16_kernel() -> Option<Bf16Kernel> {
     })
 }
 
-/// `lhs · rhs` for `[m, k] × [k, n]`: on Flex in bf16 with a [`bf16_kernel`], one autodiff
-/// node over it (f32 sums, rounded once to bf16); otherwise `lhs.matmul(rhs)`.
+/// `lhs · rhs` for `[m, k] × [k, n]`: on Flex in f32, or in bf16 with a [`bf16_kernel`]
+/// (f32 sums, rounded once to bf16), one autodiff node over it; otherwise `lhs.matmul(rhs)`.
 pub fn matmul(lhs: Tensor<2>, rhs: Tensor<2>) -> Tensor<2> {
     let both = |d: DType| lhs.dtype() == d && rhs.dtype() == d;
     let ours = both(DType::F32) || (both(DType::BF16) && bf16_kernel().is_some());
@@ -122,9 +124,11 @@ impl ProductBackend for Flex {
 }
 
 /// Flex's own f32 product — the same `gemm` call with the same arguments, so the same values
-/// bit for bit — written into an output that is not zero-filled first: Flex allocates it
-/// zeroed (a `memset` of every output before `gemm` overwrites it, 2–7 % of the products' time
-/// on the bench shapes; `gemm` reads nothing of it with `read_dst` off).
+/// bit for bit — written into a `Vec<f32>` that is not zero-filled first: Flex allocates its
+/// output as a zeroed `Vec<u8>` (a `memset` of every output before `gemm` overwrites it,
+/// 2–7 % of the products' time on the bench shapes; `gemm` reads nothing of it with `read_dst`
+/// off), which Burn's `Bytes` then copies into an aligned buffer (twice the output, for a
+/// moment).
 fn flex_f32(lhs: &FloatTensor<Flex>, rhs: &FloatTensor<Flex>) -> FloatTensor<Flex> {
     use burn::tensor::TensorData;
     let (a, b) = (lhs.layout(), rhs.layout());
