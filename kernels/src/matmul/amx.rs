@@ -19,6 +19,7 @@ use super::pack::{Operand, Packed, store_rounded};
 use burn::tensor::bf16;
 use std::arch::asm;
 use std::arch::x86_64::__cpuid_count;
+use std::mem::MaybeUninit;
 
 /// Whether this process can run the AMX kernel: the CPU has AMX-TILE and AMX-BF16 and what
 /// [`super::dot::ready`] needs (the operands' packing and the output's rounding), and Linux
@@ -64,42 +65,57 @@ const CONFIG: TileConfig = {
     TileConfig(c)
 };
 
-/// `a · b` into `out` (`[m, n]` row-major bf16): `a` `[m, k]`, `b` `[k, n]`. Call only where
-/// [`ready`].
-pub(crate) fn matmul(a: &Operand, b: &Operand, out: &mut [bf16]) {
+/// The right operand's panels one pass of the row blocks reads: columns of at most 1 MiB of
+/// packed pairs (half the Sapphire Rapids core's L2). Chosen on the bench shapes (`cargo
+/// bench -p bonfire-examples --bench gemm`, 2026-12-05): the head's forward (panels of 2 MiB)
+/// 695 → 852 GFLOP/s against none, no other shape moved beyond the noise; 256 KiB lost
+/// 10–45 % where it cut (the left blocks are packed again for each pass).
+const PANEL_BYTES: usize = 1 << 20;
+
+/// `a · b` into `out` (`[m, n]` row-major bf16, every element written): `a` `[m, k]`,
+/// `b` `[k, n]`. Call only where [`ready`].
+pub(crate) fn matmul(a: &Operand, b: &Operand, out: &mut [MaybeUninit<bf16>]) {
     assert!(ready());
     let Some(Packed {
-        left,
+        mut left,
         right,
         mp,
         kp,
         np,
-    }) = Packed::new(a, b, out.len())
+    }) = Packed::new(a, b, out.len(), true)
     else {
         return;
     };
     let (m, n) = (a.rows, b.cols);
-    let mut block = [0f32; 32 * 32];
+    // On cache lines, as the tiles stored into it (see `pack::Lines`).
+    #[repr(C, align(64))]
+    struct Block([f32; 32 * 32]);
+    let mut block = Block([0f32; 32 * 32]);
+    let block = &mut block.0;
     // SAFETY: `ready` checked the CPU and the tile permission; the configuration is valid.
     unsafe { asm!("ldtilecfg [{}]", in(reg) &CONFIG as *const TileConfig) };
     // Row blocks outside: a block's 32 rows stay in L1 while the right operand's panels pass
     // from L2 (measured against keeping 64–1,024 rows in L2 while each panel passes: 5–15 %
-    // faster on the bench shapes).
-    for i in (0..mp).step_by(32) {
-        for j in (0..np).step_by(32) {
+    // faster on the bench shapes) — the panels of at most `PANEL_BYTES` at a time, so that
+    // they stay in L2 while every row block passes.
+    let chunk = (PANEL_BYTES / (kp * 2)).max(32) / 32 * 32;
+    for j0 in (0..np).step_by(chunk) {
+        for i in (0..mp).step_by(32) {
             let (rows, lda) = left.row(i);
-            // SAFETY: rows `i..i+32` of `left` (`lda` apart) and panels `j/16, j/16+1` of
-            // `right` hold `kp` values each; `block` is 32 × 32 f32.
-            unsafe {
-                block_product(
-                    rows,
-                    lda * 2,
-                    right[j / 16 * (kp / 2 * 16)..].as_ptr(),
-                    kp / 2 * 64,
-                    kp / 32,
-                    block.as_mut_ptr(),
-                );
-                store_rounded(&block, &mut out[i * n + j..], n, m - i, n - j);
+            for j in (j0..np.min(j0 + chunk)).step_by(32) {
+                // SAFETY: rows `i..i+32` of `left` (`lda` apart) and panels `j/16, j/16+1` of
+                // `right` hold `kp` values each; `block` is 32 × 32 f32.
+                unsafe {
+                    block_product(
+                        rows,
+                        lda * 2,
+                        right[j / 16 * (kp / 2 * 16)..].as_ptr(),
+                        kp / 2 * 64,
+                        kp / 32,
+                        block.as_mut_ptr(),
+                    );
+                    store_rounded(&block[..], &mut out[i * n + j..], n, m - i, n - j);
+                }
             }
         }
     }

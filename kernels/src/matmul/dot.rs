@@ -15,6 +15,7 @@
 use super::pack::{Operand, Packed, store_rounded};
 use burn::tensor::bf16;
 use std::arch::x86_64::*;
+use std::mem::MaybeUninit;
 
 /// Whether the CPU has AVX-512 F, BW, VL and BF16 (asked once a process).
 pub(crate) fn ready() -> bool {
@@ -29,17 +30,17 @@ pub(crate) fn ready() -> bool {
 /// Rows of a micro-kernel's block.
 const ROWS: usize = 8;
 
-/// `a · b` into `out` (`[m, n]` row-major bf16): `a` `[m, k]`, `b` `[k, n]`. Call only where
-/// [`ready`].
-pub(crate) fn matmul(a: &Operand, b: &Operand, out: &mut [bf16]) {
+/// `a · b` into `out` (`[m, n]` row-major bf16, every element written): `a` `[m, k]`,
+/// `b` `[k, n]`. Call only where [`ready`].
+pub(crate) fn matmul(a: &Operand, b: &Operand, out: &mut [MaybeUninit<bf16>]) {
     assert!(ready());
     let Some(Packed {
-        left,
+        mut left,
         right,
         kp,
         np,
         ..
-    }) = Packed::new(a, b, out.len())
+    }) = Packed::new(a, b, out.len(), false)
     else {
         return;
     };

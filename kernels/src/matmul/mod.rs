@@ -217,14 +217,18 @@ fn flex_bf16(
         a.cols, b.rows,
         "bonfire-kernels: matmul's inner dimensions differ"
     );
-    let mut out = vec![bf16::ZERO; a.rows * b.cols];
+    // Not zero-filled first: the kernels write every element (`store_rounded`).
+    let mut out: Vec<bf16> = Vec::with_capacity(a.rows * b.cols);
+    let spare = &mut out.spare_capacity_mut()[..a.rows * b.cols];
     match kernel {
         #[cfg(all(target_os = "linux", target_env = "gnu"))]
-        Bf16Kernel::Amx => amx::matmul(&a, &b, &mut out),
-        Bf16Kernel::Avx512Bf16 => dot::matmul(&a, &b, &mut out),
+        Bf16Kernel::Amx => amx::matmul(&a, &b, spare),
+        Bf16Kernel::Avx512Bf16 => dot::matmul(&a, &b, spare),
         #[allow(unreachable_patterns)]
         other => unreachable!("{other:?} is not available here"),
     }
+    // SAFETY: the kernel wrote all `m × n` elements.
+    unsafe { out.set_len(a.rows * b.cols) };
     FloatTensor::<Flex>::from_data(TensorData::new(out, [a.rows, b.cols]))
 }
 
