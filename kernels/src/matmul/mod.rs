@@ -107,6 +107,35 @@ pub trait ProductBackend: Backend {
     fn product(lhs: FloatTensor<Self>, rhs: FloatTensor<Self>) -> FloatTensor<Self>;
 }
 
+/// Whether a backend's tensor is a 2-d column-major view — a transposed contiguous matrix, as
+/// a linear layer's `Wᵀ` is. [`ProductBackend::product`]'s backward gives such a right operand
+/// its gradient in the same layout, so that the gradient transposed back is contiguous like `W`
+/// (Burn's matmul gives `lhsᵀ · grad` row-major: `W`'s gradient is then a transposed view that
+/// every consumer — a data-parallel hook flattening it, the optimizer — copies first).
+pub trait ProductLayout: Backend {
+    /// `t` is `[k, n]` with strides `[1, k]` (and neither dimension 1).
+    fn is_column_major(t: &FloatTensor<Self>) -> bool;
+}
+
+impl ProductLayout for Flex {
+    fn is_column_major(t: &FloatTensor<Self>) -> bool {
+        let layout = t.layout();
+        let (shape, strides) = (layout.shape(), layout.strides());
+        shape.num_dims() == 2
+            && shape[0] > 1
+            && shape[1] > 1
+            && strides[0] == 1
+            && strides[1] == shape[0] as isize
+    }
+}
+
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+impl ProductLayout for burn::backend::Cube {
+    fn is_column_major(_: &FloatTensor<Self>) -> bool {
+        false
+    }
+}
+
 impl ProductBackend for Flex {
     fn product(lhs: FloatTensor<Self>, rhs: FloatTensor<Self>) -> FloatTensor<Self> {
         #[cfg(target_arch = "x86_64")]
@@ -239,10 +268,11 @@ impl ProductBackend for burn::backend::Cube {
     }
 }
 
-impl<B: ProductBackend, C: CheckpointStrategy> ProductBackend for Autodiff<B, C> {
+impl<B: ProductBackend + ProductLayout, C: CheckpointStrategy> ProductBackend for Autodiff<B, C> {
     fn product(lhs: FloatTensor<Self>, rhs: FloatTensor<Self>) -> FloatTensor<Self> {
         let (lhs_tracked, rhs_tracked) = (lhs.is_tracked(), rhs.is_tracked());
-        match ProductNode
+        let rhs_column_major = B::is_column_major(rhs.primitive());
+        match (ProductNode { rhs_column_major })
             .prepare::<C>([lhs.node(), rhs.node()])
             .compute_bound()
             .stateful()
@@ -262,7 +292,10 @@ impl<B: ProductBackend, C: CheckpointStrategy> ProductBackend for Autodiff<B, C>
 
 /// The autodiff node of [`ProductBackend::product`].
 #[derive(Debug)]
-struct ProductNode;
+struct ProductNode {
+    /// The right operand's layout ([`ProductLayout`]), which its gradient takes.
+    rhs_column_major: bool,
+}
 
 impl<B: ProductBackend> Backward<B, 2> for ProductNode {
     /// The left operand (kept when the right one is tracked) and the right one (kept when
@@ -280,7 +313,14 @@ impl<B: ProductBackend> Backward<B, 2> for ProductNode {
             grads.register::<B>(p.id, d);
         }
         if let (Some(p), Some(lhs)) = (p_rhs, lhs) {
-            grads.register::<B>(p.id, B::product(B::float_transpose(lhs), grad));
+            // Column-major as `(gradᵀ · lhs)ᵀ`: the same sums of the same products as
+            // `lhsᵀ · grad` (on Flex bit for bit: `gemm` sums each element over `k` in one
+            // order whichever operand is which), written transposed.
+            let d = match self.rhs_column_major {
+                true => B::float_transpose(B::product(B::float_transpose(grad), lhs)),
+                false => B::product(B::float_transpose(lhs), grad),
+            };
+            grads.register::<B>(p.id, d);
         }
     }
 }

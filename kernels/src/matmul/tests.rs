@@ -175,3 +175,29 @@ fn f32_is_burns_product_and_gradients() {
     };
     assert_eq!(grads(matmul), grads(|a, b| a.matmul(b)));
 }
+
+/// A linear layer's `x Wᵀ`: `W`'s gradient comes contiguous, like `W` (the product's backward
+/// writes the gradient of the column-major `Wᵀ` column-major), in f32 and bf16, with the values
+/// checked above; a row-major right operand's gradient stays row-major.
+#[test]
+fn a_weights_gradient_is_laid_out_like_the_weight() {
+    let contiguous = |t: Tensor<2>| {
+        let t = t.inner().try_into_primitive::<Flex>().unwrap();
+        t.layout().is_contiguous()
+    };
+    for dtype in [DType::F32, DType::BF16] {
+        let x = random([40, 72], 5).cast(dtype).require_grad();
+        let w = random([48, 72], 6).cast(dtype).require_grad();
+        let b = random([72, 48], 7).cast(dtype).require_grad();
+        let y = matmul(x.clone(), w.clone().transpose()) + matmul(x.clone(), b.clone());
+        let grads = y.cast(DType::F32).sum().backward();
+        assert!(
+            contiguous(w.grad(&grads).unwrap()),
+            "{dtype:?}: W's gradient"
+        );
+        assert!(
+            contiguous(b.grad(&grads).unwrap()),
+            "{dtype:?}: B's gradient"
+        );
+    }
+}
