@@ -17,8 +17,8 @@
 //! The backward then yields input gradients and the gradients of everything else (biases,
 //! norms, embeddings: cheap element-wise and reduction ops, left in B). [`WeightGrads::apply`]
 //! later computes each `dW` from `(x, dy)` with plain tensor ops — no autodiff, no second
-//! backward — as the product's own backward does for `Wᵀ` (`dyᵀ·x` over the flattened rows,
-//! `[out, in]` like `W`), so the values are
+//! backward — in exactly the order of autodiff's own matmul backward (`xᵀ·dy` over the
+//! flattened rows, transposed back to `[out, in]`), so the values are
 //! bitwise those of the undivided backward; and adds it to the `Gradients` under the weight,
 //! where `GradientsParams::from_module` (and every data-parallel wrapper's `accumulate`)
 //! finds it.
@@ -259,9 +259,10 @@ pub fn linear_matmul<const D: usize>(x: Tensor<D>, weight: Tensor<2>) -> Tensor<
     y.reshape(out_dims)
 }
 
-/// `dW` `[out, in]` of `y = x Wᵀ` from `x` `[rows, in]` and `dy` `[rows, out]`, as the
-/// product's own backward computes it for `Wᵀ` (`bonfire_kernels::matmul`): `dyᵀ·x`, contiguous
-/// like `W`.
+/// `dW` `[out, in]` of `y = x Wᵀ` from `x` `[rows, in]` and `dy` `[rows, out]`, as autodiff's
+/// backward of `x.matmul(W.transpose())` computes it: `xᵀ·dy` `[in, out]`, transposed back (the
+/// product's own backward may write it column-major instead, `(dyᵀ·x)ᵀ`: on Flex the same
+/// values bit for bit).
 fn weight_grad(x: Tensor<2>, dy: Tensor<2>) -> Tensor<2> {
-    bonfire_kernels::matmul(dy.transpose(), x)
+    bonfire_kernels::matmul(x.transpose(), dy).transpose()
 }

@@ -1,10 +1,11 @@
 //! The operands of the bf16 kernels (`amx.rs`, `dot.rs`) in the layout both read: the left
 //! one as zero-padded rows `[Mp, Kp]` (read in place when its rows are contiguous and need no
-//! padding; a row copy, or a transpose when its columns are contiguous), the right one as
-//! panels of 16 columns holding each row pair interleaved (`[Np/16, Kp/2, 16]` of two bf16
-//! each: what `TDPBF16PS` and `VDPBF16PS` multiply); the paddings are zeros, so they add
-//! nothing. Both start on a cache line, as every row of them does (AMX's tile loads read 64-byte
-//! rows: see [`Lines`]). And the output's rounding to bf16.
+//! padding — for AMX also on cache lines; else a row copy, or a transpose when its columns are
+//! contiguous: for AMX a block of 32 rows at a time, see [`Left`]), the right one as panels of
+//! 16 columns holding each row pair interleaved (`[Np/16, Kp/2, 16]` of two bf16 each: what
+//! `TDPBF16PS` and `VDPBF16PS` multiply); the paddings are zeros, so they add nothing. The copies
+//! start on a cache line, as every row of them does (AMX's tile loads read 64-byte rows: see
+//! [`Lines`]). And the output's rounding to bf16.
 
 use burn::tensor::bf16;
 use std::arch::x86_64::*;

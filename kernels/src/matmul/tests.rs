@@ -176,9 +176,10 @@ fn f32_is_burns_product_and_gradients() {
     assert_eq!(grads(matmul), grads(|a, b| a.matmul(b)));
 }
 
-/// A linear layer's `x Wᵀ`: `W`'s gradient comes contiguous, like `W` (the product's backward
-/// writes the gradient of the column-major `Wᵀ` column-major), in f32 and bf16, with the values
-/// checked above; a row-major right operand's gradient stays row-major.
+/// A linear layer's `x Wᵀ`: `W`'s gradient comes contiguous, like `W`, where `W` is no wider
+/// than tall (the product's backward writes the gradient of the column-major `Wᵀ` column-major);
+/// a wider `W` keeps Burn's transposed view (`gemm`'s workspace), and a row-major right operand's
+/// gradient stays row-major — in f32 and bf16, with the values checked above.
 #[test]
 fn a_weights_gradient_is_laid_out_like_the_weight() {
     let contiguous = |t: Tensor<2>| {
@@ -188,9 +189,11 @@ fn a_weights_gradient_is_laid_out_like_the_weight() {
     for dtype in [DType::F32, DType::BF16] {
         let x = random([40, 72], 5).cast(dtype).require_grad();
         let w = random([48, 72], 6).cast(dtype).require_grad();
+        let wide = random([96, 72], 8).cast(dtype).require_grad();
         let b = random([72, 48], 7).cast(dtype).require_grad();
         let y = matmul(x.clone(), w.clone().transpose()) + matmul(x.clone(), b.clone());
-        let grads = y.cast(DType::F32).sum().backward();
+        let y = y.sum() + matmul(x.clone(), wide.clone().transpose()).sum();
+        let grads = y.cast(DType::F32).backward();
         assert!(
             contiguous(w.grad(&grads).unwrap()),
             "{dtype:?}: W's gradient"
@@ -198,6 +201,10 @@ fn a_weights_gradient_is_laid_out_like_the_weight() {
         assert!(
             contiguous(b.grad(&grads).unwrap()),
             "{dtype:?}: B's gradient"
+        );
+        assert!(
+            !contiguous(wide.grad(&grads).unwrap()),
+            "{dtype:?}: the wide W's gradient"
         );
     }
 }
