@@ -108,10 +108,11 @@ pub trait ProductBackend: Backend {
 }
 
 /// Whether a backend's tensor is a 2-d column-major view — a transposed contiguous matrix, as
-/// a linear layer's `Wᵀ` is. [`ProductBackend::product`]'s backward gives such a right operand
-/// its gradient in the same layout, so that the gradient transposed back is contiguous like `W`
-/// (Burn's matmul gives `lhsᵀ · grad` row-major: `W`'s gradient is then a transposed view that
-/// every consumer — a data-parallel hook flattening it, the optimizer — copies first).
+/// a linear layer's `Wᵀ` is. [`ProductBackend::product`]'s backward gives such a right operand,
+/// where it is no wider than tall (`W`'s `out ≤ in`), its gradient in the same layout, so that
+/// the gradient transposed back is contiguous like `W` (Burn's matmul gives `lhsᵀ · grad`
+/// row-major: `W`'s gradient is then a transposed view that every consumer — a data-parallel
+/// hook flattening it, the optimizer — copies first).
 pub trait ProductLayout: Backend {
     /// `t` is `[k, n]` with strides `[1, k]` (and neither dimension 1).
     fn is_column_major(t: &FloatTensor<Self>) -> bool;
