@@ -8,9 +8,9 @@ use burn::tensor::{Device, Distribution};
 
 /// `a` within `tol` of `b` element by element, relative where `|b| > 1`: an f32 op summed or
 /// rounded in another order differs in proportion to its value (the inputs are drawn from the
-/// device's generator, which the tests' threads share, so a run can draw values of 30 or more,
-/// where one f32 step is 2⁻¹⁹ × 2 ≈ 3.8 × 10⁻⁶ — an absolute 2 × 10⁻⁶ failed `silu_mul` by one
-/// step).
+/// device's generator, which the tests' threads share, so each run draws others: one gave
+/// `silu_mul` outputs past 8, where one f32 step is 2⁻²⁰ ≈ 9.5 × 10⁻⁷, and an absolute
+/// 2 × 10⁻⁶ failed it by 2.86 × 10⁻⁶ — three steps).
 fn close<const D: usize>(what: &str, a: Tensor<D>, b: Tensor<D>, tol: f32) {
     let (a, b) = (
         a.into_data().try_to_vec::<f32>().unwrap(),
