@@ -347,3 +347,81 @@ fn a_query_that_sees_no_key_gets_zero_and_minus_infinity() {
         assert!(host(x.grad(&g).unwrap()).iter().all(|g| g.is_finite()));
     }
 }
+
+/// The models' `q`, `k`, `v` are heads split from `[B, T, heads·dh]` projections (a reshape
+/// and a swap: rows `heads·dh` apart), which the Flex kernels read in place and answer in the
+/// same layout: the output and every gradient equal, bit for bit, those of the same values
+/// laid out contiguous — with the output merged back and weighted as the models do, so the
+/// gradients flow through the merge and the split — causal, windowed and grouped.
+#[test]
+fn heads_split_from_projections_give_the_contiguous_results() {
+    let device = Device::flex().autodiff();
+    let (b, t, dh) = (2, 70, 32);
+    for (h, h_kv, mask) in [
+        (4, 4, Mask::CAUSAL),
+        (4, 2, Mask::CAUSAL.with_window(Some(20))),
+        (2, 1, Mask::FULL),
+    ] {
+        // `split` takes `[B, T, heads·dh]` leaves to `[B, heads, T, dh]` views; `contiguous`
+        // takes the same values to leaves already `[B, heads, T, dh]`.
+        let projection = |heads: usize, seed: u32| {
+            let n = b * t * heads * dh;
+            Tensor::<3>::from_data(
+                TensorData::new(values(n, seed), [b, t, heads * dh]),
+                &device,
+            )
+            .require_grad()
+        };
+        let split =
+            |x: &Tensor<3>, heads: usize| x.clone().reshape([b, t, heads, dh]).swap_dims(1, 2);
+        let contiguous = |x: &Tensor<3>, heads: usize| {
+            let data = split(x, heads).detach().into_data();
+            Tensor::<4>::from_data(data, &device).require_grad()
+        };
+        let (q, k, v) = (
+            projection(h, 11),
+            projection(h_kv, 12),
+            projection(h_kv, 13),
+        );
+        let weight = projection(h, 14).detach();
+        let run = |q: Tensor<4>, k: Tensor<4>, v: Tensor<4>| {
+            let y = attention(q, k, v, 1.0 / (dh as f64).sqrt(), mask);
+            let merged = y.clone().swap_dims(1, 2).reshape([b, t, h * dh]);
+            (y, (merged * weight.clone()).sum().backward())
+        };
+        let (ours, g) = run(split(&q, h), split(&k, h_kv), split(&v, h_kv));
+        let (cq, ck, cv) = (
+            contiguous(&q, h),
+            contiguous(&k, h_kv),
+            contiguous(&v, h_kv),
+        );
+        let (want, cg) = run(cq.clone(), ck.clone(), cv.clone());
+        let same = |what: &str, a: Tensor<4>, b: Tensor<4>| {
+            let (a, b) = (host(a), host(b));
+            let differ = a
+                .iter()
+                .zip(&b)
+                .filter(|(x, y)| x.to_bits() != y.to_bits())
+                .count();
+            assert_eq!(
+                differ,
+                0,
+                "{what}, h {h} h_kv {h_kv} {mask:?}: {differ} of {} differ",
+                b.len()
+            );
+        };
+        same("output", ours, want);
+        for (name, x, heads, c) in [
+            ("dq", &q, h, &cq),
+            ("dk", &k, h_kv, &ck),
+            ("dv", &v, h_kv, &cv),
+        ] {
+            let got = x
+                .grad(&g)
+                .unwrap()
+                .reshape([b, t, heads, dh])
+                .swap_dims(1, 2);
+            same(name, got, c.grad(&cg).unwrap());
+        }
+    }
+}

@@ -78,10 +78,11 @@ pub enum AttentionKind {
     /// compared with used; Bonfire's own is [`Self::Fused`]).
     Flash,
     /// Bonfire's own models (`bonfire_models`' `causal_attention`): the fused op
-    /// (`bonfire_kernels::attention`) in f32, which keeps no seq-sized buffer but its own
-    /// output `[B, h, T, dh]` and log-sum-exp `[B, h, T]` beside the heads' merged copy the
-    /// output projection keeps (`d + h` elements a token, split over tp: derived from the
-    /// code) — under context parallelism ring attention's fused blocks instead
+    /// (`bonfire_kernels::attention`) in f32, which keeps no seq-sized buffer but its output
+    /// `[B, h, T, dh]` — written sequence-major, so that the heads' merge the output
+    /// projection keeps is a view of it, not a copy (since 2026-12-05) — and its log-sum-exp
+    /// `[B, h, T]` (`h` elements a token beyond the attention output, split over tp: derived
+    /// from the code) — under context parallelism ring attention's fused blocks instead
     /// ([`ModelSpec::ring_attention_elems`]); Burn's materialized scores in a 16-bit compute
     /// dtype, with or without cp; and Burn's materialized scores on a CubeCL device (CUDA,
     /// wgpu), where the fused op does not run yet. Resolved per device by
@@ -381,8 +382,10 @@ impl ModelSpec {
     /// MLP's hidden activations (2·d_ff GELU, 3·d_ff SwiGLU, a mixture of experts' shared
     /// experts' 3·shared_ff; its dense blocks keep less than its sparse ones, which this is),
     /// and with materialized attention the scores and probabilities
-    /// (2·heads·seq; [`AttentionKind::Fused`] keeps `d + heads` instead, as in f32 without cp —
-    /// resolve it for a layout with [`Self::attention_under`]); everything but the replicated
+    /// (2·heads·seq; [`AttentionKind::Fused`] keeps only each query's log-sum-exp, `heads`,
+    /// beyond them: its output, written sequence-major, is the attention output the merge of
+    /// the heads views — resolve it for a layout with [`Self::attention_under`]); everything
+    /// but the replicated
     /// 4d is split over tp. (q, k, v, the attention output and the fused output are
     /// [`Self::q_dim`] wide: `d` unless the model sets its head width.)
     pub fn block_activation_elems(&self, tp: usize, sp: bool, seq: usize) -> f64 {
@@ -396,7 +399,7 @@ impl ModelSpec {
         let scores = match self.attention {
             AttentionKind::Materialized => 2.0 * h * seq as f64,
             AttentionKind::Flash => 0.0,
-            AttentionKind::Fused => a + h,
+            AttentionKind::Fused => h,
         };
         let (attention, whole) = self.latent.map_or((4.0 * a, 0.0), |l| {
             // q, k and the values padded to q's width (3a), the latent's up-projection
@@ -448,7 +451,8 @@ impl ModelSpec {
     ///   parts keeps each part's output stacked (`d`), its exponentiated and normalized
     ///   log-sum-exps (`2h`) and one sum per chunk (`h`). The fullest rank (the last of the
     ///   balanced split) covers each query once per step: `cp·(2d + 3h) + h` a token, where
-    ///   one attention keeps `d + h`.
+    ///   one attention keeps `h` beyond the attention output (the merged parts are a new
+    ///   tensor, the output's projection keeps it).
     /// - [`AttentionKind::Flash`]: keeps no block: 0.
     pub fn ring_attention_elems(&self, tp: usize, cp: usize, seq: usize) -> f64 {
         if cp <= 1 {
@@ -459,7 +463,7 @@ impl ModelSpec {
             AttentionKind::Flash => return 0.0,
             AttentionKind::Fused => {
                 let kv = self.kv_dim() as f64;
-                2.0 * (cp - 1.0) * kv + cp * (2.0 * d + 3.0 * h) + h - (d + h)
+                2.0 * (cp - 1.0) * kv + cp * (2.0 * d + 3.0 * h)
             }
             AttentionKind::Materialized => {
                 let scores = (RING_KEPT_SCORES - 2.0) * h * seq as f64;

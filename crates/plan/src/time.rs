@@ -17,8 +17,8 @@ pub const KERNELS_PER_BLOCK: f64 = 20.0;
 /// `bonfire_cp::ring_attention`; in 16-bit types: the block's key/value
 /// narrows and head selects, the causal bias from the chunks' positions, the two products,
 /// the bias, the running max, the rescale, exponents, sums and the running numerator's
-/// update; in f32: per fused call — at most two a step — the inputs' contiguous copies, the
-/// op, the packing and the log-sum-exp's copy, about 6, and at the end about 10 per query
+/// update; in f32: per fused call — at most two a step — copies of inputs whose rows are
+/// not contiguous, the op, the packing and the log-sum-exp's copy, about 6, and at the end about 10 per query
 /// chunk to merge the parts, so about 20 a step at cp = 2 and fewer beyond): a block under
 /// cp > 1 launches `cp` of them besides [`KERNELS_PER_BLOCK`].
 pub const KERNELS_PER_RING_STEP: f64 = 20.0;

@@ -9,6 +9,11 @@
 //! Flex's own matrix products use; strides stand for the transposes), the softmax and masking
 //! run over the tile's rows. The row loops are compiled three times — AVX-512, AVX2 + FMA and
 //! the portable baseline — and the best the CPU has is picked at run time.
+//!
+//! The inputs are read where they lie ([`Heads`]: any batch, head and row strides, each row's
+//! `dh` values contiguous) — the models' heads split from their projections without the copy
+//! each of them cost — and the outputs are written so that the models' next reshape is a
+//! view: the output sequence-major, each gradient in its input's layout.
 
 use super::Mask;
 use crate::fused::fast_exp as exp;
@@ -47,6 +52,90 @@ impl Dims {
     /// The keys query `i` attends to (a range: both ends grow with `i`).
     fn keys(&self, i: usize) -> Range<usize> {
         self.mask.keys(i, self.tq, self.tk)
+    }
+}
+
+/// Where a `[B, heads, T, dh]` tensor's rows lie in its buffer: row `t` of head `j` of batch
+/// `i` starts at `i·batch + j·head + t·row`, its `dh` values contiguous. The models' `q`, `k`,
+/// `v` are `[B, T, heads·dh]` projections split into heads (a reshape and a swap: rows
+/// `heads·dh` apart), which the kernels read in place. The output is written sequence-major
+/// (`[B, T, heads, dh]` seen as `[B, heads, T, dh]`: what the models merge the heads back from,
+/// so the merge is a view), and each gradient in the layout of its input (`dq` like `q`, `dk`
+/// like `k`, `dv` like `v`), so that the split's backward is a view too.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Heads {
+    pub batch: usize,
+    pub head: usize,
+    pub row: usize,
+}
+
+impl Heads {
+    /// `[B, heads, T, dh]` contiguous.
+    pub(crate) fn contiguous(heads: usize, t: usize, dh: usize) -> Self {
+        Self {
+            batch: heads * t * dh,
+            head: t * dh,
+            row: dh,
+        }
+    }
+
+    /// `[B, T, heads, dh]` contiguous, seen as `[B, heads, T, dh]` (the heads of a projection).
+    pub(crate) fn sequence_major(heads: usize, t: usize, dh: usize) -> Self {
+        Self {
+            batch: t * heads * dh,
+            head: dh,
+            row: heads * dh,
+        }
+    }
+
+    /// Whether the heads' rows interleave (rows further apart than heads).
+    pub(crate) fn is_sequence_major(&self) -> bool {
+        self.row > self.head
+    }
+
+    /// The start of row `t` of head `j` of batch `i`.
+    fn at(&self, i: usize, j: usize, t: usize) -> usize {
+        i * self.batch + j * self.head + t * self.row
+    }
+}
+
+/// A `[B, heads, T, dh]` f32 input: its buffer from its first element, and its [`Heads`].
+#[derive(Clone, Copy)]
+pub(crate) struct Input<'a> {
+    pub data: &'a [f32],
+    pub heads: Heads,
+}
+
+impl Input<'_> {
+    /// The values from row `t` of head `j` of batch `i` to the buffer's end.
+    fn from(&self, i: usize, j: usize, t: usize) -> &[f32] {
+        &self.data[self.heads.at(i, j, t)..]
+    }
+}
+
+/// A `[B, heads, T, dh]` f32 output being written: its buffer and its [`Heads`].
+pub(crate) struct Output {
+    pub data: Vec<f32>,
+    pub heads: Heads,
+}
+
+impl Output {
+    /// A zeroed output of `b × heads × t × dh` values laid out as `layout`.
+    fn zeroed(b: usize, heads: usize, t: usize, dh: usize, sequence_major: bool) -> Self {
+        let layout = match sequence_major {
+            true => Heads::sequence_major(heads, t, dh),
+            false => Heads::contiguous(heads, t, dh),
+        };
+        Self {
+            data: vec![0.0; b * heads * t * dh],
+            heads: layout,
+        }
+    }
+
+    /// The values from row `t` of head `j` of batch `i` to the buffer's end.
+    fn from(&mut self, i: usize, j: usize, t: usize) -> &mut [f32] {
+        let at = self.heads.at(i, j, t);
+        &mut self.data[at..]
     }
 }
 
@@ -127,27 +216,39 @@ impl Dims {
     }
 }
 
-/// One unit's forward: `q`, `o` are its `g` query heads `[g, Tq, dh]`, `lse` `[g, Tq]`,
-/// `k`, `v` its kv head `[Tk, dh]`. Per tile of queries and tile of keys: the scores
+/// The forward's inputs: `q` `[B, h, Tq, dh]`, `k`, `v` `[B, h_kv, Tk, dh]`.
+pub(crate) struct ForwardIn<'a> {
+    pub q: Input<'a>,
+    pub k: Input<'a>,
+    pub v: Input<'a>,
+}
+
+/// One unit's forward — batch `i`, kv head `kvh` and its `h / h_kv` query heads — into `o`
+/// and `lse` (`[B, h, Tq]`). Per tile of queries and tile of keys: the scores
 /// `S = scale · Q Kᵀ` and the update `O ← α O + P V` are matrix products, the online softmax
-/// (running maximum `m`, sum `l`) runs over `S`'s rows.
+/// (running maximum `m`, sum `l`) runs over `S`'s rows. `o` starts zeroed.
 #[inline(always)]
-fn forward_unit_body(d: &Dims, q: &[f32], k: &[f32], v: &[f32], o: &mut [f32], lse: &mut [f32]) {
+fn forward_unit_body(
+    d: &Dims,
+    (i, kvh): (usize, usize),
+    x: &ForwardIn,
+    o: &mut Output,
+    lse: &mut [f32],
+) {
     let dh = d.dh;
     let mut s = vec![0.0f32; TILE * TILE];
     let (mut m, mut l) = ([0.0f32; TILE], [0.0f32; TILE]);
-    for head in 0..d.group() {
+    let (qr, kr, vr, or) = (x.q.heads.row, x.k.heads.row, x.v.heads.row, o.heads.row);
+    for j in kvh * d.group()..(kvh + 1) * d.group() {
         for i0 in (0..d.tq).step_by(TILE) {
             let rows = (d.tq - i0).min(TILE);
-            let at = (head * d.tq + i0) * dh;
-            let (q, acc) = (&q[at..][..rows * dh], &mut o[at..][..rows * dh]);
-            acc.fill(0.0);
+            let (q, acc) = (x.q.from(i, j, i0), o.from(i, j, i0));
             m.fill(f32::NEG_INFINITY);
             l.fill(0.0);
             for (t0, n) in d.key_tiles(i0, rows) {
                 let tile = Tile { i0, t0, n };
-                let kt = (&k[t0 * dh..], 1, dh);
-                product((rows, n, dh), &mut s, TILE, false, (q, dh, 1), kt, d.scale);
+                let kt = (x.k.from(i, kvh, t0), 1, kr);
+                product((rows, n, dh), &mut s, TILE, false, (q, qr, 1), kt, d.scale);
                 for r in 0..rows {
                     let row = &mut s[r * TILE..][..n];
                     let seen = d.seen(tile, r);
@@ -162,72 +263,92 @@ fn forward_unit_body(d: &Dims, q: &[f32], k: &[f32], v: &[f32], o: &mut [f32], l
                     row.iter_mut().for_each(|p| *p = exp(*p - m_new));
                     l[r] = l[r] * alpha + row.iter().sum::<f32>();
                     m[r] = m_new;
-                    acc[r * dh..][..dh].iter_mut().for_each(|a| *a *= alpha);
+                    acc[r * or..][..dh].iter_mut().for_each(|a| *a *= alpha);
                 }
-                let vt = (&v[t0 * dh..], dh, 1);
-                product((rows, dh, n), acc, dh, true, (&s, TILE, 1), vt, 1.0);
+                let vt = (x.v.from(i, kvh, t0), vr, 1);
+                product((rows, dh, n), acc, or, true, (&s, TILE, 1), vt, 1.0);
             }
-            let lse = &mut lse[head * d.tq + i0..][..rows];
+            let lse = &mut lse[(i * d.h + j) * d.tq + i0..][..rows];
             for (r, lse) in lse.iter_mut().enumerate() {
                 // A query that saw no key: output 0 (the accumulator's), log-sum-exp −∞.
                 let inv = if l[r] > 0.0 { 1.0 / l[r] } else { 0.0 };
-                acc[r * dh..][..dh].iter_mut().for_each(|a| *a *= inv);
+                acc[r * or..][..dh].iter_mut().for_each(|a| *a *= inv);
                 *lse = m[r] + l[r].ln();
             }
         }
     }
 }
 
-/// The backward's inputs of one unit (shapes as in [`forward_unit_body`]).
+/// The backward's inputs (shapes as in [`ForwardIn`]; `o` and `grad` like `q`).
 pub(crate) struct BackwardIn<'a> {
-    pub q: &'a [f32],
-    pub k: &'a [f32],
-    pub v: &'a [f32],
-    pub o: &'a [f32],
+    pub q: Input<'a>,
+    pub k: Input<'a>,
+    pub v: Input<'a>,
+    pub o: Input<'a>,
+    pub grad: Input<'a>,
+    /// The log-sum-exp, contiguous `[B, h, Tq]`.
     pub lse: &'a [f32],
-    pub grad: &'a [f32],
-    /// The gradient of the log-sum-exp (`[g, Tq]`; zeros when only the output is used).
+    /// The gradient of the log-sum-exp (contiguous `[B, h, Tq]`; zeros when only the output
+    /// is used).
     pub dlse: &'a [f32],
 }
 
-/// The backward's outputs of one unit: `dq` `[g, Tq, dh]`, `dk`, `dv` `[Tk, dh]` (the sums
-/// over the unit's query heads).
-pub(crate) struct BackwardOut<'a> {
-    pub dq: &'a mut [f32],
-    pub dk: &'a mut [f32],
-    pub dv: &'a mut [f32],
+/// The backward's outputs: `dq` `[B, h, Tq, dh]`, `dk`, `dv` `[B, h_kv, Tk, dh]` (the sums
+/// over the query heads that share a kv head), zeroed before the units add into them.
+pub(crate) struct BackwardOut {
+    pub dq: Output,
+    pub dk: Output,
+    pub dv: Output,
 }
 
-/// One unit's backward, per tile of queries and tile of keys: `P` recomputed from the kept
-/// log-sum-exp, then `dV += Pᵀ dO`, `dP = dO Vᵀ`, `dS = scale · P ⊙ (dP − D)` with
-/// `D = rowsum(dO ⊙ O) − dlse` (`∂lse/∂S = P`: the log-sum-exp's own gradient enters as a
-/// shift of `D`), `dQ += dS K`, `dK += dSᵀ Q` — the five matrix products of
-/// flash-attention-2.
+/// One unit's backward (batch `i`, kv head `kvh`), per tile of queries and tile of keys: `P`
+/// recomputed from the kept log-sum-exp, then `dV += Pᵀ dO`, `dP = dO Vᵀ`,
+/// `dS = scale · P ⊙ (dP − D)` with `D = rowsum(dO ⊙ O) − dlse` (`∂lse/∂S = P`: the
+/// log-sum-exp's own gradient enters as a shift of `D`), `dQ += dS K`, `dK += dSᵀ Q` — the
+/// five matrix products of flash-attention-2.
 #[inline(always)]
-fn backward_unit_body(d: &Dims, x: &BackwardIn, out: &mut BackwardOut) {
+fn backward_unit_body(d: &Dims, (i, kvh): (usize, usize), x: &BackwardIn, out: &mut BackwardOut) {
     let dh = d.dh;
-    out.dk.fill(0.0);
-    out.dv.fill(0.0);
-    out.dq.fill(0.0);
     let (mut p, mut ds) = (vec![0.0f32; TILE * TILE], vec![0.0f32; TILE * TILE]);
     let mut big_d = [0.0f32; TILE];
-    for head in 0..d.group() {
+    let (qr, kr, vr) = (x.q.heads.row, x.k.heads.row, x.v.heads.row);
+    let (gr, or) = (x.grad.heads.row, x.o.heads.row);
+    let (dqr, dkr, dvr) = (out.dq.heads.row, out.dk.heads.row, out.dv.heads.row);
+    for j in kvh * d.group()..(kvh + 1) * d.group() {
         for i0 in (0..d.tq).step_by(TILE) {
             let rows = (d.tq - i0).min(TILE);
-            let at = (head * d.tq + i0) * dh;
-            let (q, g) = (&x.q[at..][..rows * dh], &x.grad[at..][..rows * dh]);
-            let (o, dq) = (&x.o[at..][..rows * dh], &mut out.dq[at..][..rows * dh]);
-            let lse = &x.lse[head * d.tq + i0..][..rows];
-            let dlse = &x.dlse[head * d.tq + i0..][..rows];
+            let (q, g, o) = (
+                x.q.from(i, j, i0),
+                x.grad.from(i, j, i0),
+                x.o.from(i, j, i0),
+            );
+            let at = (i * d.h + j) * d.tq + i0;
+            let (lse, dlse) = (&x.lse[at..][..rows], &x.dlse[at..][..rows]);
             for (r, big_d) in big_d[..rows].iter_mut().enumerate() {
-                let (g, o) = (&g[r * dh..][..dh], &o[r * dh..][..dh]);
+                let (g, o) = (&g[r * gr..][..dh], &o[r * or..][..dh]);
                 *big_d = g.iter().zip(o).map(|(a, b)| a * b).sum::<f32>() - dlse[r];
             }
             for (t0, n) in d.key_tiles(i0, rows) {
                 let tile = Tile { i0, t0, n };
-                let (kt, vt) = ((&x.k[t0 * dh..], 1, dh), (&x.v[t0 * dh..], 1, dh));
-                product((rows, n, dh), &mut p, TILE, false, (q, dh, 1), kt, d.scale);
-                product((rows, n, dh), &mut ds, TILE, false, (g, dh, 1), vt, 1.0);
+                let (k, v) = (x.k.from(i, kvh, t0), x.v.from(i, kvh, t0));
+                product(
+                    (rows, n, dh),
+                    &mut p,
+                    TILE,
+                    false,
+                    (q, qr, 1),
+                    (k, 1, kr),
+                    d.scale,
+                );
+                product(
+                    (rows, n, dh),
+                    &mut ds,
+                    TILE,
+                    false,
+                    (g, gr, 1),
+                    (v, 1, vr),
+                    1.0,
+                );
                 for r in 0..rows {
                     let seen = d.seen(tile, r);
                     let (pr, dsr) = (&mut p[r * TILE..][..n], &mut ds[r * TILE..][..n]);
@@ -241,18 +362,28 @@ fn backward_unit_body(d: &Dims, x: &BackwardIn, out: &mut BackwardOut) {
                     dsr[..seen.start].fill(0.0);
                     dsr[seen.end..].fill(0.0);
                 }
-                let (dk, dv) = (&mut out.dk[t0 * dh..], &mut out.dv[t0 * dh..]);
-                product((n, dh, rows), dv, dh, true, (&p, 1, TILE), (g, dh, 1), 1.0);
+                let dv = out.dv.from(i, kvh, t0);
+                product((n, dh, rows), dv, dvr, true, (&p, 1, TILE), (g, gr, 1), 1.0);
+                let dq = out.dq.from(i, j, i0);
                 product(
                     (rows, dh, n),
                     dq,
-                    dh,
+                    dqr,
                     true,
                     (&ds, TILE, 1),
-                    (&x.k[t0 * dh..], dh, 1),
+                    (k, kr, 1),
                     1.0,
                 );
-                product((n, dh, rows), dk, dh, true, (&ds, 1, TILE), (q, dh, 1), 1.0);
+                let dk = out.dk.from(i, kvh, t0);
+                product(
+                    (n, dh, rows),
+                    dk,
+                    dkr,
+                    true,
+                    (&ds, 1, TILE),
+                    (q, qr, 1),
+                    1.0,
+                );
             }
         }
     }
@@ -260,66 +391,51 @@ fn backward_unit_body(d: &Dims, x: &BackwardIn, out: &mut BackwardOut) {
 
 vectorized! {
     /// [`forward_unit_body`] at the CPU's vector width.
-    fn forward_unit(d: &Dims, q: &[f32], k: &[f32], v: &[f32], o: &mut [f32], lse: &mut [f32]) {
-        forward_unit_body(d, q, k, v, o, lse)
+    fn forward_unit(
+        d: &Dims,
+        unit: (usize, usize),
+        x: &ForwardIn,
+        o: &mut Output,
+        lse: &mut [f32],
+    ) {
+        forward_unit_body(d, unit, x, o, lse)
     }
 }
 
 vectorized! {
     /// [`backward_unit_body`] at the CPU's vector width.
-    fn backward_unit(d: &Dims, x: &BackwardIn, out: &mut BackwardOut) {
-        backward_unit_body(d, x, out)
+    fn backward_unit(d: &Dims, unit: (usize, usize), x: &BackwardIn, out: &mut BackwardOut) {
+        backward_unit_body(d, unit, x, out)
     }
 }
 
-/// Runs `f` on each of `units`, in order, on the calling thread: a rank computes on one
-/// thread, as every other Flex op here does (Burn is built without `rayon`; the ranks are the
-/// cores, and a rank's communication thread needs the rest).
-fn parallel<T: Send>(units: Vec<T>, f: impl Fn(T) + Sync) {
-    units.into_iter().for_each(f);
+/// The units `(batch, kv head)`, in order: a rank computes on one thread, as every other Flex
+/// op here does (Burn is built without `rayon`; the ranks are the cores, and a rank's
+/// communication thread needs the rest).
+fn units(d: &Dims) -> impl Iterator<Item = (usize, usize)> {
+    let h_kv = d.h_kv;
+    (0..d.b).flat_map(move |i| (0..h_kv).map(move |kvh| (i, kvh)))
 }
 
-/// Forward over contiguous `q` `[B, h, Tq, dh]`, `k`, `v` `[B, h_kv, Tk, dh]`: the output
-/// `[B, h, Tq, dh]` and each query's log-sum-exp of its scaled scores `[B, h, Tq]`.
-pub(crate) fn forward(d: &Dims, q: &[f32], k: &[f32], v: &[f32]) -> (Vec<f32>, Vec<f32>) {
-    let (qn, kn) = (d.group() * d.tq * d.dh, d.tk * d.dh);
-    let mut o = vec![0.0; d.b * d.h * d.tq * d.dh];
+/// Forward: the output `[B, h, Tq, dh]`, written sequence-major (`[B, Tq, h, dh]`: the heads
+/// merged back are contiguous), and each query's log-sum-exp of its scaled scores, contiguous
+/// `[B, h, Tq]`.
+pub(crate) fn forward(d: &Dims, x: &ForwardIn) -> (Output, Vec<f32>) {
+    let mut o = Output::zeroed(d.b, d.h, d.tq, d.dh, true);
     let mut lse = vec![0.0; d.b * d.h * d.tq];
-    let units: Vec<_> = o
-        .chunks_exact_mut(qn)
-        .zip(lse.chunks_exact_mut(d.group() * d.tq))
-        .enumerate()
-        .collect();
-    parallel(units, |(u, (o, lse))| {
-        let (q, k, v) = (&q[u * qn..][..qn], &k[u * kn..][..kn], &v[u * kn..][..kn]);
-        forward_unit(d, q, k, v, o, lse)
-    });
+    units(d).for_each(|unit| forward_unit(d, unit, x, &mut o, &mut lse));
     (o, lse)
 }
 
 /// Backward from [`forward`]'s inputs, output, log-sum-exp, the output's gradient `grad` and
-/// the log-sum-exp's `dlse`: `(dq, dk, dv)` in the inputs' shapes.
-pub(crate) fn backward(d: &Dims, x: &BackwardIn) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
-    let (qn, kn, ln) = (d.group() * d.tq * d.dh, d.tk * d.dh, d.group() * d.tq);
-    let mut dq = vec![0.0; d.b * d.h * d.tq * d.dh];
-    let mut dk = vec![0.0; d.b * d.h_kv * kn];
-    let mut dv = vec![0.0; d.b * d.h_kv * kn];
-    let units: Vec<_> = dq
-        .chunks_exact_mut(qn)
-        .zip(dk.chunks_exact_mut(kn).zip(dv.chunks_exact_mut(kn)))
-        .enumerate()
-        .collect();
-    parallel(units, |(u, (dq, (dk, dv)))| {
-        let unit = BackwardIn {
-            q: &x.q[u * qn..][..qn],
-            k: &x.k[u * kn..][..kn],
-            v: &x.v[u * kn..][..kn],
-            o: &x.o[u * qn..][..qn],
-            lse: &x.lse[u * ln..][..ln],
-            grad: &x.grad[u * qn..][..qn],
-            dlse: &x.dlse[u * ln..][..ln],
-        };
-        backward_unit(d, &unit, &mut BackwardOut { dq, dk, dv })
-    });
-    (dq, dk, dv)
+/// the log-sum-exp's `dlse`: `(dq, dk, dv)`, each laid out like its input.
+pub(crate) fn backward(d: &Dims, x: &BackwardIn) -> BackwardOut {
+    let like = |input: &Input| input.heads.is_sequence_major();
+    let mut out = BackwardOut {
+        dq: Output::zeroed(d.b, d.h, d.tq, d.dh, like(&x.q)),
+        dk: Output::zeroed(d.b, d.h_kv, d.tk, d.dh, like(&x.k)),
+        dv: Output::zeroed(d.b, d.h_kv, d.tk, d.dh, like(&x.v)),
+    };
+    units(d).for_each(|unit| backward_unit(d, unit, x, &mut out));
+    out
 }

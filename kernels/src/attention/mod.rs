@@ -9,7 +9,9 @@
 //! gradient shifts `D` by `dlse`): what ring attention merges its blocks with.
 //!
 //! On Flex in f32 both directions are host kernels ([`flex`]) over tiles of 64 keys with an
-//! online softmax — no `Tq × Tk` matrix, the kv heads never repeated, keys a query cannot see
+//! online softmax — no `Tq × Tk` matrix, no copy of inputs whose rows are contiguous (heads
+//! split from a projection are read in place), the output written sequence-major (merging the
+//! heads back is a view), the kv heads never repeated, keys a query cannot see
 //! (past a causal query's last one, before its window) never touched; a query that sees no
 //! key of the call gets output 0 and log-sum-exp −∞. On a CubeCL device (wgpu, CUDA) both
 //! directions are kernels of their own ([`cube`]: one unit per query or key row, the same
@@ -212,6 +214,39 @@ fn flex_tensor(values: Vec<f32>, shape: Shape) -> FloatTensor<Flex> {
     )
 }
 
+/// `t` (`[B, heads, T, dh]` f32) as the kernels read it in place — where each row's `dh`
+/// values are contiguous and no stride is negative — or else copied contiguous first.
+fn heads_of(t: FloatTensor<Flex>) -> FloatTensor<Flex> {
+    let layout = t.layout();
+    let (shape, strides) = (layout.shape(), layout.strides());
+    let fits = (shape[3] == 1 || strides[3] == 1) && strides.iter().all(|&s| s >= 0);
+    if fits { t } else { t.to_contiguous() }
+}
+
+/// A tensor [`heads_of`] returned, as the kernels' input.
+fn input(t: &FloatTensor<Flex>) -> flex::Input<'_> {
+    let layout = t.layout();
+    let strides = layout.strides();
+    flex::Input {
+        data: &t.storage::<f32>()[layout.start_offset()..],
+        heads: flex::Heads {
+            batch: strides[0] as usize,
+            head: strides[1] as usize,
+            row: strides[2] as usize,
+        },
+    }
+}
+
+/// A kernel's output as a Flex tensor `[B, heads, T, dh]` (`heads` and `t` from its shape):
+/// a view of `[B, T, heads, dh]` where it was written sequence-major.
+fn output_tensor(out: flex::Output, [b, heads, t, dh]: [usize; 4]) -> FloatTensor<Flex> {
+    use burn::backend::ops::FloatTensorOps;
+    match out.heads.is_sequence_major() {
+        true => Flex::float_swap_dims(flex_tensor(out.data, Shape::new([b, t, heads, dh])), 1, 2),
+        false => flex_tensor(out.data, Shape::new([b, heads, t, dh])),
+    }
+}
+
 impl AttentionBackend for Flex {
     fn attention_forward(
         q: FloatTensor<Self>,
@@ -224,10 +259,15 @@ impl AttentionBackend for Flex {
             return fallback::forward::<Self>(q, k, v, scale, mask);
         }
         let d = dims(&q.shape(), &k.shape(), scale, mask);
-        let [q, k, v] = [q, k, v].map(|t| t.to_contiguous());
-        let (out, lse) = flex::forward(&d, slice(&q), slice(&k), slice(&v));
+        let [q, k, v] = [q, k, v].map(heads_of);
+        let x = flex::ForwardIn {
+            q: input(&q),
+            k: input(&k),
+            v: input(&v),
+        };
+        let (out, lse) = flex::forward(&d, &x);
         (
-            flex_tensor(out, q.shape()),
+            output_tensor(out, [d.b, d.h, d.tq, d.dh]),
             flex_tensor(lse, Shape::new([d.b, d.h, d.tq])),
         )
     }
@@ -258,22 +298,23 @@ impl AttentionBackend for Flex {
             return fallback::backward::<Self>(q, k, v, out, lse, grad, dlse, scale, mask);
         }
         let d = dims(&q.shape(), &k.shape(), scale, mask);
-        let [q, k, v, out, lse, grad, dlse] =
-            [q, k, v, out, lse, grad, dlse].map(|t| t.to_contiguous());
+        let [q, k, v, out, grad] = [q, k, v, out, grad].map(heads_of);
+        let [lse, dlse] = [lse, dlse].map(|t| t.to_contiguous());
         let x = flex::BackwardIn {
-            q: slice(&q),
-            k: slice(&k),
-            v: slice(&v),
-            o: slice(&out),
+            q: input(&q),
+            k: input(&k),
+            v: input(&v),
+            o: input(&out),
+            grad: input(&grad),
             lse: slice(&lse),
-            grad: slice(&grad),
             dlse: slice(&dlse),
         };
-        let (dq, dk, dv) = flex::backward(&d, &x);
+        let flex::BackwardOut { dq, dk, dv } = flex::backward(&d, &x);
+        let kv = [d.b, d.h_kv, d.tk, d.dh];
         (
-            flex_tensor(dq, q.shape()),
-            flex_tensor(dk, k.shape()),
-            flex_tensor(dv, v.shape()),
+            output_tensor(dq, [d.b, d.h, d.tq, d.dh]),
+            output_tensor(dk, kv),
+            output_tensor(dv, kv),
         )
     }
 }
