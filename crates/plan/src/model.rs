@@ -383,10 +383,9 @@ impl ModelSpec {
     /// experts' 3·shared_ff; its dense blocks keep less than its sparse ones, which this is),
     /// and with materialized attention the scores and probabilities
     /// (2·heads·seq; [`AttentionKind::Fused`] keeps only each query's log-sum-exp, `heads`,
-    /// beyond them: its output, written sequence-major, is the attention output the merge of
-    /// the heads views — resolve it for a layout with [`Self::attention_under`]); everything
-    /// but the replicated
-    /// 4d is split over tp. (q, k, v, the attention output and the fused output are
+    /// beyond them: its output, written sequence-major, is the attention output, the heads'
+    /// merge a view of it — resolve it for a layout with [`Self::attention_under`]);
+    /// everything but the replicated 4d is split over tp. (q, k, v, the attention output and the fused output are
     /// [`Self::q_dim`] wide: `d` unless the model sets its head width.)
     pub fn block_activation_elems(&self, tp: usize, sp: bool, seq: usize) -> f64 {
         let (d, f, h) = (self.d_model as f64, self.d_ff as f64, self.n_heads as f64);

@@ -328,27 +328,13 @@ fn backward_unit_body(d: &Dims, (i, kvh): (usize, usize), x: &BackwardIn, out: &
                 let (g, o) = (&g[r * gr..][..dh], &o[r * or..][..dh]);
                 *big_d = g.iter().zip(o).map(|(a, b)| a * b).sum::<f32>() - dlse[r];
             }
+            let dq = out.dq.from(i, j, i0);
             for (t0, n) in d.key_tiles(i0, rows) {
                 let tile = Tile { i0, t0, n };
                 let (k, v) = (x.k.from(i, kvh, t0), x.v.from(i, kvh, t0));
-                product(
-                    (rows, n, dh),
-                    &mut p,
-                    TILE,
-                    false,
-                    (q, qr, 1),
-                    (k, 1, kr),
-                    d.scale,
-                );
-                product(
-                    (rows, n, dh),
-                    &mut ds,
-                    TILE,
-                    false,
-                    (g, gr, 1),
-                    (v, 1, vr),
-                    1.0,
-                );
+                let (kt, vt) = ((k, 1, kr), (v, 1, vr));
+                product((rows, n, dh), &mut p, TILE, false, (q, qr, 1), kt, d.scale);
+                product((rows, n, dh), &mut ds, TILE, false, (g, gr, 1), vt, 1.0);
                 for r in 0..rows {
                     let seen = d.seen(tile, r);
                     let (pr, dsr) = (&mut p[r * TILE..][..n], &mut ds[r * TILE..][..n]);
@@ -364,26 +350,10 @@ fn backward_unit_body(d: &Dims, (i, kvh): (usize, usize), x: &BackwardIn, out: &
                 }
                 let dv = out.dv.from(i, kvh, t0);
                 product((n, dh, rows), dv, dvr, true, (&p, 1, TILE), (g, gr, 1), 1.0);
-                let dq = out.dq.from(i, j, i0);
-                product(
-                    (rows, dh, n),
-                    dq,
-                    dqr,
-                    true,
-                    (&ds, TILE, 1),
-                    (k, kr, 1),
-                    1.0,
-                );
+                let (ds_rows, ds_cols) = ((&ds[..], TILE, 1), (&ds[..], 1, TILE));
+                product((rows, dh, n), &mut *dq, dqr, true, ds_rows, (k, kr, 1), 1.0);
                 let dk = out.dk.from(i, kvh, t0);
-                product(
-                    (n, dh, rows),
-                    dk,
-                    dkr,
-                    true,
-                    (&ds, 1, TILE),
-                    (q, qr, 1),
-                    1.0,
-                );
+                product((n, dh, rows), dk, dkr, true, ds_cols, (q, qr, 1), 1.0);
             }
         }
     }
