@@ -2,6 +2,7 @@
 //! way (the averaging of a sum, a loss scale): one pass over each part in the kernel, where
 //! Burn's ops would concatenate and then scale (or scale and then copy each slice out).
 
+use crate::fused::host;
 use burn::tensor::Tensor;
 
 /// The flat concatenation of `parts` (one-dimensional, on one device), each element times
@@ -11,6 +12,13 @@ pub fn pack_scaled(parts: &[Tensor<1>], scale: f32) -> Tensor<1> {
     #[cfg(any(feature = "wgpu", feature = "cuda"))]
     if kernel::covers(parts) {
         return kernel::pack_scaled(parts, scale);
+    }
+    if parts.iter().all(host::is_flex_f32) {
+        // One pass: each value scaled as it is copied (the same product as `mul_scalar`).
+        let prims = parts.iter().cloned().map(host::flex_primitive).collect();
+        return Tensor::from_primitive::<burn::backend::Flex>(host::concat_map(prims, |v| {
+            v * scale
+        }));
     }
     fallback::pack_scaled(parts, scale)
 }

@@ -1,4 +1,5 @@
-//! The ops on Burn's CPU device (Flex), where they run their plain-Burn fallbacks, against
+//! The ops on Burn's CPU device (Flex), where they run their plain-Burn fallbacks (packing: a
+//! one-pass host copy), against
 //! values computed here element by element; and `FusedAdamW` against Burn's `AdamW` through a
 //! `ModuleOptimizer`, records included.
 
@@ -24,6 +25,11 @@ fn pack_and_unpack_scale_every_element_once() {
     let device = Device::flex();
     let parts = [values(5, 1), values(0, 2), values(7, 3)];
     let tensors: Vec<_> = parts.iter().map(|p| tensor(p, &device)).collect();
+    // Flex packs in one host pass: the same values as Burn's `cat` then `mul_scalar`.
+    for scale in [1.0, 1.0 / 3.0] {
+        let reference = bonfire_kernels::fallback::pack_scaled(&tensors, scale);
+        assert_eq!(host(pack_scaled(&tensors, scale)), host(reference));
+    }
     let flat = pack_scaled(&tensors, 0.5);
     let expected: Vec<f32> = parts.iter().flatten().map(|x| x * 0.5).collect();
     assert_eq!(host(flat.clone()), expected);

@@ -151,6 +151,59 @@ fn all_gather_even_and_uneven() {
     }
 }
 
+#[test]
+fn all_gather_skips_the_placeholders_of_empty_pieces() {
+    // A rank of size 0 passes a placeholder of length 1 along the dim (how ZeRO-3 gathers a
+    // parameter some ranks own none of): not sent, and its gradient is zero. Also recomputed
+    // under Balanced checkpointing, the way ZeRO-3 gathers.
+    for k in 2..=8 {
+        let sizes: Vec<usize> = (0..k)
+            .map(|r| if r % 3 == 1 { 0 } else { r % 4 + 1 })
+            .collect();
+        let sizes = &sizes;
+        let reference = |xs: &[Tensor<3>]| {
+            let pieces: Vec<Tensor<3>> = (0..xs.len())
+                .filter(|&r| sizes[r] > 0)
+                .map(|r| xs[r].clone())
+                .collect();
+            vec![Tensor::cat(pieces, 1); xs.len()]
+        };
+        check(
+            k,
+            "all_gather with placeholders",
+            |r| [2, sizes[r].max(1), 3],
+            |pg, x| all_gather_uneven(x, pg, 1, sizes).unwrap(),
+            reference,
+        );
+    }
+    // Recomputed (Balanced checkpointing): the same values and gradients, gathered twice.
+    let sizes = [2, 0, 3];
+    let run = |checkpointing: bool| {
+        world(3, move |pg| {
+            let device = match checkpointing {
+                true => dev().gradient_checkpointing(),
+                false => dev(),
+            };
+            let r = pg.rank();
+            let x = tensor(r, [sizes[r].max(1), 2], &device).require_grad();
+            let counter = CommCounter::start();
+            let y = all_gather_recomputable(x.clone(), &pg, 0, &sizes).unwrap();
+            assert_eq!(y.dims(), [5, 2]);
+            let loss = (y.clone().exp() * 0.5).sum();
+            let grads = loss.backward();
+            let gathers = counter.count(OpKind::AllGather);
+            (vec_of(y), vec_of(x.grad(&grads).unwrap()), gathers)
+        })
+    };
+    let (stored, recomputed) = (run(false), run(true));
+    for r in 0..3 {
+        assert_near_exact(&recomputed[r].0, &stored[r].0, "gathered");
+        assert_near_exact(&recomputed[r].1, &stored[r].1, "gradient");
+        assert_eq!((stored[r].2, recomputed[r].2), (1, 2), "all-gathers");
+    }
+    assert_eq!(stored[1].1, vec![0.0; 2], "the placeholder's gradient");
+}
+
 fn chunks<const D: usize>(t: Tensor<D>, dim: usize, sizes: &[usize]) -> Vec<Tensor<D>> {
     let mut start = 0;
     sizes

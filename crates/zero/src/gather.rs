@@ -81,8 +81,8 @@ pub(crate) struct GatherPlan {
     /// This rank's slice of each parameter, a separate autodiff leaf per forward (a view of
     /// the shard, no copy): each slice's gradient is exactly its size, so backward never
     /// materializes a shard-sized gradient per parameter. A rank owning nothing of a
-    /// parameter has a one-element leaf there (Burn has no zero-length tensors), cut off
-    /// after the gather.
+    /// parameter has a one-element leaf there (Burn has no zero-length tensors), which the
+    /// gather does not send.
     slices: Vec<Tensor<1>>,
     /// Where each owned slice sits in the own range.
     slots: Vec<Option<Range<usize>>>,
@@ -167,9 +167,6 @@ impl GatherPlan {
             Some(anchor) => bonfire_module::graph::anchored(slice, anchor),
             None => slice,
         };
-        let before = counts.iter().take_while(|&&c| c == 0).count();
-        let padded: Vec<usize> = counts.iter().map(|&c| c.max(1)).collect();
-        let numel = self.infos[i].numel();
         let pg = self.pg.clone();
         let (param_dtype, reduce_dtype) =
             (self.precision.param_dtype(), self.precision.reduce_dtype());
@@ -182,9 +179,11 @@ impl GatherPlan {
             // The backward reduce-scatters the gradient in the gather's input dtype.
             record.reduced(slice.dtype());
             let out = (param_dtype != reduce_dtype).then_some(param_dtype);
-            bonfire_dtensor::functional::all_gather_recomputable_as(slice, &pg, 0, &padded, out)
+            // A rank owning none of it passes its one-element leaf, which is not sent: the
+            // gathered value is the parameter exactly (no cut, whose backward would fill a
+            // zeroed copy of the full gradient).
+            bonfire_dtensor::functional::all_gather_recomputable_as(slice, &pg, 0, &counts, out)
                 .unwrap_or_else(|e| panic!("bonfire-zero: stage-3 all-gather failed: {e}"))
-                .narrow(0, before, numel)
         }
     }
 

@@ -68,13 +68,29 @@ pub(crate) fn map(mut x: FlexTensor, f: impl Fn(f32) -> f32) -> FlexTensor {
     from_vec(out, x.shape().to_vec())
 }
 
+/// The concatenation of `parts` (f32, any shapes, flattened), each value through `f`: one
+/// pass writing each output value once.
+pub(crate) fn concat_map(parts: Vec<FlexTensor>, f: impl Fn(f32) -> f32) -> FlexTensor {
+    let parts: Vec<FlexTensor> = parts.into_iter().map(contiguous).collect();
+    let len = parts.iter().map(|p| p.shape().num_elements()).sum();
+    let out = filled(len, |out| {
+        let mut at = 0;
+        for part in &parts {
+            let src = values(part);
+            map_into(src, &mut out[at..at + src.len()], &f);
+            at += src.len();
+        }
+    });
+    from_vec(out, vec![len])
+}
+
 /// A vector of `len` values, each written once by `fill` (no zero-fill before): what the
 /// element-wise passes give a shared input instead of a copy to work over in place.
 fn filled(len: usize, fill: impl FnOnce(&mut [MaybeUninit<f32>])) -> Vec<f32> {
     let mut out = Vec::with_capacity(len);
     fill(&mut out.spare_capacity_mut()[..len]);
     // SAFETY: `fill` wrote each of the first `len` values (`map_into`, `zip_into`: one write
-    // per value of their equally long inputs).
+    // per value of their equally long inputs; `concat_map`: its parts cover the `len` values).
     unsafe { out.set_len(len) };
     out
 }

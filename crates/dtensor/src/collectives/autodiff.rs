@@ -67,6 +67,14 @@ fn backward_of<B: CollectiveBackend>(
             let _token = run(send, grad);
             None
         }
+        // A placeholder's gradient: zeros (its rank's piece of the reduce-scatter is empty).
+        (CollectiveKind::AllGather { dim, sizes }, Some(kind))
+            if input_shape[*dim] != sizes[spec.group.rank()] =>
+        {
+            let template = zeros_like::<B>(&grad, input_shape);
+            let _empty = run(kind, grad);
+            Some(template)
+        }
         (CollectiveKind::Pad { dim, offset, .. }, _) => {
             Some(narrow::<B>(grad, *dim, *offset, input_shape[*dim]))
         }

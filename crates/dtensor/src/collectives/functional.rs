@@ -134,7 +134,8 @@ pub fn all_gather<const D: usize>(
 }
 
 /// Concatenates every rank's tensor along `dim`, rank `r` contributing `sizes[r]` elements
-/// along it (other dims equal). Backward: uneven reduce-scatter (sum).
+/// along it (other dims equal). Backward: uneven reduce-scatter (sum). A rank of size 0 may
+/// pass a tensor of length 1 along `dim` (a placeholder, not sent; its gradient is zero).
 pub fn all_gather_uneven<const D: usize>(
     tensor: Tensor<D>,
     group: &ProcessGroup,
@@ -154,7 +155,17 @@ fn all_gather_kind<const D: usize>(
 ) -> Result<CollectiveKind> {
     check_dim::<D>(dim)?;
     check_sizes(group, sizes)?;
-    check_local(tensor.dims()[dim], sizes, group.rank(), dim)?;
+    if sizes.iter().sum::<usize>() == 0 {
+        return Err(DTensorError::InvalidArgument(format!(
+            "an all-gather of sizes {sizes:?} gathers nothing"
+        )));
+    }
+    // A rank of size 0 may pass a placeholder of length 1 ([`CollectiveKind::AllGather`]).
+    let me = group.rank();
+    let local = tensor.dims()[dim];
+    if !(sizes[me] == 0 && local == 1) {
+        check_local(local, sizes, me, dim)?;
+    }
     Ok(CollectiveKind::AllGather {
         dim,
         sizes: sizes.to_vec(),

@@ -53,7 +53,9 @@ pub enum CollectiveKind {
         root: usize,
     },
     /// Concatenation along `dim` of every rank's tensor; rank `r` contributes `sizes[r]`.
-    /// Backward: reduce-scatter (sum).
+    /// Backward: reduce-scatter (sum). A rank whose size is 0 contributes nothing: it may pass
+    /// a placeholder of length 1 along `dim`, which is not sent, and gets zeros back as its
+    /// gradient.
     AllGather {
         /// Dimension the pieces are concatenated along.
         dim: usize,
