@@ -385,8 +385,8 @@ impl ModelSpec {
     /// (2·heads·seq; [`AttentionKind::Fused`] keeps only each query's log-sum-exp, `heads`,
     /// beyond them: its output, written sequence-major, is the attention output, the heads'
     /// merge a view of it — resolve it for a layout with [`Self::attention_under`]);
-    /// everything but the replicated 4d is split over tp. (q, k, v, the attention output and the fused output are
-    /// [`Self::q_dim`] wide: `d` unless the model sets its head width.)
+    /// everything but the replicated 4d is split over tp. (q, k, v and the attention output
+    /// are [`Self::q_dim`] wide: `d` unless the model sets its head width.)
     pub fn block_activation_elems(&self, tp: usize, sp: bool, seq: usize) -> f64 {
         let (d, f, h) = (self.d_model as f64, self.d_ff as f64, self.n_heads as f64);
         let a = self.q_dim() as f64;

@@ -20,8 +20,7 @@ pub const KERNELS_PER_BLOCK: f64 = 20.0;
 /// update; in f32: per fused call — at most two a step — copies of inputs whose rows are
 /// not contiguous, the op, the packing and the log-sum-exp's copy, about 6, and at the end
 /// about 10 per query chunk to merge the parts, so about 20 a step at cp = 2 and fewer
-/// beyond): a block under
-/// cp > 1 launches `cp` of them besides [`KERNELS_PER_BLOCK`].
+/// beyond): a block under cp > 1 launches `cp` of them besides [`KERNELS_PER_BLOCK`].
 pub const KERNELS_PER_RING_STEP: f64 = 20.0;
 /// Kernels a mixture of experts' routing launches in a forward besides
 /// [`KERNELS_PER_BLOCK`] (an estimate from `bonfire_models::mixtral::moe`: the router's
