@@ -8,7 +8,9 @@
 //! [`TILE`] queries × [`TILE`] keys: every product is a `gemm` call on the tile (the crate
 //! Flex's own matrix products use; strides stand for the transposes), the softmax and masking
 //! run over the tile's rows. The row loops are compiled three times — AVX-512, AVX2 + FMA and
-//! the portable baseline — and the best the CPU has is picked at run time.
+//! the portable baseline — and the best the CPU has is picked at run time; their sums and
+//! maxima (the softmax's row max and sum, the backward's `D`) go in `host::sum_zip`'s 16
+//! partial sums, which vectorize where a sequential `f32` sum stays scalar.
 //!
 //! The inputs are read where they lie ([`Heads`]: any batch, head and row strides, each row's
 //! `dh` values contiguous) — the models' heads split from their projections without the copy
@@ -17,6 +19,7 @@
 
 use super::Mask;
 use crate::fused::fast_exp as exp;
+use crate::fused::host;
 use crate::simd::vectorized;
 use std::ops::Range;
 
@@ -258,10 +261,10 @@ fn forward_unit_body(
                         continue; // nothing of this tile: the row's state stays
                     }
                     let row = &mut row[seen];
-                    let m_new = row.iter().fold(m[r], |a, &b| a.max(b));
+                    let m_new = host::max_of(row).max(m[r]);
                     let alpha = exp(m[r] - m_new);
                     row.iter_mut().for_each(|p| *p = exp(*p - m_new));
-                    l[r] = l[r] * alpha + row.iter().sum::<f32>();
+                    l[r] = l[r] * alpha + host::sum_map(row, |p| p);
                     m[r] = m_new;
                     acc[r * or..][..dh].iter_mut().for_each(|a| *a *= alpha);
                 }
@@ -326,7 +329,7 @@ fn backward_unit_body(d: &Dims, (i, kvh): (usize, usize), x: &BackwardIn, out: &
             let (lse, dlse) = (&x.lse[at..][..rows], &x.dlse[at..][..rows]);
             for (r, big_d) in big_d[..rows].iter_mut().enumerate() {
                 let (g, o) = (&g[r * gr..][..dh], &o[r * or..][..dh]);
-                *big_d = g.iter().zip(o).map(|(a, b)| a * b).sum::<f32>() - dlse[r];
+                *big_d = host::sum_zip(g, o, |a, b| a * b) - dlse[r];
             }
             let dq = out.dq.from(i, j, i0);
             for (t0, n) in d.key_tiles(i0, rows) {

@@ -95,12 +95,61 @@ fn filled(len: usize, fill: impl FnOnce(&mut [MaybeUninit<f32>])) -> Vec<f32> {
     out
 }
 
+/// Values an element-wise pass handles between two prefetches: 1 KiB of each input.
+const BLOCK: usize = 256;
+/// How far ahead of its position an element-wise pass asks for its inputs: 4 KiB. Measured on
+/// a Xeon core, a standalone copy of the GELU's loops over 4 MiB inputs out of cache (the
+/// step's sizes): forward 0.96 → 0.72 ms, backward 1.46 → 0.89 ms against the same loops
+/// unprefetched — the hardware's prefetchers alone leave these compute-heavy loops waiting on
+/// their loads (in the train step, `perf` found a third of the backward's samples on its
+/// first load).
+const AHEAD: usize = 4 * BLOCK;
+
+/// Asks the CPU to bring `s[at..at + BLOCK]` into L1 (nothing past `s`'s end; nothing on
+/// other architectures). A hint: it neither reads nor writes what the program sees, so `s`
+/// is a raw pointer and may be a slice another reference is writing.
+#[inline(always)]
+fn prefetch_block(s: *const [f32], at: usize) {
+    #[cfg(target_arch = "x86_64")]
+    if at + BLOCK <= s.len() {
+        for line in (at..at + BLOCK).step_by(16) {
+            // SAFETY: `line` is within `s`'s allocation; `_mm_prefetch` is SSE (the x86-64
+            // baseline) and dereferences nothing.
+            unsafe {
+                core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T0 }>(
+                    s.cast::<f32>().add(line).cast(),
+                )
+            }
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (s, at);
+}
+
+/// The blocks `[i, i + BLOCK)` of `0..len`, each after prefetching the inputs' block
+/// [`AHEAD`] of it: the loop every element-wise pass below runs its body in.
+#[inline(always)]
+fn by_blocks(len: usize, inputs: &[*const [f32]], mut body: impl FnMut(std::ops::Range<usize>)) {
+    let mut i = 0;
+    while i < len {
+        for &s in inputs {
+            prefetch_block(s, i + AHEAD);
+        }
+        let end = (i + BLOCK).min(len);
+        body(i..end);
+        i = end;
+    }
+}
+
 vectorized! {
     /// `v ← f(v)` for every value of `s`.
     fn map_in_place(s: &mut [f32], f: &impl Fn(f32) -> f32) {
-        for v in s.iter_mut() {
-            *v = f(*v);
-        }
+        let view: *const [f32] = s;
+        by_blocks(s.len(), &[view], |r| {
+            for v in s[r].iter_mut() {
+                *v = f(*v);
+            }
+        });
     }
 }
 
@@ -108,9 +157,11 @@ vectorized! {
     /// `out[i] ← f(src[i])` for every value of `src` (`out` as long), writing each once.
     fn map_into(src: &[f32], out: &mut [MaybeUninit<f32>], f: &impl Fn(f32) -> f32) {
         let out = &mut out[..src.len()];
-        for (o, &v) in out.iter_mut().zip(src) {
-            o.write(f(v));
-        }
+        by_blocks(src.len(), &[src], |r| {
+            for (o, &v) in out[r.clone()].iter_mut().zip(&src[r]) {
+                o.write(f(v));
+            }
+        });
     }
 }
 
@@ -134,9 +185,12 @@ vectorized! {
     /// `a ← f(a, b)` element-wise (`b` as long as `a`).
     fn zip_in_place(a: &mut [f32], b: &[f32], f: &impl Fn(f32, f32) -> f32) {
         let b = &b[..a.len()];
-        for (x, &y) in a.iter_mut().zip(b) {
-            *x = f(*x, y);
-        }
+        let view: *const [f32] = a;
+        by_blocks(a.len(), &[view, b], |r| {
+            for (x, &y) in a[r.clone()].iter_mut().zip(&b[r]) {
+                *x = f(*x, y);
+            }
+        });
     }
 }
 
@@ -144,9 +198,11 @@ vectorized! {
     /// `out[i] ← f(a[i], b[i])` (all three as long as `a`), writing each once.
     fn zip_into(a: &[f32], b: &[f32], out: &mut [MaybeUninit<f32>], f: &impl Fn(f32, f32) -> f32) {
         let (b, out) = (&b[..a.len()], &mut out[..a.len()]);
-        for ((o, &x), &y) in out.iter_mut().zip(a).zip(b) {
-            o.write(f(x, y));
-        }
+        by_blocks(a.len(), &[a, b], |r| {
+            for ((o, &x), &y) in out[r.clone()].iter_mut().zip(&a[r.clone()]).zip(&b[r]) {
+                o.write(f(x, y));
+            }
+        });
     }
 }
 
