@@ -45,8 +45,8 @@ pub use adamw::{FusedAdamW, FusedAdamWConfig};
 pub use attention::{MASKED, Mask, attention, attention_with_lse};
 pub use device::{base_device, is_flex};
 pub use fused::{
-    causal_softmax, cross_entropy, exp, gelu, layer_norm_core, log_sum_exp, rms_norm_core, rope,
-    silu_mul,
+    add_bias, causal_softmax, cross_entropy, exp, gelu, layer_norm_core, log_sum_exp,
+    rms_norm_core, rope, silu_mul,
 };
 pub use host_alloc::keep_freed_memory;
 pub use matmul::{Bf16Kernel, ProductBackend, bf16_kernel, matmul};

@@ -24,6 +24,7 @@ use crate::state::{Applied, ParallelKey, ParallelState};
 use crate::style::StylePlacement;
 use bonfire_comm::ProcessGroup;
 use bonfire_dtensor::{chunk_range, functional};
+use bonfire_kernels::add_bias;
 use burn::module::{Module, Param};
 use burn::tensor::{DType, Device, Int, Tensor};
 
@@ -98,11 +99,10 @@ impl ParallelLinear {
             Some(x.dtype()),
             [Some(self.weight.val().dtype()), bias_dtype],
         );
-        let bias = |b: Tensor<1>| b.unsqueeze::<D>();
         let Some(state) = self.key.state() else {
             let y = self.matmul(x);
             return match &self.bias {
-                Some(b) => y + bias(b.val()),
+                Some(b) => add_bias(y, b.val()),
                 None => y,
             };
         };
@@ -113,7 +113,7 @@ impl ParallelLinear {
                 let w = replicated_param(self.weight.val(), g);
                 let y = bonfire_module::weight_grad::linear_matmul(x, w);
                 match &self.bias {
-                    Some(b) => y + bias(replicated_param(b.val(), g)),
+                    Some(b) => add_bias(y, replicated_param(b.val(), g)),
                     None => y,
                 }
             }
@@ -121,7 +121,7 @@ impl ParallelLinear {
                 let x = colwise_input(x, style.input_layout, g);
                 let mut y = self.matmul(x);
                 if let Some(b) = &self.bias {
-                    y = y + bias(b.val());
+                    y = add_bias(y, b.val());
                 }
                 relayout(y, StylePlacement::Shard(-1), style.output_layout, g)
             }
@@ -131,8 +131,8 @@ impl ParallelLinear {
                 let sharded = style.output_layout.shard_dim(D).is_some();
                 let y = relayout(y, StylePlacement::Partial, style.output_layout, g);
                 match &self.bias {
-                    Some(b) if sharded => y + bias(replicated_param(b.val(), g)),
-                    Some(b) => y + bias(b.val()),
+                    Some(b) if sharded => add_bias(y, replicated_param(b.val(), g)),
+                    Some(b) => add_bias(y, b.val()),
                     None => y,
                 }
             }

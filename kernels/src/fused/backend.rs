@@ -5,7 +5,8 @@ use burn::backend::tensor::{FloatTensor, IntTensor};
 use burn::backend::{Backend, backend_extension};
 
 /// Backends that run Bonfire's fused ops (see the module docs). Call them through
-/// [`causal_softmax`], [`cross_entropy`], [`gelu`] and [`exp`].
+/// [`causal_softmax`], [`cross_entropy`], [`gelu`], [`exp`] and the other
+/// functions of [`crate::fused`].
 #[backend_extension(Autodiff, Flex, Cube: cfg(any(feature = "wgpu", feature = "cuda")))]
 pub trait FusedBackend: Backend {
     /// `softmax(scale · scores + mask)` over the last dim of `[.., Tq, Tk]`, the mask −∞
@@ -63,6 +64,11 @@ pub trait FusedBackend: Backend {
         logits: FloatTensor<Self>,
         targets: IntTensor<Self>,
     ) -> (FloatTensor<Self>, FloatTensor<Self>);
+    /// `x + bias` over the last dim: `x` `[.., N]`, `bias` `[N]` (a linear layer's bias).
+    fn add_bias(x: FloatTensor<Self>, bias: FloatTensor<Self>) -> FloatTensor<Self>;
+    /// The gradient of [`Self::add_bias`]'s `bias`: `grad` summed over every dim but the
+    /// last, `[N]` (not differentiable).
+    fn bias_grad(grad: FloatTensor<Self>) -> FloatTensor<Self>;
     /// `(softmax(logits) − onehot(targets)) · grad / N` (not differentiable).
     fn cross_entropy_backward(
         logits: FloatTensor<Self>,

@@ -89,8 +89,9 @@ pub(crate) fn concat_map(parts: Vec<FlexTensor>, f: impl Fn(f32) -> f32) -> Flex
 fn filled(len: usize, fill: impl FnOnce(&mut [MaybeUninit<f32>])) -> Vec<f32> {
     let mut out = Vec::with_capacity(len);
     fill(&mut out.spare_capacity_mut()[..len]);
-    // SAFETY: `fill` wrote each of the first `len` values (`map_into`, `zip_into`: one write
-    // per value of their equally long inputs; `concat_map`: its parts cover the `len` values).
+    // SAFETY: `fill` wrote each of the first `len` values (`map_into`, `zip_into`, `rows_into`:
+    // one write per value of their equally long inputs — `rows_into`'s rows cover it, as
+    // `zip_rows` checks; `concat_map`: its parts cover the `len` values).
     unsafe { out.set_len(len) };
     out
 }
@@ -105,25 +106,23 @@ const BLOCK: usize = 256;
 /// first load).
 const AHEAD: usize = 4 * BLOCK;
 
-/// Asks the CPU to bring `s[at..at + BLOCK]` into L1 (nothing past `s`'s end; nothing on
-/// other architectures). A hint: it neither reads nor writes what the program sees, so `s`
-/// is a raw pointer and may be a slice another reference is writing.
+/// Asks the CPU to bring `s[at..at + len]` into L1 (nothing past `s`'s end; nothing on other
+/// architectures). A hint: it neither reads nor writes what the program sees, so `s` is a raw
+/// pointer and may be a slice another reference is writing.
 #[inline(always)]
-fn prefetch_block(s: *const [f32], at: usize) {
+pub(crate) fn prefetch(s: *const [f32], at: usize, len: usize) {
     #[cfg(target_arch = "x86_64")]
-    if at + BLOCK <= s.len() {
-        for line in (at..at + BLOCK).step_by(16) {
-            // SAFETY: `line` is within `s`'s allocation; `_mm_prefetch` is SSE (the x86-64
-            // baseline) and dereferences nothing.
-            unsafe {
-                core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T0 }>(
-                    s.cast::<f32>().add(line).cast(),
-                )
-            }
+    for line in (at..(at + len).min(s.len())).step_by(16) {
+        // SAFETY: `line` is within `s`'s allocation; `_mm_prefetch` is SSE (the x86-64
+        // baseline) and dereferences nothing.
+        unsafe {
+            core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T0 }>(
+                s.cast::<f32>().add(line).cast(),
+            )
         }
     }
     #[cfg(not(target_arch = "x86_64"))]
-    let _ = (s, at);
+    let _ = (s, at, len);
 }
 
 /// The blocks `[i, i + BLOCK)` of `0..len`, each after prefetching the inputs' block
@@ -133,7 +132,7 @@ fn by_blocks(len: usize, inputs: &[*const [f32]], mut body: impl FnMut(std::ops:
     let mut i = 0;
     while i < len {
         for &s in inputs {
-            prefetch_block(s, i + AHEAD);
+            prefetch(s, i + AHEAD, BLOCK);
         }
         let end = (i + BLOCK).min(len);
         body(i..end);
@@ -203,6 +202,52 @@ vectorized! {
                 o.write(f(x, y));
             }
         });
+    }
+}
+
+/// `f(x, row)` for every row of `x` (its last dim as long as `row`), into `x`'s buffer when it
+/// can be reused.
+pub(crate) fn zip_rows(mut x: FlexTensor, row: &[f32], f: impl Fn(f32, f32) -> f32) -> FlexTensor {
+    let n = x.shape().last().copied().unwrap_or(1);
+    assert_eq!(
+        n,
+        row.len(),
+        "bonfire-kernels: a row's length differs from the last dim"
+    );
+    if let Some(s) = owned(&mut x) {
+        rows_in_place(s, row, &f);
+        return x;
+    }
+    let x = contiguous(x);
+    let src = values(&x);
+    let out = filled(src.len(), |out| rows_into(src, row, out, &f));
+    from_vec(out, x.shape().to_vec())
+}
+
+vectorized! {
+    /// `x[r·N + j] ← f(x[r·N + j], row[j])` for every row of `x` (`N = row.len()`).
+    fn rows_in_place(x: &mut [f32], row: &[f32], f: &impl Fn(f32, f32) -> f32) {
+        let (n, view) = (row.len(), x as *const [f32]);
+        for (r, xs) in x.chunks_exact_mut(n.max(1)).enumerate() {
+            prefetch(view, r * n + AHEAD, n);
+            for (v, &b) in xs.iter_mut().zip(row) {
+                *v = f(*v, b);
+            }
+        }
+    }
+}
+
+vectorized! {
+    /// `out[r·N + j] ← f(x[r·N + j], row[j])` (`out` as long as `x`), writing each once.
+    fn rows_into(x: &[f32], row: &[f32], out: &mut [MaybeUninit<f32>], f: &impl Fn(f32, f32) -> f32) {
+        let n = row.len().max(1);
+        let rows = out[..x.len()].chunks_exact_mut(n).zip(x.chunks_exact(n));
+        for (r, (os, xs)) in rows.enumerate() {
+            prefetch(x, r * n + AHEAD, n);
+            for ((o, &v), &b) in os.iter_mut().zip(xs).zip(row) {
+                o.write(f(v, b));
+            }
+        }
     }
 }
 

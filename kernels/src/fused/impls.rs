@@ -6,7 +6,7 @@ use super::cross_entropy::{self, cross_entropy_forward};
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 use super::cube;
 use super::softmax::{self, causal_softmax_forward};
-use super::{gelu, host, norm, rope, swiglu};
+use super::{bias, gelu, host, norm, rope, swiglu};
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn::backend::tensor::{FloatTensor, IntTensor};
 use burn::backend::{Autodiff, Flex};
@@ -96,6 +96,18 @@ impl FusedBackend for Flex {
         match rope::flex_covers(&grad, &cos, &sin) {
             true => rope::flex(grad, cos, sin, true),
             false => rope::fallback::<Self>(grad, cos, sin, true),
+        }
+    }
+    fn add_bias(x: FloatTensor<Self>, b: FloatTensor<Self>) -> FloatTensor<Self> {
+        match bias::flex_covers(&x, &b) {
+            true => bias::forward_flex(x, b),
+            false => bias::forward_fallback::<Self>(x, b),
+        }
+    }
+    fn bias_grad(grad: FloatTensor<Self>) -> FloatTensor<Self> {
+        match host::all_f32(&[&grad]) {
+            true => bias::grad_flex(grad),
+            false => bias::grad_fallback::<Self>(grad),
         }
     }
     fn cross_entropy_lse(
@@ -197,6 +209,12 @@ impl FusedBackend for burn::backend::Cube {
             false => rope::fallback::<Self>(grad, cos, sin, true),
         }
     }
+    fn add_bias(x: FloatTensor<Self>, b: FloatTensor<Self>) -> FloatTensor<Self> {
+        bias::forward_fallback::<Self>(x, b)
+    }
+    fn bias_grad(grad: FloatTensor<Self>) -> FloatTensor<Self> {
+        bias::grad_fallback::<Self>(grad)
+    }
     fn cross_entropy_lse(
         logits: FloatTensor<Self>,
         targets: IntTensor<Self>,
@@ -280,6 +298,12 @@ impl<B: FusedBackend, C: CheckpointStrategy> FusedBackend for Autodiff<B, C> {
         _sin: FloatTensor<Self>,
     ) -> FloatTensor<Self> {
         not_differentiable("rope_backward")
+    }
+    fn add_bias(x: FloatTensor<Self>, b: FloatTensor<Self>) -> FloatTensor<Self> {
+        bias::add_bias_autodiff::<B, C>(x, b)
+    }
+    fn bias_grad(_grad: FloatTensor<Self>) -> FloatTensor<Self> {
+        not_differentiable("bias_grad")
     }
     fn cross_entropy_lse(
         _logits: FloatTensor<Self>,

@@ -11,11 +11,13 @@
 //!   with ≤ 1.5e-7 absolute error and an exp by range reduction, sharing `exp(−x²/2)`)
 //!   instead of Flex's scalar `libm::erff`; elsewhere Burn's own `gelu` / `gelu_backward`.
 //! - [`exp`]: `exp`, its backward from the output it keeps (Burn's keeps the input).
+//! - [`add_bias`]: a linear layer's `y + b`, its bias's gradient summed in one pass.
 //!
 //! The math of every op is backend-generic (Burn ops on the inner backend) and runs on Flex,
 //! on a CubeCL device (features `wgpu`, `cuda`) and under `Autodiff` of either.
 
 mod backend;
+mod bias;
 mod cross_entropy;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 mod cube;
@@ -80,6 +82,19 @@ pub fn log_sum_exp(logits: Tensor<2>) -> Tensor<1> {
 /// The exact (erf) GELU.
 pub fn gelu<const D: usize>(x: Tensor<D>) -> Tensor<D> {
     Tensor::from_dispatch(<Dispatch as FusedBackend>::gelu_erf(x.into_dispatch()))
+}
+
+/// `x + bias` over `x`'s last dim (`bias` `[N]`): a linear layer's bias, one autodiff node
+/// whose backward passes the gradient to `x` and sums its rows into `bias`'s. Burn's broadcast
+/// add where the dtypes differ.
+pub fn add_bias<const D: usize>(x: Tensor<D>, bias: Tensor<1>) -> Tensor<D> {
+    if x.dtype() != bias.dtype() {
+        return x + bias.unsqueeze();
+    }
+    Tensor::from_dispatch(<Dispatch as FusedBackend>::add_bias(
+        x.into_dispatch(),
+        bias.into_dispatch(),
+    ))
 }
 
 /// `exp(x)`, whose backward keeps the output rather than the input. Burn's `exp` keeps its

@@ -267,3 +267,40 @@ fn host_cross_entropy_forward_is_burns() {
         }
     }
 }
+
+/// [`add_bias`] against Burn's broadcast add, with and without Balanced checkpointing (which
+/// recomputes the output for the square's backward): the output and `x`'s gradient bit for
+/// bit (one add; the gradient passed through), the bias's gradient within f32 summation order
+/// — for `x` a fresh tensor (added in place), `x` shared (written to a new buffer), and row
+/// counts that are not multiples of the four rows the sum takes a step.
+#[test]
+fn add_bias_is_burns_broadcast_add() {
+    for checkpointing in [false, true] {
+        let device = match checkpointing {
+            true => device().gradient_checkpointing(),
+            false => device(),
+        };
+        for dims in [[2, 7, 33], [3, 50, 40], [1, 1, 5]] {
+            let x = Tensor::<3>::random(dims, Distribution::Normal(0.0, 1.0), &device);
+            let b = Tensor::<1>::random([dims[2]], Distribution::Normal(0.0, 1.0), &device);
+            let w = Tensor::<3>::random(dims, Distribution::Normal(0.0, 1.0), &device);
+            let run = |add: &dyn Fn(Tensor<3>, Tensor<1>) -> Tensor<3>| {
+                let (x, b) = (x.clone().require_grad(), b.clone().require_grad());
+                let fresh = add(x.clone() * 2.0, b.clone());
+                let shared = add(x.clone(), b.clone());
+                let loss = (fresh.clone() * fresh.clone() * w.clone()).sum()
+                    + (shared.clone() * w.clone()).sum();
+                let grads = loss.backward();
+                let values = |t: Tensor<3>| t.into_data().try_to_vec::<f32>().unwrap();
+                let outputs = [values(fresh), values(shared)];
+                (outputs, x.grad(&grads).unwrap(), b.grad(&grads).unwrap())
+            };
+            let (got, gx, gb) = run(&|x, b| add_bias(x, b));
+            let (want, wx, wb) = run(&|x, b| x + b.unsqueeze());
+            let what = format!("{dims:?} checkpointing={checkpointing}");
+            assert_eq!(got, want, "{what}: outputs");
+            close(&format!("{what}: x's gradient"), gx, wx, 0.0);
+            close(&format!("{what}: the bias's gradient"), gb, wb, 1e-5);
+        }
+    }
+}
