@@ -7,6 +7,7 @@
 //! start on a cache line, as every row of them does (AMX's tile loads read 64-byte rows: see
 //! [`Lines`]). And the output's rounding to bf16.
 
+use super::transpose::transpose_16x16;
 use burn::tensor::bf16;
 use std::arch::x86_64::*;
 use std::marker::PhantomData;
@@ -169,40 +170,6 @@ fn interleave(lo: &[bf16], hi: &[bf16]) -> __m512i {
     let first = _mm256_permute2x128_si256(l, h, 0x20);
     let second = _mm256_permute2x128_si256(l, h, 0x31);
     _mm512_inserti64x4(_mm512_castsi256_si512(first), second, 1)
-}
-
-/// A 16 × 16 matrix of 32-bit elements, one row a register, transposed in place: pairs
-/// (`unpack…_epi32`), then 2 × 2 blocks (`unpack…_epi64`), then 128-bit lanes twice.
-#[target_feature(enable = "avx512f")]
-fn transpose_16x16(r: &mut [std::arch::x86_64::__m512i; 16]) {
-    let mut t = [_mm512_setzero_si512(); 16];
-    for i in 0..8 {
-        t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
-        t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
-    }
-    let mut u = [_mm512_setzero_si512(); 16];
-    for i in 0..4 {
-        u[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
-        u[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
-        u[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
-        u[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
-    }
-    // `u[4i + q]`'s 128-bit lane `L`: rows `4i..4i+4` of column `4L + q`.
-    let mut v = [_mm512_setzero_si512(); 16];
-    for q in 0..4 {
-        for h in 0..2 {
-            let (a, b) = (u[8 * h + q], u[8 * h + 4 + q]);
-            v[8 * h + q] = _mm512_shuffle_i32x4::<0x88>(a, b);
-            v[8 * h + 4 + q] = _mm512_shuffle_i32x4::<0xDD>(a, b);
-        }
-    }
-    for q in 0..4 {
-        for h in 0..2 {
-            let (a, b) = (v[4 * h + q], v[8 + 4 * h + q]);
-            r[4 * h + q] = _mm512_shuffle_i32x4::<0x88>(a, b);
-            r[8 + 4 * h + q] = _mm512_shuffle_i32x4::<0xDD>(a, b);
-        }
-    }
 }
 
 /// The right operand `[k, n]` as panels of 16 columns, each row pair interleaved:

@@ -208,3 +208,20 @@ fn a_weights_gradient_is_laid_out_like_the_weight() {
         );
     }
 }
+
+/// [`contiguous`] gives a transposed view's values row-major, bit for bit what Burn's copy
+/// gives, for shapes on and off the 16 × 16 blocks (the blocked transpose where the CPU has
+/// AVX-512, Burn's copy elsewhere), and a row-major tensor unchanged.
+#[test]
+fn contiguous_copies_a_transposed_view_row_major() {
+    for [m, n] in [[16, 16], [37, 21], [64, 48], [2, 131], [300, 17]] {
+        let stored = Tensor::<2>::random([n, m], Distribution::Normal(0.0, 1.0), &Device::flex());
+        let view = stored.clone().transpose();
+        let prim = view.clone().try_into_primitive::<Flex>().unwrap();
+        assert!(Flex::is_column_major(&prim), "[{m}, {n}]: a column-major view");
+        let got = contiguous(view.clone());
+        assert!(got.clone().try_into_primitive::<Flex>().unwrap().is_contiguous());
+        assert_eq!(values(got), values(view.clone()), "[{m}, {n}]");
+        assert_eq!(values(contiguous(stored.clone())), values(stored), "[{n}, {m}] row-major");
+    }
+}

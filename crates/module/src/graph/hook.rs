@@ -84,11 +84,24 @@ where
 
     fn backward(self, ops: Ops<(), 2>, grads: &mut Gradients, _checkpointer: &mut Checkpointer) {
         let grad = grads.consume::<B>(&ops.node);
-        let n = burn::backend::TensorMetadata::shape(&grad).num_elements();
-        let flat = B::float_reshape(grad, Shape::new([n]));
-        let dispatch =
-            <DispatchTensor as DispatchKindConversion<B>>::from_backend(BackendTensor::Float(flat));
-        (self.hook.0)(Tensor::from_dispatch(dispatch));
+        let shape = burn::backend::TensorMetadata::shape(&grad);
+        let n = shape.num_elements();
+        let flat = match shape.num_dims() {
+            // A weight's gradient may be a transposed view (see `bonfire_kernels::contiguous`).
+            2 => {
+                let dispatch = <DispatchTensor as DispatchKindConversion<B>>::from_backend(
+                    BackendTensor::Float(grad),
+                );
+                bonfire_kernels::contiguous(Tensor::<2>::from_dispatch(dispatch)).reshape([n])
+            }
+            _ => {
+                let flat = B::float_reshape(grad, Shape::new([n]));
+                Tensor::from_dispatch(<DispatchTensor as DispatchKindConversion<B>>::from_backend(
+                    BackendTensor::Float(flat),
+                ))
+            }
+        };
+        (self.hook.0)(flat);
     }
 }
 
