@@ -86,12 +86,13 @@ pub(crate) fn concat_map(parts: Vec<FlexTensor>, f: impl Fn(f32) -> f32) -> Flex
 
 /// A vector of `len` values, each written once by `fill` (no zero-fill before): what the
 /// element-wise passes give a shared input instead of a copy to work over in place.
-fn filled(len: usize, fill: impl FnOnce(&mut [MaybeUninit<f32>])) -> Vec<f32> {
+pub(crate) fn filled(len: usize, fill: impl FnOnce(&mut [MaybeUninit<f32>])) -> Vec<f32> {
     let mut out = Vec::with_capacity(len);
     fill(&mut out.spare_capacity_mut()[..len]);
     // SAFETY: `fill` wrote each of the first `len` values (`map_into`, `zip_into`, `rows_into`:
     // one write per value of their equally long inputs — `rows_into`'s rows cover it, as
-    // `zip_rows` checks; `concat_map`: its parts cover the `len` values).
+    // `zip_rows` checks; `concat_map`: its parts cover the `len` values; the norm's
+    // `normalize_rows_into`: its rows of `d` cover its input, a whole number of rows).
     unsafe { out.set_len(len) };
     out
 }

@@ -26,6 +26,7 @@ use burn::backend::{Autodiff, Backend, TensorMetadata};
 use burn::tensor::Scalar;
 use std::any::TypeId;
 use std::marker::PhantomData;
+use std::mem::MaybeUninit;
 
 // ---------------------------------------------------------------------------------------
 // Plain Burn (any backend; the reference)
@@ -67,39 +68,73 @@ pub(super) fn backward_fallback<B: Backend>(
 // Flex, f32
 // ---------------------------------------------------------------------------------------
 
-/// One row normalized in place; its `rstd`.
+/// One row's mean (0 unless `centered`) and `rstd`.
 #[inline(always)]
-fn normalize_row(row: &mut [f32], eps: f32, centered: bool) -> f32 {
+fn row_stats(row: &[f32], eps: f32, centered: bool) -> (f32, f32) {
     let d = row.len() as f32;
     let mean = match centered {
         true => host::sum_map(row, |v| v) / d,
         false => 0.0,
     };
     let ms = host::sum_map(row, |v| (v - mean) * (v - mean)) / d;
-    let rstd = 1.0 / (ms + eps).sqrt();
-    for v in row.iter_mut() {
-        *v = (*v - mean) * rstd;
-    }
-    rstd
+    (mean, 1.0 / (ms + eps).sqrt())
 }
 
 vectorized! {
     /// Every row of `buf` (`d` values each) normalized in place, its `rstd` into `rstd`.
     fn normalize_rows(buf: &mut [f32], d: usize, eps: f32, centered: bool, rstd: &mut [f32]) {
         for (row, r) in buf.chunks_exact_mut(d).zip(rstd.iter_mut()) {
-            *r = normalize_row(row, eps, centered);
+            let (mean, rs) = row_stats(row, eps, centered);
+            for v in row.iter_mut() {
+                *v = (*v - mean) * rs;
+            }
+            *r = rs;
         }
     }
 }
 
-/// `x̂` and each row's `rstd` on Flex f32, `x`'s buffer reused when it can be.
+vectorized! {
+    /// [`normalize_rows`] from `src` into `out` (as long), writing each value once.
+    fn normalize_rows_into(
+        src: &[f32],
+        out: &mut [MaybeUninit<f32>],
+        d: usize,
+        (eps, centered): (f32, bool),
+        rstd: &mut [f32],
+    ) {
+        let rows = src.chunks_exact(d).zip(out.chunks_exact_mut(d)).zip(rstd.iter_mut());
+        for ((row, o), r) in rows {
+            let (mean, rs) = row_stats(row, eps, centered);
+            for (o, &v) in o.iter_mut().zip(row) {
+                o.write((v - mean) * rs);
+            }
+            *r = rs;
+        }
+    }
+}
+
+/// `x̂` and each row's `rstd` on Flex f32: in `x`'s buffer when it can be reused (or in the
+/// contiguous copy a strided `x` needs), else written once into a new one — the residual
+/// stream a norm reads is shared, and was copied first.
 pub(super) fn stats_flex(x: FlexTensor, eps: f64, centered: bool) -> (FlexTensor, FlexTensor) {
     let shape = x.shape().to_vec();
+    let mut x = host::contiguous(x);
     let d = *shape.last().expect("a norm needs a last dim");
-    let mut out = host::writable(x);
-    let buf = host::owned(&mut out).expect("a fresh buffer");
-    let mut rstd = vec![0f32; buf.len() / d];
-    normalize_rows(buf, d, eps as f32, centered, &mut rstd);
+    let mut rstd = vec![0f32; shape.iter().product::<usize>() / d.max(1)];
+    let out = match host::owned(&mut x) {
+        Some(buf) => {
+            normalize_rows(buf, d, eps as f32, centered, &mut rstd);
+            x
+        }
+        None => {
+            let src = host::values(&x);
+            let args = (eps as f32, centered);
+            let v = host::filled(src.len(), |o| {
+                normalize_rows_into(src, o, d, args, &mut rstd)
+            });
+            host::from_vec(v, shape.clone())
+        }
+    };
     let mut rshape = shape;
     *rshape.last_mut().expect("checked") = 1;
     (out, host::from_vec(rstd, rshape))

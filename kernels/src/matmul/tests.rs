@@ -218,10 +218,22 @@ fn contiguous_copies_a_transposed_view_row_major() {
         let stored = Tensor::<2>::random([n, m], Distribution::Normal(0.0, 1.0), &Device::flex());
         let view = stored.clone().transpose();
         let prim = view.clone().try_into_primitive::<Flex>().unwrap();
-        assert!(Flex::is_column_major(&prim), "[{m}, {n}]: a column-major view");
+        assert!(
+            Flex::is_column_major(&prim),
+            "[{m}, {n}]: a column-major view"
+        );
         let got = contiguous(view.clone());
-        assert!(got.clone().try_into_primitive::<Flex>().unwrap().is_contiguous());
+        assert!(
+            got.clone()
+                .try_into_primitive::<Flex>()
+                .unwrap()
+                .is_contiguous()
+        );
         assert_eq!(values(got), values(view.clone()), "[{m}, {n}]");
-        assert_eq!(values(contiguous(stored.clone())), values(stored), "[{n}, {m}] row-major");
+        assert_eq!(
+            values(contiguous(stored.clone())),
+            values(stored),
+            "[{n}, {m}] row-major"
+        );
     }
 }
