@@ -109,12 +109,12 @@ pub fn matmul(lhs: Tensor<2>, rhs: Tensor<2>) -> Tensor<2> {
 /// GPT's weight gradients inside the step, `perf`).
 pub fn contiguous(t: Tensor<2>) -> Tensor<2> {
     #[cfg(target_arch = "x86_64")]
-    if t.dtype() == DType::F32 && std::arch::is_x86_feature_detected!("avx512f") {
-        if let Ok(p) = t.clone().try_into_primitive::<Flex>() {
-            if Flex::is_column_major(&p) {
-                return Tensor::from_primitive::<Flex>(transposed_back(&p));
-            }
-        }
+    if t.dtype() == DType::F32
+        && std::arch::is_x86_feature_detected!("avx512f")
+        && let Ok(p) = t.clone().try_into_primitive::<Flex>()
+        && Flex::is_column_major(&p)
+    {
+        return Tensor::from_primitive::<Flex>(transposed_back(&p));
     }
     let dims = t.dims();
     t.reshape([dims[0] * dims[1]]).reshape(dims)
