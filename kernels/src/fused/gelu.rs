@@ -1,7 +1,7 @@
 //! The exact (erf) GELU and its derivative on host f32 buffers, written so that the compiler
 //! vectorizes them (at the CPU's width: `host::map`/`host::zip` are `crate::simd`'s
 //! `vectorized!`): no branches, no calls into `libm` but the baseline build's `fmaf` (every
-//! polynomial step is one fused multiply-add, see [`fma`]). `erf` is Abramowitz & Stegun
+//! polynomial step of the GELU is one fused multiply-add, see [`madd`]). `erf` is Abramowitz & Stegun
 //! 7.1.26 (absolute error ≤ 1.5e-7; its Taylor series near 0), its `exp(−x²)` and the
 //! derivative's `exp(−x²/2)` are the same value, computed once by range reduction
 //! (`2^k · p(r)`, `|r| ≤ ln 2 / 2`, a degree-7 polynomial: relative error below 1e-7).
@@ -26,61 +26,74 @@ const FRAC_1_SQRT_2: f32 = std::f32::consts::FRAC_1_SQRT_2;
 /// 1 / √(2π).
 const INV_SQRT_2PI: f32 = 0.398_942_3;
 
-/// `a · b + c` rounded once: one FMA instruction in the AVX2 and AVX-512 builds of the host
-/// passes, a call to `fmaf` (the same correctly rounded value, slower) in the baseline build,
-/// so every build still computes the same bits. Measured against `a * b + c` (two roundings,
-/// two instructions), a standalone copy of the GELU's loops over 4 MiB out of cache, one Xeon
-/// core: forward 1.34 → 0.96 ms, backward 1.54 → 1.46 ms.
+/// `a · b + c`, rounded once where `FUSED` (one FMA instruction in the AVX2 and AVX-512
+/// builds of the host passes, a call to `fmaf` — the same correctly rounded value, slower — in
+/// the baseline build, so every build still computes the same bits), else twice.
 #[inline(always)]
-fn fma(a: f32, b: f32, c: f32) -> f32 {
-    a.mul_add(b, c)
+fn madd<const FUSED: bool>(a: f32, b: f32, c: f32) -> f32 {
+    match FUSED {
+        true => a.mul_add(b, c),
+        false => a * b + c,
+    }
 }
 
-/// `e^x` for `x` in `[−87, 88]` (clamped there).
+/// `e^x` for `x` in `[−87, 88]` (clamped there), its steps [`madd`]`::<FUSED>`.
 #[inline(always)]
-pub(crate) fn exp(x: f32) -> f32 {
+fn exp_with<const FUSED: bool>(x: f32) -> f32 {
+    let m = madd::<FUSED>;
     let x = x.clamp(-87.0, 88.0);
-    let t = fma(x, LOG2E, MAGIC);
+    let t = m(x, LOG2E, MAGIC);
     let k = t - MAGIC;
-    let r = fma(-k, LN2_LO, fma(-k, LN2_HI, x));
-    let p = fma(r, 1.0 / 5040.0, 1.0 / 720.0);
-    let p = fma(r, fma(r, fma(r, p, 1.0 / 120.0), 1.0 / 24.0), 1.0 / 6.0);
-    let p = fma(r, fma(r, fma(r, p, 0.5), 1.0), 1.0);
+    let r = m(-k, LN2_LO, m(-k, LN2_HI, x));
+    let p = m(r, 1.0 / 5040.0, 1.0 / 720.0);
+    let p = m(r, m(r, m(r, p, 1.0 / 120.0), 1.0 / 24.0), 1.0 / 6.0);
+    let p = m(r, m(r, m(r, p, 0.5), 1.0), 1.0);
     let k = t.to_bits() as i32 - MAGIC.to_bits() as i32;
     p * f32::from_bits(((k + 127) << 23) as u32)
+}
+
+/// `e^x` for `x` in `[−87, 88]` (clamped there), each step rounded twice: the exponential the
+/// attention's softmax, the cross-entropy and SwiGLU's sigmoid share. Not fused: a fused one
+/// moved two AdamW parity cases past their floor (rounding noise of near-zero gradients, which
+/// AdamW's normalised step enlarges): ring attention cp = 4 against one device at 1.12 of its
+/// tolerance, Qwen3-MoE under HSDP against transformers at 1.10 (0.17 and 0.64 with this one).
+#[inline(always)]
+pub(crate) fn exp(x: f32) -> f32 {
+    exp_with::<false>(x)
 }
 
 /// `erf(x)` given `e = exp(−x²)`: its Taylor series below |x| = 0.5 (where 7.1.26's
 /// `1 − …` loses digits to cancellation), 7.1.26 above; both computed, one selected.
 #[inline(always)]
 fn erf_with(x: f32, e: f32) -> f32 {
-    let t = 1.0 / fma(0.327_591_1, x.abs(), 1.0);
-    let poly = fma(t, fma(t, 1.061_405_4, -1.453_152_1), 1.421_413_8);
-    let poly = t * fma(t, fma(t, poly, -0.284_496_74), 0.254_829_6);
-    let far = fma(-poly, e, 1.0).copysign(x);
+    let f = madd::<true>;
+    let t = 1.0 / f(0.327_591_1, x.abs(), 1.0);
+    let poly = f(t, f(t, 1.061_405_4, -1.453_152_1), 1.421_413_8);
+    let poly = t * f(t, f(t, poly, -0.284_496_74), 0.254_829_6);
+    let far = f(-poly, e, 1.0).copysign(x);
     let x2 = x * x;
-    let s = fma(
+    let s = f(
         x2,
-        fma(x2, fma(x2, -1.0 / 1320.0, 1.0 / 216.0), -1.0 / 42.0),
+        f(x2, f(x2, -1.0 / 1320.0, 1.0 / 216.0), -1.0 / 42.0),
         1.0 / 10.0,
     );
-    let series = x * std::f32::consts::FRAC_2_SQRT_PI * fma(x2, fma(x2, s, -1.0 / 3.0), 1.0);
+    let series = x * std::f32::consts::FRAC_2_SQRT_PI * f(x2, f(x2, s, -1.0 / 3.0), 1.0);
     if x.abs() < 0.5 { series } else { far }
 }
 
 /// `0.5 · x · (1 + erf(x / √2))`.
 #[inline(always)]
 pub(crate) fn gelu(x: f32) -> f32 {
-    let e = exp(-0.5 * x * x);
+    let e = exp_with::<true>(-0.5 * x * x);
     0.5 * x * (1.0 + erf_with(x * FRAC_1_SQRT_2, e))
 }
 
 /// `g · (Φ(x) + x · φ(x))`.
 #[inline(always)]
 pub(crate) fn gelu_grad(x: f32, g: f32) -> f32 {
-    let e = exp(-0.5 * x * x);
+    let e = exp_with::<true>(-0.5 * x * x);
     let cdf = 0.5 * (1.0 + erf_with(x * FRAC_1_SQRT_2, e));
-    g * fma(x * INV_SQRT_2PI, e, cdf)
+    g * madd::<true>(x * INV_SQRT_2PI, e, cdf)
 }
 
 /// GELU of a Flex f32 tensor, in place when its buffer can be reused.
