@@ -74,11 +74,13 @@ pub(super) fn flex_covers(logits: &FlexTensor, targets: &FlexTensor) -> bool {
 }
 
 /// `log Σ exp(row)`, one pass over memory: per chunk its max, the running sum rescaled when
-/// the max grows, then the chunk's `Σ exp(x − max)`.
+/// the max grows, then the chunk's `Σ exp(x − max)`. `row` starts at `all[at]`; each chunk
+/// first asks for the next one ([`host::prefetch`], the next row's first past the end).
 #[inline(always)]
-fn row_lse(row: &[f32]) -> f32 {
+fn row_lse(row: &[f32], all: &[f32], at: usize) -> f32 {
     let (mut max, mut sum) = (f32::NEG_INFINITY, 0f32);
-    for chunk in row.chunks(CHUNK) {
+    for (c, chunk) in row.chunks(CHUNK).enumerate() {
+        host::prefetch(all, at + (c + 1) * CHUNK, CHUNK);
         let m = host::max_of(chunk);
         if m > max {
             sum *= exp(max - m);
@@ -92,19 +94,23 @@ fn row_lse(row: &[f32]) -> f32 {
 vectorized! {
     /// Each row's [`row_lse`] (`v` values a row) into `lse`.
     fn rows_lse(logits: &[f32], v: usize, lse: &mut [f32]) {
-        for (row, l) in logits.chunks_exact(v).zip(lse.iter_mut()) {
-            *l = row_lse(row);
+        for (r, (row, l)) in logits.chunks_exact(v).zip(lse.iter_mut()).enumerate() {
+            *l = row_lse(row, logits, r * v);
         }
     }
 }
 
 vectorized! {
     /// Each row of `buf` (`v` values) replaced by `(softmax(row) − onehot(target)) · scale`,
-    /// from its log-sum-exp.
+    /// from its log-sum-exp; by chunks, each asking for the next first.
     fn rows_grad(buf: &mut [f32], v: usize, lse: &[f32], ids: &[usize], scale: f32) {
-        for ((row, &l), &t) in buf.chunks_exact_mut(v).zip(lse).zip(ids) {
-            for x in row.iter_mut() {
-                *x = exp(*x - l) * scale;
+        let all: *const [f32] = buf;
+        for (r, ((row, &l), &t)) in buf.chunks_exact_mut(v).zip(lse).zip(ids).enumerate() {
+            for (c, chunk) in row.chunks_mut(CHUNK).enumerate() {
+                host::prefetch(all, r * v + (c + 1) * CHUNK, CHUNK);
+                for x in chunk.iter_mut() {
+                    *x = exp(*x - l) * scale;
+                }
             }
             row[t] -= scale;
         }
