@@ -28,11 +28,12 @@ pub(crate) fn all_f32(ts: &[&FlexTensor]) -> bool {
     ts.iter().all(|t| t.dtype() == DType::F32)
 }
 
-/// `t` laid out contiguously (itself when it already is).
+/// `t` laid out contiguously (itself when it already is; a transposed f32 matrix by register
+/// transposes, `crate::matmul::row_major`).
 pub(crate) fn contiguous(t: FlexTensor) -> FlexTensor {
     match t.is_contiguous() {
         true => t,
-        false => t.to_contiguous(),
+        false => crate::matmul::row_major(t),
     }
 }
 

@@ -102,22 +102,34 @@ pub fn matmul(lhs: Tensor<2>, rhs: Tensor<2>) -> Tensor<2> {
     ))
 }
 
-/// `t` laid out row-major: itself when it already is, otherwise a copy — on Flex in f32 where
-/// `t` is a column-major view (a transposed contiguous matrix, the layout of the weight
-/// gradients [`ProductBackend::product`]'s backward leaves transposed) and the CPU has AVX-512,
-/// by 16 × 16 blocks transposed in registers; elsewhere Flex's tiled copy (3.5 GB/s on the bench
-/// GPT's weight gradients inside the step, `perf`).
+/// `t` laid out row-major: itself when it already is, otherwise a copy ([`row_major`] on Flex,
+/// a reshape's copy elsewhere).
 pub fn contiguous(t: Tensor<2>) -> Tensor<2> {
+    match t.clone().try_into_primitive::<Flex>() {
+        Ok(p) if !p.is_contiguous() => Tensor::from_primitive::<Flex>(row_major(p)),
+        Ok(_) => t,
+        Err(_) => {
+            let dims = t.dims();
+            t.reshape([dims[0] * dims[1]]).reshape(dims)
+        }
+    }
+}
+
+/// A Flex tensor that is not contiguous, copied row-major: where it is an f32 column-major view
+/// (a transposed contiguous matrix, the layout of the weight gradients
+/// [`ProductBackend::product`]'s backward leaves transposed) and the CPU has AVX-512, by 16 × 16
+/// blocks transposed in registers; otherwise Flex's tiled copy (3.5 GB/s on the bench GPT's
+/// weight gradients inside the step, `perf`). The one copy the host kernels make of a strided
+/// input (`fused::host::contiguous`).
+pub(crate) fn row_major(t: FloatTensor<Flex>) -> FloatTensor<Flex> {
     #[cfg(target_arch = "x86_64")]
     if t.dtype() == DType::F32
+        && Flex::is_column_major(&t)
         && std::arch::is_x86_feature_detected!("avx512f")
-        && let Ok(p) = t.clone().try_into_primitive::<Flex>()
-        && Flex::is_column_major(&p)
     {
-        return Tensor::from_primitive::<Flex>(transposed_back(&p));
+        return transposed_back(&t);
     }
-    let dims = t.dims();
-    t.reshape([dims[0] * dims[1]]).reshape(dims)
+    t.to_contiguous()
 }
 
 /// A column-major Flex f32 `[m, n]` view ([`ProductLayout::is_column_major`]) copied row-major.
