@@ -58,16 +58,17 @@ static HEAP: RankAllocator = RankAllocator;
 /// before, 12,130,384–12,151,874 after — the merged copy was not live at their peak, so the
 /// old count was over for them), and the prediction's drop
 /// moved that row from 1.140–1.143 out of the band (1.164–1.167): a miss of the ZeRO-3
-/// model's own (the validation set's deep/zero3 moved alike), not refitted here.
-const KNOWN_MISSES: [KnownMiss; 8] = [
+/// model's own (the validation set's deep/zero3 moved alike), not refitted here. On
+/// 2026-12-06, reported: a linear layer's product and bias became one node
+/// (`bonfire_kernels::linear`), so under ZeRO-3's Balanced checkpointing the bias is added in
+/// place instead of into a second buffer beside the kept product; thin-long/hsdp2x2-zero3's
+/// measured peaks fell and the row came into the band (1.029 / 1.049 / 1.029 / 1.048): no
+/// longer a miss. The planner was not changed.
+const KNOWN_MISSES: [KnownMiss; 4] = [
     ("gqa/dp2xtp2-zero1", 0, "peak", 0.810),
     ("gqa/dp2xtp2-zero1", 1, "peak", 0.804),
     ("gqa/dp2xtp2-zero1", 2, "peak", 0.804),
     ("gqa/dp2xtp2-zero1", 3, "peak", 0.804),
-    ("thin-long/hsdp2x2-zero3", 0, "peak", 1.166),
-    ("thin-long/hsdp2x2-zero3", 1, "peak", 1.166),
-    ("thin-long/hsdp2x2-zero3", 2, "peak", 1.167),
-    ("thin-long/hsdp2x2-zero3", 3, "peak", 1.164),
 ];
 
 /// The test set's GPT shapes: (name, config, sequences a step).

@@ -88,7 +88,7 @@ mod experts;
 static HEAP: RankAllocator = RankAllocator;
 
 /// The validation set's misses, each pinned within `MOVED` of its value (as the test set's):
-/// deep/zero3, since the fifth stop of 2026-12-05. The fused attention's output is written
+/// deep/zero3 from the fifth stop of 2026-12-05 until 2026-12-06 (below). The fused attention's output is written
 /// sequence-major and the heads' merge is a view of it, so the planner counts the op's `h` a
 /// token beyond the attention output instead of `d + h` (derived; the fit set's ratios
 /// returned within 0.006 of their previous values but ZeRO-1's and ZeRO-3's, 1.010 → 1.033
@@ -97,11 +97,12 @@ static HEAP: RankAllocator = RankAllocator;
 /// 128,668,585 / 128,679,549 after: the merged copy was not live at its peak, so the old
 /// count was over for it) and the lower prediction moved it from 1.132 to 1.152 —
 /// what the ZeRO-3 model leaves out (about 17 MB here, some 3.5 of the shape's gathered
-/// layers) is no longer hidden by that over-count. Reported, not refitted.
-const KNOWN_MISSES: [KnownMiss; 2] = [
-    ("deep/zero3", 0, "peak", 1.152),
-    ("deep/zero3", 1, "peak", 1.152),
-];
+/// layers) is no longer hidden by that over-count. Reported, not refitted. On 2026-12-06 a
+/// linear layer's product and bias became one node (`bonfire_kernels::linear`): under ZeRO-3's
+/// Balanced checkpointing the bias is added in place, not into a second buffer beside the kept
+/// product, and deep/zero3's measured peaks fell into the band (1.055 / 1.071): no miss is
+/// left in this set. The planner was not changed.
+const KNOWN_MISSES: [KnownMiss; 0] = [];
 
 /// Two layouts whose predicted step times differ by at least this factor must be measured in
 /// that order (`tests/planner.rs`'s `SEPARATED`: above this VM's noise between layouts).

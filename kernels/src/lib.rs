@@ -49,7 +49,9 @@ pub use fused::{
     rms_norm_core, rope, silu_mul,
 };
 pub use host_alloc::keep_freed_memory;
-pub use matmul::{Bf16Kernel, ProductBackend, bf16_kernel, contiguous, matmul};
+pub use matmul::{
+    Bf16Kernel, LinearBackend, ProductBackend, bf16_kernel, contiguous, linear, matmul,
+};
 pub use pack::{pack_scaled, unpack_scaled};
 pub use quantize::quantize_with_feedback;
 pub use sgd::{FusedSgd, FusedSgdConfig};

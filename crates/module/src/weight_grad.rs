@@ -259,6 +259,29 @@ pub fn linear_matmul<const D: usize>(x: Tensor<D>, weight: Tensor<2>) -> Tensor<
     y.reshape(out_dims)
 }
 
+/// `x Wᵀ + b` (`b` `[out]`, or none: [`linear_matmul`]): with a bias, outside [`deferring`]'s
+/// deferral, one node ([`bonfire_kernels::linear`]: the bias added in place over the
+/// product's fresh output, also where Balanced checkpointing keeps that output); otherwise
+/// [`linear_matmul`] then [`bonfire_kernels::add_bias`]. The same values either way.
+pub fn linear<const D: usize>(
+    x: Tensor<D>,
+    weight: Tensor<2>,
+    bias: Option<Tensor<1>>,
+) -> Tensor<D> {
+    let Some(bias) = bias else {
+        return linear_matmul(x, weight);
+    };
+    if weight.is_require_grad() && x.is_tracked() && is_deferring() {
+        return bonfire_kernels::add_bias(linear_matmul(x, weight), bias);
+    }
+    let dims = x.dims();
+    let rows = dims[..D - 1].iter().product();
+    let mut out_dims = dims;
+    out_dims[D - 1] = weight.dims()[0];
+    let x = x.reshape([rows, dims[D - 1]]);
+    bonfire_kernels::linear(x, weight.transpose(), bias).reshape(out_dims)
+}
+
 /// `dW` `[out, in]` of `y = x Wᵀ` from `x` `[rows, in]` and `dy` `[rows, out]`, as autodiff's
 /// backward of `x.matmul(W.transpose())` computes it: `xᵀ·dy` `[in, out]`, transposed back (the
 /// product's own backward may write it column-major instead, `(dyᵀ·x)ᵀ`: on Flex the same

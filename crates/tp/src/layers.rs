@@ -92,6 +92,13 @@ impl ParallelLinear {
         bonfire_module::weight_grad::linear_matmul(x, self.weight.val())
     }
 
+    /// `x Wᵀ + b` with this layer's own bias, if any (one node: see
+    /// [`bonfire_module::weight_grad::linear`]).
+    fn linear<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
+        let bias = self.bias.as_ref().map(|b| b.val());
+        bonfire_module::weight_grad::linear(x, self.weight.val(), bias)
+    }
+
     /// The layer on `x` `[..., in]` (or this rank's input shard, per the applied style).
     pub fn forward<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
         let bias_dtype = self.bias.as_ref().map(|b| b.val().dtype());
@@ -100,29 +107,19 @@ impl ParallelLinear {
             [Some(self.weight.val().dtype()), bias_dtype],
         );
         let Some(state) = self.key.state() else {
-            let y = self.matmul(x);
-            return match &self.bias {
-                Some(b) => add_bias(y, b.val()),
-                None => y,
-            };
+            return self.linear(x);
         };
         let g = &state.group;
         match state.applied {
             Applied::Replicate(style) => {
                 let x = colwise_input(x, style.input_layout, g);
                 let w = replicated_param(self.weight.val(), g);
-                let y = bonfire_module::weight_grad::linear_matmul(x, w);
-                match &self.bias {
-                    Some(b) => add_bias(y, replicated_param(b.val(), g)),
-                    None => y,
-                }
+                let b = self.bias.as_ref().map(|b| replicated_param(b.val(), g));
+                bonfire_module::weight_grad::linear(x, w, b)
             }
             Applied::Colwise(style) => {
                 let x = colwise_input(x, style.input_layout, g);
-                let mut y = self.matmul(x);
-                if let Some(b) = &self.bias {
-                    y = add_bias(y, b.val());
-                }
+                let y = self.linear(x);
                 relayout(y, StylePlacement::Shard(-1), style.output_layout, g)
             }
             Applied::Rowwise { style, .. } => {

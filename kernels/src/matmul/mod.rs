@@ -18,6 +18,7 @@
 mod amx;
 #[cfg(target_arch = "x86_64")]
 mod dot;
+mod linear;
 #[cfg(target_arch = "x86_64")]
 mod pack;
 #[cfg(target_arch = "x86_64")]
@@ -91,8 +92,7 @@ pub fn bf16_kernel() -> Option<Bf16Kernel> {
 /// `lhs · rhs` for `[m, k] × [k, n]`: on Flex in f32, or in bf16 with a [`bf16_kernel`]
 /// (f32 sums, rounded once to bf16), one autodiff node over it; otherwise `lhs.matmul(rhs)`.
 pub fn matmul(lhs: Tensor<2>, rhs: Tensor<2>) -> Tensor<2> {
-    let both = |d: DType| lhs.dtype() == d && rhs.dtype() == d;
-    let ours = both(DType::F32) || (both(DType::BF16) && bf16_kernel().is_some());
+    let ours = lhs.dtype() == rhs.dtype() && is_ours(lhs.dtype());
     if !(ours && crate::device::is_flex(&lhs.device())) {
         return lhs.matmul(rhs);
     }
@@ -100,6 +100,12 @@ pub fn matmul(lhs: Tensor<2>, rhs: Tensor<2>) -> Tensor<2> {
         lhs.into_dispatch(),
         rhs.into_dispatch(),
     ))
+}
+
+/// Whether [`matmul`] runs its own product on Flex for operands of `dtype`: f32, and bf16
+/// with a [`bf16_kernel`].
+fn is_ours(dtype: DType) -> bool {
+    dtype == DType::F32 || (dtype == DType::BF16 && bf16_kernel().is_some())
 }
 
 /// `t` laid out row-major: itself when it already is, otherwise a copy ([`row_major`] on Flex,
@@ -343,9 +349,9 @@ impl<B: ProductBackend + ProductLayout, C: CheckpointStrategy> ProductBackend fo
 
 /// The autodiff node of [`ProductBackend::product`].
 #[derive(Debug)]
-struct ProductNode {
+pub(crate) struct ProductNode {
     /// The right operand's layout ([`ProductLayout`]), which its gradient takes.
-    rhs_column_major: bool,
+    pub(crate) rhs_column_major: bool,
 }
 
 impl<B: ProductBackend> Backward<B, 2> for ProductNode {
@@ -355,13 +361,30 @@ impl<B: ProductBackend> Backward<B, 2> for ProductNode {
 
     fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, ckpt: &mut Checkpointer) {
         let grad = grads.consume::<B>(&ops.node);
-        let (lhs, rhs) = ops.state;
+        let [p_lhs, p_rhs] = ops.parents;
+        let parents = [p_lhs.map(|p| p.id), p_rhs.map(|p| p.id)];
+        self.operand_grads::<B>(grad, ops.state, parents, grads, ckpt);
+    }
+}
+
+impl ProductNode {
+    /// The operands' gradients from the output's `grad`: `grad · rhsᵀ` for the left one and
+    /// `lhsᵀ · grad` for the right one, each registered for its parent (where tracked), from
+    /// the operands `kept` (checkpointed nodes).
+    pub(crate) fn operand_grads<B: ProductBackend>(
+        &self,
+        grad: FloatTensor<B>,
+        kept: (Option<NodeId>, Option<NodeId>),
+        [p_lhs, p_rhs]: [Option<NodeId>; 2],
+        grads: &mut Gradients,
+        ckpt: &mut Checkpointer,
+    ) {
+        let (lhs, rhs) = kept;
         let lhs: Option<FloatTensor<B>> = lhs.map(|id| ckpt.retrieve_node_output(id));
         let rhs: Option<FloatTensor<B>> = rhs.map(|id| ckpt.retrieve_node_output(id));
-        let [p_lhs, p_rhs] = ops.parents;
         if let (Some(p), Some(rhs)) = (p_lhs, rhs) {
             let d = B::product(grad.clone(), B::float_transpose(rhs));
-            grads.register::<B>(p.id, d);
+            grads.register::<B>(p, d);
         }
         if let (Some(p), Some(lhs)) = (p_rhs, lhs) {
             // Column-major as `(gradᵀ · lhs)ᵀ`: the same sums of the same products as
@@ -377,10 +400,12 @@ impl<B: ProductBackend> Backward<B, 2> for ProductNode {
                 true => B::float_transpose(B::product(B::float_transpose(grad), lhs)),
                 false => B::product(B::float_transpose(lhs), grad),
             };
-            grads.register::<B>(p.id, d);
+            grads.register::<B>(p, d);
         }
     }
 }
+
+pub use linear::{LinearBackend, linear};
 
 #[cfg(test)]
 mod tests;
