@@ -77,6 +77,10 @@ struct Args {
     /// Micro-batches per step of the pipeline layouts.
     #[arg(long, default_value_t = 4)]
     microbatches: usize,
+    /// Cut the pipelines' stages evenly by piece count (default: balanced by the pieces'
+    /// FLOPs, `ModelSpec::piece_costs`, as the `train` program does).
+    #[arg(long)]
+    even_split: bool,
     /// DDP's and ZeRO's gradient bucket size in MiB.
     #[arg(long, default_value_t = 4.0)]
     bucket_mb: f64,
@@ -109,8 +113,21 @@ struct Args {
 fn layout(name: &str, args: &Args) -> Result<(ParallelDims, usize), String> {
     let precision = bonfire_layout::MixedPrecision::parse(&args.precision)
         .ok_or_else(|| format!("--precision {}: expected f32, bf16 or f16", args.precision))?;
-    let (dims, ranks) = layouts::layout(name, args.run.ranks, args.microbatches)?;
+    let (mut dims, ranks) = layouts::layout(name, args.run.ranks, args.microbatches)?;
+    if dims.pp() > 1 && !args.even_split {
+        dims = dims.with_piece_costs(model_spec(&args.model)?.piece_costs());
+    }
     Ok((dims.with_precision(precision), ranks))
+}
+
+/// The bench model `name`'s planner description (its pipeline pieces' costs).
+fn model_spec(name: &str) -> Result<bonfire_plan::ModelSpec, String> {
+    Ok(match name {
+        "gpt" => GptConfig::bench().spec(),
+        "llama" => LlamaConfig::bench().spec(),
+        "mixtral" => MixtralConfig::bench().spec(),
+        other => return Err(format!("--model {other}: expected gpt, llama or mixtral")),
+    })
 }
 
 /// One layout's measurement.

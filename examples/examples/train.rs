@@ -186,7 +186,13 @@ impl Cli {
     /// of `--batch` × `--ranks`), else the flags' layout.
     fn dims(&mut self, model: &ModelConfig) -> Result<ParallelDims, String> {
         if self.layout.mesh.as_deref() != Some("auto") {
-            return self.layout.training_dims();
+            // A pipeline's stages balanced by its pieces' FLOPs (the head and its loss weigh
+            // more than a block, the embedding almost nothing).
+            let dims = self.layout.training_dims()?;
+            return Ok(match dims.pp() > 1 {
+                true => dims.with_piece_costs(model.spec().piece_costs()),
+                false => dims,
+            });
         }
         let chosen = LayoutArgs {
             mesh: None,

@@ -256,7 +256,8 @@ fn hsdp_mesh_through_the_harness() {
 }
 
 /// Split points name pipeline pieces by module path; a name the model does not have is an
-/// error that lists the pieces.
+/// error that lists the pieces. Piece costs (the model's FLOPs a piece) cut the stages by
+/// cost, the same run; a cost count other than the pieces' is an error.
 #[test]
 fn split_points_by_module_path() {
     let cfg = common::gpt_cfg();
@@ -272,6 +273,12 @@ fn split_points_by_module_path() {
     let at = base.clone().with_split_points(vec!["blocks.5".into()]);
     let split = harness::train(&model, &batches, &at, OptimizerKind::Sgd, 2, 0.5).unwrap();
     common::assert_same_run("split at blocks.5", &split, &even, common::SGD);
+    let costs = base.clone().with_piece_costs(cfg.spec().piece_costs());
+    let balanced = harness::train(&model, &batches, &costs, OptimizerKind::Sgd, 2, 0.5).unwrap();
+    common::assert_same_run("balanced by cost", &balanced, &even, common::SGD);
+    let bad = base.clone().with_piece_costs(vec![1; 3]);
+    let err = harness::train(&model, &batches, &bad, OptimizerKind::Sgd, 2, 0.5).unwrap_err();
+    assert!(err.contains("3 piece costs for 8 pipeline pieces"), "{err}");
     let bad = base.with_split_points(vec!["blocks.9".into()]);
     let err = harness::train(&model, &batches, &bad, OptimizerKind::Sgd, 2, 0.5).unwrap_err();
     assert!(

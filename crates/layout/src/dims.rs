@@ -210,6 +210,13 @@ impl ParallelDims {
         self
     }
 
+    /// The layout with pipeline stages cut by each piece's cost (see
+    /// [`PpOptions::piece_costs`]) where no split points name the cut.
+    pub fn with_piece_costs(mut self, costs: Vec<u64>) -> Self {
+        self.pp_options.piece_costs = Some(costs);
+        self
+    }
+
     /// Checks the layout on its own and against a world of `world` ranks: every option
     /// belongs to an axis that exists, the degrees multiply to the world size. (The model
     /// and the batch are checked by the trainer, `bonfire_train::Trainer::build`.)

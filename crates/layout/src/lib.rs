@@ -27,5 +27,5 @@ pub use error::LayoutError;
 pub use options::{PpOptions, Recompute, TpOptions};
 pub use precision::{FloatFormat, MixedPrecision};
 pub use schedule::ScheduleKind;
-pub use split::even_split_points;
+pub use split::{balanced_split_points, even_split_points};
 pub use zero::ZeroStage;

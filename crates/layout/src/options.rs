@@ -22,8 +22,27 @@ pub struct PpOptions {
     /// Micro-batches per step (default: the pp degree).
     pub microbatches: Option<usize>,
     /// Where stages begin, as module paths of the model's pipeline pieces (e.g.
-    /// `["blocks.2"]`); default: pieces split evenly.
+    /// `["blocks.2"]`); default: pieces split evenly, or balanced by `piece_costs`.
     pub split_points: Option<Vec<String>>,
+    /// Each pipeline piece's cost (a model's forward FLOPs per token of each,
+    /// `bonfire_plan::ModelSpec::piece_costs`): the stages are cut where the busiest rank
+    /// carries the least ([`crate::balanced_split_points`]) instead of evenly by count.
+    pub piece_costs: Option<Vec<u64>>,
+}
+
+impl PpOptions {
+    /// Where `pieces` pipeline pieces are cut into the stages of `kind` on `pp` ranks when no
+    /// split points name the cut: balanced by [`Self::piece_costs`] when there is one cost a
+    /// piece, evenly otherwise (the trainer checks the count first).
+    pub fn default_split(&self, pieces: usize, kind: ScheduleKind, pp: usize) -> Vec<usize> {
+        match &self.piece_costs {
+            Some(costs) if costs.len() == pieces => {
+                let costs: Vec<f64> = costs.iter().map(|&c| c as f64).collect();
+                crate::balanced_split_points(&costs, kind, pp)
+            }
+            _ => crate::even_split_points(pieces, pp * kind.chunks()),
+        }
+    }
 }
 
 /// Which layers recompute their activations in backward instead of keeping them

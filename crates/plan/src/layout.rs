@@ -187,7 +187,10 @@ impl PlannedLayout for ParallelDims {
         let Some(schedule) = self.pp_options.schedule.filter(|_| self.pp() > 1) else {
             return vec![(0..model.pieces()).collect()];
         };
-        let ranges = stage_ranges(model.pieces(), self.pp() * schedule.chunks(), None);
+        let points = self
+            .pp_options
+            .default_split(model.pieces(), schedule, self.pp());
+        let ranges = stage_ranges(model.pieces(), self.pp() * schedule.chunks(), Some(&points));
         (0..schedule.chunks())
             .map(|c| {
                 let (a, b) = ranges[schedule.stage(self.pp(), pp_rank, c)];
@@ -244,7 +247,18 @@ impl PlannedLayout for ParallelDims {
             return Err("the planner does not model ZeRO-Offload".into());
         }
         if self.pp_options.split_points.is_some() {
-            return Err("the planner splits pipelines evenly: no split points".into());
+            return Err(
+                "the planner splits pipelines evenly or by piece costs: no split points".into(),
+            );
+        }
+        if let Some(costs) = &self.pp_options.piece_costs
+            && costs.len() != model.pieces()
+        {
+            return Err(format!(
+                "{} piece costs for the model's {} pipeline pieces",
+                costs.len(),
+                model.pieces()
+            ));
         }
         if !matches!(self.recompute, Recompute::Off | Recompute::Every(1)) {
             return Err(format!(

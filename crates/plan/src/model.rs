@@ -342,6 +342,17 @@ impl ModelSpec {
         (2.0 * split + 4.0 * keys * q) / tp as f64 + 2.0 * a_whole + moe
     }
 
+    /// Each pipeline piece's cost for [`bonfire_layout::PpOptions::piece_costs`]: its forward
+    /// FLOPs per token in the products with weights ([`Self::piece_flops_per_token`] without
+    /// attention's, which grow with the sequence: the embedding 0, the head `2·V·d`, a
+    /// sparse block its active experts), the split that balances them the same for any
+    /// sequence length.
+    pub fn piece_costs(&self) -> Vec<u64> {
+        (0..self.pieces())
+            .map(|p| self.piece_flops_per_token(1, p, 0).round() as u64)
+            .collect()
+    }
+
     /// Forward FLOPs per token of a block's mixture of experts (0 for a dense model): the
     /// router (`2·d·E`) and the token's k experts (`2·3·d·d_ff` each) — active parameters,
     /// not all E — on every tp rank (tp does not split them).

@@ -552,3 +552,35 @@ fn a_tied_model_is_planned_in_every_axis() {
     let two = ModelSpec::from_json("m", &json.replace("true", "false")).unwrap();
     assert_eq!(two.num_params() - tied.num_params(), 100 * 8);
 }
+
+/// A pipeline's stages as the planner models them: the bench GPT's pieces cost their products'
+/// FLOPs a token (the embedding none, a block `2·(4d² + 2·d·d_ff)`, the head `2·V·d`); with
+/// these costs 1F1B at pp = 2 puts the embedding and three blocks on rank 0 (the trainer's
+/// balanced cut), evenly by count three pieces each; ZB-V keeps the even cut, already the best
+/// placement of its V.
+#[test]
+fn piece_costs_cut_the_stages_as_the_trainer_does() {
+    let m = ModelSpec::gpt("bench", 4096, 256, 8, 4, 128, 1024);
+    let block = 2 * (4 * 256 * 256 + 2 * 256 * 1024);
+    assert_eq!(
+        m.piece_costs(),
+        vec![0, block, block, block, block, 2 * 4096 * 256]
+    );
+    let pp = |kind| {
+        base_layout(1, 1, 2)
+            .with_schedule(kind)
+            .with_microbatches(4)
+    };
+    let ranks = |dims: &bonfire_layout::ParallelDims| {
+        (0..2).map(|r| dims.chunk_pieces(&m, r)).collect::<Vec<_>>()
+    };
+    let even = pp(ScheduleKind::OneFOneB);
+    assert_eq!(ranks(&even), [vec![vec![0, 1, 2]], vec![vec![3, 4, 5]]]);
+    let balanced = even.with_piece_costs(m.piece_costs());
+    assert_eq!(ranks(&balanced), [vec![vec![0, 1, 2, 3]], vec![vec![4, 5]]]);
+    let v = pp(ScheduleKind::ZbV);
+    assert_eq!(
+        ranks(&v.clone().with_piece_costs(m.piece_costs())),
+        ranks(&v)
+    );
+}

@@ -153,14 +153,7 @@ impl Trainer {
             let (names, _) = model.clone().pipeline(Names).ok_or_else(|| {
                 LayoutError::axis(Axis::Pp, dims.pp(), "the model has no pipeline pieces")
             })?;
-            let kind = dims.pp_options.schedule.expect("validated");
-            let stages = dims.pp() * kind.chunks();
-            split_points(
-                &names,
-                stages,
-                dims.pp_options.split_points.as_deref(),
-                dims.pp(),
-            )?;
+            split_points(&names, dims)?;
         }
         Ok(())
     }

@@ -14,7 +14,7 @@ use crate::mesh::{ContextCut, RankMesh};
 use crate::wrapper::{DpSpec, DpWrapper, Evaluating, Staged};
 use bonfire_comm::ReduceOp;
 use bonfire_layout::Axis;
-use bonfire_layout::LayoutError;
+use bonfire_layout::{LayoutError, ParallelDims};
 use bonfire_module::DataParallel;
 use bonfire_module::PrecisionDTypes;
 use bonfire_module::params::{self, ParamValues};
@@ -37,59 +37,65 @@ pub(crate) struct PipelineContext {
     pub experts: Option<bonfire_module::Subgroup>,
 }
 
-/// Where the stages begin, as piece indices: at the pieces `named` (module paths, in order)
-/// or, without names, an even split (sizes differ by at most one, the first ones larger).
+/// Where the stages of `dims`'s schedule begin, as piece indices of the pieces `names`: at
+/// the pieces its split points name (module paths, in order) or, without names, its default
+/// split ([`bonfire_layout::PpOptions::default_split`]: balanced by its piece costs, evenly
+/// without them).
 pub(crate) fn split_points(
     names: &[String],
-    stages: usize,
-    named: Option<&[String]>,
-    pp: usize,
+    dims: &ParallelDims,
 ) -> Result<Vec<usize>, LayoutError> {
+    let pp = dims.pp();
+    let kind = dims
+        .pp_options
+        .schedule
+        .expect("validated: a pipeline has a schedule");
+    let stages = pp * kind.chunks();
+    let error = |reason: String| Err(LayoutError::axis(Axis::Pp, pp, reason));
     if names.len() < stages {
-        return Err(LayoutError::axis(
-            Axis::Pp,
-            pp,
-            format!(
-                "the schedule needs {stages} stages, each with at least one pipeline piece, but \
-                 the model has {} pieces ({})",
-                names.len(),
-                names.join(", ")
-            ),
+        return error(format!(
+            "the schedule needs {stages} stages, each with at least one pipeline piece, but \
+             the model has {} pieces ({})",
+            names.len(),
+            names.join(", ")
         ));
     }
-    let Some(named) = named else {
-        return Ok(bonfire_layout::even_split_points(names.len(), stages));
+    let options = &dims.pp_options;
+    match (&options.split_points, &options.piece_costs) {
+        (Some(_), Some(_)) => {
+            return error("split points name the cut and piece costs balance it: give one".into());
+        }
+        (None, Some(costs)) if costs.len() != names.len() => {
+            return error(format!(
+                "{} piece costs for {} pipeline pieces ({})",
+                costs.len(),
+                names.len(),
+                names.join(", ")
+            ));
+        }
+        _ => {}
+    }
+    let Some(named) = options.split_points.as_deref() else {
+        return Ok(options.default_split(names.len(), kind, pp));
     };
     if named.len() + 1 != stages {
-        return Err(LayoutError::axis(
-            Axis::Pp,
-            pp,
-            format!(
-                "{} split points make {} stages, the schedule has {stages}",
-                named.len(),
-                named.len() + 1
-            ),
+        return error(format!(
+            "{} split points make {} stages, the schedule has {stages}",
+            named.len(),
+            named.len() + 1
         ));
     }
     let mut points = Vec::with_capacity(named.len());
     for name in named {
-        let i = names.iter().position(|n| n == name).ok_or_else(|| {
-            LayoutError::axis(
-                Axis::Pp,
-                pp,
-                format!(
-                    "split point `{name}` names no pipeline piece (pieces: {})",
-                    names.join(", ")
-                ),
-            )
-        })?;
+        let Some(i) = names.iter().position(|n| n == name) else {
+            return error(format!(
+                "split point `{name}` names no pipeline piece (pieces: {})",
+                names.join(", ")
+            ));
+        };
         if i == 0 || points.last().is_some_and(|&p| p >= i) {
-            return Err(LayoutError::axis(
-                Axis::Pp,
-                pp,
-                format!(
-                    "split points must follow the pieces' order after the first: `{name}` does not"
-                ),
+            return error(format!(
+                "split points must follow the pieces' order after the first: `{name}` does not"
             ));
         }
         points.push(i);
@@ -158,12 +164,7 @@ impl<B: Rows> PipelineVisitor<B> for BuildEngine<B> {
             .expect("validated: a pipeline has a schedule");
         let schedule = kind.generate(dims.pp(), dims.microbatches());
         let names = pipeline.names();
-        let points = split_points(
-            &names,
-            schedule.stages(),
-            dims.pp_options.split_points.as_deref(),
-            dims.pp(),
-        )?;
+        let points = split_points(&names, dims)?;
         let stage_of = |piece: usize| points.iter().filter(|&&p| p <= piece).count();
         let ties = super::tie::ties(
             &pipeline.pieces,
@@ -404,4 +405,33 @@ impl<P: Block<D> + 'static, const D: usize, B: Rows> Engine<B> for PipelineEngin
 
 impl<P: Block<D> + 'static, const D: usize, B: Rows> Stateful for PipelineEngine<P, D, B> {
     state_methods!();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bonfire_layout::ScheduleKind;
+
+    fn names(n: usize) -> Vec<String> {
+        (0..n).map(|i| format!("p{i}")).collect()
+    }
+
+    /// Without names the stages are cut evenly, or by the layout's piece costs; names and
+    /// costs together, or a cost count other than the pieces', are one error each.
+    #[test]
+    fn the_default_cut_is_even_or_balanced_by_cost() {
+        let dims = ParallelDims::new()
+            .with_degree(Axis::Pp, 2)
+            .with_schedule(ScheduleKind::OneFOneB);
+        let six = names(6);
+        assert_eq!(split_points(&six, &dims).unwrap(), vec![3]);
+        let costs = vec![0, 3, 3, 3, 3, 4];
+        let balanced = dims.clone().with_piece_costs(costs.clone());
+        assert_eq!(split_points(&six, &balanced).unwrap(), vec![4]);
+        let both = balanced.clone().with_split_points(vec!["p2".into()]);
+        let err = split_points(&six, &both).unwrap_err().to_string();
+        assert!(err.contains("give one"), "{err}");
+        let err = split_points(&names(5), &balanced).unwrap_err().to_string();
+        assert!(err.contains("6 piece costs for 5 pipeline pieces"), "{err}");
+    }
 }
