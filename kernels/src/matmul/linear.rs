@@ -50,26 +50,25 @@ pub trait LinearBackend: Backend {
     ) -> FloatTensor<Self>;
 }
 
-impl LinearBackend for Flex {
-    fn product_bias(
-        lhs: FloatTensor<Self>,
-        rhs: FloatTensor<Self>,
-        bias: FloatTensor<Self>,
-    ) -> FloatTensor<Self> {
-        Self::add_bias(Self::product(lhs, rhs), bias)
-    }
+/// A concrete backend's forward: its product, then its `add_bias` (in place over the fresh
+/// output where the backend can).
+macro_rules! product_then_bias {
+    ($backend:ty) => {
+        impl LinearBackend for $backend {
+            fn product_bias(
+                lhs: FloatTensor<Self>,
+                rhs: FloatTensor<Self>,
+                bias: FloatTensor<Self>,
+            ) -> FloatTensor<Self> {
+                Self::add_bias(Self::product(lhs, rhs), bias)
+            }
+        }
+    };
 }
 
+product_then_bias!(Flex);
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
-impl LinearBackend for burn::backend::Cube {
-    fn product_bias(
-        lhs: FloatTensor<Self>,
-        rhs: FloatTensor<Self>,
-        bias: FloatTensor<Self>,
-    ) -> FloatTensor<Self> {
-        Self::add_bias(Self::product(lhs, rhs), bias)
-    }
-}
+product_then_bias!(burn::backend::Cube);
 
 impl<B, C> LinearBackend for Autodiff<B, C>
 where
