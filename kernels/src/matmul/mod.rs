@@ -123,36 +123,35 @@ pub fn contiguous(t: Tensor<2>) -> Tensor<2> {
 
 /// A Flex tensor that is not contiguous, copied row-major: where it is an f32 column-major view
 /// (a transposed contiguous matrix, the layout of the weight gradients
-/// [`ProductBackend::product`]'s backward leaves transposed) and the CPU has AVX-512, by 16 × 16
-/// blocks transposed in registers; otherwise Flex's tiled copy (3.5 GB/s on the bench GPT's
-/// weight gradients inside the step, `perf`). The one copy the host kernels make of a strided
-/// input (`fused::host::contiguous`).
+/// [`ProductBackend::product`]'s backward leaves transposed), by blocks transposed in
+/// registers — 16 × 16 where the CPU has AVX-512, 8 × 8 where it has AVX2 only; otherwise, and
+/// for every other layout, Flex's tiled copy (3.5 GB/s on the bench GPT's weight gradients
+/// inside the step, `perf`). The one copy the host kernels make of a strided input
+/// (`fused::host::contiguous`).
 pub(crate) fn row_major(t: FloatTensor<Flex>) -> FloatTensor<Flex> {
     #[cfg(target_arch = "x86_64")]
     if t.dtype() == DType::F32
         && Flex::is_column_major(&t)
-        && std::arch::is_x86_feature_detected!("avx512f")
+        && let Some(width) = transpose::Width::widest()
     {
-        return transposed_back(&t);
+        return transposed_back(&t, width);
     }
     t.to_contiguous()
 }
 
-/// A column-major Flex f32 `[m, n]` view ([`ProductLayout::is_column_major`]) copied row-major.
+/// A column-major Flex f32 `[m, n]` view ([`ProductLayout::is_column_major`]) copied row-major
+/// by blocks of `width`.
 #[cfg(target_arch = "x86_64")]
-fn transposed_back(t: &FloatTensor<Flex>) -> FloatTensor<Flex> {
+fn transposed_back(t: &FloatTensor<Flex>, width: transpose::Width) -> FloatTensor<Flex> {
     use burn::tensor::TensorData;
     let layout = t.layout();
     let (m, n) = (layout.shape()[0], layout.shape()[1]);
     // The view's values, contiguous as the `[n, m]` it transposes.
     let src = &t.storage::<f32>()[layout.start_offset()..][..m * n];
     let mut out: Vec<f32> = Vec::with_capacity(m * n);
-    // SAFETY: AVX-512 F was detected by the caller; `src` and the spare capacity hold `m · n`
-    // values, every one of which `transpose_f32` writes.
-    unsafe {
-        transpose::transpose_f32(src, n, m, &mut out.spare_capacity_mut()[..m * n]);
-        out.set_len(m * n);
-    }
+    transpose::transpose_f32(width, src, n, m, &mut out.spare_capacity_mut()[..m * n]);
+    // SAFETY: `transpose_f32` wrote every one of the `m · n` values.
+    unsafe { out.set_len(m * n) };
     FloatTensor::<Flex>::from_data(TensorData::new(out, [m, n]))
 }
 

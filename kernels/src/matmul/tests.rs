@@ -179,14 +179,17 @@ fn f32_is_burns_product_and_gradients() {
 /// A linear layer's `x Wᵀ`: `W`'s gradient comes contiguous, like `W`, where `W` is no wider
 /// than tall (the product's backward writes the gradient of the column-major `Wᵀ` column-major);
 /// a wider `W` keeps Burn's transposed view (`gemm`'s workspace), and a row-major right operand's
-/// gradient stays row-major — in f32 and bf16, with the values checked above.
+/// gradient stays row-major — in f32 and, where the CPU has a [`bf16_kernel`], bf16 (without
+/// one, bf16 takes Burn's matmul and its layouts), with the values checked above.
 #[test]
 fn a_weights_gradient_is_laid_out_like_the_weight() {
     let contiguous = |t: Tensor<2>| {
         let t = t.inner().try_into_primitive::<Flex>().unwrap();
         t.layout().is_contiguous()
     };
-    for dtype in [DType::F32, DType::BF16] {
+    let mut dtypes = vec![DType::F32];
+    dtypes.extend(bf16_kernel().map(|_| DType::BF16));
+    for dtype in dtypes {
         let x = random([40, 72], 5).cast(dtype).require_grad();
         let w = random([48, 72], 6).cast(dtype).require_grad();
         let wide = random([96, 72], 8).cast(dtype).require_grad();
@@ -210,8 +213,8 @@ fn a_weights_gradient_is_laid_out_like_the_weight() {
 }
 
 /// [`contiguous`] gives a transposed view's values row-major, bit for bit what Burn's copy
-/// gives, for shapes on and off the 16 × 16 blocks (the blocked transpose where the CPU has
-/// AVX-512, Burn's copy elsewhere), and a row-major tensor unchanged.
+/// gives, for shapes on and off the blocks (the blocked transpose where the CPU has AVX-512 or
+/// AVX, Burn's copy elsewhere), and a row-major tensor unchanged.
 #[test]
 fn contiguous_copies_a_transposed_view_row_major() {
     for [m, n] in [[16, 16], [37, 21], [64, 48], [2, 131], [300, 17]] {
@@ -235,6 +238,43 @@ fn contiguous_copies_a_transposed_view_row_major() {
             values(stored),
             "[{n}, {m}] row-major"
         );
+    }
+}
+
+/// Every transpose width the CPU has writes each value where a plain loop does, for shapes on
+/// and off its blocks (edges of 1 to 15 rows and columns, one block, none); a CPU with neither
+/// AVX nor AVX-512 has nothing to check, and the test says so rather than pass.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn every_transpose_width_writes_the_transposed_matrix() {
+    let widths = transpose::Width::available();
+    assert!(
+        !widths.is_empty(),
+        "no AVX on this x86-64 CPU: nothing checked"
+    );
+    for width in widths {
+        for [rows, cols] in [
+            [16, 16],
+            [8, 8],
+            [37, 21],
+            [64, 48],
+            [2, 131],
+            [300, 17],
+            [7, 9],
+        ] {
+            let src: Vec<f32> = (0..rows * cols).map(|v| v as f32).collect();
+            let mut out = vec![std::mem::MaybeUninit::new(f32::NAN); rows * cols];
+            transpose::transpose_f32(width, &src, rows, cols, &mut out);
+            for (r, c) in (0..rows).flat_map(|r| (0..cols).map(move |c| (r, c))) {
+                // SAFETY: filled with NaN above; a value left unwritten fails the comparison.
+                let got = unsafe { out[c * rows + r].assume_init() };
+                assert_eq!(
+                    got,
+                    src[r * cols + c],
+                    "{width:?} [{rows}, {cols}] at ({r}, {c})"
+                );
+            }
+        }
     }
 }
 

@@ -1,45 +1,150 @@
-//! Transposes of 32-bit values by 16 × 16 blocks in AVX-512 registers: the building block of
-//! the bf16 kernels' operand packing (`pack.rs`, on interleaved bf16 pairs) and the f32
-//! copy [`super::contiguous`] makes of a column-major view.
+//! Transposes of 32-bit values by square blocks in registers: 16 × 16 in AVX-512's, the
+//! building block of the bf16 kernels' operand packing (`pack.rs`, on interleaved bf16 pairs),
+//! and, for the f32 copy [`super::row_major`] makes of a column-major view, those or 8 × 8 in
+//! AVX's where the CPU has no AVX-512.
 
 use std::arch::x86_64::*;
 use std::mem::MaybeUninit;
 
+/// The register width a blocked transpose runs at.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Width {
+    /// 16 × 16 blocks in AVX-512 registers.
+    Avx512,
+    /// 8 × 8 blocks in AVX registers (AVX2-only CPUs: AMD Zen 1–3, Intel before Skylake-SP).
+    Avx,
+}
+
+impl Width {
+    /// The widest this CPU has, if any.
+    pub(super) fn widest() -> Option<Self> {
+        Self::available().into_iter().next()
+    }
+
+    /// Every width this CPU has, widest first.
+    pub(super) fn available() -> Vec<Self> {
+        let mut widths = Vec::new();
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            widths.push(Self::Avx512);
+        }
+        if std::arch::is_x86_feature_detected!("avx") {
+            widths.push(Self::Avx);
+        }
+        widths
+    }
+}
+
 /// `out[c · rows + r] = src[r · cols + c]`: a contiguous `[rows, cols]` of 32-bit values
-/// written transposed, `[cols, rows]`, by blocks of 16 × 16 transposed in registers
-/// ([`transpose_16x16`]; scalar for the edges).
+/// written transposed, `[cols, rows]`, by square blocks transposed in registers of `width`
+/// (scalar for the edges).
 ///
-/// # Safety
-/// AVX-512 F; `src` and `out` hold `rows · cols` values.
-#[target_feature(enable = "avx512f")]
-pub(super) unsafe fn transpose_f32(
+/// # Panics
+/// If the CPU lacks `width` (see [`Width::available`]).
+pub(super) fn transpose_f32(
+    width: Width,
     src: &[f32],
     rows: usize,
     cols: usize,
     out: &mut [MaybeUninit<f32>],
 ) {
+    assert!(
+        Width::available().contains(&width),
+        "{width:?}: not on this CPU"
+    );
     let (src, out) = (&src[..rows * cols], &mut out[..rows * cols]);
-    let (r16, c16) = (rows / 16 * 16, cols / 16 * 16);
-    for r0 in (0..r16).step_by(16) {
-        for c0 in (0..c16).step_by(16) {
-            let mut block = [_mm512_setzero_si512(); 16];
-            for (i, v) in block.iter_mut().enumerate() {
-                let line = &src[(r0 + i) * cols + c0..][..16];
-                // SAFETY: 16 f32 are 64 bytes.
-                *v = unsafe { _mm512_loadu_si512(line.as_ptr() as *const __m512i) };
-            }
-            transpose_16x16(&mut block);
-            for (i, v) in block.iter().enumerate() {
-                let line = &mut out[(c0 + i) * rows + r0..][..16];
-                // SAFETY: as above; `MaybeUninit<f32>` is laid out as `f32`.
-                unsafe { _mm512_storeu_si512(line.as_mut_ptr() as *mut __m512i, *v) };
-            }
-        }
-        for c in c16..cols {
-            (r0..r0 + 16).for_each(|r| _ = out[c * rows + r].write(src[r * cols + c]));
+    // SAFETY: the CPU has the width's features (checked above).
+    unsafe {
+        match width {
+            Width::Avx512 => by_16(src, rows, cols, out),
+            Width::Avx => by_8(src, rows, cols, out),
         }
     }
-    for r in r16..rows {
+}
+
+/// [`transpose_f32`] by 16 × 16 blocks ([`transpose_16x16`]).
+///
+/// # Safety
+/// AVX-512 F.
+#[target_feature(enable = "avx512f")]
+unsafe fn by_16(src: &[f32], rows: usize, cols: usize, out: &mut [MaybeUninit<f32>]) {
+    by_blocks::<16>(src, rows, cols, out, |from, to| {
+        let mut block = [_mm512_setzero_si512(); 16];
+        for (i, v) in block.iter_mut().enumerate() {
+            // SAFETY: row `i` of the block holds 16 f32 (64 bytes) at `from + i · cols`.
+            *v = unsafe { _mm512_loadu_si512(from.add(i * cols) as *const __m512i) };
+        }
+        transpose_16x16(&mut block);
+        for (i, v) in block.iter().enumerate() {
+            // SAFETY: as above, at `to + i · rows`; `MaybeUninit<f32>` is laid out as `f32`.
+            unsafe { _mm512_storeu_si512(to.add(i * rows) as *mut __m512i, *v) };
+        }
+    })
+}
+
+/// [`transpose_f32`] by 8 × 8 blocks in AVX registers: pairs (`unpack…_ps`), then 2 × 2
+/// blocks (`shuffle_ps`), then 128-bit halves (`permute2f128_ps`).
+///
+/// # Safety
+/// AVX.
+#[target_feature(enable = "avx")]
+unsafe fn by_8(src: &[f32], rows: usize, cols: usize, out: &mut [MaybeUninit<f32>]) {
+    by_blocks::<8>(src, rows, cols, out, |from, to| {
+        // SAFETY: row `i` of the block holds 8 f32 at `from + i · cols`.
+        let r: [__m256; 8] =
+            std::array::from_fn(|i| unsafe { _mm256_loadu_ps(from.add(i * cols)) });
+        let t: [__m256; 8] = std::array::from_fn(|i| {
+            let (a, b) = (r[i / 2 * 2], r[i / 2 * 2 + 1]);
+            match i % 2 {
+                0 => _mm256_unpacklo_ps(a, b),
+                _ => _mm256_unpackhi_ps(a, b),
+            }
+        });
+        // `s[4h + 2p + q]`: rows `4h..4h+4` of columns `2p + q` (low half) and `2p + q + 4`.
+        let s: [__m256; 8] = std::array::from_fn(|i| {
+            let (h, p, q) = (i / 4, i / 2 % 2, i % 2);
+            let (a, b) = (t[4 * h + p], t[4 * h + 2 + p]);
+            match q {
+                0 => _mm256_shuffle_ps::<0x44>(a, b),
+                _ => _mm256_shuffle_ps::<0xEE>(a, b),
+            }
+        });
+        for c in 0..8 {
+            let (a, b) = (s[c % 4], s[4 + c % 4]);
+            let column = match c < 4 {
+                true => _mm256_permute2f128_ps::<0x20>(a, b),
+                false => _mm256_permute2f128_ps::<0x31>(a, b),
+            };
+            // SAFETY: column `c` of the block is 8 f32 at `to + c · rows`.
+            unsafe { _mm256_storeu_ps(to.add(c * rows) as *mut f32, column) };
+        }
+    })
+}
+
+/// The loop over `B × B` blocks both widths share: `block(from, to)` transposes the block
+/// whose first value is at `from` (rows `cols` apart) into `to` (rows `rows` apart); the
+/// edges outside whole blocks are copied one value at a time.
+#[inline(always)]
+fn by_blocks<const B: usize>(
+    src: &[f32],
+    rows: usize,
+    cols: usize,
+    out: &mut [MaybeUninit<f32>],
+    mut block: impl FnMut(*const f32, *mut MaybeUninit<f32>),
+) {
+    let (rb, cb) = (rows / B * B, cols / B * B);
+    for r0 in (0..rb).step_by(B) {
+        for c0 in (0..cb).step_by(B) {
+            // Both blocks lie inside the slices: `r0 + B ≤ rows`, `c0 + B ≤ cols`.
+            block(
+                src[r0 * cols + c0..].as_ptr(),
+                out[c0 * rows + r0..].as_mut_ptr(),
+            );
+        }
+        for c in cb..cols {
+            (r0..r0 + B).for_each(|r| _ = out[c * rows + r].write(src[r * cols + c]));
+        }
+    }
+    for r in rb..rows {
         (0..cols).for_each(|c| _ = out[c * rows + r].write(src[r * cols + c]));
     }
 }
