@@ -260,9 +260,10 @@ fn check_moe(fixture: &str, name: &str, layouts: &[LayoutArgs]) -> bonfire_model
     // first tokens): f32's error there is measured 3.1e-5 on one device, 3.3e-5 at most over
     // the layouts (fitted on `qwen3_moe`: 1.5× that), while SGD, the same gradients taken as
     // they are, stays within 1.2e-7 of transformers.
+    let floor = |lr: f64| bonfire_comm::testing::Tolerance::new(1e-5, 5e-3 * lr as f32);
     let tol = |optim, lr: f64, _: &bonfire_layout::ParallelDims| match optim {
         OptimizerKind::Sgd => F64,
-        OptimizerKind::AdamW => bonfire_comm::testing::Tolerance::new(1e-5, 5e-3 * lr as f32),
+        OptimizerKind::AdamW => floor(lr),
     };
     let worst = common::against_fixture(fixture, &model, &batches, layouts, tol);
     println!(
@@ -276,7 +277,9 @@ fn check_moe(fixture: &str, name: &str, layouts: &[LayoutArgs]) -> bonfire_model
         ..common::gpt_cfg()
     };
     let four = common::random_batches(&shape, 4, 4, 17);
-    let adamw = common::adamw(common::gpt_lr(OptimizerKind::AdamW));
+    // The resume under this model's AdamW floor too (the dense suites' 2e-3·lr was 1.15× short
+    // on an AVX2-only CPU: 2.3e-5 on `qwen3_moe`, the same cancelling elements as above).
+    let adamw = floor(common::gpt_lr(OptimizerKind::AdamW));
     let (a, b) = (dims("dp=2,ep=2"), dims("dp=1"));
     common::resume::check_resume(fixture, &model, &four, 4, (&a, &b), 4, 2, adamw);
     let reads_back = |path: &std::path::Path| {

@@ -70,6 +70,12 @@ fn transformers_config_and_weights_load() {
     assert!(err.contains("mlp.gate_proj"), "{err}");
 }
 
+/// One device's AdamW run against transformers' float64 one: `F64`'s relative 1e-5 with an
+/// absolute 1.6e-6 (`F64`'s is 1e-6). Measured: within `F64` on the AVX-512 CPUs; 1.25e-6 on
+/// an AVX2-only AMD EPYC (Zen 3, 2026-12-06; one element of a `gate_proj`, −0.0045180 against
+/// −0.0045193), `gemm`'s AVX2 kernel summing in other blocks; the floor is 1.25× that.
+const ONE_DEVICE_ADAMW: Tolerance = Tolerance::new(1e-5, 1.6e-6);
+
 #[test]
 fn logits_and_training_match_transformers_in_float64() {
     let (_, model, batches) = common::llama_fixture("llama");
@@ -83,11 +89,13 @@ fn logits_and_training_match_transformers_in_float64() {
         layout("dp_replicate=2,dp=2", 2, None, None, ""),
         layout("dp=2,cp=2,tp=2", 1, None, None, "sp"),
     ];
-    // One device within f32's error of float64 under both optimizers; a distributed layout
-    // sums in other orders, which AdamW turns into up to a step on an element whose gradient
-    // cancels: its parameters within the suites' AdamW floor.
+    // One device within f32's error of float64 (under AdamW an absolute 1.6e-6,
+    // [`ONE_DEVICE_ADAMW`]); a distributed layout sums in other orders, which AdamW turns into
+    // up to a step on an element whose gradient cancels: its parameters within the suites'
+    // AdamW floor.
     let tol = |optim, lr, dims: &bonfire_layout::ParallelDims| match optim {
         OptimizerKind::AdamW if dims.world_size() > 1 => common::adamw(lr),
+        OptimizerKind::AdamW => ONE_DEVICE_ADAMW,
         _ => common::F64,
     };
     let worst = common::against_fixture("llama", &model, &batches, &layouts, tol);

@@ -177,10 +177,13 @@ use common::layout;
 /// that 32 tokens rarely reach, experts that get their first tokens at step 2): any change of
 /// the sums' order turns into a step difference there. Measured (issue 45) over the 47 AdamW
 /// cases of this file: largest |diff| 3.2e-4 (cp = 2 × tp = 2), 2.9e-4 in 11 cases (pipelines
-/// of 2 stages and plain dp = 2 among them), the median 1.8e-4; the floor is 1.25× the
-/// largest. (It was 5e-4, 5e-2·lr, set from a largest gap of 2.9e-4.) SGD's tolerance checks
-/// the same runs at 1e-5.
-const ADAMW: Tolerance = Tolerance::new(1e-5, 4e-4);
+/// of 2 stages and plain dp = 2 among them), the median 1.8e-4; the floor was 1.25× the
+/// largest, 4e-4. (It was 5e-4, 5e-2·lr, set from a largest gap of 2.9e-4.) On an AVX2-only
+/// CPU (AMD EPYC, Zen 3, 2026-12-06: `gemm`'s AVX2 kernel sums in other blocks) the same
+/// cases measured up to 4.5e-4 (dp = 4 × ep = 2, every ZeRO stage; one element of an expert's
+/// `gate_up_proj`, 0.1388 against one device's 0.1384), past that floor: it is now 1.25× the
+/// largest over both CPUs, 5.6e-4 (5.6e-2·lr). SGD's tolerance checks the same runs at 1e-5.
+const ADAMW: Tolerance = Tolerance::new(1e-5, 5.6e-4);
 
 /// Every case with SGD (the suites' tolerance) and AdamW ([`ADAMW`]) against one device.
 fn check(cases: &[LayoutArgs]) {
@@ -251,6 +254,14 @@ fn expert_parallel_with_zero() {
     ]);
 }
 
+/// The resumes' AdamW floor, 2.75e-3·lr (the dense suites' is 2e-3·lr): within that on the
+/// AVX-512 CPUs; on an AVX2-only AMD EPYC (Zen 3, 2026-12-06) all five resumes below measured
+/// 2.2e-5 (2.19e-5 at most: one element, 0.028984 against 0.029006, where the gradient cancels
+/// near ε), 1.09× the dense floor; this is 1.25× that largest.
+fn resume_adamw(lr: f64) -> Tolerance {
+    Tolerance::new(1e-5, 2.75e-3 * lr as f32)
+}
+
 /// An expert-parallel run checkpointed at ep = 2 resumes at ep = 1 and at ep = 4 (each ep
 /// rank writes its slice of the experts — under ZeRO each rank its pieces of them — and the
 /// resumed layout reads its own), under DDP and ZeRO 1–3, and a run without ep resumes with
@@ -272,7 +283,7 @@ fn expert_parallel_checkpoints_resume_at_another_ep() {
         (dims("dp=4,ep=2", 3), dims("dp=1", 0)),
         (dims("dp=2", 1), dims("dp=2,ep=2", 3)),
     ] {
-        let adamw = common::adamw(common::gpt_lr(OptimizerKind::AdamW));
+        let adamw = resume_adamw(common::gpt_lr(OptimizerKind::AdamW));
         common::resume::check_resume("mixtral", &model, &batches, ROWS, (&a, &b), 4, 2, adamw);
     }
 }

@@ -104,6 +104,17 @@ static HEAP: RankAllocator = RankAllocator;
 /// left in this set. The planner was not changed.
 const KNOWN_MISSES: [KnownMiss; 0] = [];
 
+/// The misses of a CPU without a bf16 kernel (`bonfire_kernels::bf16_kernel()` none: no AMX),
+/// measured on an AVX2-only AMD EPYC (Zen 3) on 2026-12-06: there the bf16 products are
+/// Burn's, which converts both operands and the output to f32 (the kernels pack bf16 operands
+/// and write bf16 once), transients the planner does not count; mid/zero3-bf16's peak measured
+/// 45.1 MB against 38.8 predicted. Reported, not refitted: the planner models the kernels'
+/// path.
+const KNOWN_MISSES_WITHOUT_BF16_KERNEL: [KnownMiss; 2] = [
+    ("mid/zero3-bf16", 0, "peak", 1.164),
+    ("mid/zero3-bf16", 1, "peak", 1.164),
+];
+
 /// Two layouts whose predicted step times differ by at least this factor must be measured in
 /// that order (`tests/planner.rs`'s `SEPARATED`: above this VM's noise between layouts).
 const SEPARATED: f64 = 1.35;
@@ -221,12 +232,11 @@ fn validation_shapes_match_the_planner_per_rank() {
     }
     let times = context_rows(&mut rows, &mut slot);
     experts::expert_rows(&mut rows, slot);
-    check(
-        "validation",
-        &rows,
-        clock.elapsed().as_secs_f64(),
-        &KNOWN_MISSES,
-    );
+    let known = match bonfire_kernels::bf16_kernel() {
+        Some(_) => &KNOWN_MISSES[..],
+        None => &KNOWN_MISSES_WITHOUT_BF16_KERNEL[..],
+    };
+    check("validation", &rows, clock.elapsed().as_secs_f64(), known);
     check_time_order(&times);
 }
 
