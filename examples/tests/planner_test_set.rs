@@ -71,16 +71,12 @@ const KNOWN_MISSES: [KnownMiss; 4] = [
     ("gqa/dp2xtp2-zero1", 3, "peak", 0.804),
 ];
 
-/// On a CPU without AVX-512, measured on an AVX2-only AMD EPYC (Zen 3) on 2026-12-06: the
-/// known misses above within `MOVED` of their values, and gqa/tp2+sp+ac's peak 0.841
-/// (19,088,443 bytes; 0.865, 19,779,072, on the Intel Xeon): 0.69 MB lower there, from what in
-/// the CPU's path was not found (the f32 products are `gemm`'s AVX2 kernels; every other row
-/// of both sets moved by less). Reported, not refitted.
-const KNOWN_MISSES_WITHOUT_AVX512: [KnownMiss; 6] = [
-    KNOWN_MISSES[0],
-    KNOWN_MISSES[1],
-    KNOWN_MISSES[2],
-    KNOWN_MISSES[3],
+/// The misses a CPU without AVX-512 adds to [`KNOWN_MISSES`], measured on an AVX2-only AMD
+/// EPYC (Zen 3) on 2026-12-06 (where those above stayed within `MOVED` of their values):
+/// gqa/tp2+sp+ac's peak 0.841 (19,088,443 bytes; 0.865, 19,779,072, on the Intel Xeon): 0.69
+/// MB lower there, from what in the CPU's path was not found (the f32 products are `gemm`'s
+/// AVX2 kernels; every other row of both sets moved by less). Reported, not refitted.
+const ALSO_WITHOUT_AVX512: [KnownMiss; 2] = [
     ("gqa/tp2+sp+ac", 0, "peak", 0.841),
     ("gqa/tp2+sp+ac", 1, "peak", 0.841),
 ];
@@ -204,9 +200,10 @@ fn test_shapes_match_the_planner_per_rank() {
         rows.push(row);
     }
     assert_eq!(rows.len(), cases.len());
-    let known = match std::arch::is_x86_feature_detected!("avx512f") {
-        true => &KNOWN_MISSES[..],
-        false => &KNOWN_MISSES_WITHOUT_AVX512[..],
+    let also: &[KnownMiss] = match std::arch::is_x86_feature_detected!("avx512f") {
+        true => &[],
+        false => &ALSO_WITHOUT_AVX512,
     };
-    check("test", &rows, clock.elapsed().as_secs_f64(), known);
+    let known: Vec<KnownMiss> = KNOWN_MISSES.iter().chain(also).copied().collect();
+    check("test", &rows, clock.elapsed().as_secs_f64(), &known);
 }

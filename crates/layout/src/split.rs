@@ -48,12 +48,7 @@ pub fn balanced_split_points(costs: &[f64], kind: ScheduleKind, pp: usize) -> Ve
     if stages <= 1 || costs.len() < stages || costs.iter().any(|c| !c.is_finite() || *c < 0.0) {
         return even;
     }
-    let mut rank_of = vec![0; stages];
-    for rank in 0..pp {
-        for chunk in 0..kind.chunks() {
-            rank_of[kind.stage(pp, rank, chunk)] = rank;
-        }
-    }
+    let rank_of = rank_of_stages(kind, pp);
     let mut search = Search {
         costs,
         rank_of: &rank_of,
@@ -64,6 +59,18 @@ pub fn balanced_split_points(costs: &[f64], kind: ScheduleKind, pp: usize) -> Ve
     };
     search.place(0, 0, 0.0);
     search.best.1
+}
+
+/// The rank each of `kind`'s `pp × kind.chunks()` stages runs on ([`ScheduleKind::stage`]
+/// inverted).
+fn rank_of_stages(kind: ScheduleKind, pp: usize) -> Vec<usize> {
+    let mut rank_of = vec![0; pp * kind.chunks()];
+    for rank in 0..pp {
+        for chunk in 0..kind.chunks() {
+            rank_of[kind.stage(pp, rank, chunk)] = rank;
+        }
+    }
+    rank_of
 }
 
 /// `(busiest rank's load, largest stage)` of `costs` cut at `points`.
@@ -201,12 +208,7 @@ mod tests {
                             false => next(),
                         })
                         .collect();
-                    let mut rank_of = vec![0; stages];
-                    for r in 0..pp {
-                        for c in 0..kind.chunks() {
-                            rank_of[kind.stage(pp, r, c)] = r;
-                        }
-                    }
+                    let rank_of = rank_of_stages(kind, pp);
                     let even = even_split_points(n, stages);
                     let mut want = (score(&costs, &even, &rank_of, pp), even);
                     for cut in every_cut(n, stages) {

@@ -233,13 +233,8 @@ pub fn is_deferring() -> bool {
 /// gradient are bitwise the same. Every product here is `bonfire_kernels::matmul` (Burn's
 /// matmul, but bf16 on Flex through AMX where the CPU has it), the deferred one included.
 pub fn linear_matmul<const D: usize>(x: Tensor<D>, weight: Tensor<2>) -> Tensor<D> {
-    let dims = x.dims();
-    let [rows, d_in] = [dims[..D - 1].iter().product(), dims[D - 1]];
-    let d_out = weight.dims()[0];
-    let mut out_dims = dims;
-    out_dims[D - 1] = d_out;
-    let x = x.reshape([rows, d_in]);
-    if !(weight.is_require_grad() && x.is_tracked() && is_deferring()) {
+    let (x, out_dims) = rows_of(x, &weight);
+    if !defers(&x, &weight) {
         return bonfire_kernels::matmul(x, weight.transpose()).reshape(out_dims);
     }
     let constant = weight.clone().set_require_grad(false);
@@ -271,15 +266,29 @@ pub fn linear<const D: usize>(
     let Some(bias) = bias else {
         return linear_matmul(x, weight);
     };
-    if weight.is_require_grad() && x.is_tracked() && is_deferring() {
+    if defers(&x, &weight) {
         return bonfire_kernels::add_bias(linear_matmul(x, weight), bias);
     }
+    let (x, out_dims) = rows_of(x, &weight);
+    bonfire_kernels::linear(x, weight.transpose(), bias).reshape(out_dims)
+}
+
+/// `x` `[..., in]` as `[rows, in]` over its leading dimensions, and the dimensions of the
+/// layer's output `[..., out]` for `weight` `[out, in]`.
+fn rows_of<const D: usize>(x: Tensor<D>, weight: &Tensor<2>) -> (Tensor<2>, [usize; D]) {
     let dims = x.dims();
-    let rows = dims[..D - 1].iter().product();
     let mut out_dims = dims;
     out_dims[D - 1] = weight.dims()[0];
-    let x = x.reshape([rows, dims[D - 1]]);
-    bonfire_kernels::linear(x, weight.transpose(), bias).reshape(out_dims)
+    (
+        x.reshape([dims[..D - 1].iter().product(), dims[D - 1]]),
+        out_dims,
+    )
+}
+
+/// Whether the product of `x` and `weight` defers the weight's gradient: inside
+/// [`deferring`], a weight that is a parameter leaf and a tracked input.
+fn defers<const D: usize>(x: &Tensor<D>, weight: &Tensor<2>) -> bool {
+    weight.is_require_grad() && x.is_tracked() && is_deferring()
 }
 
 /// `dW` `[out, in]` of `y = x Wᵀ` from `x` `[rows, in]` and `dy` `[rows, out]`, as autodiff's

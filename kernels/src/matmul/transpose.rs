@@ -16,21 +16,26 @@ pub(super) enum Width {
 }
 
 impl Width {
+    /// Every width, widest first.
+    const ALL: [Self; 2] = [Self::Avx512, Self::Avx];
+
+    /// Whether this CPU has the width's instructions.
+    pub(super) fn on_this_cpu(self) -> bool {
+        match self {
+            Self::Avx512 => std::arch::is_x86_feature_detected!("avx512f"),
+            Self::Avx => std::arch::is_x86_feature_detected!("avx"),
+        }
+    }
+
     /// The widest this CPU has, if any.
     pub(super) fn widest() -> Option<Self> {
-        Self::available().into_iter().next()
+        Self::ALL.into_iter().find(|w| w.on_this_cpu())
     }
 
     /// Every width this CPU has, widest first.
+    #[cfg(test)]
     pub(super) fn available() -> Vec<Self> {
-        let mut widths = Vec::new();
-        if std::arch::is_x86_feature_detected!("avx512f") {
-            widths.push(Self::Avx512);
-        }
-        if std::arch::is_x86_feature_detected!("avx") {
-            widths.push(Self::Avx);
-        }
-        widths
+        Self::ALL.into_iter().filter(|w| w.on_this_cpu()).collect()
     }
 }
 
@@ -39,7 +44,7 @@ impl Width {
 /// (scalar for the edges).
 ///
 /// # Panics
-/// If the CPU lacks `width` (see [`Width::available`]).
+/// If the CPU lacks `width` ([`Width::on_this_cpu`]).
 pub(super) fn transpose_f32(
     width: Width,
     src: &[f32],
@@ -47,10 +52,7 @@ pub(super) fn transpose_f32(
     cols: usize,
     out: &mut [MaybeUninit<f32>],
 ) {
-    assert!(
-        Width::available().contains(&width),
-        "{width:?}: not on this CPU"
-    );
+    assert!(width.on_this_cpu(), "{width:?}: not on this CPU");
     let (src, out) = (&src[..rows * cols], &mut out[..rows * cols]);
     // SAFETY: the CPU has the width's features (checked above).
     unsafe {
