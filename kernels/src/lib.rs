@@ -16,6 +16,8 @@
 //! - [`attention`]: fused scaled dot-product attention (full, causal or a sliding window:
 //!   [`Mask`]; grouped-query), one autodiff node with a flash-attention-2 backward; on Flex in
 //!   f32 tiled host kernels with an online softmax and no `T × T` matrix.
+//! - [`linear_cross_entropy`]: a language model's head and its loss as one node, by blocks of
+//!   rows, so that the `[N, V]` logits and their gradient never exist whole.
 //! - [`matmul`]: the linear layers' 2-d product, in bf16 on Flex through the CPU's bf16
 //!   instructions where it has them ([`bf16_kernel`]: AMX, or AVX-512 BF16 on request; Burn's
 //!   product elsewhere and in f32), one autodiff node.
@@ -34,6 +36,7 @@ pub mod cube;
 mod device;
 pub mod fused;
 mod host_alloc;
+mod linear_cross_entropy;
 mod matmul;
 mod pack;
 mod quantize;
@@ -49,6 +52,7 @@ pub use fused::{
     rms_norm_core, rope, silu_mul,
 };
 pub use host_alloc::keep_freed_memory;
+pub use linear_cross_entropy::{LinearCrossEntropyBackend, linear_cross_entropy, rows_within};
 pub use matmul::{
     Bf16Kernel, LinearBackend, ProductBackend, bf16_kernel, contiguous, linear, matmul,
 };

@@ -46,3 +46,11 @@ fn fused_attention_matches_the_reference() {
 fn fused_ops_match_the_reference() {
     println!("{}", testing::fused_ops_match_reference(&wgpu()));
 }
+
+#[test]
+fn linear_cross_entropy_matches_the_reference() {
+    println!(
+        "{}",
+        testing::linear_cross_entropy_matches_reference(&wgpu())
+    );
+}

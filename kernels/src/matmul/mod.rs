@@ -160,6 +160,15 @@ fn transposed_back(t: &FloatTensor<Flex>, width: transpose::Width) -> FloatTenso
 pub trait ProductBackend: Backend {
     /// `lhs · rhs`, `[m, k] × [k, n]`.
     fn product(lhs: FloatTensor<Self>, rhs: FloatTensor<Self>) -> FloatTensor<Self>;
+    /// `acc + lhs · rhs` for `acc` `[m, n]`, not differentiable: a sum of products over blocks
+    /// of `k` (the head's weight gradient in [`crate::linear_cross_entropy`]). On Flex in
+    /// f32, into `acc`'s own buffer where it can be reused (`gemm` adding to what it reads
+    /// there: no second `[m, n]` written, then added); elsewhere the product, then the sum.
+    fn product_add(
+        acc: FloatTensor<Self>,
+        lhs: FloatTensor<Self>,
+        rhs: FloatTensor<Self>,
+    ) -> FloatTensor<Self>;
 }
 
 /// Whether a backend's tensor is a 2-d column-major view — a transposed contiguous matrix, as
@@ -206,6 +215,24 @@ impl ProductBackend for Flex {
         }
         Flex::float_matmul(lhs, rhs)
     }
+
+    fn product_add(
+        mut acc: FloatTensor<Self>,
+        lhs: FloatTensor<Self>,
+        rhs: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        let f32s = [&acc, &lhs, &rhs].iter().all(|t| t.dtype() == DType::F32);
+        let (m, n) = (lhs.shape()[0], rhs.shape()[1]);
+        if f32s
+            && acc.shape().dims::<2>() == [m, n]
+            && let Some(dst) = crate::fused::host::owned(&mut acc)
+        {
+            // SAFETY: `dst` is `acc`'s `m × n` values, row-major and this tensor's alone.
+            unsafe { gemm_f32(dst.as_mut_ptr(), true, &lhs, &rhs) };
+            return acc;
+        }
+        Flex::float_add(acc, Self::product(lhs, rhs))
+    }
 }
 
 /// Flex's own f32 product — the same `gemm` call with the same arguments, so the same values
@@ -230,36 +257,51 @@ fn flex_f32(lhs: &FloatTensor<Flex>, rhs: &FloatTensor<Flex>) -> FloatTensor<Fle
     if m * n * k == 0 {
         return FloatTensor::<Flex>::from_data(TensorData::new(vec![0f32; m * n], [m, n]));
     }
-    let (lhs_data, rhs_data) = (lhs.storage::<f32>(), rhs.storage::<f32>());
     let mut out: Vec<f32> = Vec::with_capacity(m * n);
+    // SAFETY: `out` has room for `m × n` values, which `gemm` writes every one of (`read_dst`
+    // off) before the length is set.
+    unsafe {
+        gemm_f32(out.as_mut_ptr(), false, lhs, rhs);
+        out.set_len(m * n);
+    }
+    FloatTensor::<Flex>::from_data(TensorData::new(out, [m, n]))
+}
+
+/// `gemm`'s `dst = lhs · rhs` (`add`: `dst += lhs · rhs`) for f32 Flex operands of any strides,
+/// `dst` row-major `[m, n]`.
+///
+/// # Safety
+/// `dst` has room for `m × n` values (initialized where `add`); the operands are 2-d f32 with
+/// `lhs`'s columns as many as `rhs`'s rows.
+unsafe fn gemm_f32(dst: *mut f32, add: bool, lhs: &FloatTensor<Flex>, rhs: &FloatTensor<Flex>) {
+    let (a, b) = (lhs.layout(), rhs.layout());
+    let (m, k, n) = (a.shape()[0], a.shape()[1], b.shape()[1]);
+    let (lhs_data, rhs_data) = (lhs.storage::<f32>(), rhs.storage::<f32>());
     // SAFETY: the operands' elements lie in their buffers at their offsets and strides (their
-    // layouts); `out` has room for `m × n` values, which `gemm` writes every one of (`read_dst`
-    // off, `alpha` 0) before the length is set.
+    // layouts); the caller vouches for `dst`.
     unsafe {
         gemm::gemm(
             m,
             n,
             k,
-            out.as_mut_ptr(),
+            dst,
             1,
             n as isize,
-            false,
+            add,
             lhs_data.as_ptr().add(a.start_offset()),
             a.strides()[1],
             a.strides()[0],
             rhs_data.as_ptr().add(b.start_offset()),
             b.strides()[1],
             b.strides()[0],
-            0.0,
+            if add { 1.0 } else { 0.0 },
             1.0,
             false,
             false,
             false,
             gemm::Parallelism::None,
         );
-        out.set_len(m * n);
     }
-    FloatTensor::<Flex>::from_data(TensorData::new(out, [m, n]))
 }
 
 /// `kernel` (available) on Flex tensors (any strides).
@@ -322,6 +364,14 @@ impl ProductBackend for burn::backend::Cube {
     fn product(lhs: FloatTensor<Self>, rhs: FloatTensor<Self>) -> FloatTensor<Self> {
         Self::float_matmul(lhs, rhs)
     }
+
+    fn product_add(
+        acc: FloatTensor<Self>,
+        lhs: FloatTensor<Self>,
+        rhs: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        Self::float_add(acc, Self::float_matmul(lhs, rhs))
+    }
 }
 
 impl<B: ProductBackend + ProductLayout, C: CheckpointStrategy> ProductBackend for Autodiff<B, C> {
@@ -343,6 +393,14 @@ impl<B: ProductBackend + ProductLayout, C: CheckpointStrategy> ProductBackend fo
                 prep.finish(B::product(lhs.into_primitive(), rhs.into_primitive()))
             }
         }
+    }
+
+    fn product_add(
+        acc: FloatTensor<Self>,
+        lhs: FloatTensor<Self>,
+        rhs: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        Self::float_add(acc, Self::product(lhs, rhs))
     }
 }
 
