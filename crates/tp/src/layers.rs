@@ -137,6 +137,27 @@ impl ParallelLinear {
         }
     }
 
+    /// The mean cross-entropy of this layer's output on `x` `[N, in]` against class ids
+    /// `targets` `[N]` as one node by blocks of `rows` rows
+    /// ([`bonfire_kernels::linear_cross_entropy`]: the `[N, out]` logits never whole), for a
+    /// language model's head; `None` where the layer runs a tensor-parallel style or has a
+    /// bias (the caller then runs [`Self::forward`] and its loss).
+    pub fn cross_entropy(
+        &self,
+        x: Tensor<2>,
+        targets: Tensor<1, Int>,
+        rows: usize,
+    ) -> Option<Tensor<1>> {
+        if self.key.state().is_some() || self.bias.is_some() {
+            return None;
+        }
+        observe(Some(x.dtype()), [Some(self.weight.val().dtype()), None]);
+        let weight = self.weight.val().cast(x.dtype());
+        Some(bonfire_kernels::linear_cross_entropy(
+            x, weight, targets, rows,
+        ))
+    }
+
     /// This rank's place `(rank, size)` in the group over which the layer's output features
     /// are split (a column-wise layer), if they are.
     pub fn colwise_shard(&self) -> Option<(usize, usize)> {
@@ -256,6 +277,25 @@ impl ParallelEmbedding {
             }
             other => panic!("bonfire-dtensor parallel: a tied head cannot run {other:?}"),
         }
+    }
+
+    /// [`Self::tied_head`]'s mean cross-entropy on `x` `[N, d]` against `targets` `[N]` as one
+    /// node by blocks of `rows` rows ([`ParallelLinear::cross_entropy`]); `None` where the
+    /// embedding runs a tensor-parallel style.
+    pub fn tied_cross_entropy(
+        &self,
+        x: Tensor<2>,
+        targets: Tensor<1, Int>,
+        rows: usize,
+    ) -> Option<Tensor<1>> {
+        if self.key.state().is_some() {
+            return None;
+        }
+        observe(Some(x.dtype()), [Some(self.weight.val().dtype())]);
+        let table = bonfire_module::tied::table(&self.weight).cast(x.dtype());
+        Some(bonfire_kernels::linear_cross_entropy(
+            x, table, targets, rows,
+        ))
     }
 
     /// The group over which this embedding's tied-head logits stay sharded along the

@@ -176,6 +176,12 @@ impl<M: ParallelModel<Batch = TokenBatch> + Sync> Suite<M> {
     /// the reference within the parity tolerance; prints how close each came, prefixed by
     /// `what`.
     pub fn check(&self, what: &str, cases: &[LayoutArgs]) {
+        self.check_model(what, &self.model, cases);
+    }
+
+    /// [`Suite::check`] with `model` trained in every case instead of the suite's own (the same
+    /// parameters run another way: the reference stays the suite's model on one device).
+    pub fn check_model(&self, what: &str, model: &M, cases: &[LayoutArgs]) {
         assert!(!cases.is_empty(), "{what}: no layout to check");
         for (k, optim) in [OptimizerKind::Sgd, OptimizerKind::AdamW]
             .into_iter()
@@ -189,7 +195,7 @@ impl<M: ParallelModel<Batch = TokenBatch> + Sync> Suite<M> {
                 let dims = case.dims("dp=1").unwrap();
                 let name = format!("{what}{dims} {}", optim.name());
                 let got = bonfire_examples::harness::train(
-                    &self.model,
+                    model,
                     &self.batches,
                     &dims,
                     optim,

@@ -22,6 +22,10 @@ pub struct Gpt {
     pub ln_f: ParallelLayerNorm,
     /// The output projection `d → V`, without bias (weight `[V, d]`).
     pub head: ParallelLinear,
+    /// Rows a block of the head's fused loss ([`Gpt::with_fused_loss`]); `None`: the head's
+    /// logits whole, then the loss.
+    #[module(skip)]
+    pub fused_loss_rows: Option<usize>,
 }
 
 impl Gpt {
@@ -36,27 +40,47 @@ impl Gpt {
                 .collect(),
             ln_f: ParallelLayerNorm::new(d, device),
             head: ParallelLinear::new(d, cfg.vocab_size, false, device),
+            fused_loss_rows: None,
         }
+    }
+
+    /// [`Gpt::loss`] with the head and the loss as one node by blocks of `rows` positions
+    /// ([`bonfire_kernels::linear_cross_entropy`]), where the head is not sharded (no
+    /// tensor-parallel style on it): the `[B·T, V]` logits and their gradient never exist
+    /// whole. A pipeline's last stage keeps the unfused head (its loss sees logits only).
+    pub fn with_fused_loss(mut self, rows: usize) -> Self {
+        self.fused_loss_rows = Some(rows.max(1));
+        self
     }
 
     /// Logits `[B, T, V]` for token ids `[B, T]` (under a tensor-parallel plan with
     /// `loss_parallel`, this rank's vocabulary slice `[B, T, V/tp]`). The same three steps
     /// are the pipeline's pieces ([`super::parallelize`]): [`embed`], the blocks, [`head`].
     pub fn forward(&self, ids: Tensor<2, Int>) -> Tensor<3> {
+        head(&self.ln_f, &self.head, self.body(ids))
+    }
+
+    /// The blocks' output `[B, T, d]` for token ids `[B, T]`: the embeddings, then the blocks.
+    fn body(&self, ids: Tensor<2, Int>) -> Tensor<3> {
         let mut x = embed(&self.tok_emb, &self.pos_emb, ids);
         for block in &self.blocks {
             x = block.forward(x);
         }
-        head(&self.ln_f, &self.head, x)
+        x
     }
 
     /// Mean cross-entropy over all `B·T` positions (vocab-parallel, on sharded logits,
     /// when the head's output is sharded over the vocabulary).
     pub fn loss(&self, ids: Tensor<2, Int>, targets: Tensor<2, Int>) -> Tensor<1> {
-        match self.head.output_shard_group() {
-            Some(group) => loss_parallel(self.forward(ids), targets, &group),
-            None => cross_entropy(self.forward(ids), targets),
+        if let Some(group) = self.head.output_shard_group() {
+            return loss_parallel(self.forward(ids), targets, &group);
         }
+        let Some(rows) = self.fused_loss_rows else {
+            return cross_entropy(self.forward(ids), targets);
+        };
+        let x = self.body(ids);
+        let h = layer(&self.ln_f, &x).forward(x.clone());
+        fused_head_loss(&layer(&self.head, &x), h, targets, rows)
     }
 }
 
@@ -87,4 +111,21 @@ pub fn cross_entropy(logits: Tensor<3>, targets: Tensor<2, Int>) -> Tensor<1> {
     let logits = logits.cast(DType::F32);
     let [b, t, v] = logits.dims();
     bonfire_kernels::cross_entropy(logits.reshape([b * t, v]), targets.reshape([b * t]))
+}
+
+/// The mean cross-entropy of `head` (entered as its layer) on the final norm's output `h`
+/// `[B, T, d]`: as one node by blocks of `rows` positions where the head allows it
+/// ([`ParallelLinear::cross_entropy`]), else its logits, then [`cross_entropy`].
+pub fn fused_head_loss(
+    head: &ParallelLinear,
+    h: Tensor<3>,
+    targets: Tensor<2, Int>,
+    rows: usize,
+) -> Tensor<1> {
+    let [b, t, d] = h.dims();
+    let flat = targets.clone().reshape([b * t]);
+    match head.cross_entropy(h.clone().reshape([b * t, d]), flat, rows) {
+        Some(loss) => loss,
+        None => cross_entropy(head.forward(h), targets),
+    }
 }

@@ -148,6 +148,7 @@ pub fn pieces(model: Gpt) -> Vec<(String, GptPiece)> {
         blocks,
         ln_f,
         head,
+        fused_loss_rows: _,
     } = model;
     decoder_pieces(
         ("tok_emb", GptEmbed { tok_emb, pos_emb }),

@@ -7,7 +7,7 @@
 
 use super::config::LlamaConfig;
 use crate::decoder_layer::{self, FeedForward};
-use crate::gpt::cross_entropy;
+use crate::gpt::{cross_entropy, fused_head_loss};
 use bonfire_module::layer;
 use bonfire_tp::loss_parallel;
 use bonfire_tp::{ParallelEmbedding, ParallelLinear, ParallelRmsNorm};
@@ -100,6 +100,10 @@ pub struct Llama {
     pub model: LlamaModel,
     /// The output projection `[V, d]`; `None` when tied: the head is `model.embed_tokens`.
     pub lm_head: Option<ParallelLinear>,
+    /// Rows a block of the head's fused loss ([`Llama::with_fused_loss`]); `None`: the head's
+    /// logits whole, then the loss.
+    #[module(skip)]
+    pub fused_loss_rows: Option<usize>,
 }
 
 impl Llama {
@@ -115,17 +119,22 @@ impl Llama {
             },
             lm_head: (!cfg.variant.tie_word_embeddings)
                 .then(|| ParallelLinear::new(cfg.hidden_size, cfg.vocab_size, false, device)),
+            fused_loss_rows: None,
         }
+    }
+
+    /// [`Llama::loss`] with the head (tied or not) and the loss as one node by blocks of
+    /// `rows` positions, where the head is not sharded: see [`crate::Gpt::with_fused_loss`].
+    pub fn with_fused_loss(mut self, rows: usize) -> Self {
+        self.fused_loss_rows = Some(rows.max(1));
+        self
     }
 
     /// Logits `[B, T, V]` for token ids `[B, T]` (this rank's vocabulary slice under a
     /// loss-parallel plan). The same steps are the pipeline's pieces: [`embed`], the
     /// layers, [`head`].
     pub fn forward(&self, ids: Tensor<2, Int>) -> Tensor<3> {
-        let mut x = embed(&self.model.embed_tokens, ids);
-        for l in &self.model.layers {
-            x = l.forward(x);
-        }
+        let x = self.body(ids);
         match &self.lm_head {
             Some(lm_head) => head(&self.model.norm, lm_head, x),
             None => tied_head(&self.model.norm, &self.model.embed_tokens, x),
@@ -139,10 +148,36 @@ impl Llama {
             Some(head) => head.output_shard_group(),
             None => self.model.embed_tokens.logits_shard_group(),
         };
-        match sharded {
-            Some(group) => loss_parallel(self.forward(ids), targets, &group),
-            None => cross_entropy(self.forward(ids), targets),
+        if let Some(group) = sharded {
+            return loss_parallel(self.forward(ids), targets, &group);
         }
+        let Some(rows) = self.fused_loss_rows else {
+            return cross_entropy(self.forward(ids), targets);
+        };
+        let x = self.body(ids);
+        let h = layer(&self.model.norm, &x).forward(x.clone());
+        match &self.lm_head {
+            Some(lm_head) => fused_head_loss(&layer(lm_head, &x), h, targets, rows),
+            None => {
+                let no_anchor = Tensor::<1, Int>::zeros([1], &h.device());
+                let table = layer(&self.model.embed_tokens, &no_anchor);
+                let [b, t, d] = h.dims();
+                let flat = targets.clone().reshape([b * t]);
+                match table.tied_cross_entropy(h.clone().reshape([b * t, d]), flat, rows) {
+                    Some(loss) => loss,
+                    None => cross_entropy(table.tied_head(h), targets),
+                }
+            }
+        }
+    }
+
+    /// The decoder layers' output `[B, T, d]` for token ids `[B, T]`.
+    fn body(&self, ids: Tensor<2, Int>) -> Tensor<3> {
+        let mut x = embed(&self.model.embed_tokens, ids);
+        for l in &self.model.layers {
+            x = l.forward(x);
+        }
+        x
     }
 }
 

@@ -280,7 +280,7 @@ impl PieceStep for LlamaHead {
 /// The Llama's pieces in order, named by the module path where each begins:
 /// `model.embed_tokens`, `model.layers.0`, …, `model.norm` (parameters in the model's order).
 pub fn pieces(model: Llama) -> Vec<(String, LlamaPiece)> {
-    let Llama { model, lm_head } = model;
+    let Llama { model, lm_head, .. } = model;
     let head = LlamaHead {
         norm: model.norm,
         tied: lm_head
