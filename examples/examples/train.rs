@@ -104,6 +104,12 @@ struct Cli {
     /// would go over aborts the run with one `out of memory` line naming the rank.
     #[arg(long, value_name = "BYTES", value_parser = bonfire_plan::parse_bytes)]
     memory_budget: Option<usize>,
+    /// The head and its loss as one node by blocks of ROWS positions (GPT and Llama-family
+    /// models; `bonfire_kernels::linear_cross_entropy`): a rank never holds its `[tokens, V]`
+    /// logits whole, nor their gradient. Where the head is sharded (tp) or a pipeline's last
+    /// stage computes the loss, the head runs unfused.
+    #[arg(long, value_name = "ROWS", value_parser = clap::value_parser!(u64).range(1..))]
+    fused_loss: Option<u64>,
     /// A Hugging Face `tokenizer.json` (read offline) for text data; the model's vocabulary
     /// must hold it (the GPT and the presets take its size, padded to a multiple of 8).
     #[arg(long, value_name = "FILE")]
@@ -264,6 +270,9 @@ pub fn main_with(args: impl IntoIterator<Item = std::ffi::OsString>) {
         .choice(tokenizer.as_ref().map(|t| t.vocab_size()))
         .unwrap_or_else(|e| fail(e));
     model.validate(cli.run.seq).unwrap_or_else(|e| fail(e));
+    if cli.fused_loss.is_some() && matches!(model, ModelConfig::Mixtral(_)) {
+        fail("--fused-loss: the Mixtral's head runs unfused (GPT and Llama-family models only)");
+    }
     let dims = cli.dims(&model).unwrap_or_else(|e| fail(e));
     let job = Job::new(
         cli,
@@ -274,17 +283,23 @@ pub fn main_with(args: impl IntoIterator<Item = std::ffi::OsString>) {
     );
     rank_alloc::set_budget(job.cli.memory_budget);
     let device = job.device.clone();
+    let fused = job.cli.fused_loss.map(|rows| rows as usize);
     match model {
         ModelConfig::Gpt(cfg) => {
             let finish = |whole: Vec<ParamValues>| finish_gpt(&cfg, whole, &job.cli, job.sample());
-            job.train(Gpt::new(&cfg, &device), &finish);
+            let model = Gpt::new(&cfg, &device);
+            job.train(with_fused_loss(model, fused, Gpt::with_fused_loss), &finish);
         }
         ModelConfig::Llama(cfg) => {
             let finish = |whole: Vec<ParamValues>| {
                 let fresh = Llama::new(&cfg, &bonfire_examples::default_device());
                 export_pretrained(fresh, &cfg.to_json(), whole, &job.cli)
             };
-            job.train(Llama::new(&cfg, &device), &finish);
+            let model = Llama::new(&cfg, &device);
+            job.train(
+                with_fused_loss(model, fused, Llama::with_fused_loss),
+                &finish,
+            );
         }
         ModelConfig::Mixtral(cfg) => {
             let finish = |whole: Vec<ParamValues>| {
@@ -293,6 +308,14 @@ pub fn main_with(args: impl IntoIterator<Item = std::ffi::OsString>) {
             };
             job.train(Mixtral::new(&cfg, &device), &finish);
         }
+    }
+}
+
+/// `model` with its head's loss by blocks of `rows` (`fuse`) where given.
+fn with_fused_loss<M>(model: M, rows: Option<usize>, fuse: fn(M, usize) -> M) -> M {
+    match rows {
+        Some(rows) => fuse(model, rows),
+        None => model,
     }
 }
 

@@ -375,7 +375,7 @@ fn the_profile_check_splits_a_step() {
     let layout = ParallelDims::parse_mesh("dp=1")
         .unwrap()
         .with_precision(f16);
-    let (speed, _) = device_checks::train_llama(&device, &cfg, layout, (2, 2)).unwrap();
+    let (speed, _) = device_checks::train_llama(&device, &cfg, layout, (2, 2), None).unwrap();
     let run = (burn::tensor::DType::F16, device_checks::bench_adamw());
     let split = profile::profile(&device, &cfg, run, (2, 2), speed.step_ms).unwrap();
     for (name, ms) in [

@@ -37,6 +37,7 @@ const BENCH_TARGETS: &[BenchTarget] = &[
     BenchTarget::new("pipeline", "bonfire-examples", "pipeline_gpt"),
     BenchTarget::new("ledger", "bonfire-examples", "ledger"),
     BenchTarget::new("fault", "bonfire-examples", "fault"),
+    BenchTarget::new("head", "bonfire-examples", "head"),
     // Run by `crate::gemm` (both sides and the ratios); listed for the names.
     BenchTarget::new("gemm", "bonfire-examples", "gemm"),
 ];

@@ -297,22 +297,34 @@ pub fn flops_per_token(cfg: &LlamaConfig, params: usize, seq: usize) -> f64 {
 
 /// The 1 B Llama's training speed on one rank of `device`: bf16 compute with f32 masters and
 /// AdamW state ([`bench_adamw`], lr 1e-4), `batch` rows of 2,048 tokens, `steps` timed after 2.
-/// Its speed and its parameter count.
-pub fn bench_1b(device: &Device, batch: usize, steps: usize) -> Result<(Speed, usize), String> {
+/// Its speed and its parameter count. `fused_loss`: the head and its loss by blocks of that
+/// many rows (`Llama::with_fused_loss`; `None`: the logits whole, as transformers runs it).
+pub fn bench_1b(
+    device: &Device,
+    batch: usize,
+    steps: usize,
+    fused_loss: Option<usize>,
+) -> Result<(Speed, usize), String> {
     let layout = dims("dp=1", 0, false).with_precision(MixedPrecision::bf16());
-    train_llama(device, &llama_1b(), layout, (batch, steps))
+    train_llama(device, &llama_1b(), layout, (batch, steps), fused_loss)
 }
 
 /// The Llama of `cfg`, drawn on `device` (seeding draws on the host), trained under `layout`
 /// with [`bench_adamw`] at lr 1e-4 on `batch` random rows of its positions, `steps` timed
-/// after 2. Its speed and its parameter count.
+/// after 2, with the head's loss by blocks of `fused_loss` rows where given. Its speed and
+/// its parameter count.
 pub fn train_llama(
     device: &Device,
     cfg: &LlamaConfig,
     layout: ParallelDims,
     (batch, steps): (usize, usize),
+    fused_loss: Option<usize>,
 ) -> Result<(Speed, usize), String> {
     let model = Llama::new(cfg, device);
+    let model = match fused_loss {
+        Some(rows) => model.with_fused_loss(rows),
+        None => model,
+    };
     let n = burn::module::Module::num_params(&model);
     let trainer = Trainer::new(layout, bench_adamw);
     let shape = (cfg.vocab_size, cfg.max_position_embeddings, 1e-4);
@@ -350,7 +362,7 @@ pub fn offload_llama(
     run: (usize, usize),
 ) -> Result<(Speed, usize), String> {
     let layout = dims("dp=1", 1, true).with_precision(precision);
-    train_llama(device, cfg, layout, run)
+    train_llama(device, cfg, layout, run, None)
 }
 
 /// bf16 matrix products of `[m, k] × [k, n]` and `[m, n] × [n, k]` on `device`, timed: a chain

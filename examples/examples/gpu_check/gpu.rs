@@ -182,17 +182,19 @@ pub fn bench_1b(cli: &Cli) -> Result<Vec<String>, String> {
     let torch = pytorch_1b(cli);
     let device = bonfire_examples::harness::cuda_device()?.autodiff();
     let peak = super::pytorch::PeakMemory::start();
-    let (speed, params) = device_checks::bench_1b(&device, cli.batch, cli.steps.min(5))?;
+    let (speed, params) =
+        device_checks::bench_1b(&device, cli.batch, cli.steps.min(5), cli.fused_loss)?;
     let peak = peak.stop();
     let line = format!(
         "bench-1b engine=bonfire batch={} params={params} step_ms={:.1} tokens_per_s={:.0} \
-         mfu={:.3} peak_device_bytes={peak} loss_first={:.3} loss_last={:.3}",
+         mfu={:.3} peak_device_bytes={peak} loss_first={:.3} loss_last={:.3} fused_loss_rows={}",
         cli.batch,
         speed.step_ms,
         speed.tokens_per_s,
         mfu(&device_checks::llama_1b(), params, speed.tokens_per_s),
         speed.losses.0,
-        speed.losses.1
+        speed.losses.1,
+        cli.fused_loss.map_or("none".to_string(), |r| r.to_string())
     );
     eprintln!("{line}");
     let mut lines = vec![line];
@@ -218,7 +220,7 @@ pub fn bench_1b(cli: &Cli) -> Result<Vec<String>, String> {
 pub fn profile(cli: &Cli) -> Result<Vec<String>, String> {
     let device = bonfire_examples::harness::cuda_device()?.autodiff();
     let cfg = device_checks::llama_1b();
-    let (speed, _) = device_checks::bench_1b(&device, cli.batch, cli.steps.min(5))?;
+    let (speed, _) = device_checks::bench_1b(&device, cli.batch, cli.steps.min(5), cli.fused_loss)?;
     let run = (burn::tensor::DType::BF16, device_checks::bench_adamw());
     let split = crate::profile::profile(&device, &cfg, run, (cli.batch, 5), speed.step_ms)?;
     let line = split.line("llama-1b");

@@ -176,6 +176,10 @@ struct Cli {
     /// `bench-1b` also times PyTorch under `torch.compile` (minutes of compiling).
     #[arg(long)]
     torch_compile: bool,
+    /// `bench-1b` (and `profile`) with the head and its loss by blocks of this many rows
+    /// (`Llama::with_fused_loss`: the `[rows, 128,256]` logits never whole); default: whole.
+    #[arg(long)]
+    fused_loss: Option<usize>,
 }
 
 impl Cli {
