@@ -82,28 +82,25 @@ pub trait LinearCrossEntropyBackend: Backend {
     ) -> FloatTensor<Self>;
 }
 
-impl LinearCrossEntropyBackend for Flex {
-    fn linear_cross_entropy(
-        hidden: FloatTensor<Self>,
-        weight: FloatTensor<Self>,
-        targets: IntTensor<Self>,
-        chunk_rows: usize,
-    ) -> FloatTensor<Self> {
-        by_blocks::<Self>(hidden, weight, targets, chunk_rows, false).0
-    }
+/// A concrete backend's node: the loss by blocks, no gradient.
+macro_rules! untracked {
+    ($backend:ty) => {
+        impl LinearCrossEntropyBackend for $backend {
+            fn linear_cross_entropy(
+                hidden: FloatTensor<Self>,
+                weight: FloatTensor<Self>,
+                targets: IntTensor<Self>,
+                chunk_rows: usize,
+            ) -> FloatTensor<Self> {
+                by_blocks::<Self>(hidden, weight, targets, chunk_rows, false).0
+            }
+        }
+    };
 }
 
+untracked!(Flex);
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
-impl LinearCrossEntropyBackend for burn::backend::Cube {
-    fn linear_cross_entropy(
-        hidden: FloatTensor<Self>,
-        weight: FloatTensor<Self>,
-        targets: IntTensor<Self>,
-        chunk_rows: usize,
-    ) -> FloatTensor<Self> {
-        by_blocks::<Self>(hidden, weight, targets, chunk_rows, false).0
-    }
-}
+untracked!(burn::backend::Cube);
 
 /// The gradients of `hidden` and of `weightᵀ` for an output gradient of 1.
 type HeadGrads<B> = (FloatTensor<B>, FloatTensor<B>);
