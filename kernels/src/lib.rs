@@ -34,6 +34,7 @@ pub mod attention;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 pub mod cube;
 mod device;
+mod flex_buffer;
 pub mod fused;
 mod host_alloc;
 mod linear_cross_entropy;

@@ -48,14 +48,7 @@ pub(crate) fn from_vec(v: Vec<f32>, shape: Vec<usize>) -> FlexTensor {
     FlexTensor::from_data(TensorData::new(v, shape))
 }
 
-/// `t`'s own buffer, when it is contiguous from the buffer's start, not shared and f32.
-pub(crate) fn owned(t: &mut FlexTensor) -> Option<&mut [f32]> {
-    let n = t.shape().num_elements();
-    if t.dtype() != DType::F32 || t.layout().contiguous_offsets() != Some((0, n)) {
-        return None;
-    }
-    t.try_storage_mut::<f32>().filter(|s| s.len() == n)
-}
+pub(crate) use crate::flex_buffer::owned;
 
 /// `f` applied to every value of `x`, in place when `x`'s buffer can be reused.
 pub(crate) fn map(mut x: FlexTensor, f: impl Fn(f32) -> f32) -> FlexTensor {

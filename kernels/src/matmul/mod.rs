@@ -225,7 +225,7 @@ impl ProductBackend for Flex {
         let (m, n) = (lhs.shape()[0], rhs.shape()[1]);
         if f32s
             && acc.shape().dims::<2>() == [m, n]
-            && let Some(dst) = crate::fused::host::owned(&mut acc)
+            && let Some(dst) = crate::flex_buffer::owned(&mut acc)
         {
             // SAFETY: `dst` is `acc`'s `m × n` values, row-major and this tensor's alone.
             unsafe { gemm_f32(dst.as_mut_ptr(), true, &lhs, &rhs) };
