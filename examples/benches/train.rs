@@ -104,6 +104,11 @@ struct Args {
     /// gradients reduced in f32). PyTorch's side stays f32.
     #[arg(long, default_value = "f32", value_name = "f32|bf16|f16")]
     precision: String,
+    /// The GPT's and the Llama's head and loss as one node by blocks of ROWS positions
+    /// (`with_fused_loss`; the unfused head where the layout shards it or a pipeline's last
+    /// stage computes the loss). PyTorch's side stays unfused.
+    #[arg(long, value_name = "ROWS")]
+    fused_loss: Option<usize>,
     /// Ignored (passed by `cargo bench`).
     #[arg(long, hide = true)]
     bench: bool,
@@ -309,18 +314,37 @@ fn main() -> Result<(), String> {
     for name in &names {
         layout(name, &args)?;
     }
+    if args.fused_loss.is_some() && args.model == "mixtral" {
+        return Err("--fused-loss: the Mixtral's head runs unfused".into());
+    }
     match args.model.as_str() {
         "gpt" => {
             let cfg = GptConfig::bench();
             let model = Gpt::new(&cfg, &default_device());
-            let what = format!("GPT bench size: {} parameters", cfg.num_params());
+            let model = match args.fused_loss {
+                Some(rows) => model.with_fused_loss(rows),
+                None => model,
+            };
+            let what = format!(
+                "GPT bench size: {} parameters, fused loss {:?}",
+                cfg.num_params(),
+                args.fused_loss
+            );
             let data = args.run.batches(cfg.vocab_size, cfg.max_seq_len);
             run_all(&model, &data, &what, &names, &args, world.as_ref(), None)
         }
         "llama" => {
             let cfg = LlamaConfig::bench();
             let model = Llama::new(&cfg, &default_device());
-            let what = format!("Llama bench size: {} parameters", cfg.num_params());
+            let model = match args.fused_loss {
+                Some(rows) => model.with_fused_loss(rows),
+                None => model,
+            };
+            let what = format!(
+                "Llama bench size: {} parameters, fused loss {:?}",
+                cfg.num_params(),
+                args.fused_loss
+            );
             let data = args
                 .run
                 .batches(cfg.vocab_size, cfg.max_position_embeddings);
