@@ -104,7 +104,7 @@ struct Args {
     /// gradients reduced in f32). PyTorch's side stays f32.
     #[arg(long, default_value = "f32", value_name = "f32|bf16|f16")]
     precision: String,
-    /// The GPT's and the Llama's head and loss as one node by blocks of ROWS positions
+    /// The model's head and loss as one node by blocks of ROWS positions
     /// (`with_fused_loss`; the unfused head where the layout shards it or a pipeline's last
     /// stage computes the loss). PyTorch's side stays unfused.
     #[arg(long, value_name = "ROWS")]
@@ -314,9 +314,6 @@ fn main() -> Result<(), String> {
     for name in &names {
         layout(name, &args)?;
     }
-    if args.fused_loss.is_some() && args.model == "mixtral" {
-        return Err("--fused-loss: the Mixtral's head runs unfused".into());
-    }
     match args.model.as_str() {
         "gpt" => {
             let cfg = GptConfig::bench();
@@ -353,6 +350,10 @@ fn main() -> Result<(), String> {
         "mixtral" => {
             let cfg = MixtralConfig::bench();
             let model = Mixtral::new(&cfg, &default_device());
+            let model = match args.fused_loss {
+                Some(rows) => model.with_fused_loss(rows),
+                None => model,
+            };
             let b = &cfg.base;
             let what = format!(
                 "Mixtral bench size: {} parameters, {} experts of width {} per layer, top {}",

@@ -104,10 +104,10 @@ struct Cli {
     /// would go over aborts the run with one `out of memory` line naming the rank.
     #[arg(long, value_name = "BYTES", value_parser = bonfire_plan::parse_bytes)]
     memory_budget: Option<usize>,
-    /// The head and its loss as one node by blocks of ROWS positions (GPT and Llama-family
-    /// models; `bonfire_kernels::linear_cross_entropy`): a rank never holds its `[tokens, V]`
-    /// logits whole, nor their gradient. Where the head is sharded (tp) or a pipeline's last
-    /// stage computes the loss, the head runs unfused.
+    /// The head and its loss as one node by blocks of ROWS positions (every model;
+    /// `bonfire_kernels::linear_cross_entropy`): a rank never holds its `[tokens, V]` logits
+    /// whole, nor their gradient. Where the head is sharded (tp) or a pipeline's last stage
+    /// computes the loss, the head runs unfused.
     #[arg(long, value_name = "ROWS", value_parser = clap::value_parser!(u64).range(1..))]
     fused_loss: Option<u64>,
     /// A Hugging Face `tokenizer.json` (read offline) for text data; the model's vocabulary
@@ -270,9 +270,6 @@ pub fn main_with(args: impl IntoIterator<Item = std::ffi::OsString>) {
         .choice(tokenizer.as_ref().map(|t| t.vocab_size()))
         .unwrap_or_else(|e| fail(e));
     model.validate(cli.run.seq).unwrap_or_else(|e| fail(e));
-    if cli.fused_loss.is_some() && matches!(model, ModelConfig::Mixtral(_)) {
-        fail("--fused-loss: the Mixtral's head runs unfused (GPT and Llama-family models only)");
-    }
     let dims = cli.dims(&model).unwrap_or_else(|e| fail(e));
     let job = Job::new(
         cli,
@@ -306,7 +303,11 @@ pub fn main_with(args: impl IntoIterator<Item = std::ffi::OsString>) {
                 let fresh = Mixtral::new(&cfg, &bonfire_examples::default_device());
                 export_pretrained(fresh, &cfg.to_json(), whole, &job.cli)
             };
-            job.train(Mixtral::new(&cfg, &device), &finish);
+            let model = Mixtral::new(&cfg, &device);
+            job.train(
+                with_fused_loss(model, fused, Mixtral::with_fused_loss),
+                &finish,
+            );
         }
     }
 }

@@ -1,6 +1,7 @@
 //! The head and its loss as one node by blocks of rows (`with_fused_loss`,
 //! `bonfire_kernels::linear_cross_entropy`) trains as the unfused head does: the Llama 3.2
-//! shape's tied head and Llama 3's untied one against transformers' float64 runs (their
+//! shape's tied head, Llama 3's untied one and Qwen3-MoE's (the Mixtral model, its balance term
+//! beside the loss, under expert parallelism too) against transformers' float64 runs (their
 //! fixtures, no Bonfire code computed them), and the GPT against its own unfused run on one
 //! device, with SGD and AdamW — in blocks that do not divide the rows (the last one short),
 //! on one device, under DDP, ZeRO-3 (the head's weight gathered for the node, with and
@@ -40,7 +41,10 @@ fn against_transformers(family: &str) {
     let name = format!("families/{family}");
     let (_, model, batches) = common::llama_fixture(&name);
     let rows = batches.batch * batches.seq;
-    assert!(rows % ROWS != 0, "{family}: the last block should be short");
+    assert!(
+        !rows.is_multiple_of(ROWS),
+        "{family}: the last block should be short"
+    );
     let model = model.with_fused_loss(ROWS);
     let tol = |optim, lr, _: &bonfire_layout::ParallelDims| match optim {
         OptimizerKind::AdamW => common::adamw(lr),
@@ -75,4 +79,40 @@ fn the_gpt_with_a_fused_head_trains_as_the_unfused_one() {
     let model = common::seeded(3, &default_device(), |d| Gpt::new(&cfg, d));
     let suite = common::Suite::new(model.clone(), common::random_batches(&cfg, 3, 8, 7), 3);
     suite.check_model("fused head ", &model.with_fused_loss(ROWS), &layouts());
+}
+
+/// Qwen3-MoE through the Mixtral model (the cross-entropy by blocks, the balance term added to
+/// it): one device, DDP × ep = 2 with ZeRO-1, ZeRO-3, tp = 2 and a pipeline, against
+/// transformers (AdamW within `families.rs`' floor for this model, 5e-3·lr).
+#[test]
+fn a_mixture_of_experts_fused_head_matches_transformers() {
+    use bonfire_models::ModelConfig;
+    use bonfire_models::mixtral::{Mixtral, pretrained};
+    let dir = common::fixture_dir("qwen3_moe");
+    let ModelConfig::Mixtral(cfg) = ModelConfig::load(&dir.join("config.json")).unwrap() else {
+        panic!("qwen3_moe: a mixture-of-experts config");
+    };
+    let model = pretrained::load_pretrained(Mixtral::new(&cfg, &default_device()), &dir).unwrap();
+    let batches = bonfire_models::data::load_batches(dir.join("batch.safetensors"), 64, 8).unwrap();
+    assert!(
+        !(batches.batch * batches.seq).is_multiple_of(ROWS),
+        "the last block should be short"
+    );
+    let model = model.with_fused_loss(ROWS);
+    let layouts = [
+        layout("dp=1", 0, None, None, ""),
+        layout("dp=2,ep=2", 1, None, None, ""),
+        layout("dp=2", 3, None, None, ""),
+        layout("tp=2", 0, None, None, ""),
+        layout("pp=2", 0, Some("1f1b"), Some(2), ""),
+    ];
+    let tol = |optim, lr: f64, _: &bonfire_layout::ParallelDims| match optim {
+        OptimizerKind::AdamW => bonfire_comm::testing::Tolerance::new(1e-5, 5e-3 * lr as f32),
+        OptimizerKind::Sgd => F64,
+    };
+    let worst = common::against_fixture("qwen3_moe", &model, &batches, &layouts, tol);
+    println!(
+        "qwen3_moe fused head, sgd, adamw vs transformers: {} {}",
+        worst[0], worst[1]
+    );
 }

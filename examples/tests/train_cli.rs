@@ -336,8 +336,7 @@ fn bad_input_gets_one_clear_error() {
     std::fs::write(dir.join("text.txt"), "some text").unwrap();
     let model = fixture();
     let model = model.to_str().unwrap();
-    let mixtral = common::fixture_dir("mixtral").to_str().unwrap().to_string();
-    let cases: [(&[&str], &str); 6] = [
+    let cases: [(&[&str], &str); 5] = [
         (
             &["--model", "llama-tiny", "--data", &p("bad.bin")],
             "token 40 at position 57",
@@ -364,10 +363,6 @@ fn bad_input_gets_one_clear_error() {
         (
             &["--model", &p("nowhere")],
             "not gpt, llama-tiny, llama-bench",
-        ),
-        (
-            &["--model", &mixtral, "--seq", "8", "--fused-loss", "4"],
-            "--fused-loss: the Mixtral's head runs unfused",
         ),
     ];
     for (args, want) in cases {

@@ -9,11 +9,12 @@
 use super::config::MixtralConfig;
 use super::moe::{Routing, SparseMoe};
 use crate::decoder_layer;
-use crate::gpt::cross_entropy;
+use crate::gpt::{cross_entropy, fused_head_loss};
 use crate::llama::{embed, head};
 use bonfire_comm::{ProcessGroup, ReduceOp};
 use bonfire_cp::ContextScope;
 use bonfire_dtensor::functional::all_reduce;
+use bonfire_module::layer;
 use bonfire_tp::loss_parallel;
 use bonfire_tp::{ParallelEmbedding, ParallelLinear, ParallelRmsNorm};
 use burn::module::Module;
@@ -41,6 +42,10 @@ pub struct Mixtral {
     /// The output projection `[V, d]` (untied).
     pub lm_head: ParallelLinear,
     aux_loss_coef: f64,
+    /// Rows a block of the head's fused loss ([`Mixtral::with_fused_loss`]); `None`: the
+    /// head's logits whole, then the loss.
+    #[module(skip)]
+    pub fused_loss_rows: Option<usize>,
 }
 
 impl Mixtral {
@@ -64,7 +69,15 @@ impl Mixtral {
             },
             lm_head: ParallelLinear::new(b.hidden_size, b.vocab_size, false, device),
             aux_loss_coef: cfg.router_aux_loss_coef,
+            fused_loss_rows: None,
         }
+    }
+
+    /// [`Mixtral::loss`] with the head and its cross-entropy as one node by blocks of `rows`
+    /// positions, where the head is not sharded: see [`crate::Gpt::with_fused_loss`].
+    pub fn with_fused_loss(mut self, rows: usize) -> Self {
+        self.fused_loss_rows = Some(rows.max(1));
+        self
     }
 
     /// The weight α of the balance term.
@@ -74,6 +87,12 @@ impl Mixtral {
 
     /// Logits `[B, T, V]` for token ids `[B, T]` and every layer's [`Routing`].
     pub fn forward_routed(&self, ids: Tensor<2, Int>) -> (Tensor<3>, Vec<Routing>) {
+        let (x, routing) = self.body_routed(ids);
+        (head(&self.model.norm, &self.lm_head, x), routing)
+    }
+
+    /// The decoder layers' output `[B, T, d]` and every layer's [`Routing`].
+    fn body_routed(&self, ids: Tensor<2, Int>) -> (Tensor<3>, Vec<Routing>) {
         let mut x = embed(&self.model.embed_tokens, ids);
         let mut routing = Vec::with_capacity(self.model.layers.len());
         for l in &self.model.layers {
@@ -81,7 +100,7 @@ impl Mixtral {
             x = y;
             routing.push(r);
         }
-        (head(&self.model.norm, &self.lm_head, x), routing)
+        (x, routing)
     }
 
     /// Logits `[B, T, V]` (this rank's vocabulary slice under a loss-parallel plan).
@@ -92,10 +111,22 @@ impl Mixtral {
     /// Mean cross-entropy over all `B·T` positions (vocab-parallel on sharded logits) plus α
     /// times the sequence-wise balance ([`balance`]; none when α = 0, DeepSeek's).
     pub fn loss(&self, ids: Tensor<2, Int>, targets: Tensor<2, Int>) -> Tensor<1> {
-        let (logits, routing) = self.forward_routed(ids);
-        let ce = match self.lm_head.output_shard_group() {
-            Some(group) => loss_parallel(logits, targets, &group),
-            None => cross_entropy(logits, targets),
+        let sharded = self.lm_head.output_shard_group();
+        let (ce, routing) = match (sharded, self.fused_loss_rows) {
+            (Some(group), _) => {
+                let (logits, routing) = self.forward_routed(ids);
+                (loss_parallel(logits, targets, &group), routing)
+            }
+            (None, None) => {
+                let (logits, routing) = self.forward_routed(ids);
+                (cross_entropy(logits, targets), routing)
+            }
+            (None, Some(rows)) => {
+                let (x, routing) = self.body_routed(ids);
+                let h = layer(&self.model.norm, &x).forward(x.clone());
+                let head = layer(&self.lm_head, &x);
+                (fused_head_loss(&head, h, targets, rows), routing)
+            }
         };
         match self.aux_loss_coef {
             0.0 => ce,
