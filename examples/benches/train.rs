@@ -317,11 +317,7 @@ fn main() -> Result<(), String> {
     match args.model.as_str() {
         "gpt" => {
             let cfg = GptConfig::bench();
-            let model = Gpt::new(&cfg, &default_device());
-            let model = match args.fused_loss {
-                Some(rows) => model.with_fused_loss(rows),
-                None => model,
-            };
+            let model = Gpt::new(&cfg, &default_device()).with_fused_loss(args.fused_loss);
             let what = format!(
                 "GPT bench size: {} parameters, fused loss {:?}",
                 cfg.num_params(),
@@ -332,11 +328,7 @@ fn main() -> Result<(), String> {
         }
         "llama" => {
             let cfg = LlamaConfig::bench();
-            let model = Llama::new(&cfg, &default_device());
-            let model = match args.fused_loss {
-                Some(rows) => model.with_fused_loss(rows),
-                None => model,
-            };
+            let model = Llama::new(&cfg, &default_device()).with_fused_loss(args.fused_loss);
             let what = format!(
                 "Llama bench size: {} parameters, fused loss {:?}",
                 cfg.num_params(),
@@ -349,11 +341,7 @@ fn main() -> Result<(), String> {
         }
         "mixtral" => {
             let cfg = MixtralConfig::bench();
-            let model = Mixtral::new(&cfg, &default_device());
-            let model = match args.fused_loss {
-                Some(rows) => model.with_fused_loss(rows),
-                None => model,
-            };
+            let model = Mixtral::new(&cfg, &default_device()).with_fused_loss(args.fused_loss);
             let b = &cfg.base;
             let what = format!(
                 "Mixtral bench size: {} parameters, {} experts of width {} per layer, top {}",

@@ -284,39 +284,22 @@ pub fn main_with(args: impl IntoIterator<Item = std::ffi::OsString>) {
     match model {
         ModelConfig::Gpt(cfg) => {
             let finish = |whole: Vec<ParamValues>| finish_gpt(&cfg, whole, &job.cli, job.sample());
-            let model = Gpt::new(&cfg, &device);
-            job.train(with_fused_loss(model, fused, Gpt::with_fused_loss), &finish);
+            job.train(Gpt::new(&cfg, &device).with_fused_loss(fused), &finish);
         }
         ModelConfig::Llama(cfg) => {
             let finish = |whole: Vec<ParamValues>| {
                 let fresh = Llama::new(&cfg, &bonfire_examples::default_device());
                 export_pretrained(fresh, &cfg.to_json(), whole, &job.cli)
             };
-            let model = Llama::new(&cfg, &device);
-            job.train(
-                with_fused_loss(model, fused, Llama::with_fused_loss),
-                &finish,
-            );
+            job.train(Llama::new(&cfg, &device).with_fused_loss(fused), &finish);
         }
         ModelConfig::Mixtral(cfg) => {
             let finish = |whole: Vec<ParamValues>| {
                 let fresh = Mixtral::new(&cfg, &bonfire_examples::default_device());
                 export_pretrained(fresh, &cfg.to_json(), whole, &job.cli)
             };
-            let model = Mixtral::new(&cfg, &device);
-            job.train(
-                with_fused_loss(model, fused, Mixtral::with_fused_loss),
-                &finish,
-            );
+            job.train(Mixtral::new(&cfg, &device).with_fused_loss(fused), &finish);
         }
-    }
-}
-
-/// `model` with its head's loss by blocks of `rows` (`fuse`) where given.
-fn with_fused_loss<M>(model: M, rows: Option<usize>, fuse: fn(M, usize) -> M) -> M {
-    match rows {
-        Some(rows) => fuse(model, rows),
-        None => model,
     }
 }
 

@@ -320,11 +320,7 @@ pub fn train_llama(
     (batch, steps): (usize, usize),
     fused_loss: Option<usize>,
 ) -> Result<(Speed, usize), String> {
-    let model = Llama::new(cfg, device);
-    let model = match fused_loss {
-        Some(rows) => model.with_fused_loss(rows),
-        None => model,
-    };
+    let model = Llama::new(cfg, device).with_fused_loss(fused_loss);
     let n = burn::module::Module::num_params(&model);
     let trainer = Trainer::new(layout, bench_adamw);
     let shape = (cfg.vocab_size, cfg.max_position_embeddings, 1e-4);

@@ -9,4 +9,4 @@ pub mod model;
 pub mod parallelize;
 
 pub use config::GptConfig;
-pub use model::{Gpt, cross_entropy, embed, fused_head_loss, head};
+pub use model::{Gpt, cross_entropy, embed, fused_head_loss, head, head_loss_by_blocks};

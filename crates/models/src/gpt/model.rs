@@ -48,8 +48,9 @@ impl Gpt {
     /// ([`bonfire_kernels::linear_cross_entropy`]), where the head is not sharded (no
     /// tensor-parallel style on it): the `[B·T, V]` logits and their gradient never exist
     /// whole. A pipeline's last stage keeps the unfused head (its loss sees logits only).
-    pub fn with_fused_loss(mut self, rows: usize) -> Self {
-        self.fused_loss_rows = Some(rows.max(1));
+    /// `None`: the unfused head (a run's option passed as it is).
+    pub fn with_fused_loss(mut self, rows: impl Into<Option<usize>>) -> Self {
+        self.fused_loss_rows = rows.into().map(|r| r.max(1));
         self
     }
 
@@ -122,10 +123,27 @@ pub fn fused_head_loss(
     targets: Tensor<2, Int>,
     rows: usize,
 ) -> Tensor<1> {
+    head_loss_by_blocks(
+        h,
+        targets,
+        |h, t| head.cross_entropy(h, t, rows),
+        |h| head.forward(h),
+    )
+}
+
+/// The mean cross-entropy of a head on `h` `[B, T, d]` against `targets` `[B, T]`: `blocks`
+/// on the positions flattened (`[B·T, d]`, `[B·T]`), or, where it declines (`None`: a sharded
+/// head), [`cross_entropy`] of the head's `logits`.
+pub fn head_loss_by_blocks(
+    h: Tensor<3>,
+    targets: Tensor<2, Int>,
+    blocks: impl FnOnce(Tensor<2>, Tensor<1, Int>) -> Option<Tensor<1>>,
+    logits: impl FnOnce(Tensor<3>) -> Tensor<3>,
+) -> Tensor<1> {
     let [b, t, d] = h.dims();
     let flat = targets.clone().reshape([b * t]);
-    match head.cross_entropy(h.clone().reshape([b * t, d]), flat, rows) {
+    match blocks(h.clone().reshape([b * t, d]), flat) {
         Some(loss) => loss,
-        None => cross_entropy(head.forward(h), targets),
+        None => cross_entropy(logits(h), targets),
     }
 }

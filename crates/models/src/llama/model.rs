@@ -7,7 +7,7 @@
 
 use super::config::LlamaConfig;
 use crate::decoder_layer::{self, FeedForward};
-use crate::gpt::{cross_entropy, fused_head_loss};
+use crate::gpt::{cross_entropy, fused_head_loss, head_loss_by_blocks};
 use bonfire_module::layer;
 use bonfire_tp::loss_parallel;
 use bonfire_tp::{ParallelEmbedding, ParallelLinear, ParallelRmsNorm};
@@ -125,8 +125,8 @@ impl Llama {
 
     /// [`Llama::loss`] with the head (tied or not) and the loss as one node by blocks of
     /// `rows` positions, where the head is not sharded: see [`crate::Gpt::with_fused_loss`].
-    pub fn with_fused_loss(mut self, rows: usize) -> Self {
-        self.fused_loss_rows = Some(rows.max(1));
+    pub fn with_fused_loss(mut self, rows: impl Into<Option<usize>>) -> Self {
+        self.fused_loss_rows = rows.into().map(|r| r.max(1));
         self
     }
 
@@ -161,12 +161,12 @@ impl Llama {
             None => {
                 let no_anchor = Tensor::<1, Int>::zeros([1], &h.device());
                 let table = layer(&self.model.embed_tokens, &no_anchor);
-                let [b, t, d] = h.dims();
-                let flat = targets.clone().reshape([b * t]);
-                match table.tied_cross_entropy(h.clone().reshape([b * t, d]), flat, rows) {
-                    Some(loss) => loss,
-                    None => cross_entropy(table.tied_head(h), targets),
-                }
+                head_loss_by_blocks(
+                    h,
+                    targets,
+                    |h, t| table.tied_cross_entropy(h, t, rows),
+                    |h| table.tied_head(h),
+                )
             }
         }
     }

@@ -75,8 +75,8 @@ impl Mixtral {
 
     /// [`Mixtral::loss`] with the head and its cross-entropy as one node by blocks of `rows`
     /// positions, where the head is not sharded: see [`crate::Gpt::with_fused_loss`].
-    pub fn with_fused_loss(mut self, rows: usize) -> Self {
-        self.fused_loss_rows = Some(rows.max(1));
+    pub fn with_fused_loss(mut self, rows: impl Into<Option<usize>>) -> Self {
+        self.fused_loss_rows = rows.into().map(|r| r.max(1));
         self
     }
 
