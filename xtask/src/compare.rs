@@ -162,7 +162,7 @@ pub fn executable(json: &str, bench: &str) -> Option<PathBuf> {
 }
 
 /// One run of a built bench (as `cargo bench` runs it: `--bench` first), its lines.
-fn measure(binary: &Path, args: &[String]) -> Result<Vec<String>> {
+pub fn measure(binary: &Path, args: &[String]) -> Result<Vec<String>> {
     let mut command = Command::new(binary);
     command
         .arg("--bench")
@@ -198,6 +198,76 @@ pub fn median(mut v: Vec<f64>) -> f64 {
         1 => v[n / 2],
         _ => (v[n / 2 - 1] + v[n / 2]) / 2.0,
     }
+}
+
+/// The executable of `package`'s bench `bench`, built (release) in this checkout: rounds run
+/// it, not `cargo bench`, so a source edited while they run changes nothing measured.
+pub fn built(package: &str, bench: &str) -> Result<PathBuf> {
+    let args = ["bench", "-p", package, "--bench", bench, "--no-run"];
+    println!("$ cargo {}", args.join(" "));
+    crate::mpi::built_executable(&args, bench).map(PathBuf::from)
+}
+
+/// `--rounds N` taken out of `args` (default 1), and the rest (a bench's own arguments).
+pub fn take_rounds(args: &[String]) -> std::result::Result<(usize, Vec<String>), String> {
+    let (mut rounds, mut rest, mut it) = (1, Vec::new(), args.iter());
+    while let Some(arg) = it.next() {
+        let value = match arg.strip_prefix("--rounds") {
+            Some("") => it.next().cloned().unwrap_or_default(),
+            Some(v) if v.starts_with('=') => v[1..].to_string(),
+            _ => {
+                rest.push(arg.clone());
+                continue;
+            }
+        };
+        rounds = value
+            .parse()
+            .map_err(|e| format!("--rounds {value:?}: {e}"))?;
+    }
+    match rounds {
+        0 => Err("--rounds must be at least 1".into()),
+        n => Ok((n, rest)),
+    }
+}
+
+/// One row measured by two sides in the same rounds: each side's median, the ratio of the
+/// medians, and the lowest and highest of the rounds' own ratios (ours over theirs of one
+/// round) — the spread a drifting machine leaves.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Paired {
+    pub ours: f64,
+    pub theirs: f64,
+    pub min: f64,
+    pub max: f64,
+    pub rounds: usize,
+}
+
+impl Paired {
+    /// `ratio=… ratio_min=… ratio_max=… rounds=N`.
+    pub fn ratios(&self) -> String {
+        format!(
+            "ratio={:.2} ratio_min={:.2} ratio_max={:.2} rounds={}",
+            self.ours / self.theirs,
+            self.min,
+            self.max,
+            self.rounds
+        )
+    }
+}
+
+/// [`Paired`] of the rounds' `(ours, theirs)`; `None` when there are none.
+pub fn paired(rounds: &[(f64, f64)]) -> Option<Paired> {
+    if rounds.is_empty() {
+        return None;
+    }
+    let ratios = rounds.iter().map(|(a, b)| a / b);
+    Some(Paired {
+        ours: median(rounds.iter().map(|p| p.0).collect()),
+        theirs: median(rounds.iter().map(|p| p.1).collect()),
+        min: ratios.clone().fold(f64::INFINITY, f64::min),
+        max: ratios.fold(f64::NEG_INFINITY, f64::max),
+        rounds: rounds.len(),
+    })
 }
 
 /// The `bench compare` lines of the two revisions' `lines` (and PyTorch's rows).
@@ -315,6 +385,33 @@ mod tests {
             line.contains("layout=ddp") && line.contains("rounds=3"),
             "{line}"
         );
+    }
+
+    #[test]
+    fn rounds_are_taken_out_of_a_benchs_arguments() {
+        assert_eq!(
+            take_rounds(&args("--rounds 3 --default-allocator")).unwrap(),
+            (3, args("--default-allocator"))
+        );
+        assert_eq!(take_rounds(&args("--rounds=2")).unwrap(), (2, vec![]));
+        assert_eq!(take_rounds(&[]).unwrap(), (1, vec![]));
+        assert!(take_rounds(&args("--rounds 0")).is_err());
+        assert!(take_rounds(&args("--rounds x")).is_err());
+    }
+
+    #[test]
+    fn paired_rounds_give_medians_and_the_rounds_own_ratio_range() {
+        // Rounds' ratios 0.9, 1.25, 1.0; medians 90 and 80.
+        let p = paired(&[(90.0, 100.0), (100.0, 80.0), (80.0, 80.0)]).unwrap();
+        assert_eq!(
+            (p.ours, p.theirs, p.min, p.max, p.rounds),
+            (90.0, 80.0, 0.9, 1.25, 3)
+        );
+        assert_eq!(
+            p.ratios(),
+            "ratio=1.12 ratio_min=0.90 ratio_max=1.25 rounds=3"
+        );
+        assert_eq!(paired(&[]), None);
     }
 
     #[test]

@@ -1,17 +1,25 @@
-//! `cargo xtask bench gemm` (issue 49, point 1): the bench models' matrix products on one
-//! thread — Bonfire's (`examples/benches/gemm.rs`: Burn's matmul on Flex, with the machine's
-//! FMA peak measured by a micro-kernel) and PyTorch's (`examples/benches/pytorch/gemm.py`:
-//! MKL / oneDNN) in the same run — then one comparison line per product:
+//! `cargo xtask bench gemm [--rounds N]` (issue 49, point 1): the bench models' matrix products
+//! on one thread — Bonfire's (`examples/benches/gemm.rs`: Burn's matmul on Flex, with the
+//! machine's FMA peak measured by a micro-kernel) and PyTorch's
+//! (`examples/benches/pytorch/gemm.py`: MKL / oneDNN) in the same run — then one comparison
+//! line per product:
 //! `bench gemm compare shape=… dtype=… bonfire_gflops=… pytorch_gflops=… ratio=… of_peak=…`
 //! (`ratio`: Bonfire's over PyTorch's; `of_peak`: Bonfire's over the measured f32 peak), and
 //! where the bench timed Burn's own product too (bf16: Bonfire's is AMX's where the CPU has it)
-//! `burn_gflops=… over_burn=…`. Where
-//! the Python cannot import torch, one `… skipped=…` line says so and Bonfire's rows stand
-//! alone. Bonfire's side builds in the bench profile (release): the dev profile's debug
-//! assertions and overflow checks, which apply to the dependencies too, slow `gemm`'s kernels
-//! 2.6× (measured: 107–113 → 41–43 GFLOP/s on the same shapes).
+//! `burn_gflops=… over_burn=…`.
+//!
+//! `--rounds N` (default 1) runs the two sides alternately N times, Bonfire's first in each
+//! round, so that a machine whose speed drifts (a shared VM) weighs on both: every figure is
+//! then the median over the rounds, and `ratio_min=… ratio_max=…` are the lowest and highest
+//! of the rounds' own ratios (Bonfire's over PyTorch's of the same round) — a goal is met only
+//! where `ratio_min` meets it. Where the Python cannot import torch, one `… skipped=…` line
+//! says so and Bonfire's rows stand alone. Bonfire's side builds in the bench profile
+//! (release): the dev profile's debug assertions and overflow checks, which apply to the
+//! dependencies too, slow `gemm`'s kernels 2.6× (measured: 107–113 → 41–43 GFLOP/s on the
+//! same shapes).
 
-use crate::process::{self, Result};
+use crate::compare::{built, measure, median, paired, take_rounds};
+use crate::process::{self, Failure, Result};
 use crate::pytorch::{field, run_echoed};
 use std::process::Command;
 
@@ -20,53 +28,153 @@ fn key(line: &str) -> (Option<&str>, Option<&str>) {
     (field(line, "shape"), field(line, "dtype"))
 }
 
-/// Runs both sides and prints the comparison.
+/// Runs both sides `--rounds` times and prints the comparison.
 pub fn bench(extra_args: &[String]) -> Result {
-    let mut command = process::cargo();
-    command.args(["bench", "-p", "bonfire-examples", "--bench", "gemm"]);
-    command.arg("--").args(extra_args);
-    let ours = run_echoed(command)?;
-    let python = match crate::python::with("import torch") {
-        Ok(p) => p,
-        Err(why) => {
-            println!("bench gemm side=pytorch skipped={why}");
-            return Ok(());
+    let (rounds, bench_args) = take_rounds(extra_args).map_err(Failure::usage)?;
+    let python = crate::python::with("import torch");
+    let binary = built("bonfire-examples", "gemm")?;
+    let (mut ours, mut theirs) = (Vec::new(), Vec::new());
+    for round in 0..rounds {
+        println!("==> bench gemm: round {} of {rounds}", round + 1);
+        ours.push(measure(&binary, &bench_args)?);
+        match &python {
+            Ok(python) => {
+                let mut command = Command::new(python);
+                command.arg(process::root().join("examples/benches/pytorch/gemm.py"));
+                theirs.push(run_echoed(command)?);
+            }
+            Err(why) => {
+                println!("bench gemm side=pytorch skipped={why}");
+                return Ok(());
+            }
         }
-    };
-    let mut command = Command::new(python);
-    command.arg(process::root().join("examples/benches/pytorch/gemm.py"));
-    let theirs = run_echoed(command)?;
-    let peak = ours
-        .iter()
-        .find_map(|l| field(l, "peak_gflops")?.parse::<f64>().ok())
-        .unwrap_or(0.0);
+    }
+    for line in report(&ours, &theirs) {
+        println!("{line}");
+    }
+    Ok(())
+}
+
+/// The comparison lines of `ours[i]` against `theirs[i]`, round `i` of each side: one per
+/// product both sides measured in every round.
+pub fn report(ours: &[Vec<String>], theirs: &[Vec<String>]) -> Vec<String> {
     let gflops = |line: &str| field(line, "gflops")?.parse::<f64>().ok();
-    for line in ours.iter().filter(|l| field(l, "side") == Some("bonfire")) {
-        let Some(pytorch) = theirs
+    // A side's figure for `line`'s product in `round` (a `bonfire`, `burn` or PyTorch line).
+    let figure = |round: &[String], side: Option<&str>, line: &str| {
+        round
             .iter()
-            .find(|t| key(t) == key(line))
-            .and_then(|t| gflops(t))
-        else {
+            .filter(|l| side.is_none_or(|s| field(l, "side") == Some(s)) && key(l) == key(line))
+            .find_map(|l| gflops(l))
+    };
+    let peaks: Vec<f64> = ours
+        .iter()
+        .filter_map(|r| r.iter().find_map(|l| field(l, "peak_gflops")?.parse().ok()))
+        .collect();
+    let peak = (peaks.len() == ours.len() && !peaks.is_empty()).then(|| median(peaks));
+    let Some(first) = ours.first() else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for line in first.iter().filter(|l| field(l, "side") == Some("bonfire")) {
+        // Every round of both sides, or no line: a product missing once is not compared.
+        let per_round: Option<Vec<(f64, f64)>> = ours
+            .iter()
+            .zip(theirs)
+            .map(|(o, t)| Some((figure(o, Some("bonfire"), line)?, figure(t, None, line)?)))
+            .collect();
+        let Some(per_round) = per_round else {
             continue;
         };
-        let Some(bonfire) = gflops(line) else {
+        let Some(p) = paired(&per_round) else {
             continue;
         };
         let (shape, dtype) = key(line);
-        let burn = ours
-            .iter()
-            .filter(|l| field(l, "side") == Some("burn") && key(l) == key(line))
-            .find_map(|l| gflops(l))
-            .map(|b| format!(" burn_gflops={b:.1} over_burn={:.2}", bonfire / b))
-            .unwrap_or_default();
-        println!(
-            "bench gemm compare shape={} dtype={} bonfire_gflops={bonfire:.1} \
-             pytorch_gflops={pytorch:.1} ratio={:.2} of_peak={:.2}{burn}",
+        let mut row = format!(
+            "bench gemm compare shape={} dtype={} bonfire_gflops={:.1} pytorch_gflops={:.1} {}",
             shape.unwrap_or_default(),
             dtype.unwrap_or_default(),
-            bonfire / pytorch,
-            bonfire / peak,
+            p.ours,
+            p.theirs,
+            p.ratios(),
+        );
+        let bonfire = p.ours;
+        if let Some(peak) = peak {
+            row.push_str(&format!(" of_peak={:.2}", bonfire / peak));
+        }
+        let burn: Option<Vec<f64>> = ours.iter().map(|o| figure(o, Some("burn"), line)).collect();
+        if let Some(burn) = burn.filter(|b| !b.is_empty()) {
+            let burn = median(burn);
+            row.push_str(&format!(
+                " burn_gflops={burn:.1} over_burn={:.2}",
+                bonfire / burn
+            ));
+        }
+        out.push(row);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lines(s: &[&str]) -> Vec<String> {
+        s.iter().map(|l| l.to_string()).collect()
+    }
+
+    #[test]
+    fn medians_over_rounds_and_the_rounds_own_ratios() {
+        let ours = |g: f64, b: f64, peak: f64| {
+            lines(&[
+                &format!("bench gemm peak_gflops={peak} isa=avx2"),
+                &format!("bench gemm side=bonfire shape=head.dx m=1 n=2 k=3 dtype=f32 gflops={g}"),
+                &format!("bench gemm side=bonfire shape=fc1.fwd m=1 n=2 k=3 dtype=bf16 gflops={b}"),
+                &format!(
+                    "bench gemm side=burn shape=fc1.fwd m=1 n=2 k=3 dtype=bf16 gflops={}",
+                    b / 2.0
+                ),
+            ])
+        };
+        let theirs = |g: f64| {
+            lines(&[
+                "bench gemm side=pytorch torch=2 threads=1",
+                &format!("bench gemm side=pytorch shape=head.dx m=1 n=2 k=3 dtype=f32 gflops={g}"),
+            ])
+        };
+        // Rounds: ratios 90/100 = 0.9, 100/80 = 1.25, 80/80 = 1.0.
+        let out = report(
+            &[
+                ours(90.0, 50.0, 100.0),
+                ours(100.0, 60.0, 100.0),
+                ours(80.0, 70.0, 100.0),
+            ],
+            &[theirs(100.0), theirs(80.0), theirs(80.0)],
+        );
+        assert_eq!(out.len(), 1, "only the product PyTorch measured: {out:?}");
+        assert!(
+            out[0].contains(
+                "shape=head.dx dtype=f32 bonfire_gflops=90.0 pytorch_gflops=80.0 ratio=1.12 \
+                 ratio_min=0.90 ratio_max=1.25 rounds=3 of_peak=0.90"
+            ),
+            "{}",
+            out[0]
+        );
+        // A product one round lacks is not compared; Burn's figure rides along where present.
+        let mut short = theirs(80.0);
+        short.pop();
+        let out = report(
+            &[ours(90.0, 50.0, 100.0), ours(90.0, 50.0, 100.0)],
+            &[theirs(80.0), short],
+        );
+        assert!(out.is_empty(), "{out:?}");
+        let both =
+            lines(&["bench gemm side=pytorch shape=fc1.fwd m=1 n=2 k=3 dtype=bf16 gflops=25"]);
+        let out = report(&[ours(90.0, 50.0, 100.0)], &[both]);
+        assert_eq!(out.len(), 1, "{out:?}");
+        assert!(
+            out[0].contains("ratio=2.00") && out[0].contains("burn_gflops=25.0 over_burn=2.00"),
+            "{}",
+            out[0]
         );
     }
-    Ok(())
 }

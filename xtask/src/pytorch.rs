@@ -2,14 +2,16 @@
 //! batch and step counts through `examples/benches/pytorch/train.py` (one rank with one
 //! thread, then gloo DDP over `--ranks` processes of one thread each), in the same run, and a
 //! `bench compare` line per layout both sides measured:
-//! `bench compare model=… layout=single|ddp bonfire_tokens_per_s=… pytorch_tokens_per_s=… ratio=…`
-//! (ratio = Bonfire's tokens/s over PyTorch's).
+//! `bench compare model=… layout=single|ddp bonfire_tokens_per_s=… pytorch_tokens_per_s=…
+//! ratio=… ratio_min=… ratio_max=… rounds=N` (ratio = Bonfire's tokens/s over PyTorch's).
+//! `--rounds N` runs the two sides alternately N times: the figures are the medians over the
+//! rounds, `ratio_min`/`ratio_max` the range of the rounds' own ratios.
 //!
 //! The Python is [`crate::python`]'s; where it cannot import `torch` (and
 //! `transformers` for the Llama) the bench says so in one `bench pytorch … skipped=…` line and
 //! Bonfire's rows stand alone. `--no-pytorch` skips it. The Mixtral has no PyTorch row.
 
-use crate::process::{self, Failure, Result};
+use crate::process::{Failure, Result};
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 
@@ -113,47 +115,72 @@ pub fn rows(bench_args: &[String]) -> Result<Vec<String>> {
     Ok(rows)
 }
 
-/// PyTorch's rows for the run `bench_args` described, and the comparison with `bonfire`'s
-/// lines of the same run.
-pub fn compare(bench_args: &[String], bonfire: &[String]) -> Result {
-    let rows = rows(bench_args)?;
+/// The comparison of Bonfire's bench lines (`ours[i]`, round `i`) with PyTorch's rows of the
+/// same rounds (`theirs[i]`): one `bench compare` line a layout both sides measured in every
+/// round (medians, and the rounds' own ratio range: [`crate::compare::paired`]).
+pub fn compare(bench_args: &[String], ours: &[Vec<String>], theirs: &[Vec<String>]) -> Vec<String> {
     let model = flag(bench_args, "--model", "gpt");
-    for line in bonfire.iter().filter(|l| l.starts_with("bench train ")) {
-        let layout = field(line, "layout").unwrap_or_default();
-        let theirs = rows
+    let tokens = |lines: &[String], layout: &str, prefix: &str| {
+        lines
             .iter()
-            .find(|r| field(r, "layout") == Some(layout))
-            .and_then(|r| field(r, "tokens_per_s")?.parse::<f64>().ok());
-        let ours = field(line, "tokens_per_s").and_then(|v| v.parse::<f64>().ok());
-        if let (Some(theirs), Some(ours)) = (theirs, ours) {
-            println!(
-                "bench compare model={model} layout={layout} bonfire_tokens_per_s={ours:.0} \
-                 pytorch_tokens_per_s={theirs:.0} ratio={:.2}",
-                ours / theirs
-            );
-        }
+            .filter(|l| l.starts_with(prefix) && field(l, "layout") == Some(layout))
+            .find_map(|l| field(l, "tokens_per_s")?.parse::<f64>().ok())
+    };
+    let Some(first) = ours.first() else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for line in first.iter().filter(|l| l.starts_with("bench train ")) {
+        let layout = field(line, "layout").unwrap_or_default();
+        let rounds: Option<Vec<(f64, f64)>> = ours
+            .iter()
+            .zip(theirs)
+            .map(|(o, t)| Some((tokens(o, layout, "bench train ")?, tokens(t, layout, "")?)))
+            .collect();
+        let Some(p) = rounds.as_deref().and_then(crate::compare::paired) else {
+            continue;
+        };
+        out.push(format!(
+            "bench compare model={model} layout={layout} bonfire_tokens_per_s={:.0} \
+             pytorch_tokens_per_s={:.0} {}",
+            p.ours,
+            p.theirs,
+            p.ratios()
+        ));
     }
-    Ok(())
+    out
 }
 
-/// `cargo bench` of the train bench with `extra_args`, then [`compare`].
+/// `cargo bench` of the train bench with `extra_args`, PyTorch's rows after it, `--rounds`
+/// times alternately (default 1), then [`compare`].
 pub fn bench_train(extra_args: &[String]) -> Result {
-    let bench_args: Vec<String> = extra_args
+    let (rounds, args) = crate::compare::take_rounds(extra_args).map_err(Failure::usage)?;
+    let bench_args: Vec<String> = args
         .iter()
         .filter(|a| *a != "--no-pytorch")
         .cloned()
         .collect();
-    let mut command = process::cargo();
-    command.args(["bench", "-p", "bonfire-examples", "--bench", "train", "--"]);
-    command.args(&bench_args);
-    let lines = run_echoed(command)?;
-    let precision = flag(extra_args, "--precision", "f32");
+    let precision = flag(&args, "--precision", "f32");
+    let binary = crate::compare::built("bonfire-examples", "train")?;
+    let (mut ours, mut theirs) = (Vec::new(), Vec::new());
+    for round in 0..rounds {
+        if rounds > 1 {
+            println!("==> bench train: round {} of {rounds}", round + 1);
+        }
+        ours.push(crate::compare::measure(&binary, &bench_args)?);
+        if precision == "f32" {
+            theirs.push(rows(&args)?);
+        }
+    }
     if precision != "f32" {
         // PyTorch's side trains in f32: a ratio against it would not be like for like.
         println!("bench train side=pytorch skipped=bonfire ran --precision {precision}");
         return Ok(());
     }
-    compare(extra_args, &lines)
+    for line in compare(&args, &ours, &theirs) {
+        println!("{line}");
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -173,5 +200,38 @@ mod tests {
         assert_eq!(field(line, "layout"), Some("ddp"));
         assert_eq!(field(line, "tokens_per_s"), Some("2554"));
         assert_eq!(field(line, "missing"), None);
+    }
+
+    #[test]
+    fn layouts_compare_by_rounds_and_only_where_both_sides_ran() {
+        let args: Vec<String> = vec!["--model".into(), "gpt".into()];
+        let ours = |single: u32, ddp: u32| {
+            vec![
+                format!("bench train model=gpt layout=single ranks=1 tokens_per_s={single}"),
+                format!("bench train model=gpt layout=ddp ranks=2 tokens_per_s={ddp}"),
+                format!("bench train model=gpt layout=zero3 ranks=2 tokens_per_s={ddp}"),
+            ]
+        };
+        let theirs = |single: u32| {
+            vec![format!(
+                "bench pytorch model=gpt layout=single ranks=1 tokens_per_s={single}"
+            )]
+        };
+        // Round ratios 1.1 and 0.9 (single); medians 2,000 and 2,000.
+        let out = compare(
+            &args,
+            &[ours(2200, 4000), ours(1800, 4000)],
+            &[theirs(2000), theirs(2000)],
+        );
+        assert_eq!(
+            out,
+            vec![
+                "bench compare model=gpt layout=single bonfire_tokens_per_s=2000 \
+                 pytorch_tokens_per_s=2000 ratio=1.00 ratio_min=0.90 ratio_max=1.10 rounds=2"
+                    .to_string()
+            ]
+        );
+        // PyTorch skipped (no rows): no comparison at all.
+        assert!(compare(&args, &[ours(1, 1)], &[]).is_empty());
     }
 }
