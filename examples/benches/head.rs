@@ -11,10 +11,17 @@
 //! width with a 32K vocabulary and Llama 3's 128,256. Prints one line per shape and mode:
 //! `bench head shape=… n=… d=… v=… mode=unfused|fused rows=… ms=… peak_bytes=…`, and for
 //! fused `ms_ratio=… bytes_ratio=…` (over the unfused run of the same shape).
+//!
+//! Then the head on a pipeline's last stage (`head/pipeline.rs`: pp = 2 under 1F1B, each
+//! rank's peak bytes unfused and fused) at the 32K and 128,256 vocabularies; `--no-pipeline`
+//! skips those rows.
 
 use bonfire_comm::testing::rank_alloc::{self, RankAllocator};
 use burn::tensor::{Device, Distribution, Int, Tensor, TensorData};
 use std::time::Instant;
+
+#[path = "head/pipeline.rs"]
+mod pipeline;
 
 #[global_allocator]
 static HEAP: RankAllocator = RankAllocator;
@@ -90,5 +97,8 @@ fn main() {
                 bytes as f64 / base_bytes as f64
             );
         }
+    }
+    if !std::env::args().any(|a| a == "--no-pipeline") {
+        pipeline::rows(&[32_768, 128_256]);
     }
 }

@@ -105,8 +105,8 @@ struct Args {
     #[arg(long, default_value = "f32", value_name = "f32|bf16|f16")]
     precision: String,
     /// The model's head and loss as one node by blocks of ROWS positions
-    /// (`with_fused_loss`; the unfused head where the layout shards it or a pipeline's last
-    /// stage computes the loss). PyTorch's side stays unfused.
+    /// (`with_fused_loss`, a pipeline's last stage included; the unfused head where the
+    /// layout shards it). PyTorch's side stays unfused.
     #[arg(long, value_name = "ROWS")]
     fused_loss: Option<usize>,
     /// Ignored (passed by `cargo bench`).

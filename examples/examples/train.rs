@@ -106,8 +106,8 @@ struct Cli {
     memory_budget: Option<usize>,
     /// The head and its loss as one node by blocks of ROWS positions (every model;
     /// `bonfire_kernels::linear_cross_entropy`): a rank never holds its `[tokens, V]` logits
-    /// whole, nor their gradient. Where the head is sharded (tp) or a pipeline's last stage
-    /// computes the loss, the head runs unfused.
+    /// whole, nor their gradient (a pipeline's last stage included). Where the head is
+    /// sharded (tp), it runs unfused.
     #[arg(long, value_name = "ROWS", value_parser = clap::value_parser!(u64).range(1..))]
     fused_loss: Option<u64>,
     /// A Hugging Face `tokenizer.json` (read offline) for text data; the model's vocabulary

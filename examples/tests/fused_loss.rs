@@ -5,9 +5,11 @@
 //! fixtures, no Bonfire code computed them), and the GPT against its own unfused run on one
 //! device, with SGD and AdamW — in blocks that do not divide the rows (the last one short),
 //! on one device, under DDP, ZeRO-3 (the head's weight gathered for the node, with and
-//! without activation checkpointing), HSDP and ZeRO-1 with offload; and where the head is
-//! sharded (tp, loss parallelism) or a pipeline's last stage sees only logits, the unfused
-//! head it falls back to.
+//! without activation checkpointing, whose pieces end in the fused head too), HSDP, ZeRO-1
+//! with offload and on a pipeline's last stage (the head piece makes the loss itself,
+//! `Pipeline::with_head_loss`: 1F1B; for the GPT also ZB-H1, whose forwards defer the other
+//! layers' weight gradients, and ZB-V, whose last stage sits on the first rank); and where
+//! the head is sharded (tp, loss parallelism), the unfused head it falls back to.
 
 mod common;
 
@@ -78,7 +80,12 @@ fn the_gpt_with_a_fused_head_trains_as_the_unfused_one() {
     let cfg = common::gpt_cfg();
     let model = common::seeded(3, &default_device(), |d| Gpt::new(&cfg, d));
     let suite = common::Suite::new(model.clone(), common::random_batches(&cfg, 3, 8, 7), 3);
-    suite.check_model("fused head ", &model.with_fused_loss(ROWS), &layouts());
+    let mut layouts = layouts();
+    layouts.extend([
+        layout("pp=2", 0, Some("zb-h1"), Some(2), ""),
+        layout("pp=2", 0, Some("zb-v"), Some(2), ""),
+    ]);
+    suite.check_model("fused head ", &model.with_fused_loss(ROWS), &layouts);
 }
 
 /// Qwen3-MoE through the Mixtral model (the cross-entropy by blocks, the balance term added to

@@ -10,12 +10,13 @@ use crate::data::TokenBatch;
 use bonfire_comm::ProcessGroup;
 use bonfire_cp::ContextSplit;
 use bonfire_layout::{Axis, LayoutError, ParallelDims};
+use bonfire_parallel::Pipeline;
 use bonfire_pipeline::Block;
 use bonfire_tp::{
     ColwiseParallel, RowwiseParallel, SequenceParallel, StylePlacement, loss_parallel,
 };
 use burn::module::{Module, ModuleDisplay};
-use burn::tensor::Tensor;
+use burn::tensor::{Int, Tensor};
 
 /// The styles of a decoder's tensor-parallel plan: column-wise projections, row-wise ones, a
 /// vocab-parallel embedding, the head, and the norms' style under sequence parallelism.
@@ -156,6 +157,38 @@ macro_rules! token_sequence_hooks {
 pub trait PieceStep {
     /// The step on `x`.
     fn step(&self, x: Tensor<3>) -> Tensor<3>;
+}
+
+/// A head piece that can make the loss itself, the head fused with it by blocks of rows
+/// ([`crate::gpt::fused_head_loss`]) — a pipeline's last stage then never holds its logits whole.
+pub trait HeadLoss {
+    /// The mean loss on the last layer's output `x` `[B, T, w]` against `targets` `[B, T]`,
+    /// by blocks of `rows` positions where the head is not sharded (else its logits and the
+    /// loss the pipeline's loss function would take on them).
+    fn loss(&self, x: Tensor<3>, targets: Tensor<2, Int>, rows: usize) -> Tensor<1>;
+}
+
+/// `pipeline` with its head fused with the loss by blocks of `rows` positions
+/// ([`Pipeline::with_head_loss`], [`HeadLoss`]) where `rows` is `Some` (a model's
+/// `with_fused_loss`); `None`: as it is. A last piece that is not the head keeps the
+/// pipeline's loss on its output.
+pub fn fuse_head<E, L, H>(
+    pipeline: Pipeline<Piece<E, L, H>, 3, TokenBatch>,
+    rows: Option<usize>,
+) -> Pipeline<Piece<E, L, H>, 3, TokenBatch>
+where
+    E: Module + ModuleDisplay + PieceStep + 'static,
+    L: Module + ModuleDisplay + PieceStep + 'static,
+    H: Module + ModuleDisplay + PieceStep + HeadLoss + 'static,
+{
+    let Some(rows) = rows else {
+        return pipeline;
+    };
+    let loss = pipeline.loss.clone();
+    pipeline.with_head_loss(move |piece, x, batch: &TokenBatch| match piece {
+        Piece::Head(head) => head.loss(x, batch.1.clone(), rows),
+        other => loss(other.forward(x), batch),
+    })
 }
 
 /// One piece of a decoder as a pipeline block: its embedding, one layer, or its head.

@@ -23,6 +23,6 @@ mod weights;
 
 pub use data::{DataSource, Replica, Rows};
 pub use model::ParallelModel;
-pub use pipeline::{InputFn, LossFn, Pipeline, PipelineVisitor};
+pub use pipeline::{HeadLossFn, InputFn, LossFn, Pipeline, PipelineVisitor};
 pub use region::{Region, Run};
 pub use weights::ParameterSource;

@@ -13,6 +13,10 @@ use std::sync::Arc;
 pub type InputFn<B, const D: usize> = Arc<dyn Fn(&B) -> Tensor<D> + Send + Sync>;
 /// The mean loss from the last piece's output and the (micro-)batch.
 pub type LossFn<B, const D: usize> = Arc<dyn Fn(Tensor<D>, &B) -> Tensor<1> + Send + Sync>;
+/// The mean loss from the last piece itself, its input and the (micro-)batch: the piece's
+/// forward and the loss as one ([`Pipeline::with_head_loss`]).
+pub type HeadLossFn<P, B, const D: usize> =
+    Arc<dyn Fn(&P, Tensor<D>, &B) -> Tensor<1> + Send + Sync>;
 
 /// A model cut into pipeline pieces, in order, each named by the module path where it begins
 /// (split points name these), with how a batch enters the first piece and how the last
@@ -31,6 +35,9 @@ pub struct Pipeline<P, const D: usize, B> {
     pub input: InputFn<B, D>,
     /// The mean loss from the last piece's output.
     pub loss: LossFn<B, D>,
+    /// The last piece's forward and the loss as one, where the model fuses them (a head
+    /// whose logits never exist whole); `None`: the last piece's forward, then `loss`.
+    pub head_loss: Option<HeadLossFn<P, B, D>>,
     /// The pieces that are checkpointable layers (by name).
     pub checkpointable: Vec<String>,
     /// Parameters a later piece uses again without holding them (`(parameter, piece name)`:
@@ -52,9 +59,21 @@ impl<P: Block<D>, const D: usize, B: Rows> Pipeline<P, D, B> {
             pieces,
             input: Arc::new(input),
             loss: Arc::new(loss),
+            head_loss: None,
             checkpointable: Vec::new(),
             borrowed: Vec::new(),
         }
+    }
+
+    /// The last piece's forward and the loss as one: `head_loss(last piece, its input,
+    /// batch)` is the mean loss in place of the piece's forward and `loss` — on one rank
+    /// (activation checkpointing's pieces) and on a pipeline's last stage alike.
+    pub fn with_head_loss(
+        mut self,
+        head_loss: impl Fn(&P, Tensor<D>, &B) -> Tensor<1> + Send + Sync + 'static,
+    ) -> Self {
+        self.head_loss = Some(Arc::new(head_loss));
+        self
     }
 
     /// The pieces' names, in order.

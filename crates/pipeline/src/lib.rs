@@ -68,7 +68,7 @@ pub use check::{CheckError, Problem, check};
 pub use runtime::{Activation, PipelineError, StageCompute, run_schedule, run_unchecked};
 pub use schedule::{Action, BackwardKind, Generate, Schedule, ScheduleKind, StageMap};
 pub use stage::{
-    Block, BurnStage, LocalChunks, LossFn, StageParams, balance, chunks_for_rank, forward_chunk,
-    microbatch_sizes, microbatch_weights, split_at, split_balanced, split_batch,
+    Block, BlockLossFn, BurnStage, LocalChunks, LossFn, StageParams, balance, chunks_for_rank,
+    forward_chunk, microbatch_sizes, microbatch_weights, split_at, split_balanced, split_batch,
 };
 pub use timeline::{RankTimeline, Span, Timeline};

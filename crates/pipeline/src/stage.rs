@@ -174,6 +174,26 @@ pub fn microbatch_weights(rows: usize, m: usize) -> Vec<f32> {
 /// one-element tensor.
 pub type LossFn<'a, const D: usize> = Box<dyn FnMut(usize, Tensor<D>) -> Tensor<1> + 'a>;
 
+/// The last stage's last block and the loss as one: `(micro-batch, block, the block's input)
+/// -> mean loss` — a head fused with its loss, whose output (the logits) never exists whole.
+pub type BlockLossFn<'a, M, const D: usize> =
+    Box<dyn FnMut(usize, &M, Tensor<D>) -> Tensor<1> + 'a>;
+
+/// How the last stage makes a micro-batch's loss.
+enum StageLoss<'a, M, const D: usize> {
+    /// From the last block's output ([`BurnStage::with_loss`]).
+    Output(LossFn<'a, D>),
+    /// With the last block ([`BurnStage::with_block_loss`]).
+    Block(BlockLossFn<'a, M, D>),
+}
+
+/// What one chunk's forward made: its output, or (the last block and the loss as one) the
+/// micro-batch's loss.
+enum Computed<const D: usize> {
+    Output(Tensor<D>),
+    Loss(Tensor<1>),
+}
+
 /// Who holds a rank's chunks for computation: the chunks themselves ([`LocalChunks`]), or a
 /// data-parallel wrapper of them (DDP, ZeRO: `bonfire-train` adapts any
 /// `bonfire_module::DataParallel`). The stage runs each micro-batch's forward through it and
@@ -230,7 +250,7 @@ pub struct BurnStage<'a, M: Block<D>, H: StageParams<Vec<Vec<M>>>, const D: usiz
     last: Vec<bool>,
     device: Device,
     inputs: Vec<Tensor<D>>,
-    loss: Option<LossFn<'a, D>>,
+    loss: Option<StageLoss<'a, M, D>>,
     weights: Vec<f32>,
     saved: HashMap<(usize, usize), (Option<Tensor<D>>, Saved<D>)>,
     /// Zero-bubble: the gradients of a "B" waiting for their "W".
@@ -313,7 +333,19 @@ impl<'a, M: Block<D>, H: StageParams<Vec<Vec<M>>>, const D: usize> BurnStage<'a,
 
     /// The loss (needed on the rank holding the last stage).
     pub fn with_loss(mut self, loss: impl FnMut(usize, Tensor<D>) -> Tensor<1> + 'a) -> Self {
-        self.loss = Some(Box::new(loss));
+        self.loss = Some(StageLoss::Output(Box::new(loss)));
+        self
+    }
+
+    /// The loss made with the last block instead (needed on the rank holding the last
+    /// stage): `loss(mb, last block, its input)` replaces that block's forward and
+    /// [`with_loss`](Self::with_loss)'s loss, inside the held module's forward (so ZeRO-3
+    /// holds the block's gathered parameters while it runs) — a head fused with its loss.
+    pub fn with_block_loss(
+        mut self,
+        loss: impl FnMut(usize, &M, Tensor<D>) -> Tensor<1> + 'a,
+    ) -> Self {
+        self.loss = Some(StageLoss::Block(Box::new(loss)));
         self
     }
 
@@ -396,23 +428,47 @@ impl<M: Block<D>, H: StageParams<Vec<Vec<M>>>, const D: usize> StageCompute
             Some(a) => self.to_tensor(a).require_grad(),
         };
         let leaf = (!self.first[chunk]).then(|| x.clone());
+        let last = self.last[chunk];
         let params = &mut self.params;
-        let run = move || params.forward(|chunks| forward_chunk(&chunks[chunk], x));
-        let out = if self.split {
-            let (out, deferred) = weight_grad::deferring(run);
-            self.deferred.insert((mb, chunk), deferred);
-            out
-        } else {
-            run()
+        let block_loss = match (last, self.loss.as_mut()) {
+            (true, Some(StageLoss::Block(f))) => Some(f),
+            _ => None,
         };
-        if self.last[chunk] {
+        let run = move || {
+            params.forward(|chunks| {
+                let blocks = &chunks[chunk];
+                match (block_loss, blocks.split_last()) {
+                    (None, _) => Ok(Computed::Output(forward_chunk(blocks, x))),
+                    (Some(f), Some((tail, body))) => {
+                        Ok(Computed::Loss(f(mb, tail, forward_chunk(body, x))))
+                    }
+                    (Some(_), None) => Err(PipelineError::Invalid(format!(
+                        "the last stage's chunk {chunk} has no block to make the loss with"
+                    ))),
+                }
+            })
+        };
+        let computed = if self.split {
+            let (computed, deferred) = weight_grad::deferring(run);
+            self.deferred.insert((mb, chunk), deferred);
+            computed?
+        } else {
+            run()?
+        };
+        if last {
             let weight = *self.weights.get(mb).ok_or_else(|| {
                 PipelineError::Invalid(format!("no loss weight for micro-batch {mb}"))
             })?;
-            let loss_fn = self.loss.as_mut().ok_or_else(|| {
-                PipelineError::Invalid("the last stage needs a loss (with_loss)".into())
-            })?;
-            let loss = loss_fn(mb, out).mul_scalar(weight);
+            let loss = match (computed, self.loss.as_mut()) {
+                (Computed::Loss(loss), _) => loss,
+                (Computed::Output(out), Some(StageLoss::Output(loss_fn))) => loss_fn(mb, out),
+                (Computed::Output(_), _) => {
+                    return Err(PipelineError::Invalid(
+                        "the last stage needs a loss (with_loss or with_block_loss)".into(),
+                    ));
+                }
+            };
+            let loss = loss.mul_scalar(weight);
             let value = plane::to_host(loss.clone().detach(), Reason::Report)[0];
             self.loss_total += f64::from(value);
             if self.backward {
@@ -420,6 +476,9 @@ impl<M: Block<D>, H: StageParams<Vec<Vec<M>>>, const D: usize> StageCompute
             }
             Ok(None)
         } else {
+            let Computed::Output(out) = computed else {
+                unreachable!("only the last chunk makes a loss")
+            };
             let host = Self::to_host(out.clone())?;
             if self.backward {
                 self.saved.insert((mb, chunk), (leaf, Saved::Output(out)));

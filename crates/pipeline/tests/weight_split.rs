@@ -2,7 +2,9 @@
 //! `weight_grad::deferring` ("B") gives no linear weight any gradient, and "W" then adds
 //! exactly (bitwise) the weight gradients of the undivided backward; a pipeline stage under
 //! ZB-H1 and ZB-V hands its holder bitwise the gradients of the same schedule without the
-//! split and of 1F1B.
+//! split and of 1F1B; and a last stage that makes the loss with its last block
+//! (`with_block_loss`, as a head fused with its loss does) hands over the same gradients and
+//! loss as one that takes the block's output (`with_loss`).
 
 use bonfire_comm::ThreadWorld;
 use bonfire_dtensor::DeviceMesh;
@@ -151,6 +153,18 @@ fn blocks() -> Vec<Net> {
 /// Each rank's gradients, and how many weight gradients the ranks deferred to "W" steps
 /// (counted on each rank's thread around its own work, summed).
 fn stage_grads(blocks: &[Net], schedule: &Schedule, split: bool) -> (Vec<RankGrads>, u64) {
+    let (grads, applied, _) = stage_run(blocks, schedule, split, false);
+    (grads, applied)
+}
+
+/// [`stage_grads`], and the batch loss, with the loss made from the last block's output or
+/// (`block_loss`) with the last block itself.
+fn stage_run(
+    blocks: &[Net],
+    schedule: &Schedule,
+    split: bool,
+    block_loss: bool,
+) -> (Vec<RankGrads>, u64, f64) {
     let (rows, m) = (4, schedule.microbatches);
     let ranks = ThreadWorld::new(schedule.ranks())
         .timeout(Duration::from_secs(60))
@@ -163,7 +177,7 @@ fn stage_grads(blocks: &[Net], schedule: &Schedule, split: bool) -> (Vec<RankGra
             let chunks = chunks_for_rank(&stages, schedule, pg.rank()).unwrap();
             let x = Tensor::<3>::ones([rows, 3, 8], &device) * 0.3;
             let mesh = DeviceMesh::one_d(&pg, "pp").unwrap();
-            let mut stage = BurnStage::new(
+            let stage = BurnStage::new(
                 LocalChunks::new(chunks),
                 schedule,
                 pg.rank(),
@@ -171,16 +185,50 @@ fn stage_grads(blocks: &[Net], schedule: &Schedule, split: bool) -> (Vec<RankGra
                 microbatch_weights(rows, m),
             )
             .with_weight_grad_split(split)
-            .with_inputs(split_batch(x, m))
-            .with_loss(|_, y: Tensor<3>| y.tanh().powi_scalar(2).mean());
+            .with_inputs(split_batch(x, m));
+            let loss = |y: Tensor<3>| y.tanh().powi_scalar(2).mean();
+            let mut stage = match block_loss {
+                true => stage.with_block_loss(move |_, b: &Net, x| loss(b.forward(x))),
+                false => stage.with_loss(move |_, y| loss(y)),
+            };
             run_schedule(&mesh, "pp", schedule, &mut stage).unwrap();
-            let (held, _) = stage.finish();
+            let (held, batch_loss) = stage.finish();
             let (chunks, grads) = held.into_parts();
-            (grads_of(&chunks, &grads), weight_grad::applied() - before)
+            let applied = weight_grad::applied() - before;
+            (grads_of(&chunks, &grads), applied, batch_loss)
         })
         .unwrap_or_else(|e| panic!("{e}"));
-    let applied = ranks.iter().map(|(_, n)| n).sum();
-    (ranks.into_iter().map(|(g, _)| g).collect(), applied)
+    let applied = ranks.iter().map(|(_, n, _)| n).sum();
+    let loss = ranks.iter().find_map(|(_, _, l)| *l).expect("a last stage");
+    (
+        ranks.into_iter().map(|(g, _, _)| g).collect(),
+        applied,
+        loss,
+    )
+}
+
+#[test]
+fn a_loss_made_with_the_last_block_hands_over_what_the_output_loss_does() {
+    let blocks = blocks();
+    for kind in [
+        ScheduleKind::OneFOneB,
+        ScheduleKind::ZbH1,
+        ScheduleKind::ZbV,
+    ] {
+        let schedule = kind.generate(2, 4);
+        let split = kind != ScheduleKind::OneFOneB;
+        let (output, _, output_loss) = stage_run(&blocks, &schedule, split, false);
+        let (block, deferred, block_loss) = stage_run(&blocks, &schedule, split, true);
+        assert_eq!(block, output, "{}: gradients", kind.name());
+        assert_eq!(block_loss, output_loss, "{}: loss", kind.name());
+        // The last block's forward ran inside the loss: its linear weights still deferred.
+        assert_eq!(
+            deferred > 0,
+            split,
+            "{}: deferred weight gradients",
+            kind.name()
+        );
+    }
 }
 
 #[test]

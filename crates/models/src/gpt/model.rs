@@ -47,7 +47,7 @@ impl Gpt {
     /// [`Gpt::loss`] with the head and the loss as one node by blocks of `rows` positions
     /// ([`bonfire_kernels::linear_cross_entropy`]), where the head is not sharded (no
     /// tensor-parallel style on it): the `[B·T, V]` logits and their gradient never exist
-    /// whole. A pipeline's last stage keeps the unfused head (its loss sees logits only).
+    /// whole — on a pipeline's last stage too (`decoder::fuse_head`).
     /// `None`: the unfused head (a run's option passed as it is).
     pub fn with_fused_loss(mut self, rows: impl Into<Option<usize>>) -> Self {
         self.fused_loss_rows = rows.into().map(|r| r.max(1));
@@ -73,16 +73,31 @@ impl Gpt {
     /// Mean cross-entropy over all `B·T` positions (vocab-parallel, on sharded logits,
     /// when the head's output is sharded over the vocabulary).
     pub fn loss(&self, ids: Tensor<2, Int>, targets: Tensor<2, Int>) -> Tensor<1> {
-        if let Some(group) = self.head.output_shard_group() {
-            return loss_parallel(self.forward(ids), targets, &group);
+        if let Some(rows) = self.fused_loss_rows {
+            return head_loss(&self.ln_f, &self.head, self.body(ids), targets, rows);
         }
-        let Some(rows) = self.fused_loss_rows else {
-            return cross_entropy(self.forward(ids), targets);
-        };
-        let x = self.body(ids);
-        let h = layer(&self.ln_f, &x).forward(x.clone());
-        fused_head_loss(&layer(&self.head, &x), h, targets, rows)
+        match self.head.output_shard_group() {
+            Some(group) => loss_parallel(self.forward(ids), targets, &group),
+            None => cross_entropy(self.forward(ids), targets),
+        }
     }
+}
+
+/// The mean cross-entropy of `head(LN_f(x))` against `targets`, the head fused with the loss
+/// by blocks of `rows` positions ([`fused_head_loss`]) — vocab-parallel on its logits where
+/// the head's output is sharded. [`Gpt::loss`] and the pipeline's head piece run it.
+pub fn head_loss(
+    ln_f: &ParallelLayerNorm,
+    head: &ParallelLinear,
+    x: Tensor<3>,
+    targets: Tensor<2, Int>,
+    rows: usize,
+) -> Tensor<1> {
+    if let Some(group) = head.output_shard_group() {
+        return loss_parallel(self::head(ln_f, head, x), targets, &group);
+    }
+    let h = layer(ln_f, &x).forward(x.clone());
+    fused_head_loss(&layer(head, &x), h, targets, rows)
 }
 
 /// `tok_emb[ids] + pos_emb[positions]` (`0..T`, or a context-parallel rank's chunks'): `[B, T]` ids to `[B, T, d]` activations. Every layer runs

@@ -17,16 +17,17 @@
 //! r·h/tp .. (r+1)·h/tp), so `n_heads` must be divisible by the tensor-parallel size.
 
 use super::block::GptBlock;
-use super::model::{Gpt, embed, head};
+use super::model::{Gpt, embed, head, head_loss};
 use crate::data::TokenBatch;
-use crate::decoder::{DecoderStyles, Piece, PieceStep, decoder_pieces, divisible};
+use crate::decoder::fuse_head;
+use crate::decoder::{DecoderStyles, HeadLoss, Piece, PieceStep, decoder_pieces, divisible};
 use crate::decoder::{token_input, token_loss};
 use bonfire_layout::{Axis, LayoutError, ParallelDims};
 use bonfire_parallel::{ParallelModel, Pipeline, PipelineVisitor};
 use bonfire_tp::ParallelPlan;
 use bonfire_tp::{ParallelEmbedding, ParallelLayerNorm, ParallelLinear};
 use burn::module::Module;
-use burn::tensor::Tensor;
+use burn::tensor::{Int, Tensor};
 
 /// The GPT's tensor-parallel plan (see the module docs).
 pub fn gpt_tp_plan(sequence_parallel: bool, loss_parallel: bool) -> ParallelPlan {
@@ -94,7 +95,8 @@ impl ParallelModel for Gpt {
             .map(|i| format!("blocks.{i}"))
             .collect();
         let loss = token_loss(self.head.output_shard_group());
-        let pipeline = Pipeline::new(pieces(self), token_input, loss);
+        let rows = self.fused_loss_rows;
+        let pipeline = fuse_head(Pipeline::new(pieces(self), token_input, loss), rows);
         Some(visitor.visit(pipeline.with_checkpointable(blocks)))
     }
 }
@@ -136,6 +138,12 @@ impl PieceStep for GptBlock {
 impl PieceStep for GptHead {
     fn step(&self, x: Tensor<3>) -> Tensor<3> {
         head(&self.ln_f, &self.head, x)
+    }
+}
+
+impl HeadLoss for GptHead {
+    fn loss(&self, x: Tensor<3>, targets: Tensor<2, Int>, rows: usize) -> Tensor<1> {
+        head_loss(&self.ln_f, &self.head, x, targets, rows)
     }
 }
 

@@ -9,5 +9,5 @@ pub mod parallelize;
 pub mod variant;
 
 pub use config::LlamaConfig;
-pub use model::{Llama, embed, head};
+pub use model::{HeadWeights, Llama, embed, head, head_loss};
 pub use variant::{Family, Llama3Rope, LlamaVariant};

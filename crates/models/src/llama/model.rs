@@ -8,6 +8,7 @@
 use super::config::LlamaConfig;
 use crate::decoder_layer::{self, FeedForward};
 use crate::gpt::{cross_entropy, fused_head_loss, head_loss_by_blocks};
+use bonfire_comm::ProcessGroup;
 use bonfire_module::layer;
 use bonfire_tp::loss_parallel;
 use bonfire_tp::{ParallelEmbedding, ParallelLinear, ParallelRmsNorm};
@@ -144,30 +145,16 @@ impl Llama {
     /// Mean cross-entropy over all `B·T` positions (vocab-parallel on sharded logits: an
     /// untied head's, or a tied one's under loss parallelism).
     pub fn loss(&self, ids: Tensor<2, Int>, targets: Tensor<2, Int>) -> Tensor<1> {
-        let sharded = match &self.lm_head {
-            Some(head) => head.output_shard_group(),
-            None => self.model.embed_tokens.logits_shard_group(),
+        let weights = match &self.lm_head {
+            Some(lm_head) => HeadWeights::Untied(lm_head),
+            None => HeadWeights::Tied(&self.model.embed_tokens),
         };
-        if let Some(group) = sharded {
-            return loss_parallel(self.forward(ids), targets, &group);
+        if let Some(rows) = self.fused_loss_rows {
+            return head_loss(&self.model.norm, weights, self.body(ids), targets, rows);
         }
-        let Some(rows) = self.fused_loss_rows else {
-            return cross_entropy(self.forward(ids), targets);
-        };
-        let x = self.body(ids);
-        let h = layer(&self.model.norm, &x).forward(x.clone());
-        match &self.lm_head {
-            Some(lm_head) => fused_head_loss(&layer(lm_head, &x), h, targets, rows),
-            None => {
-                let no_anchor = Tensor::<1, Int>::zeros([1], &h.device());
-                let table = layer(&self.model.embed_tokens, &no_anchor);
-                head_loss_by_blocks(
-                    h,
-                    targets,
-                    |h, t| table.tied_cross_entropy(h, t, rows),
-                    |h| table.tied_head(h),
-                )
-            }
+        match weights.shard_group() {
+            Some(group) => loss_parallel(self.forward(ids), targets, &group),
+            None => cross_entropy(self.forward(ids), targets),
         }
     }
 
@@ -201,6 +188,59 @@ pub fn tied_head(
     let h = layer(norm, &x).forward(x.clone());
     let no_anchor = Tensor::<1, Int>::zeros([1], &h.device());
     layer(embed_tokens, &no_anchor).tied_head(h)
+}
+
+/// A Llama's head weights: `lm_head`, or (tied) the embedding's table.
+#[derive(Clone, Copy)]
+pub enum HeadWeights<'a> {
+    /// `lm_head`.
+    Untied(&'a ParallelLinear),
+    /// `model.embed_tokens`, read as the head.
+    Tied(&'a ParallelEmbedding),
+}
+
+impl HeadWeights<'_> {
+    /// The group the head's logits stay sharded over (loss parallelism), if any.
+    pub fn shard_group(&self) -> Option<ProcessGroup> {
+        match self {
+            HeadWeights::Untied(lm_head) => lm_head.output_shard_group(),
+            HeadWeights::Tied(table) => table.logits_shard_group(),
+        }
+    }
+}
+
+/// The mean cross-entropy of the head on `RMSNorm(x)` against `targets`, the head fused with
+/// the loss by blocks of `rows` positions ([`fused_head_loss`]; a tied table through
+/// `tied_cross_entropy`) — vocab-parallel on its logits where they stay sharded.
+/// [`Llama::loss`] and the pipeline's head piece run it.
+pub fn head_loss(
+    norm: &ParallelRmsNorm,
+    weights: HeadWeights,
+    x: Tensor<3>,
+    targets: Tensor<2, Int>,
+    rows: usize,
+) -> Tensor<1> {
+    if let Some(group) = weights.shard_group() {
+        let logits = match weights {
+            HeadWeights::Untied(lm_head) => head(norm, lm_head, x),
+            HeadWeights::Tied(table) => tied_head(norm, table, x),
+        };
+        return loss_parallel(logits, targets, &group);
+    }
+    let h = layer(norm, &x).forward(x.clone());
+    match weights {
+        HeadWeights::Untied(lm_head) => fused_head_loss(&layer(lm_head, &x), h, targets, rows),
+        HeadWeights::Tied(table) => {
+            let no_anchor = Tensor::<1, Int>::zeros([1], &h.device());
+            let table = layer(table, &no_anchor);
+            head_loss_by_blocks(
+                h,
+                targets,
+                |h, t| table.tied_cross_entropy(h, t, rows),
+                |h| table.tied_head(h),
+            )
+        }
+    }
 }
 
 /// `lm_head(RMSNorm(x))`: `[B, T, d]` to logits.

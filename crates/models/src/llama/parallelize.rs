@@ -21,9 +21,11 @@
 //! are summed over tp. (That keeps h_kv·hd·d values of each projection per rank where
 //! Megatron keeps hd·d; the planner does not search tp above the kv heads yet.)
 
-use super::model::{DecoderLayer, Llama, LlamaAttention, embed, head, tied_head};
+use super::model::tied_head;
+use super::model::{DecoderLayer, HeadWeights, Llama, LlamaAttention, embed, head, head_loss};
 use crate::data::TokenBatch;
-use crate::decoder::{DecoderStyles, Piece, PieceStep, decoder_pieces, divisible};
+use crate::decoder::fuse_head;
+use crate::decoder::{DecoderStyles, HeadLoss, Piece, PieceStep, decoder_pieces, divisible};
 use crate::decoder::{token_input, token_loss};
 use bonfire_layout::{Axis, LayoutError, ParallelDims};
 use bonfire_module::tied::Borrowed;
@@ -31,7 +33,7 @@ use bonfire_parallel::{ParallelModel, Pipeline, PipelineVisitor};
 use bonfire_tp::{ParallelEmbedding, ParallelLinear, ParallelRmsNorm};
 use bonfire_tp::{ParallelPlan, ParallelStyle, ReplicateParallel};
 use burn::module::Module;
-use burn::tensor::Tensor;
+use burn::tensor::{Int, Tensor};
 
 /// The Llama's tensor-parallel plan (see the module docs); `replicate_kv`: the key/value
 /// projections stay whole on every rank ([`ReplicateParallel`]) — when tp exceeds the
@@ -229,7 +231,8 @@ impl ParallelModel for Llama {
             .lm_head
             .is_none()
             .then_some(self.model.embed_tokens.weight.id);
-        let mut pipeline = Pipeline::new(pieces(self), token_input, loss);
+        let rows = self.fused_loss_rows;
+        let mut pipeline = fuse_head(Pipeline::new(pieces(self), token_input, loss), rows);
         if let Some(table) = tied {
             pipeline = pipeline.with_borrowed(table, "model.norm");
         }
@@ -274,6 +277,17 @@ impl PieceStep for LlamaHead {
             (None, Some(table)) => tied_head(&self.norm, table.module(), x),
             (None, None) => unreachable!("a head piece has a head"),
         }
+    }
+}
+
+impl HeadLoss for LlamaHead {
+    fn loss(&self, x: Tensor<3>, targets: Tensor<2, Int>, rows: usize) -> Tensor<1> {
+        let weights = match (&self.lm_head, &self.tied) {
+            (Some(lm_head), _) => HeadWeights::Untied(lm_head),
+            (None, Some(table)) => HeadWeights::Tied(table.module()),
+            (None, None) => unreachable!("a head piece has a head"),
+        };
+        head_loss(&self.norm, weights, x, targets, rows)
     }
 }
 

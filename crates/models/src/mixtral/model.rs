@@ -9,12 +9,11 @@
 use super::config::MixtralConfig;
 use super::moe::{Routing, SparseMoe};
 use crate::decoder_layer;
-use crate::gpt::{cross_entropy, fused_head_loss};
-use crate::llama::{embed, head};
+use crate::gpt::cross_entropy;
+use crate::llama::{HeadWeights, embed, head, head_loss};
 use bonfire_comm::{ProcessGroup, ReduceOp};
 use bonfire_cp::ContextScope;
 use bonfire_dtensor::functional::all_reduce;
-use bonfire_module::layer;
 use bonfire_tp::loss_parallel;
 use bonfire_tp::{ParallelEmbedding, ParallelLinear, ParallelRmsNorm};
 use burn::module::Module;
@@ -111,21 +110,22 @@ impl Mixtral {
     /// Mean cross-entropy over all `B·T` positions (vocab-parallel on sharded logits) plus α
     /// times the sequence-wise balance ([`balance`]; none when α = 0, DeepSeek's).
     pub fn loss(&self, ids: Tensor<2, Int>, targets: Tensor<2, Int>) -> Tensor<1> {
-        let sharded = self.lm_head.output_shard_group();
-        let (ce, routing) = match (sharded, self.fused_loss_rows) {
-            (Some(group), _) => {
+        let (ce, routing) = match (self.lm_head.output_shard_group(), self.fused_loss_rows) {
+            (_, Some(rows)) => {
+                let (x, routing) = self.body_routed(ids);
+                let weights = HeadWeights::Untied(&self.lm_head);
+                (
+                    head_loss(&self.model.norm, weights, x, targets, rows),
+                    routing,
+                )
+            }
+            (Some(group), None) => {
                 let (logits, routing) = self.forward_routed(ids);
                 (loss_parallel(logits, targets, &group), routing)
             }
             (None, None) => {
                 let (logits, routing) = self.forward_routed(ids);
                 (cross_entropy(logits, targets), routing)
-            }
-            (None, Some(rows)) => {
-                let (x, routing) = self.body_routed(ids);
-                let h = layer(&self.model.norm, &x).forward(x.clone());
-                let head = layer(&self.lm_head, &x);
-                (fused_head_loss(&head, h, targets, rows), routing)
             }
         };
         match self.aux_loss_coef {

@@ -111,13 +111,15 @@ impl ParallelModel for Mixtral {
         let sparse = layers - self.dense_layers().count();
         let experts = self.model.layers.first().map_or(0, |l| l.mlp.num_experts());
         let names: Vec<String> = (0..layers).map(|i| format!("model.layers.{i}")).collect();
-        let loss = pipeline::loss(
-            self.lm_head.output_shard_group(),
-            experts,
-            sparse,
-            self.aux_loss_coef(),
-        );
-        let pieces = Pipeline::new(pipeline::pieces(self), token_input, loss);
+        let alpha = self.aux_loss_coef();
+        let loss = pipeline::loss(self.lm_head.output_shard_group(), experts, sparse, alpha);
+        let fused = self
+            .fused_loss_rows
+            .map(|rows| pipeline::head_loss(loss.clone(), rows, sparse, alpha));
+        let mut pieces = Pipeline::new(pipeline::pieces(self), token_input, loss);
+        if let Some(fused) = fused {
+            pieces = pieces.with_head_loss(fused);
+        }
         Some(visitor.visit(pieces.with_checkpointable(names)))
     }
 

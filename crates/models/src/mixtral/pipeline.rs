@@ -10,8 +10,9 @@ use super::model::{DecoderLayer, Mixtral, balance_of};
 use crate::data::TokenBatch;
 use crate::decoder::{Piece, PieceStep, decoder_pieces};
 use crate::gpt::cross_entropy;
-use crate::llama::{embed, head};
+use crate::llama::{HeadWeights, embed, head};
 use bonfire_comm::ProcessGroup;
+use bonfire_pipeline::Block;
 use bonfire_tp::loss_parallel;
 use bonfire_tp::{ParallelEmbedding, ParallelLinear, ParallelRmsNorm};
 use burn::module::Module;
@@ -110,18 +111,51 @@ pub fn loss(
     experts: usize,
     layers: usize,
     alpha: f64,
-) -> impl Fn(Tensor<3>, &TokenBatch) -> Tensor<1> {
+) -> impl Fn(Tensor<3>, &TokenBatch) -> Tensor<1> + Clone {
     move |out: Tensor<3>, (_, targets): &TokenBatch| {
         let (logits, stats) = split(out, experts);
         let ce = match &group {
             Some(g) => loss_parallel(logits, targets.clone(), g),
             None => cross_entropy(logits, targets.clone()),
         };
-        if alpha == 0.0 {
-            return ce;
-        }
-        let probs = stats.clone().narrow(2, 0, experts);
-        let counts = stats.narrow(2, experts, experts);
-        ce + balance_of(probs, counts, layers).mul_scalar(alpha)
+        with_balance(ce, stats, experts, layers, alpha)
     }
+}
+
+/// The head and [`loss`] as one on the last piece (`Pipeline::with_head_loss`): the head
+/// fused with the cross-entropy by blocks of `rows` positions (`llama::head_loss`), the
+/// balance term from the routing columns of its input; `unfused` ([`loss`]) on any other
+/// last piece's output.
+pub fn head_loss(
+    unfused: impl Fn(Tensor<3>, &TokenBatch) -> Tensor<1>,
+    rows: usize,
+    layers: usize,
+    alpha: f64,
+) -> impl Fn(&MixtralPiece, Tensor<3>, &TokenBatch) -> Tensor<1> {
+    move |piece: &MixtralPiece, x: Tensor<3>, batch: &TokenBatch| match piece {
+        Piece::Head(head) => {
+            let (h, stats) = split(x, head.experts);
+            let weights = HeadWeights::Untied(&head.lm_head);
+            let ce = crate::llama::head_loss(&head.norm, weights, h, batch.1.clone(), rows);
+            with_balance(ce, stats, head.experts, layers, alpha)
+        }
+        other => unfused(other.forward(x), batch),
+    }
+}
+
+/// `ce` + α · [`balance_of`] the routing sums `stats` `[B, T, 2E]` over `layers` layers (the
+/// probabilities, then the counts); `ce` alone when α = 0.
+fn with_balance(
+    ce: Tensor<1>,
+    stats: Tensor<3>,
+    experts: usize,
+    layers: usize,
+    alpha: f64,
+) -> Tensor<1> {
+    if alpha == 0.0 {
+        return ce;
+    }
+    let probs = stats.clone().narrow(2, 0, experts);
+    let counts = stats.narrow(2, experts, experts);
+    ce + balance_of(probs, counts, layers).mul_scalar(alpha)
 }

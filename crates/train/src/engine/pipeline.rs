@@ -5,7 +5,7 @@
 //! shard's activations with the same tp rank of the next stage.
 
 use super::export::ModelLayout;
-use super::recompute::{Recomputing, recompute_flags};
+use super::recompute::{Recomputing, StagePiece, recompute_flags};
 use super::tie::Tie;
 use super::{Engine, state_methods, wrapper_methods};
 use crate::checkpoint::Stateful;
@@ -19,10 +19,10 @@ use bonfire_module::DataParallel;
 use bonfire_module::PrecisionDTypes;
 use bonfire_module::params::{self, ParamValues};
 use bonfire_module::tied::LendGuard;
-use bonfire_parallel::{InputFn, LossFn, Pipeline, PipelineVisitor, Rows};
+use bonfire_parallel::{HeadLossFn, InputFn, LossFn, Pipeline, PipelineVisitor, Rows};
 use bonfire_pipeline::Generate;
 use bonfire_pipeline::{
-    Block, BurnStage, Schedule, chunks_for_rank, microbatch_sizes, microbatch_weights,
+    Block, BurnStage, Schedule, StageParams, chunks_for_rank, microbatch_sizes, microbatch_weights,
     run_schedule, run_unchecked, split_at,
 };
 use burn::tensor::Tensor;
@@ -214,6 +214,7 @@ impl<B: Rows> PipelineVisitor<B> for BuildEngine<B> {
             ties,
             input: pipeline.input,
             loss: pipeline.loss,
+            head_loss: pipeline.head_loss,
             context,
         }))
     }
@@ -234,6 +235,9 @@ struct PipelineEngine<P: Block<D>, const D: usize, B> {
     ties: Vec<Tie>,
     input: InputFn<B, D>,
     loss: LossFn<B, D>,
+    /// The last piece and the loss as one, where the model fuses them
+    /// ([`Pipeline::with_head_loss`]).
+    head_loss: Option<HeadLossFn<P, B, D>>,
     /// How batches are cut under context parallelism.
     context: ContextCut<B>,
 }
@@ -328,10 +332,10 @@ impl<P: Block<D> + 'static, const D: usize, B: Rows> PipelineEngine<P, D, B> {
     fn run_part(&mut self, part: &B, share: f32) -> Result<Option<f64>, TrainError> {
         let (micro, inputs, weights) = self.microbatches(part);
         let weights = weights.into_iter().map(|w| w * share).collect();
-        let loss_fn = self.loss.clone();
+        let (loss_fn, head_loss) = (self.loss.clone(), self.head_loss.clone());
         let pp_rank = self.at.coord(Axis::Pp);
         let scale = self.at.loss_scale;
-        let mut stage = BurnStage::new(
+        let stage = BurnStage::new(
             Recomputing::new(Staged(&mut self.wrapper), &self.recompute),
             &self.schedule,
             pp_rank,
@@ -339,13 +343,36 @@ impl<P: Block<D> + 'static, const D: usize, B: Rows> PipelineEngine<P, D, B> {
             weights,
         )
         .with_inputs(inputs)
-        .with_dtype(self.at.dims.precision.param_dtype())
-        .with_loss(move |mb, out| {
-            let loss = loss_fn(out, &micro[mb]);
-            if scale == 1.0 { loss } else { loss * scale }
-        });
+        .with_dtype(self.at.dims.precision.param_dtype());
+        let mut stage = with_losses(stage, micro, loss_fn, head_loss, scale);
         run_schedule(&self.at.mesh, Axis::Pp.name(), &self.schedule, &mut stage)?;
         Ok(stage.finish().1)
+    }
+}
+
+/// `stage` with the last stage's loss of each micro-batch of `micro`, times `scale`: the
+/// model's head and loss as one where it fuses them ([`Pipeline::with_head_loss`], made with
+/// the last piece inside its forward), else the last piece's output, then `loss`.
+fn with_losses<'a, P, H, const D: usize, B: 'a>(
+    stage: BurnStage<'a, StagePiece<P>, H, D>,
+    micro: Vec<B>,
+    loss: LossFn<B, D>,
+    head_loss: Option<HeadLossFn<P, B, D>>,
+    scale: f32,
+) -> BurnStage<'a, StagePiece<P>, H, D>
+where
+    P: Block<D> + 'static,
+    H: StageParams<Vec<Vec<StagePiece<P>>>>,
+{
+    let scaled = move |loss: Tensor<1>| if scale == 1.0 { loss } else { loss * scale };
+    match head_loss {
+        Some(head) => {
+            let head = Some(head);
+            stage.with_block_loss(move |mb, piece: &StagePiece<P>, x| {
+                scaled(piece.loss(x, &micro[mb], &loss, &head))
+            })
+        }
+        None => stage.with_loss(move |mb, out| scaled(loss(out, &micro[mb]))),
     }
 }
 
@@ -381,10 +408,10 @@ impl<P: Block<D> + 'static, const D: usize, B: Rows> Engine<B> for PipelineEngin
         let _experts = self.at.expert_scope();
         let (micro, inputs, weights) = self.microbatches(&batch);
         let _lent = self.lend(false)?;
-        let loss_fn = self.loss.clone();
+        let (loss_fn, head_loss) = (self.loss.clone(), self.head_loss.clone());
         let pp_rank = self.at.coord(Axis::Pp);
         let forwards = Schedule::forward_only(self.schedule.stage_map, self.schedule.microbatches);
-        let mut stage = BurnStage::new(
+        let stage = BurnStage::new(
             Recomputing::new(Evaluating(&mut self.wrapper), &self.recompute),
             &forwards,
             pp_rank,
@@ -393,8 +420,8 @@ impl<P: Block<D> + 'static, const D: usize, B: Rows> Engine<B> for PipelineEngin
         )
         .without_backward()
         .with_inputs(inputs)
-        .with_dtype(self.at.dims.precision.param_dtype())
-        .with_loss(move |mb, out| loss_fn(out, &micro[mb]));
+        .with_dtype(self.at.dims.precision.param_dtype());
+        let mut stage = with_losses(stage, micro, loss_fn, head_loss, 1.0);
         run_unchecked(self.at.group(Axis::Pp), &forwards, &mut stage)?;
         let (_, loss) = stage.finish();
         Ok(self.global_loss(loss)? as f32)

@@ -13,7 +13,7 @@
 
 use bonfire_layout::LayoutError;
 use bonfire_layout::{ParallelDims, Recompute};
-use bonfire_parallel::{ParallelModel, Pipeline, PipelineVisitor};
+use bonfire_parallel::{HeadLossFn, LossFn, ParallelModel, Pipeline, PipelineVisitor};
 use bonfire_pipeline::{Block, PipelineError, StageParams};
 use burn::module::{Devices, Module, ModuleMapper, ModuleVisitor};
 use burn::tensor::{Device, Gradients, Tensor};
@@ -105,12 +105,39 @@ impl<B> PipelineVisitor<B> for PieceLoss<'_, B> {
         let names: Vec<String> = pipeline.pieces.iter().map(|(n, _)| n.clone()).collect();
         let flags = recompute_flags(&names, &pipeline.checkpointable, self.ac);
         let x = (pipeline.input)(self.batch);
-        let x = pipeline
-            .pieces
+        let Some(((_, last), body)) = pipeline.pieces.split_last() else {
+            return (pipeline.loss)(x, self.batch);
+        };
+        let x = body
             .iter()
-            .zip(flags)
-            .fold(x, |x, ((_, piece), r)| forward_piece(piece, x, r));
-        (pipeline.loss)(x, self.batch)
+            .zip(&flags)
+            .fold(x, |x, ((_, piece), &r)| forward_piece(piece, x, r));
+        let recompute = flags.last().copied().unwrap_or(false);
+        last_piece_loss(
+            last,
+            recompute,
+            x,
+            self.batch,
+            &pipeline.loss,
+            &pipeline.head_loss,
+        )
+    }
+}
+
+/// The loss of the last piece `piece` on its input `x`: the model's fused
+/// [`head_loss`](Pipeline::head_loss) where it has one (and the piece is not recomputed),
+/// else the piece's forward (recomputed when `recompute`), then `loss`.
+pub(crate) fn last_piece_loss<P: Block<D> + 'static, const D: usize, B>(
+    piece: &P,
+    recompute: bool,
+    x: Tensor<D>,
+    batch: &B,
+    loss: &LossFn<B, D>,
+    head_loss: &Option<HeadLossFn<P, B, D>>,
+) -> Tensor<1> {
+    match head_loss {
+        Some(head_loss) if !recompute => head_loss(piece, x, batch),
+        _ => loss(forward_piece(piece, x, recompute), batch),
     }
 }
 
@@ -174,6 +201,22 @@ impl<P: Module> Module for StagePiece<P> {
         let recompute = self.recompute;
         let piece = self.piece.map(mapper);
         Self { piece, recompute }
+    }
+}
+
+impl<P> StagePiece<P> {
+    /// [`last_piece_loss`] of this piece.
+    pub(crate) fn loss<B, const D: usize>(
+        &self,
+        x: Tensor<D>,
+        batch: &B,
+        loss: &LossFn<B, D>,
+        head_loss: &Option<HeadLossFn<P, B, D>>,
+    ) -> Tensor<1>
+    where
+        P: Block<D> + 'static,
+    {
+        last_piece_loss(&self.piece, self.recompute, x, batch, loss, head_loss)
     }
 }
 
