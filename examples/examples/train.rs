@@ -217,8 +217,11 @@ impl Cli {
         };
         let precision = layout.dims("dp=1")?.precision;
         let rows = self.run.batch * self.ranks;
+        let spec = model
+            .spec()
+            .with_fused_loss(self.fused_loss.map(|r| r as usize));
         let (dims, lines) = bonfire_plan::machine::auto_layout(
-            &model.spec(),
+            &spec,
             self.ranks,
             rows,
             self.run.seq,

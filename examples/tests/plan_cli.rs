@@ -222,3 +222,41 @@ fn train_mesh_auto_trains_the_planners_layout_within_the_budget() {
         "peak {peak} vs predicted {predicted}"
     );
 }
+
+/// `train --mesh auto --fused-loss ROWS` plans for the head fused with its loss (the planner's
+/// `ModelSpec::with_fused_loss`): its predicted bytes are not the unfused head's (seen failing
+/// with the option not passed to the planner). 1,024 tokens a step, so the peak is at the
+/// backward's start, where the head's bytes count.
+#[test]
+fn train_mesh_auto_plans_the_fused_head_it_is_told_of() {
+    let predicted = |fused: &[&str]| {
+        let out = Command::new(common::train())
+            .args([
+                "--mesh",
+                "auto",
+                "--ranks",
+                "1",
+                "--d-model",
+                "256",
+                "--heads",
+                "4",
+            ])
+            .args([
+                "--layers", "4", "--d-ff", "1024", "--seq", "64", "--batch", "16",
+            ])
+            .args(["--steps", "1", "--log-every", "0", "--sample", "0"])
+            .args(fused)
+            .output()
+            .unwrap();
+        let (stdout, stderr) = text(&out);
+        assert!(out.status.success(), "{stdout}\n{stderr}");
+        let chosen = stdout
+            .lines()
+            .find(|l| l.starts_with("auto: plan rank=1 "))
+            .unwrap_or_else(|| panic!("no plan line: {stdout}"));
+        common::number_after::<f64>(chosen, "bytes_per_rank=")
+    };
+    let (unfused, fused) = (predicted(&[]), predicted(&["--fused-loss", "16"]));
+    eprintln!("mesh auto: bytes_per_rank unfused {unfused:.0}, fused {fused:.0}");
+    assert_ne!(unfused, fused, "the plan did not see --fused-loss");
+}

@@ -5,7 +5,7 @@ use crate::error::PlanError;
 use crate::json::Fields;
 use crate::model::{Arch, AttentionKind, LatentAttention, ModelSpec, Moe};
 
-const FIELDS: [&str; 23] = [
+const FIELDS: [&str; 24] = [
     "name",
     "arch",
     "attention",
@@ -29,6 +29,7 @@ const FIELDS: [&str; 23] = [
     "qk_nope_head_dim",
     "qk_rope_head_dim",
     "v_head_dim",
+    "fused_loss_rows",
 ];
 
 impl ModelSpec {
@@ -109,6 +110,7 @@ impl ModelSpec {
                     v_head: f.count("v_head_dim")?,
                 }),
             },
+            fused_loss_rows: f.count_opt("fused_loss_rows")?.filter(|&r| r > 0),
         };
         let what = f.what().to_string();
         f.finish(&FIELDS)?;

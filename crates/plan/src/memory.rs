@@ -144,16 +144,60 @@ pub fn activation_bytes(
         bytes += block_elems(model, layout, seq) * tokens * ab;
     }
     if chunks.iter().any(|c| c.has_head) {
-        // Under a half param dtype the head's logits come out in it and are cast to f32 for
-        // the loss: the half copy is live beside the f32 ones (derived, not fitted).
-        let half = if layout.precision.is_mixed() {
-            layout.precision.param.bytes() as f64 / 4.0
-        } else {
-            0.0
-        };
-        bytes += (LOSS_BUFFERS + half) * logits_bytes(model, layout, tokens);
+        bytes += head_loss_bytes(model, layout, tokens);
     }
     bytes
+}
+
+/// The head's bytes at the loss beyond what it keeps ([`head_kept_bytes`]). Unfused,
+/// [`LOSS_BUFFERS`] logits-sized f32 buffers; under a half param dtype the head's logits come
+/// out in it and are cast to f32 for the loss, the half copy live beside the f32 ones
+/// (derived, not fitted). Fused ([`fused_rows`]), one block's: its f32 logits, which the
+/// cross-entropy's gradient overwrites (the block's `dlogits`), and under a half dtype the
+/// product's output in it and the gradient cast back to it (derived from
+/// `bonfire_kernels::linear_cross_entropy`); and under a half dtype, where backward starts,
+/// the weight's gradient scaled out of the kept one (`V × d` in it) and its cast to the f32
+/// master's (`V × d` f32) while every activation is still kept — in f32 the scaling is in
+/// place and the gradient is the master's (derived, not fitted; the unfused head's like
+/// buffers are inside its fitted [`LOSS_BUFFERS`]).
+pub fn head_loss_bytes(model: &ModelSpec, layout: &ParallelDims, tokens: f64) -> f64 {
+    let (mixed, ab) = (
+        layout.precision.is_mixed(),
+        layout.precision.param.bytes() as f64,
+    );
+    let half = if mixed { ab / 4.0 } else { 0.0 };
+    match fused_rows(model, layout, tokens) {
+        None => (LOSS_BUFFERS + half) * logits_bytes(model, layout, tokens),
+        Some(rows) => {
+            let weight_grad = match mixed {
+                true => (ab + 4.0) * (model.vocab_size * model.d_model) as f64,
+                false => 0.0,
+            };
+            (1.0 + 2.0 * half) * logits_bytes(model, layout, rows) + weight_grad
+        }
+    }
+}
+
+/// The rows of a block of the head fused with its loss under `layout`, at most a micro-batch's
+/// `tokens`: [`ModelSpec::fused_loss_rows`] where the head is not tp-sharded (the models run a
+/// sharded head unfused); `None`: unfused.
+pub fn fused_rows(model: &ModelSpec, layout: &ParallelDims, tokens: f64) -> Option<f64> {
+    let rows = model.fused_loss_rows.filter(|_| layout.tp() == 1)?;
+    Some((rows as f64).min(tokens))
+}
+
+/// What the head keeps from a micro-batch's forward to its backward: unfused its f32 logits
+/// (`N × V/tp`); fused ([`fused_rows`]) the gradients of its input and its weight for a loss
+/// gradient of 1 (`N × d` and `V × d` in the compute dtype) instead — less where the
+/// micro-batch's `N` tokens outnumber the width `d`.
+pub fn head_kept_bytes(model: &ModelSpec, layout: &ParallelDims, tokens: f64) -> f64 {
+    match fused_rows(model, layout, tokens) {
+        None => logits_bytes(model, layout, tokens),
+        Some(_) => {
+            let ab = layout.precision.param.bytes() as f64;
+            (model.vocab_size as f64 + tokens) * model.d_model as f64 * ab
+        }
+    }
 }
 
 /// Logits-sized f32 buffers live at the loss beside the kept logits, with or without tp:
@@ -245,13 +289,18 @@ pub fn held_bytes(
     } else {
         0.0
     };
-    let logits = logits_bytes(model, layout, tokens);
-    let head_waiting = logits + model.d_model as f64 * tokens * ab;
+    let kept_head = head_kept_bytes(model, layout, tokens);
+    // Zero-bubble's W of the head: its input and the logits' gradient, kept from B; none
+    // fused (the node's weight gradient is made in forward, not deferred).
+    let head_waiting = match fused_rows(model, layout, tokens) {
+        None => logits_bytes(model, layout, tokens) + model.d_model as f64 * tokens * ab,
+        Some(_) => 0.0,
+    };
     let mut bytes = 0.0;
     for (c, chunk) in chunks.iter().enumerate() {
         let blocks = chunk.blocks as f64;
         let head = if chunk.has_head { 1.0 } else { 0.0 };
-        bytes += held.forwards[c] * (blocks * kept_block + head * logits);
+        bytes += held.forwards[c] * (blocks * kept_block + head * kept_head);
         let b_grads = (chunk.non_linear_params as f64 + blocks * recomputed_weights) * ab;
         bytes += held.weights[c] * (blocks * waiting_block + head * head_waiting + b_grads);
     }

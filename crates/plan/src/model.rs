@@ -125,6 +125,11 @@ pub struct ModelSpec {
     pub tied: bool,
     /// Multi-head latent attention in place of grouped-query attention (DeepSeek-V3).
     pub latent: Option<LatentAttention>,
+    /// The head fused with its loss by blocks of this many positions (the models'
+    /// `with_fused_loss`, `train --fused-loss`) where it is not tp-sharded: the memory model
+    /// counts what that node keeps and makes ([`crate::memory::head_kept_bytes`]); `None`:
+    /// the logits whole, then the loss.
+    pub fused_loss_rows: Option<usize>,
 }
 
 impl ModelSpec {
@@ -154,7 +159,15 @@ impl ModelSpec {
             window: None,
             tied: false,
             latent: None,
+            fused_loss_rows: None,
         }
+    }
+
+    /// The model with its head fused with the loss by blocks of `rows` positions (`None`:
+    /// unfused), as the models' `with_fused_loss` runs it.
+    pub fn with_fused_loss(mut self, rows: impl Into<Option<usize>>) -> Self {
+        self.fused_loss_rows = rows.into().map(|r| r.max(1));
+        self
     }
 
     /// The mixture of experts, for a Mixtral; `None` for a dense model.

@@ -41,6 +41,7 @@ impl ModelSpec {
             window: None,
             tied: false,
             latent: None,
+            fused_loss_rows: None,
         }
     }
 
@@ -130,6 +131,7 @@ impl ModelSpec {
                 window: None,
                 tied: false,
                 latent: None,
+                fused_loss_rows: None,
             },
             // Qwen3-30B-A3B (Qwen/Qwen3-30B-A3B's config.json): vocabulary 151,936, hidden
             // 2048, 32 heads of 128 (4096 wide), 4 kv heads, 48 layers, 40,960 positions,
@@ -154,6 +156,7 @@ impl ModelSpec {
                 window: None,
                 tied: false,
                 latent: None,
+                fused_loss_rows: None,
             },
             // DeepSeek-V3 (deepseek-ai/DeepSeek-V3's config.json; arXiv:2412.19437 §4.2):
             // vocabulary 129,280, hidden 7168, 61 layers, 128 heads of multi-head latent
@@ -188,6 +191,7 @@ impl ModelSpec {
                     qk_rope: 64,
                     v_head: 128,
                 }),
+                fused_loss_rows: None,
             },
             _ => return None,
         })

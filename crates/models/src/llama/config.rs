@@ -52,6 +52,7 @@ impl LlamaConfig {
             window: self.variant.sliding_window,
             tied: self.variant.tie_word_embeddings,
             latent: None,
+            fused_loss_rows: None,
         }
     }
 
