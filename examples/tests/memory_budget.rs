@@ -26,7 +26,7 @@ fn run(exe: &PathBuf, layout: &[&str]) -> Output {
     let start = std::time::Instant::now();
     let out = Command::new(exe)
         .args(layout)
-        .args(common::BUDGET_GPT)
+        .args(common::BUDGET_GPT.concat())
         .args(["--sample", "0", "--memory-budget", BUDGET])
         .output()
         .expect("run train");

@@ -191,18 +191,15 @@ fn plan_names_the_bad_field_of_a_description() {
 
 #[test]
 fn train_mesh_auto_trains_the_planners_layout_within_the_budget() {
-    let out = Command::new(common::train())
-        .args(["--mesh", "auto", "--ranks", "2", "--memory-budget", "64MiB"])
-        .args(common::BUDGET_GPT)
-        .args(["--sample", "0"])
-        .output()
-        .unwrap();
-    let (stdout, stderr) = text(&out);
-    assert!(out.status.success(), "{stdout}\n{stderr}");
-    let chosen = stdout
-        .lines()
-        .find(|l| l.starts_with("auto: plan rank=1 "))
-        .unwrap_or_else(|| panic!("no plan line: {stdout}"));
+    let (stdout, chosen) = mesh_auto(
+        &[
+            &["--ranks", "2", "--memory-budget", "64MiB"],
+            common::BUDGET_GPT[0],
+            common::BUDGET_GPT[1],
+            &["--sample", "0"],
+        ]
+        .concat(),
+    );
     assert!(stdout.contains("auto: why: memory: "), "{stdout}");
     // DDP without recompute does not fit 64 MiB: the planner must not pick it.
     assert!(
@@ -211,7 +208,7 @@ fn train_mesh_auto_trains_the_planners_layout_within_the_budget() {
         ),
         "{chosen}"
     );
-    let predicted: f64 = common::number_after(chosen, "bytes_per_rank=");
+    let predicted: f64 = common::number_after(&chosen, "bytes_per_rank=");
     let peaks = common::printed_peaks(&stdout);
     assert_eq!(peaks.len(), 2, "{stdout}");
     let peak = *peaks.iter().max().unwrap();
@@ -230,33 +227,36 @@ fn train_mesh_auto_trains_the_planners_layout_within_the_budget() {
 #[test]
 fn train_mesh_auto_plans_the_fused_head_it_is_told_of() {
     let predicted = |fused: &[&str]| {
-        let out = Command::new(common::train())
-            .args([
-                "--mesh",
-                "auto",
-                "--ranks",
-                "1",
-                "--d-model",
-                "256",
-                "--heads",
-                "4",
-            ])
-            .args([
-                "--layers", "4", "--d-ff", "1024", "--seq", "64", "--batch", "16",
-            ])
-            .args(["--steps", "1", "--log-every", "0", "--sample", "0"])
-            .args(fused)
-            .output()
-            .unwrap();
-        let (stdout, stderr) = text(&out);
-        assert!(out.status.success(), "{stdout}\n{stderr}");
-        let chosen = stdout
-            .lines()
-            .find(|l| l.starts_with("auto: plan rank=1 "))
-            .unwrap_or_else(|| panic!("no plan line: {stdout}"));
-        common::number_after::<f64>(chosen, "bytes_per_rank=")
+        let args = [
+            common::BUDGET_GPT_MODEL,
+            &[
+                "--ranks", "1", "--seq", "64", "--batch", "16", "--steps", "1",
+            ],
+            &["--log-every", "0", "--sample", "0"],
+            fused,
+        ];
+        let (_, chosen) = mesh_auto(&args.concat());
+        common::number_after::<f64>(&chosen, "bytes_per_rank=")
     };
     let (unfused, fused) = (predicted(&[]), predicted(&["--fused-loss", "16"]));
     eprintln!("mesh auto: bytes_per_rank unfused {unfused:.0}, fused {fused:.0}");
     assert_ne!(unfused, fused, "the plan did not see --fused-loss");
+}
+
+/// `train --mesh auto` with `args`, which must succeed: its standard output and the plan's
+/// line (`auto: plan rank=1 …`).
+fn mesh_auto(args: &[&str]) -> (String, String) {
+    let out = Command::new(common::train())
+        .args(["--mesh", "auto"])
+        .args(args)
+        .output()
+        .unwrap();
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let chosen = stdout
+        .lines()
+        .find(|l| l.starts_with("auto: plan rank=1 "))
+        .unwrap_or_else(|| panic!("no plan line: {stdout}"))
+        .to_string();
+    (stdout, chosen)
 }

@@ -22,7 +22,7 @@ mod measure;
 #[path = "common/planner_rows.rs"]
 mod rows;
 use bonfire_examples::default_device;
-use bonfire_layout::{MixedPrecision, ParallelDims, Recompute, ScheduleKind, ZeroStage};
+use bonfire_layout::{MixedPrecision, ParallelDims, ScheduleKind, ZeroStage};
 use bonfire_models::llama::{Llama, LlamaConfig};
 use bonfire_models::{Gpt, GptConfig};
 use bonfire_plan::{Request, base_layout, hsdp_layout};
@@ -129,17 +129,9 @@ fn llama_shape() -> (LlamaConfig, usize) {
 
 /// The layouts of each shape (by index: the two GPTs, then the Llama).
 fn layouts() -> Vec<(usize, &'static str, ParallelDims)> {
-    let dp = |n, zero| base_layout(n, 1, 1).with_zero(zero);
-    let tp = |sp| base_layout(1, 2, 1).with_sequence_parallel(sp);
-    let pp = |schedule, m| {
-        base_layout(1, 1, 2)
-            .with_schedule(schedule)
-            .with_microbatches(m)
-    };
-    let ac = |l: ParallelDims| l.with_recompute(Recompute::Every(1));
-    let bf16 = |l: ParallelDims| l.with_precision(MixedPrecision::bf16());
     use ScheduleKind::{GPipe, OneFOneB, ZbH1, ZbV};
     use ZeroStage::{Zero0, Zero1, Zero2, Zero3};
+    use rows::layouts::*;
     vec![
         (0, "ddp", dp(2, Zero0)),
         (0, "zero2", dp(2, Zero2)),

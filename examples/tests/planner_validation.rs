@@ -73,7 +73,7 @@ mod measure;
 #[path = "common/planner_rows.rs"]
 mod rows;
 use bonfire_examples::default_device;
-use bonfire_layout::{Axis, ParallelDims, Recompute};
+use bonfire_layout::{Axis, ParallelDims};
 use bonfire_layout::{MixedPrecision, ScheduleKind, ZeroStage};
 use bonfire_models::{Gpt, GptConfig};
 use bonfire_plan::machine::{calibrate, this_machine};
@@ -159,18 +159,10 @@ fn shapes() -> [Shape; 3] {
 /// The layouts each shape runs (index into [`shapes`]): the planner's base layout for the
 /// degrees (loss parallelism on tp), as the planner searches them.
 fn layouts() -> Vec<(usize, &'static str, ParallelDims)> {
-    let dp = |n, zero| base_layout(n, 1, 1).with_zero(zero);
-    let tp = |sp| base_layout(1, 2, 1).with_sequence_parallel(sp);
-    let pp = |schedule, microbatches| {
-        base_layout(1, 1, 2)
-            .with_schedule(schedule)
-            .with_microbatches(microbatches)
-    };
-    let ac = |l: ParallelDims| l.with_recompute(Recompute::Every(1));
     let hsdp = |zero| hsdp_layout(2, 2, 1, 1, 1).with_zero(zero);
-    let bf16 = |l: ParallelDims| l.with_precision(MixedPrecision::bf16());
     use ScheduleKind::{GPipe, OneFOneB, ZbH1, ZbV};
     use ZeroStage::{Zero0, Zero1, Zero2, Zero3};
+    use rows::layouts::*;
     vec![
         (0, "ddp", dp(2, Zero0)),
         (0, "zero1", dp(2, Zero1)),

@@ -1,9 +1,44 @@
 //! What the planner's validation and test sets share (`tests/planner_validation.rs`,
-//! `tests/planner_test_set.rs`): a row — one layout of one shape trained under the counting
-//! allocator, every rank's bytes over the planner's for that rank — and the check of a set.
+//! `tests/planner_test_set.rs`, `tests/planner_fused_head.rs`): the layouts' builders
+//! ([`layouts`]), a row — one layout of one shape trained under the counting allocator, every
+//! rank's bytes over the planner's for that rank — and the check of a set.
 
 use super::measure::{RankRun, measure_layout};
 use bonfire_layout::ParallelDims;
+
+/// The sets' layouts on 2 ranks, as the planner searches them.
+pub mod layouts {
+    use bonfire_layout::{MixedPrecision, ParallelDims, Recompute, ScheduleKind, ZeroStage};
+    use bonfire_plan::base_layout;
+
+    /// Data parallelism over `n` ranks under ZeRO stage `zero`.
+    pub fn dp(n: usize, zero: ZeroStage) -> ParallelDims {
+        base_layout(n, 1, 1).with_zero(zero)
+    }
+
+    /// tp = 2, with or without sequence parallelism.
+    #[allow(dead_code)] // Not every set has a tp row.
+    pub fn tp(sp: bool) -> ParallelDims {
+        base_layout(1, 2, 1).with_sequence_parallel(sp)
+    }
+
+    /// pp = 2 under `schedule` with `m` micro-batches.
+    pub fn pp(schedule: ScheduleKind, m: usize) -> ParallelDims {
+        base_layout(1, 1, 2)
+            .with_schedule(schedule)
+            .with_microbatches(m)
+    }
+
+    /// `l` with every block recomputed.
+    pub fn ac(l: ParallelDims) -> ParallelDims {
+        l.with_recompute(Recompute::Every(1))
+    }
+
+    /// `l` in bf16 (f32 masters).
+    pub fn bf16(l: ParallelDims) -> ParallelDims {
+        l.with_precision(MixedPrecision::bf16())
+    }
+}
 use bonfire_models::data::TokenBatch;
 use bonfire_parallel::ParallelModel;
 use bonfire_plan::{ModelSpec, Request, predict_ranks};
