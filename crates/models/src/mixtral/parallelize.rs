@@ -20,7 +20,7 @@
 use super::model::Mixtral;
 use super::pipeline;
 use crate::data::TokenBatch;
-use crate::decoder::{divisible, token_input};
+use crate::decoder::{divisible, fuse_head, token_input};
 use crate::llama::parallelize::{attention_tp_plan, check_attention_tp, replicates_kv};
 use bonfire_layout::{Axis, LayoutError, ParallelDims};
 use bonfire_parallel::{ParallelModel, Pipeline, PipelineVisitor};
@@ -113,13 +113,11 @@ impl ParallelModel for Mixtral {
         let names: Vec<String> = (0..layers).map(|i| format!("model.layers.{i}")).collect();
         let alpha = self.aux_loss_coef();
         let loss = pipeline::loss(self.lm_head.output_shard_group(), experts, sparse, alpha);
-        let fused = self
-            .fused_loss_rows
-            .map(|rows| pipeline::head_loss(loss.clone(), rows, sparse, alpha));
-        let mut pieces = Pipeline::new(pipeline::pieces(self), token_input, loss);
-        if let Some(fused) = fused {
-            pieces = pieces.with_head_loss(fused);
-        }
+        let rows = self.fused_loss_rows;
+        let pieces = fuse_head(
+            Pipeline::new(pipeline::pieces(self), token_input, loss),
+            rows,
+        );
         Some(visitor.visit(pieces.with_checkpointable(names)))
     }
 

@@ -8,15 +8,14 @@
 
 use super::model::{DecoderLayer, Mixtral, balance_of};
 use crate::data::TokenBatch;
-use crate::decoder::{Piece, PieceStep, decoder_pieces};
+use crate::decoder::{HeadLoss, Piece, PieceStep, decoder_pieces};
 use crate::gpt::cross_entropy;
 use crate::llama::{HeadWeights, embed, head};
 use bonfire_comm::ProcessGroup;
-use bonfire_pipeline::Block;
 use bonfire_tp::loss_parallel;
 use bonfire_tp::{ParallelEmbedding, ParallelLinear, ParallelRmsNorm};
 use burn::module::Module;
-use burn::tensor::Tensor;
+use burn::tensor::{Int, Tensor};
 
 /// The token embedding, its output widened by `2E` zero routing columns.
 #[derive(Module, Debug)]
@@ -34,6 +33,10 @@ pub struct MixtralHead {
     /// `lm_head`.
     pub lm_head: ParallelLinear,
     experts: usize,
+    /// The sparse layers the balance term averages over, and its weight α (the head fused
+    /// with the loss adds it: [`HeadLoss`]).
+    sparse_layers: usize,
+    alpha: f64,
 }
 
 /// One piece of the Mixtral as a pipeline block: `[B, T, d + 2E]` between pieces (see the
@@ -83,12 +86,21 @@ pub fn pieces(model: Mixtral) -> Vec<(String, MixtralPiece)> {
         .layers
         .first()
         .map_or(0, |l| l.mlp.num_experts());
+    let sparse_layers = model
+        .model
+        .layers
+        .iter()
+        .filter(|l| l.mlp.is_sparse())
+        .count();
+    let alpha = model.aux_loss_coef();
     let Mixtral { model, lm_head, .. } = model;
     let embed_tokens = model.embed_tokens;
     let head = MixtralHead {
         norm: model.norm,
         lm_head,
         experts,
+        sparse_layers,
+        alpha,
     };
     decoder_pieces(
         (
@@ -111,7 +123,7 @@ pub fn loss(
     experts: usize,
     layers: usize,
     alpha: f64,
-) -> impl Fn(Tensor<3>, &TokenBatch) -> Tensor<1> + Clone {
+) -> impl Fn(Tensor<3>, &TokenBatch) -> Tensor<1> {
     move |out: Tensor<3>, (_, targets): &TokenBatch| {
         let (logits, stats) = split(out, experts);
         let ce = match &group {
@@ -122,24 +134,14 @@ pub fn loss(
     }
 }
 
-/// The head and [`loss`] as one on the last piece (`Pipeline::with_head_loss`): the head
-/// fused with the cross-entropy by blocks of `rows` positions (`llama::head_loss`), the
-/// balance term from the routing columns of its input; `unfused` ([`loss`]) on any other
-/// last piece's output.
-pub fn head_loss(
-    unfused: impl Fn(Tensor<3>, &TokenBatch) -> Tensor<1>,
-    rows: usize,
-    layers: usize,
-    alpha: f64,
-) -> impl Fn(&MixtralPiece, Tensor<3>, &TokenBatch) -> Tensor<1> {
-    move |piece: &MixtralPiece, x: Tensor<3>, batch: &TokenBatch| match piece {
-        Piece::Head(head) => {
-            let (h, stats) = split(x, head.experts);
-            let weights = HeadWeights::Untied(&head.lm_head);
-            let ce = crate::llama::head_loss(&head.norm, weights, h, batch.1.clone(), rows);
-            with_balance(ce, stats, head.experts, layers, alpha)
-        }
-        other => unfused(other.forward(x), batch),
+/// The head fused with the cross-entropy by blocks of `rows` positions (`llama::head_loss`),
+/// the balance term from the routing columns of its input: [`loss`] made with the head.
+impl HeadLoss for MixtralHead {
+    fn loss(&self, x: Tensor<3>, targets: Tensor<2, Int>, rows: usize) -> Tensor<1> {
+        let (h, stats) = split(x, self.experts);
+        let weights = HeadWeights::Untied(&self.lm_head);
+        let ce = crate::llama::head_loss(&self.norm, weights, h, targets, rows);
+        with_balance(ce, stats, self.experts, self.sparse_layers, self.alpha)
     }
 }
 

@@ -366,12 +366,9 @@ where
 {
     let scaled = move |loss: Tensor<1>| if scale == 1.0 { loss } else { loss * scale };
     match head_loss {
-        Some(head) => {
-            let head = Some(head);
-            stage.with_block_loss(move |mb, piece: &StagePiece<P>, x| {
-                scaled(piece.loss(x, &micro[mb], &loss, &head))
-            })
-        }
+        Some(head) => stage.with_block_loss(move |mb, piece: &StagePiece<P>, x| {
+            scaled(piece.loss(x, &micro[mb], &loss, Some(&head)))
+        }),
         None => stage.with_loss(move |mb, out| scaled(loss(out, &micro[mb]))),
     }
 }

@@ -113,14 +113,8 @@ impl<B> PipelineVisitor<B> for PieceLoss<'_, B> {
             .zip(&flags)
             .fold(x, |x, ((_, piece), &r)| forward_piece(piece, x, r));
         let recompute = flags.last().copied().unwrap_or(false);
-        last_piece_loss(
-            last,
-            recompute,
-            x,
-            self.batch,
-            &pipeline.loss,
-            &pipeline.head_loss,
-        )
+        let head_loss = pipeline.head_loss.as_ref();
+        last_piece_loss(last, recompute, x, self.batch, &pipeline.loss, head_loss)
     }
 }
 
@@ -133,7 +127,7 @@ pub(crate) fn last_piece_loss<P: Block<D> + 'static, const D: usize, B>(
     x: Tensor<D>,
     batch: &B,
     loss: &LossFn<B, D>,
-    head_loss: &Option<HeadLossFn<P, B, D>>,
+    head_loss: Option<&HeadLossFn<P, B, D>>,
 ) -> Tensor<1> {
     match head_loss {
         Some(head_loss) if !recompute => head_loss(piece, x, batch),
@@ -211,7 +205,7 @@ impl<P> StagePiece<P> {
         x: Tensor<D>,
         batch: &B,
         loss: &LossFn<B, D>,
-        head_loss: &Option<HeadLossFn<P, B, D>>,
+        head_loss: Option<&HeadLossFn<P, B, D>>,
     ) -> Tensor<1>
     where
         P: Block<D> + 'static,
