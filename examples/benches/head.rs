@@ -20,6 +20,7 @@ use bonfire_comm::testing::rank_alloc::{self, RankAllocator};
 use burn::tensor::{Device, Distribution, Int, Tensor, TensorData};
 use std::time::Instant;
 
+mod common;
 #[path = "head/pipeline.rs"]
 mod pipeline;
 

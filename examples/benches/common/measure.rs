@@ -22,6 +22,9 @@ pub struct RankRun {
     /// The most bytes live during those steps' optimizer step (the planner's gradient sum
     /// without a pipeline).
     pub step_peak: usize,
+    /// The most bytes one of those steps' forward+backward added over what was live right
+    /// before it (activations and the transients of forward and backward, gradients made).
+    pub activation_peak: usize,
     /// The fastest step after the first (forward+backward and optimizer step), ms.
     pub step_ms: f64,
     /// The CPU backend's per-thread matrix-product workspace, allocated before the baseline
@@ -95,18 +98,20 @@ pub fn measure_layout<M: ParallelModel<Batch = TokenBatch> + Sync>(
         let mut timed = f64::MAX;
         for step in 0..steps {
             let b = batch.replica_batch(step, engine.replica(), engine.device());
+            let before = rank_alloc::live(r);
             rank_alloc::reset_peak(r);
             let start = Instant::now();
             engine.forward_backward(&b)?;
             drop(b);
             run.held = rank_alloc::live(r) - base;
-            let backward = rank_alloc::peak(r) - base;
+            let peak = rank_alloc::peak(r);
             rank_alloc::reset_peak(r);
             engine.step(1e-4)?;
             if step > 0 {
                 timed = f64::min(timed, start.elapsed().as_secs_f64());
                 let optimizer = rank_alloc::peak(r) - base;
-                run.backward_peak = run.backward_peak.max(backward);
+                run.backward_peak = run.backward_peak.max(peak - base);
+                run.activation_peak = run.activation_peak.max(peak - before);
                 run.step_peak = run.step_peak.max(optimizer);
             }
         }
