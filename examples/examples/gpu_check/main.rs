@@ -16,7 +16,7 @@
 #[path = "../parity.rs"]
 mod parity_program;
 #[allow(dead_code)]
-#[path = "../train.rs"]
+#[path = "../train/main.rs"]
 mod train_program;
 // The checks a device other than Flex must pass (also run on wgpu by `tests/wgpu.rs`), and the
 // benches' step timing they use.
