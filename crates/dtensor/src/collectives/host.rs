@@ -4,7 +4,9 @@
 //! other handle shares it), reduced in place when the call allows it (all-reduce,
 //! broadcast, reduce, recv: no copy at all on Flex) or written into one fresh buffer
 //! otherwise, and moved back in. Collectives along a dimension other than the outermost
-//! (non-trivial leading dims) pack or unpack the pieces in rank order with one extra copy.
+//! (non-trivial leading dims) reorder the pieces in rank order: in place where every rank's
+//! piece has the same size ([`transpose_blocks`]: each block moved once, no second buffer —
+//! the sequence-parallel gathers of `[B, T, d]` along T), else with one extra copy.
 
 use super::buffers::{check, slice, slice_mut};
 use super::{CollectiveKind, CollectiveSpec};
@@ -54,9 +56,14 @@ fn pack<'a, T: Copy>(src: &'a [T], pre: usize, sizes: &[usize], post: usize) -> 
 }
 
 /// The inverse of [`pack`]: consecutive pieces `[pre, sizes[r], post]` into
-/// `[pre, sum(sizes), post]`.
-fn unpack<T: Copy>(src: Vec<T>, pre: usize, sizes: &[usize], post: usize, zero: T) -> Vec<T> {
+/// `[pre, sum(sizes), post]` (in `src`'s own buffer where the pieces are equal).
+fn unpack<T: Copy>(mut src: Vec<T>, pre: usize, sizes: &[usize], post: usize, zero: T) -> Vec<T> {
     if pre == 1 {
+        return src;
+    }
+    if all_equal(sizes) {
+        // Rank-major blocks `[r][p]` of `sizes[0]·post` elements, wanted `[p][r]`.
+        transpose_blocks(&mut src, sizes.len(), pre, sizes[0] * post);
         return src;
     }
     let total: usize = sizes.iter().sum();
@@ -72,6 +79,43 @@ fn unpack<T: Copy>(src: Vec<T>, pre: usize, sizes: &[usize], post: usize, zero: 
         offset += s;
     }
     out
+}
+
+/// Reorders `v`, `rows × cols` blocks of `block` elements in row-major order, into column-major
+/// order (the block at row `r`, column `c` to index `c · rows + r`), in place: the blocks move
+/// along the permutation's cycles, each once, through one block of scratch.
+fn transpose_blocks<T: Copy>(v: &mut [T], rows: usize, cols: usize, block: usize) {
+    let n = rows * cols;
+    assert_eq!(
+        v.len(),
+        n * block,
+        "bonfire-dtensor: blocks do not tile the buffer"
+    );
+    if rows <= 1 || cols <= 1 || block == 0 {
+        return;
+    }
+    // The block landing at index j is the one at row j % rows, column j / rows.
+    let from = |j: usize| (j % rows) * cols + j / rows;
+    let mut done = vec![false; n];
+    let mut held: Vec<T> = Vec::with_capacity(block);
+    for start in 0..n {
+        if done[start] {
+            continue;
+        }
+        held.clear();
+        held.extend_from_slice(&v[start * block..(start + 1) * block]);
+        let mut at = start;
+        loop {
+            done[at] = true;
+            let src = from(at);
+            if src == start {
+                v[at * block..(at + 1) * block].copy_from_slice(&held);
+                break;
+            }
+            v.copy_within(src * block..(src + 1) * block, at * block);
+            at = src;
+        }
+    }
 }
 
 fn all_equal(v: &[usize]) -> bool {
@@ -110,7 +154,7 @@ where
             all_gather::<T>(pg, &data, out_shape, Along::new(*dim, sizes))
         }
         CollectiveKind::ReduceScatter { dim, sizes, op } => {
-            reduce_scatter::<T>(pg, &data, out_shape, Along::new(*dim, sizes), *op)
+            reduce_scatter::<T>(pg, data, out_shape, Along::new(*dim, sizes), *op)
         }
         CollectiveKind::AllToAll {
             split_dim,
@@ -221,7 +265,7 @@ where
 /// Reduce-scatter of `data` with `op`: this rank gets its piece along `along`, reduced.
 fn reduce_scatter<T>(
     pg: &ProcessGroup,
-    data: &TensorData,
+    mut data: TensorData,
     out_shape: Vec<usize>,
     along: Along,
     op: ReduceOp,
@@ -231,9 +275,17 @@ where
 {
     record(OpKind::ReduceScatter);
     let zero = T::from_f64(0.0);
-    let (pre, post) = outer_inner(&shape_of(data), along.dim);
+    let (pre, post) = outer_inner(&shape_of(&data), along.dim);
     let sizes = along.sizes;
-    let send = pack(slice::<T>(data), pre, sizes, post);
+    let send = if all_equal(sizes) {
+        // `[p][r]` blocks of `sizes[0]·post` elements into rank-major `[r][p]`, in the
+        // buffer the tensor gave up.
+        let blocks = slice_mut::<T>(&mut data);
+        transpose_blocks(blocks, pre, sizes.len(), sizes[0] * post);
+        Cow::Borrowed(&*blocks)
+    } else {
+        pack(slice::<T>(&data), pre, sizes, post)
+    };
     let mut recv = vec![zero; pre * sizes[pg.rank()] * post];
     if all_equal(sizes) {
         check(pg.reduce_scatter(&send, &mut recv, op), "reduce_scatter");
@@ -279,4 +331,62 @@ where
         );
     }
     TensorData::new(unpack(recv, pre_c, cat.sizes, post_c, zero), out_shape)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{pack, transpose_blocks, unpack};
+
+    /// Blocks `rows × cols` of `block` elements, column-major, made by indexing.
+    fn transposed(v: &[u32], rows: usize, cols: usize, block: usize) -> Vec<u32> {
+        let mut out = Vec::with_capacity(v.len());
+        for c in 0..cols {
+            for r in 0..rows {
+                let at = (r * cols + c) * block;
+                out.extend_from_slice(&v[at..at + block]);
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn blocks_are_transposed_in_place_on_every_cycle() {
+        let shapes = [
+            (2, 8, 3),
+            (8, 2, 1),
+            (3, 5, 2),
+            (4, 4, 4),
+            (7, 3, 1),
+            (1, 6, 2),
+            (5, 1, 3),
+        ];
+        for (rows, cols, block) in shapes {
+            let v: Vec<u32> = (0..(rows * cols * block) as u32).collect();
+            let mut got = v.clone();
+            transpose_blocks(&mut got, rows, cols, block);
+            assert_eq!(
+                got,
+                transposed(&v, rows, cols, block),
+                "{rows}x{cols}x{block}"
+            );
+        }
+    }
+
+    #[test]
+    fn equal_pieces_unpack_in_place_and_pack_back() {
+        // `[pre = 3, 2 ranks × 2, post = 2]`: the gathered rank-major buffer, unpacked, is the
+        // whole tensor; packing it again gives the rank-major buffer.
+        let (pre, sizes, post) = (3, [2, 2], 2);
+        let whole: Vec<u32> = (0..(pre * 4 * post) as u32).collect();
+        let ranked = pack(&whole, pre, &sizes, post).into_owned();
+        assert_ne!(ranked, whole);
+        let ptr = ranked.as_ptr();
+        let back = unpack(ranked, pre, &sizes, post, 0);
+        assert_eq!((back.as_ptr(), &back), (ptr, &whole));
+        // Uneven pieces take the copying path, to the same layout.
+        let (uneven, total) = ([1, 3], 4);
+        let whole: Vec<u32> = (0..(pre * total * post) as u32).collect();
+        let ranked = pack(&whole, pre, &uneven, post).into_owned();
+        assert_eq!(unpack(ranked, pre, &uneven, post, 0), whole);
+    }
 }
