@@ -132,10 +132,11 @@ fn all_gather_even_and_uneven() {
             |pg, x| all_gather(x, pg, 0).unwrap(),
             |xs| vec![Tensor::cat(xs.to_vec(), 0); xs.len()],
         );
+        // Three leading rows: the ranks' pieces are reordered as 3 × k blocks in place.
         check(
             k,
             "all_gather dim 1",
-            |_| [2, 2, 3],
+            |_| [3, 2, 3],
             |pg, x| all_gather(x, pg, 1).unwrap(),
             |xs| vec![Tensor::cat(xs.to_vec(), 1); xs.len()],
         );
@@ -234,7 +235,7 @@ fn reduce_scatter_even_and_uneven() {
             check(
                 k,
                 "reduce_scatter",
-                |_| [2, len],
+                |_| [3, len],
                 |pg, x| reduce_scatter(x, pg, 1, op).unwrap(),
                 |xs| {
                     let mut total = sum_all(xs);
