@@ -6,7 +6,8 @@
 //! otherwise, and moved back in. Collectives along a dimension other than the outermost
 //! (non-trivial leading dims) reorder the pieces in rank order: in place where every rank's
 //! piece has the same size ([`transpose_blocks`]: each block moved once, no second buffer —
-//! the sequence-parallel gathers of `[B, T, d]` along T), else with one extra copy.
+//! the sequence-parallel gathers of `[B, T, d]` along T; reduce-scatter's and all-to-all's
+//! input in the buffer the tensor gave up), else with one extra copy.
 
 use super::buffers::{check, slice, slice_mut};
 use super::{CollectiveKind, CollectiveSpec};
@@ -53,6 +54,23 @@ fn pack<'a, T: Copy>(src: &'a [T], pre: usize, sizes: &[usize], post: usize) -> 
         offset += s;
     }
     Cow::Owned(out)
+}
+
+/// `data`'s `[pre, sum(sizes), post]` elements as [`pack`] lays them out, rank-major: reordered
+/// in the buffer the tensor gave up where the pieces are equal ([`transpose_blocks`]), else
+/// copied.
+fn rank_major<'a, T: BurnElement + Copy>(
+    data: &'a mut TensorData,
+    pre: usize,
+    sizes: &[usize],
+    post: usize,
+) -> Cow<'a, [T]> {
+    if pre > 1 && all_equal(sizes) {
+        let blocks = slice_mut::<T>(data);
+        transpose_blocks(blocks, pre, sizes.len(), sizes[0] * post);
+        return Cow::Borrowed(&*blocks);
+    }
+    pack(slice::<T>(data), pre, sizes, post)
 }
 
 /// The inverse of [`pack`]: consecutive pieces `[pre, sizes[r], post]` into
@@ -163,7 +181,7 @@ where
             cat_sizes,
         } => {
             let split = Along::new(*split_dim, split_sizes);
-            all_to_all::<T>(pg, &data, out_shape, split, Along::new(*cat_dim, cat_sizes))
+            all_to_all::<T>(pg, data, out_shape, split, Along::new(*cat_dim, cat_sizes))
         }
         CollectiveKind::Send { dst, tag } => {
             record(OpKind::Send);
@@ -277,15 +295,7 @@ where
     let zero = T::from_f64(0.0);
     let (pre, post) = outer_inner(&shape_of(&data), along.dim);
     let sizes = along.sizes;
-    let send = if all_equal(sizes) {
-        // `[p][r]` blocks of `sizes[0]·post` elements into rank-major `[r][p]`, in the
-        // buffer the tensor gave up.
-        let blocks = slice_mut::<T>(&mut data);
-        transpose_blocks(blocks, pre, sizes.len(), sizes[0] * post);
-        Cow::Borrowed(&*blocks)
-    } else {
-        pack(slice::<T>(&data), pre, sizes, post)
-    };
+    let send = rank_major::<T>(&mut data, pre, sizes, post);
     let mut recv = vec![zero; pre * sizes[pg.rank()] * post];
     if all_equal(sizes) {
         check(pg.reduce_scatter(&send, &mut recv, op), "reduce_scatter");
@@ -303,7 +313,7 @@ where
 /// concatenated in rank order along `cat`.
 fn all_to_all<T>(
     pg: &ProcessGroup,
-    data: &TensorData,
+    mut data: TensorData,
     out_shape: Vec<usize>,
     split: Along,
     cat: Along,
@@ -313,8 +323,8 @@ where
 {
     record(OpKind::AllToAll);
     let zero = T::from_f64(0.0);
-    let (pre_s, post_s) = outer_inner(&shape_of(data), split.dim);
-    let send = pack(slice::<T>(data), pre_s, split.sizes, post_s);
+    let (pre_s, post_s) = outer_inner(&shape_of(&data), split.dim);
+    let send = rank_major::<T>(&mut data, pre_s, split.sizes, post_s);
     let send_counts: Vec<usize> = split.sizes.iter().map(|s| pre_s * s * post_s).collect();
     // The piece from rank r: the output shape with `cat.sizes[r]` along `cat.dim`.
     let (pre_c, post_c) = outer_inner(&out_shape, cat.dim);
