@@ -108,8 +108,7 @@ impl ParallelModel for Mixtral {
     /// layers are the checkpointable layers.
     fn pipeline<V: PipelineVisitor<TokenBatch>>(self, visitor: V) -> Option<V::Output> {
         let layers = self.model.layers.len();
-        let sparse = layers - self.dense_layers().count();
-        let experts = self.model.layers.first().map_or(0, |l| l.mlp.num_experts());
+        let (experts, sparse) = pipeline::routing_shape(&self);
         let names: Vec<String> = (0..layers).map(|i| format!("model.layers.{i}")).collect();
         let alpha = self.aux_loss_coef();
         let loss = pipeline::loss(self.lm_head.output_shard_group(), experts, sparse, alpha);

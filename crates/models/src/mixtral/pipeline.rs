@@ -78,20 +78,18 @@ impl PieceStep for MixtralHead {
     }
 }
 
+/// What the routing columns and the balance term are sized by: the experts a layer (its
+/// `2E` columns) and the sparse layers the term averages over.
+pub fn routing_shape(model: &Mixtral) -> (usize, usize) {
+    let layers = &model.model.layers;
+    let experts = layers.first().map_or(0, |l| l.mlp.num_experts());
+    (experts, layers.iter().filter(|l| l.mlp.is_sparse()).count())
+}
+
 /// The Mixtral's pieces in order, named by the module path where each begins:
 /// `model.embed_tokens`, `model.layers.0`, …, `model.norm` (parameters in the model's order).
 pub fn pieces(model: Mixtral) -> Vec<(String, MixtralPiece)> {
-    let experts = model
-        .model
-        .layers
-        .first()
-        .map_or(0, |l| l.mlp.num_experts());
-    let sparse_layers = model
-        .model
-        .layers
-        .iter()
-        .filter(|l| l.mlp.is_sparse())
-        .count();
+    let (experts, sparse_layers) = routing_shape(&model);
     let alpha = model.aux_loss_coef();
     let Mixtral { model, lm_head, .. } = model;
     let embed_tokens = model.embed_tokens;
