@@ -26,7 +26,8 @@ fn run(exe: &PathBuf, layout: &[&str]) -> Output {
     let start = std::time::Instant::now();
     let out = Command::new(exe)
         .args(layout)
-        .args(common::BUDGET_GPT.concat())
+        .args(common::BUDGET_GPT_MODEL)
+        .args(common::BUDGET_GPT_RUN)
         .args(["--sample", "0", "--memory-budget", BUDGET])
         .output()
         .expect("run train");

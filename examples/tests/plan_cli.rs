@@ -194,8 +194,8 @@ fn train_mesh_auto_trains_the_planners_layout_within_the_budget() {
     let (stdout, chosen) = mesh_auto(
         &[
             &["--ranks", "2", "--memory-budget", "64MiB"],
-            common::BUDGET_GPT[0],
-            common::BUDGET_GPT[1],
+            common::BUDGET_GPT_MODEL,
+            common::BUDGET_GPT_RUN,
             &["--sample", "0"],
         ]
         .concat(),

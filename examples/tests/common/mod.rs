@@ -278,21 +278,18 @@ pub fn ddp(
         .unwrap()
 }
 
-/// `train` flags of the GPT `tests/memory_budget.rs` sizes a 64 MiB per-rank budget by
-/// (d 256, 4 heads, 4 layers, d_ff 1024; 3 steps of 2 rows of 32 tokens per replica): DDP
-/// peaks above it on 2 ranks, ZeRO-3, TP = 2 and PP = 2 below.
-pub const BUDGET_GPT: [&[&str]; 2] = [
-    BUDGET_GPT_MODEL,
-    &[
-        "--seq",
-        "32",
-        "--batch",
-        "2",
-        "--steps",
-        "3",
-        "--log-every",
-        "0",
-    ],
+/// `train` flags of the GPT `tests/memory_budget.rs` sizes a 64 MiB per-rank budget by,
+/// beside its model ([`BUDGET_GPT_MODEL`]): 3 steps of 2 rows of 32 tokens per replica. DDP
+/// peaks above the budget on 2 ranks, ZeRO-3, TP = 2 and PP = 2 below.
+pub const BUDGET_GPT_RUN: &[&str] = &[
+    "--seq",
+    "32",
+    "--batch",
+    "2",
+    "--steps",
+    "3",
+    "--log-every",
+    "0",
 ];
 
 /// The budget GPT's model flags alone (d 256, 4 heads, 4 layers, d_ff 1024).
