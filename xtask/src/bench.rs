@@ -49,7 +49,7 @@ const BENCH_TARGETS: &[BenchTarget] = &[
 /// instead; `--backend threads` is the default.
 pub fn run(target_name: &str, extra_args: &[String]) -> Result {
     let (backend, extra_args) = crate::mpi::take_backend(extra_args);
-    let extra_args = &extra_args[..];
+    let extra_args = &bench_args(target_name, extra_args)[..];
     match (target_name, backend.as_deref()) {
         (_, None | Some("threads")) => {}
         ("comm", Some("mpi")) => return crate::mpi::bench(extra_args),
@@ -107,6 +107,17 @@ pub fn run(target_name: &str, extra_args: &[String]) -> Result {
     Ok(())
 }
 
+/// `args` as the bench `target` takes them: a bare `--` dropped — after an option given
+/// before it (`cargo xtask bench train --rounds 3 -- --model llama`) the command line's parser
+/// keeps the separator, which a bench binary would refuse — except for `compare`, whose own
+/// options end at it.
+fn bench_args(target: &str, args: Vec<String>) -> Vec<String> {
+    match target {
+        "compare" => args,
+        _ => args.into_iter().filter(|a| a != "--").collect(),
+    }
+}
+
 /// The package and `[[bench]]` of the bench target `name` (its first, where it names several).
 pub fn target(name: &str) -> Result<(&'static str, &'static str)> {
     BENCH_TARGETS
@@ -142,5 +153,24 @@ fn ledger_options(command: &mut std::process::Command) {
         if std::env::var_os("XDG_RUNTIME_DIR").is_none() {
             command.env("XDG_RUNTIME_DIR", std::env::temp_dir());
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::bench_args;
+
+    fn args(s: &str) -> Vec<String> {
+        s.split_whitespace().map(String::from).collect()
+    }
+
+    #[test]
+    fn a_benchs_arguments_lose_the_separator_but_compares_keep_it() {
+        assert_eq!(
+            bench_args("train", args("--rounds 3 -- --model llama")),
+            args("--rounds 3 --model llama")
+        );
+        let compare = args("--rev a --rev b -- --model llama");
+        assert_eq!(bench_args("compare", compare.clone()), compare);
     }
 }

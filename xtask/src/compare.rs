@@ -208,15 +208,10 @@ pub fn built(package: &str, bench: &str) -> Result<PathBuf> {
     crate::mpi::built_executable(&args, bench).map(PathBuf::from)
 }
 
-/// `--rounds N` taken out of `args` (default 1), and the rest (a bench's own arguments). A
-/// bare `--` is dropped: after `--rounds N` the command line's parser keeps the separator of
-/// `cargo xtask bench train --rounds 3 -- --model llama`, which the bench binary would refuse.
+/// `--rounds N` taken out of `args` (default 1), and the rest (a bench's own arguments).
 pub fn take_rounds(args: &[String]) -> std::result::Result<(usize, Vec<String>), String> {
     let (mut rounds, mut rest, mut it) = (1, Vec::new(), args.iter());
     while let Some(arg) = it.next() {
-        if arg == "--" {
-            continue;
-        }
         let value = match arg.strip_prefix("--rounds") {
             Some("") => it.next().cloned().unwrap_or_default(),
             Some(v) if v.starts_with('=') => v[1..].to_string(),
@@ -399,10 +394,6 @@ mod tests {
             (3, args("--default-allocator"))
         );
         assert_eq!(take_rounds(&args("--rounds=2")).unwrap(), (2, vec![]));
-        assert_eq!(
-            take_rounds(&args("--rounds 3 -- --model llama")).unwrap(),
-            (3, args("--model llama"))
-        );
         assert_eq!(take_rounds(&[]).unwrap(), (1, vec![]));
         assert!(take_rounds(&args("--rounds 0")).is_err());
         assert!(take_rounds(&args("--rounds x")).is_err());
