@@ -11,14 +11,16 @@
 //! backward takes, 9–13 % faster in `gemm` for the wide layers here) — in the layouts the
 //! models use (the transposes are views), f32 and bf16. Time from a clock: the median of at
 //! least 5 repetitions and 0.2 s after 0.1 s of warm-up, each forced to finish by reading one
-//! element.
+//! element, and the fastest of them (`best_gflops=`: a product's work is fixed, so its fastest
+//! repetition is the one a neighbour on a shared VM slowed least — on the 2-core Zen 3 VM of
+//! 2026-12-06 one product's median moved by 30 % between back-to-back timings).
 //! The C allocator is tuned as `train` tunes it (`bonfire_kernels::keep_freed_memory`;
 //! `-- --default-allocator` keeps glibc's defaults, under which the products with 4–16 MB
 //! outputs lose a third to fresh pages).
-//! Prints `bench gemm side=bonfire shape=… m= n= k= dtype= gflops=` (Bonfire's product,
+//! Prints `bench gemm side=bonfire shape=… m= n= k= dtype= gflops= best_gflops=` (Bonfire's product,
 //! `bonfire_kernels::matmul`: Burn's in f32, in bf16 the CPU's bf16 kernel, `bf16_kernel=`),
 //! for bf16 also `bench gemm side=burn …` (Burn's own product on the same operands: Flex converts bf16 to
-//! f32 and back around its f32 `gemm`), and `bench gemm peak_gflops=… isa=…`: the FMA
+//! f32 and back around its f32 `gemm`), and `bench gemm peak_gflops=… peak_best_gflops=… isa=…`: the FMA
 //! micro-kernel, 12 independent accumulators of the widest vectors the core has (AVX-512
 //! where present, else AVX2), so the figure is the FMA ports × width × clock the core
 //! sustains. On the AMD EPYC of earlier runs (Zen 4 executes a 512-bit FMA as two 256-bit
@@ -43,10 +45,10 @@ const LAYERS: &[(&str, usize, usize)] = &[
 /// Rows of every product: batch 8 × 128 tokens.
 const ROWS: usize = 1024;
 
-/// The median seconds of `f`, run until 5 repetitions and 0.2 s, after warming up for 2 calls
-/// and 0.1 s (the first product measured after 2 calls alone read 68.8 GFLOP/s, 107.6 when
-/// measured again: the core's clock ramps up).
-fn time(mut f: impl FnMut()) -> f64 {
+/// The median and the fastest seconds of `f`, run until 5 repetitions and 0.2 s, after warming
+/// up for 2 calls and 0.1 s (the first product measured after 2 calls alone read 68.8 GFLOP/s,
+/// 107.6 when measured again: the core's clock ramps up).
+fn time(mut f: impl FnMut()) -> Timing {
     let warm = Instant::now();
     for i in 0.. {
         f();
@@ -61,7 +63,16 @@ fn time(mut f: impl FnMut()) -> f64 {
         times.push(t.elapsed().as_secs_f64());
     }
     times.sort_by(f64::total_cmp);
-    times[times.len() / 2]
+    Timing {
+        median: times[times.len() / 2],
+        best: times[0],
+    }
+}
+
+/// A timing's median and fastest repetition, seconds.
+struct Timing {
+    median: f64,
+    best: f64,
 }
 
 /// `a × b` (Bonfire's product, or Burn's with `burn`) forced to finish (one element read
@@ -74,8 +85,9 @@ fn product(a: &Tensor<2>, b: &Tensor<2>, burn: bool) {
     let _ = y.slice([0..1, 0..1]).into_data();
 }
 
-/// The measured f32 FMA peak of one core, GFLOP/s, and the instruction set it used.
-fn peak() -> (f64, &'static str) {
+/// The measured f32 FMA peak of one core, GFLOP/s (median and fastest repetitions), and the
+/// instruction set it used.
+fn peak() -> ((f64, f64), &'static str) {
     #[cfg(target_arch = "x86_64")]
     {
         if std::arch::is_x86_feature_detected!("avx512f") {
@@ -87,16 +99,18 @@ fn peak() -> (f64, &'static str) {
             return (time_peak(|n| unsafe { fma256(n) }, 8), "avx2");
         }
     }
-    (0.0, "none")
+    ((0.0, 0.0), "none")
 }
 
-/// GFLOP/s of `kernel(n)`: n iterations of 12 FMAs of `lanes` f32 each.
-fn time_peak(kernel: impl Fn(usize) -> f32, lanes: usize) -> f64 {
+/// GFLOP/s of `kernel(n)` (median and fastest repetitions): n iterations of 12 FMAs of `lanes`
+/// f32 each.
+fn time_peak(kernel: impl Fn(usize) -> f32, lanes: usize) -> (f64, f64) {
     let n = std::hint::black_box(20_000_000);
     let mut sink = 0.0;
     let seconds = time(|| sink += kernel(n));
     std::hint::black_box(sink);
-    (2 * 12 * lanes * n) as f64 / seconds / 1e9
+    let flops = (2 * 12 * lanes * n) as f64 / 1e9;
+    (flops / seconds.median, flops / seconds.best)
 }
 
 /// 12 independent 256-bit FMA chains, `n` steps each; returns their sum's first lane.
@@ -152,9 +166,10 @@ fn main() {
         && bonfire_kernels::keep_freed_memory();
     let device = Device::flex();
     device.seed(1);
-    let (peak, isa) = peak();
+    let ((peak, peak_best), isa) = peak();
     println!(
-        "bench gemm peak_gflops={peak:.1} isa={isa} threads=1 allocator_tuned={tuned} \
+        "bench gemm peak_gflops={peak:.1} peak_best_gflops={peak_best:.1} isa={isa} threads=1 \
+         allocator_tuned={tuned} \
          bf16_kernel={}",
         bonfire_kernels::bf16_kernel().map_or("burn", |k| k.name())
     );
@@ -188,11 +203,13 @@ fn main() {
                 };
                 for &(side, burn) in sides {
                     let seconds = time(|| product(&a, &b, burn));
-                    let gflops = 2.0 * (m * n * k) as f64 / seconds / 1e9;
+                    let flops = 2.0 * (m * n * k) as f64 / 1e9;
                     println!(
                         "bench gemm side={side} shape={layer}.{part} m={m} n={n} k={k} \
-                         dtype={name} gflops={gflops:.1} ms={:.3}",
-                        seconds * 1e3
+                         dtype={name} gflops={:.1} best_gflops={:.1} ms={:.3}",
+                        flops / seconds.median,
+                        flops / seconds.best,
+                        seconds.median * 1e3
                     );
                 }
             }

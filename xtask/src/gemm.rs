@@ -12,7 +12,11 @@
 //! round, so that a machine whose speed drifts (a shared VM) weighs on both: every figure is
 //! then the median over the rounds, and `ratio_min=… ratio_max=…` are the lowest and highest
 //! of the rounds' own ratios (Bonfire's over PyTorch's of the same round) — a goal is met only
-//! where `ratio_min` meets it. Where the Python cannot import torch, one `… skipped=…` line
+//! where `ratio_min` meets it. Each side also prints its fastest repetition (`best_gflops=`, and
+//! the peak's `peak_best_gflops=`): the row adds `best_bonfire_gflops=… best_pytorch_gflops=…
+//! best_ratio=… best_of_peak=…`, each side's fastest over every round — what each side's
+//! product does when a shared VM's neighbours slow it least, the same estimate on both sides
+//! (`docs/performance.md` says which goals each figure meets). Where the Python cannot import torch, one `… skipped=…` line
 //! says so and Bonfire's rows stand alone. Bonfire's side builds in the bench profile
 //! (release): the dev profile's debug assertions and overflow checks, which apply to the
 //! dependencies too, slow `gemm`'s kernels 2.6× (measured: 107–113 → 41–43 GFLOP/s on the
@@ -58,19 +62,24 @@ pub fn bench(extra_args: &[String]) -> Result {
 /// The comparison lines of `ours[i]` against `theirs[i]`, round `i` of each side: one per
 /// product both sides measured in every round.
 pub fn report(ours: &[Vec<String>], theirs: &[Vec<String>]) -> Vec<String> {
-    let gflops = |line: &str| field(line, "gflops")?.parse::<f64>().ok();
-    // A side's figure for `line`'s product in `round` (a `bonfire`, `burn` or PyTorch line).
-    let figure = |round: &[String], side: Option<&str>, line: &str| {
+    // A side's `metric` for `line`'s product in `round` (a `bonfire`, `burn` or PyTorch line).
+    let figure_of = |metric: &str, round: &[String], side: Option<&str>, line: &str| {
         round
             .iter()
             .filter(|l| side.is_none_or(|s| field(l, "side") == Some(s)) && key(l) == key(line))
-            .find_map(|l| gflops(l))
+            .find_map(|l| field(l, metric)?.parse::<f64>().ok())
     };
-    let peaks: Vec<f64> = ours
-        .iter()
-        .filter_map(|r| r.iter().find_map(|l| field(l, "peak_gflops")?.parse().ok()))
-        .collect();
-    let peak = (peaks.len() == ours.len() && !peaks.is_empty()).then(|| median(peaks));
+    let figure = |round: &[String], side, line: &str| figure_of("gflops", round, side, line);
+    // The peak's `metric` in every round, or none.
+    let peaks = |metric: &str| -> Option<Vec<f64>> {
+        let all: Vec<f64> = ours
+            .iter()
+            .filter_map(|r| r.iter().find_map(|l| field(l, metric)?.parse().ok()))
+            .collect();
+        (all.len() == ours.len() && !all.is_empty()).then_some(all)
+    };
+    let peak = peaks("peak_gflops").map(median);
+    let peak_best = peaks("peak_best_gflops").map(|p| p.into_iter().fold(0.0, f64::max));
     let Some(first) = ours.first() else {
         return Vec::new();
     };
@@ -101,6 +110,23 @@ pub fn report(ours: &[Vec<String>], theirs: &[Vec<String>]) -> Vec<String> {
         if let Some(peak) = peak {
             row.push_str(&format!(" of_peak={:.2}", bonfire / peak));
         }
+        // Each side's fastest repetition over every round, where every round has one.
+        let best = |rounds: &[Vec<String>], side| -> Option<f64> {
+            let all: Option<Vec<f64>> = rounds
+                .iter()
+                .map(|r| figure_of("best_gflops", r, side, line))
+                .collect();
+            all.map(|a| a.into_iter().fold(0.0, f64::max))
+        };
+        if let (Some(o), Some(t)) = (best(ours, Some("bonfire")), best(theirs, None)) {
+            row.push_str(&format!(
+                " best_bonfire_gflops={o:.1} best_pytorch_gflops={t:.1} best_ratio={:.2}",
+                o / t
+            ));
+            if let Some(peak) = peak_best {
+                row.push_str(&format!(" best_of_peak={:.2}", o / peak));
+            }
+        }
         let burn: Option<Vec<f64>> = ours.iter().map(|o| figure(o, Some("burn"), line)).collect();
         if let Some(burn) = burn.filter(|b| !b.is_empty()) {
             let burn = median(burn);
@@ -126,8 +152,15 @@ mod tests {
     fn medians_over_rounds_and_the_rounds_own_ratios() {
         let ours = |g: f64, b: f64, peak: f64| {
             lines(&[
-                &format!("bench gemm peak_gflops={peak} isa=avx2"),
-                &format!("bench gemm side=bonfire shape=head.dx m=1 n=2 k=3 dtype=f32 gflops={g}"),
+                &format!(
+                    "bench gemm peak_gflops={peak} peak_best_gflops={} isa=avx2",
+                    peak + 10.0
+                ),
+                &format!(
+                    "bench gemm side=bonfire shape=head.dx m=1 n=2 k=3 dtype=f32 gflops={g} \
+                     best_gflops={}",
+                    g + 5.0
+                ),
                 &format!("bench gemm side=bonfire shape=fc1.fwd m=1 n=2 k=3 dtype=bf16 gflops={b}"),
                 &format!(
                     "bench gemm side=burn shape=fc1.fwd m=1 n=2 k=3 dtype=bf16 gflops={}",
@@ -138,7 +171,11 @@ mod tests {
         let theirs = |g: f64| {
             lines(&[
                 "bench gemm side=pytorch torch=2 threads=1",
-                &format!("bench gemm side=pytorch shape=head.dx m=1 n=2 k=3 dtype=f32 gflops={g}"),
+                &format!(
+                    "bench gemm side=pytorch shape=head.dx m=1 n=2 k=3 dtype=f32 gflops={g} \
+                     best_gflops={}",
+                    g * 1.5
+                ),
             ])
         };
         // Rounds: ratios 90/100 = 0.9, 100/80 = 1.25, 80/80 = 1.0.
@@ -159,6 +196,15 @@ mod tests {
             "{}",
             out[0]
         );
+        // The fastest over every round of each side: ours 105, PyTorch's 150, the peak's 110.
+        assert!(
+            out[0].contains(
+                "best_bonfire_gflops=105.0 best_pytorch_gflops=150.0 best_ratio=0.70 \
+                 best_of_peak=0.95"
+            ),
+            "{}",
+            out[0]
+        );
         // A product one round lacks is not compared; Burn's figure rides along where present.
         let mut short = theirs(80.0);
         short.pop();
@@ -171,6 +217,8 @@ mod tests {
             lines(&["bench gemm side=pytorch shape=fc1.fwd m=1 n=2 k=3 dtype=bf16 gflops=25"]);
         let out = report(&[ours(90.0, 50.0, 100.0)], &[both]);
         assert_eq!(out.len(), 1, "{out:?}");
+        // No best figure on PyTorch's side: no best comparison, the medians' stands.
+        assert!(!out[0].contains("best_"), "{}", out[0]);
         assert!(
             out[0].contains("ratio=2.00") && out[0].contains("burn_gflops=25.0 over_burn=2.00"),
             "{}",
