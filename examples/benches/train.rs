@@ -18,12 +18,14 @@
 //!
 //! Prints one line per layout:
 //! `bench train model=<gpt|llama|mixtral> layout=<single|ddp|zero1|zero2|zero3|tp|tp-sp|pp-1f1b|pp-zb-h1|pp-zb-v|ddp-epK|zeroN-epK>
-//! ranks=N step_ms=… tokens_per_s=… backend=…` — the median over the timed steps (after
-//! warm-up) of the slowest rank's step, and the tokens of the global batch per second of it.
+//! ranks=N step_ms=… tokens_per_s=… best_step_ms=… best_tokens_per_s=… backend=…` — the median
+//! over the timed steps (after warm-up) of the slowest rank's step, and the tokens of the
+//! global batch per second of it; then the fastest of those steps (the one a shared VM's
+//! neighbours slowed least) and its tokens per second.
 //! Every multi-rank layout trains the same global batch (`batch` × `ranks` sequences), so
 //! their step times compare directly; `single` trains `batch` sequences on one rank. Extra
 //! fields: `ratio_vs_single` (ddp), `ratio_vs_ddp` (the other multi-rank layouts, when ddp ran
-//! in the same run), `fwd_ms` / `bwd_ms` / `wait_ms` (the median forward, backward and
+//! in the same run), each with its `best_` twin (the fastest steps' ratio), `fwd_ms` / `bwd_ms` / `wait_ms` (the median forward, backward and
 //! after-backward spans the dp wrapper recorded: `wait_ms` is the gradient reduction left
 //! after backward, the exposed communication; the rest of a step is the optimizer and the
 //! data), `hidden` (ddp, zero2: the fraction of bucket communication time that ran
@@ -139,6 +141,9 @@ fn model_spec(name: &str) -> Result<bonfire_plan::ModelSpec, String> {
 struct Measured {
     step_ms: f64,
     tokens_per_s: f64,
+    /// The fastest timed step ([`throughput::Steps::fastest`]), ms, and its tokens per second.
+    best_step_ms: f64,
+    best_tokens_per_s: f64,
     /// Every step's timings of this process's ranks (DDP, ZeRO-2), warm-up excluded.
     timings: Vec<StepTiming>,
     /// Under ep: a rank's all-to-all bytes, time (ms) and calls per step
@@ -222,6 +227,7 @@ fn measure<M: ParallelModel<Batch = TokenBatch> + Sync>(
         }
     }
     let step_ms = steps.slowest(&per_rank);
+    let best_step_ms = steps.fastest(&per_rank);
     let split = steps.split(&per_rank);
     let tokens = (rows_per_step * data.seq) as f64;
     // Steps the dp wrapper timed (the pipeline's engine times none).
@@ -233,6 +239,8 @@ fn measure<M: ParallelModel<Batch = TokenBatch> + Sync>(
     Ok(Measured {
         step_ms,
         tokens_per_s: tokens / (step_ms / 1e3),
+        best_step_ms,
+        best_tokens_per_s: tokens / (best_step_ms / 1e3),
         timings,
         a2a: (!a2a.is_empty()).then(|| experts::summary(&a2a, steps)),
         split,
@@ -403,23 +411,33 @@ fn run_all<M: ParallelModel<Batch = TokenBatch> + Sync>(
         let (dims, ranks) = layout(name, args)?;
         let model_name = &args.model;
         let mut line = format!(
-            "bench train model={model_name} layout={name} ranks={ranks} step_ms={:.1} tokens_per_s={:.0} backend={backend} optimizer={} precision={}",
+            "bench train model={model_name} layout={name} ranks={ranks} step_ms={:.1} tokens_per_s={:.0} best_step_ms={:.1} best_tokens_per_s={:.0} backend={backend} optimizer={} precision={}",
             m.step_ms,
             m.tokens_per_s,
+            m.best_step_ms,
+            m.best_tokens_per_s,
             optimizer(args)?,
             args.precision
         );
+        let steps = [m.step_ms, m.best_step_ms];
+        let ratios = |to: [f64; 2], name: &str| {
+            format!(
+                " ratio_vs_{name}={:.2} best_ratio_vs_{name}={:.2}",
+                steps[0] / to[0],
+                steps[1] / to[1]
+            )
+        };
         match name.as_str() {
-            "single" => single_ms = Some(m.step_ms),
+            "single" => single_ms = Some(steps),
             "ddp" => {
-                ddp_ms = Some(m.step_ms);
+                ddp_ms = Some(steps);
                 if let Some(s) = single_ms {
-                    line += &format!(" ratio_vs_single={:.2}", m.step_ms / s);
+                    line += &ratios(s, "single");
                 }
             }
             _ => {
                 if let Some(d) = ddp_ms {
-                    line += &format!(" ratio_vs_ddp={:.2}", m.step_ms / d);
+                    line += &ratios(d, "ddp");
                 }
             }
         }

@@ -5,7 +5,9 @@
 //! `bench compare model=… layout=single|ddp bonfire_tokens_per_s=… pytorch_tokens_per_s=…
 //! ratio=… ratio_min=… ratio_max=… rounds=N` (ratio = Bonfire's tokens/s over PyTorch's).
 //! `--rounds N` runs the two sides alternately N times: the figures are the medians over the
-//! rounds, `ratio_min`/`ratio_max` the range of the rounds' own ratios.
+//! rounds, `ratio_min`/`ratio_max` the range of the rounds' own ratios. Where both sides print
+//! their fastest step (`best_tokens_per_s=`), the line adds `best_bonfire_tokens_per_s=…
+//! best_pytorch_tokens_per_s=… best_ratio=…`: each side's fastest over every round.
 //!
 //! The Python is [`crate::python`]'s; where it cannot import `torch` (and
 //! `transformers` for the Llama) the bench says so in one `bench pytorch … skipped=…` line and
@@ -120,11 +122,22 @@ pub fn rows(bench_args: &[String]) -> Result<Vec<String>> {
 /// round (medians, and the rounds' own ratio range: [`crate::compare::paired`]).
 pub fn compare(bench_args: &[String], ours: &[Vec<String>], theirs: &[Vec<String>]) -> Vec<String> {
     let model = flag(bench_args, "--model", "gpt");
-    let tokens = |lines: &[String], layout: &str, prefix: &str| {
+    let metric = |lines: &[String], layout: &str, prefix: &str, key: &str| {
         lines
             .iter()
             .filter(|l| l.starts_with(prefix) && field(l, "layout") == Some(layout))
-            .find_map(|l| field(l, "tokens_per_s")?.parse::<f64>().ok())
+            .find_map(|l| field(l, key)?.parse::<f64>().ok())
+    };
+    let tokens = |lines: &[String], layout: &str, prefix: &str| {
+        metric(lines, layout, prefix, "tokens_per_s")
+    };
+    // A side's fastest step's tokens/s over every round, where every round has one.
+    let best = |rounds: &[Vec<String>], layout: &str, prefix: &str| -> Option<f64> {
+        let all: Option<Vec<f64>> = rounds
+            .iter()
+            .map(|r| metric(r, layout, prefix, "best_tokens_per_s"))
+            .collect();
+        all.map(|a| a.into_iter().fold(0.0, f64::max))
     };
     let Some(first) = ours.first() else {
         return Vec::new();
@@ -140,13 +153,21 @@ pub fn compare(bench_args: &[String], ours: &[Vec<String>], theirs: &[Vec<String
         let Some(p) = rounds.as_deref().and_then(crate::compare::paired) else {
             continue;
         };
-        out.push(format!(
+        let mut row = format!(
             "bench compare model={model} layout={layout} bonfire_tokens_per_s={:.0} \
              pytorch_tokens_per_s={:.0} {}",
             p.ours,
             p.theirs,
             p.ratios()
-        ));
+        );
+        if let (Some(o), Some(t)) = (best(ours, layout, "bench train "), best(theirs, layout, "")) {
+            row.push_str(&format!(
+                " best_bonfire_tokens_per_s={o:.0} best_pytorch_tokens_per_s={t:.0} \
+                 best_ratio={:.2}",
+                o / t
+            ));
+        }
+        out.push(row);
     }
     out
 }
@@ -233,5 +254,27 @@ mod tests {
         );
         // PyTorch skipped (no rows): no comparison at all.
         assert!(compare(&args, &[ours(1, 1)], &[]).is_empty());
+        // The fastest steps: each side's best over every round (ours 2,600, PyTorch's 2,500).
+        let with_best = |line: String, best: u32| format!("{line} best_tokens_per_s={best}");
+        let ours_best = |single, ddp, best| {
+            let mut rows = ours(single, ddp);
+            rows[0] = with_best(rows[0].clone(), best);
+            rows
+        };
+        let theirs_best = |single, best| vec![with_best(theirs(single)[0].clone(), best)];
+        let out = compare(
+            &args,
+            &[ours_best(2200, 4000, 2600), ours_best(1800, 4000, 2400)],
+            &[theirs_best(2000, 2100), theirs_best(2000, 2500)],
+        );
+        assert_eq!(out.len(), 1, "{out:?}");
+        assert!(
+            out[0].ends_with(
+                "rounds=2 best_bonfire_tokens_per_s=2600 best_pytorch_tokens_per_s=2500 \
+                 best_ratio=1.04"
+            ),
+            "{}",
+            out[0]
+        );
     }
 }

@@ -107,11 +107,22 @@ impl Steps {
 
     /// The median over the timed steps of the slowest rank's step time (ms).
     pub fn slowest(&self, per_rank: &[RankRun]) -> f64 {
-        median(
-            (self.warmup..self.total())
-                .map(|s| per_rank.iter().map(|r| r.step_ms[s]).fold(0.0, f64::max))
-                .collect(),
-        )
+        median(self.slowest_each(per_rank))
+    }
+
+    /// The fastest of the timed steps by the slowest rank's time (ms): the step a shared
+    /// machine's neighbours slowed least.
+    pub fn fastest(&self, per_rank: &[RankRun]) -> f64 {
+        self.slowest_each(per_rank)
+            .into_iter()
+            .fold(f64::INFINITY, f64::min)
+    }
+
+    /// Each timed step's slowest rank's time (ms), in step order.
+    fn slowest_each(&self, per_rank: &[RankRun]) -> Vec<f64> {
+        (self.warmup..self.total())
+            .map(|s| per_rank.iter().map(|r| r.step_ms[s]).fold(0.0, f64::max))
+            .collect()
     }
 }
 

@@ -1,6 +1,6 @@
 """PyTorch's side of `cargo xtask bench train`: the same bench models, batch, optimizer and
-thread count as Bonfire's bench, timed the same way (median step of the timed steps after
-warm-up), so the two rows of one run compare directly.
+thread count as Bonfire's bench, timed the same way (the slowest rank of each timed step after
+warm-up; their median, and the fastest of them), so the two rows of one run compare directly.
 
 - `--model gpt`: the bench GPT written in plain PyTorch exactly as Bonfire's (`crates/models/
   src/gpt`): token + learned position embeddings, pre-LayerNorm blocks with biased q/k/v/o
@@ -17,8 +17,8 @@ warm-up), so the two rows of one run compare directly.
   Burn's CUDA backend does (PyTorch's default keeps them f32). What the GPU kit's `bench` check
   is compared with (docs/gpu.md).
 
-Prints `bench pytorch model=… layout=single|ddp ranks=N step_ms=… tokens_per_s=… optimizer=…
-threads=… torch=…` (and `device=cuda tf32=0|1` on a GPU). Needs `torch` (and `transformers` for the Llama); the xtask finds a Python
+Prints `bench pytorch model=… layout=single|ddp ranks=N step_ms=… tokens_per_s=… best_step_ms=…
+best_tokens_per_s=… optimizer=… threads=… torch=…` (and `device=cuda tf32=0|1` on a GPU). Needs `torch` (and `transformers` for the Llama); the xtask finds a Python
 that has them (`BONFIRE_PYTHON`, else `python3`) and says so when none does.
 """
 
@@ -120,15 +120,19 @@ def run(rank, args):
         if cuda:
             torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
-    step = torch.tensor([statistics.median(times[args.warmup:])])
+    # The slowest rank of each timed step, as Bonfire's bench takes it; then their median and
+    # the fastest of them.
+    slowest = torch.tensor(times[args.warmup:], dtype=torch.float64)
     if args.ranks > 1:
-        torch.distributed.all_reduce(step, op=torch.distributed.ReduceOp.MAX)
+        torch.distributed.all_reduce(slowest, op=torch.distributed.ReduceOp.MAX)
+    step, best = statistics.median(slowest.tolist()), min(slowest.tolist())
     if rank == 0:
         tokens = args.batch * args.ranks * 128
         layout = "single" if args.ranks == 1 else "ddp"
         print(
             f"bench pytorch model={args.model} layout={layout} ranks={args.ranks} "
-            f"step_ms={step.item() * 1e3:.1f} tokens_per_s={tokens / step.item():.0f} "
+            f"step_ms={step * 1e3:.1f} tokens_per_s={tokens / step:.0f} "
+            f"best_step_ms={best * 1e3:.1f} best_tokens_per_s={tokens / best:.0f} "
             f"optimizer={args.optimizer} fused={int(args.optimizer == 'adamw')} threads={args.threads} torch={torch.__version__}"
             + (f" device=cuda tf32={int(args.tf32)}" if cuda else ""),
             flush=True,
