@@ -190,6 +190,13 @@ pub fn identity(line: &str, metric: &str) -> Option<String> {
     Some(keys.join(" "))
 }
 
+/// The largest of a figure over every round, or none where a round lacks it: a side's
+/// fastest over the rounds (`best_gflops`, `best_tokens_per_s`).
+pub fn best_of_rounds<R>(rounds: &[R], figure: impl Fn(&R) -> Option<f64>) -> Option<f64> {
+    let all: Option<Vec<f64>> = rounds.iter().map(figure).collect();
+    all.map(|v| v.into_iter().fold(0.0, f64::max))
+}
+
 /// The median of `v` (`v` not empty).
 pub fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);

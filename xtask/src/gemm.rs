@@ -22,7 +22,7 @@
 //! dependencies too, slow `gemm`'s kernels 2.6× (measured: 107–113 → 41–43 GFLOP/s on the
 //! same shapes).
 
-use crate::compare::{built, measure, median, paired, take_rounds};
+use crate::compare::{best_of_rounds, built, measure, median, paired, take_rounds};
 use crate::process::{self, Failure, Result};
 use crate::pytorch::{field, run_echoed};
 use std::process::Command;
@@ -111,12 +111,8 @@ pub fn report(ours: &[Vec<String>], theirs: &[Vec<String>]) -> Vec<String> {
             row.push_str(&format!(" of_peak={:.2}", bonfire / peak));
         }
         // Each side's fastest repetition over every round, where every round has one.
-        let best = |rounds: &[Vec<String>], side| -> Option<f64> {
-            let all: Option<Vec<f64>> = rounds
-                .iter()
-                .map(|r| figure_of("best_gflops", r, side, line))
-                .collect();
-            all.map(|a| a.into_iter().fold(0.0, f64::max))
+        let best = |rounds: &[Vec<String>], side| {
+            best_of_rounds(rounds, |r| figure_of("best_gflops", r, side, line))
         };
         if let (Some(o), Some(t)) = (best(ours, Some("bonfire")), best(theirs, None)) {
             row.push_str(&format!(

@@ -132,12 +132,8 @@ pub fn compare(bench_args: &[String], ours: &[Vec<String>], theirs: &[Vec<String
         metric(lines, layout, prefix, "tokens_per_s")
     };
     // A side's fastest step's tokens/s over every round, where every round has one.
-    let best = |rounds: &[Vec<String>], layout: &str, prefix: &str| -> Option<f64> {
-        let all: Option<Vec<f64>> = rounds
-            .iter()
-            .map(|r| metric(r, layout, prefix, "best_tokens_per_s"))
-            .collect();
-        all.map(|a| a.into_iter().fold(0.0, f64::max))
+    let best = |rounds: &[Vec<String>], layout: &str, prefix: &str| {
+        crate::compare::best_of_rounds(rounds, |r| metric(r, layout, prefix, "best_tokens_per_s"))
     };
     let Some(first) = ours.first() else {
         return Vec::new();
