@@ -190,11 +190,13 @@ pub fn identity(line: &str, metric: &str) -> Option<String> {
     Some(keys.join(" "))
 }
 
-/// The largest of a figure over every round, or none where a round lacks it: a side's
-/// fastest over the rounds (`best_gflops`, `best_tokens_per_s`).
+/// The largest of a figure over every round, or none where a round lacks it or there is no
+/// round: a side's fastest over the rounds (`best_gflops`, `peak_best_gflops`,
+/// `best_tokens_per_s`).
 pub fn best_of_rounds<R>(rounds: &[R], figure: impl Fn(&R) -> Option<f64>) -> Option<f64> {
     let all: Option<Vec<f64>> = rounds.iter().map(figure).collect();
-    all.map(|v| v.into_iter().fold(0.0, f64::max))
+    all.filter(|v| !v.is_empty())
+        .map(|v| v.into_iter().fold(f64::NEG_INFINITY, f64::max))
 }
 
 /// The median of `v` (`v` not empty).
@@ -404,6 +406,17 @@ mod tests {
         assert_eq!(take_rounds(&[]).unwrap(), (1, vec![]));
         assert!(take_rounds(&args("--rounds 0")).is_err());
         assert!(take_rounds(&args("--rounds x")).is_err());
+    }
+
+    #[test]
+    fn best_of_rounds_is_the_largest_where_every_round_has_one() {
+        let figure = |r: &Option<f64>| *r;
+        assert_eq!(
+            best_of_rounds(&[Some(2.0), Some(5.0), Some(3.0)], figure),
+            Some(5.0)
+        );
+        assert_eq!(best_of_rounds(&[Some(2.0), None], figure), None);
+        assert_eq!(best_of_rounds(&[], figure), None);
     }
 
     #[test]

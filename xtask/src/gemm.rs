@@ -70,16 +70,14 @@ pub fn report(ours: &[Vec<String>], theirs: &[Vec<String>]) -> Vec<String> {
             .find_map(|l| field(l, metric)?.parse::<f64>().ok())
     };
     let figure = |round: &[String], side, line: &str| figure_of("gflops", round, side, line);
-    // The peak's `metric` in every round, or none.
-    let peaks = |metric: &str| -> Option<Vec<f64>> {
-        let all: Vec<f64> = ours
-            .iter()
-            .filter_map(|r| r.iter().find_map(|l| field(l, metric)?.parse().ok()))
-            .collect();
-        (all.len() == ours.len() && !all.is_empty()).then_some(all)
+    // The peak's `metric` in `round`.
+    let peak_in = |metric: &'static str| {
+        move |round: &Vec<String>| round.iter().find_map(|l| field(l, metric)?.parse().ok())
     };
-    let peak = peaks("peak_gflops").map(median);
-    let peak_best = peaks("peak_best_gflops").map(|p| p.into_iter().fold(0.0, f64::max));
+    // Every round's peak, or none.
+    let peaks: Option<Vec<f64>> = ours.iter().map(peak_in("peak_gflops")).collect();
+    let peak = peaks.filter(|p| !p.is_empty()).map(median);
+    let peak_best = best_of_rounds(ours, peak_in("peak_best_gflops"));
     let Some(first) = ours.first() else {
         return Vec::new();
     };
